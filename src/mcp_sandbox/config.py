@@ -1,0 +1,220 @@
+"""One typed settings object, built once and injected.
+
+Precedence, highest first: command-line flags, environment (``MCP_SANDBOX_<NAME>``, then the
+earlier bridge's ``MCP_BRIDGE_*`` aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``),
+defaults. Nothing here reads the environment at import time: callers pass it in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from mcp_sandbox.errors import ConfigError
+
+__all__ = ["OUTPUT_MODES", "ENV_ALIASES", "OutputMode", "Settings", "load_settings", "parse_bytes"]
+
+OutputMode = Literal["compact", "json", "toon"]
+OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
+
+# The earlier bridge's variables, honoured when the MCP_SANDBOX_ name is not set.
+ENV_ALIASES: Mapping[str, str] = {
+    "MCP_BRIDGE_TIMEOUT": "timeout",
+    "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
+    "MCP_BRIDGE_MEMORY": "memory",
+    "MCP_BRIDGE_PIDS": "pids",
+    "MCP_BRIDGE_CPUS": "cpus",
+    "MCP_BRIDGE_RUNTIME": "container_runtime",
+    "MCP_BRIDGE_IMAGE": "image",
+    "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
+    "MCP_BRIDGE_STATE_DIR": "state_dir",
+    "MCP_SERVERS_CONFIG": "servers_config",
+}
+
+# TOML tables owned by later layers (auth, code mode); accepted here, read there.
+_RESERVED_TABLES = frozenset({"auth", "servers"})
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(value: str | int) -> int:
+    """Parse ``"512m"``, ``"1GiB"``, ``"64 MB"`` or a plain byte count (binary units)."""
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.match(value)
+    if match is None:
+        raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g, 65536)")
+    number, unit, _ = match.groups()
+    return int(float(number) * _SIZE_UNITS[unit.lower()])
+
+
+def _default_state_dir() -> Path:
+    # Root's home is 0700, and the sandbox (run as an unprivileged uid) must reach workspaces.
+    if os.geteuid() == 0:
+        return Path("/var/lib/mcp-sandbox")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mcp-sandbox"
+
+
+def _default_python_runtime() -> Path:
+    # `make` builds the sandbox's Python environment next to the server's venv.
+    built = Path(sys.prefix).resolve().parent / ".runtime" / "python"
+    return built if (built / "bin" / "python3").exists() else Path("/usr")
+
+
+_BYTE_FIELDS = frozenset({"memory", "tmp_size", "max_output", "max_file_size"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every setting of mcp-sandbox. Build with :func:`load_settings`."""
+
+    state_dir: Path = field(default_factory=_default_state_dir)
+    backend: str = "bwrap"
+    servers_config: Path | None = None
+    output_mode: OutputMode = "compact"
+    log_level: str = "WARNING"
+
+    # Time limits (seconds).
+    timeout: float = 30.0
+    max_timeout: float = 120.0
+
+    # Resource limits, per run.
+    memory: int = 512 << 20
+    pids: int = 128
+    cpus: float = 1.0
+    tmp_size: int = 64 << 20
+    max_output: int = 1 << 20
+    max_file_size: int = 256 << 20
+    open_files: int = 256
+
+    # The unprivileged host uid/gid behind the sandbox when the server runs as root.
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
+
+    # Sandbox runtimes and binaries.
+    python_runtime: Path = field(default_factory=_default_python_runtime)
+    bwrap_path: Path | None = None
+    accept_weaker_isolation: bool = False
+
+    # Container backends (rootless podman/docker); the earlier bridge's names.
+    container_runtime: str | None = None
+    image: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.output_mode not in OUTPUT_MODES:
+            raise ConfigError(f"output_mode: {self.output_mode!r} is not one of {', '.join(OUTPUT_MODES)}")
+        if not 0 < self.timeout <= self.max_timeout:
+            raise ConfigError(f"timeout: {self.timeout} must be > 0 and <= max_timeout ({self.max_timeout})")
+        for name in ("memory", "pids", "tmp_size", "max_output", "max_file_size", "open_files"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        if self.cpus <= 0:
+            raise ConfigError("cpus: must be positive")
+
+    @property
+    def python_interpreter(self) -> Path:
+        """The interpreter the sandbox runs (inside the runtime environment when there is one)."""
+        return self.python_runtime / "bin" / "python3"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
+    kind = str(_FIELDS[name].type)
+    try:
+        if name in _BYTE_FIELDS:
+            return parse_bytes(raw if isinstance(raw, int) else str(raw))
+        if kind.startswith("Path"):
+            return None if raw in ("", None) else Path(str(raw)).expanduser()
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("str"):
+            return None if raw in ("", None) and "None" in kind else str(raw)
+        return str(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from exc
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in _RESERVED_TABLES:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        values[key] = _coerce(key, value)
+    return values
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for alias, name in ENV_ALIASES.items():
+        if alias in env:
+            values[name] = _coerce(name, env[alias])
+    for name in _FIELDS:
+        key = f"MCP_SANDBOX_{name.upper()}"
+        if key in env:
+            values[name] = _coerce(name, env[key])
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Build the settings from flags, environment and TOML file.
+
+    Args:
+        flags: values given on the command line, by field name; ``None`` values are ignored.
+        env: the environment to read (``os.environ`` when omitted).
+        config_file: the TOML file; else ``MCP_SANDBOX_CONFIG`` from ``env``, else none.
+
+    Raises:
+        ConfigError: a value is malformed, unknown or out of range.
+    """
+    env = os.environ if env is None else env
+    if config_file is None and env.get("MCP_SANDBOX_CONFIG"):
+        config_file = Path(env["MCP_SANDBOX_CONFIG"]).expanduser()
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_from_toml(config_file))
+    values.update(_from_env(env))
+    for name, raw in (flags or {}).items():
+        if raw is None:
+            continue
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown setting {name!r}")
+        values[name] = _coerce(name, raw)
+    try:
+        return Settings(**values)
+    except TypeError as exc:  # pragma: no cover - guarded by the _FIELDS checks above
+        raise ConfigError(str(exc)) from exc

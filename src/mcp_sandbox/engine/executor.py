@@ -1,0 +1,172 @@
+"""The engine: runs one execution request in a fresh sandbox and says what happened."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.channel import Channel, Kind
+from mcp_sandbox.engine.output import CappedOutput
+from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.runtimes import python_policy
+from mcp_sandbox.errors import ChannelError, SandboxStartError
+from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
+
+__all__ = ["Engine"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_FRAME = 64 << 20
+
+
+def _human_bytes(count: int) -> str:
+    return f"{count / (1 << 20):g} MiB" if count >= 1 << 20 else f"{count} bytes"
+
+
+class Engine:
+    """Runs execution requests on a backend, one fresh sandbox per request."""
+
+    def __init__(self, settings: Settings, backend: Backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self._runs_dir = settings.state_dir / "runs"
+
+    def prepare(self) -> None:
+        """Create the state directory layout (idempotent).
+
+        The state directory is the server's own (0700 when it is not shared); the sandbox uid
+        may only traverse into ``runs/`` to reach its own workspace.
+        """
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._runs_dir.mkdir(exist_ok=True, mode=0o711)
+        os.chmod(self.settings.state_dir, 0o711)
+        os.chmod(self._runs_dir, 0o711)
+
+    @contextlib.contextmanager
+    def _scratch_workspace(self) -> Iterator[Path]:
+        """A fresh workspace for one run, owned by the sandbox's host uid, removed after."""
+        self.prepare()
+        directory = self._runs_dir / uuid.uuid4().hex
+        directory.mkdir(mode=0o700)
+        try:
+            if os.geteuid() == 0:
+                os.chown(directory, self.settings.sandbox_uid, self.settings.sandbox_gid)
+            yield directory
+        finally:
+            # rmtree never follows symlinks the sandbox planted (it walks by fd on Linux).
+            shutil.rmtree(directory, ignore_errors=True)
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run ``request`` and describe the outcome. Never raises for what the code did.
+
+        Raises:
+            SandboxStartError: the sandbox could not be started at all.
+        """
+        started = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            workspace = request.workspace or stack.enter_context(self._scratch_workspace())
+            policy = python_policy(
+                self.settings, workspace=workspace, timeout=request.timeout, environment=request.environment
+            )
+            sandbox = await self.backend.start(policy)
+            try:
+                return await self._supervise(sandbox, request, started)
+            finally:
+                await sandbox.aclose()
+        raise AssertionError("unreachable")  # pragma: no cover - ExitStack does not swallow
+
+    async def _supervise(self, sandbox: Sandbox, request: ExecutionRequest, started: float) -> ExecutionResult:
+        stdout = CappedOutput(self.settings.max_output)
+        stderr = CappedOutput(self.settings.max_output)
+        state: dict[str, object] = {}
+        outcome: SandboxOutcome | None = None
+        with anyio.move_on_after(request.timeout) as deadline:
+            async with anyio.create_task_group() as group:
+                group.start_soon(stdout.pump, sandbox.stdout)
+                group.start_soon(stderr.pump, sandbox.stderr)
+                await self._converse(sandbox, request, state)
+            outcome = await sandbox.wait()
+        if outcome is None:
+            outcome = await sandbox.aclose()
+        duration_ms = round((time.perf_counter() - started) * 1000)
+        truncated = stdout.truncated or stderr.truncated
+        common = {"stdout": stdout.text(), "stderr": stderr.text(), "duration_ms": duration_ms, "truncated": truncated}
+        if deadline.cancelled_caught:
+            return ExecutionResult(
+                status="timeout",
+                exit_code=EXIT_TIMEOUT,
+                error=f"timed out after {request.timeout:g} s; the sandbox and all its processes were killed",
+                **common,  # type: ignore[arg-type]
+            )
+        return self._judge(outcome, state, **common)  # type: ignore[arg-type]
+
+    async def _converse(self, sandbox: Sandbox, request: ExecutionRequest, state: dict[str, object]) -> None:
+        """Send the code, then serve the sandbox's frames until DONE or the channel closes."""
+        channel = await Channel.open(sandbox.channel, _MAX_FRAME)
+        try:
+            frame = await channel.receive()
+            if frame is None or frame[0] is not Kind.READY:
+                return
+            state["ready"] = True
+            await channel.send(Kind.EXEC, {"code": request.code})
+            while (frame := await channel.receive()) is not None:
+                kind, body = frame
+                if kind is Kind.DONE:
+                    state["done"] = body
+                    return
+                if kind is Kind.ERROR:
+                    state["protocol_error"] = str(body.get("message", "unknown"))
+                    return
+                await channel.send(Kind.ERROR, {"message": f"unexpected frame {kind.name} from the sandbox"})
+        except ChannelError as exc:
+            # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
+            state["protocol_error"] = str(exc)
+        finally:
+            channel.close()
+
+    def _judge(
+        self,
+        outcome: SandboxOutcome,
+        state: dict[str, object],
+        *,
+        stdout: str,
+        stderr: str,
+        duration_ms: int,
+        truncated: bool,
+    ) -> ExecutionResult:
+        code = outcome.returncode
+        if "ready" not in state:
+            raise SandboxStartError(f"the sandbox did not start (exit {code}): {stderr.strip()[-2000:]}")
+        error: str | None = None
+        if outcome.memory_exceeded:
+            error = f"memory limit of {_human_bytes(self.settings.memory)} exceeded"
+        elif "done" not in state:
+            if code > 128 and code - 128 in signal.valid_signals():
+                error = f"the interpreter was killed by {signal.Signals(code - 128).name}"
+            elif "protocol_error" in state:
+                error = f"protocol error on the sandbox channel: {state['protocol_error']}"
+            elif code != 0:
+                error = f"the interpreter exited with {code} before reporting a result"
+        if outcome.pids_exhausted:
+            note = f"process limit of {self.settings.pids} reached"
+            error = f"{error}; {note}" if error else note
+        status = "success" if code == 0 and error is None else "error"
+        return ExecutionResult(
+            status=status,
+            exit_code=code,
+            stdout=stdout,
+            stderr=stderr,
+            duration_ms=duration_ms,
+            truncated=truncated,
+            error=error,
+        )

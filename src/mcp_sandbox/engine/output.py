@@ -1,0 +1,47 @@
+"""Capped capture of a sandbox's stdout/stderr."""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = ["CappedOutput"]
+
+_CHUNK = 64 << 10
+
+
+class CappedOutput:
+    """Keeps the first ``cap`` bytes of a stream and counts the rest.
+
+    Reading never stops at the cap, so the writer never blocks on a full pipe; what is past
+    the cap is counted and dropped.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.total = 0
+        self._chunks: list[bytes] = []
+        self._kept = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self._kept
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap - self._kept
+        if room > 0:
+            kept = data[:room]
+            self._chunks.append(kept)
+            self._kept += len(kept)
+
+    async def pump(self, stream: asyncio.StreamReader) -> None:
+        """Read ``stream`` to its end."""
+        while chunk := await stream.read(_CHUNK):
+            self.feed(chunk)
+
+    def text(self) -> str:
+        """The kept bytes as text (invalid UTF-8 replaced), with a marker when truncated."""
+        text = b"".join(self._chunks).decode("utf-8", errors="replace")
+        if self.truncated:
+            text += f"\n[output truncated: {self.total} bytes written, first {self._kept} bytes shown]\n"
+        return text

@@ -1,0 +1,57 @@
+"""Execution requests and results: the engine's input and output, independent of MCP."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Status"]
+
+Status = Literal["success", "error", "timeout", "validation_error"]
+
+EXIT_TIMEOUT = 124  # as GNU timeout(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionRequest:
+    """One piece of code to run. Validated by the caller (see ``server/arguments.py``)."""
+
+    code: str
+    timeout: float
+    language: str = "python"
+    environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    workspace: Path | None = None  # a persistent directory, or None for a fresh one per run
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """What happened. ``structured()`` is the contract's ``structuredContent``."""
+
+    status: Status
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: int = 0
+    truncated: bool = False
+    error: str | None = None  # the host's explanation: timeout, memory limit, crash, bad argument
+
+    def structured(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "status": self.status,
+            "exitCode": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "durationMs": self.duration_ms,
+            "truncated": self.truncated,
+        }
+        if self.error is not None:
+            data["error"] = self.error
+        return data
+
+    @classmethod
+    def invalid(cls, message: str) -> ExecutionResult:
+        """A ``validation_error`` result naming what was wrong."""
+        return cls(status="validation_error", exit_code=None, error=message)

@@ -1,0 +1,67 @@
+"""What each language's sandbox looks like: interpreter, mounts, environment, command."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.runners import RUNTIME_MOUNT, runner_dir
+from mcp_sandbox.sandbox.hostfs import system_mounts
+from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
+
+__all__ = ["BASE_ENVIRONMENT", "limits_for", "python_policy"]
+
+# The whole environment inside, before per-call variables. Nothing of the host's.
+BASE_ENVIRONMENT: Mapping[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": SANDBOX_HOME,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "MPLBACKEND": "Agg",
+    "MPLCONFIGDIR": "/tmp/.matplotlib",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def limits_for(settings: Settings, timeout: float) -> Limits:
+    """The per-sandbox limits for one run of at most ``timeout`` seconds."""
+    return Limits(
+        memory=settings.memory,
+        pids=settings.pids,
+        cpus=settings.cpus,
+        # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
+        # timeout is the real bound, this one catches a spin that outlives a lost host.
+        cpu_seconds=int(timeout * max(1.0, settings.cpus)) + 1,
+        tmp_size=settings.tmp_size,
+        file_size=settings.max_file_size,
+        open_files=settings.open_files,
+    )
+
+
+def python_policy(
+    settings: Settings, *, workspace: Path, timeout: float, environment: Mapping[str, str] | None = None
+) -> SandboxPolicy:
+    """The policy of a Python sandbox running the in-sandbox runner."""
+    mounts, links = system_mounts()
+    runtime = settings.python_runtime.resolve()
+    extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
+    if not str(runtime).startswith("/usr"):
+        # A venv must sit at its host path: its interpreter finds its prefix from there.
+        extra.append(Mount(runtime, str(runtime)))
+    env = dict(BASE_ENVIRONMENT)
+    env["PATH"] = f"{runtime}/bin:{env['PATH']}"
+    env.update(environment or {})
+    interpreter = str(settings.python_interpreter) if not str(runtime).startswith("/usr") else "/usr/bin/python3"
+    return SandboxPolicy(
+        command=(interpreter, "-I", "-B", f"{RUNTIME_MOUNT}/python/boot.py"),
+        mounts=(*mounts, *extra),
+        symlinks=links,
+        workspace=workspace,
+        environment=env,
+        limits=limits_for(settings, timeout),
+    )

@@ -1,0 +1,66 @@
+"""The one exception tree of mcp-sandbox.
+
+::
+
+    SandboxError                  base of everything this package raises on purpose
+    ├── ConfigError               a setting is malformed or contradictory
+    ├── ValidationError           a request argument is wrong (names the argument)
+    ├── BackendUnavailableError   a sandbox backend cannot run on this host, or cannot
+    │                             enforce the policy asked of it
+    ├── SandboxStartError         a sandbox failed to start (bwrap refused, runtime missing)
+    └── ChannelError              the host <-> sandbox channel broke its protocol
+        └── FrameError            a malformed, oversized, unknown or wrong-version frame
+
+Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
+are translated at the boundary with ``raise ... from exc``. Exactly one place,
+``mcp_sandbox.server.tools``, turns these errors into tool results.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "ChannelError",
+    "ConfigError",
+    "FrameError",
+    "SandboxError",
+    "SandboxStartError",
+    "ValidationError",
+]
+
+
+class SandboxError(Exception):
+    """Base class of every error mcp-sandbox raises on purpose."""
+
+
+class ConfigError(SandboxError):
+    """A setting is malformed, out of range or contradicts another one."""
+
+
+class ValidationError(SandboxError):
+    """A request argument is wrong.
+
+    Attributes:
+        argument: the wire name of the offending argument (``code``, ``timeout``, ...).
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+        self.message = message
+
+
+class BackendUnavailableError(SandboxError):
+    """A sandbox backend cannot run here, or cannot enforce the configured policy."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox could not be started."""
+
+
+class ChannelError(SandboxError):
+    """The host <-> sandbox channel was closed or broke its protocol."""
+
+
+class FrameError(ChannelError):
+    """A frame was malformed, oversized, of an unknown kind or of another protocol version."""

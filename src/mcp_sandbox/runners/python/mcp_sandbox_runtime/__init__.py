@@ -1,0 +1,1 @@
+"""The runtime inside a Python sandbox: the frame protocol and the runner. Stdlib only."""

@@ -1,0 +1,132 @@
+"""Typed frames between host and sandbox, shared by both sides (stdlib only).
+
+A frame is a 10-byte header and a JSON body::
+
+    magic  b"MSBX"   4 bytes
+    version          1 byte   (PROTOCOL_VERSION)
+    kind             1 byte   (Kind)
+    length           4 bytes  big-endian, body length in bytes
+    body             UTF-8 JSON object
+
+Frames travel on a dedicated socket, never on the user's stdout/stderr, so nothing the user
+prints can forge one. There is no line limit: a body may be as large as the reader's
+``max_size`` allows (the host sets it; frames of tens of MiB work). A reader rejects a wrong
+magic, another version, an unknown kind, an oversized or non-object body with FrameError.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import struct
+from typing import Any
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "HEADER",
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "FrameError",
+    "Kind",
+    "decode_body",
+    "encode",
+    "parse_header",
+    "read_frame",
+    "write_frame",
+]
+
+MAGIC = b"MSBX"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">4sBBI")
+DEFAULT_MAX_FRAME = 256 << 20
+
+
+class Kind(enum.IntEnum):
+    """Frame kinds. Direction: H = host, S = sandbox."""
+
+    READY = 1  # S->H  the runtime is up: {"runtime": "python", "version": "3.11.2"}
+    EXEC = 2  # H->S  run code: {"code": str, "filename": str}
+    DONE = 3  # S->H  the code finished: {"exitCode": int, "exception": str | null}
+    CALL = 4  # S->H  a tool call from sandboxed code: {"id": int, ...}
+    REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": bool, ...}
+    ERROR = 6  # both  a protocol error; the sender closes the channel after it
+
+
+class FrameError(Exception):
+    """A frame broke the protocol. (The host re-raises it as ``mcp_sandbox.errors.FrameError``.)"""
+
+
+def encode(kind: Kind, body: dict[str, Any]) -> bytes:
+    """Serialise one frame."""
+    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, int(kind), len(payload)) + payload
+
+
+def parse_header(header: bytes, max_size: int) -> tuple[Kind, int]:
+    """Check a header and return its kind and body length.
+
+    Raises:
+        FrameError: wrong magic, another protocol version, unknown kind or oversized body.
+    """
+    magic, version, kind, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {magic!r}")
+    if version != PROTOCOL_VERSION:
+        raise FrameError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
+    try:
+        parsed = Kind(kind)
+    except ValueError:
+        raise FrameError(f"unknown frame kind {kind}") from None
+    if length > max_size:
+        raise FrameError(f"frame of {length} bytes exceeds the limit of {max_size} bytes")
+    return parsed, length
+
+
+def decode_body(payload: bytes) -> dict[str, Any]:
+    """Parse a frame body, which must be a JSON object.
+
+    Raises:
+        FrameError: the body is not UTF-8 JSON or not an object.
+    """
+    try:
+        body = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FrameError(f"frame body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise FrameError("frame body is not a JSON object")
+    return body
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks: list[bytes] = []
+    remaining = size
+    while remaining:
+        chunk = os.read(fd, min(remaining, 1 << 20))
+        if not chunk:
+            if remaining == size:
+                return None
+            raise FrameError("channel closed in the middle of a frame")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int, max_size: int = DEFAULT_MAX_FRAME) -> tuple[Kind, dict[str, Any]] | None:
+    """Blocking read of one frame from ``fd``; ``None`` at a clean end of stream."""
+    header = _read_exactly(fd, HEADER.size)
+    if header is None:
+        return None
+    kind, length = parse_header(header, max_size)
+    payload = _read_exactly(fd, length) if length else b""
+    if payload is None:
+        raise FrameError("channel closed in the middle of a frame")
+    return kind, decode_body(payload)
+
+
+def write_frame(fd: int, kind: Kind, body: dict[str, Any]) -> None:
+    """Blocking write of one whole frame to ``fd``."""
+    view = memoryview(encode(kind, body))
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]

@@ -1,0 +1,126 @@
+"""Runs one piece of user code inside the sandbox.
+
+The host sends an EXEC frame on the channel fd; the code runs as ``__main__`` with top-level
+``await`` allowed; its stdout/stderr are the process's own (pipes read by the host); a DONE
+frame reports the exit code. Tracebacks show the user's frames only. The process exit code is
+the user's: ``sys.exit(n)`` gives ``n``, an uncaught exception gives 1.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import faulthandler
+import inspect
+import linecache
+import os
+import sys
+import traceback
+from types import CodeType
+from typing import Any
+
+from .frames import FrameError, Kind, read_frame, write_frame
+
+__all__ = ["USER_FILENAME", "main", "run_code"]
+
+USER_FILENAME = "<main>"
+EXIT_USAGE = 64
+EXIT_PROTOCOL = 76
+
+
+def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop the runtime's frames above the user's first frame, in the whole exception chain."""
+    if id(exc) in seen:
+        return
+    seen.add(id(exc))
+    frames = list(exc.stack)
+    for index, frame in enumerate(frames):
+        if frame.filename == USER_FILENAME:
+            exc.stack = traceback.StackSummary.from_list(frames[index:])
+            break
+    for linked in (exc.__cause__, exc.__context__):
+        if linked is not None:
+            _trim(linked, seen)
+    for group_member in getattr(exc, "exceptions", None) or ():
+        _trim(group_member, seen)
+
+
+def _report(error: BaseException) -> None:
+    summary = traceback.TracebackException.from_exception(error)
+    _trim(summary, set())
+    sys.stderr.write("".join(summary.format()))
+
+
+def _compile(code: str) -> CodeType | None:
+    lines = code.splitlines(keepends=True)
+    linecache.cache[USER_FILENAME] = (len(code), None, lines, USER_FILENAME)
+    try:
+        return compile(code, USER_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        # A syntax error has no user frames; show it the way `python file.py` would.
+        sys.stderr.write("".join(traceback.format_exception_only(type(error), error)))
+        return None
+
+
+def _exit_code(exit_request: SystemExit) -> int:
+    code = exit_request.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    sys.stderr.write(f"{code}\n")
+    return 1
+
+
+def run_code(code: str) -> tuple[int, str | None]:
+    """Run ``code`` as ``__main__``; return (exit code, name of the uncaught exception or None)."""
+    compiled = _compile(code)
+    if compiled is None:
+        return 1, "SyntaxError"
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": USER_FILENAME}
+    sys.argv = [USER_FILENAME]
+    try:
+        outcome = eval(compiled, namespace)  # noqa: S307 - running the user's code is the point
+        if compiled.co_flags & inspect.CO_COROUTINE:
+            asyncio.run(outcome)
+    except SystemExit as exit_request:
+        return _exit_code(exit_request), None
+    except BaseException as error:
+        _report(error)
+        return 1, type(error).__name__
+    return 0, None
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def main(argv: list[str]) -> int:
+    """``boot.py CHANNEL_FD``: announce readiness, take one EXEC frame, run it, report DONE."""
+    if len(argv) != 1 or not argv[0].isdigit():
+        sys.stderr.write("usage: boot.py CHANNEL_FD\n")
+        return EXIT_USAGE
+    channel = int(argv[0])
+    os.set_inheritable(channel, False)  # user subprocesses never get the channel
+    faulthandler.enable()  # a crash of the interpreter still leaves a trace on stderr
+    write_frame(channel, Kind.READY, {"runtime": "python", "version": sys.version.split()[0]})
+    try:
+        frame = read_frame(channel)
+    except FrameError as error:
+        write_frame(channel, Kind.ERROR, {"message": str(error)})
+        return EXIT_PROTOCOL
+    if frame is None:
+        return EXIT_PROTOCOL
+    kind, body = frame
+    code = body.get("code")
+    if kind is not Kind.EXEC or not isinstance(code, str):
+        write_frame(channel, Kind.ERROR, {"message": f"expected an EXEC frame with code, got {kind.name}"})
+        return EXIT_PROTOCOL
+    exit_code, exception = run_code(code)
+    _flush()
+    write_frame(channel, Kind.DONE, {"exitCode": exit_code, "exception": exception})
+    return exit_code

@@ -1,0 +1,45 @@
+"""Sandbox backends by name, and a probe of each.
+
+Backends are loaded by name on demand (``backends/<name>.py``), so a host without, say,
+podman never imports its module; :func:`available_backends` says why one is unavailable.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.sandbox.backends.base import Backend, BackendProbe, Capability, Sandbox, SandboxOutcome
+
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendProbe",
+    "Capability",
+    "Sandbox",
+    "SandboxOutcome",
+    "available_backends",
+    "get_backend",
+]
+
+# name -> module under mcp_sandbox.sandbox.backends; each module defines `create(settings)`.
+BACKEND_NAMES: tuple[str, ...] = ("bwrap",)
+
+
+def get_backend(name: str, settings: Settings) -> Backend:
+    """Instantiate the backend called ``name``.
+
+    Raises:
+        ConfigError: no backend has that name.
+    """
+    if name not in BACKEND_NAMES:
+        raise ConfigError(f"backend: {name!r} is not one of {', '.join(BACKEND_NAMES)}")
+    module = importlib.import_module(f"mcp_sandbox.sandbox.backends.{name}")
+    backend: Backend = module.create(settings)
+    return backend
+
+
+def available_backends(settings: Settings) -> list[BackendProbe]:
+    """Probe every known backend on this host."""
+    return [get_backend(name, settings).probe() for name in BACKEND_NAMES]

@@ -1,0 +1,90 @@
+"""The backend interface: a tiny Protocol, a probe that says what a backend can enforce here.
+
+A backend starts a :class:`Sandbox` from a :class:`~mcp_sandbox.sandbox.policy.SandboxPolicy`.
+A sandbox is a running, isolated process tree with three host-side ends: its stdout, its
+stderr and a channel socket for typed frames. A one-shot run starts a sandbox, sends one
+EXEC frame and closes it; a long-lived sandbox keeps serving frames (sessions, warm pools)
+until it is closed. Either way :meth:`Sandbox.aclose` kills the whole tree, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mcp_sandbox.sandbox.policy import SandboxPolicy
+
+__all__ = ["Backend", "BackendProbe", "Capability", "Sandbox", "SandboxOutcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Capability:
+    """One part of the policy and whether (and how) this backend enforces it on this host."""
+
+    name: str
+    enforced: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendProbe:
+    """A backend's availability on this host, and what it can enforce."""
+
+    name: str
+    available: bool
+    reason: str = ""
+    version: str = ""
+    capabilities: tuple[Capability, ...] = field(default_factory=tuple)
+
+    def missing(self) -> list[Capability]:
+        """The parts of the default policy this backend cannot enforce here."""
+        return [c for c in self.capabilities if not c.enforced]
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxOutcome:
+    """How a sandbox's process tree ended."""
+
+    returncode: int
+    memory_exceeded: bool = False
+    pids_exhausted: bool = False
+
+
+class Sandbox(Protocol):
+    """A running sandbox, seen from the host."""
+
+    stdout: asyncio.StreamReader
+    stderr: asyncio.StreamReader
+    channel: socket.socket
+
+    async def wait(self) -> SandboxOutcome:
+        """Wait until the sandbox's process tree has ended."""
+        ...
+
+    async def aclose(self) -> SandboxOutcome:
+        """Kill the whole process tree (orphans included), release its resources, bounded.
+
+        Safe to call more than once and from a cancelled task.
+        """
+        ...
+
+
+class Backend(Protocol):
+    """A way of running a policy-confined process tree."""
+
+    name: str
+
+    def probe(self) -> BackendProbe:
+        """Say whether this backend works here and which parts of the policy it enforces."""
+        ...
+
+    async def start(self, policy: SandboxPolicy) -> Sandbox:
+        """Start a sandbox.
+
+        Raises:
+            BackendUnavailableError: the backend cannot run here.
+            SandboxStartError: the sandbox could not be started.
+        """
+        ...

@@ -1,0 +1,213 @@
+"""Per-sandbox cgroups: memory, pids and CPU limits where the host lets us set them.
+
+Two layouts are supported:
+
+- cgroup v1 (as root): one directory per controller under the server's own cgroup, so any
+  limit the server itself runs under still applies;
+- cgroup v2 with a delegated subtree: a child of the server's own cgroup whose parent already
+  enables the controllers (``cgroup.subtree_control``).
+
+The sandbox's first process joins the cgroup itself, before it execs bwrap (see
+``launcher.py``), so nothing of the sandbox ever runs outside its limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mcp_sandbox.sandbox.policy import Limits
+
+__all__ = ["CgroupSupport", "RunCgroup", "detect_cgroups"]
+
+_CONTROLLERS = ("memory", "pids", "cpu")
+_CPU_PERIOD_US = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSupport:
+    """What this host lets us limit. ``bases`` maps controller to the parent directory."""
+
+    version: int | None
+    bases: dict[str, Path] = field(default_factory=dict)
+    reason: str = ""
+
+    def enforces(self, controller: str) -> bool:
+        return controller in self.bases
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, fs type, super options) of every cgroup mount."""
+    found: list[tuple[str, str, set[str]]] = []
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
+        for line in info:
+            left, _, right = line.partition(" - ")
+            fstype, _, options = (right.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                found.append((left.split()[4], fstype, set(options.split(","))))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """Controller (or ``""`` for v2) -> this process's cgroup path."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as own:
+        for line in own:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else [""]:
+                paths[name] = path
+    return paths
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
+
+
+def detect_cgroups() -> CgroupSupport:
+    """Find which controllers we can use for per-sandbox limits."""
+    mounts = _mounts()
+    own = _own_paths()
+    bases: dict[str, Path] = {}
+    for point, fstype, options in mounts:
+        if fstype != "cgroup":
+            continue
+        for controller in _CONTROLLERS:
+            if controller in options and controller in own:
+                base = Path(point) / own[controller].lstrip("/")
+                if _writable_dir(base):
+                    bases[controller] = base
+    if bases:
+        return CgroupSupport(version=1, bases=bases)
+    for point, fstype, _ in mounts:
+        if fstype != "cgroup2" or "" not in own:
+            continue
+        base = Path(point) / own[""].lstrip("/")
+        try:
+            enabled = set((base / "cgroup.subtree_control").read_text().split())
+        except OSError:
+            continue
+        if _writable_dir(base):
+            bases = {c: base for c in _CONTROLLERS if c in enabled}
+            if bases:
+                return CgroupSupport(version=2, bases=bases)
+    return CgroupSupport(
+        version=None,
+        reason="no writable cgroup v1 hierarchy and no delegated cgroup v2 subtree with "
+        "memory/pids enabled (run as root, or under a systemd unit with Delegate=yes)",
+    )
+
+
+class RunCgroup:
+    """The cgroup(s) of one sandbox. Create with :meth:`create`; always :meth:`remove`."""
+
+    def __init__(self, support: CgroupSupport, directories: dict[str, Path]) -> None:
+        self._support = support
+        self.directories = directories
+
+    @classmethod
+    def create(cls, support: CgroupSupport, limits: Limits) -> RunCgroup:
+        """Make the cgroup(s) and write the limits.
+
+        Raises:
+            OSError: the cgroup filesystem refused (the caller reports it).
+        """
+        name = f"mcp-sandbox-{uuid.uuid4().hex[:16]}"
+        directories: dict[str, Path] = {}
+        group = cls(support, directories)
+        try:
+            for controller, base in support.bases.items():
+                directory = base / name
+                if directory not in directories.values():
+                    directory.mkdir()
+                directories[controller] = directory
+            group._write_limits(limits)
+        except BaseException:
+            group.remove()
+            raise
+        return group
+
+    def _write(self, controller: str, filename: str, value: str, required: bool = True) -> None:
+        path = self.directories[controller] / filename
+        if not required and not path.exists():
+            return
+        path.write_text(value)
+
+    def _write_limits(self, limits: Limits) -> None:
+        v1 = self._support.version == 1
+        if "memory" in self.directories:
+            if v1:
+                self._write("memory", "memory.limit_in_bytes", str(limits.memory))
+                # No swap beyond the limit (the file exists only with swap accounting on).
+                self._write("memory", "memory.memsw.limit_in_bytes", str(limits.memory), required=False)
+            else:
+                self._write("memory", "memory.max", str(limits.memory))
+                self._write("memory", "memory.swap.max", "0", required=False)
+        if "pids" in self.directories:
+            self._write("pids", "pids.max", str(limits.pids))
+        if "cpu" in self.directories:
+            quota = max(1000, int(limits.cpus * _CPU_PERIOD_US))
+            if v1:
+                self._write("cpu", "cpu.cfs_period_us", str(_CPU_PERIOD_US))
+                self._write("cpu", "cpu.cfs_quota_us", str(quota))
+            else:
+                self._write("cpu", "cpu.max", f"{quota} {_CPU_PERIOD_US}")
+
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """The ``cgroup.procs`` files a process writes its pid into to join."""
+        return tuple(sorted({str(d / "cgroup.procs") for d in self.directories.values()}))
+
+    def memory_exceeded(self) -> bool:
+        """Whether the OOM killer acted (or an allocation failed) because of the memory limit."""
+        directory = self.directories.get("memory")
+        if directory is None:
+            return False
+        try:
+            if self._support.version == 1:
+                for line in (directory / "memory.oom_control").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+                return int((directory / "memory.failcnt").read_text()) > 0
+            for line in (directory / "memory.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key in ("oom_kill", "max") and int(value) > 0:
+                    return True
+        except (OSError, ValueError):
+            return False
+        return False
+
+    def pids_exhausted(self) -> bool:
+        """Whether a fork failed because of the pids limit."""
+        directory = self.directories.get("pids")
+        if directory is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            for line in (directory / "pids.events").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "max" and int(value) > 0:
+                    return True
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL every process still in the cgroup."""
+        for directory in {*self.directories.values()}:
+            kill_file = directory / "cgroup.kill"
+            if kill_file.exists():
+                with contextlib.suppress(OSError):
+                    kill_file.write_text("1")
+                continue
+            with contextlib.suppress(OSError):
+                for pid in (directory / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(pid), signal.SIGKILL)
+
+    def remove(self) -> None:
+        """Remove the cgroup directories (after the processes are gone). Never raises."""
+        for directory in {*self.directories.values()}:
+            with contextlib.suppress(OSError):
+                directory.rmdir()

@@ -1,0 +1,43 @@
+"""The part of the host filesystem every sandbox sees, read-only.
+
+Only what an interpreter needs: ``/usr`` (binaries, libraries, the stdlib), the usr-merged
+``/bin``, ``/lib``... links (or binds where the host is not usr-merged), and a handful of
+``/etc`` files (dynamic linker cache, time zone, CA certificates). Nothing else of ``/etc``,
+no ``/home``, ``/root``, ``/var`` or ``/run``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from mcp_sandbox.sandbox.policy import Mount
+
+__all__ = ["system_mounts"]
+
+_TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_ETC = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/mime.types",
+)
+
+
+@functools.cache
+def system_mounts() -> tuple[tuple[Mount, ...], tuple[tuple[str, str], ...]]:
+    """(read-only mounts, symlinks) giving the sandbox the host's ``/usr`` and friends."""
+    mounts: list[Mount] = [Mount(Path("/usr"), "/usr")]
+    links: list[tuple[str, str]] = []
+    for name in _TOP_LEVEL:
+        host = Path("/") / name
+        if host.is_symlink():
+            links.append((os.readlink(host), f"/{name}"))
+        elif host.is_dir():
+            mounts.append(Mount(host, f"/{name}"))
+    mounts.extend(Mount(Path(p), p) for p in _ETC if os.path.exists(p))
+    return tuple(mounts), tuple(links)

@@ -1,0 +1,77 @@
+"""The backend-neutral sandbox policy: frozen, deny-by-default.
+
+A :class:`SandboxPolicy` says what one sandbox may do; each backend turns it into its own
+argv with a pure function (see ``backends/bwrap.py``) and says, through its probe, which
+parts it can enforce on this host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+__all__ = ["Limits", "Mount", "SandboxPolicy", "SANDBOX_HOME", "WORKSPACE", "WORKSPACE_ALIAS"]
+
+WORKSPACE = "/workspace"
+WORKSPACE_ALIAS = "/data"  # the earlier code runner's name for the same directory
+SANDBOX_HOME = "/tmp"
+
+_EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path made visible inside the sandbox (read-only unless ``writable``)."""
+
+    source: Path
+    target: str
+    writable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-sandbox resource limits. Byte counts are bytes; times are seconds."""
+
+    memory: int = 512 << 20
+    pids: int = 128
+    cpus: float = 1.0
+    cpu_seconds: int = 60
+    tmp_size: int = 64 << 20
+    file_size: int = 256 << 20
+    open_files: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPolicy:
+    """What one sandbox may do. Everything not named here is denied.
+
+    Attributes:
+        command: the argv run inside the sandbox (absolute paths as seen inside).
+        mounts: read-only (or explicitly writable) host paths; the root is otherwise empty.
+        symlinks: symlinks to create inside (usr-merged ``/lib`` and the like).
+        workspace: host directory mounted read-write at ``/workspace`` (and ``/data``).
+        environment: the complete environment inside; nothing of the host's leaks in.
+        network: whether the sandbox may reach a network (default: empty net namespace).
+        uid, gid: the ids inside the sandbox.
+        limits: resource limits.
+    """
+
+    command: tuple[str, ...]
+    mounts: tuple[Mount, ...] = ()
+    symlinks: tuple[tuple[str, str], ...] = ()  # (link target, path inside), e.g. ("usr/lib", "/lib")
+    workspace: Path | None = None
+    environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
+    network: bool = False
+    uid: int = 65534
+    gid: int = 65534
+    hostname: str = "sandbox"
+    cwd: str = WORKSPACE
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("policy.command must not be empty")
+        # Freeze the mapping so a policy cannot be changed after it was checked.
+        object.__setattr__(self, "environment", MappingProxyType(dict(self.environment)))

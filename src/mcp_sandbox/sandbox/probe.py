@@ -1,0 +1,96 @@
+"""What the bwrap backend can enforce on this host, found by starting a real sandbox."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import TYPE_CHECKING
+
+from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
+from mcp_sandbox.sandbox.hostfs import system_mounts
+from mcp_sandbox.sandbox.launcher import make_preexec
+from mcp_sandbox.sandbox.policy import SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
+
+if TYPE_CHECKING:
+    from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
+
+__all__ = ["probe_bwrap"]
+
+_PROBE_SECONDS = 20
+
+
+def _version(bwrap: str) -> str:
+    try:
+        shown = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return shown.stdout.strip() or "unknown"
+
+
+def _try_sandbox(backend: BwrapBackend, bwrap: str) -> str | None:
+    """Start a minimal sandbox with the full policy; return None on success, else why not."""
+    from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
+
+    mounts, links = system_mounts()
+    policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
+    seccomp_fd = write_bpf()
+    try:
+        done = subprocess.run(
+            bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd),
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_SECONDS,
+            pass_fds=(seccomp_fd,),
+            env={},
+            preexec_fn=make_preexec(backend._launch_spec(policy, None)),  # noqa: PLW1509
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap could not be started: {exc}"
+    finally:
+        os.close(seccomp_fd)
+    if done.returncode != 0:
+        return f"bwrap failed (exit {done.returncode}): {done.stderr.strip() or 'no message'}"
+    return None
+
+
+def probe_bwrap(backend: BwrapBackend, bwrap: str) -> BackendProbe:
+    """Probe ``bwrap`` for real and list which parts of the default policy hold here."""
+    version = _version(bwrap)
+    reason = seccomp_available()
+    if reason is None:
+        reason = _try_sandbox(backend, bwrap)
+    if reason is not None:
+        return BackendProbe(backend.name, available=False, reason=reason, version=f"{version} ({bwrap})")
+    cgroups = backend.cgroups
+    cg = f"cgroup v{cgroups.version}" if cgroups.version else ""
+    uid, _ = backend._host_ids()
+    host_uid = uid if uid is not None else os.geteuid()
+    capabilities = (
+        Capability("network", True, "empty network namespace; seccomp allows only AF_UNIX sockets"),
+        Capability("read-only root", True, "only /usr, linker files and the runtime bound in, read-only"),
+        Capability("unprivileged uid", True, f"uid 65534 inside, host uid {host_uid}"),
+        Capability("capabilities", True, "all dropped; no_new_privs"),
+        Capability("nested namespaces", True, "--disable-userns and seccomp clone-flag filter"),
+        Capability("seccomp", True, "deny list built with pyseccomp"),
+        Capability("process tree kill", True, "pid namespace dies with its init; cgroup kill as backstop"),
+        Capability("tmp size", True, "tmpfs /tmp with --size"),
+        Capability("rlimits", True, "CPU seconds, file size, open files, no core dumps"),
+        Capability(
+            "memory limit",
+            cgroups.enforces("memory"),
+            f"{cg} memory controller" if cgroups.enforces("memory") else f"RLIMIT_AS only: {cgroups.reason}",
+        ),
+        Capability(
+            "pids limit",
+            cgroups.enforces("pids"),
+            f"{cg} pids controller" if cgroups.enforces("pids") else f"RLIMIT_NPROC per host uid: {cgroups.reason}",
+        ),
+        Capability(
+            "cpu quota",
+            cgroups.enforces("cpu"),
+            f"{cg} cpu controller" if cgroups.enforces("cpu") else f"CPU-seconds rlimit only: {cgroups.reason}",
+        ),
+    )
+    return BackendProbe(backend.name, available=True, version=f"{version} ({bwrap})", capabilities=capabilities)

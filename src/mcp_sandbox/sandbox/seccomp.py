@@ -1,0 +1,139 @@
+"""The seccomp deny list, compiled to BPF with pyseccomp (ctypes over system libseccomp).
+
+Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPERM,
+``clone3`` answers ENOSYS (its flags live in memory where BPF cannot read them, so libc falls
+back to ``clone``, whose namespace flags the filter does inspect), sockets other than
+``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
+other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import socket
+import termios
+from collections.abc import Iterable
+from typing import Any
+
+from mcp_sandbox.errors import BackendUnavailableError
+
+__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "seccomp_available", "write_bpf"]
+
+# Denied with EPERM. Grouped as in DESIGN.md; names unknown to this libseccomp are skipped.
+DENIED_SYSCALLS: tuple[str, ...] = (
+    # debugging / cross-process memory
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    # mount family and root changes
+    "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
+    "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
+    # namespaces
+    "unshare", "setns",
+    # kernel keyring
+    "keyctl", "add_key", "request_key",
+    # eBPF, perf, userfaultfd, io_uring
+    "bpf", "perf_event_open", "userfaultfd",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # kernel images and modules
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
+    # host-wide state
+    "reboot", "swapon", "swapoff", "acct", "syslog", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "quotactl", "quotactl_fd",
+    "nfsservctl", "lookup_dcookie", "vhangup", "uselib", "ustat", "sysfs", "_sysctl",
+    # raw hardware and file handles
+    "iopl", "ioperm", "name_to_handle_at", "open_by_handle_at",
+    # fanotify watches the whole mount, landlock/namespaces are the host's to set
+    "fanotify_init", "personality",
+)
+
+# clone() flags that create namespaces; denied so no nested namespace (or user ns) is made.
+_CLONE_NAMESPACE_FLAGS = (
+    0x00020000,  # CLONE_NEWNS
+    0x02000000,  # CLONE_NEWCGROUP
+    0x04000000,  # CLONE_NEWUTS
+    0x08000000,  # CLONE_NEWIPC
+    0x10000000,  # CLONE_NEWUSER
+    0x20000000,  # CLONE_NEWPID
+    0x40000000,  # CLONE_NEWNET
+    0x00000080,  # CLONE_NEWTIME
+)
+
+_DENIED_IOCTLS = (termios.TIOCSTI, getattr(termios, "TIOCLINUX", 0x541C))
+
+
+def seccomp_available() -> str | None:
+    """Return ``None`` when a filter can be built here, else the reason it cannot."""
+    try:
+        import pyseccomp  # noqa: F401  (imported for its side effect: loading libseccomp)
+    except (ImportError, OSError, RuntimeError) as exc:
+        return f"pyseccomp cannot load the system libseccomp: {exc}"
+    return None
+
+
+def _add(flt: Any, action: int, names: Iterable[str], *args: Any) -> None:
+    for name in names:
+        try:
+            flt.add_rule(action, name, *args)
+        except (RuntimeError, OSError, ValueError):
+            # Not a syscall on this architecture / libseccomp version: nothing to deny.
+            continue
+
+
+def build_filter() -> Any:
+    """Build the deny-list filter (a ``pyseccomp.SyscallFilter``).
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    reason = seccomp_available()
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+    import pyseccomp as sc
+
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    eperm = sc.ERRNO(errno.EPERM)
+    _add(flt, eperm, DENIED_SYSCALLS)
+    _add(flt, sc.ERRNO(errno.ENOSYS), ["clone3"])
+    for flag in _CLONE_NAMESPACE_FLAGS:
+        # x86-64 clone(flags, ...): flags is argument 0.
+        _add(flt, eperm, ["clone"], sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    for family in ("socket", "socketpair"):
+        _add(flt, sc.ERRNO(errno.EAFNOSUPPORT), [family], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    for request in _DENIED_IOCTLS:
+        _add(flt, eperm, ["ioctl"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
+    return flt
+
+
+@functools.cache
+def compiled_bpf() -> bytes:
+    """The filter as BPF bytes, compiled once per process.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    fd = os.memfd_create("mcp-sandbox-seccomp-build", os.MFD_CLOEXEC)
+    try:
+        with os.fdopen(fd, "w+b", closefd=True) as out:
+            build_filter().export_bpf(out)
+            out.flush()
+            out.seek(0)
+            return out.read()
+    except OSError as exc:
+        raise BackendUnavailableError(f"cannot compile the seccomp filter: {exc}") from exc
+
+
+def write_bpf() -> int:
+    """Return a fresh readable fd (a memfd at offset 0) holding the BPF; the caller closes it.
+
+    Each sandbox gets its own fd because ``bwrap --seccomp FD`` reads it to the end.
+    """
+    data = compiled_bpf()
+    fd = os.memfd_create("mcp-sandbox-seccomp", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
