@@ -1,0 +1,5 @@
+"""``python -m mcp_sandbox``: the same as the ``mcp-sandbox`` command."""
+
+from mcp_sandbox.cli import main
+
+raise SystemExit(main())

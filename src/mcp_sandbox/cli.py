@@ -1,0 +1,136 @@
+"""The ``mcp-sandbox`` command: serve | run | doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from mcp_sandbox import __version__
+from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
+from mcp_sandbox.errors import SandboxError
+
+__all__ = ["main"]
+
+# Flags that map onto settings, by field name (argparse dest == Settings field).
+_SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--state-dir", {"help": "workspaces, metadata and the server secret"}),
+    ("--backend", {"help": "sandbox backend (bwrap)"}),
+    ("--servers-config", {"help": "file listing downstream MCP servers"}),
+    ("--output-mode", {"choices": OUTPUT_MODES, "help": "text rendering of results"}),
+    ("--timeout", {"type": float, "help": "default per-run timeout, seconds"}),
+    ("--max-timeout", {"type": float, "help": "largest timeout a caller may ask for"}),
+    ("--memory", {"help": "memory limit per sandbox, e.g. 512m"}),
+    ("--pids", {"type": int, "help": "process limit per sandbox"}),
+    ("--cpus", {"type": float, "help": "CPU quota per sandbox"}),
+    ("--log-level", {"help": "DEBUG, INFO, WARNING (default), ERROR"}),
+)
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, default=argparse.SUPPRESS, help="TOML settings file")
+    for flag, options in _SETTING_FLAGS:
+        common.add_argument(flag, default=argparse.SUPPRESS, **options)
+    common.add_argument(
+        "--accept-weaker-isolation",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="start even if the backend cannot enforce every limit here",
+    )
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="mcp-sandbox", parents=[common], description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mcp-sandbox {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", parents=[common], help="serve MCP (stdio by default)")
+    serve.add_argument("--transport", choices=("stdio",), default="stdio")
+
+    run = commands.add_parser("run", parents=[common], help="run code once and print the result")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("-c", dest="code", help="the code to run")
+    source.add_argument("file", nargs="?", type=Path, help="a file to run ('-' for stdin)")
+    run.add_argument("--language", choices=("python",), default="python")
+    run.add_argument("--json", action="store_true", help="print the structured result as JSON")
+
+    commands.add_parser("doctor", parents=[common], help="what each backend can enforce here")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    flags = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"), None) for flag, _ in _SETTING_FLAGS}
+    flags["accept_weaker_isolation"] = getattr(args, "accept_weaker_isolation", None)
+    return load_settings(flags=flags, config_file=getattr(args, "config", None))
+
+
+def _cmd_serve(settings: Settings) -> int:
+    from mcp_sandbox.engine.startup import open_engine
+    from mcp_sandbox.server import build_server, serve_stdio
+
+    engine = open_engine(settings)
+    anyio.run(serve_stdio, build_server(settings, engine))
+    return 0
+
+
+def _read_source(args: argparse.Namespace) -> str:
+    if args.code is not None:
+        return str(args.code)
+    if str(args.file) == "-":
+        return sys.stdin.read()
+    try:
+        return Path(args.file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SystemExit(f"mcp-sandbox: cannot read {args.file}: {exc.strerror}") from exc
+
+
+def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from mcp_sandbox.engine import ExecutionRequest
+    from mcp_sandbox.engine.startup import open_engine
+
+    code = _read_source(args)
+    engine = open_engine(settings)
+    result = anyio.run(engine.execute, ExecutionRequest(code=code, timeout=settings.timeout))
+    if args.json:
+        print(json.dumps(result.structured(), ensure_ascii=False, indent=2))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        if result.error:
+            sys.stderr.write(f"mcp-sandbox: {result.status}: {result.error}\n")
+    if result.exit_code is None:
+        return 1
+    return result.exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mcp-sandbox`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+        logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        if args.command == "serve":
+            return _cmd_serve(settings)
+        if args.command == "run":
+            return _cmd_run(settings, args)
+        from mcp_sandbox.doctor import doctor
+
+        return doctor(settings, sys.stdout)
+    except SandboxError as exc:
+        print(f"mcp-sandbox: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

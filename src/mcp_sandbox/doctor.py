@@ -1,0 +1,81 @@
+"""``mcp-sandbox doctor``: which backends work here, what each enforces, and the runtimes."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from typing import TextIO
+
+import anyio
+
+from mcp_sandbox import __version__
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.errors import SandboxError
+from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
+
+__all__ = ["doctor"]
+
+_RUNTIME_CHECK = """
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("numpy", "pandas", "matplotlib", "requests"):
+    try:
+        module = importlib.import_module(name)
+        print(name, getattr(module, "__version__", "?"))
+    except Exception as error:
+        print(name, "MISSING:", type(error).__name__, error)
+"""
+
+
+def _report_backend(probe: BackendProbe, out: TextIO) -> None:
+    state = "available" if probe.available else "UNAVAILABLE"
+    out.write(f"\nbackend {probe.name}: {state}")
+    out.write(f"  [{probe.version}]\n" if probe.version else "\n")
+    if not probe.available:
+        out.write(f"  reason: {probe.reason}\n")
+    for capability in probe.capabilities:
+        mark = "ok  " if capability.enforced else "WEAK"
+        out.write(f"  {mark} {capability.name:<18} {capability.detail}\n")
+
+
+def _check_runtime(settings: Settings, out: TextIO) -> bool:
+    out.write(f"\npython runtime: {settings.python_runtime} ({settings.python_interpreter})\n")
+    if not settings.python_interpreter.exists():
+        out.write("  MISSING: run `make` to build it\n")
+        return False
+    engine = Engine(settings, get_backend(settings.backend, settings))
+    try:
+        result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=60))
+    except SandboxError as exc:
+        out.write(f"  FAILED to start a sandbox: {exc}\n")
+        return False
+    for line in result.stdout.splitlines():
+        out.write(f"  {line}\n")
+    if result.status != "success":
+        out.write(f"  FAILED: {result.error or result.stderr.strip()}\n")
+        return False
+    return "MISSING" not in result.stdout
+
+
+def doctor(settings: Settings, out: TextIO) -> int:
+    """Print the report; return 0 when the configured backend works, else 1."""
+    out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
+    out.write(f"server uid {os.geteuid()}; sandbox host uid ")
+    out.write(f"{settings.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
+    out.write(f"state dir: {settings.state_dir}\n")
+    probes = available_backends(settings)
+    for probe in probes:
+        _report_backend(probe, out)
+    configured = next((p for p in probes if p.name == settings.backend), None)
+    if configured is None or not configured.available:
+        out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
+        return 1
+    runtime_ok = _check_runtime(settings, out)
+    weak = configured.missing()
+    if weak and not settings.accept_weaker_isolation:
+        out.write("\nthe server will refuse to start: the policy cannot be fully enforced here "
+                  "(or start it with --accept-weaker-isolation)\n")
+        return 1
+    return 0 if runtime_ok else 1

@@ -1,0 +1,44 @@
+"""Opening an engine: pick the backend, prove it enforces the policy, or refuse loudly."""
+
+from __future__ import annotations
+
+import logging
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.executor import Engine
+from mcp_sandbox.errors import BackendUnavailableError, ConfigError
+from mcp_sandbox.sandbox.backends import get_backend
+
+__all__ = ["open_engine"]
+
+logger = logging.getLogger(__name__)
+
+
+def open_engine(settings: Settings) -> Engine:
+    """Build the engine on the configured backend after probing it.
+
+    Raises:
+        ConfigError: the backend name or the Python runtime is wrong.
+        BackendUnavailableError: the backend does not work here, or cannot enforce part of the
+            policy and ``accept_weaker_isolation`` is off.
+    """
+    if not settings.python_interpreter.exists():
+        raise ConfigError(
+            f"python_runtime: no interpreter at {settings.python_interpreter} (run `make` to build the runtime)"
+        )
+    backend = get_backend(settings.backend, settings)
+    probe = backend.probe()
+    if not probe.available:
+        raise BackendUnavailableError(f"backend {probe.name} is unavailable here: {probe.reason}")
+    missing = probe.missing()
+    if missing:
+        listed = "; ".join(f"{c.name} ({c.detail})" for c in missing)
+        if not settings.accept_weaker_isolation:
+            raise BackendUnavailableError(
+                f"backend {probe.name} cannot enforce: {listed}. Fix the host (see `mcp-sandbox doctor`) or "
+                "start with --accept-weaker-isolation / MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1"
+            )
+        logger.warning("running with weaker isolation, as configured: %s", listed)
+    engine = Engine(settings, backend)
+    engine.prepare()
+    return engine
