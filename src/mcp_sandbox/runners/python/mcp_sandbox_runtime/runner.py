@@ -8,28 +8,33 @@ the user's: ``sys.exit(n)`` gives ``n``, an uncaught exception gives 1.
 
 from __future__ import annotations
 
-import ast
-import asyncio
 import faulthandler
-import inspect
 import linecache
 import os
 import sys
-import traceback
 from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .frames import FrameError, Kind, read_frame, write_frame
 
 __all__ = ["USER_FILENAME", "main", "run_code"]
 
+if TYPE_CHECKING:
+    import traceback
+
 USER_FILENAME = "<main>"
+# ast.PyCF_ALLOW_TOP_LEVEL_AWAIT and inspect.CO_COROUTINE, spelled out: importing `ast` and
+# `inspect` costs more than the rest of the runner's start-up together.
+_PYCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
+_CO_COROUTINE = 0x0080
 EXIT_USAGE = 64
 EXIT_PROTOCOL = 76
 
 
 def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
     """Drop the runtime's frames above the user's first frame, in the whole exception chain."""
+    import traceback
+
     if id(exc) in seen:
         return
     seen.add(id(exc))
@@ -46,6 +51,8 @@ def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
 
 
 def _report(error: BaseException) -> None:
+    import traceback
+
     summary = traceback.TracebackException.from_exception(error)
     _trim(summary, set())
     sys.stderr.write("".join(summary.format()))
@@ -55,9 +62,11 @@ def _compile(code: str) -> CodeType | None:
     lines = code.splitlines(keepends=True)
     linecache.cache[USER_FILENAME] = (len(code), None, lines, USER_FILENAME)
     try:
-        return compile(code, USER_FILENAME, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        return compile(code, USER_FILENAME, "exec", flags=_PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     except (SyntaxError, ValueError) as error:
         # A syntax error has no user frames; show it the way `python file.py` would.
+        import traceback
+
         sys.stderr.write("".join(traceback.format_exception_only(type(error), error)))
         return None
 
@@ -81,7 +90,9 @@ def run_code(code: str) -> tuple[int, str | None]:
     sys.argv = [USER_FILENAME]
     try:
         outcome = eval(compiled, namespace)  # noqa: S307 - running the user's code is the point
-        if compiled.co_flags & inspect.CO_COROUTINE:
+        if compiled.co_flags & _CO_COROUTINE:
+            import asyncio  # only for code that awaits: importing it costs ~25 ms
+
             asyncio.run(outcome)
     except SystemExit as exit_request:
         return _exit_code(exit_request), None
