@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.executor import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
+from mcp_sandbox.runners import runner_dir
+from mcp_sandbox.sandbox.access import unreachable_ancestor
 from mcp_sandbox.sandbox.backends import get_backend
 
 __all__ = ["open_engine"]
@@ -41,4 +45,23 @@ def open_engine(settings: Settings) -> Engine:
         logger.warning("running with weaker isolation, as configured: %s", listed)
     engine = Engine(settings, backend)
     engine.prepare()
+    _check_reachable(settings)
     return engine
+
+
+def _check_reachable(settings: Settings) -> None:
+    """Every path a sandbox binds must be reachable by its host uid (root drops to it)."""
+    if os.geteuid() != 0:
+        return
+    paths: dict[str, Path] = {
+        "python_runtime": settings.python_interpreter,
+        "the in-sandbox runner": runner_dir("python") / "boot.py",
+        "state_dir": settings.state_dir,
+    }
+    for what, path in paths.items():
+        blocked = unreachable_ancestor(path, settings.sandbox_uid, settings.sandbox_gid, readable=what != "state_dir")
+        if blocked is not None:
+            raise ConfigError(
+                f"{what}: {path} is not reachable by the sandbox uid {settings.sandbox_uid} "
+                f"({blocked} is closed to it); move it, or open that directory with chmod o+x"
+            )
