@@ -7,9 +7,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from mcp_sandbox.config import Settings, load_settings  # noqa: E402
-from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult  # noqa: E402
-from mcp_sandbox.errors import (  # noqa: E402
+from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.errors import (
     BackendUnavailableError,
     ChannelError,
     ConfigError,

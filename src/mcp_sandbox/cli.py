@@ -117,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         settings = _settings(args)
-        logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+        )
         if args.command == "serve":
             return _cmd_serve(settings)
         if args.command == "run":

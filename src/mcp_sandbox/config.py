@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["OUTPUT_MODES", "ENV_ALIASES", "OutputMode", "Settings", "load_settings", "parse_bytes"]
+__all__ = ["ENV_ALIASES", "OUTPUT_MODES", "OutputMode", "Settings", "load_settings", "parse_bytes"]
 
 OutputMode = Literal["compact", "json", "toon"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)

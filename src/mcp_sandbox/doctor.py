@@ -75,7 +75,9 @@ def doctor(settings: Settings, out: TextIO) -> int:
     runtime_ok = _check_runtime(settings, out)
     weak = configured.missing()
     if weak and not settings.accept_weaker_isolation:
-        out.write("\nthe server will refuse to start: the policy cannot be fully enforced here "
-                  "(or start it with --accept-weaker-isolation)\n")
+        out.write(
+            "\nthe server will refuse to start: the policy cannot be fully enforced here "
+            "(or start it with --accept-weaker-isolation)\n"
+        )
         return 1
     return 0 if runtime_ok else 1

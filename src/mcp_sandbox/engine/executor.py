@@ -17,7 +17,7 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.channel import Channel, Kind
 from mcp_sandbox.engine.output import CappedOutput
-from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, Status
 from mcp_sandbox.engine.runtimes import python_policy
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
@@ -160,7 +160,7 @@ class Engine:
         if outcome.pids_exhausted:
             note = f"process limit of {self.settings.pids} reached"
             error = f"{error}; {note}" if error else note
-        status = "success" if code == 0 and error is None else "error"
+        status: Status = "success" if code == 0 and error is None else "error"
         return ExecutionResult(
             status=status,
             exit_code=code,

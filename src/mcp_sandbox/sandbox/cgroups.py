@@ -46,7 +46,7 @@ def _mounts() -> list[tuple[str, str, set[str]]]:
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
         for line in info:
             left, _, right = line.partition(" - ")
-            fstype, _, options = (right.split() + ["", "", ""])[:3]
+            fstype, _, options = [*right.split(), "", "", ""][:3]
             if fstype in ("cgroup", "cgroup2"):
                 found.append((left.split()[4], fstype, set(options.split(","))))
     return found

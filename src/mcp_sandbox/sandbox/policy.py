@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-__all__ = ["Limits", "Mount", "SandboxPolicy", "SANDBOX_HOME", "WORKSPACE", "WORKSPACE_ALIAS"]
+__all__ = ["SANDBOX_HOME", "WORKSPACE", "WORKSPACE_ALIAS", "Limits", "Mount", "SandboxPolicy"]
 
 WORKSPACE = "/workspace"
 WORKSPACE_ALIAS = "/data"  # the earlier code runner's name for the same directory

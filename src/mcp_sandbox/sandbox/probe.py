@@ -43,7 +43,7 @@ def _try_sandbox(backend: BwrapBackend, bwrap: str) -> str | None:
             timeout=_PROBE_SECONDS,
             pass_fds=(seccomp_fd,),
             env={},
-            preexec_fn=make_preexec(backend._launch_spec(policy, None)),  # noqa: PLW1509
+            preexec_fn=make_preexec(backend._launch_spec(policy, None)),
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:

@@ -3,12 +3,11 @@
 ``-I`` keeps the script's directory off ``sys.path``, so it is added here, explicitly.
 """
 
+import importlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from mcp_sandbox_runtime.runner import main  # noqa: E402
-
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    runner = importlib.import_module("mcp_sandbox_runtime.runner")
+    raise SystemExit(runner.main(sys.argv[1:]))

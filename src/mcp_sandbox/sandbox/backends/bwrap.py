@@ -24,7 +24,6 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups
-from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
 from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import write_bpf
@@ -103,9 +102,7 @@ def find_bwrap(configured: Path | None) -> str:
 class BwrapSandbox:
     """A running bwrap sandbox (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
 
-    def __init__(
-        self, process: asyncio.subprocess.Process, channel: socket.socket, cgroup: RunCgroup | None
-    ) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, channel: socket.socket, cgroup: RunCgroup | None) -> None:
         assert process.stdout is not None and process.stderr is not None
         self.stdout: asyncio.StreamReader = process.stdout
         self.stderr: asyncio.StreamReader = process.stderr
@@ -216,7 +213,7 @@ class BwrapBackend:
                 pass_fds=(sandbox_end.fileno(), seccomp_fd),
                 env={},  # bwrap's own environment is visible in /proc/1/environ inside
                 start_new_session=True,
-                preexec_fn=make_preexec(self._launch_spec(policy, cgroup)),  # noqa: PLW1509
+                preexec_fn=make_preexec(self._launch_spec(policy, cgroup)),
                 limit=_STREAM_LIMIT,
             )
         except (OSError, subprocess.SubprocessError) as exc:
@@ -242,4 +239,3 @@ class BwrapBackend:
 def create(settings: Settings) -> BwrapBackend:
     """The registry's constructor."""
     return BwrapBackend(settings)
-

@@ -62,7 +62,8 @@ def _compile(code: str) -> CodeType | None:
     lines = code.splitlines(keepends=True)
     linecache.cache[USER_FILENAME] = (len(code), None, lines, USER_FILENAME)
     try:
-        return compile(code, USER_FILENAME, "exec", flags=_PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        compiled: CodeType = compile(code, USER_FILENAME, "exec", flags=_PYCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+        return compiled
     except (SyntaxError, ValueError) as error:
         # A syntax error has no user frames; show it the way `python file.py` would.
         import traceback
@@ -89,7 +90,7 @@ def run_code(code: str) -> tuple[int, str | None]:
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": USER_FILENAME}
     sys.argv = [USER_FILENAME]
     try:
-        outcome = eval(compiled, namespace)  # noqa: S307 - running the user's code is the point
+        outcome = eval(compiled, namespace)
         if compiled.co_flags & _CO_COROUTINE:
             import asyncio  # only for code that awaits: importing it costs ~25 ms
 

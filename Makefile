@@ -1,0 +1,113 @@
+# mcp-sandbox: build, test and run. `make help` lists the targets.
+#
+# Every target that needs an environment sets it up first, and only what is missing or out
+# of date: Debian packages (scripts/install-system-deps.sh), the server's venv (.venv), and
+# the sandbox's own Python environment (.runtime/python). On a machine without make, run
+# scripts/bootstrap.sh [TARGET] instead.
+
+# Interpreter for the server's venv (must be >= 3.11).
+PYTHON ?= python3
+# Debian's interpreter, which the sandbox's runtime is built on: the sandbox's uid must be
+# able to read it, and it cannot read a pyenv under /root.
+SYSTEM_PYTHON ?= /usr/bin/python3
+# Extra arguments: `make pytest PYTEST_ARGS='-k foo'`, `make run ARGS='--help'`.
+PYTEST_ARGS ?=
+ARGS ?=
+
+VENV          := .venv
+BIN           := $(VENV)/bin
+RUNTIME       := .runtime
+RUNTIME_PY    := $(RUNTIME)/python
+RUNTIME_REQS  := runtime/python-requirements.txt
+
+# Stamps live inside the directories they describe, so deleting one resets its stamp.
+VENV_STAMP    := $(VENV)/.installed
+RUNTIME_STAMP := $(RUNTIME_PY)/.installed
+
+SHELL         := /bin/bash
+.SHELLFLAGS   := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PIP_NO_INPUT := 1
+
+.PHONY: help setup sysdeps venv runtime sandbox-access run test lint format typecheck pytest \
+        bench doctor clean
+
+help: ## List the targets
+	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
+	@echo
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# --- setup ---------------------------------------------------------------------------------
+
+setup: sysdeps venv runtime sandbox-access ## Install everything (system packages, .venv, .runtime)
+
+sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
+	@bash scripts/install-system-deps.sh
+
+venv: $(VENV_STAMP) ## Create .venv and install the server with its dev tools
+
+runtime: $(RUNTIME_STAMP) ## Build .runtime/python, the sandbox's Python environment
+
+sandbox-access: ## Make src/ readable by the sandbox's uid; warn if the repo path is closed to it
+	@bash scripts/check-sandbox-access.sh .
+
+# Created only when missing (or when the interpreter it points at is gone).
+$(BIN)/python: | sysdeps
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	    echo "error: $(PYTHON) is $$($(PYTHON) --version 2>&1); mcp-sandbox needs >= 3.11 (set PYTHON=...)" >&2; \
+	    exit 1; }
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstalled whenever pyproject.toml changes.
+$(VENV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# Rebuilt from scratch whenever the pins (or the script building it) change.
+$(RUNTIME_STAMP): $(RUNTIME_REQS) scripts/build-python-runtime.sh | sysdeps
+	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/build-python-runtime.sh $(RUNTIME_PY) $(RUNTIME_REQS)
+	@touch $@
+
+# --- use -----------------------------------------------------------------------------------
+
+# The server speaks MCP on stdout, so everything setup prints goes to stderr.
+run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
+	@$(MAKE) --no-print-directory setup >&2
+	@exec $(BIN)/mcp-sandbox serve $(ARGS)
+
+doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
+	$(BIN)/mcp-sandbox doctor
+
+test: setup ## Set up, then run ruff, ruff format --check, mypy and pytest
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+lint: venv ## ruff check and ruff format --check
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+format: venv ## Rewrite src and tests with ruff (format, then the fixable lint rules)
+	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests
+
+typecheck: venv ## mypy (strict; configured in pyproject.toml)
+	$(BIN)/mypy
+
+pytest: setup ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: setup ## Run bench/run.py if there is one
+	@if [ -f bench/run.py ]; then \
+	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
+	else \
+	    echo "no benchmarks yet"; \
+	fi
+
+clean: ## Remove .venv, .runtime and tool caches
+	rm -rf $(VENV) $(RUNTIME) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
