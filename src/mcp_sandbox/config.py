@@ -8,6 +8,7 @@ defaults. Nothing here reads the environment at import time: callers pass it in.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -41,26 +42,29 @@ ENV_ALIASES: Mapping[str, str] = {
 # TOML tables owned by later layers (auth, code mode); accepted here, read there.
 _RESERVED_TABLES = frozenset({"auth", "servers"})
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_bytes(value: str | int) -> int:
     """Parse ``"512m"``, ``"1GiB"``, ``"64 MB"`` or a plain byte count (binary units)."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g, 65536)")
     if isinstance(value, int):
         return value
     match = _SIZE_RE.match(value)
     if match is None:
         raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g, 65536)")
-    number, unit, _ = match.groups()
-    return int(float(number) * _SIZE_UNITS[unit.lower()])
+    number, unit = match.groups()
+    return int(float(number) * _SIZE_UNITS[(unit or "").lower()])
 
 
-def _default_state_dir() -> Path:
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """Where state lives unless configured: a system directory for root, XDG state otherwise."""
     # Root's home is 0700, and the sandbox (run as an unprivileged uid) must reach workspaces.
     if os.geteuid() == 0:
         return Path("/var/lib/mcp-sandbox")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "mcp-sandbox"
 
 
@@ -77,7 +81,7 @@ _BYTE_FIELDS = frozenset({"memory", "tmp_size", "max_output", "max_file_size"})
 class Settings:
     """Every setting of mcp-sandbox. Build with :func:`load_settings`."""
 
-    state_dir: Path = field(default_factory=_default_state_dir)
+    state_dir: Path = field(default_factory=lambda: default_state_dir(os.environ))
     backend: str = "bwrap"
     servers_config: Path | None = None
     output_mode: OutputMode = "compact"
@@ -117,8 +121,13 @@ class Settings:
         for name in ("memory", "pids", "tmp_size", "max_output", "max_file_size", "open_files"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
-        if self.cpus <= 0:
-            raise ConfigError("cpus: must be positive")
+        if not math.isfinite(self.cpus) or self.cpus <= 0:
+            raise ConfigError("cpus: must be a positive number")
+        if not (math.isfinite(self.timeout) and math.isfinite(self.max_timeout)):
+            raise ConfigError("timeout: must be a finite number of seconds")
+        for name in ("sandbox_uid", "sandbox_gid"):
+            if not 0 <= getattr(self, name) < 2**32 - 1:
+                raise ConfigError(f"{name}: must be a valid id")
 
     @property
     def python_interpreter(self) -> Path:
@@ -132,6 +141,10 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 def _coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
     kind = str(_FIELDS[name].type)
+    if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
+        raise ConfigError(f"{name}: {raw!r} is not a valid value")
+    if isinstance(raw, float) and kind == "int" and not raw.is_integer():
+        raise ConfigError(f"{name}: {raw!r} is not a whole number")
     try:
         if name in _BYTE_FIELDS:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
@@ -214,6 +227,8 @@ def load_settings(
         if name not in _FIELDS:
             raise ConfigError(f"unknown setting {name!r}")
         values[name] = _coerce(name, raw)
+    if "state_dir" not in values:
+        values["state_dir"] = default_state_dir(env)
     try:
         return Settings(**values)
     except TypeError as exc:  # pragma: no cover - guarded by the _FIELDS checks above

@@ -2,7 +2,7 @@
 
 Only what an interpreter needs: ``/usr`` (binaries, libraries, the stdlib), the usr-merged
 ``/bin``, ``/lib``... links (or binds where the host is not usr-merged), and a handful of
-``/etc`` files (dynamic linker cache, time zone, CA certificates). Nothing else of ``/etc``,
+``/etc`` files (dynamic linker cache, time zone, CA certificates, fontconfig). Nothing else of ``/etc``,
 no ``/home``, ``/root``, ``/var`` or ``/run``.
 """
 
@@ -22,6 +22,7 @@ _ETC = (
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
     "/etc/localtime",
+    "/etc/fonts",  # fontconfig (matplotlib) complains on every plot without it
     "/etc/ssl/certs",
     "/etc/ca-certificates",
     "/etc/mime.types",

@@ -10,7 +10,7 @@ from typing import Any
 from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
 from mcp_sandbox.errors import ValidationError
 
-__all__ = ["RunPythonArguments", "parse_run_python"]
+__all__ = ["RunPythonArguments", "output_mode", "parse_run_python"]
 
 _MAX_CODE_BYTES = 1 << 20
 
@@ -67,6 +67,17 @@ def _servers(arguments: Mapping[str, Any], known: Collection[str]) -> tuple[str,
             available = ", ".join(sorted(known)) or "none are configured"
             raise ValidationError("servers", f"unknown server {name!r} (available: {available})")
     return tuple(dict.fromkeys(raw))
+
+
+def output_mode(arguments: Mapping[str, Any] | None, settings: Settings) -> OutputMode:
+    """The requested ``outputMode``, or the configured one when it is absent or invalid.
+
+    Read on its own so that even a validation error renders in the mode the caller asked for.
+    """
+    try:
+        return _output_mode(arguments or {}, settings)
+    except ValidationError:
+        return settings.output_mode
 
 
 def _output_mode(arguments: Mapping[str, Any], settings: Settings) -> OutputMode:

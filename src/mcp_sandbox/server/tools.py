@@ -7,11 +7,13 @@ from collections.abc import Collection
 from typing import Any
 
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.errors import SandboxError, ValidationError
-from mcp_sandbox.server.arguments import parse_run_python
+from mcp_sandbox.server.arguments import output_mode, parse_run_python
 from mcp_sandbox.server.render import render
 
 __all__ = ["OUTPUT_SCHEMA", "ToolHandlers"]
@@ -91,13 +93,12 @@ class ToolHandlers:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        mode = self._settings.output_mode
         if params.name != "run_python":
-            result = ExecutionResult.invalid(f"name: unknown tool {params.name!r} (available: run_python)")
-            return _tool_result(result, mode)
+            # A protocol error, as the spec has it: the model asked for a tool that is not listed.
+            raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r} (available: run_python)")
+        mode = output_mode(params.arguments, self._settings)
         try:
             arguments = parse_run_python(params.arguments, self._settings, self._known_servers)
-            mode = arguments.output_mode
             result = await self._engine.execute(ExecutionRequest(code=arguments.code, timeout=arguments.timeout))
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))

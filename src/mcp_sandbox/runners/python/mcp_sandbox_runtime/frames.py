@@ -91,8 +91,9 @@ def decode_body(payload: bytes) -> dict[str, Any]:
     """
     try:
         body = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FrameError(f"frame body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and over-long integers; RecursionError deep nesting.
+        raise FrameError(f"frame body is not JSON: {type(exc).__name__}") from None
     if not isinstance(body, dict):
         raise FrameError("frame body is not a JSON object")
     return body

@@ -1,0 +1,50 @@
+"""Fixtures for the end-to-end tests: the anyio backend, the sandbox's runtime, state directories."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_RUNTIME = _REPO_ROOT / ".runtime" / "python"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    # Session scope: the module-scoped server fixtures are async too.
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def sandbox_runtime() -> Path | None:
+    """The sandbox's Python environment that `make` builds, or None to use the default (/usr)."""
+    return _RUNTIME if (_RUNTIME / "bin" / "python3").exists() else None
+
+
+@pytest.fixture(scope="session")
+def packaged_runtime(sandbox_runtime: Path | None) -> Path:
+    """The built runtime; fails (not skips) without it, since `make test` always builds it."""
+    if sandbox_runtime is None:
+        pytest.fail(f"the sandbox's runtime {_RUNTIME} is not built: run `make runtime`", pytrace=False)
+    return sandbox_runtime
+
+
+def _reachable_state_dir() -> Iterator[Path]:
+    # Not tmp_path: /tmp/pytest-of-<user> is 0700, and when the server runs as root the sandbox's
+    # uid must traverse to its workspace, so open_engine refuses a state dir under it.
+    with tempfile.TemporaryDirectory(prefix="mcp-sandbox-test-") as parent:
+        Path(parent).chmod(0o711)
+        yield Path(parent) / "state"
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    yield from _reachable_state_dir()
+
+
+@pytest.fixture(scope="module")
+def module_state_dir() -> Iterator[Path]:
+    yield from _reachable_state_dir()

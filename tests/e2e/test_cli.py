@@ -1,0 +1,74 @@
+"""The `mcp-sandbox` command run as a real process: `run` and `doctor`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+COMMAND_BOUND = 120.0
+
+
+def _environment(runtime: Path | None) -> dict[str, str]:
+    """A clean environment (no stray MCP_SANDBOX_* settings) in which the package imports."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    spec = importlib.util.find_spec("mcp_sandbox")
+    assert spec is not None and spec.origin is not None
+    source_root = Path(spec.origin).resolve().parents[1]
+    on_pythonpath = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if source_root in on_pythonpath:
+        env["PYTHONPATH"] = str(source_root)
+    if runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    return env
+
+
+def _mcp_sandbox(
+    *args: str, state_dir: Path, runtime: Path | None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", *args, "--state-dir", str(state_dir)],
+        env=_environment(runtime),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_BOUND,
+        check=False,
+    )
+
+
+def test_run_dash_c_prints_the_output_and_exits_zero(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    done = _mcp_sandbox("run", "-c", "print(1)", state_dir=state_dir, runtime=sandbox_runtime)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1\n"
+
+
+def test_run_file_runs_the_file(state_dir: Path, sandbox_runtime: Path | None, tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text("print('from a file')\n", encoding="utf-8")
+
+    done = _mcp_sandbox("run", str(script), state_dir=state_dir, runtime=sandbox_runtime)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "from a file\n"
+
+
+def test_run_exits_with_the_codes_exit_code(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    done = _mcp_sandbox("run", "-c", "import sys; sys.exit(5)", state_dir=state_dir, runtime=sandbox_runtime)
+
+    assert done.returncode == 5, done.stderr
+
+
+def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Path, packaged_runtime: Path) -> None:
+    done = _mcp_sandbox("doctor", state_dir=state_dir, runtime=packaged_runtime)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bwrap" in done.stdout
+    assert "memory limit" in done.stdout

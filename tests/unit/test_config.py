@@ -1,0 +1,385 @@
+"""Settings: flags > MCP_SANDBOX_* > the earlier bridge's aliases > TOML file > defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from mcp_sandbox.config import ENV_ALIASES, Settings, load_settings
+from mcp_sandbox.errors import ConfigError, SandboxError
+
+
+class Sample(NamedTuple):
+    """One value of a setting, as written in the environment, as a TOML literal, and parsed."""
+
+    text: str
+    toml: str
+    value: object
+
+
+# Two distinct valid values for every setting an alias can reach (A wins over B in the tests).
+SAMPLES: dict[str, tuple[Sample, Sample]] = {
+    "timeout": (Sample("45", "45", 45.0), Sample("60", "60", 60.0)),
+    "max_timeout": (Sample("300", "300", 300.0), Sample("600", "600", 600.0)),
+    "memory": (Sample("1g", '"1g"', 1 << 30), Sample("256m", '"256m"', 256 << 20)),
+    "pids": (Sample("64", "64", 64), Sample("32", "32", 32)),
+    "cpus": (Sample("2.5", "2.5", 2.5), Sample("0.5", "0.5", 0.5)),
+    "container_runtime": (Sample("podman", '"podman"', "podman"), Sample("docker", '"docker"', "docker")),
+    "image": (
+        Sample("python:3.12-slim", '"python:3.12-slim"', "python:3.12-slim"),
+        Sample("debian:bookworm", '"debian:bookworm"', "debian:bookworm"),
+    ),
+    "output_mode": (Sample("json", '"json"', "json"), Sample("toon", '"toon"', "toon")),
+    "state_dir": (Sample("/srv/a", '"/srv/a"', Path("/srv/a")), Sample("/srv/b", '"/srv/b"', Path("/srv/b"))),
+    "servers_config": (
+        Sample("/srv/a.json", '"/srv/a.json"', Path("/srv/a.json")),
+        Sample("/srv/b.json", '"/srv/b.json"', Path("/srv/b.json")),
+    ),
+}
+
+ALIASES = [pytest.param(alias, name, id=alias) for alias, name in ENV_ALIASES.items()]
+
+
+def env_name(setting: str) -> str:
+    return f"MCP_SANDBOX_{setting.upper()}"
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mcp-sandbox.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# --- precedence -----------------------------------------------------------------------------
+
+
+def test_nothing_given_yields_the_defaults() -> None:
+    assert load_settings(flags={}, env={}) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("layers", "expected"),
+    [
+        pytest.param({"flag", "env", "alias", "toml"}, 5.0, id="flag"),
+        pytest.param({"env", "alias", "toml"}, 10.0, id="env"),
+        pytest.param({"alias", "toml"}, 15.0, id="alias"),
+        pytest.param({"toml"}, 20.0, id="toml"),
+        pytest.param(set(), 30.0, id="default"),
+    ],
+)
+def test_the_highest_layer_that_sets_a_value_wins(tmp_path: Path, layers: set[str], expected: float) -> None:
+    flags = {"timeout": 5} if "flag" in layers else {}
+    env: dict[str, str] = {}
+    if "env" in layers:
+        env["MCP_SANDBOX_TIMEOUT"] = "10"
+    if "alias" in layers:
+        env["MCP_BRIDGE_TIMEOUT"] = "15"
+    config = write_toml(tmp_path, "timeout = 20\n") if "toml" in layers else None
+
+    settings = load_settings(flags=flags, env=env, config_file=config)
+
+    assert settings.timeout == expected
+
+
+def test_a_flag_given_as_none_leaves_the_lower_layers_in_charge() -> None:
+    settings = load_settings(flags={"timeout": None}, env={"MCP_SANDBOX_TIMEOUT": "10"})
+
+    assert settings.timeout == 10.0
+
+
+def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, 'backend = "podman"\npids = 99\n')
+
+    settings = load_settings(
+        flags={"memory": "2g"}, env={"MCP_SANDBOX_PIDS": "7", "MCP_BRIDGE_CPUS": "3"}, config_file=config
+    )
+
+    assert (settings.backend, settings.pids, settings.cpus, settings.memory) == ("podman", 7, 3.0, 2 << 30)
+
+
+def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):  # the developer's own settings must not leak into the test
+        if key.startswith("MCP_SANDBOX_") or key in ENV_ALIASES:
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("MCP_SANDBOX_PIDS", "77")
+
+    assert load_settings().pids == 77
+
+
+def test_every_setting_can_be_given_as_an_mcp_sandbox_variable() -> None:
+    env = {env_name(name): sample[0].text for name, sample in SAMPLES.items()}
+
+    settings = load_settings(env=env)
+
+    assert {name: getattr(settings, name) for name in SAMPLES} == {
+        name: sample[0].value for name, sample in SAMPLES.items()
+    }
+
+
+# --- the earlier bridge's aliases -------------------------------------------------------------
+
+
+def test_the_aliases_are_exactly_the_earlier_bridges_documented_variables() -> None:
+    assert dict(ENV_ALIASES) == {
+        "MCP_BRIDGE_TIMEOUT": "timeout",
+        "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
+        "MCP_BRIDGE_MEMORY": "memory",
+        "MCP_BRIDGE_PIDS": "pids",
+        "MCP_BRIDGE_CPUS": "cpus",
+        "MCP_BRIDGE_RUNTIME": "container_runtime",
+        "MCP_BRIDGE_IMAGE": "image",
+        "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
+        "MCP_BRIDGE_STATE_DIR": "state_dir",
+        "MCP_SERVERS_CONFIG": "servers_config",
+    }
+
+
+@pytest.mark.parametrize(("alias", "setting"), ALIASES)
+def test_an_alias_sets_its_setting(alias: str, setting: str) -> None:
+    sample = SAMPLES[setting][0]
+
+    settings = load_settings(env={alias: sample.text})
+
+    assert getattr(settings, setting) == sample.value
+
+
+@pytest.mark.parametrize(("alias", "setting"), ALIASES)
+def test_the_mcp_sandbox_variable_beats_its_alias(alias: str, setting: str) -> None:
+    winner, loser = SAMPLES[setting]
+
+    settings = load_settings(env={alias: loser.text, env_name(setting): winner.text})
+
+    assert getattr(settings, setting) == winner.value
+
+
+@pytest.mark.parametrize(("alias", "setting"), ALIASES)
+def test_an_alias_beats_the_config_file(tmp_path: Path, alias: str, setting: str) -> None:
+    winner, loser = SAMPLES[setting]
+    config = write_toml(tmp_path, f"{setting} = {loser.toml}\n")
+
+    settings = load_settings(env={alias: winner.text}, config_file=config)
+
+    assert getattr(settings, setting) == winner.value
+
+
+@pytest.mark.parametrize(("alias", "setting"), ALIASES)
+def test_a_flag_beats_an_alias(alias: str, setting: str) -> None:
+    winner, loser = SAMPLES[setting]
+
+    settings = load_settings(flags={setting: winner.text}, env={alias: loser.text})
+
+    assert getattr(settings, setting) == winner.value
+
+
+# --- the TOML file ----------------------------------------------------------------------------
+
+
+def test_every_setting_can_be_given_in_the_config_file(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "".join(f"{name} = {sample[0].toml}\n" for name, sample in SAMPLES.items()))
+
+    settings = load_settings(env={}, config_file=config)
+
+    assert {name: getattr(settings, name) for name in SAMPLES} == {
+        name: sample[0].value for name, sample in SAMPLES.items()
+    }
+
+
+def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "pids = 42\n")
+
+    settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(config)})
+
+    assert settings.pids == 42
+
+
+def test_an_explicit_config_file_is_used_instead_of_mcp_sandbox_config(tmp_path: Path) -> None:
+    from_env = tmp_path / "from-env.toml"
+    from_env.write_text("pids = 1\n", encoding="utf-8")
+    explicit = tmp_path / "explicit.toml"
+    explicit.write_text("pids = 2\n", encoding="utf-8")
+
+    settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(from_env)}, config_file=explicit)
+
+    assert settings.pids == 2
+
+
+def test_the_auth_and_servers_tables_are_accepted(tmp_path: Path) -> None:
+    config = write_toml(
+        tmp_path,
+        "timeout = 12\n"
+        "[auth]\n"
+        'tokens = [{ tenant = "alice", token = "sha256:00ff" }]\n'
+        "[servers.git]\n"
+        'command = "uvx"\n'
+        'args = ["mcp-server-git"]\n',
+    )
+
+    settings = load_settings(env={}, config_file=config)
+
+    assert settings.timeout == 12.0
+
+
+def test_an_unknown_key_in_the_config_file_is_rejected(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "timeout = 10\nno_such_setting = 1\n")
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={}, config_file=config)
+
+    assert "no_such_setting" in str(caught.value)
+
+
+def test_a_malformed_config_file_is_rejected(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "timeout = = 10\n[unclosed\n")
+
+    with pytest.raises(ConfigError):
+        load_settings(env={}, config_file=config)
+
+
+def test_a_missing_config_file_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        load_settings(env={}, config_file=tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("timeout = [1, 2]\n", id="list-for-a-number"),
+        pytest.param("pids = { a = 1 }\n", id="table-for-a-number"),
+        pytest.param("memory = true\n", id="boolean-for-a-size"),
+        pytest.param("pids = 1.9\n", id="fraction-for-an-integer"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_rejected(tmp_path: Path, text: str) -> None:
+    config = write_toml(tmp_path, text)
+
+    with pytest.raises(ConfigError):
+        load_settings(env={}, config_file=config)
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("512m", 512 << 20),
+        ("1g", 1 << 30),
+        ("1GiB", 1 << 30),
+        ("64 MB", 64 << 20),
+        ("2k", 2 << 10),
+        ("65536", 65536),
+    ],
+)
+@pytest.mark.parametrize("setting", ["memory", "tmp_size", "max_output", "max_file_size"])
+def test_sizes_are_parsed_in_binary_units(setting: str, text: str, expected: int) -> None:
+    settings = load_settings(env={env_name(setting): text})
+
+    assert getattr(settings, setting) == expected
+
+
+def test_a_size_in_the_config_file_may_be_a_plain_integer(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "memory = 1048576\n")
+
+    assert load_settings(env={}, config_file=config).memory == 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("false", False), ("no", False)],
+)
+def test_booleans_accept_the_usual_spellings(text: str, expected: bool) -> None:
+    settings = load_settings(env={"MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION": text})
+
+    assert settings.accept_weaker_isolation is expected
+
+
+def test_an_empty_optional_path_means_none() -> None:
+    settings = load_settings(env={"MCP_SANDBOX_SERVERS_CONFIG": ""})
+
+    assert settings.servers_config is None
+
+
+def test_a_timeout_equal_to_max_timeout_is_accepted() -> None:
+    settings = load_settings(env={"MCP_SANDBOX_TIMEOUT": "90", "MCP_SANDBOX_MAX_TIMEOUT": "90"})
+
+    assert settings.timeout == settings.max_timeout == 90.0
+
+
+@pytest.mark.parametrize(
+    ("env", "setting"),
+    [
+        pytest.param({"MCP_SANDBOX_TIMEOUT": "soon"}, "timeout", id="timeout-not-a-number"),
+        pytest.param({"MCP_SANDBOX_TIMEOUT": "0"}, "timeout", id="timeout-zero"),
+        pytest.param({"MCP_SANDBOX_TIMEOUT": "-1"}, "timeout", id="timeout-negative"),
+        pytest.param({"MCP_SANDBOX_TIMEOUT": ""}, "timeout", id="timeout-empty"),
+        pytest.param({"MCP_BRIDGE_TIMEOUT": "soon"}, "timeout", id="timeout-alias-not-a-number"),
+        pytest.param({"MCP_SANDBOX_PIDS": "many"}, "pids", id="pids-not-a-number"),
+        pytest.param({"MCP_SANDBOX_PIDS": "1.5"}, "pids", id="pids-fraction"),
+        pytest.param({"MCP_SANDBOX_PIDS": "0"}, "pids", id="pids-zero"),
+        pytest.param({"MCP_SANDBOX_CPUS": "0"}, "cpus", id="cpus-zero"),
+        pytest.param({"MCP_BRIDGE_CPUS": "two"}, "cpus", id="cpus-alias-not-a-number"),
+        pytest.param({"MCP_SANDBOX_MEMORY": "lots"}, "memory", id="memory-not-a-size"),
+        pytest.param({"MCP_SANDBOX_MEMORY": "0"}, "memory", id="memory-zero"),
+        pytest.param({"MCP_SANDBOX_MEMORY": "-5m"}, "memory", id="memory-negative"),
+        pytest.param({"MCP_BRIDGE_MEMORY": "1x"}, "memory", id="memory-alias-unknown-unit"),
+        pytest.param({"MCP_SANDBOX_TMP_SIZE": "12q"}, "tmp_size", id="tmp-size-unknown-unit"),
+        pytest.param({"MCP_SANDBOX_OPEN_FILES": "0"}, "open_files", id="open-files-zero"),
+        pytest.param({"MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION": "maybe"}, "accept_weaker_isolation", id="bool"),
+        pytest.param({"MCP_SANDBOX_OUTPUT_MODE": "yaml"}, "output_mode", id="output-mode-unknown"),
+        pytest.param({"MCP_BRIDGE_OUTPUT_MODE": "xml"}, "output_mode", id="output-mode-alias-unknown"),
+    ],
+)
+def test_a_bad_value_is_rejected_naming_its_setting(env: dict[str, str], setting: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env=env)
+
+    assert setting in str(caught.value)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf"])
+def test_a_cpus_value_that_is_not_a_finite_number_is_rejected(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={"MCP_SANDBOX_CPUS": text})
+
+    assert "cpus" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "toml"),
+    [
+        pytest.param({}, {"MCP_SANDBOX_TIMEOUT": "200"}, "", id="env-over-default-max"),
+        pytest.param({"timeout": 50}, {"MCP_BRIDGE_MAX_TIMEOUT": "40"}, "", id="flag-over-alias-max"),
+        pytest.param({}, {"MCP_SANDBOX_TIMEOUT": "20"}, "max_timeout = 10\n", id="env-over-toml-max"),
+    ],
+)
+def test_a_timeout_above_max_timeout_is_rejected(
+    tmp_path: Path, flags: dict[str, Any], env: dict[str, str], toml: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(flags=flags, env=env, config_file=write_toml(tmp_path, toml))
+
+    assert "timeout" in str(caught.value)
+
+
+def test_an_unknown_output_mode_in_the_config_file_is_rejected(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, 'output_mode = "markdown"\n')
+
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={}, config_file=config)
+
+    assert "output_mode" in str(caught.value)
+
+
+def test_an_unknown_flag_is_rejected() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(flags={"no_such_flag": 1}, env={})
+
+    assert "no_such_flag" in str(caught.value)
+
+
+def test_a_config_error_is_a_sandbox_error() -> None:
+    with pytest.raises(SandboxError):
+        load_settings(env={"MCP_SANDBOX_TIMEOUT": "soon"})

@@ -1,0 +1,201 @@
+"""The frame codec shared by host and sandbox (mcp_sandbox_runtime.frames), over real sockets."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Kind
+
+# Bounds a writer thread that should have finished long before; never waited on when all is well.
+WRITER_JOIN_SECONDS = 30.0
+
+BODY: dict[str, Any] = {"id": 7, "ok": True, "text": "héllo ✓ 🐍", "none": None, "nested": {"list": [1, 2.5, "x"]}}
+
+
+def header(
+    *,
+    magic: bytes = frames.MAGIC,
+    version: int = frames.PROTOCOL_VERSION,
+    kind: int = Kind.DONE,
+    length: int,
+) -> bytes:
+    return frames.HEADER.pack(magic, version, kind, length)
+
+
+def raw_frame(payload: bytes, **fields: Any) -> bytes:
+    return header(length=len(payload), **fields) + payload
+
+
+def read_stream(data: bytes, *, max_size: int = frames.DEFAULT_MAX_FRAME) -> list[tuple[Kind, dict[str, Any]] | None]:
+    """Write ``data`` into a socketpair from a thread, then end the stream; read frames up to EOF.
+
+    Returns every read_frame result, the final ``None`` included. The writer thread ends its side
+    whatever happens, and the reader's side is shut down on the way out, so neither blocks forever.
+    """
+    reader, writer = socket.socketpair()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[writer.send(view) :]
+        except OSError as exc:  # reported to the test below, not lost in the thread
+            failures.append(exc)
+        finally:
+            writer.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=write, name="frame-writer", daemon=True)
+    results: list[tuple[Kind, dict[str, Any]] | None] = []
+    with reader, writer:
+        thread.start()
+        try:
+            while True:
+                results.append(frame := frames.read_frame(reader.fileno(), max_size))
+                if frame is None:
+                    break
+        finally:
+            reader.shutdown(socket.SHUT_RDWR)  # unblocks the writer if reading stopped early
+            thread.join(WRITER_JOIN_SECONDS)
+    assert not thread.is_alive(), "the writer thread did not finish"
+    assert failures == []
+    return results
+
+
+def round_trip_with_write_frame(kind: Kind, body: dict[str, Any]) -> tuple[Kind, dict[str, Any]] | None:
+    """Send one frame with write_frame from a thread, read it with read_frame."""
+    reader, writer = socket.socketpair()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            frames.write_frame(writer.fileno(), kind, body)
+        except OSError as exc:
+            failures.append(exc)
+        finally:
+            writer.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=write, name="frame-writer", daemon=True)
+    with reader, writer:
+        thread.start()
+        try:
+            received = frames.read_frame(reader.fileno())
+            after = frames.read_frame(reader.fileno())
+        finally:
+            reader.shutdown(socket.SHUT_RDWR)
+            thread.join(WRITER_JOIN_SECONDS)
+    assert not thread.is_alive(), "the writer thread did not finish"
+    assert failures == []
+    assert after is None
+    return received
+
+
+# --- round trips ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda kind: kind.name)
+def test_a_frame_of_every_kind_survives_a_round_trip(kind: Kind) -> None:
+    assert round_trip_with_write_frame(kind, BODY) == (kind, BODY)
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda kind: kind.name)
+def test_encode_and_decode_are_inverse(kind: Kind) -> None:
+    data = frames.encode(kind, BODY)
+
+    parsed_kind, length = frames.parse_header(data[: frames.HEADER.size], frames.DEFAULT_MAX_FRAME)
+
+    assert (parsed_kind, length) == (kind, len(data) - frames.HEADER.size)
+    assert frames.decode_body(data[frames.HEADER.size :]) == BODY
+
+
+def test_the_wire_format_is_magic_version_kind_and_big_endian_length() -> None:
+    assert frames.encode(Kind.DONE, {"exitCode": 0}) == b'MSBX\x01\x03\x00\x00\x00\x0e{"exitCode":0}'
+
+
+def test_an_empty_object_body_survives_a_round_trip() -> None:
+    assert round_trip_with_write_frame(Kind.EXEC, {}) == (Kind.EXEC, {})
+
+
+@pytest.mark.parametrize("mebibytes", [16, 40])
+def test_a_body_of_many_mebibytes_survives_a_round_trip(mebibytes: int) -> None:
+    body = {"code": "x" * (mebibytes << 20), "tail": "ü✓"}
+
+    assert round_trip_with_write_frame(Kind.EXEC, body) == (Kind.EXEC, body)
+
+
+def test_consecutive_frames_are_read_one_at_a_time() -> None:
+    data = frames.encode(Kind.READY, {"n": 1}) + frames.encode(Kind.CALL, {"n": 2})
+
+    assert read_stream(data) == [(Kind.READY, {"n": 1}), (Kind.CALL, {"n": 2}), None]
+
+
+def test_a_clean_end_of_stream_reads_as_none() -> None:
+    assert read_stream(b"") == [None]
+
+
+def test_a_body_of_exactly_max_size_is_accepted() -> None:
+    payload = b'{"a":"xyz"}'
+
+    assert read_stream(raw_frame(payload), max_size=len(payload)) == [(Kind.DONE, {"a": "xyz"}), None]
+
+
+# --- rejections -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "max_size"),
+    [
+        pytest.param(raw_frame(b"{}", magic=b"MSBY"), frames.DEFAULT_MAX_FRAME, id="wrong-magic"),
+        pytest.param(raw_frame(b"{}", magic=b"\x00" * 4), frames.DEFAULT_MAX_FRAME, id="zero-magic"),
+        pytest.param(
+            raw_frame(b"{}", version=frames.PROTOCOL_VERSION + 1), frames.DEFAULT_MAX_FRAME, id="newer-version"
+        ),
+        pytest.param(raw_frame(b"{}", version=0), frames.DEFAULT_MAX_FRAME, id="version-zero"),
+        pytest.param(raw_frame(b"{}", kind=0), frames.DEFAULT_MAX_FRAME, id="kind-zero"),
+        pytest.param(raw_frame(b"{}", kind=max(Kind) + 1), frames.DEFAULT_MAX_FRAME, id="kind-unknown"),
+        pytest.param(raw_frame(b"{}", kind=255), frames.DEFAULT_MAX_FRAME, id="kind-255"),
+        pytest.param(raw_frame(b'{"a":"xyzw"}'), 11, id="one-byte-over-max-size"),
+        pytest.param(header(length=0xFFFFFFFF), frames.DEFAULT_MAX_FRAME, id="length-4-gib"),
+        pytest.param(raw_frame(b"not json"), frames.DEFAULT_MAX_FRAME, id="not-json"),
+        pytest.param(raw_frame(b""), frames.DEFAULT_MAX_FRAME, id="empty-body"),
+        pytest.param(raw_frame(b'{"a": "\xff"}'), frames.DEFAULT_MAX_FRAME, id="invalid-utf8"),
+        pytest.param(raw_frame(b'{"a": 1'), frames.DEFAULT_MAX_FRAME, id="unclosed-object"),
+        pytest.param(raw_frame(b"[1, 2]"), frames.DEFAULT_MAX_FRAME, id="json-array"),
+        pytest.param(raw_frame(b'"text"'), frames.DEFAULT_MAX_FRAME, id="json-string"),
+        pytest.param(raw_frame(b"null"), frames.DEFAULT_MAX_FRAME, id="json-null"),
+        pytest.param(raw_frame(b"42"), frames.DEFAULT_MAX_FRAME, id="json-number"),
+        pytest.param(frames.encode(Kind.DONE, {})[:5], frames.DEFAULT_MAX_FRAME, id="truncated-header"),
+        pytest.param(header(length=10), frames.DEFAULT_MAX_FRAME, id="header-without-body"),
+        pytest.param(header(length=10) + b'{"a":', frames.DEFAULT_MAX_FRAME, id="truncated-body"),
+        pytest.param(
+            frames.encode(Kind.READY, {}) + frames.encode(Kind.DONE, {"n": 1})[:-1],
+            frames.DEFAULT_MAX_FRAME,
+            id="second-frame-truncated",
+        ),
+    ],
+)
+def test_a_malformed_frame_raises_frame_error(data: bytes, max_size: int) -> None:
+    with pytest.raises(frames.FrameError):
+        read_stream(data, max_size=max_size)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}", id="nested-100000-deep"),
+        pytest.param(b'{"a":' + b"1" * 5000 + b"}", id="integer-of-5000-digits"),
+    ],
+)
+def test_a_body_json_cannot_parse_safely_raises_frame_error(payload: bytes) -> None:
+    with pytest.raises(frames.FrameError):
+        read_stream(raw_frame(payload))
+
+
+def test_an_oversized_length_is_rejected_from_the_header_alone() -> None:
+    with pytest.raises(frames.FrameError):
+        frames.parse_header(header(length=1 << 30), max_size=1 << 20)
