@@ -1,4 +1,4 @@
-"""Fixtures shared by the unit tests: the anyio backend and argv/JSON snapshots."""
+"""Fixtures of the unit tests: argv/JSON snapshots."""
 
 from __future__ import annotations
 
@@ -13,11 +13,6 @@ import pytest
 SNAPSHOT_DIR = Path(__file__).parent / "snapshots"
 
 Snapshot = Callable[[str, object], None]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def _check_snapshot(name: str, value: object) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures for the in-memory server tests: the anyio backend, the sandbox's runtime, state directories."""
+"""Fixtures shared by every suite: the anyio backend, the sandbox's runtime, reachable state directories."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
 
 
