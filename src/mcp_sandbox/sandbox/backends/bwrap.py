@@ -51,12 +51,13 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
     ]  # fmt: skip
     if policy.network:
         argv.append("--share-net")
+    # /tmp first: a runtime that lives under the host's /tmp is bound on top of it, not hidden.
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
     for mount in policy.mounts:
         argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
     for target, link in policy.symlinks:
         argv += ["--symlink", target, link]
-    argv += ["--proc", "/proc", "--dev", "/dev"]
-    argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
     if policy.workspace is not None:
         argv += ["--bind", str(policy.workspace), WORKSPACE, "--symlink", WORKSPACE, WORKSPACE_ALIAS]
     argv += ["--remount-ro", "/"]
