@@ -31,7 +31,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps venv runtime sandbox-access run test lint format typecheck pytest \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access run test lint format typecheck pytest \
         bench doctor clean
 
 help: ## List the targets
@@ -41,7 +41,7 @@ help: ## List the targets
 
 # --- setup ---------------------------------------------------------------------------------
 
-setup: sysdeps venv runtime sandbox-access ## Install everything (system packages, .venv, .runtime)
+setup: sysdeps sandbox-user venv runtime sandbox-access ## Install everything (system packages, sandbox user, .venv, .runtime)
 
 sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 	@bash scripts/install-system-deps.sh
@@ -49,6 +49,9 @@ sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 venv: $(VENV_STAMP) ## Create .venv and install the server with its dev tools
 
 runtime: $(RUNTIME_STAMP) ## Build .runtime/python, the sandbox's Python environment
+
+sandbox-user: ## As root: create the unprivileged system user the sandboxes run as
+	@bash scripts/create-sandbox-user.sh
 
 sandbox-access: ## Make src/ readable by the sandbox's uid; warn if the repo path is closed to it
 	@bash scripts/check-sandbox-access.sh .

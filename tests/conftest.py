@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_sandbox.workspace import remove_tree
+
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
 
@@ -35,9 +37,12 @@ def packaged_runtime(sandbox_runtime: Path | None) -> Path:
 def _reachable_state_dir() -> Iterator[Path]:
     # Not tmp_path: /tmp/pytest-of-<user> is 0700, and when the server runs as root the sandbox's
     # uid must traverse to its workspace, so open_engine refuses a state dir under it.
-    with tempfile.TemporaryDirectory(prefix="mcp-sandbox-test-") as parent:
-        Path(parent).chmod(0o711)
-        yield Path(parent) / "state"
+    parent = Path(tempfile.mkdtemp(prefix="mcp-sandbox-test-"))
+    parent.chmod(0o711)
+    try:
+        yield parent / "state"
+    finally:
+        remove_tree(parent)  # not shutil.rmtree: sandboxes leave trees deeper than its recursion
 
 
 @pytest.fixture

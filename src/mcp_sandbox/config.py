@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pwd
 import re
 import sys
 import tomllib
@@ -20,7 +21,17 @@ from typing import Any, Literal, get_args
 
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["ENV_ALIASES", "OUTPUT_MODES", "OutputMode", "Settings", "load_settings", "parse_bytes"]
+__all__ = [
+    "ENV_ALIASES",
+    "OUTPUT_MODES",
+    "SANDBOX_USER",
+    "OutputMode",
+    "Settings",
+    "default_sandbox_ids",
+    "default_state_dir",
+    "load_settings",
+    "parse_bytes",
+]
 
 OutputMode = Literal["compact", "json", "toon"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
@@ -68,6 +79,19 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
     return Path(base) / "mcp-sandbox"
 
 
+SANDBOX_USER = "mcp-sandbox"
+_NOBODY = 65534
+
+
+def default_sandbox_ids() -> tuple[int, int]:
+    """The dedicated ``mcp-sandbox`` system user's uid/gid (``make`` creates it), else nobody's."""
+    try:
+        entry = pwd.getpwnam(SANDBOX_USER)
+    except KeyError:
+        return _NOBODY, _NOBODY
+    return entry.pw_uid, entry.pw_gid
+
+
 def _default_python_runtime() -> Path:
     # `make` builds the sandbox's Python environment next to the server's venv.
     built = Path(sys.prefix).resolve().parent / ".runtime" / "python"
@@ -101,8 +125,8 @@ class Settings:
     open_files: int = 256
 
     # The unprivileged host uid/gid behind the sandbox when the server runs as root.
-    sandbox_uid: int = 65534
-    sandbox_gid: int = 65534
+    sandbox_uid: int = field(default_factory=lambda: default_sandbox_ids()[0])
+    sandbox_gid: int = field(default_factory=lambda: default_sandbox_ids()[1])
 
     # Sandbox runtimes and binaries.
     python_runtime: Path = field(default_factory=_default_python_runtime)

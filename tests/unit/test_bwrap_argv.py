@@ -157,14 +157,23 @@ def test_without_a_workspace_nothing_is_writable_but_the_policys_writable_mounts
     assert [args for flag, args in options if flag == "--bind"] == []
 
 
-def test_the_tmp_size_directly_precedes_the_tmp_tmpfs() -> None:
+def test_every_tmpfs_is_sized_by_tmp_size_and_only_tmp_and_dev_shm_get_one() -> None:
     policy = make_policy()
 
     argv = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
 
-    at = argv.index("--tmpfs")
-    assert argv[at - 2 : at + 2] == ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
-    assert argv.count("--tmpfs") == 1
+    places = [i for i, arg in enumerate(argv) if arg == "--tmpfs"]
+    assert sorted(argv[i + 1] for i in places) == ["/dev/shm", "/tmp"]
+    for at in places:
+        assert argv[at - 2 : at] == ["--size", str(policy.limits.tmp_size)]
+
+
+def test_dev_is_remounted_read_only_after_its_shm_tmpfs() -> None:
+    argv = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+
+    remount = [i for i, arg in enumerate(argv) if arg == "--remount-ro" and argv[i + 1] == "/dev"]
+    assert len(remount) == 1
+    assert remount[0] > argv.index("/dev/shm")
 
 
 def test_the_seccomp_filter_is_passed_by_its_fd() -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.channel import Channel, Kind
@@ -21,6 +21,7 @@ from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionR
 from mcp_sandbox.engine.runtimes import python_policy
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
+from mcp_sandbox.workspace import remove_tree
 
 __all__ = ["Engine"]
 
@@ -52,8 +53,8 @@ class Engine:
         os.chmod(self.settings.state_dir, 0o711)
         os.chmod(self._runs_dir, 0o711)
 
-    @contextlib.contextmanager
-    def _scratch_workspace(self) -> Iterator[Path]:
+    @contextlib.asynccontextmanager
+    async def _scratch_workspace(self) -> AsyncIterator[Path]:
         """A fresh workspace for one run, owned by the sandbox's host uid, removed after."""
         self.prepare()
         directory = self._runs_dir / uuid.uuid4().hex
@@ -63,8 +64,12 @@ class Engine:
                 os.chown(directory, self.settings.sandbox_uid, self.settings.sandbox_gid)
             yield directory
         finally:
-            # rmtree never follows symlinks the sandbox planted (it walks by fd on Linux).
-            shutil.rmtree(directory, ignore_errors=True)
+            # Off the event loop: a run may leave a million files behind.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await anyio.to_thread.run_sync(remove_tree, directory)
+                except OSError as exc:
+                    logger.error("could not remove the scratch workspace %s: %s", directory, exc)
 
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run ``request`` and describe the outcome. Never raises for what the code did.
@@ -73,8 +78,10 @@ class Engine:
             SandboxStartError: the sandbox could not be started at all.
         """
         started = time.perf_counter()
-        with contextlib.ExitStack() as stack:
-            workspace = request.workspace or stack.enter_context(self._scratch_workspace())
+        async with contextlib.AsyncExitStack() as stack:
+            workspace = request.workspace
+            if workspace is None:
+                workspace = await stack.enter_async_context(self._scratch_workspace())
             policy = python_policy(
                 self.settings, workspace=workspace, timeout=request.timeout, environment=request.environment
             )

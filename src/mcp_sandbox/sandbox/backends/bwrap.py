@@ -52,7 +52,10 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
     if policy.network:
         argv.append("--share-net")
     # /tmp first: a runtime that lives under the host's /tmp is bound on top of it, not hidden.
+    # /dev is bwrap's own minimal tmpfs: made read-only below, with a sized /dev/shm of its own
+    # (multiprocessing needs one) so no writable space escapes the tmp_size limit.
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
     for mount in policy.mounts:
         argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
@@ -60,7 +63,7 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
         argv += ["--symlink", target, link]
     if policy.workspace is not None:
         argv += ["--bind", str(policy.workspace), WORKSPACE, "--symlink", WORKSPACE, WORKSPACE_ALIAS]
-    argv += ["--remount-ro", "/"]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     for key in sorted(policy.environment):
         argv += ["--setenv", key, policy.environment[key]]
     argv += ["--chdir", policy.cwd, "--seccomp", str(seccomp_fd), "--", *policy.command]

@@ -1,0 +1,75 @@
+"""Fixtures of the sandbox conformance suite: every test runs once per available backend."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine import Engine
+from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe, get_backend
+
+from .harness import RunnerFactory, SandboxRunner
+
+# Small limits keep the bombs quick; tests that need others pass their own.
+_DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
+
+
+@pytest.fixture(scope="session")
+def backend_probes() -> dict[str, BackendProbe]:
+    """Probe each backend once per session (a probe starts a real sandbox)."""
+    settings = load_settings(env={}, flags={})
+    return {name: get_backend(name, settings).probe() for name in BACKEND_NAMES}
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend_name(request: pytest.FixtureRequest, backend_probes: dict[str, BackendProbe]) -> str:
+    name: str = request.param
+    probe = backend_probes[name]
+    if not probe.available:
+        pytest.skip(f"backend {name} is unavailable here: {probe.reason}")
+    return name
+
+
+@pytest.fixture
+def backend_probe(backend_name: str, backend_probes: dict[str, BackendProbe]) -> BackendProbe:
+    return backend_probes[backend_name]
+
+
+@pytest.fixture
+def state_root(state_dir: Path) -> Path:
+    """A directory the sandbox's host uid can traverse (see the root conftest's ``state_dir``)."""
+    return state_dir.parent
+
+
+@pytest.fixture
+def make_sandbox(backend_name: str, state_root: Path, sandbox_runtime: Path | None) -> RunnerFactory:
+    """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``."""
+
+    def make(**flags: object) -> SandboxRunner:
+        values: dict[str, object] = {"state_dir": str(state_root / "state"), **_DEFAULT_FLAGS}
+        if sandbox_runtime is not None:
+            values["python_runtime"] = str(sandbox_runtime)
+        values.update(flags)
+        settings = load_settings(env={}, flags=values)
+        return SandboxRunner(settings, Engine(settings, get_backend(backend_name, settings)))
+
+    return make
+
+
+@pytest.fixture
+def sandbox(make_sandbox: RunnerFactory) -> SandboxRunner:
+    """An engine with the suite's default settings."""
+    return make_sandbox()
+
+
+@pytest.fixture
+def workspace(state_root: Path, sandbox: SandboxRunner) -> Path:
+    """A persistent workspace the test can inspect after the run (owned by the sandbox's host uid)."""
+    directory = state_root / "workspace"
+    directory.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(directory, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+    return directory

@@ -1,0 +1,158 @@
+"""A thin harness over the engine for the conformance suite.
+
+Sandboxed attack code reports what happened as one JSON object on its last stdout line: the
+:data:`PRELUDE` gives it a ``report`` dict and helpers that turn an attempt into a short,
+comparable outcome such as ``"ok"``, ``"PermissionError:EPERM"`` or ``"EPERM"`` (raw syscalls).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+
+__all__ = [
+    "HOST_BOUND",
+    "PRELUDE",
+    "RunnerFactory",
+    "SandboxRunner",
+    "host_processes",
+    "report_of",
+    "wait_until_gone",
+    "wait_until_running",
+]
+
+# Added to a run's own timeout to bound the test's wait for execute(): start-up, teardown, a busy host.
+HOST_BOUND = 15.0
+# How long a process the sandbox left behind may take to disappear after execute() returned.
+GONE_BOUND = 5.0
+_POLL = 0.05
+
+# Runs inside the sandbox before each attack. Stdlib only; every helper reports, never raises.
+PRELUDE = '''\
+import ctypes, errno, json, os, sys
+report = {}
+_libc = ctypes.CDLL(None, use_errno=True)
+zeros = ctypes.create_string_buffer(4096)
+
+def outcome(action):
+    """'ok', or 'ExceptionName:ERRNO' for the exception the attempt raised."""
+    try:
+        action()
+    except Exception as exc:
+        code = getattr(exc, "errno", None)
+        return f"{type(exc).__name__}:{errno.errorcode.get(code, code)}" if code is not None else type(exc).__name__
+    return "ok"
+
+def syscall(number, *args):
+    """A raw syscall: 'ok <result>' or the errno name it failed with."""
+    ctypes.set_errno(0)
+    result = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args))
+    return f"ok {result}" if result != -1 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+
+def forking_syscall(number, *args):
+    """A raw syscall that creates a process if it succeeds (clone): the child exits at once."""
+    parent = os.getpid()
+    result = syscall(number, *args)
+    if os.getpid() != parent:
+        os._exit(0)
+    return result
+
+def channel_fds():
+    """The sockets among this process's fds: the host channel is the only one."""
+    import stat
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+'''
+
+_POSTLUDE = "\nprint(json.dumps(report), flush=True)\n"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRunner:
+    """One engine on one backend, with the settings it was built from."""
+
+    settings: Settings
+    engine: Engine
+
+    async def run(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> ExecutionResult:
+        """Run ``code`` (dedented, after the prelude); the wait is bounded."""
+        request = ExecutionRequest(code=PRELUDE + textwrap.dedent(code), timeout=time_limit, workspace=workspace)
+        with anyio.fail_after(time_limit + HOST_BOUND):
+            return await self.engine.execute(request)
+
+    async def report(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> dict[str, Any]:
+        """Run attack code that fills ``report``; it must finish successfully. Return the report."""
+        result = await self.run_reporting(code, time_limit=time_limit, workspace=workspace)
+        assert result.status == "success", f"{result.status}: {result.error}\n{result.stderr}"
+        return report_of(result)
+
+    async def run_reporting(
+        self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None
+    ) -> ExecutionResult:
+        """Run attack code that fills ``report``, whatever the status; see :func:`report_of`."""
+        return await self.run(textwrap.dedent(code) + _POSTLUDE, time_limit=time_limit, workspace=workspace)
+
+
+RunnerFactory = Callable[..., SandboxRunner]  # make_sandbox(**settings flags)
+
+
+def report_of(result: ExecutionResult) -> dict[str, Any]:
+    """The report printed on the last stdout line of a run."""
+    lines = result.stdout.strip().splitlines()
+    assert lines, f"no report printed ({result.status}: {result.error}); stderr:\n{result.stderr}"
+    parsed: dict[str, Any] = json.loads(lines[-1])
+    return parsed
+
+
+def host_processes(marker: str) -> list[int]:
+    """Host pids whose command line or name contains ``marker``."""
+    found: list[int] = []
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline, open(f"/proc/{entry}/comm", "rb") as comm:
+                if needle in cmdline.read() or needle in comm.read():
+                    found.append(int(entry))
+        except OSError:  # exited while we looked
+            continue
+    return found
+
+
+async def wait_until_gone(marker: str, bound: float = GONE_BOUND) -> list[int]:
+    """Poll (bounded) until no host process carries ``marker``; return those still there."""
+    with anyio.move_on_after(bound):
+        # Polling the host's /proc: there is no event to wait on.
+        while host_processes(marker):  # noqa: ASYNC110
+            await anyio.sleep(_POLL)
+    return host_processes(marker)
+
+
+async def wait_until_running(marker: str, bound: float = HOST_BOUND) -> list[int]:
+    """Poll (bounded) until a host process carries ``marker``; return their pids.
+
+    Raises:
+        TimeoutError: none appeared within ``bound`` seconds.
+    """
+    with anyio.fail_after(bound):
+        while not (found := host_processes(marker)):  # noqa: ASYNC110 - as above
+            await anyio.sleep(_POLL)
+    return found
