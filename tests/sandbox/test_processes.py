@@ -165,3 +165,20 @@ async def test_killing_pid_1_inside_does_not_hurt_the_host(sandbox: SandboxRunne
     after = await sandbox.run("print('next')")
     assert (after.status, after.stdout) == ("success", "next\n")
     assert host_alive(os.getpid())
+
+
+def _our_cgroups(sandbox: SandboxRunner) -> list[str]:
+    cgroups = getattr(sandbox.engine.backend, "cgroups", None)
+    if cgroups is None:
+        return []
+    prefix = f"mcp-sandbox-{os.getpid()}-"
+    return [p.name for base in cgroups.bases.values() for p in base.iterdir() if p.name.startswith(prefix)]
+
+
+async def test_no_cgroup_is_left_behind_after_runs_that_end_in_every_way(sandbox: SandboxRunner) -> None:
+    marker = f"mcp-sandbox-cg-{uuid.uuid4().hex}"
+    await sandbox.run(_spawn_orphan(marker))
+    await sandbox.run("while True: pass", time_limit=1)
+    await sandbox.run("import os; os.kill(os.getpid(), 9)")
+
+    assert _our_cgroups(sandbox) == []

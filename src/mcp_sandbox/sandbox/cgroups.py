@@ -14,17 +14,25 @@ The sandbox's first process joins the cgroup itself, before it execs bwrap (see
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
+
 from mcp_sandbox.sandbox.policy import Limits
 
-__all__ = ["CgroupSupport", "RunCgroup", "detect_cgroups"]
+__all__ = ["CgroupSupport", "RunCgroup", "detect_cgroups", "sweep_stale"]
+
+logger = logging.getLogger(__name__)
 
 _CONTROLLERS = ("memory", "pids", "cpu")
+_PREFIX = "mcp-sandbox-"
+_REMOVE_SECONDS = 5.0
+_REMOVE_POLL = 0.01
 _CPU_PERIOD_US = 100_000
 
 
@@ -115,7 +123,8 @@ class RunCgroup:
         Raises:
             OSError: the cgroup filesystem refused (the caller reports it).
         """
-        name = f"mcp-sandbox-{uuid.uuid4().hex[:16]}"
+        # The server's pid in the name lets a later server sweep what a crashed one left.
+        name = f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         directories: dict[str, Path] = {}
         group = cls(support, directories)
         try:
@@ -206,8 +215,48 @@ class RunCgroup:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(int(pid), signal.SIGKILL)
 
-    def remove(self) -> None:
-        """Remove the cgroup directories (after the processes are gone). Never raises."""
+    def remove(self) -> bool:
+        """Try once to remove the cgroup directories; True when all are gone. Never raises.
+
+        A cgroup is busy (EBUSY) until the kernel has reaped its last process, which can lag
+        behind the death of the sandbox's outer process: see :meth:`aremove`.
+        """
+        gone = True
         for directory in {*self.directories.values()}:
-            with contextlib.suppress(OSError):
+            try:
                 directory.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                gone = False
+        return gone
+
+    async def aremove(self, bound: float = _REMOVE_SECONDS) -> None:
+        """Kill what is left and remove the cgroup, retrying while it is busy, for at most ``bound``."""
+        with anyio.move_on_after(bound):
+            while not self.remove():
+                self.kill()
+                await anyio.sleep(_REMOVE_POLL)
+            return
+        logger.warning("cgroup %s still busy after %.1f s; left for the next sweep", self.directories, bound)
+
+
+def sweep_stale(support: CgroupSupport) -> int:
+    """Remove the cgroups of servers that are gone (crashed); return how many were removed."""
+    removed = 0
+    for base in {*support.bases.values()}:
+        try:
+            candidates = [p for p in base.iterdir() if p.name.startswith(_PREFIX)]
+        except OSError:
+            continue
+        for directory in candidates:
+            owner = directory.name[len(_PREFIX) :].split("-", 1)[0]
+            if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+                continue
+            with contextlib.suppress(OSError):
+                for pid in (directory / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(pid), signal.SIGKILL)
+                directory.rmdir()
+                removed += 1
+    return removed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import resource
 import shutil
@@ -23,12 +24,14 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
-from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups
+from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
 from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
 from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import write_bpf
 
 __all__ = ["BwrapBackend", "BwrapSandbox", "bwrap_argv", "create", "find_bwrap"]
+
+logger = logging.getLogger(__name__)
 
 _TEARDOWN_SECONDS = 5.0
 _STREAM_LIMIT = 1 << 20
@@ -150,7 +153,7 @@ class BwrapSandbox:
             outcome = self._result(returncode)
             self.channel.close()
             if self._cgroup is not None:
-                self._cgroup.remove()
+                await self._cgroup.aremove()
             self._outcome = outcome
         return outcome
 
@@ -168,6 +171,9 @@ class BwrapBackend:
     def cgroups(self) -> CgroupSupport:
         if self._cgroups is None:
             self._cgroups = detect_cgroups()
+            swept = sweep_stale(self._cgroups)
+            if swept:
+                logger.info("removed %d cgroups left behind by servers that are gone", swept)
         return self._cgroups
 
     def _host_ids(self) -> tuple[int | None, int | None]:
