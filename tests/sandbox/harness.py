@@ -8,7 +8,6 @@ comparable outcome such as ``"ok"``, ``"PermissionError:EPERM"`` or ``"EPERM"`` 
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import anyio
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_test_helpers import host_processes
 
 __all__ = [
     "HOST_BOUND",
@@ -119,22 +119,6 @@ def report_of(result: ExecutionResult) -> dict[str, Any]:
     assert lines, f"no report printed ({result.status}: {result.error}); stderr:\n{result.stderr}"
     parsed: dict[str, Any] = json.loads(lines[-1])
     return parsed
-
-
-def host_processes(marker: str) -> list[int]:
-    """Host pids whose command line or name contains ``marker``."""
-    found: list[int] = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline, open(f"/proc/{entry}/comm", "rb") as comm:
-                if needle in cmdline.read() or needle in comm.read():
-                    found.append(int(entry))
-        except OSError:  # exited while we looked
-            continue
-    return found
 
 
 async def wait_until_gone(marker: str, bound: float = GONE_BOUND) -> list[int]:

