@@ -53,11 +53,29 @@ class Engine:
         os.chmod(self.settings.state_dir, 0o711)
         os.chmod(self._runs_dir, 0o711)
 
+    def sweep(self) -> int:
+        """Remove scratch workspaces left by servers that died mid-run; return how many.
+
+        Each scratch directory is named after the server's pid, so only a dead server's are
+        touched, even when several servers share a state directory.
+        """
+        removed = 0
+        for directory in self._runs_dir.iterdir():
+            owner = directory.name.partition("-")[0]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                try:
+                    remove_tree(directory)
+                except OSError as exc:
+                    logger.warning("could not remove the stale workspace %s: %s", directory, exc)
+                    continue
+                removed += 1
+        return removed
+
     @contextlib.asynccontextmanager
     async def _scratch_workspace(self) -> AsyncIterator[Path]:
         """A fresh workspace for one run, owned by the sandbox's host uid, removed after."""
         self.prepare()
-        directory = self._runs_dir / uuid.uuid4().hex
+        directory = self._runs_dir / f"{os.getpid()}-{uuid.uuid4().hex}"
         directory.mkdir(mode=0o700)
         try:
             if os.geteuid() == 0:

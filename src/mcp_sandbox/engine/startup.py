@@ -45,6 +45,9 @@ def open_engine(settings: Settings) -> Engine:
         logger.warning("running with weaker isolation, as configured: %s", listed)
     engine = Engine(settings, backend)
     engine.prepare()
+    swept = engine.sweep()
+    if swept:
+        logger.info("removed %d scratch workspaces left by servers that died mid-run", swept)
     _check_reachable(settings)
     return engine
 

@@ -1,0 +1,31 @@
+"""A new server removes what a dead one left mid-run, and never what a live one is using."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine import Engine
+from mcp_sandbox.sandbox.backends import get_backend
+
+
+def _dead_pid() -> int:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return next(pid for pid in range(pid_max - 1, 1, -1) if not Path(f"/proc/{pid}").exists())
+
+
+def test_scratch_workspaces_of_a_dead_server_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
+    settings = load_settings(env={}, flags={"state_dir": str(tmp_path / "state")})
+    engine = Engine(settings, get_backend("bwrap", settings))
+    engine.prepare()
+    runs = settings.state_dir / "runs"
+    left = runs / f"{_dead_pid()}-0123456789abcdef"
+    (left / "deep" / "er").mkdir(parents=True)
+    ours = runs / f"{os.getpid()}-fedcba9876543210"
+    ours.mkdir()
+
+    assert engine.sweep() == 1
+
+    assert not left.exists()
+    assert ours.exists()
