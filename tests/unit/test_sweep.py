@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.sandbox.cgroups import detect_cgroups, sweep_stale
 
 
 def _dead_pid() -> int:
@@ -29,3 +32,23 @@ def test_scratch_workspaces_of_a_dead_server_are_removed_and_a_live_ones_kept(tm
 
     assert not left.exists()
     assert ours.exists()
+
+
+def test_cgroups_of_a_dead_server_are_swept_and_a_live_ones_kept() -> None:
+    support = detect_cgroups()
+    if not support.bases:
+        pytest.skip(f"no usable cgroups here: {support.reason}")
+    base = next(iter(support.bases.values()))
+    left = base / f"mcp-sandbox-{_dead_pid()}-0123456789ab"
+    ours = base / f"mcp-sandbox-{os.getpid()}-ba9876543210"
+    left.mkdir()
+    ours.mkdir()
+    try:
+        assert sweep_stale(support) >= 1
+
+        assert not left.exists()
+        assert ours.exists()
+    finally:
+        for directory in (left, ours):
+            if directory.exists():
+                directory.rmdir()

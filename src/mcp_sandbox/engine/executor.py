@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -113,85 +114,77 @@ class Engine:
     async def _supervise(self, sandbox: Sandbox, request: ExecutionRequest, started: float) -> ExecutionResult:
         stdout = CappedOutput(self.settings.max_output)
         stderr = CappedOutput(self.settings.max_output)
-        state: dict[str, object] = {}
+        talk = _Conversation()
         outcome: SandboxOutcome | None = None
         with anyio.move_on_after(request.timeout) as deadline:
             async with anyio.create_task_group() as group:
                 group.start_soon(stdout.pump, sandbox.stdout)
                 group.start_soon(stderr.pump, sandbox.stderr)
-                await self._converse(sandbox, request, state)
+                await self._converse(sandbox, request, talk)
             outcome = await sandbox.wait()
         if outcome is None:
             outcome = await sandbox.aclose()
-        duration_ms = round((time.perf_counter() - started) * 1000)
-        truncated = stdout.truncated or stderr.truncated
-        common = {"stdout": stdout.text(), "stderr": stderr.text(), "duration_ms": duration_ms, "truncated": truncated}
-        if deadline.cancelled_caught:
-            return ExecutionResult(
-                status="timeout",
-                exit_code=EXIT_TIMEOUT,
-                error=f"timed out after {request.timeout:g} s; the sandbox and all its processes were killed",
-                **common,  # type: ignore[arg-type]
-            )
-        return self._judge(outcome, state, **common)  # type: ignore[arg-type]
+        result = ExecutionResult(
+            status="timeout",
+            exit_code=EXIT_TIMEOUT,
+            stdout=stdout.text(),
+            stderr=stderr.text(),
+            duration_ms=round((time.perf_counter() - started) * 1000),
+            truncated=stdout.truncated or stderr.truncated,
+            error=f"timed out after {request.timeout:g} s; the sandbox and all its processes were killed",
+        )
+        return result if deadline.cancelled_caught else self._judge(outcome, talk, result)
 
-    async def _converse(self, sandbox: Sandbox, request: ExecutionRequest, state: dict[str, object]) -> None:
+    async def _converse(self, sandbox: Sandbox, request: ExecutionRequest, talk: _Conversation) -> None:
         """Send the code, then serve the sandbox's frames until DONE or the channel closes."""
         channel = await Channel.open(sandbox.channel, _MAX_FRAME)
         try:
             frame = await channel.receive()
             if frame is None or frame[0] is not Kind.READY:
                 return
-            state["ready"] = True
+            talk.ready = True
             await channel.send(Kind.EXEC, {"code": request.code})
             while (frame := await channel.receive()) is not None:
                 kind, body = frame
                 if kind is Kind.DONE:
-                    state["done"] = body
+                    talk.done = True
                     return
                 if kind is Kind.ERROR:
-                    state["protocol_error"] = str(body.get("message", "unknown"))
+                    talk.protocol_error = str(body.get("message", "unknown"))
                     return
                 await channel.send(Kind.ERROR, {"message": f"unexpected frame {kind.name} from the sandbox"})
         except ChannelError as exc:
             # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
-            state["protocol_error"] = str(exc)
+            talk.protocol_error = str(exc)
         finally:
             channel.close()
 
-    def _judge(
-        self,
-        outcome: SandboxOutcome,
-        state: dict[str, object],
-        *,
-        stdout: str,
-        stderr: str,
-        duration_ms: int,
-        truncated: bool,
-    ) -> ExecutionResult:
+    def _judge(self, outcome: SandboxOutcome, talk: _Conversation, captured: ExecutionResult) -> ExecutionResult:
+        """Status, exit code and explanation of a run that ended before its deadline."""
         code = outcome.returncode
-        if "ready" not in state:
-            raise SandboxStartError(f"the sandbox did not start (exit {code}): {stderr.strip()[-2000:]}")
+        if not talk.ready:
+            raise SandboxStartError(f"the sandbox did not start (exit {code}): {captured.stderr.strip()[-2000:]}")
         error: str | None = None
         if outcome.memory_exceeded:
             error = f"memory limit of {_human_bytes(self.settings.memory)} exceeded"
-        elif "done" not in state:
+        elif not talk.done:
             if code > 128 and code - 128 in signal.valid_signals():
                 error = f"the interpreter was killed by {signal.Signals(code - 128).name}"
-            elif "protocol_error" in state:
-                error = f"protocol error on the sandbox channel: {state['protocol_error']}"
+            elif talk.protocol_error is not None:
+                error = f"protocol error on the sandbox channel: {talk.protocol_error}"
             elif code != 0:
                 error = f"the interpreter exited with {code} before reporting a result"
         if outcome.pids_exhausted:
             note = f"process limit of {self.settings.pids} reached"
             error = f"{error}; {note}" if error else note
         status: Status = "success" if code == 0 and error is None else "error"
-        return ExecutionResult(
-            status=status,
-            exit_code=code,
-            stdout=stdout,
-            stderr=stderr,
-            duration_ms=duration_ms,
-            truncated=truncated,
-            error=error,
-        )
+        return dataclasses.replace(captured, status=status, exit_code=code, error=error)
+
+
+@dataclasses.dataclass
+class _Conversation:
+    """What the sandbox said on its channel during one run."""
+
+    ready: bool = False
+    done: bool = False
+    protocol_error: str | None = None

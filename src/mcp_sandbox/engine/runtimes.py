@@ -50,13 +50,13 @@ def python_policy(
     mounts, links = system_mounts()
     runtime = settings.python_runtime.resolve()
     extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
-    if not str(runtime).startswith("/usr"):
+    if not runtime.is_relative_to("/usr"):
         # A venv must sit at its host path: its interpreter finds its prefix from there.
         extra.append(Mount(runtime, str(runtime)))
     env = dict(BASE_ENVIRONMENT)
     env["PATH"] = f"{runtime}/bin:{env['PATH']}"
     env.update(environment or {})
-    interpreter = str(settings.python_interpreter) if not str(runtime).startswith("/usr") else "/usr/bin/python3"
+    interpreter = str(runtime / "bin" / "python3")
     return SandboxPolicy(
         command=(interpreter, "-I", "-B", f"{RUNTIME_MOUNT}/python/boot.py"),
         mounts=(*mounts, *extra),
