@@ -98,7 +98,7 @@ def _default_python_runtime() -> Path:
     return built if (built / "bin" / "python3").exists() else Path("/usr")
 
 
-_BYTE_FIELDS = frozenset({"memory", "tmp_size", "max_output", "max_file_size"})
+_BYTE_FIELDS = frozenset({"memory", "tmp_size", "max_output", "max_file_size", "max_tool_result_bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,16 +137,40 @@ class Settings:
     container_runtime: str | None = None
     image: str | None = None
 
+    # Code mode: downstream MCP servers called from sandboxed code.
+    # Discover servers in the MCP client configs of the user (Claude, Cursor, VS Code, ...) as
+    # well as in servers_config and [servers]; off, only those two are read.
+    discover_servers: bool = True
+    max_tool_calls: int = 200  # per run
+    max_tool_result_bytes: int = 64 << 20  # per run, the sum of all tool results
+    tool_timeout: float = 60.0  # per tool call, seconds
+    connect_timeout: float = 30.0  # starting a downstream server and listing its tools
+
+    # The TOML file the settings came from (its [servers] table lists downstream servers).
+    config_file: Path | None = None
+
     def __post_init__(self) -> None:
         if self.output_mode not in OUTPUT_MODES:
             raise ConfigError(f"output_mode: {self.output_mode!r} is not one of {', '.join(OUTPUT_MODES)}")
         if not 0 < self.timeout <= self.max_timeout:
             raise ConfigError(f"timeout: {self.timeout} must be > 0 and <= max_timeout ({self.max_timeout})")
-        for name in ("memory", "pids", "tmp_size", "max_output", "max_file_size", "open_files"):
+        for name in (
+            "memory",
+            "pids",
+            "tmp_size",
+            "max_output",
+            "max_file_size",
+            "open_files",
+            "max_tool_calls",
+            "max_tool_result_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
         if not math.isfinite(self.cpus) or self.cpus <= 0:
             raise ConfigError("cpus: must be a positive number")
+        for name in ("tool_timeout", "connect_timeout"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be a positive number of seconds")
         if not (math.isfinite(self.timeout) and math.isfinite(self.max_timeout)):
             raise ConfigError("timeout: must be a finite number of seconds")
         for name in ("sandbox_uid", "sandbox_gid"):
@@ -253,6 +277,8 @@ def load_settings(
         values[name] = _coerce(name, raw)
     if "state_dir" not in values:
         values["state_dir"] = default_state_dir(env)
+    if config_file is not None:
+        values["config_file"] = config_file
     try:
         return Settings(**values)
     except TypeError as exc:  # pragma: no cover - guarded by the _FIELDS checks above

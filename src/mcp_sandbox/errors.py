@@ -8,8 +8,10 @@
     ├── BackendUnavailableError   a sandbox backend cannot run on this host, or cannot
     │                             enforce the policy asked of it
     ├── SandboxStartError         a sandbox failed to start (bwrap refused, runtime missing)
-    └── ChannelError              the host <-> sandbox channel broke its protocol
-        └── FrameError            a malformed, oversized, unknown or wrong-version frame
+    ├── ChannelError              the host <-> sandbox channel broke its protocol
+    │   └── FrameError            a malformed, oversized, unknown or wrong-version frame
+    └── DownstreamError           a downstream MCP server cannot be reached, or refused a call
+        └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
 
 Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
 are translated at the boundary with ``raise ... from exc``. Exactly one place,
@@ -22,9 +24,11 @@ __all__ = [
     "BackendUnavailableError",
     "ChannelError",
     "ConfigError",
+    "DownstreamError",
     "FrameError",
     "SandboxError",
     "SandboxStartError",
+    "ToolCallDenied",
     "ValidationError",
 ]
 
@@ -64,3 +68,22 @@ class ChannelError(SandboxError):
 
 class FrameError(ChannelError):
     """A frame was malformed, oversized, of an unknown kind or of another protocol version."""
+
+
+class DownstreamError(SandboxError):
+    """A downstream MCP server could not be started or reached, or a call to it failed.
+
+    Attributes:
+        server: the server's name as configured.
+        tool: the tool being called, if any.
+    """
+
+    def __init__(self, server: str, message: str, tool: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+        self.message = message
+
+
+class ToolCallDenied(DownstreamError):
+    """The run's policy forbids this call: server not allowed, tool denied, or a cap reached."""
