@@ -1,8 +1,9 @@
 # mcp-sandbox: build, test and run. `make help` lists the targets.
 #
 # Every target that needs an environment sets it up first, and only what is missing or out
-# of date: Debian packages (scripts/install-system-deps.sh), the server's venv (.venv), and
-# the sandbox's own Python environment (.runtime/python). On a machine without make, run
+# of date: Debian packages (scripts/install-system-deps.sh), the server's venv (.venv), the
+# sandbox's own Python environment (.runtime/python), and for test and bench the downstream
+# MCP servers (downstream/node_modules, .downstream/python). On a machine without make, run
 # scripts/bootstrap.sh [TARGET] instead.
 
 # Interpreter for the server's venv (must be >= 3.11).
@@ -19,10 +20,16 @@ BIN           := $(VENV)/bin
 RUNTIME       := .runtime
 RUNTIME_PY    := $(RUNTIME)/python
 RUNTIME_REQS  := runtime/python-requirements.txt
+# Reference MCP servers the tests and benchmarks call as downstream servers (tests/downstream).
+DOWNSTREAM_NPM  := downstream/node_modules
+DOWNSTREAM_PY   := .downstream/python
+DOWNSTREAM_REQS := downstream/python-requirements.txt
 
 # Stamps live inside the directories they describe, so deleting one resets its stamp.
 VENV_STAMP    := $(VENV)/.installed
 RUNTIME_STAMP := $(RUNTIME_PY)/.installed
+DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
+DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 
 SHELL         := /bin/bash
 .SHELLFLAGS   := -euo pipefail -c
@@ -31,8 +38,8 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access run test lint format typecheck pytest \
-        bench doctor clean
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream run test lint format typecheck \
+        pytest bench doctor clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -74,6 +81,23 @@ $(RUNTIME_STAMP): $(RUNTIME_REQS) scripts/build-python-runtime.sh | sysdeps
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/build-python-runtime.sh $(RUNTIME_PY) $(RUNTIME_REQS)
 	@touch $@
 
+downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
+
+# Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
+$(DOWNSTREAM_NPM_STAMP): downstream/package.json downstream/package-lock.json | sysdeps
+	@command -v npm >/dev/null 2>&1 || { echo "error: npm not found; the downstream servers need Node.js >= 20 with npm" >&2; exit 1; }
+	cd downstream && npm ci --no-audit --no-fund
+	@touch $@
+
+# A venv of its own: these servers pin their own `mcp`. --no-deps: the file pins every
+# package, so a missing pin fails `pip check` instead of pulling in an unpinned version.
+$(DOWNSTREAM_PY_STAMP): $(DOWNSTREAM_REQS) | sysdeps
+	rm -rf $(DOWNSTREAM_PY)
+	$(PYTHON) -m venv $(DOWNSTREAM_PY)
+	$(DOWNSTREAM_PY)/bin/python -m pip install --quiet --no-deps -r $(DOWNSTREAM_REQS)
+	$(DOWNSTREAM_PY)/bin/python -m pip check
+	@touch $@
+
 # --- use -----------------------------------------------------------------------------------
 
 # The server speaks MCP on stdout, so everything setup prints goes to stderr.
@@ -84,7 +108,7 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup ## Set up, then run ruff, ruff format --check, mypy and pytest
+test: setup downstream ## Set up, then run ruff, ruff format --check, mypy and pytest
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
@@ -101,16 +125,16 @@ format: venv ## Rewrite src and tests with ruff (format, then the fixable lint r
 typecheck: venv ## mypy (strict; configured in pyproject.toml)
 	$(BIN)/mypy
 
-pytest: setup ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: setup downstream ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup ## Run bench/run.py if there is one
+bench: setup downstream ## Run bench/run.py if there is one
 	@if [ -f bench/run.py ]; then \
 	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
 	else \
 	    echo "no benchmarks yet"; \
 	fi
 
-clean: ## Remove .venv, .runtime and tool caches
-	rm -rf $(VENV) $(RUNTIME) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+clean: ## Remove .venv, .runtime, the downstream servers and tool caches
+	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

@@ -13,6 +13,7 @@ packages=(
     libseccomp2      # loaded by pyseccomp to build the syscall filter
     python3-venv     # venv/ensurepip for Debian's /usr/bin/python3 (the sandbox's interpreter)
     ca-certificates  # TLS to the package index
+    git              # mcp-server-git, a downstream server in the tests (make downstream)
 )
 packages+=("$@")
 
