@@ -1,0 +1,244 @@
+"""One warm MCP client per downstream server, each owned by exactly one task.
+
+A connection starts on first use: its owner task enters the SDK ``Client`` (``mode="auto"``,
+so servers of both protocol eras work), lists the tools, and then holds the connection open
+until it is told to stop. Callers in any task use the open client concurrently; they never
+enter or exit its context managers. A call that finds the connection closed (the server
+crashed or exited) ends the owner task, so the next use starts the server again. Closing the
+pool stops every owner within a bound, then cancels whatever is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+from anyio.abc import TaskGroup
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from pydantic import ValidationError as PydanticValidationError
+
+from mcp_sandbox.bridge.discovery import ServerSpec
+from mcp_sandbox.errors import DownstreamError
+
+__all__ = ["ClientPool", "open_client_pool"]
+
+logger = logging.getLogger(__name__)
+
+# A server that lists more pages than this is looping; stop asking.
+_MAX_TOOL_PAGES = 100
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One downstream connection's life, from start to stop. Never reused after it ends."""
+
+    spec: ServerSpec
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    stop: anyio.Event = field(default_factory=anyio.Event)
+    finished: anyio.Event = field(default_factory=anyio.Event)
+    client: Client | None = None
+    tools: tuple[types.Tool, ...] = ()
+    failure: str | None = None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, MCPError):
+        return exc.message
+    if isinstance(exc, ExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, FileNotFoundError):
+        return f"command not found: {exc.filename or exc}"
+    if isinstance(exc, PydanticValidationError):
+        return f"the server sent a malformed message ({exc.error_count()} validation errors)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class ClientPool:
+    """Downstream MCP clients by alias. Build with :func:`open_client_pool`."""
+
+    def __init__(
+        self,
+        servers: Mapping[str, ServerSpec],
+        group: TaskGroup,
+        *,
+        connect_timeout: float,
+        call_timeout: float,
+    ) -> None:
+        self.servers = dict(servers)
+        self._group = group
+        self._connect_timeout = connect_timeout
+        self._call_timeout = call_timeout
+        self._connections: dict[str, _Connection] = {}
+        self._closing = False
+
+    def _spec(self, alias: str) -> ServerSpec:
+        try:
+            return self.servers[alias]
+        except KeyError:
+            raise DownstreamError(alias, f"no downstream server is called {alias!r}") from None
+
+    async def _connection(self, alias: str) -> _Connection:
+        """The live connection to ``alias``, started if it is not running.
+
+        Raises:
+            DownstreamError: the server could not be started or did not list its tools in time.
+        """
+        spec = self._spec(alias)
+        if self._closing:
+            raise DownstreamError(spec.name, "the server is shutting down")
+        connection = self._connections.get(alias)
+        if connection is None or connection.finished.is_set() or connection.failure is not None:
+            connection = _Connection(spec)
+            self._connections[alias] = connection
+            self._group.start_soon(self._own, connection, name=f"downstream {spec.name}")
+        await connection.ready.wait()
+        if connection.failure is not None:
+            raise DownstreamError(spec.name, f"server {spec.name!r} is unavailable: {connection.failure}")
+        return connection
+
+    async def _own(self, connection: _Connection) -> None:
+        """The owner task: open the client, list its tools, hold it until told to stop."""
+        spec = connection.spec
+        try:
+            # The deadline covers start-up and listing only; it is lifted once the server is ready.
+            with anyio.CancelScope(deadline=anyio.current_time() + self._connect_timeout) as scope:
+                async with contextlib.AsyncExitStack() as stack:
+                    client = await stack.enter_async_context(Client(await self._target(spec, stack), mode="auto"))
+                    connection.tools = await self._list_tools(client)
+                    connection.client = client
+                    scope.deadline = math.inf
+                    connection.ready.set()
+                    logger.info("downstream %s is up (%d tools)", spec.name, len(connection.tools))
+                    await connection.stop.wait()
+            if scope.cancelled_caught and not connection.ready.is_set():
+                connection.failure = f"it did not start within {self._connect_timeout:g} s"
+        except Exception as exc:  # anything a broken server or its transport throws ends this connection
+            connection.failure = connection.failure or _describe(exc)
+            logger.warning("downstream %s failed: %s", spec.name, connection.failure)
+        finally:
+            connection.client = None
+            connection.finished.set()
+            if not connection.ready.is_set():
+                connection.failure = connection.failure or "it exited during start-up"
+                connection.ready.set()
+
+    @staticmethod
+    async def _target(spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
+        if spec.url is not None:
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+            )
+            return streamable_http_client(spec.url, http_client=http)
+        assert spec.command is not None  # discovery guarantees a command or a url
+        return StdioServerParameters(
+            command=spec.command,
+            args=list(spec.args),
+            env=dict(spec.env) or None,
+            cwd=spec.cwd,
+        )
+
+    @staticmethod
+    async def _list_tools(client: Client) -> tuple[types.Tool, ...]:
+        tools: list[types.Tool] = []
+        cursor: str | None = None
+        for _ in range(_MAX_TOOL_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return tuple(tools)
+
+    async def tools(self, alias: str) -> tuple[types.Tool, ...]:
+        """The tools ``alias`` lists (cached while its connection lives).
+
+        Raises:
+            DownstreamError: the server could not be started.
+        """
+        return (await self._connection(alias)).tools
+
+    async def call(self, alias: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """Call ``tool`` on ``alias`` with the per-call timeout.
+
+        Raises:
+            DownstreamError: the server is unavailable, closed the connection, timed out or
+                answered with a protocol error. (A tool that fails returns ``is_error``.)
+        """
+        connection = await self._connection(alias)
+        client = connection.client
+        name = connection.spec.name
+        if client is None:  # it ended between ready and now
+            raise DownstreamError(name, f"server {name!r} closed the connection", tool)
+        try:
+            return await client.call_tool(tool, arguments, read_timeout_seconds=self._call_timeout)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                connection.stop.set()  # restart on next use
+                raise DownstreamError(name, f"server {name!r} closed the connection (did it crash?)", tool) from exc
+            if exc.code == REQUEST_TIMEOUT:
+                raise DownstreamError(name, f"no answer within {self._call_timeout:g} s", tool) from exc
+            raise DownstreamError(name, exc.message, tool) from exc
+        except PydanticValidationError as exc:
+            raise DownstreamError(name, _describe(exc), tool) from exc
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            connection.stop.set()
+            raise DownstreamError(name, f"lost the connection to {name!r}: {_describe(exc)}", tool) from exc
+
+    async def all_tools(self) -> dict[str, tuple[types.Tool, ...] | DownstreamError]:
+        """Every server's tools, started concurrently; a server that fails gives its error."""
+        found: dict[str, tuple[types.Tool, ...] | DownstreamError] = {}
+
+        async def one(alias: str) -> None:
+            try:
+                found[alias] = await self.tools(alias)
+            except DownstreamError as exc:
+                found[alias] = exc
+
+        async with anyio.create_task_group() as group:
+            for alias in self.servers:
+                group.start_soon(one, alias)
+        return {alias: found[alias] for alias in self.servers}
+
+    async def restart(self, alias: str) -> None:
+        """Stop ``alias``'s connection (if any); the next use starts the server again."""
+        connection = self._connections.get(alias)
+        if connection is not None:
+            connection.stop.set()
+
+    async def aclose(self, grace: float) -> None:
+        """Stop every connection, waiting at most ``grace`` seconds for them to end."""
+        self._closing = True
+        for connection in self._connections.values():
+            connection.stop.set()
+        with anyio.move_on_after(grace):
+            for connection in self._connections.values():
+                await connection.finished.wait()
+
+
+@contextlib.asynccontextmanager
+async def open_client_pool(
+    servers: Mapping[str, ServerSpec],
+    *,
+    connect_timeout: float = 30.0,
+    call_timeout: float = 60.0,
+    shutdown_timeout: float = 5.0,
+) -> AsyncIterator[ClientPool]:
+    """A pool whose owner tasks live in this context; leaving it stops every server."""
+    async with anyio.create_task_group() as group:
+        pool = ClientPool(servers, group, connect_timeout=connect_timeout, call_timeout=call_timeout)
+        try:
+            yield pool
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.aclose(shutdown_timeout)
+            group.cancel_scope.cancel()
