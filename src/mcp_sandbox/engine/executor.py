@@ -11,14 +11,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.channel import Channel, Kind
 from mcp_sandbox.engine.output import CappedOutput
-from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, Status
+from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, Status, ToolAccess
 from mcp_sandbox.engine.runtimes import python_policy
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
@@ -102,7 +104,11 @@ class Engine:
             if workspace is None:
                 workspace = await stack.enter_async_context(self._scratch_workspace())
             policy = python_policy(
-                self.settings, workspace=workspace, timeout=request.timeout, environment=request.environment
+                self.settings,
+                workspace=workspace,
+                timeout=request.timeout,
+                environment=request.environment,
+                mounts=request.tools.mounts if request.tools is not None else (),
             )
             sandbox = await self.backend.start(policy)
             try:
@@ -143,7 +149,24 @@ class Engine:
             if frame is None or frame[0] is not Kind.READY:
                 return
             talk.ready = True
-            await channel.send(Kind.EXEC, {"code": request.code})
+            servers = list(request.tools.servers) if request.tools is not None else []
+            await channel.send(Kind.EXEC, {"code": request.code, "servers": servers})
+            # Tool calls are answered concurrently; those still running when the code is done
+            # are abandoned with it.
+            async with anyio.create_task_group() as calls:
+                try:
+                    await self._serve(channel, request.tools, talk, calls)
+                finally:
+                    calls.cancel_scope.cancel()
+        except ChannelError as exc:
+            # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
+            talk.protocol_error = str(exc)
+        finally:
+            channel.close()
+
+    async def _serve(self, channel: Channel, tools: ToolAccess | None, talk: _Conversation, calls: TaskGroup) -> None:
+        """Serve the sandbox's frames until DONE, ERROR or the end of the channel."""
+        try:
             while (frame := await channel.receive()) is not None:
                 kind, body = frame
                 if kind is Kind.DONE:
@@ -152,12 +175,36 @@ class Engine:
                 if kind is Kind.ERROR:
                     talk.protocol_error = str(body.get("message", "unknown"))
                     return
+                if kind is Kind.CALL:
+                    calls.start_soon(self._answer, channel, tools, body)
+                    continue
                 await channel.send(Kind.ERROR, {"message": f"unexpected frame {kind.name} from the sandbox"})
         except ChannelError as exc:
             # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
             talk.protocol_error = str(exc)
-        finally:
-            channel.close()
+
+    @staticmethod
+    async def _answer(channel: Channel, tools: ToolAccess | None, body: dict[str, Any]) -> None:
+        """Answer one CALL frame with a REPLY carrying the same id."""
+        call_id = body.get("id")
+        if not isinstance(call_id, int) or isinstance(call_id, bool):
+            await channel.send(Kind.ERROR, {"message": "a CALL frame needs an integer id"})
+            return
+        if tools is None:
+            reply: dict[str, Any] = {
+                "ok": False,
+                "error": {"kind": "denied", "message": "this run may not call any MCP server: pass `servers`"},
+            }
+        else:
+            try:
+                reply = await tools.handle(body)
+            except Exception as exc:  # a bug in one request must not end the run, let alone the server
+                logger.exception("answering a request from the sandbox failed")
+                reply = {"ok": False, "error": {"kind": "unavailable", "message": f"internal error: {exc}"}}
+        try:
+            await channel.send(Kind.REPLY, {**reply, "id": call_id})
+        except ChannelError:
+            pass  # the sandbox is gone; the run's outcome says why
 
     def _judge(self, outcome: SandboxOutcome, talk: _Conversation, captured: ExecutionResult) -> ExecutionResult:
         """Status, exit code and explanation of a run that ended before its deadline."""

@@ -6,13 +6,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Status"]
+from mcp_sandbox.sandbox.policy import Mount
+
+__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Status", "ToolAccess"]
 
 Status = Literal["success", "error", "timeout", "validation_error"]
 
 EXIT_TIMEOUT = 124  # as GNU timeout(1)
+
+
+class ToolAccess(Protocol):
+    """What one run may reach of the downstream MCP servers (code mode), and who answers for it.
+
+    The engine binds ``mounts`` (the generated stubs) into the sandbox, tells the runtime which
+    ``servers`` (aliases) it may call, and hands every request frame from the sandbox to ``handle``,
+    concurrently; the reply goes back as it is. ``handle`` never raises for what the sandbox asked.
+    """
+
+    @property
+    def mounts(self) -> tuple[Mount, ...]: ...
+
+    @property
+    def servers(self) -> tuple[str, ...]: ...
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +43,7 @@ class ExecutionRequest:
     language: str = "python"
     environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     workspace: Path | None = None  # a persistent directory, or None for a fresh one per run
+    tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
@@ -44,22 +44,28 @@ def limits_for(settings: Settings, timeout: float) -> Limits:
 
 
 def python_policy(
-    settings: Settings, *, workspace: Path, timeout: float, environment: Mapping[str, str] | None = None
+    settings: Settings,
+    *,
+    workspace: Path,
+    timeout: float,
+    environment: Mapping[str, str] | None = None,
+    mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:
-    """The policy of a Python sandbox running the in-sandbox runner."""
-    mounts, links = system_mounts()
+    """The policy of a Python sandbox running the in-sandbox runner, plus ``mounts`` (e.g. the tool stubs)."""
+    system, links = system_mounts()
     runtime = settings.python_runtime.resolve()
     extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
     if not runtime.is_relative_to("/usr"):
         # A venv must sit at its host path: its interpreter finds its prefix from there.
         extra.append(Mount(runtime, str(runtime)))
+    extra.extend(mounts)
     env = dict(BASE_ENVIRONMENT)
     env["PATH"] = f"{runtime}/bin:{env['PATH']}"
     env.update(environment or {})
     interpreter = str(runtime / "bin" / "python3")
     return SandboxPolicy(
         command=(interpreter, "-I", "-B", f"{RUNTIME_MOUNT}/python/boot.py"),
-        mounts=(*mounts, *extra),
+        mounts=(*system, *extra),
         symlinks=links,
         workspace=workspace,
         environment=env,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
+from mcp_sandbox.bridge.mediator import Bridge
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.server.tools import ToolHandlers
@@ -17,9 +18,9 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(settings: Settings, engine: Engine) -> Server:
-    """Build the MCP server for ``engine``."""
-    handlers = ToolHandlers(settings, engine)
+def build_server(settings: Settings, engine: Engine, bridge: Bridge | None = None) -> Server:
+    """Build the MCP server for ``engine``; with a ``bridge``, sandboxed code can call its servers."""
+    handlers = ToolHandlers(settings, engine, bridge)
     return Server(
         "mcp-sandbox",
         version=__version__,

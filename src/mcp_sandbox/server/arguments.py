@@ -10,7 +10,7 @@ from typing import Any
 from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
 from mcp_sandbox.errors import ValidationError
 
-__all__ = ["RunPythonArguments", "output_mode", "parse_run_python"]
+__all__ = ["RunPythonArguments", "output_mode", "parse_run_python", "parse_search_tools"]
 
 _MAX_CODE_BYTES = 1 << 20
 
@@ -106,3 +106,27 @@ def parse_run_python(
         servers=_servers(arguments, known_servers),
         output_mode=_output_mode(arguments, settings),
     )
+
+
+_DETAILS = ("name", "summary", "full")
+_MAX_SEARCH_RESULTS = 50
+
+
+def parse_search_tools(arguments: Mapping[str, Any] | None) -> tuple[str, str, int]:
+    """Check ``search_tools``'s arguments: (query, detail, limit).
+
+    Raises:
+        ValidationError: an argument is missing, of the wrong type, out of range or unknown.
+    """
+    arguments = arguments or {}
+    _check_known(arguments, ("query", "detail", "limit"))
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise ValidationError("query", "must be a non-empty string")
+    detail = arguments.get("detail", "summary")
+    if detail not in _DETAILS:
+        raise ValidationError("detail", f"must be one of {', '.join(_DETAILS)}, got {detail!r}")
+    limit = arguments.get("limit", 10)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_SEARCH_RESULTS:
+        raise ValidationError("limit", f"must be an integer from 1 to {_MAX_SEARCH_RESULTS}, got {limit!r}")
+    return query, detail, limit

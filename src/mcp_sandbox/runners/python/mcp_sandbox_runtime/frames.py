@@ -46,10 +46,10 @@ class Kind(enum.IntEnum):
     """Frame kinds. Direction: H = host, S = sandbox."""
 
     READY = 1  # S->H  the runtime is up: {"runtime": "python", "version": "3.11.2"}
-    EXEC = 2  # H->S  run code: {"code": str, "filename": str}
+    EXEC = 2  # H->S  run code: {"code": str, "servers": [alias, ...]}
     DONE = 3  # S->H  the code finished: {"exitCode": int, "exception": str | null}
-    CALL = 4  # S->H  a tool call from sandboxed code: {"id": int, ...}
-    REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": bool, ...}
+    CALL = 4  # S->H  a request from sandboxed code: {"id": int, "op": "call_tool" | "search_tools" | ..., ...}
+    REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": true, "result": ...} or {"id", "ok": false, "error"}
     ERROR = 6  # both  a protocol error; the sender closes the channel after it
 
 

@@ -15,6 +15,7 @@ import sys
 from types import CodeType
 from typing import TYPE_CHECKING, Any
 
+from . import host
 from .frames import FrameError, Kind, read_frame, write_frame
 
 __all__ = ["USER_FILENAME", "main", "run_code"]
@@ -82,14 +83,30 @@ def _exit_code(exit_request: SystemExit) -> int:
     return 1
 
 
-def run_code(code: str) -> tuple[int, str | None]:
-    """Run ``code`` as ``__main__``; return (exit code, name of the uncaught exception or None)."""
+def _code_mode_names(servers: list[str]) -> dict[str, Any]:
+    """``mcp`` and ``mcp_<alias>`` for the servers this run may call (their stubs are under /tools)."""
+    if not servers:
+        return {}
+    import importlib
+
+    names: dict[str, Any] = {"mcp": importlib.import_module("mcp")}
+    for alias in servers:
+        names[f"mcp_{alias}"] = importlib.import_module(f"mcp.servers.{alias}")
+    return names
+
+
+def run_code(code: str, servers: list[str] | None = None) -> tuple[int, str | None]:
+    """Run ``code`` as ``__main__``; return (exit code, name of the uncaught exception or None).
+
+    ``servers`` are the aliases of the downstream servers the code may call.
+    """
     compiled = _compile(code)
     if compiled is None:
         return 1, "SyntaxError"
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "__file__": USER_FILENAME}
     sys.argv = [USER_FILENAME]
     try:
+        namespace.update(_code_mode_names(servers or []))
         outcome = eval(compiled, namespace)
         if compiled.co_flags & _CO_COROUTINE:
             import asyncio  # only for code that awaits: importing it costs ~25 ms
@@ -129,10 +146,15 @@ def main(argv: list[str]) -> int:
         return EXIT_PROTOCOL
     kind, body = frame
     code = body.get("code")
+    servers = body.get("servers", [])
     if kind is not Kind.EXEC or not isinstance(code, str):
         write_frame(channel, Kind.ERROR, {"message": f"expected an EXEC frame with code, got {kind.name}"})
         return EXIT_PROTOCOL
-    exit_code, exception = run_code(code)
+    if not isinstance(servers, list) or not all(isinstance(alias, str) and alias.isidentifier() for alias in servers):
+        write_frame(channel, Kind.ERROR, {"message": "EXEC servers must be a list of aliases"})
+        return EXIT_PROTOCOL
+    connection = host.connect(channel)
+    exit_code, exception = run_code(code, servers)
     _flush()
-    write_frame(channel, Kind.DONE, {"exitCode": exit_code, "exception": exception})
+    connection.send(Kind.DONE, {"exitCode": exit_code, "exception": exception})
     return exit_code

@@ -1,0 +1,316 @@
+"""The host side of code mode: what a run may reach, and the answers to its requests.
+
+:class:`Bridge` lives as long as the server: the discovered servers, their client pool, the
+generated stubs and the search index. For each run it opens a :class:`RunAccess` (the engine's
+``ToolAccess``) that binds the stubs of the run's servers under ``/tools`` and answers the
+sandbox's requests. The host decides, whatever the sandbox sends: only the run's servers can be
+called, only the tools their policy permits, at most ``max_tool_calls`` calls and
+``max_tool_result_bytes`` of results per run. Downstream credentials (env, headers) never leave
+the host: the sandbox sees names, schemas and results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+
+from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
+from mcp_sandbox.bridge.pool import ClientPool, open_client_pool
+from mcp_sandbox.bridge.search import DETAILS, ToolIndex, render
+from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import DownstreamError, ToolCallDenied
+from mcp_sandbox.sandbox.policy import Mount
+
+__all__ = ["TOOLS_MOUNT", "Bridge", "RunAccess", "open_bridge"]
+
+logger = logging.getLogger(__name__)
+
+TOOLS_MOUNT = "/tools"
+
+
+class _Invalid(Exception):
+    """The sandbox sent a malformed request."""
+
+
+def _text_of(result: types.CallToolResult) -> str:
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    return "\n".join(texts) or "the tool reported an error without a message"
+
+
+@dataclass
+class _Stubs:
+    tools: tuple[types.Tool, ...]
+    docs: list[ToolDoc]
+    directory: Path
+
+
+class Bridge:
+    """Downstream servers, their clients, stubs and search, for the server's lifetime."""
+
+    def __init__(self, settings: Settings, discovery: Discovery, pool: ClientPool) -> None:
+        self.settings = settings
+        self.discovery = discovery
+        self.pool = pool
+        self._stub_root = settings.state_dir / "stubs"
+        self._stubs: dict[str, _Stubs] = {}
+
+    @property
+    def servers(self) -> dict[str, ServerSpec]:
+        """Every discovered server, by alias."""
+        return dict(self.discovery.servers)
+
+    def resolve(self, name: str) -> ServerSpec | None:
+        """The server called ``name`` (its alias or its configured name)."""
+        return self.discovery.by_name(name)
+
+    async def stubs(self, alias: str) -> _Stubs:
+        """The docs and the stub directory of ``alias``, regenerated when its tool list changes.
+
+        Raises:
+            DownstreamError: the server could not be started.
+        """
+        spec = self.servers[alias]
+        tools = await self.pool.tools(alias)
+        cached = self._stubs.get(alias)
+        if cached is not None and cached.tools is tools:
+            return cached
+        permitted = [tool for tool in tools if spec.permits(tool.name)]
+        docs = tool_docs(alias, permitted)
+        files = render_package(alias, spec.name, None, docs)
+        directory = await anyio.to_thread.run_sync(self._write, alias, files)
+        stubs = _Stubs(tools, docs, directory)
+        self._stubs[alias] = stubs
+        return stubs
+
+    def _write(self, alias: str, files: dict[str, str]) -> Path:
+        self._stub_root.mkdir(mode=0o711, exist_ok=True)
+        return write_tree(self._stub_root, files, prefix=alias)
+
+    async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
+        """A stub package with no tools whose docstring says why the server is unavailable."""
+        files = render_package(spec.alias, spec.name, f"UNAVAILABLE in this run: {reason}", [])
+        return await anyio.to_thread.run_sync(self._write, spec.alias, files)
+
+    async def docs(self, alias: str) -> list[ToolDoc]:
+        return (await self.stubs(alias)).docs
+
+    async def index(self) -> tuple[ToolIndex, dict[str, str]]:
+        """A search index over every server's tools, and the servers that could not be listed."""
+        docs: list[ToolDoc] = []
+        failures: dict[str, str] = {}
+        listed = await self.pool.all_tools()
+        for alias, tools in listed.items():
+            if isinstance(tools, DownstreamError):
+                failures[self.servers[alias].name] = tools.message
+                continue
+            docs.extend((await self.stubs(alias)).docs)
+        return ToolIndex(docs), failures
+
+    async def search(self, query: str, detail: str, limit: int) -> tuple[list[tuple[ToolDoc, str]], dict[str, str]]:
+        """The best ``limit`` tools for ``query``, each rendered at ``detail``; and the failures."""
+        index, failures = await self.index()
+        return [(doc, render(doc, cast(Any, detail))) for doc, _ in index.search(query, limit=limit)], failures
+
+    async def open_run(self, servers: Sequence[str]) -> RunAccess:
+        """What a run that may call ``servers`` (aliases) sees: stubs bound under /tools, a gate.
+
+        A server that cannot be started still gets a (toolless) stub package, whose docstring
+        says why; calling it raises ``MCPError`` inside the sandbox.
+        """
+        mounts: list[Mount] = []
+        allowed: dict[str, ServerSpec] = {}
+        for alias in servers:
+            spec = self.servers[alias]
+            allowed[alias] = spec
+            try:
+                directory = (await self.stubs(alias)).directory
+            except DownstreamError as exc:
+                directory = await self.unavailable_stubs(spec, exc.message)
+            mounts.append(Mount(directory, f"{TOOLS_MOUNT}/{alias}"))
+        return RunAccess(self, allowed, tuple(mounts))
+
+
+@dataclass
+class RunAccess:
+    """One run's gate to the downstream servers (implements the engine's ``ToolAccess``)."""
+
+    bridge: Bridge
+    allowed: dict[str, ServerSpec]
+    mounts: tuple[Mount, ...]
+    calls: int = 0
+    result_bytes: int = 0
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        return tuple(self.allowed)
+
+    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one request from the sandbox. Never raises for what the sandbox sent."""
+        op = request.get("op")
+        try:
+            handler = _OPS.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise _Invalid(f"unknown request {op!r}")
+            return {"ok": True, "result": await handler(self, request)}
+        except _Invalid as exc:
+            return {"ok": False, "error": {"kind": "invalid", "message": str(exc)}}
+        except ToolCallDenied as exc:
+            return {"ok": False, "error": {"kind": "denied", "message": exc.message, "server": exc.server}}
+        except DownstreamError as exc:
+            return {"ok": False, "error": {"kind": "unavailable", "message": exc.message, "server": exc.server}}
+        except _ToolFailed as exc:
+            return {"ok": False, "error": {"kind": "tool", "message": exc.message, "server": exc.server}}
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _server(self, request: dict[str, Any]) -> ServerSpec:
+        name = request.get("server")
+        if not isinstance(name, str):
+            raise _Invalid("`server` must be a server name")
+        spec = self.bridge.resolve(name)
+        if spec is None:
+            known = ", ".join(sorted(self.bridge.servers)) or "none are configured"
+            raise ToolCallDenied(name, f"there is no server {name!r} (configured: {known})")
+        return spec
+
+    def _callable(self, request: dict[str, Any]) -> ServerSpec:
+        spec = self._server(request)
+        if spec.alias not in self.allowed:
+            allowed = ", ".join(self.allowed) or "none"
+            raise ToolCallDenied(
+                spec.name,
+                f"this run may not call {spec.name!r} (allowed: {allowed}); pass it in run_python's `servers` argument",
+            )
+        return spec
+
+    async def _call_tool(self, request: dict[str, Any]) -> dict[str, Any]:
+        spec = self._callable(request)
+        tool, arguments = request.get("tool"), request.get("arguments", {})
+        if not isinstance(tool, str) or not tool:
+            raise _Invalid("`tool` must be a tool name")
+        if not isinstance(arguments, dict):
+            raise _Invalid("`arguments` must be an object")
+        docs = await self.bridge.docs(spec.alias)
+        tool = next((doc.name for doc in docs if tool in (doc.name, doc.python_name)), tool)
+        if not spec.permits(tool):
+            raise ToolCallDenied(spec.name, f"the tool {tool!r} is not allowed by the operator's policy", tool)
+        settings = self.bridge.settings
+        self.calls += 1
+        if self.calls > settings.max_tool_calls:
+            raise ToolCallDenied(spec.name, f"this run reached its limit of {settings.max_tool_calls} tool calls", tool)
+        result = await self.bridge.pool.call(spec.alias, tool, arguments)
+        dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        self.result_bytes += len(json.dumps(dumped, ensure_ascii=False).encode("utf-8"))
+        if self.result_bytes > settings.max_tool_result_bytes:
+            raise ToolCallDenied(
+                spec.name,
+                f"tool results of this run exceeded {settings.max_tool_result_bytes} bytes; the result was dropped",
+                tool,
+            )
+        if result.is_error:
+            raise _ToolFailed(spec.name, _text_of(result))
+        return {"structuredContent": dumped.get("structuredContent"), "content": dumped.get("content", [])}
+
+    async def _list_servers(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        listed = []
+        for alias, spec in self.allowed.items():
+            try:
+                count: int | None = len(await self.bridge.docs(alias))
+            except DownstreamError:
+                count = None
+            listed.append({"name": spec.name, "alias": alias, "tools": count})
+        return listed
+
+    async def _discovered_servers(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            {"name": spec.name, "alias": alias, "allowed": alias in self.allowed}
+            for alias, spec in self.bridge.servers.items()
+        ]
+
+    async def _describe_server(self, request: dict[str, Any]) -> dict[str, Any]:
+        spec = self._server(request)
+        return {
+            "name": spec.name,
+            "alias": spec.alias,
+            "transport": spec.transport,
+            "allowed": spec.alias in self.allowed,
+            "stubs": f"{TOOLS_MOUNT}/{spec.alias}" if spec.alias in self.allowed else None,
+            "tools": await self._list_tools(request),
+        }
+
+    async def _list_tools(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        spec = self._server(request)
+        return [
+            {"name": doc.name, "python_name": doc.python_name, "summary": doc.summary}
+            for doc in await self.bridge.docs(spec.alias)
+        ]
+
+    async def _search_tools(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        query, detail, limit = request.get("query"), request.get("detail", "summary"), request.get("limit", 10)
+        if not isinstance(query, str):
+            raise _Invalid("`query` must be a string")
+        if detail not in DETAILS:
+            raise _Invalid(f"`detail` must be one of {', '.join(DETAILS)}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
+            raise _Invalid("`limit` must be an integer from 1 to 100")
+        hits, _ = await self.bridge.search(query, detail, limit)
+        return [
+            {
+                "server": self.bridge.servers[doc.server].name,
+                "tool": doc.name,
+                "python_name": doc.python_name,
+                "doc": text,
+            }
+            for doc, text in hits
+        ]
+
+    async def _query_tool_docs(self, request: dict[str, Any]) -> str:
+        spec = self._server(request)
+        tool, detail = request.get("tool"), request.get("detail", "summary")
+        if detail not in DETAILS:
+            raise _Invalid(f"`detail` must be one of {', '.join(DETAILS)}")
+        docs = await self.bridge.docs(spec.alias)
+        if tool is not None:
+            docs = [doc for doc in docs if tool in (doc.name, doc.python_name)]
+            if not docs:
+                raise _Invalid(f"{spec.name!r} has no tool {tool!r}")
+        return "\n\n".join(render(doc, detail) for doc in docs)
+
+
+class _ToolFailed(Exception):
+    def __init__(self, server: str, message: str) -> None:
+        super().__init__(message)
+        self.server = server
+        self.message = message
+
+
+_OPS = {
+    "call_tool": RunAccess._call_tool,
+    "list_servers": RunAccess._list_servers,
+    "discovered_servers": RunAccess._discovered_servers,
+    "describe_server": RunAccess._describe_server,
+    "list_tools": RunAccess._list_tools,
+    "search_tools": RunAccess._search_tools,
+    "query_tool_docs": RunAccess._query_tool_docs,
+}
+
+
+@contextlib.asynccontextmanager
+async def open_bridge(settings: Settings, discovery: Discovery | None = None) -> AsyncIterator[Bridge]:
+    """Discover the downstream servers (unless given) and keep their clients for this context."""
+    if discovery is None:
+        discovery = await anyio.to_thread.run_sync(discover, settings)
+    async with open_client_pool(
+        discovery.servers, connect_timeout=settings.connect_timeout, call_timeout=settings.tool_timeout
+    ) as pool:
+        yield Bridge(settings, discovery, pool)
