@@ -127,16 +127,19 @@ class Bridge:
         A server that cannot be started still gets a (toolless) stub package, whose docstring
         says why; calling it raises ``MCPError`` inside the sandbox.
         """
-        mounts: list[Mount] = []
-        allowed: dict[str, ServerSpec] = {}
-        for alias in servers:
-            spec = self.servers[alias]
-            allowed[alias] = spec
+        allowed = {alias: self.servers[alias] for alias in servers}
+        directories: dict[str, Path] = {}
+
+        async def prepare(spec: ServerSpec) -> None:
             try:
-                directory = (await self.stubs(alias)).directory
+                directories[spec.alias] = (await self.stubs(spec.alias)).directory
             except DownstreamError as exc:
-                directory = await self.unavailable_stubs(spec, exc.message)
-            mounts.append(Mount(directory, f"{TOOLS_MOUNT}/{alias}"))
+                directories[spec.alias] = await self.unavailable_stubs(spec, exc.message)
+
+        async with anyio.create_task_group() as group:  # servers start concurrently
+            for spec in allowed.values():
+                group.start_soon(prepare, spec)
+        mounts = [Mount(directories[alias], f"{TOOLS_MOUNT}/{alias}") for alias in allowed]
         return RunAccess(self, allowed, tuple(mounts))
 
 

@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 # A server that lists more pages than this is looping; stop asking.
 _MAX_TOOL_PAGES = 100
+# A server that failed to start is not tried again sooner than this (seconds): the requests of
+# one run (stubs, then calls) should not each wait for it to fail again.
+RETRY_AFTER = 5.0
 
 
 @dataclass(eq=False)
@@ -49,6 +52,7 @@ class _Connection:
     client: Client | None = None
     tools: tuple[types.Tool, ...] = ()
     failure: str | None = None
+    failed_at: float = 0.0
 
 
 def _describe(exc: BaseException) -> str:
@@ -97,6 +101,9 @@ class ClientPool:
         if self._closing:
             raise DownstreamError(spec.name, "the server is shutting down")
         connection = self._connections.get(alias)
+        if connection is not None and connection.failure is not None:
+            if anyio.current_time() - connection.failed_at < RETRY_AFTER:
+                raise DownstreamError(spec.name, f"server {spec.name!r} is unavailable: {connection.failure}")
         if connection is None or connection.finished.is_set() or connection.failure is not None:
             connection = _Connection(spec)
             self._connections[alias] = connection
@@ -127,10 +134,12 @@ class ClientPool:
             logger.warning("downstream %s failed: %s", spec.name, connection.failure)
         finally:
             connection.client = None
-            connection.finished.set()
             if not connection.ready.is_set():
                 connection.failure = connection.failure or "it exited during start-up"
-                connection.ready.set()
+            if connection.failure is not None:
+                connection.failed_at = anyio.current_time()
+            connection.finished.set()
+            connection.ready.set()
 
     @staticmethod
     async def _target(spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
