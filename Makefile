@@ -128,11 +128,10 @@ typecheck: venv ## mypy (strict; configured in pyproject.toml)
 pytest: setup downstream ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream ## Run bench/run.py if there is one
+bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; more to come)
+	$(BIN)/python bench/tokens.py
 	@if [ -f bench/run.py ]; then \
 	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
-	else \
-	    echo "no benchmarks yet"; \
 	fi
 
 clean: ## Remove .venv, .runtime, the downstream servers and tool caches
