@@ -155,7 +155,10 @@ def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
 
     async def count() -> dict[str, int | str]:
         async with open_client_pool(
-            discovery.servers, connect_timeout=settings.connect_timeout, call_timeout=settings.tool_timeout
+            discovery.servers,
+            connect_timeout=settings.connect_timeout,
+            call_timeout=settings.tool_timeout,
+            log_dir=settings.state_dir / "logs",
         ) as pool:
             listed = await pool.all_tools()
         return {

@@ -314,6 +314,9 @@ async def open_bridge(settings: Settings, discovery: Discovery | None = None) ->
     if discovery is None:
         discovery = await anyio.to_thread.run_sync(discover, settings)
     async with open_client_pool(
-        discovery.servers, connect_timeout=settings.connect_timeout, call_timeout=settings.tool_timeout
+        discovery.servers,
+        connect_timeout=settings.connect_timeout,
+        call_timeout=settings.tool_timeout,
+        log_dir=settings.state_dir / "logs",
     ) as pool:
         yield Bridge(settings, discovery, pool)

@@ -15,13 +15,16 @@ import logging
 import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import anyio
+import anyio.to_thread
 import httpx2
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
@@ -77,8 +80,10 @@ class ClientPool:
         *,
         connect_timeout: float,
         call_timeout: float,
+        log_dir: Path | None = None,
     ) -> None:
         self.servers = dict(servers)
+        self._log_dir = log_dir
         self._group = group
         self._connect_timeout = connect_timeout
         self._call_timeout = call_timeout
@@ -141,20 +146,29 @@ class ClientPool:
             connection.finished.set()
             connection.ready.set()
 
-    @staticmethod
-    async def _target(spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
+    async def _target(self, spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
         if spec.url is not None:
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0))
             )
             return streamable_http_client(spec.url, http_client=http)
         assert spec.command is not None  # discovery guarantees a command or a url
-        return StdioServerParameters(
+        parameters = StdioServerParameters(
             command=spec.command,
             args=list(spec.args),
             env=dict(spec.env) or None,
             cwd=spec.cwd,
         )
+        if self._log_dir is None:
+            return parameters
+        # The server's stderr goes to its own log, not into the output of whoever runs us.
+        log = stack.enter_context(await anyio.to_thread.run_sync(self._open_log, spec.alias))
+        return stdio_client(parameters, errlog=log)
+
+    def _open_log(self, alias: str) -> TextIO:
+        assert self._log_dir is not None
+        self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return open(self._log_dir / f"{alias}.log", "a", encoding="utf-8")  # closed by the owner's exit stack
 
     @staticmethod
     async def _list_tools(client: Client) -> tuple[types.Tool, ...]:
@@ -241,10 +255,14 @@ async def open_client_pool(
     connect_timeout: float = 30.0,
     call_timeout: float = 60.0,
     shutdown_timeout: float = 5.0,
+    log_dir: Path | None = None,
 ) -> AsyncIterator[ClientPool]:
-    """A pool whose owner tasks live in this context; leaving it stops every server."""
+    """A pool whose owner tasks live in this context; leaving it stops every server.
+
+    With ``log_dir``, each stdio server's stderr goes to ``<log_dir>/<alias>.log``; else to ours.
+    """
     async with anyio.create_task_group() as group:
-        pool = ClientPool(servers, group, connect_timeout=connect_timeout, call_timeout=call_timeout)
+        pool = ClientPool(servers, group, connect_timeout=connect_timeout, call_timeout=call_timeout, log_dir=log_dir)
         try:
             yield pool
         finally:
