@@ -109,7 +109,8 @@ class ClientPool:
         if connection is not None and connection.failure is not None:
             if anyio.current_time() - connection.failed_at < RETRY_AFTER:
                 raise DownstreamError(spec.name, f"server {spec.name!r} is unavailable: {connection.failure}")
-        if connection is None or connection.finished.is_set() or connection.failure is not None:
+        # A connection told to stop (its server crashed) is dead even while its owner winds down.
+        if connection is None or connection.stop.is_set() or connection.failure is not None:
             connection = _Connection(spec)
             self._connections[alias] = connection
             self._group.start_soon(self._own, connection, name=f"downstream {spec.name}")
