@@ -118,7 +118,7 @@ def _block(block: dict[str, Any]) -> Any:
     if kind == "text":
         return _text(str(block.get("text", "")))
     if kind in ("image", "audio"):
-        return Media(str(kind), str(block.get("mimeType", "")), base64.b64decode(block.get("data", "")))
+        return Media(str(kind), str(block.get("mimeType", "")), base64.b64decode(block.get("data", ""), validate=True))
     if kind == "resource":
         inner = block.get("resource") or {}
         blob = inner.get("blob")
@@ -126,7 +126,7 @@ def _block(block: dict[str, Any]) -> Any:
             uri=str(inner.get("uri", "")),
             mime_type=inner.get("mimeType"),
             text=inner.get("text"),
-            blob=base64.b64decode(blob) if isinstance(blob, str) else None,
+            blob=base64.b64decode(blob, validate=True) if isinstance(blob, str) else None,
         )
     if kind == "resource_link":
         return ResourceLink(
@@ -138,7 +138,16 @@ def _block(block: dict[str, Any]) -> Any:
     return block
 
 
-def _shape(result: dict[str, Any], raw: bool) -> Any:
+def _shape(result: dict[str, Any], raw: bool, server: str, tool: str) -> Any:
+    try:
+        return _shape_blocks(result, raw)
+    except ValueError as error:  # e.g. image data that is not base64
+        raise MCPError(
+            f"the server sent a malformed result: {error}", server=server, tool=tool, kind="invalid"
+        ) from None
+
+
+def _shape_blocks(result: dict[str, Any], raw: bool) -> Any:
     blocks = [_block(block) for block in result.get("content") or () if isinstance(block, dict)]
     if raw:
         return {"structuredContent": result.get("structuredContent"), "content": blocks}
@@ -184,13 +193,13 @@ async def call_tool(server: str, tool: str, arguments: dict[str, Any] | None = N
         reply = await asyncio.wrap_future(connection().request("call_tool", body))
     except HostUnavailable as error:
         raise MCPError(str(error), server=server, tool=tool, kind="unavailable") from None
-    return _shape(_unwrap(reply, server, tool), raw)
+    return _shape(_unwrap(reply, server, tool), raw, server, tool)
 
 
 def call_tool_sync(server: str, tool: str, arguments: dict[str, Any] | None = None, *, raw: bool = False) -> Any:
     """Blocking form of :func:`call_tool`, for plain scripts."""
     body = {"server": server, "tool": tool, "arguments": arguments or {}}
-    return _shape(_request_sync("call_tool", body, server, tool), raw)
+    return _shape(_request_sync("call_tool", body, server, tool), raw, server, tool)
 
 
 def list_servers() -> list[dict[str, Any]]:

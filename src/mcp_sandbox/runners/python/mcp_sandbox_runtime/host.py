@@ -66,9 +66,11 @@ class HostConnection:
                     reason = f"the host reported a protocol error: {body.get('message')}"
                     break
                 call_id = body.get("id")
+                if kind is not Kind.REPLY or not isinstance(call_id, int):
+                    continue  # nothing else is addressed to a request
                 with self._lock:
-                    future = self._pending.pop(call_id, None) if isinstance(call_id, int) else None
-                if kind is Kind.REPLY and future is not None:
+                    future = self._pending.pop(call_id, None)
+                if future is not None:
                     future.set_result(body)
         except (FrameError, OSError) as error:
             reason = f"the channel to the host broke: {error}"
