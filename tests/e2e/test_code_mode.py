@@ -145,6 +145,9 @@ async def test_an_uncaught_tool_error_fails_the_run_with_a_traceback(client: Cli
     data = await run(client, "await mcp_fixture.fail(message='nope')", ["fixture"])
     assert data["status"] == "error"
     assert "MCPError: fixture.fail: nope" in data["stderr"]
+    # The traceback ends at the stub the code called, not in the runtime's internals.
+    assert "/tools/fixture/fail.py" in data["stderr"]
+    assert "mcp_sandbox_runtime/api.py" not in data["stderr"]
 
 
 async def test_a_server_killed_mid_run_gives_mcperror_and_is_back_on_the_next_run(client: Client) -> None:

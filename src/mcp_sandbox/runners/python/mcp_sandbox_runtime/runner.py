@@ -28,6 +28,7 @@ USER_FILENAME = "<main>"
 # `inspect` costs more than the rest of the runner's start-up together.
 _PYCF_ALLOW_TOP_LEVEL_AWAIT = 0x2000
 _CO_COROUTINE = 0x0080
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 EXIT_USAGE = 64
 EXIT_PROTOCOL = 76
 
@@ -42,7 +43,12 @@ def _trim(exc: traceback.TracebackException, seen: set[int]) -> None:
     frames = list(exc.stack)
     for index, frame in enumerate(frames):
         if frame.filename == USER_FILENAME:
-            exc.stack = traceback.StackSummary.from_list(frames[index:])
+            frames = frames[index:]
+            # Below the user's code, the runtime's own frames (how a tool call reached the host)
+            # only hide the message; the stubs under /tools stay, they show the call.
+            while len(frames) > 1 and frames[-1].filename.startswith(_RUNTIME_DIR):
+                frames.pop()
+            exc.stack = traceback.StackSummary.from_list(frames)
             break
     for linked in (exc.__cause__, exc.__context__):
         if linked is not None:
