@@ -14,7 +14,7 @@ import anyio
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
-from mcp_sandbox.errors import SandboxError, ValidationError
+from mcp_sandbox.errors import SandboxError
 
 __all__ = ["main"]
 
@@ -123,14 +123,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
     async def run() -> ExecutionResult:
         async with open_bridge(settings) as bridge:
-            aliases = []
-            for name in args.servers:
-                spec = bridge.resolve(name)
-                if spec is None:
-                    known = ", ".join(spec.name for spec in bridge.servers.values()) or "none are configured"
-                    raise ValidationError("servers", f"unknown server {name!r} (available: {known})")
-                aliases.append(spec.alias)
-            tools = await bridge.open_run(aliases)
+            tools = await bridge.open_run(bridge.aliases(args.servers))
             return await engine.execute(ExecutionRequest(code=code, timeout=settings.timeout, tools=tools))
 
     result = anyio.run(run)
@@ -149,18 +142,13 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.bridge.discovery import discover
     from mcp_sandbox.bridge.listing import describe, describe_json
-    from mcp_sandbox.bridge.pool import open_client_pool
+    from mcp_sandbox.bridge.mediator import open_bridge
 
     discovery = discover(settings)
 
     async def count() -> dict[str, int | str]:
-        async with open_client_pool(
-            discovery.servers,
-            connect_timeout=settings.connect_timeout,
-            call_timeout=settings.tool_timeout,
-            log_dir=settings.state_dir / "logs",
-        ) as pool:
-            listed = await pool.all_tools()
+        async with open_bridge(settings, discovery) as bridge:
+            listed = await bridge.pool.all_tools()
         return {
             alias: len(tools) if isinstance(tools, tuple) else f"error: {tools.message}"
             for alias, tools in listed.items()

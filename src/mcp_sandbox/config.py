@@ -183,7 +183,8 @@ class Settings:
         return self.python_runtime / "bin" / "python3"
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+# config_file records where the settings came from: it is not a setting anyone gives.
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_file"}
 
 
 def _coerce(name: str, raw: Any) -> Any:

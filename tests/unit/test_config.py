@@ -231,6 +231,15 @@ def test_an_unknown_key_in_the_config_file_is_rejected(tmp_path: Path) -> None:
     assert "no_such_setting" in str(caught.value)
 
 
+def test_config_file_records_the_file_read_and_cannot_be_set_as_a_setting(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, "timeout = 10\n")
+    assert load_settings(env={}, config_file=config).config_file == config
+    # Set from the environment, it would point discovery at a file whose settings were never read.
+    assert load_settings(env={"MCP_SANDBOX_CONFIG_FILE": str(config)}).config_file is None
+    with pytest.raises(ConfigError):
+        load_settings(env={}, config_file=write_toml(tmp_path, f"config_file = {str(config)!r}\n"))
+
+
 def test_a_malformed_config_file_is_rejected(tmp_path: Path) -> None:
     config = write_toml(tmp_path, "timeout = = 10\n[unclosed\n")
 

@@ -28,7 +28,7 @@ from mcp_sandbox.bridge.pool import ClientPool, open_client_pool
 from mcp_sandbox.bridge.search import DETAILS, ToolIndex, render
 from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
 from mcp_sandbox.config import Settings
-from mcp_sandbox.errors import DownstreamError, ToolCallDenied
+from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.sandbox.policy import Mount
 
 __all__ = ["TOOLS_MOUNT", "Bridge", "RunAccess", "open_bridge"]
@@ -72,6 +72,21 @@ class Bridge:
     def resolve(self, name: str) -> ServerSpec | None:
         """The server called ``name`` (its alias or its configured name)."""
         return self.discovery.by_name(name)
+
+    def aliases(self, names: Sequence[str]) -> tuple[str, ...]:
+        """The aliases of the servers called ``names`` (aliases or configured names), deduplicated.
+
+        Raises:
+            ValidationError: a name is not a configured server (argument ``servers``).
+        """
+        aliases: list[str] = []
+        for name in names:
+            spec = self.resolve(name)
+            if spec is None:
+                known = ", ".join(spec.name for spec in self.servers.values()) or "none are configured"
+                raise ValidationError("servers", f"unknown server {name!r} (available: {known})")
+            aliases.append(spec.alias)
+        return tuple(dict.fromkeys(aliases))
 
     async def stubs(self, alias: str) -> _Stubs:
         """The docs and the stub directory of ``alias``, regenerated when its tool list changes.

@@ -56,16 +56,12 @@ def _timeout(arguments: Mapping[str, Any], settings: Settings) -> float:
     return timeout
 
 
-def _servers(arguments: Mapping[str, Any], known: Collection[str]) -> tuple[str, ...]:
+def _servers(arguments: Mapping[str, Any]) -> tuple[str, ...]:
     raw = arguments.get("servers")
     if raw is None:
         return ()
     if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
         raise ValidationError("servers", "must be a list of server names")
-    for name in raw:
-        if name not in known:
-            available = ", ".join(sorted(known)) or "none are configured"
-            raise ValidationError("servers", f"unknown server {name!r} (available: {available})")
     return tuple(dict.fromkeys(raw))
 
 
@@ -90,10 +86,8 @@ def _output_mode(arguments: Mapping[str, Any], settings: Settings) -> OutputMode
     return mode
 
 
-def parse_run_python(
-    arguments: Mapping[str, Any] | None, settings: Settings, known_servers: Collection[str]
-) -> RunPythonArguments:
-    """Check ``run_python``'s arguments.
+def parse_run_python(arguments: Mapping[str, Any] | None, settings: Settings) -> RunPythonArguments:
+    """Check ``run_python``'s arguments (whether the servers exist is the bridge's to say).
 
     Raises:
         ValidationError: an argument is missing, of the wrong type, out of range or unknown.
@@ -103,7 +97,7 @@ def parse_run_python(
     return RunPythonArguments(
         code=_code(arguments),
         timeout=_timeout(arguments, settings),
-        servers=_servers(arguments, known_servers),
+        servers=_servers(arguments),
         output_mode=_output_mode(arguments, settings),
     )
 

@@ -142,11 +142,6 @@ class ToolHandlers:
         self._settings = settings
         self._engine = engine
         self._bridge = bridge
-        self._names: dict[str, str] = {}  # server name or alias -> alias
-        if bridge is not None:
-            for alias, spec in bridge.servers.items():
-                self._names[spec.name] = alias
-                self._names[alias] = alias
         names = [spec.name for spec in bridge.servers.values()] if bridge is not None else []
         self._tools = [_run_python_tool(settings, names)]
         if bridge is not None and bridge.servers:
@@ -171,10 +166,12 @@ class ToolHandlers:
     async def _run_python(self, raw: dict[str, Any] | None) -> types.CallToolResult:
         mode = output_mode(raw, self._settings)
         try:
-            arguments = parse_run_python(raw, self._settings, self._names)
+            arguments = parse_run_python(raw, self._settings)
             tools = None
             if self._bridge is not None:
-                tools = await self._bridge.open_run([self._names[name] for name in arguments.servers])
+                tools = await self._bridge.open_run(self._bridge.aliases(arguments.servers))
+            elif arguments.servers:
+                raise ValidationError("servers", f"unknown server {arguments.servers[0]!r} (none are configured)")
             request = ExecutionRequest(code=arguments.code, timeout=arguments.timeout, tools=tools)
             result = await self._engine.execute(request)
         except ValidationError as exc:
