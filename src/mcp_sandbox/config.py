@@ -31,6 +31,7 @@ __all__ = [
     "default_state_dir",
     "load_settings",
     "parse_bytes",
+    "parse_duration",
 ]
 
 OutputMode = Literal["compact", "json", "toon"]
@@ -70,6 +71,23 @@ def parse_bytes(value: str | int) -> int:
     return int(float(number) * _SIZE_UNITS[(unit or "").lower()])
 
 
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(value: str | float) -> float:
+    """Parse ``"90"``, ``"10m"``, ``"12h"``, ``"30d"`` or a number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"not a duration: {value!r} (use e.g. 600, 10m, 12h, 30d)")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION_RE.match(value)
+    if match is None:
+        raise ValueError(f"not a duration: {value!r} (use e.g. 600, 10m, 12h, 30d)")
+    number, unit = match.groups()
+    return float(number) * _DURATION_UNITS[unit.lower()]
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     """Where state lives unless configured: a system directory for root, XDG state otherwise."""
     # Root's home is 0700, and the sandbox (run as an unprivileged uid) must reach workspaces.
@@ -98,7 +116,20 @@ def _default_python_runtime() -> Path:
     return built if (built / "bin" / "python3").exists() else Path("/usr")
 
 
-_BYTE_FIELDS = frozenset({"memory", "tmp_size", "max_output", "max_file_size", "max_tool_result_bytes"})
+_BYTE_FIELDS = frozenset(
+    {
+        "memory",
+        "tmp_size",
+        "max_output",
+        "max_file_size",
+        "max_tool_result_bytes",
+        "max_request_size",
+        "quota_bytes",
+        "max_workspaces_bytes",
+        "max_image_bytes",
+    }
+)
+_DURATION_FIELDS = frozenset({"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +177,36 @@ class Settings:
     tool_timeout: float = 60.0  # per tool call, seconds
     connect_timeout: float = 30.0  # starting a downstream server and listing its tools
 
+    # The HTTP service (serve --transport http).
+    host: str = "127.0.0.1"
+    port: int = 8765
+    # The base URL clients reach this server at, for download links (default http://host:port).
+    public_url: str | None = None
+    # Host / Origin header values accepted besides the loopback ones (DNS-rebinding protection).
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    # One bearer token for tenant "default" (more tenants: [auth] tokens in the TOML file).
+    token: str | None = field(default=None, repr=False)
+    max_request_size: int = 4 << 20  # one MCP request body
+    url_ttl: float = 3600.0  # lifetime of a signed download URL
+    shutdown_grace: float = 10.0  # how long running executions may finish when the server stops
+
+    # Conversations: persistent workspaces, their quotas and retention.
+    quota_bytes: int = 1 << 30  # per conversation
+    quota_files: int = 10_000  # per conversation
+    conversation_ttl: float = 30 * 86400.0  # an idle conversation's files are deleted after this
+    max_workspaces_bytes: int = 20 << 30  # all conversations together; least recently used go first
+
+    # Stateful sessions: a conversation's interpreter kept between runs.
+    sessions: bool = True
+    session_ttl: float = 600.0  # an idle session's interpreter is stopped (its files stay)
+    max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
+    session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
+
+    # Images a run saves or shows, returned to the model as MCP image content.
+    max_images: int = 4
+    max_image_bytes: int = 1 << 20
+
     # The TOML file the settings came from (its [servers] table lists downstream servers).
     config_file: Path | None = None
 
@@ -163,11 +224,29 @@ class Settings:
             "open_files",
             "max_tool_calls",
             "max_tool_result_bytes",
+            "max_request_size",
+            "quota_bytes",
+            "quota_files",
+            "max_workspaces_bytes",
+            "max_sessions",
+            "session_cpu_seconds",
+            "max_image_bytes",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
         if not math.isfinite(self.cpus) or self.cpus <= 0:
             raise ConfigError("cpus: must be a positive number")
+        if self.max_images < 0:
+            raise ConfigError("max_images: must not be negative")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port: {self.port} is not a TCP port")
+        if self.public_url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", self.public_url):
+            raise ConfigError(f"public_url: {self.public_url!r} is not an http(s) URL")
+        for name in ("url_ttl", "conversation_ttl", "session_ttl"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be a positive duration")
+        if not math.isfinite(self.shutdown_grace) or self.shutdown_grace < 0:
+            raise ConfigError("shutdown_grace: must be a duration >= 0")
         for name in ("tool_timeout", "connect_timeout"):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be a positive number of seconds")
@@ -176,6 +255,14 @@ class Settings:
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")
+
+    @property
+    def base_url(self) -> str:
+        """The URL this server's HTTP routes are reached at, without a trailing slash."""
+        if self.public_url is not None:
+            return self.public_url.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
     @property
     def python_interpreter(self) -> Path:
@@ -190,6 +277,11 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_
 def _coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
     kind = str(_FIELDS[name].type)
+    if kind.startswith("tuple"):
+        items = raw.split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
+            raise ConfigError(f"{name}: {raw!r} is not a list of strings")
+        return tuple(item.strip() for item in items if item.strip())
     if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
         raise ConfigError(f"{name}: {raw!r} is not a valid value")
     if isinstance(raw, float) and kind == "int" and not raw.is_integer():
@@ -197,6 +289,8 @@ def _coerce(name: str, raw: Any) -> Any:
     try:
         if name in _BYTE_FIELDS:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
+        if name in _DURATION_FIELDS:
+            return parse_duration(raw)
         if kind.startswith("Path"):
             return None if raw in ("", None) else Path(str(raw)).expanduser()
         if kind == "bool":
