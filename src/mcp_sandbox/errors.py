@@ -10,8 +10,11 @@
     ├── SandboxStartError         a sandbox failed to start (bwrap refused, runtime missing)
     ├── ChannelError              the host <-> sandbox channel broke its protocol
     │   └── FrameError            a malformed, oversized, unknown or wrong-version frame
-    └── DownstreamError           a downstream MCP server cannot be reached, or refused a call
-        └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
+    ├── DownstreamError           a downstream MCP server cannot be reached, or refused a call
+    │   └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
+    ├── WorkspaceError            a conversation's files cannot be stored or read as asked
+    │   └── QuotaExceededError    the write would take a conversation past its byte or file quota
+    └── BusyError                 the server is at capacity (sessions, queue); try again later
 
 Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
 are translated at the boundary with ``raise ... from exc``. Exactly one place,
@@ -22,14 +25,17 @@ from __future__ import annotations
 
 __all__ = [
     "BackendUnavailableError",
+    "BusyError",
     "ChannelError",
     "ConfigError",
     "DownstreamError",
     "FrameError",
+    "QuotaExceededError",
     "SandboxError",
     "SandboxStartError",
     "ToolCallDenied",
     "ValidationError",
+    "WorkspaceError",
 ]
 
 
@@ -87,3 +93,26 @@ class DownstreamError(SandboxError):
 
 class ToolCallDenied(DownstreamError):
     """The run's policy forbids this call: server not allowed, tool denied, or a cap reached."""
+
+
+class WorkspaceError(SandboxError):
+    """A conversation's files cannot be stored, listed or read as asked (nothing stored is lost)."""
+
+
+class QuotaExceededError(WorkspaceError):
+    """A write would take a conversation past its byte or file quota; nothing was written.
+
+    Attributes:
+        limit: ``"bytes"`` or ``"files"``.
+        used, quota: the conversation's usage and quota in that unit.
+    """
+
+    def __init__(self, limit: str, used: int, quota: int, message: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.used = used
+        self.quota = quota
+
+
+class BusyError(SandboxError):
+    """The server is at capacity; the request was refused without running anything."""
