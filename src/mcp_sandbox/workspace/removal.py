@@ -11,6 +11,7 @@ races the walk.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import uuid
@@ -31,7 +32,20 @@ def _empty(name: str, top: int, prefix: str, counter: itertools.count[int], pend
             if not is_dir:
                 os.unlink(child, dir_fd=fd)
                 continue
-            os.chmod(child, 0o700, dir_fd=fd)  # moving a directory rewrites its "..": needs w
+            # Moving a directory rewrites its "..": it needs w. chmod by name would follow a symlink
+            # swapped in since the scan (Python refuses follow_symlinks=False with dir_fd), so the
+            # mode is set through an O_PATH descriptor that cannot be a symlink's target.
+            try:
+                child_fd = os.open(child, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                os.unlink(child, dir_fd=fd)  # no longer a directory: a symlink or file swapped in
+                continue
+            try:
+                os.chmod(f"/proc/self/fd/{child_fd}", 0o700)
+            finally:
+                os.close(child_fd)
             moved = f"{prefix}{next(counter)}"
             os.rename(child, moved, src_dir_fd=fd, dst_dir_fd=top)
             pending.append(moved)

@@ -1,0 +1,113 @@
+"""Retention: idle conversations' workspaces are deleted, then the least recently used ones
+while all of them together take more than ``max_workspaces_bytes``.
+
+The metadata rows say when each conversation was last used and how many bytes it holds. A
+directory without a row (the server died before writing it) is measured on disk and dated by
+its mtime. A conversation in ``busy`` (a live session, a running execution) is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.workspace.metadata import Metadata
+from mcp_sandbox.workspace.store import WorkspaceStore
+
+__all__ = ["SweepReport", "sweep"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """What a sweep did: keys deleted for idleness and for space, bytes freed, keys it failed on,
+    and the bytes all conversations hold afterwards."""
+
+    idle: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    total_bytes: int = 0
+
+    @property
+    def removed(self) -> list[str]:
+        """Every key deleted, idle ones first."""
+        return self.idle + self.evicted
+
+    def summary(self) -> str:
+        """One line for the log, e.g. ``2 idle, 1 over the total size (1048576 bytes freed)``."""
+        text = f"{len(self.idle)} idle, {len(self.evicted)} over the total size ({self.freed_bytes} bytes freed)"
+        return text + (f"; {len(self.failed)} could not be deleted" if self.failed else "")
+
+
+@dataclass(slots=True)
+class _Candidate:
+    key: str
+    last_used: float
+    bytes: int
+    recorded: bool
+
+
+def _candidates(store: WorkspaceStore, metadata: Metadata) -> list[_Candidate]:
+    found = {
+        row.key: _Candidate(row.key, row.last_used, row.bytes, recorded=True)
+        for row in metadata.conversations_by_last_use()
+    }
+    for key in store.keys():
+        if key in found:
+            continue
+        try:
+            modified = os.lstat(store.directory(key)).st_mtime
+            size = store.usage(key).bytes
+        except (OSError, WorkspaceError):
+            continue  # removed meanwhile, or unreadable: the next sweep sees it again
+        found[key] = _Candidate(key, modified, size, recorded=False)
+    return sorted(found.values(), key=lambda candidate: (candidate.last_used, candidate.key))
+
+
+def _delete(store: WorkspaceStore, metadata: Metadata, candidate: _Candidate, report: SweepReport) -> bool:
+    try:
+        store.delete(candidate.key)
+        if candidate.recorded:
+            metadata.forget_conversation(candidate.key)
+    except WorkspaceError as exc:
+        logger.warning("retention could not delete a conversation's workspace: %s", exc)
+        report.failed.append(candidate.key)
+        return False
+    report.freed_bytes += candidate.bytes
+    return True
+
+
+def sweep(
+    store: WorkspaceStore, metadata: Metadata, settings: Settings, now: float, busy: Collection[str]
+) -> SweepReport:
+    """Delete idle conversations, then the least recently used while over the total budget.
+
+    ``busy`` holds the keys not to touch; membership is checked just before each deletion, so
+    a live set the caller keeps up to date works. Synchronous: run it in a worker thread.
+    Failures are logged and listed in the report, not raised.
+    """
+    report = SweepReport()
+    remaining: list[_Candidate] = []
+    for candidate in _candidates(store, metadata):
+        idle = now - candidate.last_used > settings.conversation_ttl
+        if idle and candidate.key not in busy and _delete(store, metadata, candidate, report):
+            report.idle.append(candidate.key)
+        else:
+            remaining.append(candidate)
+    total = sum(candidate.bytes for candidate in remaining)
+    for candidate in remaining:  # least recently used first
+        if total <= settings.max_workspaces_bytes:
+            break
+        if candidate.key in busy or candidate.key in report.failed:
+            continue
+        if _delete(store, metadata, candidate, report):
+            report.evicted.append(candidate.key)
+            total -= candidate.bytes
+    report.total_bytes = total
+    return report

@@ -1,0 +1,303 @@
+"""Conversation workspaces on disk: ``state_dir/workspaces/<key>``, seen by the sandbox as ``/workspace``.
+
+A conversation's directory is named by a keyed hash of its tenant and id, so ids never become
+paths and tenants never share a directory. ``workspaces/`` is 0711 and root's: the sandbox uid
+can reach a directory whose name it is given, and list none. Each conversation's directory is
+0700 and the sandbox uid's, which is also what owns every file the host writes there.
+
+Sandboxed code may be running in a directory while the host lists, serves or writes it: every
+operation goes through :mod:`mcp_sandbox.workspace.files`, which never follows a link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import re
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
+from mcp_sandbox.workspace.files import DIR_FLAGS, FileEntry, Listing, OpenFile, Usage, Walk, open_parent, open_regular
+from mcp_sandbox.workspace.names import check_filename
+from mcp_sandbox.workspace.removal import remove_tree
+from mcp_sandbox.workspace.secret import derive_key
+from mcp_sandbox.workspace.writing import PendingWrite
+
+__all__ = ["WorkspaceStore"]
+
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+
+MAX_LIST_ENTRIES = 100_000
+MAX_DEPTH = 64
+
+
+def _framed(value: str) -> bytes:
+    # Length-prefixed, so no tenant name can contain a separator that shifts the boundary.
+    # surrogatepass: a JSON string may hold a lone surrogate; the encoding stays injective.
+    data = value.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(8, "big") + data
+
+
+class WorkspaceStore:
+    """The workspaces of all conversations under ``settings.state_dir``.
+
+    Methods are synchronous and may block on the disk: call them from a worker thread
+    (``anyio.to_thread.run_sync``). They are safe to call concurrently.
+    """
+
+    def __init__(self, settings: Settings, secret: bytes) -> None:
+        self.settings = settings
+        self.root = settings.state_dir / "workspaces"
+        self._key = derive_key(secret, "workspace")
+        # Root writes as the sandbox uid's files, so that sandboxed code can change them.
+        self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+
+    def key(self, tenant: str, conversation_id: str) -> str:
+        """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
+        return hmac.new(self._key, _framed(tenant) + _framed(conversation_id), hashlib.sha256).hexdigest()
+
+    def directory(self, key: str) -> Path:
+        """Where conversation ``key`` lives (whether or not it exists yet).
+
+        Raises:
+            WorkspaceError: ``key`` is not of the form this store makes (64 hex digits).
+        """
+        if not _KEY_RE.match(key):
+            raise WorkspaceError("not a conversation key")
+        return self.root / key
+
+    def prepare(self) -> None:
+        """Create ``state_dir`` and ``workspaces/`` (0711: traversable, not listable). Idempotent.
+
+        Raises:
+            WorkspaceError: they cannot be created.
+        """
+        try:
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.settings.state_dir, 0o711)
+            self.root.mkdir(exist_ok=True, mode=0o711)
+            os.chmod(self.root, 0o711, follow_symlinks=False)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot create the workspaces directory {self.root}: {exc.strerror}") from exc
+
+    def ensure(self, key: str) -> Path:
+        """Create conversation ``key``'s directory if needed (0700, the sandbox uid's); return it.
+
+        Raises:
+            WorkspaceError: it cannot be created, or something that is not a directory is there.
+        """
+        path = self.directory(key)
+        if not self.root.is_dir():
+            self.prepare()
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+            fd = os.open(path, DIR_FLAGS)
+        except OSError as exc:
+            raise WorkspaceError(f"cannot create the conversation's workspace: {exc.strerror}") from exc
+        try:
+            # Also repairs a directory left root's by a crash, or opened up by the code inside.
+            os.fchmod(fd, 0o700)
+            if self._owner is not None:
+                os.fchown(fd, *self._owner)
+        finally:
+            os.close(fd)
+        return path
+
+    def keys(self) -> list[str]:
+        """The keys of every conversation directory on disk."""
+        try:
+            with os.scandir(self.root) as entries:
+                return sorted(entry.name for entry in entries if _KEY_RE.match(entry.name))
+        except FileNotFoundError:
+            return []
+
+    def _open_root(self, key: str) -> int | None:
+        """The workspace's directory fd, or None when it does not exist."""
+        try:
+            return os.open(self.directory(key), DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise WorkspaceError(f"the conversation's workspace cannot be opened: {exc.strerror}") from exc
+
+    def _require_root(self, key: str, name: str) -> int:
+        root = self._open_root(key)
+        if root is None:
+            raise WorkspaceError(f"{name}: no such file in the workspace")
+        return root
+
+    def list_files(self, key: str, *, max_entries: int = MAX_LIST_ENTRIES) -> Listing:
+        """The regular files that :meth:`open_file` serves, sorted by name.
+
+        Symlinks, FIFOs, sockets and devices are skipped, and so are names that are not UTF-8
+        or that :func:`check_filename` refuses, directories closed by their owner (``chmod
+        000``), and anything in the reserved namespace. A missing workspace lists nothing.
+
+        Raises:
+            WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
+        """
+        root = self._open_root(key)
+        if root is None:
+            return Listing(files=())
+        try:
+            walk = Walk(root, max_depth=MAX_DEPTH, max_entries=max_entries, servable_only=True)
+            found = [FileEntry("/".join(parts), info.st_size, info.st_mtime) for parts, info in walk]
+        except OSError as exc:  # the top directory itself (the code may chmod /workspace)
+            raise WorkspaceError(f"the conversation's workspace cannot be read: {exc.strerror}") from exc
+        finally:
+            os.close(root)
+        found.sort(key=lambda entry: entry.name)
+        return Listing(files=tuple(found), truncated=not walk.complete)
+
+    def usage(self, key: str) -> Usage:
+        """What conversation ``key``'s quota counts: every regular file and the sum of ``st_size``.
+
+        ``st_size`` (not allocated blocks) is what users see in listings; a sparse file counts
+        at its full size. Files the listing hides (odd names, closed directories) count too.
+
+        Raises:
+            WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
+        """
+        root = self._open_root(key)
+        if root is None:
+            return Usage(bytes=0, files=0)
+        total = files = 0
+        try:
+            bound = max(MAX_LIST_ENTRIES, 2 * self.settings.quota_files)
+            walk = Walk(root, max_depth=MAX_DEPTH, max_entries=bound, servable_only=False)
+            for _, info in walk:
+                total += info.st_size
+                files += 1
+        except OSError as exc:  # the top directory itself (the code may chmod /workspace)
+            raise WorkspaceError(f"the conversation's workspace cannot be read: {exc.strerror}") from exc
+        finally:
+            os.close(root)
+        return Usage(bytes=total, files=files, complete=walk.complete)
+
+    def begin_write(self, key: str, name: str) -> PendingWrite:
+        """Start writing ``name`` (creating the workspace and parent directories as needed).
+
+        Write chunks with ``PendingWrite.write``, then ``commit``; use it as a context manager
+        so that an abandoned write leaves nothing behind.
+
+        Raises:
+            ValidationError: ``name`` is not an acceptable file name.
+            QuotaExceededError: a new file would exceed the conversation's file quota.
+            WorkspaceError: a parent component is a symlink or not a directory, ``name`` is a
+                directory, or the disk refused.
+        """
+        check_filename(name)
+        self.ensure(key)
+        usage = self.usage(key)
+        # At the file quota only a replacement can succeed: then make no directories for it.
+        full = usage.files >= self.settings.quota_files
+        root = self._require_root(key, name)
+        try:
+            parent = open_parent(root, name, create=not full, owner=self._owner)
+        except WorkspaceError:
+            if full:
+                raise self._files_exceeded(name, usage) from None
+            raise
+        finally:
+            os.close(root)
+        leaf = name.rsplit("/", 1)[-1]
+        try:
+            try:
+                old = os.stat(leaf, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                old = None
+            if old is not None and stat.S_ISDIR(old.st_mode):
+                raise WorkspaceError(f"{name}: is a directory")
+            replaced = old.st_size if old is not None and stat.S_ISREG(old.st_mode) else None
+            if full and replaced is None:
+                raise self._files_exceeded(name, usage)
+        except BaseException:
+            os.close(parent)
+            raise
+        return PendingWrite(
+            parent,
+            leaf,
+            name,
+            base_bytes=usage.bytes - (replaced or 0),
+            used_bytes=usage.bytes,
+            quota_bytes=self.settings.quota_bytes,
+            owner=self._owner,
+        )
+
+    def _files_exceeded(self, name: str, usage: Usage) -> QuotaExceededError:
+        quota = self.settings.quota_files
+        return QuotaExceededError(
+            "files", usage.files, quota, f"{name}: the conversation has {usage.files} files, its quota is {quota}"
+        )
+
+    def write_file(self, key: str, name: str, data: bytes | Iterable[bytes]) -> FileEntry:
+        """Store ``data`` (bytes, or an iterable of chunks of unknown total) as ``name``, atomically.
+
+        Raises:
+            ValidationError: ``name`` is not an acceptable file name.
+            QuotaExceededError: the write would exceed the byte or file quota; nothing changed.
+            WorkspaceError: see :meth:`begin_write`; nothing changed.
+        """
+        chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+        with self.begin_write(key, name) as pending:
+            for chunk in chunks:
+                pending.write(chunk)
+            return pending.commit()
+
+    def open_file(self, key: str, name: str) -> OpenFile:
+        """Open regular file ``name`` of conversation ``key`` for serving; the caller closes it.
+
+        Raises:
+            ValidationError: ``name`` is not an acceptable file name.
+            WorkspaceError: no such regular file (missing, a symlink, FIFO, socket, device or
+                directory, or a path component that is not a real directory).
+        """
+        check_filename(name)
+        root = self._require_root(key, name)
+        try:
+            parent = open_parent(root, name)
+        finally:
+            os.close(root)
+        try:
+            return open_regular(parent, name.rsplit("/", 1)[-1], name)
+        finally:
+            os.close(parent)
+
+    def delete_file(self, key: str, name: str) -> None:
+        """Delete ``name``; a symlink is removed itself, never its target.
+
+        Raises:
+            ValidationError: ``name`` is not an acceptable file name.
+            WorkspaceError: no such file, or it is a directory.
+        """
+        check_filename(name)
+        root = self._require_root(key, name)
+        try:
+            parent = open_parent(root, name)
+        finally:
+            os.close(root)
+        try:
+            os.unlink(name.rsplit("/", 1)[-1], dir_fd=parent)
+        except FileNotFoundError as exc:
+            raise WorkspaceError(f"{name}: no such file in the workspace") from exc
+        except OSError as exc:
+            raise WorkspaceError(f"{name}: cannot delete: {exc.strerror}") from exc
+        finally:
+            os.close(parent)
+
+    def delete(self, key: str) -> None:
+        """Delete conversation ``key``'s whole workspace. Only when no sandbox runs in it.
+
+        Raises:
+            WorkspaceError: it could not be removed completely.
+        """
+        try:
+            remove_tree(self.directory(key))
+        except OSError as exc:
+            raise WorkspaceError(f"cannot delete the conversation's workspace: {exc.strerror}") from exc

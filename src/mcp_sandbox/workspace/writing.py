@@ -1,0 +1,144 @@
+"""Writing one file into a workspace atomically, checking the byte quota while it streams.
+
+The data goes to a temporary file in the target directory (in the reserved ``.mcp-sandbox-``
+namespace, so no client can name it), is fsynced, and is renamed over the old file: until
+then the old content is intact, and concurrent writers of one name never tear it (the last
+rename wins). Every operation is on the directory fd and the file's own fd, never a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+
+from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
+from mcp_sandbox.workspace.files import FileEntry
+from mcp_sandbox.workspace.names import RESERVED_PREFIX
+
+__all__ = ["PendingWrite"]
+
+
+class PendingWrite:
+    """A file being written: ``write`` chunks, then ``commit``; leaving without commit discards it.
+
+    Build it with :meth:`WorkspaceStore.begin_write`. Not thread-safe: one writer per object.
+    """
+
+    def __init__(
+        self,
+        parent_fd: int,
+        leaf: str,
+        name: str,
+        *,
+        base_bytes: int,
+        used_bytes: int,
+        quota_bytes: int,
+        owner: tuple[int, int] | None,
+    ) -> None:
+        """Create the temporary file. Takes ownership of ``parent_fd``.
+
+        ``base_bytes`` is the conversation's usage without the file this one replaces;
+        ``used_bytes`` its usage as it stands (reported in a QuotaExceededError).
+
+        Raises:
+            WorkspaceError: the temporary file cannot be created.
+        """
+        self.name = name
+        self._parent = parent_fd
+        self._leaf = leaf
+        self._base = base_bytes
+        self._used = used_bytes
+        self._quota = quota_bytes
+        self._written = 0
+        self._temporary = f"{RESERVED_PREFIX}upload-{secrets.token_hex(12)}"
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(
+                self._temporary,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=parent_fd,
+            )
+            os.fchmod(self._fd, 0o600)  # whatever the umask; only the sandbox uid and root need it
+            if owner is not None:
+                os.fchown(self._fd, *owner)  # so sandboxed code can change it
+        except OSError as exc:
+            self.abort()
+            raise WorkspaceError(f"{name}: cannot write in the workspace: {exc.strerror}") from exc
+
+    @property
+    def written(self) -> int:
+        """Bytes written so far."""
+        return self._written
+
+    def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        """Append ``chunk``.
+
+        Raises:
+            QuotaExceededError: the conversation would go past its byte quota; the temporary
+                file is deleted and nothing stored has changed.
+            WorkspaceError: the write failed (disk full, ...); the same holds.
+        """
+        if self._fd is None:
+            raise WorkspaceError(f"{self.name}: this write is already finished")
+        view = memoryview(chunk).cast("B")
+        if self._base + self._written + view.nbytes > self._quota:
+            self.abort()
+            raise QuotaExceededError(
+                "bytes",
+                self._used,
+                self._quota,
+                f"{self.name}: the conversation's files would exceed its quota of {self._quota} bytes "
+                f"({self._used} bytes are used)",
+            )
+        try:
+            while view:
+                done = os.write(self._fd, view)
+                view = view[done:]
+                self._written += done
+        except OSError as exc:
+            self.abort()
+            raise WorkspaceError(f"{self.name}: cannot write in the workspace: {exc.strerror}") from exc
+
+    def commit(self) -> FileEntry:
+        """Flush the file to disk and rename it over ``name``; return what was stored.
+
+        Raises:
+            WorkspaceError: the file could not be flushed or renamed (e.g. ``name`` became a
+                directory meanwhile); nothing stored has changed.
+        """
+        if self._fd is None:
+            raise WorkspaceError(f"{self.name}: this write is already finished")
+        try:
+            os.fsync(self._fd)
+            info = os.fstat(self._fd)
+            os.rename(self._temporary, self._leaf, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+        except OSError as exc:
+            self.abort()
+            raise WorkspaceError(f"{self.name}: cannot store the file: {exc.strerror}") from exc
+        with contextlib.suppress(OSError):
+            os.fsync(self._parent)  # the rename itself survives a crash
+        self._close()
+        return FileEntry(name=self.name, size=info.st_size, mtime=info.st_mtime)
+
+    def abort(self) -> None:
+        """Delete the temporary file and release the fds (idempotent)."""
+        if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temporary, dir_fd=self._parent)
+        self._close()
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._parent >= 0:
+            os.close(self._parent)
+            self._parent = -1
+
+    def __enter__(self) -> PendingWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()

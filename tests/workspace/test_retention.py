@@ -1,0 +1,126 @@
+"""Retention deletes idle conversations, then the least recently used over the total budget, never busy ones."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.workspace import METADATA_FILE, Metadata, WorkspaceStore, load_secret, sweep
+
+DAY = 86400.0
+NOW = 1_000 * DAY
+
+
+@pytest.fixture
+def budget_settings(state_dir: Path) -> Settings:
+    return load_settings(
+        env={}, flags={"state_dir": str(state_dir), "conversation_ttl": "30d", "max_workspaces_bytes": 1000}
+    )
+
+
+@pytest.fixture
+def store(budget_settings: Settings) -> WorkspaceStore:
+    return WorkspaceStore(budget_settings, load_secret(budget_settings.state_dir))
+
+
+@pytest.fixture
+def metadata(budget_settings: Settings) -> Iterator[Metadata]:
+    opened = Metadata.open(budget_settings.state_dir / METADATA_FILE)
+    yield opened
+    opened.close()
+
+
+def _conversation(store: WorkspaceStore, metadata: Metadata, name: str, size: int, last_used: float) -> str:
+    key = store.key("alice", name)
+    metadata.touch_conversation(key, "alice", last_used)
+    store.write_file(key, "data.bin", b"x" * size)
+    metadata.record_files(key, store.list_files(key).files, store.usage(key))
+    return key
+
+
+def test_conversations_idle_longer_than_the_ttl_are_deleted(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    old = _conversation(store, metadata, "old", 10, NOW - 31 * DAY)
+    recent = _conversation(store, metadata, "recent", 10, NOW - 29 * DAY)
+
+    report = sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert (report.idle, report.evicted, report.failed) == ([old], [], [])
+    assert report.freed_bytes == 10
+    assert not store.directory(old).exists()
+    assert store.directory(recent).exists()
+    assert [row.key for row in metadata.conversations_by_last_use()] == [recent]
+
+
+def test_over_the_total_budget_the_least_recently_used_go_first_until_it_fits(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    oldest = _conversation(store, metadata, "oldest", 400, NOW - 3 * DAY)
+    older = _conversation(store, metadata, "older", 400, NOW - 2 * DAY)
+    newer = _conversation(store, metadata, "newer", 400, NOW - 1 * DAY)
+
+    report = sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert (report.idle, report.evicted) == ([], [oldest])
+    assert report.total_bytes == 800
+    assert [row.key for row in metadata.conversations_by_last_use()] == [older, newer]
+
+
+def test_busy_conversations_are_spared_however_idle_or_old(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    idle_but_running = _conversation(store, metadata, "running", 10, NOW - 90 * DAY)
+    lru_but_live = _conversation(store, metadata, "live", 600, NOW - 3 * DAY)
+    newest = _conversation(store, metadata, "newest", 600, NOW - 1 * DAY)
+
+    report = sweep(store, metadata, budget_settings, NOW, busy={idle_but_running, lru_but_live})
+
+    assert (report.idle, report.evicted) == ([], [newest])
+    assert store.directory(idle_but_running).exists()
+    assert store.directory(lru_but_live).exists()
+
+
+def test_a_directory_without_a_row_is_dated_by_its_mtime_and_measured_on_disk(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    orphan_old = store.key("alice", "crashed-long-ago")
+    store.write_file(orphan_old, "a.bin", b"x" * 10)
+    os.utime(store.directory(orphan_old), (NOW - 40 * DAY, NOW - 40 * DAY))
+    orphan_big = store.key("alice", "crashed-yesterday")
+    store.write_file(orphan_big, "a.bin", b"x" * 900)
+    os.utime(store.directory(orphan_big), (NOW - 2 * DAY, NOW - 2 * DAY))
+    recorded = _conversation(store, metadata, "recorded", 200, NOW - 1 * DAY)
+
+    report = sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert (report.idle, report.evicted) == ([orphan_old], [orphan_big])
+    assert report.freed_bytes == 910
+    assert store.keys() == [recorded]
+
+
+def test_a_row_without_a_directory_is_forgotten_when_idle(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    key = store.key("alice", "never-wrote")
+    metadata.touch_conversation(key, "alice", NOW - 31 * DAY)
+
+    report = sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert report.idle == [key]
+    assert metadata.conversations_by_last_use() == []
+
+
+def test_a_sweep_within_every_limit_deletes_nothing(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    keys = [_conversation(store, metadata, str(index), 100, NOW - index * DAY) for index in range(3)]
+
+    report = sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert (report.idle, report.evicted, report.freed_bytes, report.total_bytes) == ([], [], 0, 300)
+    assert store.keys() == sorted(keys)
