@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import PROTOCOL_VERSION
+
 from .harness import RunnerFactory, SandboxRunner
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
@@ -61,7 +63,7 @@ def _channel_attack(payload: str) -> str:
     return textwrap.dedent(f"""
         import struct
         def frame(kind, body):
-            return struct.pack(">4sBBI", b"MSBX", 1, kind, len(body)) + body
+            return struct.pack(">4sBBI", b"MSBX", {PROTOCOL_VERSION}, kind, len(body)) + body
         fds = channel_fds()
         assert fds, "no channel socket found"
         for fd in fds:
@@ -76,7 +78,7 @@ def _channel_attack(payload: str) -> str:
         pytest.param('b"\\xff" * 4096', id="junk"),
         pytest.param('b"MSBX" + bytes([99]) + bytes(5)', id="unknown-version"),
         pytest.param('frame(99, b"{}")', id="unknown-kind"),
-        pytest.param('struct.pack(">4sBBI", b"MSBX", 1, 3, 0xFFFFFFFF)', id="oversized-length"),
+        pytest.param(f'struct.pack(">4sBBI", b"MSBX", {PROTOCOL_VERSION}, 3, 0xFFFFFFFF)', id="oversized-length"),
         pytest.param('frame(3, b"not json")', id="body-not-json"),
         pytest.param('frame(3, b"[]")', id="body-not-object"),
         pytest.param('frame(3, b"{\\"a\\":\\"\\xff\\"}")', id="body-not-utf8"),
@@ -97,15 +99,15 @@ async def test_garbage_on_the_channel_ends_the_run_without_hurting_the_host(
 async def test_frame_header_promising_more_than_is_sent_does_not_hang_the_host(sandbox: SandboxRunner) -> None:
     # 60 MiB promised, a few bytes sent, then the code keeps running: the host must not wait for
     # the rest beyond the run's own end.
-    attack = _channel_attack('struct.pack(">4sBBI", b"MSBX", 1, 3, 60 << 20)')
+    attack = _channel_attack(f'struct.pack(">4sBBI", b"MSBX", {PROTOCOL_VERSION}, 3, 60 << 20)')
     result = await sandbox.run(attack + "\nimport time\ntime.sleep(0.2)\n")
     assert result.status == "error"
     await _next_run_works(sandbox)
 
 
 async def test_forged_done_frame_does_not_make_a_failed_run_a_success(sandbox: SandboxRunner) -> None:
-    # The host judges by the process's exit code, not by what a frame claims.
-    attack = _channel_attack('frame(3, b\'{"exitCode":0,"exception":null}\')')
+    # The host judges by the process's exit code, not by what a frame claims (even with the run's number).
+    attack = _channel_attack('frame(3, b\'{"run":1,"exitCode":0,"exception":null}\')')
     result = await sandbox.run(attack + "\nsys.exit(3)\n")
     assert result.status == "error"
     assert result.exit_code not in (0, None)

@@ -1,13 +1,17 @@
-"""The host's asyncio end of the frame channel (engine.channel.Channel), over a real socketpair."""
+"""The host's end of the frame channel (engine.channel.Channel), over a real socketpair."""
 
 from __future__ import annotations
 
+import array
+import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from mcp_sandbox.engine.channel import Channel, Kind
@@ -158,3 +162,94 @@ async def test_sending_to_a_closed_sandbox_raises_channel_error() -> None:
                 # A single small write may still land in the kernel's buffer; keep going.
                 for _ in range(64):
                     await host.send(Kind.EXEC, {"code": "x" * (1 << 16)})
+
+
+# --- descriptors ----------------------------------------------------------------------------------
+
+
+def _received_fds(peer: socket.socket, size: int) -> tuple[bytes, list[int]]:
+    """Receive up to ``size`` bytes and the descriptors that came with them."""
+    data, ancillary, _, _ = peer.recvmsg(size, socket.CMSG_SPACE(8 * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if (level, kind) == (socket.SOL_SOCKET, socket.SCM_RIGHTS):
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
+    return data, fds
+
+
+async def test_descriptors_sent_with_a_frame_arrive_with_its_first_bytes() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with anyio.fail_after(DEADLINE_SECONDS):
+            async with channel_and_peer() as (host, peer):
+                await host.send(Kind.EXEC, {"code": "print(1)"}, fds=[write_end, write_end])
+                data, fds = _received_fds(peer, 1 << 16)
+        assert data == frames.encode(Kind.EXEC, {"code": "print(1)"})
+        assert len(fds) == 2
+        os.write(fds[0], b"through the passed descriptor")
+        assert os.read(read_end, 100) == b"through the passed descriptor"
+        for fd in fds:
+            os.close(fd)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def test_a_frame_with_descriptors_larger_than_the_socket_buffer_gets_through() -> None:
+    # The first sendmsg cannot take it all: the rest follows once the peer reads (EAGAIN path).
+    body = {"code": "z" * (8 << 20)}
+    read_end, write_end = os.pipe()
+    try:
+        with anyio.fail_after(DEADLINE_SECONDS):
+            async with channel_and_peer() as (host, peer), anyio.create_task_group() as group:
+                group.start_soon(partial(host.send, Kind.EXEC, body, fds=[write_end]))
+                parser = frames.FrameParser()
+                received_fds: list[int] = []
+                while (frame := parser.next()) is None:
+                    data, fds = await anyio.to_thread.run_sync(_received_fds, peer, 1 << 20)
+                    received_fds += fds
+                    parser.feed(data)
+        assert frame == (Kind.EXEC, body)
+        assert len(received_fds) == 1
+        os.close(received_fds[0])
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+async def test_descriptors_the_sandbox_sends_are_never_accepted_by_the_host() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with anyio.fail_after(DEADLINE_SECONDS):
+            async with channel_and_peer() as (host, peer):
+                data = frames.encode(Kind.CALL, {"id": 1})
+                peer.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end]))])
+                os.close(write_end)
+                assert await host.receive() == (Kind.CALL, {"id": 1})
+                # No copy of the write end is left anywhere: the pipe reads as ended.
+                assert os.read(read_end, 10) == b""
+    finally:
+        os.close(read_end)
+
+
+async def test_closing_the_channel_ends_a_receive_waiting_on_it() -> None:
+    with anyio.fail_after(DEADLINE_SECONDS):
+        async with channel_and_peer() as (host, _peer), anyio.create_task_group() as group:
+            results: list[object] = []
+
+            async def receive() -> None:
+                results.append(await host.receive())
+
+            group.start_soon(receive)
+            await anyio.wait_all_tasks_blocked()
+            host.close()
+    assert results == [None]
+
+
+async def test_finish_ends_the_stream_for_the_sandbox_but_the_host_can_still_read() -> None:
+    with anyio.fail_after(DEADLINE_SECONDS):
+        async with channel_and_peer() as (host, peer):
+            host.finish()
+            assert peer.recv(10) == b""
+            peer.sendall(frames.encode(Kind.DONE, {"run": 1}))
+            assert await host.receive() == (Kind.DONE, {"run": 1})

@@ -114,7 +114,7 @@ def test_encode_and_decode_are_inverse(kind: Kind) -> None:
 
 
 def test_the_wire_format_is_magic_version_kind_and_big_endian_length() -> None:
-    assert frames.encode(Kind.DONE, {"exitCode": 0}) == b'MSBX\x01\x03\x00\x00\x00\x0e{"exitCode":0}'
+    assert frames.encode(Kind.DONE, {"exitCode": 0}) == b'MSBX\x02\x03\x00\x00\x00\x0e{"exitCode":0}'
 
 
 def test_an_empty_object_body_survives_a_round_trip() -> None:
@@ -199,3 +199,53 @@ def test_a_body_json_cannot_parse_safely_raises_frame_error(payload: bytes) -> N
 def test_an_oversized_length_is_rejected_from_the_header_alone() -> None:
     with pytest.raises(frames.FrameError):
         frames.parse_header(header(length=1 << 30), max_size=1 << 20)
+
+
+# --- FrameParser: frames out of pieces of any size ------------------------------------------------
+
+
+def test_the_parser_returns_frames_fed_one_byte_at_a_time() -> None:
+    data = frames.encode(Kind.READY, {"n": 1}) + frames.encode(Kind.EXEC, BODY)
+    parser = frames.FrameParser()
+    received = []
+    for index in range(len(data)):
+        parser.feed(data[index : index + 1])
+        while (frame := parser.next()) is not None:
+            received.append(frame)
+
+    assert received == [(Kind.READY, {"n": 1}), (Kind.EXEC, BODY)]
+    assert parser.buffered == 0
+
+
+def test_the_parser_says_how_many_bytes_the_current_frame_still_needs() -> None:
+    data = frames.encode(Kind.EXEC, {"code": "x" * 100})
+    parser = frames.FrameParser()
+    assert parser.wanted() == frames.HEADER.size
+
+    parser.feed(data[:20])
+    assert parser.next() is None
+    assert parser.wanted() == len(data) - 20
+
+    parser.feed(data[20:])
+    assert parser.next() == (Kind.EXEC, {"code": "x" * 100})
+
+
+def test_the_parser_rejects_an_oversized_frame_from_its_header() -> None:
+    parser = frames.FrameParser(max_size=100)
+    parser.feed(header(length=101))
+
+    with pytest.raises(frames.FrameError):
+        parser.next()
+
+
+def test_a_stream_that_ends_inside_a_frame_is_a_frame_error_and_one_that_ends_between_frames_is_not() -> None:
+    whole = frames.FrameParser()
+    whole.feed(frames.encode(Kind.DONE, {}))
+    assert whole.next() == (Kind.DONE, {})
+    whole.check_end()
+
+    cut = frames.FrameParser()
+    cut.feed(frames.encode(Kind.DONE, {"exitCode": 0})[:-1])
+    assert cut.next() is None
+    with pytest.raises(frames.FrameError):
+        cut.check_end()

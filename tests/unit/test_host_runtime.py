@@ -6,8 +6,10 @@ CALL frames the runtime sends and answers with REPLY (or ERROR) frames, in whate
 
 from __future__ import annotations
 
+import array
 import base64
 import contextlib
+import os
 import select
 import socket
 import threading
@@ -82,6 +84,7 @@ class Link:
         for thread in [*self.threads, *([reader] if reader is not None else [])]:
             thread.join(BOUND)
             assert not thread.is_alive(), f"{thread.name} did not end"
+        self.connection.close()
         self.sandbox.close()
         self.host_end.close()
         if self.failures:
@@ -438,3 +441,66 @@ def test_a_frame_other_than_reply_does_not_consume_a_pending_request(connected: 
     connected.send(Kind.DONE, {"id": body["id"]})
     connected.send(Kind.REPLY, {"id": body["id"], "ok": True, "result": 7})
     assert pending.result(BOUND) == {"id": body["id"], "ok": True, "result": 7}
+
+
+# --- frames for the runner: EXEC and its descriptors --------------------------------------------
+
+
+def _send_with_fds(link: Link, data: bytes, fds: list[int]) -> None:
+    sent = link.host_end.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent < len(data):
+        link.host_end.sendall(data[sent:])
+
+
+def test_an_exec_frame_comes_to_the_runner_with_the_descriptors_sent_with_it(link: Link) -> None:
+    read_end, write_end = os.pipe()
+    try:
+        link.connection.start()  # reading while the big frame is written, as in the runner
+        link.send(Kind.REPLY, {"id": 5, "ok": True})  # nobody waits for it: dropped
+        _send_with_fds(link, frames.encode(Kind.EXEC, {"code": "x" * 300_000}), [write_end, write_end])
+        command = bounded(link.connection.next_command)
+        assert command is not None
+        kind, body, fds = command
+        assert (kind, body, len(fds)) == (Kind.EXEC, {"code": "x" * 300_000}, 2)
+        os.write(fds[1], b"via the runner's copy")
+        assert os.read(read_end, 100) == b"via the runner's copy"
+        host.close_fds(fds)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_frames_other_than_replies_are_handed_to_the_runner_in_order(link: Link) -> None:
+    link.send(Kind.READY, {"n": 1})
+    link.send(Kind.EXEC, {"n": 2})
+
+    assert [bounded(link.connection.next_command) for _ in range(2)] == [
+        (Kind.READY, {"n": 1}, []),
+        (Kind.EXEC, {"n": 2}, []),
+    ]
+
+
+def test_the_end_of_the_channel_is_the_end_of_the_runners_commands_for_good(link: Link) -> None:
+    link.host_end.shutdown(socket.SHUT_WR)
+
+    assert bounded(link.connection.next_command) is None
+    assert bounded(link.connection.next_command) is None
+    assert link.connection.failed is False
+
+
+def test_garbage_from_the_host_is_answered_with_an_error_frame_and_ends_the_commands(link: Link) -> None:
+    link.host_end.sendall(b"this is not a frame at all")
+
+    assert bounded(link.connection.next_command) is None
+    assert link.connection.failed is True
+    assert link.receive()[0] is Kind.ERROR
+
+
+def test_a_reply_to_a_request_its_caller_gave_up_on_does_not_stop_the_reader(link: Link) -> None:
+    abandoned = link.connection.request("slow", {})
+    abandoned.cancel()
+    _, body = link.receive()
+    link.send(Kind.REPLY, {"id": body["id"], "ok": True, "result": "late"})
+    link.serve(lambda body: {"ok": True, "result": "fresh"})
+
+    assert link.connection.request("next", {}).result(BOUND)["result"] == "fresh"

@@ -1,6 +1,13 @@
-"""Executions: requests in, results out, on a sandbox backend."""
+"""Executions: requests in, results out, on a sandbox backend; fresh or in a session."""
 
 from mcp_sandbox.engine.executor import Engine
-from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, Status, ToolAccess
+from mcp_sandbox.engine.result import (
+    ExecutionRequest,
+    ExecutionResult,
+    Image,
+    SessionState,
+    Status,
+    ToolAccess,
+)
 
-__all__ = ["Engine", "ExecutionRequest", "ExecutionResult", "Status", "ToolAccess"]
+__all__ = ["Engine", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]

@@ -1,10 +1,19 @@
-"""The host's end of the frame channel (asyncio), over the shared frame codec."""
+"""The host's end of the frame channel (anyio, on the non-blocking socket), over the shared frame codec.
+
+The socket is used directly rather than through asyncio streams: a frame may carry
+descriptors (``SCM_RIGHTS`` on its first bytes, sent with ``sendmsg``), which a stream
+transport cannot send. Descriptors the sandbox sends the other way are never accepted (a
+plain ``recv`` makes the kernel close them).
+"""
 
 from __future__ import annotations
 
-import asyncio
+import array
 import socket
+from collections.abc import Sequence
 from typing import Any
+
+import anyio
 
 from mcp_sandbox.errors import ChannelError, FrameError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
@@ -12,35 +21,54 @@ from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Kind
 
 __all__ = ["Channel", "Kind"]
 
+_MIN_READ = 64 << 10
+_MAX_READ = 1 << 20
+
 
 class Channel:
-    """Reads and writes frames on the host end of a sandbox's channel socket."""
+    """Reads and writes frames on the host end of a sandbox's channel socket.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, max_frame: int) -> None:
-        self._reader = reader
-        self._writer = writer
-        self._max_frame = max_frame
-        # Replies to concurrent tool calls are sent from several tasks: one frame at a time.
-        self._sending = asyncio.Lock()
+    One task at a time may receive; any number may send (one frame at a time).
+    """
+
+    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._parser = frames.FrameParser(max_frame)
+        self._sending = anyio.Lock()
+        self._ended = False
 
     @classmethod
     async def open(cls, sock: socket.socket, max_frame: int) -> Channel:
-        reader, writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
-        return cls(reader, writer, max_frame)
+        return cls(sock, max_frame)
 
-    async def send(self, kind: Kind, body: dict[str, Any]) -> None:
-        """Send one frame.
+    async def send(self, kind: Kind, body: dict[str, Any], fds: Sequence[int] = ()) -> None:
+        """Send one frame; ``fds`` (if any) travel with its first bytes.
+
+        The caller keeps its own copies of ``fds`` (close them once this returns).
 
         Raises:
             ChannelError: the sandbox end is gone.
         """
-        data = frames.encode(kind, body)
+        view = memoryview(frames.encode(kind, body))
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             async with self._sending:
-                self._writer.write(data)
-                await self._writer.drain()
-        except (ConnectionError, OSError) as exc:
-            raise ChannelError(f"the sandbox closed its channel: {exc}") from exc
+                while view:
+                    sent = await self._send_some(view, ancillary)
+                    ancillary = []  # the descriptors went with the first bytes
+                    view = view[sent:]
+        except (OSError, anyio.ClosedResourceError) as exc:
+            raise ChannelError(f"the sandbox closed its channel: {exc!r}") from exc
+
+    async def _send_some(self, view: memoryview, ancillary: list[tuple[int, int, array.array[int]]]) -> int:
+        while True:
+            try:
+                if ancillary:
+                    return self._sock.sendmsg([view], ancillary)
+                return self._sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
 
     async def receive(self) -> tuple[Kind, dict[str, Any]] | None:
         """Receive one frame; ``None`` when the sandbox closed the channel cleanly.
@@ -49,21 +77,42 @@ class Channel:
             FrameError: the sandbox sent something that is not a valid frame.
         """
         try:
-            header = await self._reader.readexactly(frames.HEADER.size)
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial:
-                return None
-            raise FrameError("channel closed in the middle of a frame header") from exc
-        except (ConnectionError, OSError):
-            return None
-        try:
-            kind, length = frames.parse_header(header, self._max_frame)
-            payload = await self._reader.readexactly(length)
-            return kind, frames.decode_body(payload)
+            while (frame := self._parser.next()) is None:
+                if self._ended or not await self._fill():
+                    self._ended = True
+                    self._parser.check_end()
+                    return None
+            return frame
         except frames.FrameError as exc:
             raise FrameError(str(exc)) from exc
-        except asyncio.IncompleteReadError as exc:
-            raise FrameError("channel closed in the middle of a frame") from exc
+
+    async def _fill(self) -> bool:
+        """Read what the socket has into the parser; False at the end of the stream."""
+        size = min(max(self._parser.wanted(), _MIN_READ), _MAX_READ)
+        while True:
+            try:
+                data = self._sock.recv(size)
+            except BlockingIOError:
+                try:
+                    await anyio.wait_readable(self._sock)
+                except anyio.ClosedResourceError:
+                    return False  # closed by the host while waiting (the sandbox was killed)
+                continue
+            except OSError:
+                return False  # reset by a sandbox that died, or closed: an end like any other
+            if not data:
+                return False
+            self._parser.feed(data)
+            return True
+
+    def finish(self) -> None:
+        """Tell the sandbox no more frames will come (it serves no further EXEC); reading goes on."""
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def close(self) -> None:
-        self._writer.close()
+        if self._sock.fileno() >= 0:
+            anyio.notify_closing(self._sock)
+            self._sock.close()

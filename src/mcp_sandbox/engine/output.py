@@ -1,10 +1,14 @@
-"""Capped capture of a sandbox's stdout/stderr."""
+"""Capped capture of a sandbox's stdout/stderr: its process's pipes and each run's own pipes."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
-__all__ = ["CappedOutput"]
+import anyio
+import anyio.lowlevel
+
+__all__ = ["CappedOutput", "pump_fd"]
 
 _CHUNK = 64 << 10
 
@@ -45,3 +49,22 @@ class CappedOutput:
         if self.truncated:
             text += f"\n[output truncated: {self.total} bytes written, first {self._kept} bytes shown]\n"
         return text
+
+
+async def pump_fd(fd: int, sink: CappedOutput) -> None:
+    """Read the pipe ``fd`` into ``sink`` until its end (every writer closed it).
+
+    ``fd`` is made non-blocking; the caller closes it, after this returned or was cancelled.
+    """
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            await anyio.wait_readable(fd)
+            continue
+        if not chunk:
+            return
+        sink.feed(chunk)
+        # A writer that never pauses keeps the pipe readable: yield, or the loop starves.
+        await anyio.lowlevel.checkpoint()

@@ -10,9 +10,11 @@ from typing import Any, Literal, Protocol
 
 from mcp_sandbox.sandbox.policy import Mount
 
-__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Status", "ToolAccess"]
+__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]
 
 Status = Literal["success", "error", "timeout", "validation_error"]
+# "new": the run started a fresh interpreter for its session; "kept": earlier runs' variables were there.
+SessionState = Literal["new", "kept"]
 
 EXIT_TIMEOUT = 124  # as GNU timeout(1)
 
@@ -36,14 +38,30 @@ class ToolAccess(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ExecutionRequest:
-    """One piece of code to run. Validated by the caller (see ``server/arguments.py``)."""
+    """One piece of code to run. Validated by the caller (see ``server/arguments.py``).
+
+    ``environment`` is this run's own (plus the sandbox's base environment); it travels to the
+    runner in the EXEC frame, never on a command line. ``session`` is an opaque key chosen by the
+    caller: runs with the same key share one interpreter (variables, imports) while it lives; None
+    runs in a fresh sandbox. ``reset`` starts the session's interpreter afresh.
+    """
 
     code: str
     timeout: float
     language: str = "python"
     environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    workspace: Path | None = None  # a persistent directory, or None for a fresh one per run
+    workspace: Path | None = None  # a persistent directory, or None for a fresh one per run (or session)
     tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
+    session: str | None = None
+    reset: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Image:
+    """An image the code showed (``plt.show()``) or saved (``savefig``): its mime type and bytes."""
+
+    mime: str
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +75,8 @@ class ExecutionResult:
     duration_ms: int = 0
     truncated: bool = False
     error: str | None = None  # the host's explanation: timeout, memory limit, crash, bad argument
+    session: SessionState | None = None  # None: the run had no session
+    images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -69,6 +89,8 @@ class ExecutionResult:
         }
         if self.error is not None:
             data["error"] = self.error
+        if self.session is not None:
+            data["session"] = self.session
         return data
 
     @classmethod

@@ -12,7 +12,8 @@ from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolic
 
 __all__ = ["BASE_ENVIRONMENT", "limits_for", "python_policy"]
 
-# The whole environment inside, before per-call variables. Nothing of the host's.
+# The whole environment of the sandbox, on bwrap's command line. Nothing of the host's, and no
+# per-call value: those travel in the EXEC frame (a command line is visible to every host user).
 BASE_ENVIRONMENT: Mapping[str, str] = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": SANDBOX_HOME,
@@ -28,15 +29,20 @@ BASE_ENVIRONMENT: Mapping[str, str] = {
 }
 
 
-def limits_for(settings: Settings, timeout: float) -> Limits:
-    """The per-sandbox limits for one run of at most ``timeout`` seconds."""
+def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> Limits:
+    """The per-sandbox limits for one run of at most ``timeout`` seconds, or for a session's sandbox.
+
+    RLIMIT_CPU counts the process's whole life, so a session's interpreter gets
+    ``session_cpu_seconds`` in all; each of its runs stays bounded by its wall-clock timeout.
+    """
+    # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
+    # timeout is the real bound, this one catches a spin that outlives a lost host.
+    per_run = int(timeout * max(1.0, settings.cpus)) + 1
     return Limits(
         memory=settings.memory,
         pids=settings.pids,
         cpus=settings.cpus,
-        # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
-        # timeout is the real bound, this one catches a spin that outlives a lost host.
-        cpu_seconds=int(timeout * max(1.0, settings.cpus)) + 1,
+        cpu_seconds=settings.session_cpu_seconds if session else per_run,
         tmp_size=settings.tmp_size,
         file_size=settings.max_file_size,
         open_files=settings.open_files,
@@ -48,10 +54,13 @@ def python_policy(
     *,
     workspace: Path,
     timeout: float,
-    environment: Mapping[str, str] | None = None,
     mounts: Sequence[Mount] = (),
+    session: bool = False,
 ) -> SandboxPolicy:
-    """The policy of a Python sandbox running the in-sandbox runner, plus ``mounts`` (e.g. the tool stubs)."""
+    """The policy of a Python sandbox running the in-sandbox runner, plus ``mounts`` (e.g. the tool stubs).
+
+    ``session``: the sandbox serves a session's runs (see :func:`limits_for`).
+    """
     system, links = system_mounts()
     runtime = settings.python_runtime.resolve()
     extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
@@ -61,7 +70,6 @@ def python_policy(
     extra.extend(mounts)
     env = dict(BASE_ENVIRONMENT)
     env["PATH"] = f"{runtime}/bin:{env['PATH']}"
-    env.update(environment or {})
     interpreter = str(runtime / "bin" / "python3")
     return SandboxPolicy(
         command=(interpreter, "-I", "-B", f"{RUNTIME_MOUNT}/python/boot.py"),
@@ -69,5 +77,5 @@ def python_policy(
         symlinks=links,
         workspace=workspace,
         environment=env,
-        limits=limits_for(settings, timeout),
+        limits=limits_for(settings, timeout, session=session),
     )

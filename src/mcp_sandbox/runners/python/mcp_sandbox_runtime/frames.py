@@ -12,6 +12,11 @@ Frames travel on a dedicated socket, never on the user's stdout/stderr, so nothi
 prints can forge one. There is no line limit: a body may be as large as the reader's
 ``max_size`` allows (the host sets it; frames of tens of MiB work). A reader rejects a wrong
 magic, another version, an unknown kind, an oversized or non-object body with FrameError.
+
+The socket is an ``AF_UNIX`` stream socketpair: an EXEC frame carries the write ends of the
+run's stdout and stderr pipes as ``SCM_RIGHTS`` on its first bytes (the host sends nothing else
+with descriptors). The runtime serves any number of EXEC frames, one at a time; ``run`` numbers
+them, and the DONE and DISPLAY frames of a run carry its number.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ __all__ = [
     "MAGIC",
     "PROTOCOL_VERSION",
     "FrameError",
+    "FrameParser",
     "Kind",
     "decode_body",
     "encode",
@@ -37,7 +43,8 @@ __all__ = [
 ]
 
 MAGIC = b"MSBX"
-PROTOCOL_VERSION = 1
+# 2: EXEC carries the run's stdout/stderr pipes, "run", "env" and image caps; DISPLAY frames.
+PROTOCOL_VERSION = 2
 HEADER = struct.Struct(">4sBBI")
 DEFAULT_MAX_FRAME = 256 << 20
 
@@ -46,11 +53,15 @@ class Kind(enum.IntEnum):
     """Frame kinds. Direction: H = host, S = sandbox."""
 
     READY = 1  # S->H  the runtime is up: {"runtime": "python", "version": "3.11.2"}
-    EXEC = 2  # H->S  run code: {"code": str, "servers": [alias, ...]}
-    DONE = 3  # S->H  the code finished: {"exitCode": int, "exception": str | null}
+    # H->S  run code: {"run": int, "code": str, "servers": [alias, ...], "env": {name: value},
+    #       "maxImages": int, "maxImageBytes": int, "last": bool}, with the run's stdout and stderr
+    #       pipes attached; after a "last" run the runtime exits
+    EXEC = 2
+    DONE = 3  # S->H  the code finished: {"run": int, "exitCode": int, "exception": str | null}
     CALL = 4  # S->H  a request from sandboxed code: {"id": int, "op": "call_tool" | "search_tools" | ..., ...}
     REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": true, "result": ...} or {"id", "ok": false, "error"}
     ERROR = 6  # both  a protocol error; the sender closes the channel after it
+    DISPLAY = 7  # S->H  an image the code showed or saved: {"run": int, "mime": str, "data": base64}
 
 
 class FrameError(Exception):
@@ -97,6 +108,57 @@ def decode_body(payload: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise FrameError("frame body is not a JSON object")
     return body
+
+
+class FrameParser:
+    """Frames out of a byte stream fed in pieces of any size (the non-blocking readers' half)."""
+
+    def __init__(self, max_size: int = DEFAULT_MAX_FRAME) -> None:
+        self._buffer = bytearray()
+        self._max_size = max_size
+        self._header: tuple[Kind, int] | None = None
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer)
+
+    def wanted(self) -> int:
+        """How many more bytes the frame being read needs (at least 1)."""
+        if self._header is None:
+            return max(1, HEADER.size - len(self._buffer))
+        return max(1, HEADER.size + self._header[1] - len(self._buffer))
+
+    def next(self) -> tuple[Kind, dict[str, Any]] | None:
+        """The next whole frame, or ``None`` until more bytes are fed.
+
+        Raises:
+            FrameError: the bytes are not a valid frame (the stream cannot be resynchronised).
+        """
+        if self._header is None:
+            if len(self._buffer) < HEADER.size:
+                return None
+            self._header = parse_header(bytes(self._buffer[: HEADER.size]), self._max_size)
+        kind, length = self._header
+        end = HEADER.size + length
+        if len(self._buffer) < end:
+            return None
+        payload = bytes(self._buffer[HEADER.size : end])
+        del self._buffer[:end]
+        self._header = None
+        return kind, decode_body(payload)
+
+    def check_end(self) -> None:
+        """Call at the end of the stream.
+
+        Raises:
+            FrameError: the stream ended inside a frame.
+        """
+        if self._buffer:
+            raise FrameError("channel closed in the middle of a frame")
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:

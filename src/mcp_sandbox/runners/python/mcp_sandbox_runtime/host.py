@@ -1,45 +1,104 @@
-"""The sandbox's end of the channel after EXEC: requests to the host and their replies.
+"""The sandbox's end of the channel: the one reader of the socket, and requests to the host.
 
-Requests (tool calls, tool search, ...) go out as CALL frames with a fresh id; a reader thread,
-started with the first request, matches REPLY frames to them by id, so any number of calls can
-be in flight at once, from threads or from asyncio tasks. Writes are serialised by a lock, which
-the runner also takes to send DONE.
+One reader thread, for the process's lifetime, reads every frame with ``recvmsg`` (a plain
+``read`` would drop the descriptors an EXEC frame carries): REPLY frames go to the requests
+waiting for them, matched by id, so any number of calls can be in flight at once, from threads
+or from asyncio tasks; every other frame (EXEC with its descriptors) is queued for the runner's
+main thread. Requests (tool calls, tool search, ...) go out as CALL frames with a fresh id.
+Writes are serialised by a lock, which the runner also takes to send READY, DONE and DISPLAY.
 """
 
 from __future__ import annotations
 
+import _socket
 import itertools
+import os
+import struct
 import threading
-from concurrent.futures import Future
-from typing import Any
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
 
-from .frames import FrameError, Kind, read_frame, write_frame
+from .frames import DEFAULT_MAX_FRAME, FrameError, FrameParser, Kind, encode
 
-__all__ = ["HostConnection", "HostUnavailable", "connect", "connection"]
+if TYPE_CHECKING:
+    # Imported on the first request: concurrent.futures pulls in logging (~3 ms of every start).
+    from concurrent.futures import Future
+
+__all__ = ["Command", "HostConnection", "HostUnavailable", "connect", "connection"]
+
+# (kind, body, descriptors that came with it); the receiver owns (closes) the descriptors.
+Command = tuple[Kind, dict[str, Any], list[int]]
+
+_CHUNK = 1 << 16
+_MAX_CHUNK = 1 << 20
+_MAX_FDS = 8  # the host sends two; room for more so that extras are seen (and closed), not cut
 
 
 class HostUnavailable(Exception):
     """The channel to the host is closed or broken; no request can be answered."""
 
 
-class HostConnection:
-    """Requests to the host over the channel fd (thread-safe)."""
+def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            count = len(data) // 4
+            fds.extend(struct.unpack(f"{count}i", data[: count * 4]))
+    return fds
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class HostConnection:
+    """The channel to the host over socket ``fd`` (thread-safe). Owns a duplicate of ``fd``."""
+
+    def __init__(self, fd: int, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self._sock = _socket.socket(fileno=os.dup(fd))
+        self._parser = FrameParser(max_frame)
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # guards writes, _pending and _reader
+        self._lock = threading.Lock()  # guards writes, _pending, _broken and _reader
         self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._commands: SimpleQueue[Command | None] = SimpleQueue()
         self._reader: threading.Thread | None = None
         self._broken: str | None = None
+        self.failed = False  # the channel broke (rather than ended cleanly)
+        self._fds: list[int] = []  # received, not yet claimed by an EXEC frame
+
+    @property
+    def broken(self) -> str | None:
+        """Why the channel is no longer usable, or None while it is."""
+        return self._broken
+
+    def start(self) -> None:
+        """Start the reader thread (idempotent; the first request also starts it)."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, name="mcp-sandbox-host", daemon=True)
+            self._reader.start()
 
     def send(self, kind: Kind, body: dict[str, Any]) -> None:
-        """Write one frame (used by the runner for DONE)."""
+        """Write one frame.
+
+        Raises:
+            OSError: the channel is closed.
+        """
+        data = encode(kind, body)
         with self._lock:
-            write_frame(self._fd, kind, body)
+            self._sock.sendall(data)
 
     def request(self, op: str, body: dict[str, Any]) -> Future[dict[str, Any]]:
         """Send request ``op`` and return a future for the host's reply body."""
+        from concurrent.futures import Future
+
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             if self._broken is not None:
@@ -47,38 +106,97 @@ class HostConnection:
                 return future
             call_id = next(self._ids)
             self._pending[call_id] = future
-            if self._reader is None:
-                self._reader = threading.Thread(target=self._read, name="mcp-sandbox-host", daemon=True)
-                self._reader.start()
+            self._start_locked()
             try:
-                write_frame(self._fd, Kind.CALL, {**body, "op": op, "id": call_id})
+                self._sock.sendall(encode(Kind.CALL, {**body, "op": op, "id": call_id}))
             except OSError as error:
                 del self._pending[call_id]
                 future.set_exception(HostUnavailable(f"the channel to the host is closed: {error}"))
         return future
 
+    def next_command(self) -> Command | None:
+        """Block until the host sends a frame other than a REPLY; ``None`` when the channel ended."""
+        self.start()
+        command = self._commands.get()
+        if command is None:
+            self._commands.put(None)  # every later call sees the end too
+        return command
+
+    def close(self) -> None:
+        """Close this side's socket (the reader thread ends with it)."""
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join()
+        self._sock.close()
+        close_fds(self._fds)
+        self._fds = []
+
+    def _receive(self) -> bool:
+        """Read what the socket has into the parser; False at the end of the stream."""
+        size = min(max(self._parser.wanted(), _CHUNK), _MAX_CHUNK)
+        data, ancillary, flags, _ = self._sock.recvmsg(size, _socket.CMSG_SPACE(_MAX_FDS * 4), _socket.MSG_CMSG_CLOEXEC)
+        self._fds.extend(_fds_of(ancillary))
+        if flags & _socket.MSG_CTRUNC:
+            raise FrameError("the host sent more descriptors than a frame may carry")
+        if not data:
+            self._parser.check_end()
+            return False
+        self._parser.feed(data)
+        return True
+
     def _read(self) -> None:
         reason = "the host closed the channel"
+        failed = False
         try:
-            while (frame := read_frame(self._fd)) is not None:
-                kind, body = frame
-                if kind is Kind.ERROR:
-                    reason = f"the host reported a protocol error: {body.get('message')}"
-                    break
-                call_id = body.get("id")
-                if kind is not Kind.REPLY or not isinstance(call_id, int):
-                    continue  # nothing else is addressed to a request
-                with self._lock:
-                    future = self._pending.pop(call_id, None)
-                if future is not None:
-                    future.set_result(body)
-        except (FrameError, OSError) as error:
+            while self._receive():
+                while (frame := self._parser.next()) is not None:
+                    if not self._dispatch(*frame):
+                        reason = f"the host reported a protocol error: {frame[1].get('message')}"
+                        failed = True
+                        return
+        except FrameError as error:
             reason = f"the channel to the host broke: {error}"
+            failed = True
+            try:
+                self.send(Kind.ERROR, {"message": str(error)})
+            except OSError:
+                pass
+        except OSError as error:
+            reason = f"the channel to the host broke: {error}"
+            failed = True
+        finally:
+            self._end(reason, failed)
+
+    def _dispatch(self, kind: Kind, body: dict[str, Any]) -> bool:
+        """Route one frame; False when it ends the conversation (an ERROR from the host)."""
+        if kind is Kind.ERROR:
+            return False
+        if kind is Kind.REPLY:
+            call_id = body.get("id")
+            with self._lock:
+                future = self._pending.pop(call_id, None) if isinstance(call_id, int) else None
+            # False when the caller gave up on it (a cancelled asyncio task); it cannot give up after.
+            if future is not None and future.set_running_or_notify_cancel():
+                future.set_result(body)
+            return True  # a reply nobody waits for any more is dropped
+        fds: list[int] = []
+        if kind is Kind.EXEC:
+            fds, self._fds = self._fds, []
+        self._commands.put((kind, body, fds))
+        return True
+
+    def _end(self, reason: str, failed: bool) -> None:
         with self._lock:
             self._broken = reason
+            self.failed = failed
             pending, self._pending = self._pending, {}
         for future in pending.values():
-            future.set_exception(HostUnavailable(reason))
+            if future.set_running_or_notify_cancel():
+                future.set_exception(HostUnavailable(reason))
+        self._commands.put(None)
 
 
 _connection: HostConnection | None = None

@@ -1,0 +1,293 @@
+"""A live interpreter: a sandbox running the in-sandbox runner, serving runs one at a time.
+
+A fresh run is an interpreter that serves one run (its EXEC frame says ``last``) and exits; a
+session keeps one interpreter for many runs. Either way each run gets its own stdout/stderr
+pipes, created here and passed to the runner with the EXEC frame, so the host sees the end of
+a run's output when the run is over (or, when code left a background process holding the
+pipes, stops reading a short while after DONE). The process's own stdout/stderr carry only
+the runtime's own failures (bootstrap errors, a crash trace written outside a run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.channel import Channel, Kind
+from mcp_sandbox.engine.output import CappedOutput, pump_fd
+from mcp_sandbox.engine.result import Image, ToolAccess
+from mcp_sandbox.errors import ChannelError, SandboxStartError
+from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
+from mcp_sandbox.sandbox.policy import SandboxPolicy
+
+__all__ = ["DRAIN_SECONDS", "Interpreter", "RunRecord", "open_interpreter"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_FRAME = 64 << 20
+# After DONE, how long the host still reads a run's pipes that have not ended (a background
+# process of the run holds them); then it stops, and that process's later output is lost.
+DRAIN_SECONDS = 0.25
+# How long a sandbox that is exiting anyway may take to end and flush its own output.
+_SETTLE_SECONDS = 5.0
+_OWN_OUTPUT_CAP = 64 << 10
+_CHUNK = 64 << 10
+_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+@dataclass
+class RunRecord:
+    """What one run produced; filled while it runs, so a run cut short still has its output so far."""
+
+    stdout: CappedOutput
+    stderr: CappedOutput
+    images: list[Image] = field(default_factory=list)
+    images_dropped: int = 0
+    done: bool = False  # the runner reported the run's end (DONE)
+    exit_code: int | None = None  # the exit code DONE reported
+    channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
+    protocol_error: str | None = None
+
+    @classmethod
+    def capped(cls, cap: int) -> RunRecord:
+        return cls(CappedOutput(cap), CappedOutput(cap))
+
+
+class Interpreter:
+    """One sandbox running the runner; see :func:`open_interpreter`."""
+
+    def __init__(self, sandbox: Sandbox, channel: Channel, settings: Settings) -> None:
+        self.sandbox = sandbox
+        self.channel = channel
+        self.settings = settings
+        self.own_stdout = CappedOutput(_OWN_OUTPUT_CAP)
+        self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
+        self.exited = anyio.Event()  # the sandbox's process tree ended
+        self.outcome: SandboxOutcome | None = None
+        self._ids = itertools.count(1)
+        self._own_ended = (anyio.Event(), anyio.Event())
+
+    async def _watch(self) -> None:
+        self.outcome = await self.sandbox.wait()
+        self.exited.set()
+
+    async def _pump_own(self, stream: asyncio.StreamReader, stderr: bool, ended: anyio.Event) -> None:
+        try:
+            while chunk := await stream.read(_CHUNK):
+                # Looked up per chunk: take_own_output() replaces the sinks between runs.
+                (self.own_stderr if stderr else self.own_stdout).feed(chunk)
+        finally:
+            ended.set()
+
+    async def _handshake(self) -> None:
+        """Wait for READY.
+
+        Raises:
+            SandboxStartError: the runner exited or said something else first.
+        """
+        try:
+            frame = await self.channel.receive()
+        except ChannelError:
+            frame = None
+        if frame is not None and frame[0] is Kind.READY:
+            return
+        with anyio.move_on_after(_SETTLE_SECONDS):
+            await self.exited.wait()
+            for ended in self._own_ended:
+                await ended.wait()
+        code = self.outcome.returncode if self.outcome is not None else "unknown"
+        output = (self.own_stderr.text() or self.own_stdout.text()).strip()[-2000:]
+        raise SandboxStartError(f"the sandbox did not start (exit {code}): {output}")
+
+    def take_own_output(self) -> tuple[str, str]:
+        """What the process itself wrote since the last call (normally nothing)."""
+        out, err = self.own_stdout.text(), self.own_stderr.text()
+        self.own_stdout = CappedOutput(_OWN_OUTPUT_CAP)
+        self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
+        return out, err
+
+    async def run(
+        self,
+        record: RunRecord,
+        *,
+        code: str,
+        servers: Sequence[str],
+        environment: Mapping[str, str],
+        tools: ToolAccess | None,
+        last: bool,
+    ) -> None:
+        """Run ``code`` once; ``record`` gets its output, images and end as they come.
+
+        With ``last`` the runner exits after the run, and this waits for the sandbox to end.
+        Bounded by the caller (its deadline); never raises for what the sandbox did.
+        """
+        run_id = next(self._ids)
+        body: dict[str, Any] = {
+            "run": run_id,
+            "code": code,
+            "servers": list(servers),
+            "env": dict(environment),
+            "maxImages": self.settings.max_images,
+            "maxImageBytes": self.settings.max_image_bytes,
+            "last": last,
+        }
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            async with anyio.create_task_group() as pumps:
+                ended = (anyio.Event(), anyio.Event())
+                pumps.start_soon(_pump_pipe, out_read, record.stdout, ended[0])
+                pumps.start_soon(_pump_pipe, err_read, record.stderr, ended[1])
+                try:
+                    await self.channel.send(Kind.EXEC, body, fds=(out_write, err_write))
+                except ChannelError:
+                    record.channel_ended = True
+                finally:
+                    # Ours closed: the pipes end when the runner (and what it started) closes its copies.
+                    os.close(out_write)
+                    os.close(err_write)
+                if not record.channel_ended:
+                    async with anyio.create_task_group() as calls:
+                        try:
+                            await self._serve(record, run_id, tools, calls)
+                        finally:
+                            calls.cancel_scope.cancel()
+                if last or (record.channel_ended and record.protocol_error is None):
+                    # The runner is exiting: wait for the whole sandbox, then its own output.
+                    await self.exited.wait()
+                    with anyio.move_on_after(_SETTLE_SECONDS):
+                        for own in self._own_ended:
+                            await own.wait()
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    for end in ended:
+                        await end.wait()
+                pumps.cancel_scope.cancel()
+        finally:
+            os.close(out_read)
+            os.close(err_read)
+
+    async def _serve(self, record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup) -> None:
+        """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel."""
+        try:
+            while (frame := await self.channel.receive()) is not None:
+                kind, body = frame
+                if kind is Kind.CALL:
+                    calls.start_soon(self._answer, tools, body)
+                elif kind is Kind.DONE:
+                    if body.get("run") != run_id:
+                        continue  # a previous run's, or forged by the code: not this run's end
+                    record.done = True
+                    code = body.get("exitCode")
+                    record.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+                    return
+                elif kind is Kind.DISPLAY:
+                    if body.get("run") == run_id:
+                        self._collect_image(record, body)
+                elif kind is Kind.ERROR:
+                    record.protocol_error = str(body.get("message", "unknown"))
+                    return
+                else:
+                    record.protocol_error = f"unexpected frame {kind.name} from the sandbox"
+                    with contextlib.suppress(ChannelError):
+                        await self.channel.send(Kind.ERROR, {"message": record.protocol_error})
+                    return
+            record.channel_ended = True
+        except ChannelError as exc:
+            # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
+            record.protocol_error = str(exc)
+
+    def _collect_image(self, record: RunRecord, body: dict[str, Any]) -> None:
+        """Keep one DISPLAY image if it is well-formed and within the caps (the runner checks them too)."""
+        mime, data = body.get("mime"), body.get("data")
+        try:
+            decoded = base64.b64decode(data, validate=True) if isinstance(data, str) else None
+        except (binascii.Error, ValueError):
+            decoded = None
+        if (
+            mime not in _IMAGE_TYPES
+            or decoded is None
+            or len(decoded) > self.settings.max_image_bytes
+            or len(record.images) >= self.settings.max_images
+        ):
+            record.images_dropped += 1
+            return
+        record.images.append(Image(str(mime), decoded))
+
+    async def _answer(self, tools: ToolAccess | None, body: dict[str, Any]) -> None:
+        """Answer one CALL frame with a REPLY carrying the same id."""
+        call_id = body.get("id")
+        if not isinstance(call_id, int) or isinstance(call_id, bool):
+            with contextlib.suppress(ChannelError):
+                await self.channel.send(Kind.ERROR, {"message": "a CALL frame needs an integer id"})
+            return
+        if tools is None:
+            reply: dict[str, Any] = {
+                "ok": False,
+                "error": {"kind": "denied", "message": "this run may not call any MCP server: pass `servers`"},
+            }
+        else:
+            try:
+                reply = await tools.handle(body)
+            except Exception as exc:  # a bug in one request must not end the run, let alone the server
+                logger.exception("answering a request from the sandbox failed")
+                reply = {"ok": False, "error": {"kind": "unavailable", "message": f"internal error: {exc}"}}
+        with contextlib.suppress(ChannelError):  # the sandbox is gone; the run's outcome says why
+            await self.channel.send(Kind.REPLY, {**reply, "id": call_id})
+
+    async def kill(self) -> SandboxOutcome:
+        """Kill the whole sandbox (bounded, shielded); its outcome. Safe to call more than once."""
+        with anyio.CancelScope(shield=True):
+            self.channel.close()  # wakes a task still reading it
+            outcome = await self.sandbox.aclose()
+        if self.outcome is None:
+            self.outcome = outcome
+        self.exited.set()
+        return outcome
+
+
+async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:
+    try:
+        await pump_fd(fd, sink)
+    finally:
+        ended.set()
+
+
+@contextlib.asynccontextmanager
+async def open_interpreter(backend: Backend, policy: SandboxPolicy, settings: Settings) -> AsyncIterator[Interpreter]:
+    """Start a sandbox with ``policy`` running the runner, wait for READY; kill it on the way out.
+
+    Raises:
+        SandboxStartError: the sandbox could not be started, or its runner did not come up.
+        BackendUnavailableError: the backend cannot run here.
+    """
+    sandbox = await backend.start(policy)
+    interpreter = Interpreter(sandbox, Channel(sandbox.channel, _MAX_FRAME), settings)
+    failure: Exception | None = None
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(interpreter._watch)
+            tasks.start_soon(interpreter._pump_own, sandbox.stdout, False, interpreter._own_ended[0])
+            tasks.start_soon(interpreter._pump_own, sandbox.stderr, True, interpreter._own_ended[1])
+            try:
+                await interpreter._handshake()
+                yield interpreter
+            except Exception as exc:  # raised below, not wrapped in the task group's ExceptionGroup
+                failure = exc
+            finally:
+                tasks.cancel_scope.cancel()
+    finally:
+        await interpreter.kill()
+    if failure is not None:
+        raise failure

@@ -1,0 +1,89 @@
+"""How many sessions live, for how long, and what a session's interpreter may spend in all."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import pytest
+
+from mcp_sandbox.engine import ExecutionResult
+from mcp_sandbox.errors import BusyError
+
+from .conftest import RunningEngine
+from .helpers import HOST_BOUND, execute, host_processes, poll, spawn_marked, wait_until_gone
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+
+async def test_an_idle_session_is_stopped_after_its_ttl_and_the_next_run_starts_fresh(
+    running_engine: RunningEngine,
+) -> None:
+    marker = f"session-ttl-{uuid.uuid4().hex}"
+    async with running_engine(session_ttl=0.3) as engine:
+        await execute(engine, spawn_marked(marker) + "\nkept = 1", session="s")
+        with anyio.fail_after(HOST_BOUND):
+            await poll(lambda: engine.live_sessions() == set())
+        assert await wait_until_gone(marker) == []
+        after = await execute(engine, "print('kept' in globals())", session="s")
+
+    assert (after.session, after.stdout) == ("new", "False\n")
+
+
+async def test_a_new_session_evicts_the_least_recently_used_idle_one(running_engine: RunningEngine) -> None:
+    async with running_engine(max_sessions=2) as engine:
+        for key in ("a", "b", "a"):  # "a" used last: "b" is the least recently used
+            await execute(engine, f"kept = {key!r}", session=key)
+        await execute(engine, "kept = 'c'", session="c")
+        live = engine.live_sessions()
+        evicted = await execute(engine, "print(globals().get('kept'))", session="b")
+
+    assert live == {"a", "c"}
+    assert (evicted.session, evicted.stdout) == ("new", "None\n")
+
+
+async def test_a_new_session_is_refused_with_busy_error_when_every_session_is_busy(
+    running_engine: RunningEngine,
+) -> None:
+    marker = f"session-busy-{uuid.uuid4().hex}"
+    results: list[ExecutionResult] = []
+    async with running_engine(max_sessions=1) as engine, anyio.create_task_group() as group:
+
+        async def occupy() -> None:
+            # Runs until the marked process is gone (the test kills the session to end it).
+            code = spawn_marked(marker) + "\nmarked.wait()"
+            results.append(await execute(engine, code, session="a", time_limit=30))
+
+        group.start_soon(occupy)
+        with anyio.fail_after(HOST_BOUND):
+            await poll(lambda: bool(host_processes(marker)))
+        with pytest.raises(BusyError):
+            await execute(engine, "print(1)", session="b")
+        fresh = await execute(engine, "print('fresh runs are not sessions')")
+        await engine.end_session("a")
+
+    assert fresh.stdout == "fresh runs are not sessions\n"
+    assert results[0].status == "error"
+
+
+async def test_a_session_that_used_up_its_cpu_seconds_is_reported_and_restarted(running_engine: RunningEngine) -> None:
+    async with running_engine(session_cpu_seconds=2) as engine:
+        await execute(engine, "kept = 1", session="s")
+        spun = await execute(engine, "while True:\n    pass", session="s", time_limit=30)
+        after = await execute(engine, "print('kept' in globals())", session="s")
+
+    assert (spun.status, spun.session) == ("error", "kept")
+    assert spun.error is not None and "SIGXCPU" in spun.error and "state is lost" in spun.error
+    assert (after.session, after.stdout) == ("new", "False\n")
+
+
+async def test_a_runs_cpu_limit_is_the_per_run_one_without_a_session(running_engine: RunningEngine) -> None:
+    async with running_engine(session_cpu_seconds=1) as engine:
+        # Two seconds of CPU: over the session's budget, well within a fresh run's.
+        fresh = await execute(
+            engine,
+            "import time\nend = time.process_time() + 2\nwhile time.process_time() < end:\n    pass",
+            time_limit=30,
+        )
+
+    assert fresh.status == "success", fresh.error
