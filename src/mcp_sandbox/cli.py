@@ -30,6 +30,9 @@ _SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--pids", {"type": int, "help": "process limit per sandbox"}),
     ("--cpus", {"type": float, "help": "CPU quota per sandbox"}),
     ("--log-level", {"help": "DEBUG, INFO, WARNING (default), ERROR"}),
+    ("--host", {"help": "HTTP: address to listen on (default 127.0.0.1)"}),
+    ("--port", {"type": int, "help": "HTTP: port to listen on (default 8765)"}),
+    ("--public-url", {"help": "HTTP: the base URL clients reach this server at (for download links)"}),
 )
 
 
@@ -54,7 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", parents=[common], help="serve MCP (stdio by default)")
-    serve.add_argument("--transport", choices=("stdio",), default="stdio")
+    serve.add_argument(
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="stdio (default), or http: Streamable HTTP at /mcp, legacy SSE at /sse, file routes",
+    )
 
     run = commands.add_parser("run", parents=[common], help="run code once and print the result")
     source = run.add_mutually_exclusive_group(required=True)
@@ -87,18 +95,10 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(flags=flags, config_file=getattr(args, "config", None))
 
 
-def _cmd_serve(settings: Settings) -> int:
-    from mcp_sandbox.bridge.mediator import open_bridge
-    from mcp_sandbox.engine.startup import open_engine
-    from mcp_sandbox.server import build_server, serve_stdio
+def _cmd_serve(settings: Settings, transport: str) -> int:
+    from mcp_sandbox.server import serve
 
-    engine = open_engine(settings)
-
-    async def serve() -> None:
-        async with open_bridge(settings) as bridge:
-            await serve_stdio(build_server(settings, engine, bridge))
-
-    anyio.run(serve)
+    anyio.run(serve, settings, transport)
     return 0
 
 
@@ -122,7 +122,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     engine = open_engine(settings)
 
     async def run() -> ExecutionResult:
-        async with open_bridge(settings) as bridge:
+        async with open_bridge(settings) as bridge, engine.running():
             tools = await bridge.open_run(bridge.aliases(args.servers))
             return await engine.execute(ExecutionRequest(code=code, timeout=settings.timeout, tools=tools))
 
@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
         )
         if args.command == "serve":
-            return _cmd_serve(settings)
+            return _cmd_serve(settings, args.transport)
         if args.command == "run":
             return _cmd_run(settings, args)
         if args.command == "servers":

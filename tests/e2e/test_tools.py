@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import textwrap
 import uuid
@@ -17,8 +19,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS
 
 from mcp_sandbox import load_settings
-from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
 from mcp_test_helpers import CALL_BOUND, host_processes, poll, run_python, stdio_client, structured, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -27,16 +29,30 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
 
 
-def _memory_client(state_dir: Path, runtime: Path | None) -> Client:
-    flags: dict[str, Any] = {"state_dir": str(state_dir)}
+@contextlib.asynccontextmanager
+async def _memory_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[Client]:
+    flags: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
     if runtime is not None:
         flags["python_runtime"] = str(runtime)
     settings = load_settings(env={}, flags=flags)
-    return Client(build_server(settings, open_engine(settings)), read_timeout_seconds=CALL_BOUND)
+    async with (
+        open_service(settings, http=False) as service,
+        Client(build_server(service), read_timeout_seconds=CALL_BOUND) as client,
+    ):
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def _stdio_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[Client]:
+    async with stdio_client(state_dir, runtime) as client:
+        yield client
 
 
 # Every test runs once per transport (STYLE point 11): in memory, and a real `serve` over stdio.
-TRANSPORTS: dict[str, Callable[[Path, Path | None], Client]] = {"memory": _memory_client, "stdio": stdio_client}
+TRANSPORTS: dict[str, Callable[[Path, Path | None], contextlib.AbstractAsyncContextManager[Client]]] = {
+    "memory": _memory_client,
+    "stdio": _stdio_client,
+}
 
 
 @pytest.fixture(scope="module", params=sorted(TRANSPORTS))
@@ -213,6 +229,11 @@ VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
     ({"code": "print(1)", "language": "python"}, "language"),
     ({"code": "print(1)", "outputMode": "xml"}, "outputMode"),
     ({"code": "print(1)", "outputMode": 1}, "outputMode"),
+    ({"code": "print(1)", "conversationId": ""}, "conversationId"),
+    ({"code": "print(1)", "conversationId": "a\x00b"}, "conversationId"),
+    ({"code": "print(1)", "conversationId": 7}, "conversationId"),
+    ({"code": "print(1)", "reset": True}, "reset"),
+    ({"code": "print(1)", "conversationId": "c", "reset": "yes"}, "reset"),
 ]
 
 
@@ -240,6 +261,11 @@ VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
         "unknown-argument",
         "unknown-output-mode",
         "output-mode-not-a-string",
+        "conversation-empty",
+        "conversation-with-nul",
+        "conversation-an-int",
+        "reset-without-conversation",
+        "reset-not-a-bool",
     ],
 )
 async def test_a_bad_argument_is_a_validation_error_naming_it(
@@ -326,3 +352,96 @@ async def test_output_that_is_not_utf8_is_decoded_with_replacement_characters(cl
     assert data["status"] == "success"
     assert "\ufffd" in data["stdout"]
     assert data["stdout"].endswith(" ok\n")
+
+
+# --- run_code, upload_file, list_runners, conversations ----------------------------------------
+
+RUN_CODE_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"code": "print(1)"}, "language"),
+    ({"code": "print(1)", "language": "cobol"}, "language"),
+    ({"code": "print(1)", "language": "python", "network": True}, "network"),
+    ({"code": "print(1)", "language": "python", "network": "no"}, "network"),
+    ({"code": "print(1)", "language": "python", "environment": ["A=1"]}, "environment"),
+    ({"code": "print(1)", "language": "python", "environment": {"1BAD": "x"}}, "environment"),
+    ({"code": "print(1)", "language": "python", "environment": {"A=B": "x"}}, "environment"),
+    ({"code": "print(1)", "language": "python", "environment": {"A": 1}}, "environment"),
+    ({"code": "print(1)", "language": "python", "environment": {"A": "x\x00y"}}, "environment"),
+]
+
+
+@pytest.mark.parametrize(("arguments", "argument"), RUN_CODE_CASES)
+async def test_run_code_refuses_bad_arguments_and_network_naming_the_argument(
+    client: Client, arguments: dict[str, Any], argument: str
+) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        result = await client.call_tool("run_code", arguments)
+    data = structured(result)
+    assert result.is_error is True
+    assert data["status"] == "validation_error"
+    assert data["error"].startswith(f"{argument}:")
+
+
+async def test_run_code_passes_the_environment_to_this_run_only(client: Client) -> None:
+    code = "import os; print(os.environ.get('GREETING'), os.environ['PATH'] != '')"
+    with anyio.fail_after(CALL_BOUND):
+        first = await client.call_tool(
+            "run_code", {"code": code, "language": "python", "environment": {"GREETING": "héllo wörld"}}
+        )
+        second = await client.call_tool("run_code", {"code": code, "language": "python"})
+    assert structured(first)["stdout"] == "héllo wörld True\n"
+    assert structured(second)["stdout"] == "None True\n"
+
+
+async def test_a_conversation_keeps_files_and_variables_and_lists_files_without_urls_off_http(client: Client) -> None:
+    conversation = f"c-{uuid.uuid4().hex}"
+    first = structured(
+        await run_python(
+            client, {"code": "x = 20\nopen('/workspace/out.txt', 'w').write('kept')", "conversationId": conversation}
+        )
+    )
+    second = structured(
+        await run_python(client, {"code": "print(x * 2, open('/data/out.txt').read())", "conversationId": conversation})
+    )
+    assert first["session"] == "new"
+    assert (second["session"], second["stdout"]) == ("kept", "40 kept\n")
+    assert second["files"] == [{"name": "out.txt", "size": 4, "url": None}]
+
+
+async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input(client: Client) -> None:
+    conversation = f"c-{uuid.uuid4().hex}"
+    payload = bytes(range(256))
+    with anyio.fail_after(CALL_BOUND):
+        stored = await client.call_tool(
+            "upload_file",
+            {"conversationId": conversation, "filename": "in/bytes.bin", "content": base64.b64encode(payload).decode()},
+        )
+        bad = [
+            await client.call_tool("upload_file", arguments)
+            for arguments in (
+                {"conversationId": conversation, "filename": "../escape", "content": ""},
+                {"conversationId": conversation, "filename": "/etc/x", "content": ""},
+                {"conversationId": conversation, "filename": "a.txt", "content": "not base64!"},
+                {"filename": "a.txt", "content": ""},
+            )
+        ]
+    assert not stored.is_error
+    assert structured(stored) == {"name": "in/bytes.bin", "size": 256, "url": None}
+    assert all(result.is_error for result in bad)
+    data = structured(
+        await run_python(
+            client,
+            {"code": "print(open('in/bytes.bin', 'rb').read() == bytes(range(256)))", "conversationId": conversation},
+        )
+    )
+    assert data["stdout"] == "True\n"
+
+
+async def test_list_runners_reports_python_with_its_version_and_packages(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        result = await client.call_tool("list_runners", {})
+    (python,) = structured(result)["runners"]
+    assert python["language"] == "python"
+    assert python["runtime"] == "CPython"
+    assert python["version"].startswith("3.")
+    names = {package["name"].lower() for package in python["packages"]}
+    assert {"numpy", "pandas", "matplotlib"} <= names

@@ -5,22 +5,22 @@ from __future__ import annotations
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
-from mcp_sandbox.bridge.mediator import Bridge
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine import Engine
+from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
-__all__ = ["build_server", "serve_stdio"]
+__all__ = ["build_server", "serve", "serve_stdio"]
 
 INSTRUCTIONS = (
-    "mcp-sandbox runs untrusted code in an OS-level sandbox. Use run_python to compute, parse, "
-    "or transform data; print what you need to read back."
+    "mcp-sandbox runs untrusted code in an OS-level sandbox. Use run_python (or run_code) to compute, "
+    "parse, or transform data; print what you need to read back. Pass a conversationId to keep files "
+    "in /workspace and variables between runs."
 )
 
 
-def build_server(settings: Settings, engine: Engine, bridge: Bridge | None = None) -> Server:
-    """Build the MCP server for ``engine``; with a ``bridge``, sandboxed code can call its servers."""
-    handlers = ToolHandlers(settings, engine, bridge)
+def build_server(service: Service) -> Server:
+    """Build the MCP server over ``service`` (engine, bridge, workspaces)."""
+    handlers = ToolHandlers(service)
     return Server(
         "mcp-sandbox",
         version=__version__,
@@ -36,3 +36,24 @@ async def serve_stdio(server: Server) -> None:
 
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve(settings: Settings, transport: str) -> None:
+    """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
+
+    Raises:
+        ConfigError: HTTP beyond loopback without a token, or another refused configuration.
+    """
+    if transport == "stdio":
+        async with open_service(settings, http=False) as service:
+            await serve_stdio(build_server(service))
+        return
+    from mcp_sandbox.server.auth import TokenTable, load_tokens
+    from mcp_sandbox.server.files import file_routes
+    from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
+
+    tokens = TokenTable(load_tokens(settings))
+    check_exposure(settings, tokens)
+    async with open_service(settings, http=True) as service:
+        routes = file_routes(service, auth_guard(settings, tokens))
+        await serve_http(settings, build_http_app(settings, build_server(service), tokens, routes))

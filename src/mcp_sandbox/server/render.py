@@ -12,10 +12,26 @@ from mcp_sandbox.engine.result import ExecutionResult
 
 __all__ = ["render"]
 
+_LISTED_FILES = 20  # in the text; structuredContent lists them all
 
-def _compact(result: ExecutionResult) -> str:
+
+def _files(data: dict[str, Any]) -> list[str]:
+    lines = [str(data["warning"])] if data.get("warning") else []
+    files = data.get("files") or []
+    if files:
+        lines.append(f"--- files in /workspace ({len(files)}) ---")
+        shown = files[:_LISTED_FILES]
+        lines += [f"{f['name']} ({f['size']} bytes)" + (f" {f['url']}" if f.get("url") else "") for f in shown]
+        if len(files) > len(shown):
+            lines.append(f"… and {len(files) - len(shown)} more (all in structuredContent.files)")
+    return lines
+
+
+def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
     if result.status == "success" and not result.stderr and not result.truncated:
-        return result.stdout if result.stdout else "(no output)"
+        body = result.stdout if result.stdout else "(no output)"
+        extra = _files(data)
+        return "\n".join([body.rstrip("\n"), *extra]) if extra else body
     parts = [f"status: {result.status}"]
     if result.exit_code is not None:
         parts.append(f"exit {result.exit_code}")
@@ -27,15 +43,16 @@ def _compact(result: ExecutionResult) -> str:
         lines += ["--- stdout ---", result.stdout.rstrip("\n")]
     if result.stderr:
         lines += ["--- stderr ---", result.stderr.rstrip("\n")]
+    lines += _files(data)
     return "\n".join(lines)
 
 
-def render(result: ExecutionResult, mode: OutputMode) -> str:
-    """Render ``result`` for the model in ``mode``."""
-    data: dict[str, Any] = result.structured()
+def render(result: ExecutionResult, mode: OutputMode, data: dict[str, Any] | None = None) -> str:
+    """Render ``result`` for the model in ``mode``; ``data`` is its structured form when the tool added to it."""
+    data = result.structured() if data is None else data
     if mode == "json":
         return json.dumps(data, ensure_ascii=False)
     if mode == "toon":
         text: str = toon_format.encode(data)
         return text
-    return _compact(result)
+    return _compact(result, data)

@@ -1,151 +1,61 @@
-"""The MCP tools: their schemas, and the one place where errors become tool results."""
+"""The MCP tools' handlers, and the one place where errors become tool results."""
 
 from __future__ import annotations
 
+import base64
 import logging
-from collections.abc import Sequence
+import time
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.bridge.mediator import Bridge
-from mcp_sandbox.bridge.search import DETAILS
-from mcp_sandbox.config import OutputMode, Settings
-from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_sandbox.errors import SandboxError, ValidationError
-from mcp_sandbox.server.arguments import output_mode, parse_run_python, parse_search_tools
+from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
+from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
+from mcp_sandbox.server.arguments import output_mode, parse_run, parse_search_tools, parse_upload_file
+from mcp_sandbox.server.auth import tenant_of
 from mcp_sandbox.server.render import render
+from mcp_sandbox.server.runner_info import describe_runners
+from mcp_sandbox.server.schemas import (
+    list_runners_tool,
+    run_code_tool,
+    run_python_tool,
+    search_tools_tool,
+    upload_file_tool,
+)
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.workspace import ExecutionRecord, FileEntry
 
-__all__ = ["OUTPUT_SCHEMA", "SEARCH_OUTPUT_SCHEMA", "ToolHandlers"]
+__all__ = ["LANGUAGES", "ToolHandlers"]
 
 logger = logging.getLogger(__name__)
 
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "status": {"type": "string", "enum": ["success", "error", "timeout", "validation_error"]},
-        "exitCode": {"type": ["integer", "null"]},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
-        "durationMs": {"type": "integer"},
-        "truncated": {"type": "boolean"},
-        "error": {"type": "string"},
-    },
-    "required": ["status", "exitCode", "stdout", "stderr", "durationMs", "truncated"],
-}
+LANGUAGES = ("python",)
 
 
-# The description names at most this many servers (and each in at most _MAX_NAME characters),
-# so that tools/list stays small however many servers are configured.
-_LISTED_SERVERS = 12
-_MAX_NAME = 32
-
-
-def _servers_line(names: Sequence[str]) -> str:
-    if not names:
-        return "No MCP servers are configured for code mode."
-    shown = [name if len(name) <= _MAX_NAME else name[: _MAX_NAME - 1] + "…" for name in names[:_LISTED_SERVERS]]
-    more = f" and {len(names) - _LISTED_SERVERS} more" if len(names) > _LISTED_SERVERS else ""
-    return (
-        f"Code mode: the code can call the tools of these MCP servers: {', '.join(shown)}{more}. "
-        "Pass the ones a run needs in `servers`, then `await mcp_<server>.<tool>(...)` (or `<tool>_sync(...)`); "
-        "a failing call raises mcp.runtime.MCPError. Typed stubs are in /tools/<server>/<tool>.py; "
-        "find tools with search_tools or, in code, mcp.runtime.search_tools(query)."
-    )
-
-
-def _run_python_tool(settings: Settings, servers: Sequence[str]) -> types.Tool:
-    return types.Tool(
-        name="run_python",
-        description=(
-            "Run Python 3 code in an isolated sandbox (no network, read-only root, writable "
-            "/workspace and /tmp, limited memory/CPU/time) and return stdout, stderr and the exit "
-            "status. Top-level await works. numpy, pandas, matplotlib and requests are installed. "
-            "Each call starts from a fresh interpreter: print what you need to see. " + _servers_line(servers)
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "Python source to run as __main__."},
-                "servers": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "description": "Downstream MCP servers this run may call.",
-                },
-                "timeout": {
-                    "type": "number",
-                    "description": f"Seconds (default {settings.timeout:g}, max {settings.max_timeout:g}).",
-                },
-                "outputMode": {"type": "string", "enum": ["compact", "json", "toon"]},
-            },
-            "required": ["code"],
-        },
-        output_schema=OUTPUT_SCHEMA,
-        annotations=types.ToolAnnotations(
-            title="Run Python in a sandbox", read_only_hint=False, destructive_hint=False, open_world_hint=False
-        ),
-    )
-
-
-SEARCH_OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"server": {"type": "string"}, "tool": {"type": "string"}, "doc": {"type": "string"}},
-                "required": ["server", "tool", "doc"],
-            },
-        },
-        "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
-    },
-    "required": ["results"],
-}
-
-
-def _search_tools_tool() -> types.Tool:
-    return types.Tool(
-        name="search_tools",
-        description=(
-            "Search the tools of the MCP servers that run_python code can call. Returns the best matches; "
-            "detail: name, summary (signature and first sentence, default) or full (the typed Python stub)."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What the tool should do, in a few words."},
-                "detail": {"type": "string", "enum": list(DETAILS)},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-            },
-            "required": ["query"],
-        },
-        output_schema=SEARCH_OUTPUT_SCHEMA,
-        annotations=types.ToolAnnotations(title="Search downstream tools", read_only_hint=True, open_world_hint=False),
-    )
-
-
-def _tool_result(result: ExecutionResult, mode: OutputMode) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=render(result, mode))],
-        structured_content=result.structured(),
-        is_error=result.status != "success",
-    )
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
 
 
 class ToolHandlers:
     """``tools/list`` and ``tools/call`` for the server."""
 
-    def __init__(self, settings: Settings, engine: Engine, bridge: Bridge | None = None) -> None:
-        self._settings = settings
-        self._engine = engine
-        self._bridge = bridge
-        names = [spec.name for spec in bridge.servers.values()] if bridge is not None else []
-        self._tools = [_run_python_tool(settings, names)]
-        if bridge is not None and bridge.servers:
-            self._tools.append(_search_tools_tool())
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        settings = service.settings
+        names = [spec.alias for spec in service.bridge.servers.values()]
+        self._tools = [
+            run_python_tool(settings, names),
+            run_code_tool(settings, LANGUAGES),
+            upload_file_tool(),
+            list_runners_tool(),
+        ]
+        if service.bridge.servers:
+            self._tools.append(search_tools_tool())
+        self._runners: list[dict[str, Any]] | None = None
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -155,40 +65,143 @@ class ToolHandlers:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        if params.name == "run_python":
-            return await self._run_python(params.arguments)
-        if params.name == "search_tools" and len(self._tools) > 1:
+        tenant = tenant_of(getattr(ctx, "request", None))
+        name = params.name
+        if name in ("run_python", "run_code"):
+            return await self._run(params.arguments, name, tenant)
+        if name == "upload_file":
+            return await self._upload(params.arguments, tenant)
+        if name == "list_runners":
+            return await self._list_runners()
+        if name == "search_tools" and any(tool.name == name for tool in self._tools):
             return await self._search_tools(params.arguments)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
-        raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r} (available: {available})")
+        raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
 
-    async def _run_python(self, raw: dict[str, Any] | None) -> types.CallToolResult:
-        mode = output_mode(raw, self._settings)
+    async def _run(self, raw: dict[str, Any] | None, tool: str, tenant: str) -> types.CallToolResult:
+        service = self._service
+        mode = output_mode(raw, service.settings)
+        started = time.time()
+        key: str | None = None
+        language = "python"
         try:
-            arguments = parse_run_python(raw, self._settings)
-            tools = None
-            if self._bridge is not None:
-                tools = await self._bridge.open_run(self._bridge.aliases(arguments.servers))
-            elif arguments.servers:
-                raise ValidationError("servers", f"unknown server {arguments.servers[0]!r} (none are configured)")
-            request = ExecutionRequest(code=arguments.code, timeout=arguments.timeout, tools=tools)
-            result = await self._engine.execute(request)
+            arguments = parse_run(raw, service.settings, tool=tool, languages=LANGUAGES)
+            language = arguments.language
+            access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
+            environment = dict(arguments.environment)
+            workspace = None
+            if arguments.conversation is not None:
+                key = service.workspaces.key(tenant, arguments.conversation)
+                workspace = await service.touch(key, tenant)
+                if (base := service.file_base_url(key)) is not None:
+                    environment["FILE_BASE_URL"] = base
+            request = ExecutionRequest(
+                code=arguments.code,
+                timeout=arguments.timeout,
+                language=arguments.language,
+                environment=environment,
+                workspace=workspace,
+                tools=access,
+                session=key,
+                reset=arguments.reset,
+            )
+            with service.using(key):
+                result = await service.engine.execute(request)
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))
+        except BusyError as exc:
+            result = ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
         except SandboxError as exc:
-            logger.error("run_python failed in the sandbox layer: %s", exc)
+            logger.error("%s failed in the sandbox layer: %s", tool, exc)
             result = ExecutionResult(status="error", exit_code=None, error=f"sandbox failure: {exc}")
-        return _tool_result(result, mode)
+        data = result.structured()
+        files_bytes = 0
+        if key is not None:
+            entries = await service.refresh_files(key)
+            files_bytes = sum(entry.size for entry in entries)
+            data["files"] = [self._file(key, entry) for entry in entries]
+            if (warning := self._over_quota(entries)) is not None:
+                data["warning"] = warning
+        await self._record(tenant, key, language, started, result, files_bytes)
+        content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
+        content += [
+            types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
+            for image in result.images
+        ]
+        return types.CallToolResult(content=content, structured_content=data, is_error=result.status != "success")
+
+    def _file(self, key: str, entry: FileEntry) -> dict[str, Any]:
+        return {"name": entry.name, "size": entry.size, "url": self._service.file_url(key, entry.name)}
+
+    def _over_quota(self, entries: list[FileEntry]) -> str | None:
+        settings = self._service.settings
+        used = sum(entry.size for entry in entries)
+        if used <= settings.quota_bytes and len(entries) <= settings.quota_files:
+            return None
+        return (
+            f"the conversation's workspace is over its quota ({used} of {settings.quota_bytes} bytes, "
+            f"{len(entries)} of {settings.quota_files} files): uploads are refused until files are deleted"
+        )
+
+    async def _record(
+        self, tenant: str, key: str | None, language: str, started: float, result: ExecutionResult, files_bytes: int
+    ) -> None:
+        record = ExecutionRecord(
+            tenant=tenant,
+            conversation=key,
+            language=language,
+            started_at=started,
+            duration_ms=result.duration_ms,
+            status=result.status,
+            exit_code=result.exit_code,
+            stdout_bytes=len(result.stdout.encode("utf-8", errors="surrogatepass")),
+            stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
+            files_bytes=files_bytes,
+        )
+        try:
+            await self._service.record(record)
+        except Exception:  # losing a metadata row must not lose the run's result
+            logger.exception("could not record an execution in the metadata database")
+
+    async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+        service = self._service
+        try:
+            arguments = parse_upload_file(raw)
+            key = service.workspaces.key(tenant, arguments.conversation)
+            await service.touch(key, tenant)
+            entry = await anyio.to_thread.run_sync(
+                service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
+            )
+            await service.refresh_files(key)
+        except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
+            return _error_result(str(exc))
+        data = self._file(key, entry)
+        text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
+        if data["url"] is not None:
+            text += f"; download: {data['url']}"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
+
+    async def _list_runners(self) -> types.CallToolResult:
+        if self._runners is None:
+            self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.settings)
+        lines = []
+        for runner in self._runners:
+            packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"])
+            lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="\n".join(lines))],
+            structured_content={"runners": self._runners},
+        )
 
     async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:
-        assert self._bridge is not None
+        bridge = self._service.bridge
         try:
             query, detail, limit = parse_search_tools(raw)
         except ValidationError as exc:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
-        hits, unavailable = await self._bridge.search(query, detail, limit)
-        servers = self._bridge.servers
+            return _error_result(str(exc))
+        hits, unavailable = await bridge.search(query, detail, limit)
+        servers = bridge.servers
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
         lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())

@@ -1,0 +1,259 @@
+"""File routes: signed downloads (``GET /files/...``) and authenticated uploads (``POST /upload``).
+
+Downloads need no token (the signed URL is the credential) and serve regular files only, opened
+without following any symlink the sandbox made (see ``workspace/files.py``), from the open
+file descriptor, with ranges. Uploads stream the body into the conversation's workspace,
+atomically and within its quota.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+from urllib.parse import quote
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.transport_security import TransportSecurityMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, request_response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.http import transport_security
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.urls import FILES_PATH
+from mcp_sandbox.workspace import OpenFile, check_conversation_id, check_filename
+
+__all__ = ["file_routes"]
+
+_CHUNK = 256 << 10
+_INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "text/plain", "application/pdf"})
+_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# Files a browser may display rather than download; nothing that runs script on our origin.
+_SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "sandbox; default-src 'none'",
+    "Cache-Control": "private, max-age=0",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _problem(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=_SECURITY_HEADERS)
+
+
+def _disposition(name: str, media_type: str) -> str:
+    base = name.rsplit("/", 1)[-1]
+    fallback = re.sub(r"[^A-Za-z0-9._ -]", "_", base) or "file"
+    kind = "inline" if media_type in _INLINE_TYPES else "attachment"
+    return f"{kind}; filename=\"{fallback}\"; filename*=UTF-8''{quote(base, safe='')}"
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+    """The (start, end inclusive) of a single-range request; None for the whole file; "bad" if unsatisfiable."""
+    if header is None:
+        return None
+    match = _RANGE_RE.match(header.strip())
+    if match is None:
+        return None  # several ranges or another unit: answering with the whole file is allowed
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # the last N bytes
+        length = int(last)
+        if length == 0 or size == 0:
+            return "bad"
+        return max(0, size - length), size - 1
+    start = int(first)
+    end = min(int(last), size - 1) if last else size - 1
+    if start >= size or end < start:
+        return "bad"
+    return start, end
+
+
+async def _read(opened: OpenFile, start: int, end: int) -> AsyncIterator[bytes]:
+    try:
+        position = start
+        while position <= end:
+            chunk = await anyio.to_thread.run_sync(os.pread, opened.fd, min(_CHUNK, end + 1 - position), position)
+            if not chunk:
+                break  # the file shrank while we read it: stop, the client sees a short body
+            position += len(chunk)
+            yield chunk
+    finally:
+        opened.close()
+
+
+def _download(service: Service) -> Callable[[Request], Any]:
+    async def download(request: Request) -> Response:
+        params = request.path_params
+        name = str(params["name"])
+        verdict = service.urls.check(params["conversation"], params["expires"], params["signature"], name, time.time())
+        if verdict.verdict == "expired":
+            return _problem(410, "this download link has expired; run the code again for a new one")
+        if not verdict.ok:
+            return _problem(403, "invalid download link")
+        try:
+            check_filename(name)
+            opened = await anyio.to_thread.run_sync(service.workspaces.open_file, params["conversation"], name)
+        except (ValidationError, WorkspaceError, OSError):
+            return _problem(404, "no such file")
+        media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        headers = {
+            **_SECURITY_HEADERS,
+            "Accept-Ranges": "bytes",
+            "Content-Disposition": _disposition(name, media_type),
+            "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(opened.mtime)),
+        }
+        span = _byte_range(request.headers.get("range"), opened.size)
+        if span == "bad":
+            opened.close()
+            return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{opened.size}"})
+        status, (start, end) = (206, span) if isinstance(span, tuple) else (200, (0, opened.size - 1))
+        headers["Content-Length"] = str(end + 1 - start)
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
+        if request.method == "HEAD":
+            opened.close()
+            return Response(status_code=status, headers=headers, media_type=media_type)
+        return StreamingResponse(_read(opened, start, end), status_code=status, headers=headers, media_type=media_type)
+
+    return download
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BodyLimit:
+    """Answer 413 once a request body passes ``limit`` bytes, declared or streamed (chunked)."""
+
+    def __init__(self, app: ASGIApp, limit: Callable[[], int]) -> None:
+        self._app = app
+        self._limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self._limit()
+        too_large = _problem(413, f"the upload is larger than {limit} bytes")
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await too_large(scope, receive, send)
+            return
+        received = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+
+
+def _sync_chunks(stream: AsyncIterator[bytes]) -> Iterator[bytes]:
+    """Pull an async byte stream from a worker thread (the store writes synchronously)."""
+
+    async def next_chunk() -> bytes | None:
+        try:
+            return await anext(stream)
+        except StopAsyncIteration:
+            return None
+
+    while (chunk := anyio.from_thread.run(next_chunk)) is not None:
+        if chunk:
+            yield chunk
+
+
+def _upload(service: Service) -> Callable[[Request], Any]:
+    security = TransportSecurityMiddleware(transport_security(service.settings))
+
+    async def store(tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]) -> dict[str, Any]:
+        key = service.workspaces.key(tenant, conversation)
+        await service.touch(key, tenant)
+        entry = await anyio.to_thread.run_sync(service.workspaces.write_file, key, filename, _sync_chunks(stream))
+        await service.refresh_files(key)
+        return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
+
+    async def upload(request: Request) -> Response:
+        refused = await security.validate_request(request, is_post=False)
+        if refused is not None:
+            return refused
+        tenant = tenant_of(request)
+        try:
+            content_type = request.headers.get("content-type", "")
+            if content_type.startswith("multipart/form-data"):
+                return await _multipart(request, tenant, store)
+            conversation = check_conversation_id(request.query_params.get("conversationId"))
+            filename = check_filename(request.query_params.get("filename") or "", "filename")
+            stored = await store(tenant, conversation, filename, request.stream())
+            return JSONResponse({"files": [stored]}, status_code=201)
+        except ValidationError as exc:
+            return _problem(400, str(exc))
+        except QuotaExceededError as exc:
+            return _problem(413, str(exc))
+        except WorkspaceError as exc:
+            return _problem(409, str(exc))
+        except ClientDisconnect:
+            return Response(status_code=400)
+
+    return upload
+
+
+async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -> Response:
+    """``multipart/form-data``: a ``conversationId`` field and one or more file parts."""
+    async with request.form(max_files=100, max_fields=10) as form:
+        conversation = check_conversation_id(form.get("conversationId"))
+        stored = []
+        for field, value in form.multi_items():
+            if isinstance(value, str):
+                if field not in ("conversationId",):
+                    raise ValidationError(field, "unknown form field (expected conversationId and file parts)")
+                continue
+            filename = check_filename(value.filename or "", "filename")
+
+            async def chunks(upload: Any = value) -> AsyncIterator[bytes]:
+                while chunk := await upload.read(_CHUNK):
+                    yield chunk
+
+            stored.append(await store(tenant, conversation, filename, chunks()))
+        if not stored:
+            raise ValidationError("file", "no file part in the form")
+    return JSONResponse({"files": stored}, status_code=201)
+
+
+def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
+    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check)."""
+    upload_app = request_response(_upload(service))
+
+    def limit() -> int:
+        # Slack for multipart framing; the store enforces the quota byte by byte.
+        return service.settings.quota_bytes + (1 << 20)
+
+    return [
+        Route(
+            FILES_PATH + "/{conversation}/{expires}/{signature}/{name:path}",
+            endpoint=_download(service),
+            methods=["GET", "HEAD"],
+        ),
+        Route("/upload", endpoint=guard(_BodyLimit(upload_app, limit)), methods=["POST"]),
+    ]

@@ -1,0 +1,198 @@
+"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, under uvicorn.
+
+Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
+metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
+route and on uploads), request body limits, and a refusal to listen beyond loopback without a
+token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from urllib.parse import urlsplit
+
+import uvicorn
+from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
+from mcp.server.auth.routes import build_resource_metadata_url
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.lowlevel import Server
+from mcp.server.sse import SseServerTransport
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import AnyHttpUrl
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.server.auth import TokenTable
+
+__all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
+
+logger = logging.getLogger(__name__)
+
+MCP_PATH = "/mcp"
+SSE_PATH = "/sse"
+MESSAGES_PATH = "/messages/"
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings, tokens: TokenTable) -> None:
+    """Refuse configurations that would expose the server.
+
+    Raises:
+        ConfigError: a non-loopback address without a token, or a wildcard address with no
+            ``allowed_hosts``/``public_url`` to validate Host headers against.
+    """
+    if is_loopback(settings.host):
+        return
+    if not tokens:
+        raise ConfigError(
+            f"refusing to listen on {settings.host}, beyond loopback, without a bearer token: "
+            "set MCP_SANDBOX_TOKEN or [auth] tokens in the config file"
+        )
+    if settings.host in _WILDCARDS and not settings.allowed_hosts and settings.public_url is None:
+        raise ConfigError(
+            f"listening on {settings.host!r} (every address): set public_url or allowed_hosts to the names "
+            "clients use, so Host headers can be checked (allowed_hosts = '*' turns the check off)"
+        )
+
+
+def transport_security(settings: Settings) -> TransportSecuritySettings:
+    """Which Host and Origin headers the MCP routes accept (DNS-rebinding protection)."""
+    if "*" in settings.allowed_hosts:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts: list[str] = []
+    origins: list[str] = []
+    names = list(_LOOPBACK_HOSTS)
+    if settings.host not in _WILDCARDS:
+        names.append(f"[{settings.host}]" if ":" in settings.host else settings.host)
+    for name in names:
+        hosts += [name, f"{name}:*"]
+        origins += [f"http://{name}", f"http://{name}:*", f"https://{name}", f"https://{name}:*"]
+    if settings.public_url is not None:
+        parts = urlsplit(settings.public_url)
+        hosts.append(parts.netloc)
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    hosts += settings.allowed_hosts
+    origins += settings.allowed_origins
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=list(dict.fromkeys(hosts)),
+        allowed_origins=list(dict.fromkeys(origins)),
+    )
+
+
+class _Endpoint:
+    """A plain ASGI callable as a route endpoint (Starlette treats functions as request handlers)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def _sse_routes(settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
+    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP."""
+    sse = SseServerTransport(
+        MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
+    )
+
+    async def connect(scope: Scope, receive: Receive, send: Send) -> None:
+        async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        await Response()(scope, receive, send)
+
+    return [
+        Route(SSE_PATH, endpoint=guard(connect), methods=["GET"]),
+        Mount(MESSAGES_PATH, app=guard(sse.handle_post_message)),
+    ]
+
+
+def _metadata_url(settings: Settings) -> AnyHttpUrl:
+    return build_resource_metadata_url(AnyHttpUrl(settings.base_url + MCP_PATH))
+
+
+def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], ASGIApp]:
+    """Wrap an ASGI app so it answers 401 (with ``WWW-Authenticate``) to requests without a valid token."""
+    if not tokens:
+        return _Endpoint
+    metadata_url = _metadata_url(settings)
+    return lambda app: RequireAuthMiddleware(app, [], metadata_url)
+
+
+def build_http_app(
+    settings: Settings, server: Server, tokens: TokenTable, extra_routes: Sequence[BaseRoute] = ()
+) -> Starlette:
+    """The ASGI app: MCP (Streamable HTTP and SSE) plus ``extra_routes`` (files), authenticated.
+
+    ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
+    themselves where they need it (see :func:`require_auth`).
+    """
+    auth: AuthSettings | None = None
+    if tokens:
+        # Static tokens have no separate authorization server: this server is its own issuer.
+        auth = AuthSettings(
+            issuer_url=AnyHttpUrl(settings.base_url),
+            resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
+            validate_token_resource=False,
+        )
+    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes]
+    return server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        transport_security=transport_security(settings),
+        host=settings.host,
+        auth=auth,
+        token_verifier=tokens if tokens else None,
+        custom_starlette_routes=routes,  # type: ignore[arg-type]  # the SDK annotates Route, takes any route
+        max_request_body_size=settings.max_request_size,
+    )
+
+
+@contextlib.contextmanager
+def _quiet_signals() -> Iterator[None]:
+    """Let uvicorn's re-raise of SIGINT/SIGTERM after its graceful shutdown land on a no-op.
+
+    uvicorn restores the previous handlers and raises the signal again once it has drained;
+    with the default handlers that would kill the process before the engine and the bridge
+    (sessions, downstream servers) are closed.
+    """
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+async def serve_http(settings: Settings, app: Starlette) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish."""
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
+        server_header=False,
+        timeout_graceful_shutdown=round(settings.shutdown_grace),
+    )
+    with _quiet_signals():
+        await uvicorn.Server(config).serve()

@@ -1,0 +1,162 @@
+"""The running service: engine, bridge, workspaces, metadata and URL signing, opened together.
+
+:func:`open_service` owns them all for the server's lifetime (stdio or HTTP): it checks the
+backend, opens the metadata database, loads (or creates) the server secret, sweeps retention
+at start and then periodically, and closes sessions and downstream servers on the way out.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Collection, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from mcp_sandbox.bridge.discovery import Discovery
+from mcp_sandbox.bridge.mediator import Bridge, open_bridge
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine import Engine
+from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.server.urls import UrlSigner
+from mcp_sandbox.workspace import (
+    ExecutionRecord,
+    FileEntry,
+    Metadata,
+    WorkspaceStore,
+    derive_key,
+    load_secret,
+    sweep,
+)
+
+__all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
+
+logger = logging.getLogger(__name__)
+
+RETENTION_INTERVAL = 300.0  # seconds between retention sweeps (also one at start)
+
+
+@dataclass
+class Service:
+    """Everything a tool call or a file route needs. ``http``: download URLs exist."""
+
+    settings: Settings
+    engine: Engine
+    bridge: Bridge
+    workspaces: WorkspaceStore
+    metadata: Metadata
+    urls: UrlSigner
+    http: bool
+
+    in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+
+    @contextlib.contextmanager
+    def using(self, key: str | None) -> Iterator[None]:
+        """Mark a conversation busy for the block, so retention spares it."""
+        if key is None:
+            yield
+            return
+        self.in_use[key] += 1
+        try:
+            yield
+        finally:
+            self.in_use[key] -= 1
+            if not self.in_use[key]:
+                del self.in_use[key]
+
+    def file_url(self, key: str, name: str) -> str | None:
+        return self.urls.file_url(key, name, time.time()) if self.http else None
+
+    def file_base_url(self, key: str) -> str | None:
+        return self.urls.base_url(key, time.time()) if self.http else None
+
+    async def touch(self, key: str, tenant: str) -> Path:
+        """Create the conversation's directory if needed and mark it used now."""
+        directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key)
+        await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
+        return directory
+
+    async def refresh_files(self, key: str) -> list[FileEntry]:
+        """List the conversation's files (never following the sandbox's symlinks) and record them."""
+        listing = await anyio.to_thread.run_sync(self.workspaces.list_files, key)
+        await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
+        return list(listing)
+
+    async def record(self, record: ExecutionRecord) -> None:
+        await anyio.to_thread.run_sync(self.metadata.record_execution, record)
+
+    async def sweep(self) -> None:
+        """Apply the retention policy now; conversations with a live session or run are spared."""
+        report = await anyio.to_thread.run_sync(
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self))
+        )
+        if report.removed or report.failed:
+            logger.info("retention: %s", report.summary())
+
+
+class _Busy(Collection[str]):
+    """The conversations in use, read live from the sweep's worker thread.
+
+    Retention checks each conversation just before deleting it; the answer is computed on the
+    event loop, which owns the sessions and the in-use counts.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def _snapshot(self) -> set[str]:
+        return set(self._service.engine.live_sessions()) | set(self._service.in_use)
+
+    def _keys(self) -> set[str]:
+        return anyio.from_thread.run_sync(self._snapshot)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+
+async def _sweep_periodically(service: Service) -> None:
+    while True:
+        try:
+            await service.sweep()
+        except OSError as exc:
+            logger.error("retention sweep failed: %s", exc)
+        await anyio.sleep(RETENTION_INTERVAL)
+
+
+@contextlib.asynccontextmanager
+async def open_service(settings: Settings, *, http: bool, discovery: Discovery | None = None) -> AsyncIterator[Service]:
+    """Open the whole service; everything is closed (bounded) when the block exits.
+
+    ``discovery`` replaces the discovery of downstream servers (tests use it).
+
+    Raises:
+        ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
+    """
+    engine = open_engine(settings)
+    secret = load_secret(settings.state_dir)
+    workspaces = WorkspaceStore(settings, secret)
+    metadata = Metadata.open(settings.state_dir / "metadata.sqlite3")
+    try:
+        urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
+        async with open_bridge(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
+            service = Service(settings, engine, bridge, workspaces, metadata, urls, http)
+            group.start_soon(_sweep_periodically, service)
+            try:
+                yield service
+            finally:
+                group.cancel_scope.cancel()
+    finally:
+        metadata.close()
