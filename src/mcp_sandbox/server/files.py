@@ -189,9 +189,10 @@ def _upload(service: Service) -> Callable[[Request], Any]:
 
     async def store(tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]) -> dict[str, Any]:
         key = service.workspaces.key(tenant, conversation)
-        await service.touch(key, tenant)
-        entry = await anyio.to_thread.run_sync(service.workspaces.write_file, key, filename, _sync_chunks(stream))
-        await service.refresh_files(key)
+        with service.using(key):
+            await service.touch(key, tenant)
+            entry = await anyio.to_thread.run_sync(service.workspaces.write_file, key, filename, _sync_chunks(stream))
+            await service.refresh_files(key)
         return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
 
     async def upload(request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import time
 from typing import Any
@@ -80,6 +81,14 @@ class ToolHandlers:
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
 
     async def _run(self, raw: dict[str, Any] | None, tool: str, tenant: str) -> types.CallToolResult:
+        # The conversation is marked in use from its first touch to its last listing: retention
+        # never deletes a workspace between the two.
+        with contextlib.ExitStack() as held:
+            return await self._run_holding(raw, tool, tenant, held)
+
+    async def _run_holding(
+        self, raw: dict[str, Any] | None, tool: str, tenant: str, held: contextlib.ExitStack
+    ) -> types.CallToolResult:
         service = self._service
         mode = output_mode(raw, service.settings)
         started = time.time()
@@ -93,6 +102,7 @@ class ToolHandlers:
             workspace = None
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
+                held.enter_context(service.using(key))
                 workspace = await service.touch(key, tenant)
                 if (base := service.file_base_url(key)) is not None:
                     environment["FILE_BASE_URL"] = base
@@ -106,8 +116,7 @@ class ToolHandlers:
                 session=key,
                 reset=arguments.reset,
             )
-            with service.using(key):
-                result = await service.engine.execute(request)
+            result = await service.engine.execute(request)
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))
         except BusyError as exc:
@@ -169,11 +178,12 @@ class ToolHandlers:
         try:
             arguments = parse_upload_file(raw)
             key = service.workspaces.key(tenant, arguments.conversation)
-            await service.touch(key, tenant)
-            entry = await anyio.to_thread.run_sync(
-                service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
-            )
-            await service.refresh_files(key)
+            with service.using(key):
+                await service.touch(key, tenant)
+                entry = await anyio.to_thread.run_sync(
+                    service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
+                )
+                await service.refresh_files(key)
         except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
             return _error_result(str(exc))
         data = self._file(key, entry)
