@@ -16,7 +16,6 @@ from mcp_sandbox.config import OUTPUT_MODES, Settings
 
 __all__ = [
     "RUN_OUTPUT_SCHEMA",
-    "SEARCH_OUTPUT_SCHEMA",
     "list_runners_tool",
     "run_code_tool",
     "run_python_tool",
@@ -136,23 +135,6 @@ def list_runners_tool() -> types.Tool:
         input_schema={"type": "object", "properties": {}},
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
-
-
-SEARCH_OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"server": {"type": "string"}, "tool": {"type": "string"}, "doc": {"type": "string"}},
-                "required": ["server", "tool", "doc"],
-            },
-        },
-        "unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
-    },
-    "required": ["results"],
-}
 
 
 def search_tools_tool() -> types.Tool:
