@@ -129,7 +129,9 @@ _BYTE_FIELDS = frozenset(
         "max_image_bytes",
     }
 )
-_DURATION_FIELDS = frozenset({"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl"})
+_DURATION_FIELDS = frozenset(
+    {"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,17 @@ class Settings:
     max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
     session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
 
+    # Warm sandboxes: zygotes that fork a fresh interpreter per run (runs without a conversation).
+    pool_size: int = 4  # warm sandboxes at most (0: every run starts a sandbox of its own)
+    pool_min: int = 1  # kept while idle
+    pool_idle: float = 300.0  # a warm sandbox unused this long is stopped (down to pool_min)
+    pool_preload: tuple[str, ...] = ("numpy", "pandas")  # imported once, in every warm sandbox
+
+    # Admission control: runs at once (all kinds), and how many may wait, for how long.
+    max_concurrent_runs: int = 4
+    max_queued_runs: int = 64
+    queue_timeout: float = 30.0
+
     # Images a run saves or shows, returned to the model as MCP image content.
     max_images: int = 4
     max_image_bytes: int = 1 << 20
@@ -231,9 +244,18 @@ class Settings:
             "max_sessions",
             "session_cpu_seconds",
             "max_image_bytes",
+            "max_concurrent_runs",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
+        for name in ("pool_size", "pool_min", "max_queued_runs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must not be negative")
+        if self.pool_min > self.pool_size:
+            raise ConfigError(f"pool_min: {self.pool_min} is more than pool_size ({self.pool_size})")
+        for module in self.pool_preload:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ConfigError(f"pool_preload: {module!r} is not a module name")
         if not math.isfinite(self.cpus) or self.cpus <= 0:
             raise ConfigError("cpus: must be a positive number")
         if self.max_images < 0:
@@ -242,7 +264,7 @@ class Settings:
             raise ConfigError(f"port: {self.port} is not a TCP port")
         if self.public_url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", self.public_url):
             raise ConfigError(f"public_url: {self.public_url!r} is not an http(s) URL")
-        for name in ("url_ttl", "conversation_ttl", "session_ttl"):
+        for name in ("url_ttl", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be a positive duration")
         if not math.isfinite(self.shutdown_grace) or self.shutdown_grace < 0:

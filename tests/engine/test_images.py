@@ -8,6 +8,7 @@ import zlib
 import pytest
 
 from mcp_sandbox.engine import Image
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import PROTOCOL_VERSION
 
 from .conftest import RunningEngine
 from .helpers import execute
@@ -121,7 +122,7 @@ FORGE = """
 import base64, json, os, stat, struct
 def frame(kind, body):
     data = json.dumps(body).encode()
-    return struct.pack(">4sBBI", b"MSBX", 2, kind, len(data)) + data
+    return struct.pack(">4sBBI", b"MSBX", VERSION, kind, len(data)) + data
 def is_socket(fd):
     try:
         return stat.S_ISSOCK(os.fstat(fd).st_mode)
@@ -137,11 +138,12 @@ for body in [
     {"run": 1, "mime": "image/png", "data": png},
 ]:
     os.write(fds[0], frame(7, body))
-"""
+""".replace("VERSION", str(PROTOCOL_VERSION))
 
 
 async def test_the_host_keeps_only_well_formed_images_of_the_run_within_the_caps(running_engine: RunningEngine) -> None:
-    async with running_engine(max_image_bytes=1000) as engine:
+    # A fresh sandbox of its own (no warm pool), so that the run is the sandbox's first: run 1.
+    async with running_engine(max_image_bytes=1000, pool_size=0, pool_min=0) as engine:
         result = await execute(engine, FORGE)
 
     assert result.status == "success", result.stderr

@@ -44,17 +44,32 @@ def state_root(state_dir: Path) -> Path:
     return state_dir.parent
 
 
+@pytest.fixture(params=["cold", "warm"])
+def sandbox_kind(request: pytest.FixtureRequest) -> str:
+    """Every attack runs in a sandbox started for the run and in a warm sandbox's forked child."""
+    kind: str = request.param
+    return kind
+
+
 @pytest.fixture
-def make_sandbox(backend_name: str, state_root: Path, sandbox_runtime: Path | None) -> RunnerFactory:
-    """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``."""
+def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox_runtime: Path | None) -> RunnerFactory:
+    """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``.
+
+    Warm: each run goes to a warm sandbox of a running engine (without preloaded modules, which
+    would only slow the suite down; tests/engine/test_pool.py covers the default preload).
+    """
 
     def make(**flags: object) -> SandboxRunner:
         values: dict[str, object] = {"state_dir": str(state_root / "state"), **_DEFAULT_FLAGS}
+        if sandbox_kind == "warm":
+            values.update(pool_size=1, pool_min=1, pool_preload="")
         if sandbox_runtime is not None:
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        return SandboxRunner(settings, Engine(settings, get_backend(backend_name, settings)))
+        return SandboxRunner(
+            settings, Engine(settings, get_backend(backend_name, settings)), warm=sandbox_kind == "warm"
+        )
 
     return make
 

@@ -86,16 +86,28 @@ _POSTLUDE = "\nprint(json.dumps(report), flush=True)\n"
 
 @dataclass(frozen=True, slots=True)
 class SandboxRunner:
-    """One engine on one backend, with the settings it was built from."""
+    """One engine on one backend, with the settings it was built from.
+
+    ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready).
+    """
 
     settings: Settings
     engine: Engine
+    warm: bool = False
 
     async def run(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> ExecutionResult:
         """Run ``code`` (dedented, after the prelude); the wait is bounded."""
         request = ExecutionRequest(code=PRELUDE + textwrap.dedent(code), timeout=time_limit, workspace=workspace)
         with anyio.fail_after(time_limit + HOST_BOUND):
-            return await self.engine.execute(request)
+            if not self.warm or workspace is not None:  # a conversation's workspace is never a warm sandbox's
+                return await self.engine.execute(request)
+            # An engine per run: runs of one test may overlap, and each needs its own warm sandbox.
+            async with Engine(self.settings, self.engine.backend).running() as engine:
+                while engine.pool.idle == 0:  # noqa: ASYNC110 - the pool has no event to wait on
+                    await anyio.sleep(_POLL)
+                result = await engine.execute(request)
+                assert result.warm, "the run did not go to a warm sandbox"
+                return result
 
     async def report(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> dict[str, Any]:
         """Run attack code that fills ``report``; it must finish successfully. Return the report."""

@@ -146,8 +146,10 @@ async def test_signalling_host_processes_fails(sandbox: SandboxRunner) -> None:
             await sleeper.wait()
     assert report["test_process"] == "ProcessLookupError:ESRCH"
     assert report["same_uid_process"] == "ProcessLookupError:ESRCH"
-    # kill(-1) reaches only the sandbox's own namespace, where nothing else is running.
-    assert report["everyone"] in {"ok", "ProcessLookupError:ESRCH"}
+    # kill(-1) reaches only the sandbox's own namespace, where nothing else is running; a warm
+    # sandbox's run may not send it at all (it would reach the zygote that forked the run).
+    allowed = {"ok", "ProcessLookupError:ESRCH"} if not sandbox.warm else {"PermissionError:EPERM"}
+    assert report["everyone"] in allowed
     assert sleeper.returncode == -signal.SIGKILL  # our kill, not the sandbox's
 
 

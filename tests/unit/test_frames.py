@@ -114,7 +114,7 @@ def test_encode_and_decode_are_inverse(kind: Kind) -> None:
 
 
 def test_the_wire_format_is_magic_version_kind_and_big_endian_length() -> None:
-    assert frames.encode(Kind.DONE, {"exitCode": 0}) == b'MSBX\x02\x03\x00\x00\x00\x0e{"exitCode":0}'
+    assert frames.encode(Kind.DONE, {"exitCode": 0}) == b'MSBX\x03\x03\x00\x00\x00\x0e{"exitCode":0}'
 
 
 def test_an_empty_object_body_survives_a_round_trip() -> None:

@@ -1,14 +1,20 @@
-"""The engine: runs execution requests, in a fresh sandbox each or in a session's, and says what happened.
+"""The engine: runs execution requests, in a warm sandbox, a fresh one or a session's, and says what happened.
 
-Both kinds of run go through one :class:`~mcp_sandbox.engine.interpreter.Interpreter`: a fresh
-run is an interpreter that serves one run and exits (judged by its process's exit code, memory
-and process counts, as a one-shot sandbox); a session run is one of many runs of a session's
-interpreter (judged by the exit code its DONE frame reports; if the interpreter dies, the
-session's state is gone and the next run starts a new one).
+Every run first takes a slot of the admission control (:mod:`.admission`). Then:
 
-Sessions need an owner for their interpreters and the idle reaper: ``async with
-engine.running():``. A run with a ``session`` key outside it raises ``RuntimeError``; runs
-without one work either way.
+- a run without a conversation takes a warm sandbox from the pool (:mod:`.pool`) when one is
+  idle: the sandbox's zygote forks a fresh interpreter for it and reports the child's exit
+  code, and the run is judged like a fresh sandbox's (exit code, memory and pids counters of
+  the sandbox's cgroup over the run);
+- otherwise it runs in a fresh sandbox: an interpreter that serves one run and exits (judged
+  by its process's exit code, memory and process counts, as a one-shot sandbox);
+- a session run is one of many runs of a session's interpreter (judged by the exit code its
+  DONE frame reports; if the interpreter dies, the session's state is gone and the next run
+  starts a new one).
+
+All of them go through one :class:`~mcp_sandbox.engine.interpreter.Interpreter`. Sessions and
+the pool need an owner for their sandboxes: ``async with engine.running():``. A run with a
+``session`` key outside it raises ``RuntimeError``; runs without one work either way (cold).
 """
 
 from __future__ import annotations
@@ -20,18 +26,23 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.interpreter import Interpreter, RunRecord, open_interpreter
+from mcp_sandbox.engine.admission import Admission
+from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
+from mcp_sandbox.engine.pool import Warm, WarmPool
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
-from mcp_sandbox.engine.runtimes import python_policy
+from mcp_sandbox.engine.runtimes import limits_for, python_policy, zygote_policy
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
+from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
+from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
 from mcp_sandbox.workspace.removal import remove_tree
 
 __all__ = ["Engine"]
@@ -39,10 +50,16 @@ __all__ = ["Engine"]
 logger = logging.getLogger(__name__)
 
 _STATE_LOST = "the session's state is lost; the next run starts a fresh interpreter"
+# How long a zygote that died during a run may take to be seen gone (for its outcome).
+DEATH_SETTLE_SECONDS = 2.0
 
 
 def _human_bytes(count: int) -> str:
     return f"{count / (1 << 20):g} MiB" if count >= 1 << 20 else f"{count} bytes"
+
+
+def _tool_mounts(request: ExecutionRequest) -> tuple[Mount, ...]:
+    return tuple(request.tools.mounts) if request.tools is not None else ()
 
 
 def _elapsed_ms(started: float) -> int:
@@ -65,6 +82,9 @@ class Engine:
         self.backend = backend
         self._runs_dir = settings.state_dir / "runs"
         self._sessions = SessionManager(settings, self._session_sandbox)
+        self._pool = WarmPool(settings, self._warm_sandbox)
+        self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
+        self._preload_reported = False
 
     def prepare(self) -> None:
         """Create the state directory layout (idempotent).
@@ -99,15 +119,20 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Engine]:
-        """Run the engine's background work (session interpreters, the idle reaper) for this block.
+        """Run the engine's background work (session interpreters, warm sandboxes, reapers) for this block.
 
-        On the way out every session is closed (bounded, shielded from cancellation).
+        On the way out every session and warm sandbox is closed (bounded, shielded from cancellation).
 
         Raises:
             RuntimeError: the engine is already running.
         """
-        async with self._sessions.running():
+        async with self._sessions.running(), self._pool.running():
             yield self
+
+    @property
+    def pool(self) -> WarmPool:
+        """The warm sandboxes (for status and benchmarks)."""
+        return self._pool
 
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
@@ -128,14 +153,18 @@ class Engine:
 
         Raises:
             SandboxStartError: the sandbox could not be started at all.
-            BusyError: the run needs a new session and every session is busy.
+            BusyError: the server is at capacity (admission control), or the run needs a new
+                session and every session is busy.
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
-            ValueError: a session run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
+            ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
-        started = time.perf_counter()
-        if request.session is not None and self.settings.sessions:
-            return await self._execute_in_session(request, request.session, started)
-        return await self._execute_fresh(request, started)
+        async with self._admission.slot():
+            started = time.perf_counter()
+            if request.session is not None and self.settings.sessions:
+                return await self._execute_in_session(request, request.session, started)
+            if request.workspace is None and request.language == "python" and (warm := self._pool.take()) is not None:
+                return await self._execute_warm(request, warm, started)
+            return await self._execute_fresh(request, started)
 
     @contextlib.asynccontextmanager
     async def _scratch_workspace(self) -> AsyncIterator[Path]:
@@ -172,15 +201,58 @@ class Engine:
             return self._timed_out(result, request, "the sandbox and all its processes were killed")
         return self._judge_fresh(interpreter.outcome, record, result)
 
+    async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
+        record = RunRecord.capped(self.settings.max_output)
+        interpreter = warm.interpreter
+        before = interpreter.sandbox.limit_events()
+        after = before
+        exited: Exited | None = None
+        reusable = False
+        try:
+            with anyio.move_on_after(request.timeout) as deadline:
+                await anyio.to_thread.run_sync(warm.tools.bind, _tool_mounts(request))
+                interpreter.take_own_output()  # what came between runs is no run's
+                exited = await interpreter.run_forked(
+                    record,
+                    code=request.code,
+                    servers=request.tools.servers if request.tools is not None else (),
+                    environment=request.environment,
+                    tools=request.tools,
+                    cpu_seconds=limits_for(self.settings, request.timeout).cpu_seconds,
+                    guard=warm.guard,
+                )
+                after = interpreter.sandbox.limit_events()
+            reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
+            if exited is not None and exited.problem is not None:
+                logger.info("a warm sandbox is replaced: %s", exited.problem)
+        finally:
+            if not reusable:
+                if exited is None and not deadline.cancelled_caught:
+                    with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+                        await interpreter.exited.wait()
+                await interpreter.kill()
+            self._pool.give_back(warm, reusable=reusable)
+        result = dataclasses.replace(self._captured(record, interpreter, started), warm=True)
+        if deadline.cancelled_caught:
+            return self._timed_out(result, request, "the sandbox and all its processes were killed")
+        if exited is None:
+            outcome = interpreter.outcome or SandboxOutcome(returncode=-1)
+            error = self._death(outcome, record, session=False) or "the warm sandbox ended before reporting the run"
+            return dataclasses.replace(result, status="error", exit_code=None, error=error)
+        outcome = SandboxOutcome(
+            returncode=exited.exit_code,
+            memory_exceeded=after.memory > before.memory,
+            pids_exhausted=after.pids > before.pids,
+        )
+        return self._judge_fresh(outcome, record, result)
+
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
             async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:
                 try:
-                    await anyio.to_thread.run_sync(
-                        lease.tools.bind, request.tools.mounts if request.tools is not None else ()
-                    )
+                    await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's
                     await self._run(lease.interpreter, record, request, last=False)
                 finally:
@@ -213,19 +285,48 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _session_sandbox(self, workspace: Path | None) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
         """A session's sandbox: its workspace (a scratch one when None), its /tools view, its interpreter."""
+
+        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return python_policy(
+                self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
+            )
+
+        async with self._long_lived_sandbox(workspace, policy) as opened:
+            yield opened
+
+    @contextlib.asynccontextmanager
+    async def _warm_sandbox(self) -> AsyncIterator[Warm]:
+        """A warm sandbox for the pool: a scratch workspace, a /tools view and a zygote that is READY.
+
+        Raises:
+            SandboxStartError: it did not start, or its zygote cannot fork safely.
+        """
+
+        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
+
+        async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
+            ready = interpreter.ready
+            pid = ready.get("pid")
+            if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid <= 1:
+                raise SandboxStartError(f"the warm sandbox cannot serve runs: {ready.get('problem', ready)}")
+            if ready.get("failed") and not self._preload_reported:
+                self._preload_reported = True
+                logger.warning("pool_preload: these modules did not import in the sandbox: %s", ready["failed"])
+            yield Warm(interpreter, tools, zygote_guard_bpf(pid))
+
+    @contextlib.asynccontextmanager
+    async def _long_lived_sandbox(
+        self, workspace: Path | None, make_policy: Callable[[Path, tuple[Mount, ...]], SandboxPolicy]
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
+        """A sandbox serving many runs: its workspace (a scratch one when None), its /tools view, its interpreter."""
         async with contextlib.AsyncExitStack() as stack:
             if workspace is None:
                 workspace = await stack.enter_async_context(self._scratch_workspace())
             self.prepare()
             tools = ToolsView.create(self._runs_dir, self.settings.state_dir / "stubs")
             stack.push_async_callback(_remove_shielded, tools.directory)
-            policy = python_policy(
-                self.settings,
-                workspace=workspace,
-                timeout=self.settings.max_timeout,
-                mounts=tools.mounts(),
-                session=True,
-            )
+            policy = make_policy(workspace, tools.mounts())
             interpreter = await stack.enter_async_context(open_interpreter(self.backend, policy, self.settings))
             yield interpreter, tools
 

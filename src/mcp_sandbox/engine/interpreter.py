@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
-__all__ = ["DRAIN_SECONDS", "Interpreter", "RunRecord", "open_interpreter"]
+__all__ = ["DRAIN_SECONDS", "Exited", "Interpreter", "RunRecord", "open_interpreter"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,16 @@ class RunRecord:
         return cls(CappedOutput(cap), CappedOutput(cap))
 
 
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """How a zygote's child ended: its exit code (128 + signal), and why the sandbox is unusable now, if it is."""
+
+    exit_code: int
+    problem: str | None
+
+
 class Interpreter:
-    """One sandbox running the runner; see :func:`open_interpreter`."""
+    """One sandbox running the runner (or a zygote); see :func:`open_interpreter`."""
 
     def __init__(self, sandbox: Sandbox, channel: Channel, settings: Settings) -> None:
         self.sandbox = sandbox
@@ -76,6 +85,7 @@ class Interpreter:
         self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
         self.exited = anyio.Event()  # the sandbox's process tree ended
         self.outcome: SandboxOutcome | None = None
+        self.ready: dict[str, Any] = {}  # what the runner said in its READY frame
         self._ids = itertools.count(1)
         self._own_ended = (anyio.Event(), anyio.Event())
 
@@ -102,6 +112,7 @@ class Interpreter:
         except ChannelError:
             frame = None
         if frame is not None and frame[0] is Kind.READY:
+            self.ready = frame[1]
             return
         with anyio.move_on_after(_SETTLE_SECONDS):
             await self.exited.wait()
@@ -118,6 +129,19 @@ class Interpreter:
         self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
         return out, err
 
+    def _exec_body(
+        self, code: str, servers: Sequence[str], environment: Mapping[str, str], *, last: bool
+    ) -> dict[str, Any]:
+        return {
+            "run": next(self._ids),
+            "code": code,
+            "servers": list(servers),
+            "env": dict(environment),
+            "maxImages": self.settings.max_images,
+            "maxImageBytes": self.settings.max_image_bytes,
+            "last": last,
+        }
+
     async def run(
         self,
         record: RunRecord,
@@ -133,58 +157,97 @@ class Interpreter:
         With ``last`` the runner exits after the run, and this waits for the sandbox to end.
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        run_id = next(self._ids)
-        body: dict[str, Any] = {
-            "run": run_id,
-            "code": code,
-            "servers": list(servers),
-            "env": dict(environment),
-            "maxImages": self.settings.max_images,
-            "maxImageBytes": self.settings.max_image_bytes,
-            "last": last,
-        }
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
-        try:
-            async with anyio.create_task_group() as pumps:
-                ended = (anyio.Event(), anyio.Event())
-                pumps.start_soon(_pump_pipe, out_read, record.stdout, ended[0])
-                pumps.start_soon(_pump_pipe, err_read, record.stderr, ended[1])
-                try:
-                    await self.channel.send(Kind.EXEC, body, fds=(out_write, err_write))
-                except ChannelError:
-                    record.channel_ended = True
-                finally:
-                    # Ours closed: the pipes end when the runner (and what it started) closes its copies.
-                    os.close(out_write)
-                    os.close(err_write)
-                if not record.channel_ended:
-                    async with anyio.create_task_group() as calls:
-                        try:
-                            await self._serve(record, run_id, tools, calls)
-                        finally:
-                            calls.cancel_scope.cancel()
-                if last or (record.channel_ended and record.protocol_error is None):
-                    # The runner is exiting: wait for the whole sandbox, then its own output.
-                    await self.exited.wait()
-                    with anyio.move_on_after(_SETTLE_SECONDS):
-                        for own in self._own_ended:
-                            await own.wait()
-                with anyio.move_on_after(DRAIN_SECONDS):
-                    for end in ended:
-                        await end.wait()
-                pumps.cancel_scope.cancel()
-        finally:
-            os.close(out_read)
-            os.close(err_read)
+        body = self._exec_body(code, servers, environment, last=last)
+        async with _run_pipes(record) as pipes:
+            sent = await self._send_exec(record, body, pipes.ends)
+            pipes.close()
+            if sent:
+                await self._serve_run(record, body["run"], tools, self.channel)
+            if last or (record.channel_ended and record.protocol_error is None):
+                # The runner is exiting: wait for the whole sandbox, then its own output.
+                await self.exited.wait()
+                with anyio.move_on_after(_SETTLE_SECONDS):
+                    for own in self._own_ended:
+                        await own.wait()
 
-    async def _serve(self, record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup) -> None:
+    async def run_forked(
+        self,
+        record: RunRecord,
+        *,
+        code: str,
+        servers: Sequence[str],
+        environment: Mapping[str, str],
+        tools: ToolAccess | None,
+        cpu_seconds: int,
+        guard: bytes,
+    ) -> Exited | None:
+        """Run ``code`` in a child the zygote forks for it; how the child ended, None if the zygote died.
+
+        The child speaks on a socket of its own (its CALL, DISPLAY and DONE frames); the zygote
+        answers on this interpreter's channel with EXITED once the child is gone and the sandbox
+        is restored. ``guard`` is the seccomp filter the child stacks on its own before the code
+        runs (see :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
+        (its deadline); never raises for what the sandbox did.
+        """
+        body = {
+            **self._exec_body(code, servers, environment, last=True),
+            "cpuSeconds": cpu_seconds,
+            "guard": base64.b64encode(guard).decode(),
+        }
+        host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        run_channel = Channel(host_end, _MAX_FRAME)
+        exited: Exited | None = None
+        try:
+            async with _run_pipes(record) as pipes:
+                sent = await self._send_exec(record, body, (*pipes.ends, child_end.fileno()))
+                pipes.close()
+                child_end.close()  # the child's copy is the only one: its end is the channel's end
+                if sent:
+                    await self._serve_run(record, body["run"], tools, run_channel)
+                    exited = await self._exited(body["run"])
+        finally:
+            child_end.close()
+            run_channel.close()
+        return exited
+
+    async def _exited(self, run_id: int) -> Exited | None:
+        """The zygote's EXITED frame for run ``run_id``; None if it said something else or died."""
+        try:
+            frame = await self.channel.receive()
+        except ChannelError:
+            return None
+        if frame is None or frame[0] is not Kind.EXITED or frame[1].get("run") != run_id:
+            return None
+        code, problem = frame[1].get("exitCode"), frame[1].get("problem")
+        if not isinstance(code, int) or isinstance(code, bool):
+            return None
+        return Exited(code, problem if isinstance(problem, str) else None)
+
+    async def _send_exec(self, record: RunRecord, body: dict[str, Any], fds: Sequence[int]) -> bool:
+        """Send an EXEC frame with ``fds``; False (and ``record.channel_ended``) if the sandbox is gone."""
+        try:
+            await self.channel.send(Kind.EXEC, body, fds=fds)
+        except ChannelError:
+            record.channel_ended = True
+            return False
+        return True
+
+    async def _serve_run(self, record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel) -> None:
+        async with anyio.create_task_group() as calls:
+            try:
+                await self._serve(record, run_id, tools, calls, channel)
+            finally:
+                calls.cancel_scope.cancel()
+
+    async def _serve(
+        self, record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup, channel: Channel
+    ) -> None:
         """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel."""
         try:
-            while (frame := await self.channel.receive()) is not None:
+            while (frame := await channel.receive()) is not None:
                 kind, body = frame
                 if kind is Kind.CALL:
-                    calls.start_soon(self._answer, tools, body)
+                    calls.start_soon(self._answer, tools, body, channel)
                 elif kind is Kind.DONE:
                     if body.get("run") != run_id:
                         continue  # a previous run's, or forged by the code: not this run's end
@@ -201,7 +264,7 @@ class Interpreter:
                 else:
                     record.protocol_error = f"unexpected frame {kind.name} from the sandbox"
                     with contextlib.suppress(ChannelError):
-                        await self.channel.send(Kind.ERROR, {"message": record.protocol_error})
+                        await channel.send(Kind.ERROR, {"message": record.protocol_error})
                     return
             record.channel_ended = True
         except ChannelError as exc:
@@ -225,12 +288,12 @@ class Interpreter:
             return
         record.images.append(Image(str(mime), decoded))
 
-    async def _answer(self, tools: ToolAccess | None, body: dict[str, Any]) -> None:
+    async def _answer(self, tools: ToolAccess | None, body: dict[str, Any], channel: Channel) -> None:
         """Answer one CALL frame with a REPLY carrying the same id."""
         call_id = body.get("id")
         if not isinstance(call_id, int) or isinstance(call_id, bool):
             with contextlib.suppress(ChannelError):
-                await self.channel.send(Kind.ERROR, {"message": "a CALL frame needs an integer id"})
+                await channel.send(Kind.ERROR, {"message": "a CALL frame needs an integer id"})
             return
         if tools is None:
             reply: dict[str, Any] = {
@@ -244,7 +307,7 @@ class Interpreter:
                 logger.exception("answering a request from the sandbox failed")
                 reply = {"ok": False, "error": {"kind": "unavailable", "message": f"internal error: {exc}"}}
         with contextlib.suppress(ChannelError):  # the sandbox is gone; the run's outcome says why
-            await self.channel.send(Kind.REPLY, {**reply, "id": call_id})
+            await channel.send(Kind.REPLY, {**reply, "id": call_id})
 
     async def kill(self) -> SandboxOutcome:
         """Kill the whole sandbox (bounded, shielded); its outcome. Safe to call more than once."""
@@ -255,6 +318,49 @@ class Interpreter:
             self.outcome = outcome
         self.exited.set()
         return outcome
+
+
+class _Pipes:
+    """The write ends of a run's stdout and stderr pipes, until they are sent."""
+
+    def __init__(self, stdout: int, stderr: int) -> None:
+        self.ends = (stdout, stderr)
+        self._open = True
+
+    def close(self) -> None:
+        """Close ours: the pipes end when the runner (and what it started) closes its copies."""
+        if self._open:
+            self._open = False
+            for fd in self.ends:
+                os.close(fd)
+
+
+@contextlib.asynccontextmanager
+async def _run_pipes(record: RunRecord) -> AsyncIterator[_Pipes]:
+    """A run's stdout and stderr pipes, pumped into ``record`` while the block runs.
+
+    On the way out the write ends are closed (if the block did not) and the pipes are read for
+    at most :data:`DRAIN_SECONDS` more (a background process of the run may hold them).
+    """
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    pipes = _Pipes(out_write, err_write)
+    try:
+        async with anyio.create_task_group() as pumps:
+            ended = (anyio.Event(), anyio.Event())
+            pumps.start_soon(_pump_pipe, out_read, record.stdout, ended[0])
+            pumps.start_soon(_pump_pipe, err_read, record.stderr, ended[1])
+            try:
+                yield pipes
+            finally:
+                pipes.close()
+            with anyio.move_on_after(DRAIN_SECONDS):
+                for end in ended:
+                    await end.wait()
+            pumps.cancel_scope.cancel()
+    finally:
+        os.close(out_read)
+        os.close(err_read)
 
 
 async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:

@@ -77,6 +77,7 @@ class ExecutionResult:
     error: str | None = None  # the host's explanation: timeout, memory limit, crash, bad argument
     session: SessionState | None = None  # None: the run had no session
     images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
+    warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from mcp_sandbox.runners import RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
 
-__all__ = ["BASE_ENVIRONMENT", "limits_for", "python_policy"]
+__all__ = ["BASE_ENVIRONMENT", "limits_for", "python_policy", "zygote_policy"]
 
 # The whole environment of the sandbox, on bwrap's command line. Nothing of the host's, and no
 # per-call value: those travel in the EXEC frame (a command line is visible to every host user).
@@ -79,3 +80,14 @@ def python_policy(
         environment=env,
         limits=limits_for(settings, timeout, session=session),
     )
+
+
+def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+    """The policy of a warm Python sandbox: a session's, running the runner as a zygote.
+
+    The zygote imports ``pool_preload`` once and forks a child per run; each child lowers its
+    CPU limit to its run's (the sandbox's own is the session budget, as for a session).
+    """
+    policy = python_policy(settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True)
+    preload = ",".join(settings.pool_preload)
+    return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))

@@ -190,6 +190,24 @@ class RunCgroup:
             return False
         return False
 
+    def events(self) -> tuple[int, int]:
+        """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork was refused."""
+        memory = pids = 0
+        with contextlib.suppress(OSError, ValueError):
+            directory = self.directories.get("memory")
+            if directory is not None and self._support.version == 1:
+                memory += int((directory / "memory.failcnt").read_text())
+                memory += _counter(directory / "memory.oom_control", "oom_kill")
+            elif directory is not None:
+                memory += _counter(directory / "memory.events", "oom_kill") + _counter(
+                    directory / "memory.events", "max"
+                )
+        with contextlib.suppress(OSError, ValueError):
+            directory = self.directories.get("pids")
+            if directory is not None:
+                pids = _counter(directory / "pids.events", "max")
+        return memory, pids
+
     def pids_exhausted(self) -> bool:
         """Whether a fork failed because of the pids limit."""
         directory = self.directories.get("pids")
@@ -239,6 +257,15 @@ class RunCgroup:
                 await anyio.sleep(_REMOVE_POLL)
             return
         logger.warning("cgroup %s still busy after %.1f s; left for the next sweep", self.directories, bound)
+
+
+def _counter(path: Path, key: str) -> int:
+    """The value of ``key`` in a flat-keyed cgroup file (0 when absent)."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
 
 
 def sweep_stale(support: CgroupSupport) -> int:

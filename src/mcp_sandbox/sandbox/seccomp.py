@@ -19,7 +19,7 @@ from typing import Any
 
 from mcp_sandbox.errors import BackendUnavailableError
 
-__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "seccomp_available", "write_bpf"]
+__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "seccomp_available", "write_bpf", "zygote_guard_bpf"]
 
 # Denied with EPERM. Grouped as in DESIGN.md; names unknown to this libseccomp are skipped.
 DENIED_SYSCALLS: tuple[str, ...] = (
@@ -91,6 +91,10 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     # fanotify watches the whole mount, landlock/namespaces are the host's to set
     "fanotify_init",
     "personality",
+    # POSIX message queues outlive their processes in the sandbox's IPC namespace and cannot be
+    # listed without mounting mqueue: a warm sandbox could not clear them between runs
+    "mq_open",
+    "mq_unlink",
 )
 
 # clone() flags that create namespaces; denied so no nested namespace (or user ns) is made.
@@ -158,15 +162,50 @@ def compiled_bpf() -> bytes:
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
     """
+    return _export(build_filter())
+
+
+def _export(flt: Any) -> bytes:
     fd = os.memfd_create("mcp-sandbox-seccomp-build", os.MFD_CLOEXEC)
     try:
         with os.fdopen(fd, "w+b", closefd=True) as out:
-            build_filter().export_bpf(out)
+            flt.export_bpf(out)
             out.flush()
             out.seek(0)
             return out.read()
     except OSError as exc:
         raise BackendUnavailableError(f"cannot compile the seccomp filter: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=64)
+def zygote_guard_bpf(zygote_pid: int) -> bytes:
+    """A second filter, stacked on the first in every run a warm sandbox forks: hands off the zygote.
+
+    The run shares its pid namespace and uid with the zygote that forked it, so it could signal
+    it; these are refused with EPERM: kill() of the zygote, of its process group or of everyone
+    (-1), the thread-directed and queued signal calls and pidfd_open() on it, and joining its
+    process group (from where kill(0) would reach it). Arguments are compared on their low 32
+    bits, as the kernel reads a pid_t, so a raw syscall with garbage above cannot slip past.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    reason = seccomp_available()
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+    import pyseccomp as sc
+
+    def low(value: int) -> int:
+        return value & 0xFFFFFFFF
+
+    flt = sc.SyscallFilter(defaction=sc.ALLOW)
+    eperm = sc.ERRNO(errno.EPERM)
+    for target in (zygote_pid, -zygote_pid, -1):
+        _add(flt, eperm, ["kill"], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(target)))
+    for name in ("tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
+        _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    _add(flt, eperm, ["setpgid"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    return _export(flt)
 
 
 def write_bpf() -> int:

@@ -10,13 +10,21 @@ import importlib
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.sandbox.backends.base import Backend, BackendProbe, Capability, Sandbox, SandboxOutcome
+from mcp_sandbox.sandbox.backends.base import (
+    Backend,
+    BackendProbe,
+    Capability,
+    LimitEvents,
+    Sandbox,
+    SandboxOutcome,
+)
 
 __all__ = [
     "BACKEND_NAMES",
     "Backend",
     "BackendProbe",
     "Capability",
+    "LimitEvents",
     "Sandbox",
     "SandboxOutcome",
     "available_backends",

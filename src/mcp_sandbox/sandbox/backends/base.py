@@ -16,7 +16,7 @@ from typing import Protocol
 
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
-__all__ = ["Backend", "BackendProbe", "Capability", "Sandbox", "SandboxOutcome"]
+__all__ = ["Backend", "BackendProbe", "Capability", "LimitEvents", "Sandbox", "SandboxOutcome"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,18 @@ class SandboxOutcome:
     pids_exhausted: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class LimitEvents:
+    """How often a sandbox has run into its memory and pids limits so far (counters only grow).
+
+    A warm sandbox serves many runs; the difference before and after one run says whether
+    that run hit a limit.
+    """
+
+    memory: int = 0
+    pids: int = 0
+
+
 class Sandbox(Protocol):
     """A running sandbox, seen from the host."""
 
@@ -61,6 +73,10 @@ class Sandbox(Protocol):
 
     async def wait(self) -> SandboxOutcome:
         """Wait until the sandbox's process tree has ended."""
+        ...
+
+    def limit_events(self) -> LimitEvents:
+        """The limit counters now (zeros where the backend cannot tell)."""
         ...
 
     async def aclose(self) -> SandboxOutcome:

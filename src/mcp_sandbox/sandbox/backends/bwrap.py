@@ -23,7 +23,7 @@ import anyio
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
-from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
+from mcp_sandbox.sandbox.backends.base import BackendProbe, LimitEvents, SandboxOutcome
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
 from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
 from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
@@ -133,6 +133,12 @@ class BwrapSandbox:
 
     async def wait(self) -> SandboxOutcome:
         return self._result(await self._process.wait())
+
+    def limit_events(self) -> LimitEvents:
+        if self._cgroup is None:
+            return LimitEvents()
+        memory, pids = self._cgroup.events()
+        return LimitEvents(memory=memory, pids=pids)
 
     def _kill(self) -> None:
         # The outer bwrap leads its own session; its death takes the sandbox's pid namespace

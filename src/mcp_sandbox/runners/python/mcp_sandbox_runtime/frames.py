@@ -16,7 +16,10 @@ magic, another version, an unknown kind, an oversized or non-object body with Fr
 The socket is an ``AF_UNIX`` stream socketpair: an EXEC frame carries the write ends of the
 run's stdout and stderr pipes as ``SCM_RIGHTS`` on its first bytes (the host sends nothing else
 with descriptors). The runtime serves any number of EXEC frames, one at a time; ``run`` numbers
-them, and the DONE and DISPLAY frames of a run carry its number.
+them, and the DONE and DISPLAY frames of a run carry its number. A zygote (a warm sandbox, see
+``zygote.py``) forks a child per EXEC frame; that frame carries a third descriptor, the run's own
+channel socket, on which the child speaks (CALL, DISPLAY, DONE) while the zygote reports the
+child's end with EXITED on the first channel.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ __all__ = [
 
 MAGIC = b"MSBX"
 # 2: EXEC carries the run's stdout/stderr pipes, "run", "env" and image caps; DISPLAY frames.
-PROTOCOL_VERSION = 2
+# 3: zygotes: an EXEC frame to a zygote also carries the run's own channel socket and
+#    "cpuSeconds"; EXITED frames.
+PROTOCOL_VERSION = 3
 HEADER = struct.Struct(">4sBBI")
 DEFAULT_MAX_FRAME = 256 << 20
 
@@ -62,6 +67,9 @@ class Kind(enum.IntEnum):
     REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": true, "result": ...} or {"id", "ok": false, "error"}
     ERROR = 6  # both  a protocol error; the sender closes the channel after it
     DISPLAY = 7  # S->H  an image the code showed or saved: {"run": int, "mime": str, "data": base64}
+    # S->H  a zygote's run ended and the sandbox was restored: {"run": int, "exitCode": int,
+    #       "problem": str | null}; with a problem the zygote could not restore it and exits
+    EXITED = 8
 
 
 class FrameError(Exception):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     # Imported on the first request: concurrent.futures pulls in logging (~3 ms of every start).
     from concurrent.futures import Future
 
-__all__ = ["Command", "HostConnection", "HostUnavailable", "connect", "connection"]
+__all__ = ["Command", "HostConnection", "HostUnavailable", "close_fds", "connect", "connection", "fds_of"]
 
 # (kind, body, descriptors that came with it); the receiver owns (closes) the descriptors.
 Command = tuple[Kind, dict[str, Any], list[int]]
@@ -38,7 +38,7 @@ class HostUnavailable(Exception):
     """The channel to the host is closed or broken; no request can be answered."""
 
 
-def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+def fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     fds: list[int] = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
@@ -138,7 +138,7 @@ class HostConnection:
         """Read what the socket has into the parser; False at the end of the stream."""
         size = min(max(self._parser.wanted(), _CHUNK), _MAX_CHUNK)
         data, ancillary, flags, _ = self._sock.recvmsg(size, _socket.CMSG_SPACE(_MAX_FDS * 4), _socket.MSG_CMSG_CLOEXEC)
-        self._fds.extend(_fds_of(ancillary))
+        self._fds.extend(fds_of(ancillary))
         if flags & _socket.MSG_CTRUNC:
             raise FrameError("the host sent more descriptors than a frame may carry")
         if not data:

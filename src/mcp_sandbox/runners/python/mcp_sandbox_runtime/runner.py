@@ -28,7 +28,7 @@ from . import display, host
 from .frames import Kind
 from .host import close_fds
 
-__all__ = ["USER_FILENAME", "Interpreter", "main"]
+__all__ = ["EXIT_PROTOCOL", "USER_FILENAME", "Interpreter", "Server", "invalid_exec", "main", "prepare_process"]
 
 if TYPE_CHECKING:
     import asyncio
@@ -240,8 +240,12 @@ class Interpreter:
             loop.close()
 
 
-def _valid_exec(body: dict[str, Any], fds: list[int]) -> str | None:
-    """Why ``body`` is not a valid EXEC frame, or None."""
+def invalid_exec(body: dict[str, Any], fds: list[int], *, descriptors: int = 2) -> str | None:
+    """Why ``body`` (with ``fds``) is not a valid EXEC frame, or None.
+
+    A runner's EXEC frame carries the run's stdout and stderr pipes (or nothing: the process's
+    own); a zygote's carries those and the run's own channel socket (``descriptors`` = 3).
+    """
     if not isinstance(body.get("code"), str):
         return "an EXEC frame needs code"
     servers = body.get("servers", [])
@@ -252,18 +256,20 @@ def _valid_exec(body: dict[str, Any], fds: list[int]) -> str | None:
         isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v for k, v in env.items()
     ):
         return "EXEC env must map variable names to strings"
-    for key in ("run", "maxImages", "maxImageBytes"):
+    for key in ("run", "maxImages", "maxImageBytes", "cpuSeconds"):
         value = body.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             return f"EXEC {key} must be a non-negative integer"
+    if not isinstance(body.get("guard", ""), str):
+        return "EXEC guard must be a base64 string"
     if not isinstance(body.get("last", False), bool):
         return "EXEC last must be a boolean"
-    if len(fds) not in (0, 2):
-        return f"an EXEC frame carries its stdout and stderr pipes, not {len(fds)} descriptors"
+    if len(fds) != descriptors and (descriptors != 2 or fds):
+        return f"an EXEC frame here carries {descriptors} descriptors, not {len(fds)}"
     return None
 
 
-class _Server:
+class Server:
     """Serves EXEC frames on the connection with one interpreter."""
 
     def __init__(self, connection: host.HostConnection) -> None:
@@ -307,27 +313,42 @@ def _cpu_limit_signals_first() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (hard - 1, hard))
 
 
-def main(argv: list[str]) -> int:
-    """``boot.py CHANNEL_FD``: announce readiness, then serve EXEC frames until the host hangs up.
-
-    An EXEC frame with ``"last": true`` is the last one: the runner exits after it.
-    """
-    if len(argv) != 1 or not argv[0].isdigit():
-        sys.stderr.write("usage: boot.py CHANNEL_FD\n")
-        return EXIT_USAGE
-    channel = int(argv[0])
-    connection = host.connect(channel)
-    os.close(channel)  # the connection holds its own, non-inheritable duplicate
+def prepare_process() -> None:
+    """What every runner process sets up once, before its first run."""
     faulthandler.enable()  # a crash of the interpreter still leaves a trace on stderr
     _cpu_limit_signals_first()
     display.install()
+
+
+def main(argv: list[str]) -> int:
+    """``boot.py [--zygote=MODULES] CHANNEL_FD``: announce readiness, then serve EXEC frames until the host hangs up.
+
+    An EXEC frame with ``"last": true`` is the last one: the runner exits after it. With
+    ``--zygote`` the process is a warm sandbox's zygote (see :mod:`.zygote`), which preloads the
+    comma-separated MODULES and forks a fresh interpreter per run.
+    """
+    zygote: list[str] | None = None
+    if argv and argv[0].startswith("--zygote="):
+        zygote = [name for name in argv[0].removeprefix("--zygote=").split(",") if name]
+        argv = argv[1:]
+    if len(argv) != 1 or not argv[0].isdigit():
+        sys.stderr.write("usage: boot.py [--zygote=MODULES] CHANNEL_FD\n")
+        return EXIT_USAGE
+    channel = int(argv[0])
+    if zygote is not None:
+        from . import zygote as warm
+
+        return warm.main(channel, zygote)
+    connection = host.connect(channel)
+    os.close(channel)  # the connection holds its own, non-inheritable duplicate
+    prepare_process()
     connection.send(Kind.READY, {"runtime": "python", "version": sys.version.split()[0]})
-    server = _Server(connection)
+    server = Server(connection)
     exit_code: int | None = None
     try:
         while (command := connection.next_command()) is not None:
             kind, body, fds = command
-            problem = f"expected an EXEC frame, got {kind.name}" if kind is not Kind.EXEC else _valid_exec(body, fds)
+            problem = f"expected an EXEC frame, got {kind.name}" if kind is not Kind.EXEC else invalid_exec(body, fds)
             if problem is not None:
                 close_fds(fds)
                 connection.send(Kind.ERROR, {"message": problem})

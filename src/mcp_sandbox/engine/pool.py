@@ -1,0 +1,150 @@
+"""Warm sandboxes: a pool of zygotes, each a fully isolated sandbox that forks a fresh interpreter per run.
+
+A warm sandbox is started once (the runtime and ``pool_preload`` modules imported, its cgroup
+joined) and then serves one run at a time: its zygote forks a child for the run, and after the
+child exits it kills every process the run left, empties ``/tmp``, ``/dev/shm`` and
+``/workspace`` and removes its IPC objects (see the runner's ``zygote.py``). A run never sees
+another run's state, and the per-run cost is a fork instead of a sandbox start.
+
+The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes. A run takes an idle one
+if there is one; if not, it runs in a sandbox of its own (the cold path) while the pool grows
+by one in the background. A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one
+whose run timed out, whose zygote died or could not restore it, or that served
+``RUNS_PER_SANDBOX`` runs is replaced. Each sandbox is owned by one task of the pool's task
+group, which enters and exits its context; a sandbox that cannot start stops the pool's growth
+for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.sessions import ToolsView
+from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+
+__all__ = ["RETRY_SECONDS", "RUNS_PER_SANDBOX", "Warm", "WarmOpener", "WarmPool"]
+
+logger = logging.getLogger(__name__)
+
+RUNS_PER_SANDBOX = 1000  # then a fresh zygote: its own CPU time (forks, restores) adds up
+RETRY_SECONDS = 30.0
+
+
+@dataclass(eq=False)
+class Warm:
+    """One warm sandbox: its zygote's interpreter, its ``/tools`` view, the seccomp guard of its runs."""
+
+    interpreter: Interpreter
+    tools: ToolsView
+    guard: bytes
+    runs: int = 0
+    idle_since: float = field(default_factory=time.monotonic)
+    retired: anyio.Event = field(default_factory=anyio.Event)
+    shrunk: bool = False  # retired for being idle: its owner does not start another
+
+
+# Starts one warm sandbox (READY received) and stops it on the way out.
+WarmOpener = Callable[[], AbstractAsyncContextManager[Warm]]
+
+
+class WarmPool:
+    """Warm sandboxes for runs without a conversation; see the module docstring."""
+
+    def __init__(self, settings: Settings, opener: WarmOpener) -> None:
+        self.settings = settings
+        self._opener = opener
+        self._idle: list[Warm] = []  # the most recently used last: it is taken first
+        self._owners = 0  # sandboxes starting, idle or running
+        self._group: TaskGroup | None = None
+        self._retry_at = 0.0
+
+    @property
+    def size(self) -> int:
+        """Warm sandboxes starting, idle or serving a run."""
+        return self._owners
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[WarmPool]:
+        """Keep the pool for this block (``pool_min`` sandboxes start now); every sandbox stops on the way out."""
+        async with anyio.create_task_group() as group:
+            self._group = group
+            for _ in range(self.settings.pool_min):
+                self._grow()
+            if self.settings.pool_size > self.settings.pool_min:
+                group.start_soon(self._shrink_when_idle)
+            try:
+                yield self
+            finally:
+                self._group = None
+                self._idle.clear()
+                group.cancel_scope.cancel()
+
+    def take(self) -> Warm | None:
+        """An idle warm sandbox, now, or None (then the pool grows if it may)."""
+        if self._group is None:
+            return None
+        if self._idle:
+            return self._idle.pop()
+        if self._owners < self.settings.pool_size and time.monotonic() >= self._retry_at:
+            self._grow()
+        return None
+
+    def give_back(self, warm: Warm, *, reusable: bool) -> None:
+        """Return ``warm`` after a run; it is replaced unless ``reusable`` (and young enough)."""
+        warm.runs += 1
+        if reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None:
+            warm.idle_since = time.monotonic()
+            self._idle.append(warm)
+        else:
+            warm.retired.set()
+
+    def _grow(self) -> None:
+        assert self._group is not None
+        self._owners += 1
+        self._group.start_soon(self._own)
+
+    async def _own(self) -> None:
+        """Start a warm sandbox, offer it, stop it when retired; start the next unless it was shrunk."""
+        try:
+            while True:
+                try:
+                    async with self._opener() as warm:
+                        self._idle.append(warm)
+                        await warm.retired.wait()
+                except (SandboxStartError, BackendUnavailableError) as exc:
+                    self._retry_at = time.monotonic() + RETRY_SECONDS
+                    logger.error("a warm sandbox did not start; runs start sandboxes of their own for now: %s", exc)
+                    return
+                if warm.shrunk or self._group is None:
+                    return
+        finally:
+            self._owners -= 1
+
+    async def _shrink_when_idle(self) -> None:
+        idle_for = self.settings.pool_idle
+        while True:
+            await anyio.sleep(min(idle_for / 2, 60.0))
+            now = time.monotonic()
+            remaining = self._owners  # each owner counts itself out only once its sandbox has stopped
+            # The least recently used first, never below pool_min.
+            for warm in sorted(self._idle, key=lambda w: w.idle_since):
+                if remaining <= self.settings.pool_min or now - warm.idle_since < idle_for:
+                    break
+                self._idle.remove(warm)
+                warm.shrunk = True
+                warm.retired.set()
+                remaining -= 1

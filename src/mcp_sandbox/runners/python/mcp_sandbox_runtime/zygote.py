@@ -1,0 +1,335 @@
+"""A warm interpreter that forks a fresh one for every run: the zygote of a warm sandbox.
+
+``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed
+modules once, freezes what it imported (``gc.freeze``, so children do not dirty those pages),
+announces READY and then, for every EXEC frame, forks a child that serves that one run and
+exits. The zygote itself never runs user code. A run's frames (CALL, REPLY, DISPLAY, DONE)
+travel on a socket of its own, the third descriptor of its EXEC frame, so a child can neither
+read nor forge what the zygote tells the host.
+
+After the child exits the zygote restores the sandbox to the state it had before the run, or
+says it could not (the host then throws the sandbox away):
+
+- every other process in the sandbox's pid namespace is killed and reaped (the zygote is a
+  child subreaper, so orphans of the run are its children);
+- ``/tmp``, ``/dev/shm`` and ``/workspace`` are emptied; System V IPC objects are removed
+  (POSIX message queues are refused by the seccomp filter, as they could not be found here);
+- its own resource limits, nice value and CPU affinity, which a child of the same uid could
+  change with ``prlimit``/``setpriority``/``sched_setaffinity``, are checked against the ones
+  it started with.
+
+The zygote is not dumpable (``PR_SET_DUMPABLE`` 0), so a child cannot open its
+``/proc/<pid>/mem`` or file descriptors; ptrace and process_vm_writev are refused by seccomp.
+It reports each run with an EXITED frame: the child's exit code (128 + signal when a signal
+ended it) and, if the sandbox could not be restored, why.
+"""
+
+from __future__ import annotations
+
+import _socket
+import base64
+import gc
+import os
+import resource
+import shutil
+import signal
+import stat
+import sys
+from typing import Any
+
+from . import host, runner
+from .frames import DEFAULT_MAX_FRAME, FrameError, FrameParser, Kind, encode
+
+__all__ = ["EXIT_DIRTY", "main"]
+
+EXIT_DIRTY = 75  # the zygote could not restore the sandbox and stopped
+_WIPED = ("/tmp", "/dev/shm", "/workspace")
+_PR_SET_DUMPABLE = 4
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_IPC_RMID = 0
+_RLIMITS = tuple(
+    getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_") and name != "RLIMIT_NLIMITS"
+)
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Import ``modules``; (the ones imported, {module: why not} for the others)."""
+    import importlib
+
+    loaded: list[str] = []
+    failed: dict[str, str] = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as error:  # a broken module must not take the zygote down
+            failed[name] = f"{type(error).__name__}: {error}"
+        else:
+            loaded.append(name)
+    return loaded, failed
+
+
+def _install_guard(bpf: bytes) -> None:
+    """Stack the host's guard filter (``zygote_guard_bpf``) on this process: it keeps the run off the zygote."""
+    import ctypes
+
+    if not bpf or len(bpf) % 8:
+        raise ValueError("the guard filter is not a BPF program")
+
+    class _Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    code = ctypes.create_string_buffer(bpf, len(bpf))
+    program = _Program(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _fingerprint() -> tuple[Any, ...]:
+    """What a child of the same uid could change about the zygote from outside."""
+    return (
+        tuple(resource.getrlimit(limit) for limit in _RLIMITS),
+        os.getpriority(os.PRIO_PROCESS, 0),
+        frozenset(os.sched_getaffinity(0)),
+    )
+
+
+class _Control:
+    """The zygote's end of the channel: blocking, single-threaded (a fork must not meet a thread)."""
+
+    def __init__(self, fd: int) -> None:
+        self.sock = _socket.socket(fileno=fd)
+        self._parser = FrameParser(DEFAULT_MAX_FRAME)
+        self._fds: list[int] = []
+
+    def send(self, kind: Kind, body: dict[str, Any]) -> None:
+        self.sock.sendall(encode(kind, body))
+
+    def receive(self) -> tuple[Kind, dict[str, Any], list[int]] | None:
+        """The next frame and the descriptors that came with it; None when the host hung up."""
+        while (frame := self._parser.next()) is None:
+            data, ancillary, flags, _ = self.sock.recvmsg(1 << 16, _socket.CMSG_SPACE(8 * 4), _socket.MSG_CMSG_CLOEXEC)
+            self._fds.extend(host.fds_of(ancillary))
+            if flags & _socket.MSG_CTRUNC:
+                raise FrameError("the host sent more descriptors than a frame may carry")
+            if not data:
+                self._parser.check_end()
+                return None
+            self._parser.feed(data)
+        fds, self._fds = self._fds, []
+        return frame[0], frame[1], fds
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _reap_all() -> str | None:
+    """Kill every process of the sandbox but this one (and its init), and reap them."""
+    while True:
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    try:
+        os.kill(-1, 0)
+    except ProcessLookupError:
+        return None
+    return "a process of the run outlived it"
+
+
+def _remove_entry(path: str) -> None:
+    """Remove ``path`` (a tree), giving back the permissions the run may have taken from its directories."""
+
+    def retry(function: Any, failed: str, _: Any) -> None:
+        parent = os.path.dirname(failed)
+        os.chmod(parent, stat.S_IRWXU)
+        if os.path.isdir(failed) and not os.path.islink(failed):
+            os.chmod(failed, stat.S_IRWXU)
+            shutil.rmtree(failed)
+        else:
+            function(failed)
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, stat.S_IRWXU)
+        shutil.rmtree(path, onerror=retry)
+    else:
+        os.unlink(path)
+
+
+def _wipe() -> str | None:
+    for directory in _WIPED:
+        try:
+            os.chmod(directory, stat.S_IRWXU | (os.stat(directory).st_mode & 0o7077))
+            with os.scandir(directory) as entries:
+                names = [entry.path for entry in entries]
+            for path in names:
+                _remove_entry(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, RecursionError) as error:
+            return f"could not empty {directory}: {error}"
+    return None
+
+
+def _remove_ipc() -> str | None:
+    """Remove the System V IPC objects a run left in the sandbox's IPC namespace."""
+    leftovers: list[tuple[str, int]] = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as table:
+                rows = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        leftovers.extend((kind, int(row.split()[1])) for row in rows if row.strip())
+    if not leftovers:
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, ident in leftovers:
+        if kind == "shm":
+            done = libc.shmctl(ident, _IPC_RMID, None)
+        elif kind == "msg":
+            done = libc.msgctl(ident, _IPC_RMID, None)
+        else:
+            done = libc.semctl(ident, 0, _IPC_RMID)
+        if done != 0:
+            return f"could not remove System V {kind} {ident}: {os.strerror(ctypes.get_errno())}"
+    return None
+
+
+def _restore(baseline: tuple[Any, ...]) -> str | None:
+    """Bring the sandbox back to its state before the run; why not, if it cannot."""
+    problem = _reap_all() or _wipe() or _remove_ipc()
+    if problem is None and _fingerprint() != baseline:
+        problem = "the run changed the zygote's limits, priority or CPU affinity"
+    return problem
+
+
+def _child(control: _Control, body: dict[str, Any], fds: list[int]) -> int:
+    """The forked child: serve this one run on its own socket, then exit with its code."""
+    control.sock.close()
+    os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
+    try:
+        _install_guard(base64.b64decode(body.get("guard", "")))
+    except (OSError, ValueError) as error:
+        os.write(2, f"mcp-sandbox: cannot install the run's seccomp guard: {error}\n".encode())
+        os._exit(runner.EXIT_PROTOCOL)
+    # Like any process: the run's own /proc files are its own (the zygote's stay closed to it).
+    _prctl(_PR_SET_DUMPABLE, 1)
+    cpu_seconds = int(body.get("cpuSeconds", 0))
+    if cpu_seconds > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        if hard == resource.RLIM_INFINITY or hard > cpu_seconds:
+            hard = cpu_seconds
+        resource.setrlimit(resource.RLIMIT_CPU, (max(hard - 1, 1), hard))
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
+    gc.unfreeze()
+    connection = host.connect(fds[2])
+    os.close(fds[2])
+    server = runner.Server(connection)
+    exit_code = runner.EXIT_PROTOCOL
+    try:
+        exit_code = server.serve(body, fds[:2])
+        server.interpreter.close()
+        if connection.failed:
+            exit_code = runner.EXIT_PROTOCOL
+    finally:
+        _exit(exit_code)
+    return exit_code  # not reached
+
+
+def _exit(code: int) -> None:
+    """Exit as ``sys.exit`` would, but without tearing down every preloaded module (~80 ms for pandas).
+
+    What a program may rely on at exit still happens: non-daemon threads are waited for, atexit
+    handlers run, the standard streams are flushed.
+    """
+    import atexit
+    import threading
+
+    try:
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            if stream is not None:
+                stream.flush()
+    except BaseException:  # the exit code is the run's whatever a handler did
+        pass
+    os._exit(code)
+
+
+def main(channel_fd: int, preload: list[str]) -> int:
+    """Announce READY, then fork a child per EXEC frame until the host hangs up.
+
+    Returns in the zygote (its exit code) and in every child (the run's exit code).
+    """
+    control = _Control(channel_fd)
+    _prctl(_PR_SET_DUMPABLE, 0)
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    runner.prepare_process()
+    loaded, failed = _preload(preload)
+    import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
+
+    threads = len(os.listdir("/proc/self/task"))
+    baseline = _fingerprint()
+    gc.collect()
+    gc.freeze()
+    ready: dict[str, Any] = {
+        "runtime": "python",
+        "version": sys.version.split()[0],
+        "zygote": True,
+        "pid": os.getpid(),
+        "preloaded": loaded,
+        "failed": failed,
+    }
+    if threads != 1:  # a fork copies only the forking thread: whatever the others held stays held
+        ready["problem"] = f"the preloaded modules started {threads - 1} threads; cannot fork safely"
+    try:
+        control.send(Kind.READY, ready)
+        if threads != 1:
+            return EXIT_DIRTY
+        while (command := control.receive()) is not None:
+            kind, body, fds = command
+            problem = (
+                f"expected an EXEC frame, got {kind.name}"
+                if kind is not Kind.EXEC
+                else runner.invalid_exec(body, fds, descriptors=3)
+            )
+            if problem is not None:
+                host.close_fds(fds)
+                control.send(Kind.ERROR, {"message": problem})
+                return runner.EXIT_PROTOCOL
+            pid = os.fork()
+            if pid == 0:
+                return _child(control, body, fds)
+            host.close_fds(fds)
+            _, status = os.waitpid(pid, 0)
+            exit_code = _exit_code(status)
+            problem = _restore(baseline)
+            control.send(Kind.EXITED, {"run": body.get("run", 0), "exitCode": exit_code, "problem": problem})
+            if problem is not None:
+                return EXIT_DIRTY
+    except (OSError, FrameError):  # the channel broke
+        return runner.EXIT_PROTOCOL
+    return 0

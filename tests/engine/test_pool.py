@@ -1,0 +1,279 @@
+"""Warm sandboxes: fresh state per run from a forked zygote, the pool's life, admission control."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_sandbox.engine import Engine
+from mcp_sandbox.errors import BusyError
+
+from .conftest import RunningEngine
+from .helpers import execute, host_processes, poll, spawn_marked, wait_until_gone
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+# Each test's pool: one warm sandbox, nothing preloaded (fast), unless the test says otherwise.
+_POOL: dict[str, Any] = {"pool_size": 1, "pool_min": 1, "pool_preload": ""}
+
+
+@contextlib.asynccontextmanager
+async def warm_engine(running_engine: RunningEngine, **flags: Any) -> AsyncIterator[Engine]:
+    """A running engine whose pool has a warm sandbox ready."""
+    async with running_engine(**{**_POOL, **flags}) as engine:
+        await wait_warm(engine)
+        yield engine
+
+
+async def wait_warm(engine: Engine, count: int = 1) -> None:
+    with anyio.fail_after(60):
+        await poll(lambda: engine.pool.idle >= count)
+
+
+async def warm_run(engine: Engine, code: str, **fields: Any) -> Any:
+    """Run ``code`` in the pool's warm sandbox (waiting for it to be ready first)."""
+    await wait_warm(engine)
+    result = await execute(engine, code, **fields)
+    assert result.warm, "the run did not go to a warm sandbox"
+    return result
+
+
+# (what one run leaves behind, what the next run prints when it sees none of it)
+LEAKS = {
+    "globals": ("secret = 42", "print('secret' in globals())", "False"),
+    "modules": (
+        "import string; string.digits = 'patched'",
+        "import string; print(string.digits)",
+        "0123456789",
+    ),
+    "sys.modules": (
+        "import sys, types; sys.modules['planted'] = types.ModuleType('planted')",
+        "import sys; print('planted' in sys.modules)",
+        "False",
+    ),
+    "tmp": ("open('/tmp/left', 'w').write('x')", "import os; print(os.listdir('/tmp'))", "[]"),
+    "dev-shm": ("open('/dev/shm/left', 'w').write('x')", "import os; print(os.listdir('/dev/shm'))", "[]"),
+    "workspace": (
+        "import os; os.makedirs('/workspace/d/e')\n"
+        "open('/workspace/d/e/f', 'w').write('x')\n"
+        "os.chmod('/workspace/d', 0)",
+        "import os; print(os.listdir('/workspace'))",
+        "[]",
+    ),
+    "signal handlers": (
+        "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+        "import signal; print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)",
+        "True",
+    ),
+    "environment": ("import os; os.environ['LEFT'] = '1'", "import os; print(os.environ.get('LEFT'))", "None"),
+    "cwd and umask": (
+        "import os; os.chdir('/tmp'); os.umask(0o777)",
+        "import os; print(os.getcwd(), oct(os.umask(0o22)))",
+        "/workspace 0o22",
+    ),
+    "System V shared memory": (
+        "import ctypes; libc = ctypes.CDLL(None); assert libc.shmget(1234, 4096, 0o1600) >= 0",
+        "print(open('/proc/sysvipc/shm').read().splitlines()[1:])",
+        "[]",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKS))
+async def test_nothing_of_one_run_reaches_the_next(running_engine: RunningEngine, name: str) -> None:
+    leave, look, clean = LEAKS[name]
+    async with warm_engine(running_engine) as engine:
+        first = await warm_run(engine, leave)
+        second = await warm_run(engine, look)
+
+    assert first.status == "success", first.stderr
+    assert (second.status, second.stdout.strip()) == ("success", clean), second.stderr
+
+
+async def test_processes_a_run_leaves_behind_are_killed_before_the_next(running_engine: RunningEngine) -> None:
+    marker = f"warm-orphan-{uuid.uuid4().hex}"
+    daemon = spawn_marked(marker) + "\nimport os\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(300)\n"
+    async with warm_engine(running_engine) as engine:
+        first = await warm_run(engine, daemon)
+        assert await wait_until_gone(marker) == []
+        second = await warm_run(engine, "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+
+    assert first.status == "success", first.stderr
+    # bwrap's init, the zygote and the run itself: nothing the first run started.
+    assert second.status == "success" and len(eval(second.stdout)) == 3, second.stdout
+
+
+async def test_the_random_generators_differ_between_runs(running_engine: RunningEngine) -> None:
+    code = "import random, numpy; print(random.random(), numpy.random.random())"
+    async with warm_engine(running_engine, pool_preload="numpy") as engine:
+        first = await warm_run(engine, code)
+        second = await warm_run(engine, code)
+
+    first_values, second_values = first.stdout.split(), second.stdout.split()
+    assert first_values[0] != second_values[0] and first_values[1] != second_values[1]
+
+
+async def test_the_default_preload_is_imported_before_the_run(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine, pool_preload="numpy,pandas") as engine:
+        result = await warm_run(engine, "import sys; print('pandas' in sys.modules, 'numpy' in sys.modules)")
+
+    assert result.stdout == "True True\n"
+
+
+async def test_a_run_cannot_signal_its_zygote_or_join_its_process_group(running_engine: RunningEngine) -> None:
+    attack = """
+        import ctypes, os, signal
+        zygote = os.getppid()
+        results = {}
+        for name, call in {
+            "kill": lambda: os.kill(zygote, signal.SIGKILL),
+            "stop": lambda: os.kill(zygote, signal.SIGSTOP),
+            "group": lambda: os.killpg(zygote, signal.SIGKILL),
+            "everyone": lambda: os.kill(-1, signal.SIGKILL),
+            "join": lambda: os.setpgid(0, zygote),
+            "pidfd": lambda: os.pidfd_open(zygote),
+        }.items():
+            try:
+                call()
+                results[name] = "ok"
+            except OSError as error:
+                results[name] = error.errno
+        libc = ctypes.CDLL(None, use_errno=True)
+        # kill(2) with garbage above the 32 bits of the pid: the kernel still reads the pid.
+        results["raw"] = libc.syscall(62, ctypes.c_long((1 << 32) | zygote), 9)
+        print(results)
+    """
+    async with warm_engine(running_engine) as engine:
+        first = await warm_run(engine, attack)
+        second = await warm_run(engine, "print('still warm')")
+
+    assert first.status == "success", first.stderr
+    assert eval(first.stdout) == {"kill": 1, "stop": 1, "group": 1, "everyone": 1, "join": 1, "pidfd": 1, "raw": -1}
+    assert second.stdout == "still warm\n"
+
+
+async def test_a_run_cannot_write_the_zygotes_memory(running_engine: RunningEngine) -> None:
+    attack = """
+        import os
+        try:
+            open(f"/proc/{os.getppid()}/mem", "r+b")
+            print("opened")
+        except OSError as error:
+            print(type(error).__name__)
+    """
+    async with warm_engine(running_engine) as engine:
+        result = await warm_run(engine, attack)
+
+    assert result.stdout == "PermissionError\n"
+
+
+async def test_a_run_that_changes_the_zygotes_limits_gets_a_new_warm_sandbox(running_engine: RunningEngine) -> None:
+    lower = "import os, resource; resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (16, 16))"
+    look = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    async with warm_engine(running_engine, open_files=256) as engine:
+        first = await warm_run(engine, lower)
+        second = await warm_run(engine, look)
+
+    assert first.status == "success", first.stderr
+    assert second.stdout == "(256, 256)\n"
+
+
+async def test_a_timed_out_warm_run_is_killed_and_the_pool_refills(running_engine: RunningEngine) -> None:
+    marker = f"warm-timeout-{uuid.uuid4().hex}"
+    async with warm_engine(running_engine) as engine:
+        timed_out = await warm_run(engine, spawn_marked(marker) + "\ntime.sleep(600)", time_limit=2)
+        assert await wait_until_gone(marker) == []
+        after = await warm_run(engine, "print('again')")
+
+    assert (timed_out.status, timed_out.exit_code) == ("timeout", 124)
+    assert after.stdout == "again\n"
+
+
+async def test_exit_codes_errors_and_output_match_a_fresh_sandbox(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine) as engine:
+        exited = await warm_run(engine, "import sys; print('out'); sys.exit(3)")
+        raised = await warm_run(engine, "raise ValueError('boom')")
+        crashed = await warm_run(engine, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+        at_exit = await warm_run(engine, "import atexit; atexit.register(print, 'bye')")
+
+    assert (exited.status, exited.exit_code, exited.stdout) == ("error", 3, "out\n")
+    assert raised.exit_code == 1 and raised.stderr.endswith("ValueError: boom\n")
+    assert crashed.exit_code == 128 + 11 and crashed.error is not None and "SIGSEGV" in crashed.error
+    assert (at_exit.status, at_exit.stdout) == ("success", "bye\n")
+
+
+async def test_memory_and_pids_limits_are_reported_per_run(running_engine: RunningEngine) -> None:
+    hog = "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1"
+    bomb = """
+        import os, time
+        for _ in range(200):
+            try:
+                os.fork() or time.sleep(30)
+            except OSError:
+                break
+    """
+    async with warm_engine(running_engine, memory="256m", pids=32) as engine:
+        oom = await warm_run(engine, hog)
+        forks = await warm_run(engine, bomb)
+        await wait_warm(engine)
+        fine = await warm_run(engine, "print(1)")
+
+    assert oom.status == "error" and oom.error is not None and "memory limit" in oom.error
+    assert forks.error is not None and "process limit of 32 reached" in forks.error
+    assert (fine.status, fine.error) == ("success", None)
+
+
+async def test_the_pool_grows_to_its_size_and_shrinks_when_idle(running_engine: RunningEngine) -> None:
+    async with running_engine(pool_size=3, pool_min=1, pool_preload="", pool_idle="1s") as engine:
+        await wait_warm(engine)
+        async with anyio.create_task_group() as runs:
+            for _ in range(3):
+                runs.start_soon(execute, engine, "import time; time.sleep(1)")
+        await wait_warm(engine, 2)  # the runs that found none idle made it grow
+        assert engine.pool.size >= 2
+        with anyio.fail_after(30):
+            await poll(lambda: engine.pool.size == 1)
+
+
+async def test_runs_past_the_queue_are_refused_busy(running_engine: RunningEngine) -> None:
+    flags = {"max_concurrent_runs": 1, "max_queued_runs": 1, "queue_timeout": "30s"}
+    async with running_engine(**_POOL, **flags) as engine:
+        results: list[Any] = []
+
+        async def run(code: str) -> None:
+            try:
+                results.append(await execute(engine, code))
+            except BusyError as error:
+                results.append(error)
+
+        async with anyio.create_task_group() as runs:
+            runs.start_soon(run, "import time; time.sleep(2)")
+            await anyio.sleep(0.3)
+            runs.start_soon(run, "print('queued')")
+            await anyio.sleep(0.3)
+            runs.start_soon(run, "print('refused')")
+
+    refused = [r for r in results if isinstance(r, BusyError)]
+    ran = [r.stdout for r in results if not isinstance(r, BusyError)]
+    assert len(refused) == 1 and "waiting" in str(refused[0])
+    assert sorted(ran) == ["", "queued\n"]
+
+
+async def test_a_run_waits_at_most_queue_timeout_for_a_slot(running_engine: RunningEngine) -> None:
+    async with running_engine(**_POOL, max_concurrent_runs=1, queue_timeout="1s") as engine:
+        async with anyio.create_task_group() as runs:
+            runs.start_soon(execute, engine, "import time; time.sleep(3)")
+            await anyio.sleep(0.3)
+            with pytest.raises(BusyError):
+                await execute(engine, "print(1)")
+
+
+async def test_without_a_running_engine_runs_start_sandboxes_of_their_own(make_engine: Any) -> None:
+    result = await execute(make_engine(**_POOL), "print(1)")
+    assert (result.stdout, result.warm) == ("1\n", False)
+    assert host_processes("--zygote") == []
