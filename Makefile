@@ -146,7 +146,7 @@ typecheck: venv ## mypy (strict; configured in pyproject.toml)
 pytest: setup downstream conformance-tools ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; more to come)
+bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; run: warm vs cold latency, throughput, memory)
 	$(BIN)/python bench/tokens.py
 	@if [ -f bench/run.py ]; then \
 	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \

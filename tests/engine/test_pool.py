@@ -277,3 +277,17 @@ async def test_without_a_running_engine_runs_start_sandboxes_of_their_own(make_e
     result = await execute(make_engine(**_POOL), "print(1)")
     assert (result.stdout, result.warm) == ("1\n", False)
     assert host_processes("--zygote") == []
+
+
+async def test_warm_runs_see_the_stubs_and_call_the_tools_of_their_own_servers(running_engine: RunningEngine) -> None:
+    from .test_code_mode import stubs
+
+    call = "import os\nprint(sorted(os.listdir('/tools')), mcp_{alias}.{tool}_sync())"
+    async with warm_engine(running_engine) as engine:
+        first_access = stubs(engine, alpha=["ping"])
+        first = await warm_run(engine, call.format(alias="alpha", tool="ping"), tools=first_access)
+        second_access = stubs(engine, beta=["pong"])
+        second = await warm_run(engine, call.format(alias="beta", tool="pong"), tools=second_access)
+
+    assert first.stdout == "['alpha'] {'server': 'alpha', 'tool': 'ping'}\n", first.stderr
+    assert second.stdout == "['beta'] {'server': 'beta', 'tool': 'pong'}\n", second.stderr
