@@ -29,7 +29,7 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.interpreter import Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
-from mcp_sandbox.engine.runtimes import python_policy
+from mcp_sandbox.engine.runtimes import policy_for, python_policy
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
 from mcp_sandbox.workspace.removal import remove_tree
@@ -133,7 +133,8 @@ class Engine:
             ValueError: a session run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
         started = time.perf_counter()
-        if request.session is not None and self.settings.sessions:
+        # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
+        if request.session is not None and self.settings.sessions and request.language == "python":
             return await self._execute_in_session(request, request.session, started)
         return await self._execute_fresh(request, started)
 
@@ -158,8 +159,9 @@ class Engine:
             workspace = request.workspace
             if workspace is None:
                 workspace = await stack.enter_async_context(self._scratch_workspace())
-            policy = python_policy(
+            policy = policy_for(
                 self.settings,
+                request.language,
                 workspace=workspace,
                 timeout=request.timeout,
                 mounts=request.tools.mounts if request.tools is not None else (),
