@@ -104,7 +104,10 @@ def run_code_tool(settings: Settings, languages: Sequence[str]) -> types.Tool:
     properties["network"] = {"type": "boolean"}
     return types.Tool(
         name="run_code",
-        description=("Like run_python (same sandbox, arguments and result), in any language list_runners reports."),
+        description=(
+            "Like run_python (same sandbox, arguments and result), in any language list_runners reports. "
+            "TypeScript/JavaScript: `await mcp.servers.<alias>.<tool>({...})`, typed in /tools/<alias>/index.d.ts."
+        ),
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema={"type": "object", "properties": properties, "required": ["code", "language"]},
         annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
