@@ -115,7 +115,8 @@ const text = require("fs").readFileSync(process.argv[2], "utf8");
 const scanner = ts.createScanner(ts.ScriptTarget.Latest, true, ts.LanguageVariant.Standard, text);
 const words = new Set();
 for (let token = scanner.scan(); token !== ts.SyntaxKind.EndOfFileToken; token = scanner.scan()) {
-  if (token === ts.SyntaxKind.Identifier || (token >= ts.SyntaxKind.FirstKeyword && token <= ts.SyntaxKind.LastKeyword)) {
+  const keyword = token >= ts.SyntaxKind.FirstKeyword && token <= ts.SyntaxKind.LastKeyword;
+  if (token === ts.SyntaxKind.Identifier || keyword) {
     words.add(scanner.getTokenText());
   }
 }

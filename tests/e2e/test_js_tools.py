@@ -42,7 +42,9 @@ async def client(module_state_dir: Path, sandbox_runtime: Path | None, js_runtim
     require_installed()
     directory = module_state_dir.parent / f"downstream-{js_runtime}"
     directory.mkdir(parents=True)
-    config = servers_config(directory, git_repo=make_git_repo(directory / "repo"), include=("time", "everything", "fixture"))
+    config = servers_config(
+        directory, git_repo=make_git_repo(directory / "repo"), include=("time", "everything", "fixture")
+    )
     write_servers_config(directory / "servers.json", config)
     flags: dict[str, Any] = {
         "state_dir": str(module_state_dir / js_runtime),
@@ -93,7 +95,7 @@ async def test_a_typescript_script_chains_tools_of_two_servers_with_typed_result
 
         const now: GetCurrentTimeResult = await mcp.servers.time.get_current_time({ timezone: "Europe/Paris" });
         const [sum, echoed] = await Promise.all([
-          mcp.servers.everything.add({ a: 40, b: 2 }),
+          mcp.servers.everything["get-sum"]({ a: 40, b: 2 }),
           mcp.servers.everything.echo({ message: now.timezone }),
         ]);
         const typings = readFileSync("/tools/time/index.d.ts", "utf8");

@@ -93,7 +93,9 @@ async def test_an_unhandled_rejection_is_an_error(js_engine: Engine) -> None:
 
 
 async def test_process_exit_gives_its_code_and_keeps_the_output_before_it(js_engine: Engine) -> None:
-    result = await execute(js_engine, "console.log('before'); process.exit(7); console.log('after');", language="javascript")
+    result = await execute(
+        js_engine, "console.log('before'); process.exit(7); console.log('after');", language="javascript"
+    )
     assert (result.status, result.exit_code, result.stdout) == ("error", 7, "before\n")
     zero = await execute(js_engine, "process.exitCode = 0; console.log('fine')", language="javascript")
     assert (zero.status, zero.exit_code) == ("success", 0)
@@ -171,7 +173,8 @@ async def test_a_conversations_javascript_runs_share_files_but_not_variables(
             os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
         first = await execute(
             engine,
-            "import { writeFileSync } from 'node:fs';\n(globalThis as any).kept = 1;\nwriteFileSync('/workspace/a.txt', 'A');",
+            "import { writeFileSync } from 'node:fs';\n"
+            "(globalThis as any).kept = 1;\nwriteFileSync('/workspace/a.txt', 'A');",
             language="typescript",
             session="c",
             workspace=workspace,

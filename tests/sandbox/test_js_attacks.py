@@ -155,8 +155,8 @@ async def test_system_directories_and_the_runtime_are_read_only(js_sandbox: Sand
         for (const path of ["/usr/x", "/etc/x", "/x", "/opt/mcp-sandbox/typescript/runner.ts", "/opt/x"]) {
           report[path] = outcome(() => fs.writeFileSync(path, "x"));
         }
-        const bin = fs.readdirSync("/opt/mcp-sandbox").filter((name) => name !== "typescript")[0];
-        report.binary = outcome(() => fs.appendFileSync(`/opt/mcp-sandbox/${bin}/` + fs.readdirSync(`/opt/mcp-sandbox/${bin}`).find((n) => !n.endsWith(".json") && !n.endsWith(".md") && n !== "bin") , "x"));
+        const runtime = isDeno ? "deno" : "bun";
+        report.binary = outcome(() => fs.appendFileSync(`/opt/mcp-sandbox/${runtime}/${runtime}`, "x"));
         report.shadow = outcome(() => fs.readFileSync("/etc/shadow"));
         report.root = outcome(() => fs.readdirSync("/root"));
         """,
@@ -190,14 +190,14 @@ async def test_file_size_is_limited(make_sandbox: RunnerFactory, js_runtime: str
     workspace.mkdir(mode=0o700)
     if os.geteuid() == 0:
         os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
-    result = await run_js(
-        sandbox, "fs.writeFileSync('/workspace/big', new Uint8Array(16 << 20));", workspace=workspace
-    )
+    result = await run_js(sandbox, "fs.writeFileSync('/workspace/big', new Uint8Array(16 << 20));", workspace=workspace)
     assert result.status == "error"  # EFBIG, or SIGXFSZ for a runtime that does not ignore it
     assert (workspace / "big").stat().st_size <= 4 << 20
 
 
-async def test_the_servers_environment_does_not_leak(js_sandbox: SandboxRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_servers_environment_does_not_leak(
+    js_sandbox: SandboxRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MCP_SANDBOX_TEST_SECRET", "leaked-secret-value")
     report = await report_js(
         js_sandbox,
