@@ -161,3 +161,20 @@ async def test_list_runners_reports_typescript_and_javascript_with_the_runtime(c
         assert runners[language]["runtime"] == js_runtime
         assert runners[language]["version"] and runners[language]["version"][0].isdigit()
         assert "error" not in runners[language]
+
+
+async def test_fifty_concurrent_calls_and_a_large_result_arrive(client: Client) -> None:
+    # `rendezvous` only returns once 50 calls are in flight at the same moment.
+    data = await run_code(
+        client,
+        """
+        const peaks = await Promise.all(
+          Array.from({ length: 50 }, () => mcp.servers.fixture.rendezvous({ parties: 50, seconds: 60 })),
+        );
+        const text = (await mcp.servers.fixture.big({ mebibytes: 8 })) as string;
+        console.log(Math.min(...peaks.map((peak: any) => peak.result)), peaks.length, text.length, new Set(text).size);
+        """,
+        servers=["fixture"],
+    )
+    assert data["status"] == "success", data
+    assert data["stdout"].split() == ["50", "50", str(8 << 20), "1"]
