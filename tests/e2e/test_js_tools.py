@@ -118,6 +118,7 @@ async def test_a_failing_or_denied_tool_call_rejects_with_mcp_error(client: Clie
         for (const call of [
           () => mcp.servers.time.get_current_time({ timezone: "Not/AZone" }),
           () => mcp.runtime.callTool("fixture", "add", { a: 1, b: 2 }),
+          () => mcp.servers.fixture.add({ a: 1, b: 2 }),
         ]) {
           try { await call(); console.log("no error"); }
           catch (error) { console.log(error instanceof mcp.MCPError, (error as any).kind); }
@@ -128,7 +129,7 @@ async def test_a_failing_or_denied_tool_call_rejects_with_mcp_error(client: Clie
         servers=["time"],
     )
     assert data["status"] == "success", data
-    assert data["stdout"].splitlines() == ["true tool", "true denied", "time"]
+    assert data["stdout"].splitlines() == ["true tool", "true denied", "true denied", "time"]
 
 
 async def test_a_conversations_files_are_written_and_listed(client: Client) -> None:

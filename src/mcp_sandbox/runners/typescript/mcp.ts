@@ -193,19 +193,28 @@ export function createApi(host: Requester, servers: string[]): Api {
     queryToolDocs: async (server, tool = null, detail = "summary") =>
       (await ask("query_tool_docs", { server, tool, detail }, server, tool)) as string,
   };
-  const bound: Record<string, Record<string, ToolFunction>> = {};
-  for (const alias of servers) {
-    // Any property is a tool: the host knows the server's tools, and says so when one is missing.
-    bound[alias] = new Proxy({} as Record<string, ToolFunction>, {
+  // Any property is a tool: the host knows the server's tools, and says so when one is missing.
+  const toolsOf = (alias: string) =>
+    new Proxy({} as Record<string, ToolFunction>, {
       get: (_target, tool) => {
         if (typeof tool !== "string" || tool === "then") return undefined; // not a thenable
         return (args: Record<string, unknown> = {}) => runtime.callTool(alias, tool, args);
       },
     });
-  }
+  const bound: Record<string, Record<string, ToolFunction>> = {};
+  for (const alias of servers) bound[alias] = toolsOf(alias);
+  // The run's servers are its keys; another name still reaches the host, which says why it is denied.
+  const serverProxy = new Proxy(bound, {
+    get: (target, alias) => {
+      if (typeof alias !== "string" || alias === "then") return undefined;
+      return target[alias] ?? toolsOf(alias);
+    },
+    set: () => false,
+    deleteProperty: () => false,
+  });
   return {
     runtime,
-    servers: Object.freeze(bound),
+    servers: serverProxy,
     MCPError,
     Media,
     Resource,
