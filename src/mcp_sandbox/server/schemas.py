@@ -99,15 +99,12 @@ def run_code_tool(settings: Settings, languages: Sequence[str]) -> types.Tool:
     properties = {name: {"type": schema["type"]} for name, schema in _common_properties(settings).items()}
     properties["servers"] = {"type": "array", "items": {"type": "string"}}
     properties["outputMode"] = {"type": "string", "enum": list(OUTPUT_MODES)}
-    properties["language"] = {"type": "string", "enum": list(languages)}
+    properties["language"] = {"enum": list(languages)}  # strings all: "type" would only cost tokens
     properties["environment"] = {"type": "object", "additionalProperties": {"type": "string"}}
     properties["network"] = {"type": "boolean"}
     return types.Tool(
         name="run_code",
-        description=(
-            "Like run_python (same sandbox, arguments and result), in any language list_runners reports. "
-            "TypeScript/JavaScript: `await mcp.servers.<alias>.<tool>({...})`, typed in /tools/<alias>/index.d.ts."
-        ),
+        description=("Like run_python (same sandbox, arguments and result), in any language list_runners reports."),
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema={"type": "object", "properties": properties, "required": ["code", "language"]},
         annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
