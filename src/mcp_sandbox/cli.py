@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", dest="code", help="the code to run")
     source.add_argument("file", nargs="?", type=Path, help="a file to run ('-' for stdin)")
-    run.add_argument("--language", choices=("python",), default="python")
+    run.add_argument("--language", choices=("python", "typescript", "javascript"), default="python")
     run.add_argument("--json", action="store_true", help="print the structured result as JSON")
     run.add_argument(
         "--server",
@@ -124,7 +124,8 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     async def run() -> ExecutionResult:
         async with open_bridge(settings) as bridge, engine.running():
             tools = await bridge.open_run(bridge.aliases(args.servers))
-            return await engine.execute(ExecutionRequest(code=code, timeout=settings.timeout, tools=tools))
+            request = ExecutionRequest(code=code, timeout=settings.timeout, language=args.language, tools=tools)
+            return await engine.execute(request)
 
     result = anyio.run(run)
     if args.json:

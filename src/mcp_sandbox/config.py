@@ -23,6 +23,7 @@ from mcp_sandbox.errors import ConfigError
 
 __all__ = [
     "ENV_ALIASES",
+    "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
     "OutputMode",
@@ -116,6 +117,13 @@ def _default_python_runtime() -> Path:
     return built if (built / "bin" / "python3").exists() else Path("/usr")
 
 
+def _default_js_runtime_dir() -> Path:
+    # `make` installs runtime/js/package.json's pinned runtimes there (bun, deno).
+    return Path(sys.prefix).resolve().parent / ".runtime" / "js"
+
+
+JS_RUNTIMES = ("bun", "deno")
+
 _BYTE_FIELDS = frozenset(
     {
         "memory",
@@ -164,6 +172,9 @@ class Settings:
     # Sandbox runtimes and binaries.
     python_runtime: Path = field(default_factory=_default_python_runtime)
     bwrap_path: Path | None = None
+    # TypeScript/JavaScript: which runtime (bun or deno), and where `make` installed them.
+    js_runtime: str = "bun"
+    js_runtime_dir: Path = field(default_factory=_default_js_runtime_dir)
     accept_weaker_isolation: bool = False
 
     # Container backends (rootless podman/docker); the earlier bridge's names.
@@ -224,6 +235,8 @@ class Settings:
     config_file: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.js_runtime not in JS_RUNTIMES:
+            raise ConfigError(f"js_runtime: {self.js_runtime!r} is not one of {', '.join(JS_RUNTIMES)}")
         if self.output_mode not in OUTPUT_MODES:
             raise ConfigError(f"output_mode: {self.output_mode!r} is not one of {', '.join(OUTPUT_MODES)}")
         if not 0 < self.timeout <= self.max_timeout:

@@ -12,6 +12,7 @@ import anyio
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
 
@@ -59,6 +60,26 @@ def _check_runtime(settings: Settings, out: TextIO) -> bool:
     return "MISSING" not in result.stdout
 
 
+def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> None:
+    """Run TypeScript once on the configured runtime. Reported only: Python works without it."""
+    binary = js_binary(settings)
+    out.write(f"\njavascript runtime: {settings.js_runtime} ({binary})\n")
+    if not os.access(binary, os.X_OK):
+        out.write("  MISSING: typescript/javascript runs fail; run `make` to install it\n")
+        return
+    if not memory_cgroup:
+        out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
+    engine = Engine(settings, get_backend(settings.backend, settings))
+    request = ExecutionRequest(code="const n: number = 6 * 7;\nconsole.log(n);", timeout=60, language="typescript")
+    try:
+        result = anyio.run(engine.execute, request)
+    except SandboxError as exc:
+        out.write(f"  FAILED to start a sandbox: {exc}\n")
+        return
+    ok = result.status == "success" and result.stdout == "42\n"
+    out.write("  ok: ran TypeScript in a sandbox\n" if ok else f"  FAILED: {result.error or result.stderr.strip()}\n")
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -73,6 +94,8 @@ def doctor(settings: Settings, out: TextIO) -> int:
         out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
         return 1
     runtime_ok = _check_runtime(settings, out)
+    memory = next((c for c in configured.capabilities if c.name.startswith("memory")), None)
+    _check_js_runtime(settings, memory is not None and memory.enforced, out)
     weak = configured.missing()
     if weak and not settings.accept_weaker_isolation:
         out.write(

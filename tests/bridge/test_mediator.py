@@ -359,8 +359,9 @@ async def test_a_server_that_cannot_start_still_gets_a_toolless_stub_package(bri
     broken = mounts[f"{TOOLS_MOUNT}/broken"]
     assert not broken.writable
     files = stub_files(broken.source)
-    assert list(files) == ["__init__.py"]
+    assert sorted(files) == ["__init__.py", "index.d.ts"]
     assert "UNAVAILABLE" in files["__init__.py"]
+    assert "UNAVAILABLE" in files["index.d.ts"]
 
     call = await ask(run, {"op": "call_tool", "server": "broken", "tool": "echo", "arguments": {"text": "x"}})
     assert (error_of(call)["kind"], error_of(call)["server"]) == ("unavailable", "broken")

@@ -439,7 +439,8 @@ async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input
 async def test_list_runners_reports_python_with_its_version_and_packages(client: Client) -> None:
     with anyio.fail_after(CALL_BOUND):
         result = await client.call_tool("list_runners", {})
-    (python,) = structured(result)["runners"]
+    python, *others = structured(result)["runners"]
+    assert [runner["language"] for runner in others] == ["typescript", "javascript"]
     assert python["language"] == "python"
     assert python["runtime"] == "CPython"
     assert python["version"].startswith("3.")

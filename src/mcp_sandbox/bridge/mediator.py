@@ -27,6 +27,7 @@ from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
 from mcp_sandbox.bridge.pool import ClientPool, open_client_pool
 from mcp_sandbox.bridge.search import DETAILS, ToolIndex, render
 from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
+from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.sandbox.policy import Mount
@@ -102,6 +103,7 @@ class Bridge:
         permitted = [tool for tool in tools if spec.permits(tool.name)]
         docs = tool_docs(alias, permitted)
         files = render_package(alias, spec.name, None, docs)
+        files["index.d.ts"] = render_typings(alias, spec.name, None, docs)  # for TypeScript/JavaScript
         directory = await anyio.to_thread.run_sync(self._write, alias, files)
         stubs = _Stubs(tools, docs, directory)
         self._stubs[alias] = stubs
@@ -113,7 +115,9 @@ class Bridge:
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
-        files = render_package(spec.alias, spec.name, f"UNAVAILABLE in this run: {reason}", [])
+        note = f"UNAVAILABLE in this run: {reason}"
+        files = render_package(spec.alias, spec.name, note, [])
+        files["index.d.ts"] = render_typings(spec.alias, spec.name, note, [])
         return await anyio.to_thread.run_sync(self._write, spec.alias, files)
 
     async def docs(self, alias: str) -> list[ToolDoc]:

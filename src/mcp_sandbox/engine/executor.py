@@ -37,7 +37,7 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.pool import Warm, WarmPool
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
-from mcp_sandbox.engine.runtimes import limits_for, python_policy, zygote_policy
+from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
@@ -160,7 +160,8 @@ class Engine:
         """
         async with self._admission.slot():
             started = time.perf_counter()
-            if request.session is not None and self.settings.sessions:
+            # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
+            if request.session is not None and self.settings.sessions and request.language == "python":
                 return await self._execute_in_session(request, request.session, started)
             if request.workspace is None and request.language == "python" and (warm := self._pool.take()) is not None:
                 return await self._execute_warm(request, warm, started)
@@ -187,8 +188,9 @@ class Engine:
             workspace = request.workspace
             if workspace is None:
                 workspace = await stack.enter_async_context(self._scratch_workspace())
-            policy = python_policy(
+            policy = policy_for(
                 self.settings,
+                request.language,
                 workspace=workspace,
                 timeout=request.timeout,
                 mounts=request.tools.mounts if request.tools is not None else (),

@@ -11,7 +11,26 @@ from mcp_sandbox.runners import RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
 
-__all__ = ["BASE_ENVIRONMENT", "limits_for", "python_policy", "zygote_policy"]
+__all__ = [
+    "BASE_ENVIRONMENT",
+    "JS_LANGUAGES",
+    "js_binary",
+    "js_policy",
+    "limits_for",
+    "policy_for",
+    "python_policy",
+    "zygote_policy",
+]
+
+# The languages the JavaScript runtimes run: TypeScript is transpiled by the runtime itself.
+JS_LANGUAGES = ("typescript", "javascript")
+# Where each runtime's npm package (runtime/js/package.json, installed by `make`) keeps its binary.
+_JS_BINARIES: Mapping[str, str] = {
+    "bun": "node_modules/@oven/bun-linux-x64/bin/bun",
+    "deno": "node_modules/@deno/linux-x64-glibc/deno",
+}
+# Headroom left under the memory limit for what is not the JavaScript heap (code, stacks, buffers).
+_JS_HEAP_SHARE = 0.75
 
 # The whole environment of the sandbox, on bwrap's command line. Nothing of the host's, and no
 # per-call value: those travel in the EXEC frame (a command line is visible to every host user).
@@ -91,3 +110,89 @@ def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount
     policy = python_policy(settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True)
     preload = ",".join(settings.pool_preload)
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
+
+
+def js_binary(settings: Settings, runtime: str | None = None) -> Path:
+    """The host path of the binary of the JavaScript runtime ``runtime`` (default: the configured one)."""
+    return settings.js_runtime_dir / _JS_BINARIES[runtime or settings.js_runtime]
+
+
+def _js_command(settings: Settings, language: str, binary: str, heap_mib: int) -> tuple[str, ...]:
+    runner = f"{RUNTIME_MOUNT}/typescript"
+    if settings.js_runtime == "deno":
+        # Deno's own permissions mirror the sandbox's (which enforces them in any case): no network,
+        # writes only where the sandbox has writable space. FFI is the runner's (recvmsg, dup2),
+        # and so open to the code too: the OS sandbox, not Deno, is the boundary.
+        return (
+            binary, "run", "--quiet", "--no-config", "--no-lock", "--no-remote", "--no-npm", "--no-prompt",
+            "--allow-read", "--allow-write=/workspace,/data,/tmp", "--allow-env", "--allow-run", "--allow-sys",
+            "--allow-ffi", f"--v8-flags=--max-old-space-size={heap_mib}",
+            f"{runner}/deno.ts", language,
+        )  # fmt: skip
+    # bun: nothing of the workspace configures the runtime (bunfig.toml, .env, tsconfig.json).
+    return (
+        binary, "run", "--no-install", "--no-env-file", f"--config={runner}/bunfig.toml",
+        f"--tsconfig-override={runner}/tsconfig.json", f"{runner}/bun.ts", language,
+    )  # fmt: skip
+
+
+def js_policy(
+    settings: Settings,
+    *,
+    language: str,
+    workspace: Path,
+    timeout: float,
+    mounts: Sequence[Mount] = (),
+) -> SandboxPolicy:
+    """The policy of a TypeScript/JavaScript sandbox on the configured runtime (``js_runtime``).
+
+    The same sandbox as Python's, except memory: V8 and JavaScriptCore reserve far more address
+    space than they use, so instead of RLIMIT_AS the heap is capped by the runtime's own flag
+    (deno: ``--max-old-space-size``; bun: JavaScriptCore's ``forceRAMSize``, which sizes its
+    collector) under the memory cgroup, which is the hard limit.
+
+    Raises:
+        ValueError: ``language`` is not one of :data:`JS_LANGUAGES`.
+    """
+    if language not in JS_LANGUAGES:
+        raise ValueError(f"{language!r} is not a JavaScript language")
+    system, links = system_mounts()
+    package = js_binary(settings).parent
+    inside = f"{RUNTIME_MOUNT}/{settings.js_runtime}"
+    extra = [Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"), Mount(package, inside), *mounts]
+    heap_mib = max(16, int(settings.memory * _JS_HEAP_SHARE) >> 20)
+    env = dict(BASE_ENVIRONMENT)
+    if settings.js_runtime == "deno":
+        env.update({"DENO_DIR": "/tmp/.deno", "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"})
+    else:
+        env.update(
+            {
+                "BUN_JSC_forceRAMSize": str(heap_mib << 20),
+                "BUN_RUNTIME_TRANSPILER_CACHE_PATH": "0",  # no cache to write in a fresh /tmp
+                "DO_NOT_TRACK": "1",
+                "NO_COLOR": "1",
+            }
+        )
+    binary = f"{inside}/{js_binary(settings).name}"
+    return SandboxPolicy(
+        command=_js_command(settings, language, binary, heap_mib),
+        mounts=(*system, *extra),
+        symlinks=links,
+        workspace=workspace,
+        environment=env,
+        limits=dataclasses.replace(limits_for(settings, timeout), address_space=False),
+    )
+
+
+def policy_for(
+    settings: Settings,
+    language: str,
+    *,
+    workspace: Path,
+    timeout: float,
+    mounts: Sequence[Mount] = (),
+) -> SandboxPolicy:
+    """The policy of a fresh sandbox for ``language`` (python, typescript or javascript)."""
+    if language in JS_LANGUAGES:
+        return js_policy(settings, language=language, workspace=workspace, timeout=timeout, mounts=mounts)
+    return python_policy(settings, workspace=workspace, timeout=timeout, mounts=mounts)

@@ -41,6 +41,9 @@ class Limits:
     tmp_size: int = 64 << 20
     file_size: int = 256 << 20
     open_files: int = 256
+    # Whether RLIMIT_AS may stand in for memory where no memory cgroup can: False for runtimes
+    # (V8, JavaScriptCore) that reserve gigabytes of address space they never touch.
+    address_space: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ import subprocess
 from typing import Any
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.runtimes import JS_LANGUAGES, js_binary
 
 __all__ = ["describe_runners"]
 
@@ -22,7 +23,24 @@ _PROBE = (
 
 
 def describe_runners(settings: Settings) -> list[dict[str, Any]]:
-    """The runners this server offers. Blocking (it runs the interpreter once): call from a thread."""
+    """The runners this server offers. Blocking (it runs each runtime once): call from a thread."""
+    return [*_python_runners(settings), *_js_runners(settings)]
+
+
+def _js_runners(settings: Settings) -> list[dict[str, Any]]:
+    """TypeScript and JavaScript on the configured runtime: its version; no packages are installed for it."""
+    binary = js_binary(settings)
+    entry: dict[str, Any] = {"runtime": settings.js_runtime, "version": None, "packages": []}
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True)
+        # bun prints "1.4.5"; deno "deno 2.9.6 (stable, ...)" and then its V8's and TypeScript's.
+        entry["version"] = done.stdout.split()[1] if settings.js_runtime == "deno" else done.stdout.strip()
+    except (OSError, subprocess.SubprocessError, IndexError) as exc:
+        entry["error"] = f"{settings.js_runtime} is not installed at {binary} (run make): {exc}"
+    return [{"language": language, **entry} for language in JS_LANGUAGES]
+
+
+def _python_runners(settings: Settings) -> list[dict[str, Any]]:
     interpreter = str(settings.python_interpreter)
     try:
         done = subprocess.run([interpreter, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, check=True)

@@ -99,7 +99,7 @@ def run_code_tool(settings: Settings, languages: Sequence[str]) -> types.Tool:
     properties = {name: {"type": schema["type"]} for name, schema in _common_properties(settings).items()}
     properties["servers"] = {"type": "array", "items": {"type": "string"}}
     properties["outputMode"] = {"type": "string", "enum": list(OUTPUT_MODES)}
-    properties["language"] = {"type": "string", "enum": list(languages)}
+    properties["language"] = {"enum": list(languages)}  # strings all: "type" would only cost tokens
     properties["environment"] = {"type": "object", "additionalProperties": {"type": "string"}}
     properties["network"] = {"type": "boolean"}
     return types.Tool(

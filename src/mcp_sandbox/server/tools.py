@@ -34,7 +34,7 @@ __all__ = ["LANGUAGES", "ToolHandlers"]
 
 logger = logging.getLogger(__name__)
 
-LANGUAGES = ("python",)
+LANGUAGES = ("python", "typescript", "javascript")
 
 
 def _error_result(message: str) -> types.CallToolResult:
@@ -197,7 +197,7 @@ class ToolHandlers:
             self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.settings)
         lines = []
         for runner in self._runners:
-            packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"])
+            packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"
             lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
         return types.CallToolResult(
             content=[types.TextContent(type="text", text="\n".join(lines))],

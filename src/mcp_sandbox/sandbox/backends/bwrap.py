@@ -196,7 +196,7 @@ class BwrapBackend:
             (resource.RLIMIT_CORE, 0),
         ]
         support = self.cgroups
-        if not support.enforces("memory"):
+        if not support.enforces("memory") and limits.address_space:
             rlimits.append((resource.RLIMIT_AS, limits.memory))  # weaker stand-in, reported by probe
         if not support.enforces("pids"):
             rlimits.append((resource.RLIMIT_NPROC, limits.pids))  # per host uid, reported by probe

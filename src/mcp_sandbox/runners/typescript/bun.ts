@@ -1,0 +1,76 @@
+/**
+ * Entry on bun: `bun run /opt/mcp-sandbox/typescript/bun.ts LANGUAGE CHANNEL_FD`.
+ *
+ * libc through bun:ffi. Bun's FFI calls block the thread that makes them, so replies are read by
+ * a worker (bun_reader.ts) blocked in read(2); it is referenced only while a reply is awaited, so
+ * it never keeps a finished run alive.
+ */
+
+import { dlopen, FFIType, ptr, read } from "bun:ffi";
+import { mkdirSync, writeFileSync } from "node:fs";
+import type { Libc } from "./libc.ts";
+import type { AsyncReader, Platform } from "./platform.ts";
+import { main } from "./runner.ts";
+
+const { i32, i64, ptr: pointer, u64 } = FFIType;
+const lib = dlopen("libc.so.6", {
+  recvmsg: { args: [i32, pointer, i32], returns: i64 },
+  read: { args: [i32, pointer, u64], returns: i64 },
+  write: { args: [i32, pointer, u64], returns: i64 },
+  dup: { args: [i32], returns: i32 },
+  dup2: { args: [i32, i32], returns: i32 },
+  close: { args: [i32], returns: i32 },
+  __errno_location: { args: [], returns: pointer },
+});
+const calls = lib.symbols;
+
+const libc: Libc = {
+  address: (buffer) => BigInt(ptr(buffer)),
+  recvmsg: (fd, header, flags) => Number(calls.recvmsg(fd, header, flags)),
+  read: (fd, buffer, length) => Number(calls.read(fd, buffer, length)),
+  write: (fd, buffer, length) => Number(calls.write(fd, buffer, length)),
+  dup: (fd) => calls.dup(fd),
+  dup2: (fd, target) => calls.dup2(fd, target),
+  close: (fd) => calls.close(fd),
+  errno: () => read.i32(calls.__errno_location()!, 0),
+};
+
+class WorkerReader implements AsyncReader {
+  private readonly worker: Worker;
+
+  constructor(
+    fd: number,
+    onData: (chunk: Uint8Array | null) => void,
+    private readonly wanted: () => boolean,
+  ) {
+    this.worker = new Worker(new URL("./bun_reader.ts", import.meta.url).href);
+    this.worker.onmessage = (event: MessageEvent<Uint8Array | null>) => {
+      onData(event.data);
+      this.poke();
+    };
+    this.worker.postMessage(fd);
+  }
+
+  poke(): void {
+    if (this.wanted()) this.worker.ref();
+    else this.worker.unref();
+  }
+}
+
+const platform: Platform = {
+  runtime: "bun",
+  version: Bun.version,
+  libc,
+  openReader: (fd, onData, wanted) => new WorkerReader(fd, onData, wanted),
+  setEnv: (env) => void Object.assign(process.env, env),
+  writeFile: (path, text) => writeFileSync(path, text),
+  mkdir: (path) => void mkdirSync(path, { recursive: true }),
+  onExit: (handler) => void process.on("exit", (code) => handler(code ?? 0)),
+  onUncaught: (handler) => {
+    process.on("uncaughtException", handler);
+    process.on("unhandledRejection", handler);
+  },
+  exit: (code) => process.exit(code),
+};
+
+await main(platform, process.argv.slice(2));

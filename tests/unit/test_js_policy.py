@@ -1,0 +1,69 @@
+"""The TypeScript/JavaScript sandbox policy: same sandbox as Python's, its own command, memory by heap flag."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine.runtimes import js_policy, policy_for, python_policy
+from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
+from mcp_sandbox.sandbox.cgroups import CgroupSupport
+
+_WORKSPACE = Path("/srv/ws")
+
+
+@pytest.mark.parametrize("runtime", ["bun", "deno"])
+def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str) -> None:
+    settings = load_settings(env={}, flags={"js_runtime": runtime, "memory": "400m"})
+    js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
+    python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
+
+    assert js.command[0] == f"/opt/mcp-sandbox/{runtime}/{runtime}"
+    assert js.command[-2:] == (f"/opt/mcp-sandbox/typescript/{runtime}.ts", "typescript")
+    assert (js.network, js.uid, js.gid, js.workspace, js.cwd) == (False, 65534, 65534, _WORKSPACE, "/workspace")
+    assert js.limits.address_space is False and python.limits.address_space is True
+    for name in ("memory", "pids", "cpus", "cpu_seconds", "tmp_size", "file_size", "open_files"):
+        assert getattr(js.limits, name) == getattr(python.limits, name), name
+    targets = {mount.target: mount for mount in js.mounts}
+    assert not any(mount.writable for mount in js.mounts)
+    assert "/opt/mcp-sandbox/typescript" in targets and f"/opt/mcp-sandbox/{runtime}" in targets
+    heap = str(int((400 << 20) * 0.75) >> 20)
+    if runtime == "deno":
+        assert f"--v8-flags=--max-old-space-size={heap}" in js.command
+        assert not any(flag.startswith("--allow-net") or flag == "-A" for flag in js.command)
+    else:
+        assert js.environment["BUN_JSC_forceRAMSize"] == str(int(heap) << 20)
+        assert "--no-env-file" in js.command
+
+
+def test_policy_for_picks_the_runtime_by_language() -> None:
+    settings = load_settings(env={}, flags={})
+    assert policy_for(settings, "javascript", workspace=_WORKSPACE, timeout=5).command[-1] == "javascript"
+    assert policy_for(settings, "python", workspace=_WORKSPACE, timeout=5).command[-1].endswith("boot.py")
+    with pytest.raises(ValueError):
+        js_policy(settings, language="python", workspace=_WORKSPACE, timeout=5)
+
+
+def test_js_runtime_is_a_setting_with_an_environment_variable() -> None:
+    assert load_settings(env={"MCP_SANDBOX_JS_RUNTIME": "deno"}, flags={}).js_runtime == "deno"
+    with pytest.raises(ConfigError):
+        load_settings(env={}, flags={"js_runtime": "node"})
+
+
+def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
+    settings = load_settings(env={}, flags={})
+    backend = BwrapBackend(settings)
+    backend._cgroups = CgroupSupport(version=None, reason="none here")  # no memory cgroup on this "host"
+    js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
+    python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
+
+    js_limits = dict(backend._launch_spec(js, None).rlimits)
+    python_limits = dict(backend._launch_spec(python, None).rlimits)
+
+    assert resource.RLIMIT_AS not in js_limits
+    assert python_limits[resource.RLIMIT_AS] == settings.memory
+    assert js_limits[resource.RLIMIT_CPU] == python_limits[resource.RLIMIT_CPU]
