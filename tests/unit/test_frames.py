@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,3 +250,10 @@ def test_a_stream_that_ends_inside_a_frame_is_a_frame_error_and_one_that_ends_be
     assert cut.next() is None
     with pytest.raises(frames.FrameError):
         cut.check_end()
+
+
+def test_the_typescript_runner_speaks_the_same_protocol_version_and_kinds() -> None:
+    source = (Path(frames.__file__).parents[2] / "typescript" / "frames.ts").read_text()
+    assert f"export const PROTOCOL_VERSION = {frames.PROTOCOL_VERSION};" in source
+    for kind in Kind:
+        assert f"  {kind.name} = {kind.value}," in source

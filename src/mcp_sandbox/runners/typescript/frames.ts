@@ -13,7 +13,7 @@
  * body with FrameError; the stream cannot be resynchronised after one.
  */
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3; // frames.py's PROTOCOL_VERSION (a unit test keeps them equal)
 export const HEADER_SIZE = 10;
 export const DEFAULT_MAX_FRAME = 256 * 1024 * 1024;
 const MAGIC = [0x4d, 0x53, 0x42, 0x58]; // "MSBX"
@@ -27,6 +27,7 @@ export enum Kind {
   REPLY = 5, // H->S
   ERROR = 6, // both
   DISPLAY = 7, // S->H
+  EXITED = 8, // S->H, from a Python zygote only
 }
 
 export type Body = Record<string, unknown>;
@@ -53,7 +54,7 @@ export function encode(kind: Kind, body: Body): Uint8Array {
 }
 
 function isKind(value: number): value is Kind {
-  return value >= Kind.READY && value <= Kind.DISPLAY;
+  return value >= Kind.READY && value <= Kind.EXITED;
 }
 
 /** Frames out of a byte stream fed in pieces of any size. */
