@@ -5,6 +5,9 @@ Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPER
 back to ``clone``, whose namespace flags the filter does inspect), sockets other than
 ``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
 other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+
+:func:`oci_profile` renders the same rules as an OCI (podman/docker) seccomp profile, so the
+container backends enforce exactly this list, not the engine's default profile.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import platform
 import socket
 import termios
 from collections.abc import Iterable
@@ -19,7 +23,7 @@ from typing import Any
 
 from mcp_sandbox.errors import BackendUnavailableError
 
-__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "seccomp_available", "write_bpf"]
+__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "oci_profile", "seccomp_available", "write_bpf"]
 
 # Denied with EPERM. Grouped as in DESIGN.md; names unknown to this libseccomp are skipped.
 DENIED_SYSCALLS: tuple[str, ...] = (
@@ -105,6 +109,9 @@ _CLONE_NAMESPACE_FLAGS = (
     0x00000080,  # CLONE_NEWTIME
 )
 
+# platform.machine() -> the OCI name of that architecture.
+_OCI_ARCHES = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
+
 _DENIED_IOCTLS = (termios.TIOCSTI, getattr(termios, "TIOCLINUX", 0x541C))
 
 
@@ -167,6 +174,57 @@ def compiled_bpf() -> bytes:
             return out.read()
     except OSError as exc:
         raise BackendUnavailableError(f"cannot compile the seccomp filter: {exc}") from exc
+
+
+def _known(names: Iterable[str]) -> list[str]:
+    """The names libseccomp knows on this architecture (crun refuses a profile naming others)."""
+    import pyseccomp as sc
+
+    known: list[str] = []
+    for name in names:
+        try:
+            sc.resolve_syscall(sc.Arch.NATIVE, name)
+        except (RuntimeError, OSError, ValueError):
+            continue
+        known.append(name)
+    return known
+
+
+def oci_profile() -> dict[str, Any]:
+    """The deny list as an OCI seccomp profile (the JSON podman and docker take).
+
+    Same rules as :func:`build_filter`: one entry per rule, since the conditions inside one
+    entry are AND-ed and separate entries are OR-ed. Only the native architecture is listed,
+    so the runtime kills syscalls of any other (``int 0x80``), as the BPF filter does.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    reason = seccomp_available()
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+
+    def errno_rule(names: list[str], number: int, args: list[dict[str, int | str]] | None = None) -> dict[str, Any]:
+        rule: dict[str, Any] = {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": number}
+        if args:
+            rule["args"] = args
+        return rule
+
+    def arg(index: int, op: str, value: int, value_two: int = 0) -> dict[str, int | str]:
+        return {"index": index, "value": value, "valueTwo": value_two, "op": op}
+
+    rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(["clone3"]), errno.ENOSYS)]
+    rules += [errno_rule(["clone"], errno.EPERM, [arg(0, "SCMP_CMP_MASKED_EQ", f, f)]) for f in _CLONE_NAMESPACE_FLAGS]
+    rules += [
+        errno_rule([family], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)])
+        for family in ("socket", "socketpair")
+    ]
+    rules += [
+        errno_rule(["ioctl"], errno.EPERM, [arg(1, "SCMP_CMP_MASKED_EQ", 0xFFFFFFFF, request)])
+        for request in _DENIED_IOCTLS
+    ]
+    arch = _OCI_ARCHES.get(platform.machine(), "SCMP_ARCH_NATIVE")
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
 
 
 def write_bpf() -> int:
