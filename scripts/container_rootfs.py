@@ -22,7 +22,7 @@ from pathlib import Path
 BASE_PACKAGES = ("python3", "dash", "coreutils", "util-linux", "libstdc++6", "libgcc-s1", "tzdata", "polkitd")
 USR_MERGED = ("bin", "sbin", "lib", "lib64")
 # Mount points the container runtime needs in a read-only root, plus the workspace's.
-DIRECTORIES = ("dev", "proc", "sys", "run", "tmp", "var/tmp", "etc", "workspace", "data", "opt", "tools", "home")
+DIRECTORIES = ("dev", "proc", "sys", "run", "tmp", "var/tmp", "etc", "workspace", "data", "opt", "tools")
 
 
 def installed(package: str) -> bool:

@@ -25,7 +25,14 @@ import anyio
 
 from mcp_sandbox.sandbox.policy import Limits
 
-__all__ = ["CgroupSupport", "RunCgroup", "detect_cgroups", "sweep_stale", "sweep_stale_everywhere"]
+__all__ = [
+    "CgroupSupport",
+    "RunCgroup",
+    "detect_cgroups",
+    "detect_root_cgroups",
+    "sweep_stale",
+    "sweep_stale_everywhere",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +116,25 @@ def detect_cgroups() -> CgroupSupport:
         reason="no writable cgroup v1 hierarchy and no delegated cgroup v2 subtree with "
         "memory/pids enabled (run as root, or under a systemd unit with Delegate=yes)",
     )
+
+
+def detect_root_cgroups() -> CgroupSupport:
+    """Per-run cgroups at the root of each v1 hierarchy, for nesting containers (``--cgroup-parent``).
+
+    A container runtime takes one parent path for every controller, so ours must sit at the
+    same path in each: the hierarchies' roots, where the runtime's own default parent
+    (podman's ``/libpod_parent``) sits too. Needs root and cgroup v1; else no cgroups.
+    """
+    bases: dict[str, Path] = {}
+    for point, fstype, options in _mounts():
+        if fstype != "cgroup":
+            continue
+        for controller in _CONTROLLERS:
+            if controller in options and _writable_dir(Path(point)):
+                bases[controller] = Path(point)
+    if bases:
+        return CgroupSupport(version=1, bases=bases)
+    return CgroupSupport(version=None, reason="no writable cgroup v1 hierarchy (needs root)")
 
 
 class RunCgroup:
@@ -330,20 +356,16 @@ def _remove_everywhere(relative: str) -> None:
 
 
 def sweep_stale_everywhere() -> int:
-    """Remove empty ``mcp-sandbox-<pid>-*`` cgroups of dead servers in every hierarchy.
+    """Remove empty ``mcp-sandbox-<pid>-*`` cgroups of dead servers at every hierarchy's root.
 
-    A container runtime creates our per-run cgroup's name in hierarchies we do not use
-    (cpuset, blkio, ...); :func:`sweep_stale` covers only ours. Returns how many went.
+    A container runtime creates our per-run cgroup (see :func:`detect_root_cgroups`) in
+    hierarchies we do not use (cpuset, blkio, ...) too; :func:`sweep_stale` covers only ours.
+    Returns how many went.
     """
-    own = _own_paths()
     removed = 0
-    for point, fstype, options in _mounts():
-        key = next((c for c in own if c and c in options), "") if fstype == "cgroup" else ""
-        if fstype == "cgroup" and not key:
-            key = next((c for c in own if c.startswith("name=") and c[5:] in {o[5:] for o in options}), "")
-        base = Path(point) / own.get(key, "/").lstrip("/")
+    for point, _, _ in _mounts():
         try:
-            candidates = [p for p in base.iterdir() if p.name.startswith(_PREFIX)]
+            candidates = [p for p in Path(point).iterdir() if p.name.startswith(_PREFIX)]
         except OSError:
             continue
         for directory in candidates:

@@ -68,7 +68,11 @@ def probe_container(backend: ContainerBackend, cli: str, facts: dict[str, str]) 
         Capability("network", True, "--network none; seccomp allows only AF_UNIX sockets"),
         Capability("read-only root", True, "--read-only image root; workspace and runtime bound, /tmp a tmpfs"),
         Capability("unprivileged uid", True, who),
-        Capability("capabilities", True, "--cap-drop ALL; --security-opt no-new-privileges"),
+        Capability(
+            "capabilities",
+            True,
+            "--cap-drop ALL; no-new-privileges (setuid bits inert; the image root itself is not nosuid)",
+        ),
         Capability("nested namespaces", True, "seccomp denies unshare/setns and namespace clone flags"),
         Capability("seccomp", True, "our deny list as an OCI profile (--security-opt seccomp=)"),
         Capability("process tree kill", True, "container killed and removed by name; swept by label"),

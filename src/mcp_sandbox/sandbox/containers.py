@@ -96,12 +96,14 @@ class ContainerRun:
     cgroup_parent: str | None = None
 
 
-def _bind(source: str, target: str, *, writable: bool) -> list[str]:
+def _bind(source: str, target: str, *, writable: bool, podman: bool) -> list[str]:
     for path in (source, target):
         # --mount is a comma-separated key=value list: such a path would inject options.
         if "," in path or "\n" in path:
             raise ValueError(f"cannot bind {path!r} into a container: it contains a comma or newline")
     spec = f"type=bind,source={source},target={target}"
+    if podman:  # docker's --mount has no such options (no_new_privs still ignores setuid bits)
+        spec += ",nosuid,nodev"
     return ["--mount", spec if writable else f"{spec},readonly"]
 
 
@@ -151,11 +153,11 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
         argv += ["--cgroup-parent", run.cgroup_parent]
     for mount in policy.mounts:
         if not mount.system:  # the image has its own /usr
-            argv += _bind(str(mount.source), mount.target, writable=mount.writable)
+            argv += _bind(str(mount.source), mount.target, writable=mount.writable, podman=podman)
     if policy.workspace is not None:
         # Bound twice rather than linked: the image's root is read-only and may lack the link.
-        argv += _bind(str(policy.workspace), WORKSPACE, writable=True)
-        argv += _bind(str(policy.workspace), WORKSPACE_ALIAS, writable=True)
+        argv += _bind(str(policy.workspace), WORKSPACE, writable=True, podman=podman)
+        argv += _bind(str(policy.workspace), WORKSPACE_ALIAS, writable=True, podman=podman)
     if podman:
         argv += ["--unsetenv-all"]  # no container=podman, TERM, ...: only the policy's environment
     for key in sorted(policy.environment):
@@ -170,7 +172,7 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     else:
         if run.channel_dir is None:
             raise ValueError("a socket channel needs channel_dir")
-        argv += _bind(run.channel_dir, CHANNEL_DIR, writable=True)
+        argv += _bind(run.channel_dir, CHANNEL_DIR, writable=True, podman=podman)
         command = [policy.command[0], "-I", "-S", _CONNECT, CHANNEL_SOCKET, "--", *policy.command]
     argv += ["--", run.image, *command]
     return argv

@@ -6,9 +6,11 @@ container running, so a sandbox is always ended by name (``rm --force``); contai
 server left behind are swept by label when a backend first starts one, but only those whose
 owner (the server pid in the name and label) is gone: several servers may share a host.
 
-Where the host gives us cgroups (root, v1 or a delegated v2 subtree) and the CLI places
-containers with cgroupfs paths, each container is nested in a per-run cgroup of ours
-(``--cgroup-parent``), whose peak counters tell the engine a run hit its memory or pids limit.
+Where the host gives us cgroups (root, v1) and the engine places containers with cgroupfs
+paths, each container is nested in a per-run cgroup of ours at the hierarchies' root
+(``--cgroup-parent``), with the same limits: the engine's monitor (conmon) sits in it too, so
+ours is the one that binds, and its counters tell the engine a run hit its memory or pids
+limit (the container's own cgroup, where the kernel counts that, is gone when it exits).
 
 Which ids the container runs as:
 
@@ -43,7 +45,13 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
-from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale, sweep_stale_everywhere
+from mcp_sandbox.sandbox.cgroups import (
+    CgroupSupport,
+    RunCgroup,
+    detect_root_cgroups,
+    sweep_stale,
+    sweep_stale_everywhere,
+)
 from mcp_sandbox.sandbox.containers import (
     CHANNEL_FD,
     LABEL,
@@ -184,7 +192,7 @@ class ContainerBackend:
     @property
     def cgroups(self) -> CgroupSupport:
         if self._cgroups is None:
-            self._cgroups = detect_cgroups()
+            self._cgroups = detect_root_cgroups()
             swept = sweep_stale(self._cgroups) + sweep_stale_everywhere()
             if swept:
                 logger.info("removed %d cgroups left behind by servers that are gone", swept)
@@ -262,6 +270,10 @@ class ContainerBackend:
                 json.dump(oci_profile(), out)
             self._profile = path
         return self._profile
+
+    def ids_inside(self) -> tuple[int, int]:
+        """The uid/gid the container's processes have (see the module docstring)."""
+        return self._user()[0]
 
     def _user(self) -> tuple[tuple[int, int], bool]:
         if os.geteuid() == 0 and not self.rootless:
