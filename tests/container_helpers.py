@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["PODMAN_WRAPPER", "backend_flags", "podman_usable"]
 
-PODMAN_WRAPPER = Path(__file__).resolve().parent / "containers" / "podman"
+PODMAN_WRAPPER = Path(__file__).resolve().parent / "containers" / "podman-wrapper"
 
 
 def podman_usable() -> bool:
