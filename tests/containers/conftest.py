@@ -1,5 +1,4 @@
-"""Fixtures of the container tests: engines on podman (for real) and on the docker backend
-driving podman as a docker-compatible CLI (``docker-via-podman``; no docker engine runs here)."""
+"""Fixtures of the container tests: engines on podman and on docker, both for real."""
 
 from __future__ import annotations
 
@@ -25,19 +24,19 @@ def _registry_name(kind: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def container_probes() -> dict[str, BackendProbe]:
+def container_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
     return {
         kind: get_backend(_registry_name(kind), load_settings(env={}, flags=backend_flags(kind))).probe()
-        for kind in ("podman", "docker-via-podman")
+        for kind in ("podman", "docker")
     }
 
 
-@pytest.fixture(params=["podman", "docker-via-podman"])
+@pytest.fixture(params=["podman", "docker"])
 def container_kind(request: pytest.FixtureRequest, container_probes: dict[str, BackendProbe]) -> str:
     kind: str = request.param
     probe = container_probes[kind]
     if not probe.available:
-        if "podman" in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
+        if kind in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
             pytest.fail(f"{kind} is required (MCP_SANDBOX_TEST_REQUIRE) but unavailable: {probe.reason}")
         pytest.skip(f"{kind} is unavailable here: {probe.reason}")
     return kind

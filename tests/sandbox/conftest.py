@@ -1,7 +1,8 @@
 """Fixtures of the sandbox conformance suite: every test runs once per available backend.
 
 A backend that is unavailable here is skipped with the probe's reason, unless the environment
-variable ``MCP_SANDBOX_TEST_REQUIRE`` names it (``make test`` requires podman, which it installs):
+variable ``MCP_SANDBOX_TEST_REQUIRE`` names it (``make test`` requires podman and docker, which it
+installs; the tests start the docker engine themselves):
 then the test fails instead, so CI cannot pass by skipping it.
 """
 
@@ -12,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe, get_backend
-from container_helpers import backend_flags
 
 from .harness import RunnerFactory, SandboxRunner
 
@@ -24,7 +25,7 @@ _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
 
 @pytest.fixture(scope="session")
-def backend_probes(sandbox_runtime: Path | None) -> dict[str, BackendProbe]:
+def backend_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
     """Probe each backend once per session (a probe starts a real sandbox)."""
     probes = {}
     for name in BACKEND_NAMES:

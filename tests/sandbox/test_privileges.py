@@ -176,6 +176,10 @@ async def test_every_mount_is_nosuid(sandbox: SandboxRunner, backend_name: str) 
         exempt = [m for m in suid if m == "/" or m.startswith(("/proc/", "/sys/", "/dev/"))]
         assert set(exempt) <= set(report["read_only"]) | {"/dev/null"}, exempt
         suid = [m for m in suid if m not in exempt]
+    if backend_name == "docker" and suid:
+        # Known docker gap, in the README: its --mount has no nosuid, so binds from the host
+        # (workspace, runtime, runner) are not nosuid either; no_new_privs still holds.
+        pytest.xfail(f"docker binds cannot be nosuid: {suid}")
     assert suid == []
 
 
