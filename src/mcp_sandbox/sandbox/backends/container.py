@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -262,13 +263,23 @@ class ContainerBackend:
         return self._settings.image or DEFAULT_IMAGE
 
     def _seccomp_profile(self) -> str:
-        """Write the OCI seccomp profile once per backend, in a private directory."""
-        if self._profile is None or not os.path.exists(self._profile):
-            directory = tempfile.mkdtemp(prefix="mcp-sandbox-seccomp-")
-            path = os.path.join(directory, "seccomp.json")
-            with open(path, "w", encoding="utf-8") as out:
-                json.dump(oci_profile(), out)
-            self._profile = path
+        """The OCI seccomp profile's path: ``<state_dir>/seccomp-<digest>.json``, written once.
+
+        Named by its content, so servers sharing a state directory share the file and a changed
+        deny list gets a new one; the state directory is the server's own, so no other host
+        user can swap it between writing and the CLI reading it.
+        """
+        if self._profile is None:
+            data = json.dumps(oci_profile(), sort_keys=True).encode()
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            directory = self._settings.state_dir
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = directory / f"seccomp-{digest}.json"
+            if not path.exists():
+                with tempfile.NamedTemporaryFile(dir=directory, prefix=".seccomp-", delete=False) as out:
+                    out.write(data)
+                os.replace(out.name, path)
+            self._profile = str(path)
         return self._profile
 
     def ids_inside(self) -> tuple[int, int]:
