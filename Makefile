@@ -166,8 +166,9 @@ typecheck: venv ## mypy (strict; configured in pyproject.toml)
 pytest: setup downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; containers when podman runs)
+bench: setup downstream ## Run the benchmarks in bench/ (tokens: direct vs code mode; container latency)
 	$(BIN)/python bench/tokens.py
+	$(BIN)/python bench/containers.py --runs 10
 	@if [ -f bench/run.py ]; then \
 	    echo "$(BIN)/python bench/run.py"; $(BIN)/python bench/run.py; \
 	fi
