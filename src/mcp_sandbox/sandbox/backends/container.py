@@ -412,10 +412,14 @@ class ContainerBackend:
         if sandbox_end is not None:
             sandbox_end.close()
         limits = (policy.limits.memory, policy.limits.pids)
-        channel = host_end or socket.socket()  # a placeholder until the container connects
+        channel = host_end or socket.socket(socket.AF_UNIX)  # a placeholder until the container connects
         sandbox = ContainerSandbox(self, process, channel, name, cgroup, limits, channel_dir)
         if listener is not None:
-            await self._accept(sandbox, listener)
+            try:
+                await self._accept(sandbox, listener)
+            except BaseException:
+                await sandbox.aclose()  # cancelled while waiting: the container must not outlive it
+                raise
         return sandbox
 
     def _listen(self) -> tuple[Path, socket.socket]:
