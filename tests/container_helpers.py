@@ -41,7 +41,10 @@ def remove_containers(names: list[str]) -> None:
     """Remove containers by name through the wrapper (a test's own clean-up)."""
     if names and podman_usable():
         subprocess.run(
-            [str(PODMAN_WRAPPER), "rm", "--force", "--time", "0", *names], capture_output=True, check=False, timeout=60
+            [str(PODMAN_WRAPPER), "rm", "--force", "--time", "0", "--ignore", *names],
+            capture_output=True,
+            check=False,
+            timeout=60,
         )
 
 

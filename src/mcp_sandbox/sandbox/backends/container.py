@@ -332,8 +332,10 @@ class ContainerBackend:
         return len(stale)
 
     def _remove_args(self, names: list[str]) -> list[str]:
-        # podman waits 10 s for a graceful stop unless told not to; docker rm -f kills at once.
-        return ["rm", "--force", *(["--time", "0"] if self.flavour == "podman" else []), *names]
+        # podman waits 10 s for a graceful stop unless told not to, and stops at a name that is
+        # gone already unless told to ignore it; docker rm -f kills at once and goes on.
+        podman = ["--time", "0", "--ignore"] if self.flavour == "podman" else []
+        return ["rm", "--force", *podman, *names]
 
     def sweep_own(self, name: str) -> None:
         """Remove one container of ours synchronously (the probe's); never raises."""
