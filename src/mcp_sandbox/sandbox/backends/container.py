@@ -88,13 +88,16 @@ def detect_runtime(settings: Settings) -> tuple[str, Flavour]:
         BackendUnavailableError: none is installed.
     """
     if settings.container_runtime:
-        configured = settings.container_runtime
-        flavour: Flavour = "docker" if "docker" in Path(configured).name else "podman"
-        return configured, flavour
+        return settings.container_runtime, _flavour_of(settings.container_runtime)
     for name in ("podman", "docker"):
         if shutil.which(name):
             return name, "podman" if name == "podman" else "docker"
     raise BackendUnavailableError("no container runtime: neither podman nor docker is on PATH")
+
+
+def _flavour_of(cli: str) -> Flavour:
+    """The dialect a CLI speaks, by its name (``docker``, ``/usr/bin/podman``, a wrapper's name)."""
+    return "docker" if "docker" in Path(cli).name else "podman"
 
 
 def _resolve_cli(cli: str) -> str:
@@ -505,14 +508,17 @@ def create_named(settings: Settings, name: str) -> ContainerBackend:
     """
     if name == "container":
         try:
-            cli, flavour = detect_runtime(settings)
+            found, dialect = detect_runtime(settings)
         except BackendUnavailableError:
-            cli, flavour = "podman", "podman"
-        return ContainerBackend(settings, "container", cli, flavour)
+            found, dialect = "podman", "podman"
+        return ContainerBackend(settings, "container", found, dialect)
     if name not in ("podman", "docker"):
         raise ConfigError(f"backend: {name!r} is not a container backend")
-    flavour_of: Flavour = "podman" if name == "podman" else "docker"
-    return ContainerBackend(settings, name, settings.container_runtime, flavour_of)
+    flavour: Flavour = "podman" if name == "podman" else "docker"
+    # container_runtime names the CLI of its own dialect only: a podman path is not docker's.
+    configured = settings.container_runtime
+    cli = configured if configured and _flavour_of(configured) == flavour else None
+    return ContainerBackend(settings, name, cli, flavour)
 
 
 def create(settings: Settings) -> ContainerBackend:
