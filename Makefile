@@ -48,8 +48,8 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools run test lint \
-        format typecheck typecheck-ts pytest bench doctor clean
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools containers run test \
+        lint format typecheck typecheck-ts pytest bench doctor clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -133,6 +133,26 @@ $(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json
 	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
+# The container backends (podman, docker) and the image they start, built offline from this
+# host's Debian packages (no registry is reachable here). `make test` runs the conformance suite
+# on podman and docker, so it installs both and builds the image when it is missing or out of
+# date; the tests start their own docker engine (tests/container_helpers.py).
+CONTAINER_CLI   ?= podman
+CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
+CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
+
+containers: $(CONTAINER_STAMP) ## Install podman and build the container backends' image (scripts/build-container-image.sh)
+	@$(CONTAINER_CLI) image exists $(CONTAINER_IMAGE) 2>/dev/null || { \
+	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
+
+$(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io
+	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
+	@mkdir -p $(@D) && touch $@
+
+# As root, the tests must run the container suites on podman and docker (not skip them).
+TEST_REQUIRE = $$([ "$$(id -u)" = 0 ] && echo podman,docker || true)
+
 # --- use -----------------------------------------------------------------------------------
 
 # The server speaks MCP on stdout, so everything setup prints goes to stderr.
@@ -143,12 +163,12 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup downstream conformance-tools ## Set up, then run ruff, ruff format --check, mypy, the TypeScript checks and pytest
+test: setup downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	@$(MAKE) --no-print-directory typecheck-ts
-	$(BIN)/pytest $(PYTEST_ARGS)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff check and ruff format --check
 	$(BIN)/ruff check src tests
@@ -167,13 +187,14 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
 	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
-pytest: setup downstream conformance-tools ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
-	$(BIN)/pytest $(PYTEST_ARGS)
+pytest: setup downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency)
+bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; containers)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
+	$(BIN)/python bench/container_latency.py --runs 10
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
 	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info

@@ -8,10 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from container_helpers import docker_daemon
 from mcp_sandbox.workspace import remove_tree
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[str | None]:
+    """Debian's docker engine, run for this session where it can be (None), else why not."""
+    with docker_daemon() as reason:
+        yield reason
 
 
 @pytest.fixture(scope="session")

@@ -35,9 +35,11 @@ def _child_pythonpath() -> str | None:
     return str(source_root) if source_root in on_pythonpath else None
 
 
-def stdio_client(state_dir: Path, runtime: Path | None, *extra_args: str) -> Client:
-    """A client of a real `mcp-sandbox serve` over stdio, started with ``extra_args``."""
-    env: dict[str, str] = {}
+def stdio_client(
+    state_dir: Path, runtime: Path | None, *extra_args: str, environment: Mapping[str, str] | None = None
+) -> Client:
+    """A client of a real `mcp-sandbox serve` over stdio, started with ``extra_args`` (and ``environment``)."""
+    env: dict[str, str] = dict(environment or {})
     if (pythonpath := _child_pythonpath()) is not None:
         env["PYTHONPATH"] = pythonpath
     if runtime is not None:

@@ -21,7 +21,7 @@ __all__ = ["main"]
 # Flags that map onto settings, by field name (argparse dest == Settings field).
 _SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--state-dir", {"help": "workspaces, metadata and the server secret"}),
-    ("--backend", {"help": "sandbox backend (bwrap)"}),
+    ("--backend", {"help": "sandbox backend: bwrap, podman, docker, or container (podman or docker)"}),
     ("--servers-config", {"help": "file listing downstream MCP servers"}),
     ("--output-mode", {"choices": OUTPUT_MODES, "help": "text rendering of results"}),
     ("--timeout", {"type": float, "help": "default per-run timeout, seconds"}),

@@ -177,9 +177,12 @@ class Settings:
     js_runtime_dir: Path = field(default_factory=_default_js_runtime_dir)
     accept_weaker_isolation: bool = False
 
-    # Container backends (rootless podman/docker); the earlier bridge's names.
+    # Container backends (podman/docker); the earlier bridge's names. container_runtime: the CLI
+    # (a name on PATH or a path); image: the image of every language unless `images` names one
+    # ("python=localhost/mcp-sandbox-python:latest,typescript=...").
     container_runtime: str | None = None
     image: str | None = None
+    images: tuple[str, ...] = ()
 
     # Code mode: downstream MCP servers called from sandboxed code.
     # Discover servers in the MCP client configs of the user (Claude, Cursor, VS Code, ...) as
@@ -287,6 +290,10 @@ class Settings:
                 raise ConfigError(f"{name}: must be a positive number of seconds")
         if not (math.isfinite(self.timeout) and math.isfinite(self.max_timeout)):
             raise ConfigError("timeout: must be a finite number of seconds")
+        for entry in self.images:
+            language, _, image = entry.partition("=")
+            if not language.strip() or not image.strip():
+                raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")

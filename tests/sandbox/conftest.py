@@ -1,4 +1,10 @@
-"""Fixtures of the sandbox conformance suite: every test runs once per available backend."""
+"""Fixtures of the sandbox conformance suite: every test runs once per available backend.
+
+A backend that is unavailable here is skipped with the probe's reason, unless the environment
+variable ``MCP_SANDBOX_TEST_REQUIRE`` names it (``make test`` requires podman and docker, which it
+installs; the tests start the docker engine themselves):
+then the test fails instead, so CI cannot pass by skipping it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe, get_backend
@@ -18,10 +25,13 @@ _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
 
 @pytest.fixture(scope="session")
-def backend_probes() -> dict[str, BackendProbe]:
+def backend_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
     """Probe each backend once per session (a probe starts a real sandbox)."""
-    settings = load_settings(env={}, flags={})
-    return {name: get_backend(name, settings).probe() for name in BACKEND_NAMES}
+    probes = {}
+    for name in BACKEND_NAMES:
+        settings = load_settings(env={}, flags=backend_flags(name))
+        probes[name] = get_backend(name, settings).probe()
+    return probes
 
 
 @pytest.fixture(params=BACKEND_NAMES)
@@ -29,6 +39,9 @@ def backend_name(request: pytest.FixtureRequest, backend_probes: dict[str, Backe
     name: str = request.param
     probe = backend_probes[name]
     if not probe.available:
+        required = os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(",")
+        if name in required:
+            pytest.fail(f"backend {name} is required (MCP_SANDBOX_TEST_REQUIRE) but unavailable: {probe.reason}")
         pytest.skip(f"backend {name} is unavailable here: {probe.reason}")
     return name
 
@@ -61,6 +74,7 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
 
     def make(**flags: object) -> SandboxRunner:
         values: dict[str, object] = {"state_dir": str(state_root / "state"), **_DEFAULT_FLAGS}
+        values.update(backend_flags(backend_name))
         if sandbox_kind == "warm":
             values.update(pool_size=1, pool_min=1, pool_preload="")
         if sandbox_runtime is not None:
@@ -72,6 +86,13 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
         )
 
     return make
+
+
+@pytest.fixture
+def sandbox_ids(sandbox: SandboxRunner) -> tuple[int, int]:
+    """The uid/gid code runs as inside: 65534, except in a rootful container (the host's sandbox uid)."""
+    ids_inside = getattr(sandbox.engine.backend, "ids_inside", None)
+    return ids_inside() if ids_inside is not None else (65534, 65534)
 
 
 @pytest.fixture

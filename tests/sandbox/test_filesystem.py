@@ -21,6 +21,8 @@ READ_ONLY_DIRS = ["/", "/usr", "/usr/lib", "/bin", "/etc", "/opt", "/opt/mcp-san
 # An interpreter any uid may run (the test's own may live under /root).
 _SYSTEM_PYTHON = "/usr/bin/python3"
 NOT_PRESENT = ["/root", "/home", "/etc/shadow", "/etc/passwd", "/var", "/run", "/sys", "/boot"]
+CONTAINER_BACKENDS = ("podman", "docker")
+IMAGE_ROOT = ["/etc/passwd", "/var", "/run", "/sys"]
 
 
 async def test_system_directories_are_read_only(sandbox: SandboxRunner) -> None:
@@ -163,14 +165,38 @@ async def test_file_size_is_limited_by_rlimit_fsize(make_sandbox: RunnerFactory,
     assert (workspace / "big").stat().st_size == 4 * MiB
 
 
-async def test_host_secrets_are_not_visible(sandbox: SandboxRunner) -> None:
+async def test_host_secrets_are_not_visible(sandbox: SandboxRunner, backend_name: str) -> None:
     state_dir = str(sandbox.settings.state_dir)
+    # A container's root is its image's: it has an /etc/passwd, /var and /run of its own, and
+    # the engine's read-only sysfs. There, what must hold is that none of them is the host's.
+    own_root = IMAGE_ROOT if backend_name in CONTAINER_BACKENDS else []
+    absent = [p for p in [*NOT_PRESENT, state_dir] if p not in own_root]
     report = await sandbox.report(f"""
-        report["present"] = [p for p in {[*NOT_PRESENT, state_dir]!r} if os.path.lexists(p)]
+        report["present"] = [p for p in {absent!r} if os.path.lexists(p)]
         report["shadow"] = outcome(lambda: open("/etc/shadow").read())
         report["root"] = outcome(lambda: os.listdir("/root"))
+        report["hosts_passwd"] = os.path.exists("/etc/passwd") and open("/etc/passwd").read() == {_host_passwd()!r}
+        report["hosts_var"] = [d for d in {_host_listing("/var")!r} if os.path.lexists(os.path.join("/var", d))]
+        report["hosts_run"] = [d for d in {_host_listing("/run")!r} if os.path.lexists(os.path.join("/run", d))]
     """)
-    assert report == {"present": [], "shadow": "FileNotFoundError:ENOENT", "root": "FileNotFoundError:ENOENT"}
+    assert report == {
+        "present": [],
+        "shadow": "FileNotFoundError:ENOENT",
+        "root": "FileNotFoundError:ENOENT",
+        "hosts_passwd": False,
+        "hosts_var": [],
+        "hosts_run": [],
+    }
+
+
+def _host_passwd() -> str:
+    with open("/etc/passwd", encoding="utf-8") as passwd:
+        return passwd.read()
+
+
+def _host_listing(directory: str) -> list[str]:
+    # tmp is everybody's (and a sandbox's /var/tmp may legitimately exist): not a host secret.
+    return sorted(set(os.listdir(directory)) - {"tmp", ".containerenv"})
 
 
 async def test_server_environment_does_not_leak(sandbox: SandboxRunner, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,19 +17,20 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
 x86_64_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="syscall numbers are x86-64's")
 
-SANDBOX_ID = 65534
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x00020000, 0x10000000, 0x40000000, 17
 
 
-async def test_code_runs_as_the_unprivileged_uid(sandbox: SandboxRunner) -> None:
+async def test_code_runs_as_the_unprivileged_uid(sandbox: SandboxRunner, sandbox_ids: tuple[int, int]) -> None:
     report = await sandbox.report("""
         report["uids"] = list(os.getresuid())
         report["gids"] = list(os.getresgid())
         report["groups"] = os.getgroups()
     """)
-    assert report["uids"] == [SANDBOX_ID] * 3
-    assert report["gids"] == [SANDBOX_ID] * 3
-    assert report["groups"] in ([], [SANDBOX_ID])
+    uid, gid = sandbox_ids
+    assert 0 not in (uid, gid)
+    assert report["uids"] == [uid] * 3
+    assert report["gids"] == [gid] * 3
+    assert report["groups"] in ([], [gid])
 
 
 async def test_process_has_no_new_privs_no_capabilities_and_a_seccomp_filter(sandbox: SandboxRunner) -> None:
@@ -159,17 +160,31 @@ async def test_device_nodes_cannot_be_created(sandbox: SandboxRunner) -> None:
     assert report == {"block": "PermissionError:EPERM", "char": "PermissionError:EPERM"}
 
 
-async def test_every_mount_is_nosuid(sandbox: SandboxRunner) -> None:
+async def test_every_mount_is_nosuid(sandbox: SandboxRunner, backend_name: str) -> None:
     report = await sandbox.report("""
         with open("/proc/self/mountinfo") as mountinfo:
             fields = [line.split() for line in mountinfo]
         report["suid_mounts"] = [f[4] for f in fields if "nosuid" not in f[5].split(",")]
+        report["read_only"] = [f[4] for f in fields if "ro" in f[5].split(",")]
     """)
-    assert report["suid_mounts"] == []
+    suid = report["suid_mounts"]
+    if backend_name in ("podman", "docker"):
+        # Known container gap, reported by doctor: the image's root (and podman's masks over
+        # /proc and /sys) cannot be mounted nosuid from the CLI. Those must be read-only; every
+        # bind from the host must still be nosuid; no_new_privs makes setuid bits inert (the two
+        # setuid tests below attack that for real).
+        exempt = [m for m in suid if m == "/" or m.startswith(("/proc/", "/sys/", "/dev/"))]
+        assert set(exempt) <= set(report["read_only"]) | {"/dev/null"}, exempt
+        suid = [m for m in suid if m not in exempt]
+    if backend_name == "docker" and suid:
+        # Known docker gap, in the README: its --mount has no nosuid, so binds from the host
+        # (workspace, runtime, runner) are not nosuid either; no_new_privs still holds.
+        pytest.xfail(f"docker binds cannot be nosuid: {suid}")
+    assert suid == []
 
 
 @pytest.mark.skipif(not os.path.exists("/usr/bin/su"), reason="no /usr/bin/su on this host")
-async def test_setuid_su_does_not_give_root(sandbox: SandboxRunner) -> None:
+async def test_setuid_su_does_not_give_root(sandbox: SandboxRunner, sandbox_ids: tuple[int, int]) -> None:
     report = await sandbox.report("""
         import stat, subprocess
         report["setuid_bit"] = bool(os.stat("/usr/bin/su").st_mode & stat.S_ISUID)
@@ -183,7 +198,7 @@ async def test_setuid_su_does_not_give_root(sandbox: SandboxRunner) -> None:
     assert report["setuid_bit"] is True  # the attack is real: the binary is setuid root
     assert report["returncode"] != 0
     assert report["stdout"].strip() != "0"
-    assert report["uid_after"] == SANDBOX_ID
+    assert report["uid_after"] == sandbox_ids[0]
 
 
 _POLKIT_HELPER = "/usr/lib/polkit-1/polkit-agent-helper-1"

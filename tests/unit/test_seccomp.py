@@ -132,3 +132,33 @@ def test_the_design_deny_list_is_denied(syscall: str) -> None:
 
 def test_the_deny_list_names_each_syscall_once() -> None:
     assert len(set(DENIED_SYSCALLS)) == len(DENIED_SYSCALLS)
+
+
+@needs_libseccomp
+def test_the_oci_profile_denies_what_the_bpf_filter_denies() -> None:
+    import errno
+    import socket
+
+    from mcp_sandbox.sandbox.seccomp import oci_profile
+
+    profile = oci_profile()
+    rules = profile["syscalls"]
+    plain = {name: rule["errnoRet"] for rule in rules if "args" not in rule for name in rule["names"]}
+
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert len(profile["architectures"]) == 1  # other architectures' syscalls are killed
+    for name in ("ptrace", "mount", "unshare", "setns", "bpf", "keyctl", "io_uring_setup", "userfaultfd"):
+        assert plain[name] == errno.EPERM
+    assert plain["clone3"] == errno.ENOSYS
+    assert set(plain) - {"clone3"} <= set(DENIED_SYSCALLS)
+    sockets = [r for r in rules if r["names"] == ["socket"]]
+    assert sockets == [
+        {
+            "names": ["socket"],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": errno.EAFNOSUPPORT,
+            "args": [{"index": 0, "value": socket.AF_UNIX, "valueTwo": 0, "op": "SCMP_CMP_NE"}],
+        }
+    ]
+    user_ns = [r for r in rules if r["names"] == ["clone"] and r["args"][0]["value"] == 0x10000000]
+    assert user_ns and user_ns[0]["args"][0]["op"] == "SCMP_CMP_MASKED_EQ"

@@ -25,7 +25,14 @@ import anyio
 
 from mcp_sandbox.sandbox.policy import Limits
 
-__all__ = ["CgroupSupport", "RunCgroup", "detect_cgroups", "sweep_stale"]
+__all__ = [
+    "CgroupSupport",
+    "RunCgroup",
+    "detect_cgroups",
+    "detect_root_cgroups",
+    "sweep_stale",
+    "sweep_stale_everywhere",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +41,8 @@ _PREFIX = "mcp-sandbox-"
 _REMOVE_SECONDS = 5.0
 _REMOVE_POLL = 0.01
 _CPU_PERIOD_US = 100_000
+# Page-granular accounting: a peak this close to the limit is the limit.
+_PEAK_SLACK = 64 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,25 @@ def detect_cgroups() -> CgroupSupport:
         reason="no writable cgroup v1 hierarchy and no delegated cgroup v2 subtree with "
         "memory/pids enabled (run as root, or under a systemd unit with Delegate=yes)",
     )
+
+
+def detect_root_cgroups() -> CgroupSupport:
+    """Per-run cgroups at the root of each v1 hierarchy, for nesting containers (``--cgroup-parent``).
+
+    A container runtime takes one parent path for every controller, so ours must sit at the
+    same path in each: the hierarchies' roots, where the runtime's own default parent
+    (podman's ``/libpod_parent``) sits too. Needs root and cgroup v1; else no cgroups.
+    """
+    bases: dict[str, Path] = {}
+    for point, fstype, options in _mounts():
+        if fstype != "cgroup":
+            continue
+        for controller in _CONTROLLERS:
+            if controller in options and _writable_dir(Path(point)):
+                bases[controller] = Path(point)
+    if bases:
+        return CgroupSupport(version=1, bases=bases)
+    return CgroupSupport(version=None, reason="no writable cgroup v1 hierarchy (needs root)")
 
 
 class RunCgroup:
@@ -220,6 +248,42 @@ class RunCgroup:
                     return True
         return False
 
+    def hierarchy_path(self) -> str | None:
+        """The cgroup's path from its hierarchy's root (as ``--cgroup-parent`` takes it), when it
+        is the same in every controller, else None."""
+        roots = {point for point, _, _ in _mounts()}
+        relative: set[str] = set()
+        for directory in self.directories.values():
+            under = [Path(p) for p in roots if directory.is_relative_to(p)]
+            if not under:
+                return None
+            relative.add("/" + str(directory.relative_to(max(under, key=lambda p: len(p.parts)))))
+        return relative.pop() if len(relative) == 1 else None
+
+    def memory_peaked(self, limit: int) -> bool:
+        """Whether usage reached ``limit``: a child cgroup (a container's) was held at its limit.
+
+        The container's own cgroup, where the OOM kill is counted, is gone when it exits; the
+        peak of its parent (ours) is not, and a child limited to ``limit`` peaks at it only when
+        the kernel had to reclaim or kill.
+        """
+        directory = self.directories.get("memory")
+        if directory is None:
+            return False
+        name = "memory.max_usage_in_bytes" if self._support.version == 1 else "memory.peak"
+        with contextlib.suppress(OSError, ValueError):
+            return int((directory / name).read_text()) >= limit - _PEAK_SLACK
+        return False
+
+    def pids_peaked(self, limit: int) -> bool:
+        """Whether the number of tasks reached ``limit`` (a fork at that point was refused)."""
+        directory = self.directories.get("pids")
+        if directory is None:
+            return False
+        with contextlib.suppress(OSError, ValueError):
+            return int((directory / "pids.peak").read_text()) >= limit
+        return False
+
     def kill(self) -> None:
         """SIGKILL every process still in the cgroup."""
         for directory in {*self.directories.values()}:
@@ -240,6 +304,11 @@ class RunCgroup:
         behind the death of the sandbox's outer process: see :meth:`aremove`.
         """
         gone = True
+        relative = self.hierarchy_path()
+        if relative is not None:
+            # A container runtime nests its own cgroups under ours in *every* hierarchy it uses
+            # (cpuset, blkio, ...), creating our directory there too: remove those as well.
+            _remove_everywhere(relative)
         for directory in {*self.directories.values()}:
             try:
                 directory.rmdir()
@@ -285,5 +354,49 @@ def sweep_stale(support: CgroupSupport) -> int:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(int(pid), signal.SIGKILL)
                 directory.rmdir()
+                removed += 1
+    return removed
+
+
+def _rmdir_tree(directory: Path) -> bool:
+    """rmdir a cgroup and its child cgroups, deepest first; True when it is gone. Never raises."""
+    with contextlib.suppress(OSError):
+        for child in directory.iterdir():
+            if child.is_dir():
+                _rmdir_tree(child)
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _remove_everywhere(relative: str) -> None:
+    """Remove the cgroup ``relative`` with its (empty) children in every hierarchy; never raises.
+
+    The children are a container runtime's: its container's and its monitor's (podman's conmon).
+    """
+    for point, _, _ in _mounts():
+        _rmdir_tree(Path(point) / relative.lstrip("/"))
+
+
+def sweep_stale_everywhere() -> int:
+    """Remove empty ``mcp-sandbox-<pid>-*`` cgroups of dead servers at every hierarchy's root.
+
+    A container runtime creates our per-run cgroup (see :func:`detect_root_cgroups`) in
+    hierarchies we do not use (cpuset, blkio, ...) too; :func:`sweep_stale` covers only ours.
+    Returns how many went.
+    """
+    removed = 0
+    for point, _, _ in _mounts():
+        try:
+            candidates = [p for p in Path(point).iterdir() if p.name.startswith(_PREFIX)]
+        except OSError:
+            continue
+        for directory in candidates:
+            owner = directory.name[len(_PREFIX) :].split("-", 1)[0]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists() and _rmdir_tree(directory):
                 removed += 1
     return removed

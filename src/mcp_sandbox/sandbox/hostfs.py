@@ -32,13 +32,13 @@ _ETC = (
 @functools.cache
 def system_mounts() -> tuple[tuple[Mount, ...], tuple[tuple[str, str], ...]]:
     """(read-only mounts, symlinks) giving the sandbox the host's ``/usr`` and friends."""
-    mounts: list[Mount] = [Mount(Path("/usr"), "/usr")]
+    mounts: list[Mount] = [Mount(Path("/usr"), "/usr", system=True)]
     links: list[tuple[str, str]] = []
     for name in _TOP_LEVEL:
         host = Path("/") / name
         if host.is_symlink():
             links.append((os.readlink(host), f"/{name}"))
         elif host.is_dir():
-            mounts.append(Mount(host, f"/{name}"))
-    mounts.extend(Mount(Path(p), p) for p in _ETC if os.path.exists(p))
+            mounts.append(Mount(host, f"/{name}", system=True))
+    mounts.extend(Mount(Path(p), p, system=True) for p in _ETC if os.path.exists(p))
     return tuple(mounts), tuple(links)

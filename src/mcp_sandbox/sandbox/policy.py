@@ -23,11 +23,16 @@ _EMPTY_ENV: Mapping[str, str] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True)
 class Mount:
-    """A host path made visible inside the sandbox (read-only unless ``writable``)."""
+    """A host path made visible inside the sandbox (read-only unless ``writable``).
+
+    ``system`` marks part of the host's base system (``/usr``, the linker's files): a backend
+    that starts from an image (podman, docker) takes those from the image instead.
+    """
 
     source: Path
     target: str
     writable: bool = False
+    system: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +64,8 @@ class SandboxPolicy:
         network: whether the sandbox may reach a network (default: empty net namespace).
         uid, gid: the ids inside the sandbox.
         limits: resource limits.
+        language: the runtime this sandbox serves (``python``, ``typescript``); image-based
+            backends pick their image by it.
     """
 
     command: tuple[str, ...]
@@ -72,6 +79,7 @@ class SandboxPolicy:
     hostname: str = "sandbox"
     cwd: str = WORKSPACE
     limits: Limits = field(default_factory=Limits)
+    language: str = "python"
 
     def __post_init__(self) -> None:
         if not self.command:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import platform
 import socket
 import termios
 from collections.abc import Iterable
@@ -19,7 +20,15 @@ from typing import Any
 
 from mcp_sandbox.errors import BackendUnavailableError
 
-__all__ = ["DENIED_SYSCALLS", "build_filter", "compiled_bpf", "seccomp_available", "write_bpf", "zygote_guard_bpf"]
+__all__ = [
+    "DENIED_SYSCALLS",
+    "build_filter",
+    "compiled_bpf",
+    "oci_profile",
+    "seccomp_available",
+    "write_bpf",
+    "zygote_guard_bpf",
+]
 
 # Denied with EPERM. Grouped as in DESIGN.md; names unknown to this libseccomp are skipped.
 DENIED_SYSCALLS: tuple[str, ...] = (
@@ -108,6 +117,8 @@ _CLONE_NAMESPACE_FLAGS = (
     0x40000000,  # CLONE_NEWNET
     0x00000080,  # CLONE_NEWTIME
 )
+
+_OCI_ARCHES = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
 
 _DENIED_IOCTLS = (termios.TIOCSTI, getattr(termios, "TIOCLINUX", 0x541C))
 
@@ -206,6 +217,57 @@ def zygote_guard_bpf(zygote_pid: int) -> bytes:
         _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     _add(flt, eperm, ["setpgid"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     return _export(flt)
+
+
+def _known(names: Iterable[str]) -> list[str]:
+    """The names libseccomp knows on this architecture (crun refuses a profile naming others)."""
+    import pyseccomp as sc
+
+    known: list[str] = []
+    for name in names:
+        try:
+            sc.resolve_syscall(sc.Arch.NATIVE, name)
+        except (RuntimeError, OSError, ValueError):
+            continue
+        known.append(name)
+    return known
+
+
+def oci_profile() -> dict[str, Any]:
+    """The deny list as an OCI seccomp profile (the JSON podman and docker take).
+
+    Same rules as :func:`build_filter`: one entry per rule, since the conditions inside one
+    entry are AND-ed and separate entries are OR-ed. Only the native architecture is listed,
+    so the runtime kills syscalls of any other (``int 0x80``), as the BPF filter does.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    reason = seccomp_available()
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+
+    def errno_rule(names: list[str], number: int, args: list[dict[str, int | str]] | None = None) -> dict[str, Any]:
+        rule: dict[str, Any] = {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": number}
+        if args:
+            rule["args"] = args
+        return rule
+
+    def arg(index: int, op: str, value: int, value_two: int = 0) -> dict[str, int | str]:
+        return {"index": index, "value": value, "valueTwo": value_two, "op": op}
+
+    rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(["clone3"]), errno.ENOSYS)]
+    rules += [errno_rule(["clone"], errno.EPERM, [arg(0, "SCMP_CMP_MASKED_EQ", f, f)]) for f in _CLONE_NAMESPACE_FLAGS]
+    rules += [
+        errno_rule([family], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)])
+        for family in ("socket", "socketpair")
+    ]
+    rules += [
+        errno_rule(["ioctl"], errno.EPERM, [arg(1, "SCMP_CMP_MASKED_EQ", 0xFFFFFFFF, request)])
+        for request in _DENIED_IOCTLS
+    ]
+    arch = _OCI_ARCHES.get(platform.machine(), "SCMP_ARCH_NATIVE")
+    return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
 
 
 def write_bpf() -> int:

@@ -32,7 +32,10 @@ __all__ = [
 ]
 
 # name -> module under mcp_sandbox.sandbox.backends; each module defines `create(settings)`.
-BACKEND_NAMES: tuple[str, ...] = ("bwrap",)
+BACKEND_NAMES: tuple[str, ...] = ("bwrap", "podman", "docker")
+# Also accepted by get_backend: podman or docker, whichever is found first (the earlier
+# bridge's order: container_runtime / MCP_BRIDGE_RUNTIME, podman, docker).
+_ALIASES: tuple[str, ...] = ("container",)
 
 
 def get_backend(name: str, settings: Settings) -> Backend:
@@ -41,8 +44,8 @@ def get_backend(name: str, settings: Settings) -> Backend:
     Raises:
         ConfigError: no backend has that name.
     """
-    if name not in BACKEND_NAMES:
-        raise ConfigError(f"backend: {name!r} is not one of {', '.join(BACKEND_NAMES)}")
+    if name not in BACKEND_NAMES + _ALIASES:
+        raise ConfigError(f"backend: {name!r} is not one of {', '.join(BACKEND_NAMES + _ALIASES)}")
     module = importlib.import_module(f"mcp_sandbox.sandbox.backends.{name}")
     backend: Backend = module.create(settings)
     return backend

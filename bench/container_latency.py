@@ -1,0 +1,131 @@
+"""Container start-up and run latency: cold containers vs a session's warm one, next to bwrap.
+
+    .venv/bin/python bench/container_latency.py [--runs N]
+
+Rows (medians and p95 over N runs, milliseconds):
+
+- ``<cli> run /bin/true``: the container engine alone, a cold container per run;
+- ``fresh run``: the engine's whole fresh run (container start, runner ready, EXEC, DONE,
+  removal by name) printing one line, a cold container each time;
+- ``session run``: the same code as the runs of one session, served by one warm container
+  over the channel;
+- the same two rows on bwrap, for comparison.
+
+On these machines podman runs only with the test suite's workarounds, so the podman rows use
+``tests/containers/podman-wrapper`` when this runs as root and the wrapper exists (the wrapper's
+own ``unshare`` costs about 2 ms); docker rows appear when a docker engine answers (the test
+suite's, on its private socket, through ``tests/containers/docker-wrapper``, if one is running).
+Absolute values drift by ±30% between runs on a shared 2-core machine; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.workspace import remove_tree
+
+REPO = Path(__file__).resolve().parents[1]
+RUNTIME = REPO / ".runtime" / "python"
+IMAGE = "localhost/mcp-sandbox-python:latest"
+CODE = "print('hello')"
+
+
+def _cli(name: str) -> str | None:
+    wrapper = REPO / "tests" / "containers" / f"{name}-wrapper"
+    if os.geteuid() == 0 and wrapper.exists():
+        return str(wrapper)
+    return name
+
+
+def _answers(cli: str) -> bool:
+    try:
+        return subprocess.run([cli, "info"], capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _stats(samples: list[float]) -> str:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return f"median {statistics.median(ordered) * 1000:7.1f} ms   p95 {p95 * 1000:7.1f} ms   (n={len(ordered)})"
+
+
+async def _timed(runs: int, action: Callable[[], Awaitable[None]]) -> list[float]:
+    await action()  # warm-up: caches, the image's layers, the first sweep
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        await action()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: Path) -> None:
+    values: dict[str, object] = {"state_dir": str(state / name), **flags}
+    if (RUNTIME / "bin" / "python3").exists():
+        values["python_runtime"] = str(RUNTIME)
+    settings = load_settings(env={}, flags=values)
+    backend = get_backend(name, settings)
+    probe = backend.probe()
+    if not probe.available:
+        print(f"{name:<8} unavailable: {probe.reason}")
+        return
+    engine = Engine(settings, backend)
+    engine.prepare()
+
+    async def fresh() -> None:
+        result = await engine.execute(ExecutionRequest(code=CODE, timeout=30))
+        assert result.stdout == "hello\n", result
+
+    print(f"{name:<8} fresh run         {_stats(await _timed(runs, fresh))}")
+    async with engine.running():
+
+        async def session() -> None:
+            result = await engine.execute(ExecutionRequest(code=CODE, timeout=30, session="bench"))
+            assert result.stdout == "hello\n", result
+
+        print(f"{name:<8} session run       {_stats(await _timed(runs * 2, session))}")
+
+
+async def _bench_cli(cli: str, label: str, runs: int) -> None:
+    async def bare() -> None:
+        await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "/bin/true"])
+
+    print(f"{label:<8} `run /bin/true`    {_stats(await _timed(runs, bare))}")
+
+
+async def main(runs: int) -> None:
+    state = Path(tempfile.mkdtemp(prefix="mcp-sandbox-bench-"))
+    os.chmod(state, 0o711)
+    try:
+        await _bench_backend("bwrap", {}, runs, state)
+        for name in ("podman", "docker"):
+            cli = _cli(name)
+            if cli is None or not _answers(cli):
+                print(f"{name:<8} unavailable: `{cli} info` does not answer")
+                continue
+            await _bench_cli(cli, name, runs)
+            await _bench_backend(name, {"container_runtime": cli}, runs, state)
+    finally:
+        remove_tree(state)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs per row (sessions: twice as many)")
+    arguments = parser.parse_args()
+    print(f"mcp-sandbox container latency, {arguments.runs} runs per row, Python {sys.version.split()[0]}")
+    anyio.run(main, arguments.runs)

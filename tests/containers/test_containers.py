@@ -1,0 +1,142 @@
+"""What only the container backends do: kill by name, sweep by label, warm session containers,
+the docker dialect's socket channel. Runs on podman and on docker, both for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import anyio
+import pytest
+
+from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
+from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.sandbox.containers import LABEL, OWNER_LABEL, container_name
+
+from .conftest import EngineFactory
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+HOST_BOUND = 30.0
+
+
+def _containers(label: str, kind: str) -> list[str]:
+    cli = DOCKER_WRAPPER if kind == "docker" else PODMAN_WRAPPER
+    done = subprocess.run(
+        [str(cli), "ps", "--all", "--filter", f"label={label}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout.split()
+
+
+def _ours(kind: str) -> list[str]:
+    return _containers(f"{OWNER_LABEL}={os.getpid()}", kind)
+
+
+async def _execute(engine: Engine, code: str, *, limit: float = 10.0, session: str | None = None) -> ExecutionResult:
+    with anyio.fail_after(limit + HOST_BOUND):
+        return await engine.execute(ExecutionRequest(code=code, timeout=limit, session=session))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["/bin/true"])
+    child.wait()
+    return child.pid
+
+
+async def test_a_run_works_and_leaves_no_container(make_container_engine: EngineFactory, container_kind: str) -> None:
+    engine = make_container_engine()
+
+    result = await _execute(engine, "import numpy, os\nprint(numpy.arange(3).sum(), os.getuid() != 0)")
+
+    assert (result.status, result.stdout) == ("success", "3 True\n")
+    assert _ours(container_kind) == []
+
+
+async def test_a_timed_out_run_kills_its_container_by_name(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine()
+
+    result = await _execute(engine, "import time\ntime.sleep(600)", limit=2)
+
+    assert result.status == "timeout"
+    assert _ours(container_kind) == []  # killing the client alone would have left it running
+
+
+async def test_the_channel_survives_the_container_boundary_with_fd_passing(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    # Each run's stdout/stderr are pipes sent over the channel with SCM_RIGHTS.
+    engine = make_container_engine()
+
+    result = await _execute(engine, "import sys\nprint('x' * 100_000)\nprint('err', file=sys.stderr)")
+
+    assert result.status == "success"
+    assert result.stdout == "x" * 100_000 + "\n"
+    assert result.stderr == "err\n"
+
+
+async def test_containers_of_dead_servers_are_swept_at_start_and_live_ones_kept(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    if container_kind != "podman":
+        pytest.skip("the sweep is the same code for both dialects; once is enough")
+    dead = container_name(_dead_pid())
+    alive = container_name(os.getppid())  # another server, still running
+    image = make_container_engine().backend.image_for("python")  # type: ignore[attr-defined]
+    for name, owner in ((dead, dead.split("-")[2]), (alive, alive.split("-")[2])):
+        labels = ("--label", f"{LABEL}=1", "--label", f"{OWNER_LABEL}={owner}")
+        await anyio.run_process(
+            [str(PODMAN_WRAPPER), "create", "--name", name, *labels, "--network", "none", image, "sleep", "600"]
+        )
+    try:
+        engine = make_container_engine()
+        result = await _execute(engine, "print('after the sweep')")
+        left = _containers(f"{LABEL}=1", "podman")
+    finally:
+        remove_containers([dead, alive])
+
+    assert result.stdout == "after the sweep\n"
+    assert dead not in left
+    assert alive in left
+
+
+async def test_a_session_keeps_one_warm_container_for_all_its_runs(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine()
+    async with engine.running():
+        first = await _execute(engine, "import socket\ncount = 1\nprint(socket.gethostname())", session="s")
+        during = _ours(container_kind)
+        second = await _execute(engine, "count += 1\nprint(count)", session="s")
+        still = _ours(container_kind)
+
+    assert (first.status, second.status) == ("success", "success")
+    assert (first.session, second.session, second.stdout) == ("new", "kept", "2\n")
+    assert len(during) == 1 and still == during  # the same container served both runs
+    assert _ours(container_kind) == []  # and went with the session
+
+
+async def test_workspace_files_belong_to_the_sandbox_uid(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine()
+    workspace = engine.settings.state_dir / f"ws-{uuid.uuid4().hex}"
+    workspace.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+    with anyio.fail_after(HOST_BOUND):
+        result = await engine.execute(
+            ExecutionRequest(code="open('/workspace/out.json', 'w').write('{}')", timeout=10, workspace=workspace)
+        )
+
+    assert result.status == "success"
+    expected = engine.settings.sandbox_uid if os.geteuid() == 0 else os.geteuid()
+    assert (workspace / "out.json").stat().st_uid == expected
+    assert json.loads((workspace / "out.json").read_text()) == {}

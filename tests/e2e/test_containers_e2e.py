@@ -1,0 +1,101 @@
+"""The server end to end on the container backends: the CLI's `run` and `doctor`, and the MCP
+tools over a real stdio server, on podman and docker for real (see tests/container_helpers.py)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from container_helpers import backend_flags
+from mcp_test_helpers import run_python, stdio_client, structured
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+COMMAND_BOUND = 120.0
+
+
+@pytest.fixture(params=["podman", "docker"])
+def container_backend(request: pytest.FixtureRequest, docker_engine: str | None) -> str:
+    """A container backend that works here, else skipped (failed when MCP_SANDBOX_TEST_REQUIRE names it)."""
+    name: str = request.param
+    runtime = backend_flags(name).get("container_runtime")
+    reason = docker_engine if name == "docker" else None
+    if runtime is None or reason is not None:
+        why = reason or f"no {name} here"
+        if name in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
+            pytest.fail(f"{name} is required (MCP_SANDBOX_TEST_REQUIRE) but unavailable: {why}")
+        pytest.skip(why)
+    return name
+
+
+def _environment(backend: str, runtime: Path | None) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    env["MCP_SANDBOX_BACKEND"] = backend
+    env["MCP_SANDBOX_CONTAINER_RUNTIME"] = str(backend_flags(backend)["container_runtime"])
+    env["MCP_SANDBOX_DISCOVER_SERVERS"] = "false"
+    if runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    if "PYTHONPATH" in os.environ:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def _mcp_sandbox(*args: str, backend: str, state_dir: Path, runtime: Path | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", *args, "--state-dir", str(state_dir)],
+        env=_environment(backend, runtime),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_BOUND,
+        check=False,
+    )
+
+
+def test_run_prints_the_output_from_a_container(
+    container_backend: str, state_dir: Path, packaged_runtime: Path
+) -> None:
+    done = _mcp_sandbox(
+        "run", "-c", "import pandas; print(pandas.DataFrame({'a': [1, 2]}).a.sum())",
+        backend=container_backend, state_dir=state_dir, runtime=packaged_runtime,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "3\n"
+
+
+def test_doctor_reports_the_container_backend_and_what_it_enforces(
+    container_backend: str, state_dir: Path, packaged_runtime: Path
+) -> None:
+    done = _mcp_sandbox("doctor", backend=container_backend, state_dir=state_dir, runtime=packaged_runtime)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"backend {container_backend}: available" in done.stdout
+    for capability in ("seccomp", "memory limit", "pids limit", "unprivileged uid"):
+        assert capability in done.stdout
+    assert "WEAK" not in done.stdout.split(f"backend {container_backend}:")[1].split("\nbackend ")[0]
+
+
+async def test_a_conversation_keeps_its_state_and_files_in_a_warm_container(
+    container_backend: str, state_dir: Path, packaged_runtime: Path
+) -> None:
+    environment = _environment(container_backend, packaged_runtime)
+    async with stdio_client(state_dir, packaged_runtime, environment=environment) as client:
+        upload = await client.call_tool(
+            "upload_file",
+            {"conversationId": "c1", "filename": "in.txt", "content": base64.b64encode(b"41").decode()},
+        )
+        assert not upload.is_error
+        first = await run_python(client, {"code": "n = int(open('/workspace/in.txt').read())", "conversationId": "c1"})
+        second = await run_python(
+            client, {"code": "open('/data/out.txt', 'w').write(str(n + 1))\nprint(n + 1)", "conversationId": "c1"}
+        )
+
+    assert structured(first)["status"] == "success"
+    result = structured(second)
+    assert (result["status"], result["stdout"], result.get("session")) == ("success", "42\n", "kept")
+    assert [f["name"] for f in result["files"]] == ["in.txt", "out.txt"]
