@@ -79,7 +79,9 @@ def js_runtime(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def js_sandbox(make_sandbox: RunnerFactory, js_runtime: str) -> SandboxRunner:
+def js_sandbox(make_sandbox: RunnerFactory, js_runtime: str, sandbox_kind: str) -> SandboxRunner:
+    if sandbox_kind == "warm":
+        pytest.skip("JavaScript runs have no warm sandboxes: each is a sandbox of its own")
     return make_sandbox(js_runtime=js_runtime)
 
 

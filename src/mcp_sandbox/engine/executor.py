@@ -126,7 +126,10 @@ class Engine:
         Raises:
             RuntimeError: the engine is already running.
         """
-        async with self._sessions.running(), self._pool.running():
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self._sessions.running())
+            if self.backend.warm_pool:
+                await stack.enter_async_context(self._pool.running())
             yield self
 
     @property
@@ -163,7 +166,12 @@ class Engine:
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
                 return await self._execute_in_session(request, request.session, started)
-            if request.workspace is None and request.language == "python" and (warm := self._pool.take()) is not None:
+            if (
+                request.workspace is None
+                and request.language == "python"
+                and self.backend.warm_pool
+                and (warm := self._pool.take()) is not None
+            ):
                 return await self._execute_warm(request, warm, started)
             return await self._execute_fresh(request, started)
 
@@ -310,7 +318,7 @@ class Engine:
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
             ready = interpreter.ready
             pid = ready.get("pid")
-            if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid <= 1:
+            if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid < 1:
                 raise SandboxStartError(f"the warm sandbox cannot serve runs: {ready.get('problem', ready)}")
             if ready.get("failed") and not self._preload_reported:
                 self._preload_reported = True

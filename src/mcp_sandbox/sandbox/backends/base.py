@@ -91,6 +91,8 @@ class Backend(Protocol):
     """A way of running a policy-confined process tree."""
 
     name: str
+    # Whether the engine keeps warm sandboxes (forking zygotes) on this backend; see engine/pool.py.
+    warm_pool: bool
 
     def probe(self) -> BackendProbe:
         """Say whether this backend works here and which parts of the policy it enforces."""

@@ -168,6 +168,7 @@ class BwrapBackend:
     """Starts bwrap sandboxes; see the module docstring."""
 
     name = "bwrap"
+    warm_pool = True
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings

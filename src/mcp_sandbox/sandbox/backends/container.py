@@ -178,6 +178,10 @@ class ContainerSandbox:
 class ContainerBackend:
     """Starts podman or docker containers; see the module docstring."""
 
+    # Not yet: a run's memory and pids limit hits are told apart by the container's own cgroup,
+    # which exists only once per container, so a zygote's runs could not be judged one by one.
+    warm_pool = False
+
     def __init__(self, settings: Settings, name: str, cli: str | None, flavour: Flavour) -> None:
         self.name = name
         self.flavour: Flavour = flavour

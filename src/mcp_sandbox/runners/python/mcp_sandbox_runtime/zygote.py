@@ -185,7 +185,8 @@ def _remove_entry(path: str) -> None:
 def _wipe() -> str | None:
     for directory in _WIPED:
         try:
-            os.chmod(directory, stat.S_IRWXU | (os.stat(directory).st_mode & 0o7077))
+            if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):  # the run took them away
+                os.chmod(directory, stat.S_IRWXU | (os.stat(directory).st_mode & 0o7077))
             with os.scandir(directory) as entries:
                 names = [entry.path for entry in entries]
             for path in names:
