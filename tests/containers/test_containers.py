@@ -13,6 +13,7 @@ import pytest
 
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.containers import LABEL, OWNER_LABEL, container_name
 
 from .conftest import EngineFactory
@@ -140,3 +141,13 @@ async def test_workspace_files_belong_to_the_sandbox_uid(
     expected = engine.settings.sandbox_uid if os.geteuid() == 0 else os.geteuid()
     assert (workspace / "out.json").stat().st_uid == expected
     assert json.loads((workspace / "out.json").read_text()) == {}
+
+
+async def test_a_typescript_run_is_refused_with_the_reason(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine()
+    request = ExecutionRequest(code="console.log(1)", timeout=30, language="typescript")
+    with anyio.fail_after(60), pytest.raises(SandboxStartError, match="runs Python only"):
+        await engine.execute(request)
+    assert _ours(container_kind) == []

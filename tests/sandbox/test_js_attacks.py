@@ -70,7 +70,11 @@ _POSTLUDE = "\nconsole.log(JSON.stringify(report));\n"
 
 
 @pytest.fixture(params=JS_RUNTIMES)
-def js_runtime(request: pytest.FixtureRequest) -> str:
+def js_runtime(request: pytest.FixtureRequest, sandbox_kind: str, backend_name: str) -> str:
+    if sandbox_kind == "warm":
+        pytest.skip("JavaScript runs have no warm sandboxes: each is a sandbox of its own")
+    if backend_name != "bwrap":
+        pytest.skip(f"the {backend_name} backend runs Python only (it refuses TypeScript and JavaScript)")
     runtime: str = request.param
     binary = js_binary(load_settings(env={}, flags={"js_runtime": runtime}))
     if not os.access(binary, os.X_OK):
@@ -79,9 +83,7 @@ def js_runtime(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def js_sandbox(make_sandbox: RunnerFactory, js_runtime: str, sandbox_kind: str) -> SandboxRunner:
-    if sandbox_kind == "warm":
-        pytest.skip("JavaScript runs have no warm sandboxes: each is a sandbox of its own")
+def js_sandbox(make_sandbox: RunnerFactory, js_runtime: str) -> SandboxRunner:
     return make_sandbox(js_runtime=js_runtime)
 
 

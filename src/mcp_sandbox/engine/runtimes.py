@@ -181,6 +181,7 @@ def js_policy(
         workspace=workspace,
         environment=env,
         limits=dataclasses.replace(limits_for(settings, timeout), address_space=False),
+        language=language,
     )
 
 

@@ -376,6 +376,11 @@ class ContainerBackend:
     # --- starting -----------------------------------------------------------------------------
 
     async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
+        if policy.language != "python":
+            # The JavaScript runtimes' channel set-up and ids inside are bwrap's so far.
+            raise SandboxStartError(
+                f"the {self.name} backend runs Python only for now; {policy.language} needs the bwrap backend"
+            )
         await self._sweep_once()
         cli = self.cli
         name = container_name(os.getpid())
