@@ -23,6 +23,7 @@ from pathlib import Path
 
 import anyio
 
+from mcp_sandbox.sandbox.backends.base import LimitEvents
 from mcp_sandbox.sandbox.policy import Limits
 
 __all__ = [
@@ -218,8 +219,13 @@ class RunCgroup:
             return False
         return False
 
+    def limit_events(self) -> LimitEvents:
+        """How often the memory limit was hit (or the OOM killer acted) and a fork was refused, so far."""
+        memory, pids = self.events()
+        return LimitEvents(memory=memory, pids=pids)
+
     def events(self) -> tuple[int, int]:
-        """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork was refused."""
+        """(memory, pids): the counters of :meth:`limit_events`."""
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")

@@ -135,10 +135,7 @@ class BwrapSandbox:
         return self._result(await self._process.wait())
 
     def limit_events(self) -> LimitEvents:
-        if self._cgroup is None:
-            return LimitEvents()
-        memory, pids = self._cgroup.events()
-        return LimitEvents(memory=memory, pids=pids)
+        return self._cgroup.limit_events() if self._cgroup is not None else LimitEvents()
 
     def _kill(self) -> None:
         # The outer bwrap leads its own session; its death takes the sandbox's pid namespace

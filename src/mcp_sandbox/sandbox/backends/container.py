@@ -149,10 +149,7 @@ class ContainerSandbox:
         return self._result(await self._process.wait())
 
     def limit_events(self) -> LimitEvents:
-        if self._cgroup is None:
-            return LimitEvents()
-        memory, pids = self._cgroup.events()
-        return LimitEvents(memory=memory, pids=pids)
+        return self._cgroup.limit_events() if self._cgroup is not None else LimitEvents()
 
     async def aclose(self) -> SandboxOutcome:
         if self._outcome is not None:
