@@ -56,7 +56,12 @@ LEAKS = {
         "import sys; print('planted' in sys.modules)",
         "False",
     ),
-    "tmp": ("open('/tmp/left', 'w').write('x')", "import os; print(os.listdir('/tmp'))", "[]"),
+    # By name: /tmp also holds the mount point of a runtime that lives under the host's /tmp.
+    "tmp": (
+        "import os; os.makedirs('/tmp/d'); open('/tmp/left', 'w').write('x')",
+        "import os; print(os.path.exists('/tmp/left'), os.path.exists('/tmp/d'))",
+        "False False",
+    ),
     "dev-shm": ("open('/dev/shm/left', 'w').write('x')", "import os; print(os.listdir('/dev/shm'))", "[]"),
     "workspace": (
         "import os; os.makedirs('/workspace/d/e')\n"
@@ -93,6 +98,16 @@ async def test_nothing_of_one_run_reaches_the_next(running_engine: RunningEngine
 
     assert first.status == "success", first.stderr
     assert (second.status, second.stdout.strip()) == ("success", clean), second.stderr
+
+
+async def test_one_warm_sandbox_serves_run_after_run(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine) as engine:
+        for _ in range(3):
+            result = await warm_run(engine, "open('/tmp/scratch', 'w').write('x')")
+            assert result.status == "success", result.stderr
+        warm = engine.pool.take()
+        assert warm is not None and warm.runs == 3  # restored each time, never replaced
+        engine.pool.give_back(warm, reusable=True)
 
 
 async def test_processes_a_run_leaves_behind_are_killed_before_the_next(running_engine: RunningEngine) -> None:

@@ -30,6 +30,7 @@ import _socket
 import base64
 import gc
 import os
+import re
 import resource
 import shutil
 import signal
@@ -182,20 +183,49 @@ def _remove_entry(path: str) -> None:
         os.unlink(path)
 
 
-def _wipe() -> str | None:
+def _mount_points() -> set[str]:
+    """Where something is mounted in this sandbox (a runtime under the host's /tmp is bound inside /tmp)."""
+    points: set[str] = set()
+    with open("/proc/self/mountinfo") as table:
+        for row in table:
+            field = row.split()[4]
+            points.add(re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field))
+    return points
+
+
+def _clear(directory: str, mounts: set[str], holders: set[str]) -> None:
+    """Remove what ``directory`` holds, except mount points and the directories leading to them."""
+    with os.scandir(directory) as entries:
+        paths = [entry.path for entry in entries]
+    for path in paths:
+        if path in mounts:
+            continue
+        if path in holders:
+            _clear(path, mounts, holders)
+        else:
+            _remove_entry(path)
+
+
+def _wipe(mounts: set[str]) -> str | None:
+    holders = {parent for point in mounts for parent in _parents(point)}
     for directory in _WIPED:
         try:
             if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):  # the run took them away
                 os.chmod(directory, stat.S_IRWXU | (os.stat(directory).st_mode & 0o7077))
-            with os.scandir(directory) as entries:
-                names = [entry.path for entry in entries]
-            for path in names:
-                _remove_entry(path)
+            _clear(directory, mounts, holders)
         except FileNotFoundError:
             continue
         except (OSError, RecursionError) as error:
             return f"could not empty {directory}: {error}"
     return None
+
+
+def _parents(path: str) -> list[str]:
+    parents = []
+    while (parent := os.path.dirname(path)) != path:
+        parents.append(parent)
+        path = parent
+    return parents
 
 
 def _remove_ipc() -> str | None:
@@ -225,9 +255,9 @@ def _remove_ipc() -> str | None:
     return None
 
 
-def _restore(baseline: tuple[Any, ...]) -> str | None:
+def _restore(baseline: tuple[Any, ...], mounts: set[str]) -> str | None:
     """Bring the sandbox back to its state before the run; why not, if it cannot."""
-    problem = _reap_all() or _wipe() or _remove_ipc()
+    problem = _reap_all() or _wipe(mounts) or _remove_ipc()
     if problem is None and _fingerprint() != baseline:
         problem = "the run changed the zygote's limits, priority or CPU affinity"
     return problem
@@ -303,6 +333,7 @@ def main(channel_fd: int, preload: list[str]) -> int:
 
     threads = len(os.listdir("/proc/self/task"))
     baseline = _fingerprint()
+    mounts = _mount_points()
     gc.collect()
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
     _release_free_memory()
@@ -337,7 +368,7 @@ def main(channel_fd: int, preload: list[str]) -> int:
             host.close_fds(fds)
             _, status = os.waitpid(pid, 0)
             exit_code = _exit_code(status)
-            problem = _restore(baseline)
+            problem = _restore(baseline, mounts)
             control.send(Kind.EXITED, {"run": body.get("run", 0), "exitCode": exit_code, "problem": problem})
             if problem is not None:
                 return EXIT_DIRTY
