@@ -96,16 +96,6 @@ def _install_guard(bpf: bytes) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
-def _release_free_memory() -> None:
-    """Give the heap pages the imports freed back to the kernel: every warm sandbox holds its own."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
 def _fingerprint() -> tuple[Any, ...]:
     """What a child of the same uid could change about the zygote from outside."""
     return (
@@ -336,7 +326,6 @@ def main(channel_fd: int, preload: list[str]) -> int:
     mounts = _mount_points()
     gc.collect()
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
-    _release_free_memory()
     ready: dict[str, Any] = {
         "runtime": "python",
         "version": sys.version.split()[0],
