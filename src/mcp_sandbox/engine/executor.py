@@ -2,7 +2,7 @@
 
 Every run first takes a slot of the admission control (:mod:`.admission`). Then:
 
-- a run without a conversation takes a warm sandbox from the pool (:mod:`.pool`) when one is
+- a run without a conversation takes a warm sandbox from the pool (:mod:`.warm`) when one is
   idle: the sandbox's zygote forks a fresh interpreter for it and reports the child's exit
   code, and the run is judged like a fresh sandbox's (exit code, memory and pids counters of
   the sandbox's cgroup over the run);
@@ -35,10 +35,10 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
-from mcp_sandbox.engine.pool import Warm, WarmPool
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
 from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
+from mcp_sandbox.engine.warm import Warm, WarmPool
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
