@@ -21,7 +21,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from mcp_sandbox.bridge.discovery import Discovery
-from mcp_sandbox.bridge.mediator import Bridge, open_bridge
+from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
@@ -49,7 +49,7 @@ class Service:
 
     settings: Settings
     engine: Engine
-    bridge: Bridge
+    bridge: Mediator
     workspaces: WorkspaceStore
     metadata: Metadata
     urls: UrlSigner
@@ -151,7 +151,7 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     metadata = Metadata.open(settings.state_dir / "metadata.sqlite3")
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
-        async with open_bridge(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
+        async with open_mediator(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
             service = Service(settings, engine, bridge, workspaces, metadata, urls, http)
             group.start_soon(_sweep_periodically, service)
             try:
