@@ -169,10 +169,6 @@ class SessionManager:
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
 
-    @property
-    def is_running(self) -> bool:
-        return self._group is not None
-
     def live(self) -> set[str]:
         """Keys of the sessions that exist (an interpreter running, starting or awaited)."""
         return set(self._sessions)
