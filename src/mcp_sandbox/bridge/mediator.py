@@ -31,6 +31,7 @@ from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["TOOLS_MOUNT", "Mediator", "RunAccess", "open_mediator"]
 
@@ -62,7 +63,7 @@ class Mediator:
         self.settings = settings
         self.discovery = discovery
         self.pool = pool
-        self._stub_root = settings.state_dir / "stubs"
+        self._layout = StateLayout.of(settings)
         self._stubs: dict[str, _Stubs] = {}
 
     @property
@@ -110,8 +111,7 @@ class Mediator:
         return stubs
 
     def _write(self, alias: str, files: dict[str, str]) -> Path:
-        self._stub_root.mkdir(mode=0o711, exist_ok=True)
-        return write_tree(self._stub_root, files, prefix=alias)
+        return write_tree(self._layout.prepare_stubs(), files, prefix=alias)
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
@@ -336,6 +336,6 @@ async def open_mediator(settings: Settings, discovery: Discovery | None = None) 
         discovery.servers,
         connect_timeout=settings.connect_timeout,
         call_timeout=settings.tool_timeout,
-        log_dir=settings.state_dir / "logs",
+        log_dir=StateLayout.of(settings).logs,
     ) as pool:
         yield Mediator(settings, discovery, pool)
