@@ -114,7 +114,7 @@ def _read_source(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
-    from mcp_sandbox.bridge.mediator import open_bridge
+    from mcp_sandbox.bridge.mediator import open_mediator
     from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
     from mcp_sandbox.engine.startup import open_engine
 
@@ -122,7 +122,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     engine = open_engine(settings)
 
     async def run() -> ExecutionResult:
-        async with open_bridge(settings) as bridge, engine.running():
+        async with open_mediator(settings) as bridge, engine.running():
             tools = await bridge.open_run(bridge.aliases(args.servers))
             request = ExecutionRequest(code=code, timeout=settings.timeout, language=args.language, tools=tools)
             return await engine.execute(request)
@@ -143,12 +143,12 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.bridge.discovery import discover
     from mcp_sandbox.bridge.listing import describe, describe_json
-    from mcp_sandbox.bridge.mediator import open_bridge
+    from mcp_sandbox.bridge.mediator import open_mediator
 
     discovery = discover(settings)
 
     async def count() -> dict[str, int | str]:
-        async with open_bridge(settings, discovery) as bridge:
+        async with open_mediator(settings, discovery) as bridge:
             listed = await bridge.pool.all_tools()
         return {
             alias: len(tools) if isinstance(tools, tuple) else f"error: {tools.message}"

@@ -1,4 +1,4 @@
-"""RunAccess.handle as a hostile sandbox sees it: request dicts of any shape, against a real Bridge.
+"""RunAccess.handle as a hostile sandbox sees it: request dicts of any shape, against a real Mediator.
 
 The downstream servers are real stdio processes of our fixture server under different aliases and
 policies, plus one whose command does not exist. Whatever the request, ``handle`` answers with
@@ -20,7 +20,7 @@ import pytest
 
 from downstream import FIXTURE_SERVER
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
-from mcp_sandbox.bridge.mediator import TOOLS_MOUNT, Bridge, RunAccess, open_bridge
+from mcp_sandbox.bridge.mediator import TOOLS_MOUNT, Mediator, RunAccess, open_mediator
 from mcp_sandbox.config import Settings
 
 pytestmark = pytest.mark.anyio
@@ -52,15 +52,15 @@ SERVERS = {
 
 
 @pytest.fixture(scope="module")
-async def bridge(module_state_dir: Path) -> AsyncIterator[Bridge]:
+async def bridge(module_state_dir: Path) -> AsyncIterator[Mediator]:
     await anyio.Path(module_state_dir).mkdir(parents=True, exist_ok=True)
     settings = Settings(state_dir=module_state_dir, discover_servers=False, connect_timeout=BOUND)
-    async with open_bridge(settings, Discovery(servers=SERVERS)) as opened:
+    async with open_mediator(settings, Discovery(servers=SERVERS)) as opened:
         yield opened
 
 
 @pytest.fixture
-async def access(bridge: Bridge) -> RunAccess:
+async def access(bridge: Mediator) -> RunAccess:
     with anyio.fail_after(BOUND):
         return await bridge.open_run(["fixture", "limited"])
 
@@ -94,9 +94,9 @@ def stub_files(directory: Path) -> dict[str, str]:
     }
 
 
-def with_settings(bridge: Bridge, **changes: Any) -> Bridge:
+def with_settings(bridge: Mediator, **changes: Any) -> Mediator:
     """A bridge with other settings over the same (warm) servers."""
-    return Bridge(dataclasses.replace(bridge.settings, **changes), bridge.discovery, bridge.pool)
+    return Mediator(dataclasses.replace(bridge.settings, **changes), bridge.discovery, bridge.pool)
 
 
 # --- malformed requests -------------------------------------------------------------------------
@@ -195,7 +195,7 @@ async def test_a_structured_result_keeps_its_structured_content(access: RunAcces
 # --- caps ----------------------------------------------------------------------------------------
 
 
-async def test_a_run_is_denied_calls_beyond_max_tool_calls(bridge: Bridge) -> None:
+async def test_a_run_is_denied_calls_beyond_max_tool_calls(bridge: Mediator) -> None:
     with anyio.fail_after(BOUND):
         run = await with_settings(bridge, max_tool_calls=3).open_run(["fixture"])
     echo = {"op": "call_tool", "server": "fixture", "tool": "echo", "arguments": {"text": "x"}}
@@ -206,7 +206,7 @@ async def test_a_run_is_denied_calls_beyond_max_tool_calls(bridge: Bridge) -> No
     assert [server["alias"] for server in result_of(await ask(run, {"op": "list_servers"}))] == ["fixture"]
 
 
-async def test_a_result_past_max_tool_result_bytes_is_dropped_and_so_are_later_ones(bridge: Bridge) -> None:
+async def test_a_result_past_max_tool_result_bytes_is_dropped_and_so_are_later_ones(bridge: Mediator) -> None:
     with anyio.fail_after(BOUND):
         run = await with_settings(bridge, max_tool_result_bytes=4096).open_run(["fixture"])
     small = {"op": "call_tool", "server": "fixture", "tool": "echo", "arguments": {"text": "small"}}
@@ -351,7 +351,7 @@ async def test_describe_server_of_a_server_not_allowed_works_without_a_stubs_pat
     assert [tool["name"] for tool in allowed["tools"]] == ["echo"]
 
 
-async def test_a_server_that_cannot_start_still_gets_a_toolless_stub_package(bridge: Bridge) -> None:
+async def test_a_server_that_cannot_start_still_gets_a_toolless_stub_package(bridge: Mediator) -> None:
     with anyio.fail_after(BOUND):
         run = await bridge.open_run(["fixture", "broken"])
     mounts = {mount.target: mount for mount in run.mounts}

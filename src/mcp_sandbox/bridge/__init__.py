@@ -3,7 +3,7 @@
 - ``discovery``: which servers exist (explicit file, our ``[servers]``, the user's MCP client configs),
   reading files in ``config_files``, checking entries in ``server_entries``, into ``server_spec`` types;
 - ``listing``: what ``mcp-sandbox servers`` prints;
-- ``pool``: one warm client per downstream server, each owned by one task;
+- ``clients``: one warm client per downstream server, each owned by one task;
 - ``stubs``: Python modules generated from each tool's schemas (types via ``schema_types``), readable
   under ``/tools`` in the sandbox;
 - ``search``: ranked search over every downstream tool;

@@ -1,6 +1,6 @@
 """The host side of code mode: what a run may reach, and the answers to its requests.
 
-:class:`Bridge` lives as long as the server: the discovered servers, their client pool, the
+:class:`Mediator` lives as long as the server: the discovered servers, their client pool, the
 generated stubs and the search index. For each run it opens a :class:`RunAccess` (the engine's
 ``ToolAccess``) that binds the stubs of the run's servers under ``/tools`` and answers the
 sandbox's requests. The host decides, whatever the sandbox sends: only the run's servers can be
@@ -23,16 +23,17 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 
+from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
-from mcp_sandbox.bridge.pool import ClientPool, open_client_pool
 from mcp_sandbox.bridge.search import DETAILS, ToolIndex, render
 from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
 from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.state import StateLayout
 
-__all__ = ["TOOLS_MOUNT", "Bridge", "RunAccess", "open_bridge"]
+__all__ = ["TOOLS_MOUNT", "Mediator", "RunAccess", "open_mediator"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +56,14 @@ class _Stubs:
     directory: Path
 
 
-class Bridge:
+class Mediator:
     """Downstream servers, their clients, stubs and search, for the server's lifetime."""
 
     def __init__(self, settings: Settings, discovery: Discovery, pool: ClientPool) -> None:
         self.settings = settings
         self.discovery = discovery
         self.pool = pool
-        self._stub_root = settings.state_dir / "stubs"
+        self._layout = StateLayout.of(settings)
         self._stubs: dict[str, _Stubs] = {}
 
     @property
@@ -110,8 +111,7 @@ class Bridge:
         return stubs
 
     def _write(self, alias: str, files: dict[str, str]) -> Path:
-        self._stub_root.mkdir(mode=0o711, exist_ok=True)
-        return write_tree(self._stub_root, files, prefix=alias)
+        return write_tree(self._layout.prepare_stubs(), files, prefix=alias)
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
@@ -166,7 +166,7 @@ class Bridge:
 class RunAccess:
     """One run's gate to the downstream servers (implements the engine's ``ToolAccess``)."""
 
-    bridge: Bridge
+    bridge: Mediator
     allowed: dict[str, ServerSpec]
     mounts: tuple[Mount, ...]
     calls: int = 0
@@ -328,7 +328,7 @@ _OPS = {
 
 
 @contextlib.asynccontextmanager
-async def open_bridge(settings: Settings, discovery: Discovery | None = None) -> AsyncIterator[Bridge]:
+async def open_mediator(settings: Settings, discovery: Discovery | None = None) -> AsyncIterator[Mediator]:
     """Discover the downstream servers (unless given) and keep their clients for this context."""
     if discovery is None:
         discovery = await anyio.to_thread.run_sync(discover, settings)
@@ -336,6 +336,6 @@ async def open_bridge(settings: Settings, discovery: Discovery | None = None) ->
         discovery.servers,
         connect_timeout=settings.connect_timeout,
         call_timeout=settings.tool_timeout,
-        log_dir=settings.state_dir / "logs",
+        log_dir=StateLayout.of(settings).logs,
     ) as pool:
-        yield Bridge(settings, discovery, pool)
+        yield Mediator(settings, discovery, pool)

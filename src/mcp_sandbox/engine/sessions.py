@@ -14,7 +14,7 @@ Every interpreter has one owner task in the manager's task group (see :meth:`Ses
 it starts the sandbox, keeps it until told to stop or until it dies, then closes it.
 
 Code mode: a session's sandbox cannot get new bind mounts, so it binds the stub root
-(``<state_dir>/stubs``) at ``/.stubs`` and a per-session host directory at ``/tools``, in which
+(``StateLayout.stubs``) at ``/.stubs`` and a per-session host directory at ``/tools``, in which
 the host points ``/tools/<alias>`` at the stubs of the current run's servers before each run.
 """
 
@@ -38,6 +38,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.errors import BusyError
 from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["STUBS_MOUNT", "TOOLS_ROOT", "Lease", "SessionManager", "ToolsView"]
 
@@ -62,13 +63,14 @@ class ToolsView:
         self.stub_root = stub_root
 
     @classmethod
-    def create(cls, parent: Path, stub_root: Path) -> ToolsView:
-        """A new, empty view in ``parent`` (named after this server's pid, so a sweep finds it)."""
-        stub_root.mkdir(mode=0o711, exist_ok=True)
-        directory = parent / f"{os.getpid()}-tools-{uuid.uuid4().hex}"
-        directory.mkdir(mode=0o755)
-        directory.chmod(0o755)
-        return cls(directory, stub_root)
+    def create(cls, layout: StateLayout) -> ToolsView:
+        """A new, empty view in ``layout.runs`` (named after this server's pid, so a sweep finds it).
+
+        Raises:
+            OSError: it cannot be created (``runs/`` must exist).
+        """
+        stub_root = layout.prepare_stubs()
+        return cls(layout.new_tools_view(), stub_root)
 
     def mounts(self) -> tuple[Mount, ...]:
         """What the session's sandbox binds: the stub root and this directory."""
@@ -168,10 +170,6 @@ class SessionManager:
         self._open = opener
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
-
-    @property
-    def is_running(self) -> bool:
-        return self._group is not None
 
     def live(self) -> set[str]:
         """Keys of the sessions that exist (an interpreter running, starting or awaited)."""

@@ -21,11 +21,12 @@ import anyio.from_thread
 import anyio.to_thread
 
 from mcp_sandbox.bridge.discovery import Discovery
-from mcp_sandbox.bridge.mediator import Bridge, open_bridge
+from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.server.urls import UrlSigner
+from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import (
     ExecutionRecord,
     FileEntry,
@@ -49,7 +50,7 @@ class Service:
 
     settings: Settings
     engine: Engine
-    bridge: Bridge
+    bridge: Mediator
     workspaces: WorkspaceStore
     metadata: Metadata
     urls: UrlSigner
@@ -145,13 +146,14 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     Raises:
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
+    layout = StateLayout.of(settings)
     engine = open_engine(settings)
-    secret = load_secret(settings.state_dir)
+    secret = load_secret(layout.root)
     workspaces = WorkspaceStore(settings, secret)
-    metadata = Metadata.open(settings.state_dir / "metadata.sqlite3")
+    metadata = Metadata.open(layout.metadata)
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
-        async with open_bridge(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
+        async with open_mediator(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
             service = Service(settings, engine, bridge, workspaces, metadata, urls, http)
             group.start_soon(_sweep_periodically, service)
             try:

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.state import METADATA_FILE
 from mcp_sandbox.workspace.files import FileEntry, Usage
 
 __all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
 
-METADATA_FILE = "metadata.sqlite3"
 _BUSY_TIMEOUT_MS = 10_000
 
 # Append only: a released step is never edited, a change is a new step.
@@ -156,7 +156,7 @@ class Metadata:
 
     @classmethod
     def open(cls, path: Path) -> Metadata:
-        """Open the database at ``path`` (normally ``state_dir / METADATA_FILE``).
+        """Open the database at ``path`` (normally ``StateLayout.metadata``).
 
         Raises:
             ConfigError: see the constructor.

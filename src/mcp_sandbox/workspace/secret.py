@@ -16,11 +16,11 @@ import stat
 from pathlib import Path
 
 from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["SECRET_BYTES", "derive_key", "load_secret"]
 
 SECRET_BYTES = 32
-_NAME = "secret"
 
 
 def derive_key(secret: bytes, purpose: str) -> bytes:
@@ -61,9 +61,9 @@ def _read(path: Path) -> bytes:
     return data
 
 
-def _create(state_dir: Path, path: Path) -> None:
+def _create(path: Path) -> None:
     """Write a new secret next to ``path`` and link it into place unless another start won."""
-    temporary = state_dir / f".{_NAME}.{secrets.token_hex(8)}.tmp"
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
@@ -78,7 +78,7 @@ def _create(state_dir: Path, path: Path) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
-    directory = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(directory)
     finally:
@@ -92,14 +92,15 @@ def load_secret(state_dir: Path) -> bytes:
         ConfigError: the secret file is not a regular file, is readable or writable by group or
             others, has the wrong size, or cannot be created.
     """
-    path = state_dir / _NAME
+    layout = StateLayout(state_dir)
+    path = layout.secret
     try:
         return _read(path)
     except FileNotFoundError:
         pass
     try:
-        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _create(state_dir, path)
+        layout.make_root_private()
+        _create(path)
     except OSError as exc:
         raise ConfigError(f"cannot create the server secret {path}: {exc.strerror}") from exc
     return _read(path)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
+from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.files import DIR_FLAGS, FileEntry, Listing, OpenFile, Usage, Walk, open_parent, open_regular
 from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.removal import remove_tree
@@ -52,7 +53,8 @@ class WorkspaceStore:
 
     def __init__(self, settings: Settings, secret: bytes) -> None:
         self.settings = settings
-        self.root = settings.state_dir / "workspaces"
+        self._layout = StateLayout.of(settings)
+        self.root = self._layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the sandbox uid's files, so that sandboxed code can change them.
         self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
@@ -78,10 +80,7 @@ class WorkspaceStore:
             WorkspaceError: they cannot be created.
         """
         try:
-            self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(self.settings.state_dir, 0o711)
-            self.root.mkdir(exist_ok=True, mode=0o711)
-            os.chmod(self.root, 0o711, follow_symlinks=False)
+            self._layout.prepare_workspaces()
         except OSError as exc:
             raise WorkspaceError(f"cannot create the workspaces directory {self.root}: {exc.strerror}") from exc
 

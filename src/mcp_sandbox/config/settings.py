@@ -1,28 +1,25 @@
-"""One typed settings object, built once and injected.
+"""The settings object: every setting, its default and the checks of its value.
 
-Precedence, highest first: command-line flags, environment (``MCP_SANDBOX_<NAME>``, then the
-earlier bridge's ``MCP_BRIDGE_*`` aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``),
-defaults. Nothing here reads the environment at import time: callers pass it in.
+Built by :func:`mcp_sandbox.config.load_settings` from flags, environment and TOML file (see
+:mod:`.sources`); defaults that depend on the host (the state directory, the sandbox's ids,
+the runtimes ``make`` builds) are computed here, when a :class:`Settings` is made.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import pwd
 import re
 import sys
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from mcp_sandbox.errors import ConfigError
 
 __all__ = [
-    "ENV_ALIASES",
     "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
@@ -30,63 +27,10 @@ __all__ = [
     "Settings",
     "default_sandbox_ids",
     "default_state_dir",
-    "load_settings",
-    "parse_bytes",
-    "parse_duration",
 ]
 
 OutputMode = Literal["compact", "json", "toon"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
-
-# The earlier bridge's variables, honoured when the MCP_SANDBOX_ name is not set.
-ENV_ALIASES: Mapping[str, str] = {
-    "MCP_BRIDGE_TIMEOUT": "timeout",
-    "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
-    "MCP_BRIDGE_MEMORY": "memory",
-    "MCP_BRIDGE_PIDS": "pids",
-    "MCP_BRIDGE_CPUS": "cpus",
-    "MCP_BRIDGE_RUNTIME": "container_runtime",
-    "MCP_BRIDGE_IMAGE": "image",
-    "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
-    "MCP_BRIDGE_STATE_DIR": "state_dir",
-    "MCP_SERVERS_CONFIG": "servers_config",
-}
-
-# TOML tables owned by later layers (auth, code mode); accepted here, read there.
-_RESERVED_TABLES = frozenset({"auth", "servers"})
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b)?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(value: str | int) -> int:
-    """Parse ``"512m"``, ``"1GiB"``, ``"64 MB"`` or a plain byte count (binary units)."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g, 65536)")
-    if isinstance(value, int):
-        return value
-    match = _SIZE_RE.match(value)
-    if match is None:
-        raise ValueError(f"not a size: {value!r} (use e.g. 512m, 1g, 65536)")
-    number, unit = match.groups()
-    return int(float(number) * _SIZE_UNITS[(unit or "").lower()])
-
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
-_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: str | float) -> float:
-    """Parse ``"90"``, ``"10m"``, ``"12h"``, ``"30d"`` or a number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"not a duration: {value!r} (use e.g. 600, 10m, 12h, 30d)")
-    if isinstance(value, int | float):
-        return float(value)
-    match = _DURATION_RE.match(value)
-    if match is None:
-        raise ValueError(f"not a duration: {value!r} (use e.g. 600, 10m, 12h, 30d)")
-    number, unit = match.groups()
-    return float(number) * _DURATION_UNITS[unit.lower()]
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:
@@ -123,23 +67,6 @@ def _default_js_runtime_dir() -> Path:
 
 
 JS_RUNTIMES = ("bun", "deno")
-
-_BYTE_FIELDS = frozenset(
-    {
-        "memory",
-        "tmp_size",
-        "max_output",
-        "max_file_size",
-        "max_tool_result_bytes",
-        "max_request_size",
-        "quota_bytes",
-        "max_workspaces_bytes",
-        "max_image_bytes",
-    }
-)
-_DURATION_FIELDS = frozenset(
-    {"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,113 +237,3 @@ class Settings:
     def python_interpreter(self) -> Path:
         """The interpreter the sandbox runs (inside the runtime environment when there is one)."""
         return self.python_runtime / "bin" / "python3"
-
-
-# config_file records where the settings came from: it is not a setting anyone gives.
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_file"}
-
-
-def _coerce(name: str, raw: Any) -> Any:
-    """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
-    kind = str(_FIELDS[name].type)
-    if kind.startswith("tuple"):
-        items = raw.split(",") if isinstance(raw, str) else raw
-        if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
-            raise ConfigError(f"{name}: {raw!r} is not a list of strings")
-        return tuple(item.strip() for item in items if item.strip())
-    if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
-        raise ConfigError(f"{name}: {raw!r} is not a valid value")
-    if isinstance(raw, float) and kind == "int" and not raw.is_integer():
-        raise ConfigError(f"{name}: {raw!r} is not a whole number")
-    try:
-        if name in _BYTE_FIELDS:
-            return parse_bytes(raw if isinstance(raw, int) else str(raw))
-        if name in _DURATION_FIELDS:
-            return parse_duration(raw)
-        if kind.startswith("Path"):
-            return None if raw in ("", None) else Path(str(raw)).expanduser()
-        if kind == "bool":
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in ("1", "true", "yes", "on"):
-                return True
-            if text in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError(f"not a boolean: {raw!r}")
-        if kind == "int":
-            return int(raw)
-        if kind == "float":
-            return float(raw)
-        if kind.startswith("str"):
-            return None if raw in ("", None) and "None" in kind else str(raw)
-        return str(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{name}: {exc}") from exc
-
-
-def _from_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
-    values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _RESERVED_TABLES:
-            continue
-        if key not in _FIELDS:
-            raise ConfigError(f"config file {path}: unknown setting {key!r}")
-        values[key] = _coerce(key, value)
-    return values
-
-
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for alias, name in ENV_ALIASES.items():
-        if alias in env:
-            values[name] = _coerce(name, env[alias])
-    for name in _FIELDS:
-        key = f"MCP_SANDBOX_{name.upper()}"
-        if key in env:
-            values[name] = _coerce(name, env[key])
-    return values
-
-
-def load_settings(
-    flags: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    config_file: Path | None = None,
-) -> Settings:
-    """Build the settings from flags, environment and TOML file.
-
-    Args:
-        flags: values given on the command line, by field name; ``None`` values are ignored.
-        env: the environment to read (``os.environ`` when omitted).
-        config_file: the TOML file; else ``MCP_SANDBOX_CONFIG`` from ``env``, else none.
-
-    Raises:
-        ConfigError: a value is malformed, unknown or out of range.
-    """
-    env = os.environ if env is None else env
-    if config_file is None and env.get("MCP_SANDBOX_CONFIG"):
-        config_file = Path(env["MCP_SANDBOX_CONFIG"]).expanduser()
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        values.update(_from_toml(config_file))
-    values.update(_from_env(env))
-    for name, raw in (flags or {}).items():
-        if raw is None:
-            continue
-        if name not in _FIELDS:
-            raise ConfigError(f"unknown setting {name!r}")
-        values[name] = _coerce(name, raw)
-    if "state_dir" not in values:
-        values["state_dir"] = default_state_dir(env)
-    if config_file is not None:
-        values["config_file"] = config_file
-    try:
-        return Settings(**values)
-    except TypeError as exc:  # pragma: no cover - guarded by the _FIELDS checks above
-        raise ConfigError(str(exc)) from exc

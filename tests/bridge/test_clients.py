@@ -17,8 +17,8 @@ import mcp_types as types
 import pytest
 
 from downstream import FIXTURE_SERVER
+from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import ServerSpec
-from mcp_sandbox.bridge.pool import ClientPool, open_client_pool
 from mcp_sandbox.errors import DownstreamError
 from mcp_test_helpers import poll
 

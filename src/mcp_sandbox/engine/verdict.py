@@ -1,0 +1,120 @@
+"""What happened to a run, in words: its status, exit code and the explanation the model reads.
+
+A fresh (or warm) run is judged by its process's exit code and the sandbox's memory and pids
+counters; a session run by the exit code its DONE frame reports, unless its interpreter died,
+which also loses the session's state. The executor decides how a run went; this module says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
+from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
+from mcp_sandbox.sandbox.backends import SandboxOutcome
+
+__all__ = ["STATE_LOST", "captured", "death", "human_bytes", "judge_fresh", "judge_session", "timed_out"]
+
+STATE_LOST = "the session's state is lost; the next run starts a fresh interpreter"
+
+
+def human_bytes(count: int) -> str:
+    return f"{count / (1 << 20):g} MiB" if count >= 1 << 20 else f"{count} bytes"
+
+
+def _elapsed_ms(started: float) -> int:
+    return round((time.perf_counter() - started) * 1000)
+
+
+def captured(record: RunRecord, interpreter: Interpreter | None, started: float) -> ExecutionResult:
+    """The result as far as the output goes: the run's streams, then anything the process itself wrote."""
+    own_out, own_err = interpreter.take_own_output() if interpreter is not None else ("", "")
+    return ExecutionResult(
+        status="error",
+        exit_code=None,
+        stdout=record.stdout.text() + own_out,
+        stderr=record.stderr.text() + own_err,
+        duration_ms=_elapsed_ms(started),
+        truncated=record.stdout.truncated or record.stderr.truncated,
+        images=tuple(record.images),
+    )
+
+
+def timed_out(
+    result: ExecutionResult, request: ExecutionRequest, what: str, session: SessionState | None = None
+) -> ExecutionResult:
+    """``result`` as a timeout after ``request.timeout``; ``what`` says what became of the run."""
+    return dataclasses.replace(
+        result,
+        status="timeout",
+        exit_code=EXIT_TIMEOUT,
+        error=f"timed out after {request.timeout:g} s; {what}",
+        session=session,
+    )
+
+
+def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, session: bool) -> str | None:
+    """Why an interpreter ended without reporting its run (None: it exited 0 without saying more)."""
+    code = outcome.returncode
+    if outcome.memory_exceeded:
+        return f"memory limit of {human_bytes(settings.memory)} exceeded"
+    if code > 128 and code - 128 in signal.valid_signals():
+        sig = signal.Signals(code - 128)
+        if sig is signal.SIGXCPU:
+            limit = settings.session_cpu_seconds if session else None
+            counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
+            return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
+        return f"the interpreter was killed by {sig.name}"
+    if record.protocol_error is not None:
+        return f"protocol error on the sandbox channel: {record.protocol_error}"
+    if code != 0 or session:
+        return f"the interpreter exited with {code} before reporting a result"
+    return None
+
+
+def judge_fresh(
+    settings: Settings, outcome: SandboxOutcome, record: RunRecord, result: ExecutionResult
+) -> ExecutionResult:
+    """Status, exit code and explanation of a fresh run that ended before its deadline.
+
+    The process's exit code is the verdict (a DONE frame the code forged cannot change it).
+    """
+    code = outcome.returncode
+    error: str | None = None
+    if outcome.memory_exceeded or not record.done:
+        error = death(settings, outcome, record, session=False)
+    if outcome.pids_exhausted:
+        note = f"process limit of {settings.pids} reached"
+        error = f"{error}; {note}" if error else note
+    status: Status = "success" if code == 0 and error is None else "error"
+    return dataclasses.replace(result, status=status, exit_code=code, error=error)
+
+
+def judge_session(
+    settings: Settings,
+    record: RunRecord,
+    result: ExecutionResult,
+    *,
+    outcome: SandboxOutcome | None,
+    ended: str | None,
+) -> ExecutionResult:
+    """Status, exit code and explanation of a session run that ended before its deadline.
+
+    ``outcome`` is how the session's interpreter ended (None: it has not); ``ended`` why the
+    host ended the session during the run (None: it did not).
+    """
+    if record.done and record.protocol_error is None:
+        reported = record.exit_code if record.exit_code is not None else 1
+        status: Status = "success" if reported == 0 else "error"
+        return dataclasses.replace(result, status=status, exit_code=reported)
+    if ended is not None:
+        error = f"{ended}; {STATE_LOST}"
+    elif outcome is None:  # pragma: no cover - discard() always records one
+        error = f"the interpreter stopped; {STATE_LOST}"
+    else:
+        error = f"{death(settings, outcome, record, session=True)}; {STATE_LOST}"
+    code = outcome.returncode if outcome is not None else None
+    return dataclasses.replace(result, status="error", exit_code=code, error=error)

@@ -1,0 +1,153 @@
+"""The state directory's layout: every path under ``state_dir``, and the modes they are made with.
+
+::
+
+    <state_dir>/                0711  the server's own: made 0700, opened to traversal (never listing)
+                                      so the sandbox uid can reach runs/<name> and workspaces/<key>
+      secret                    0600  the server secret (workspace/secret.py)
+      metadata.sqlite3          0600  the metadata index, with its -wal and -shm (workspace/metadata.py)
+      seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
+      runs/                     0711  one directory per run or long-lived sandbox, named after the
+        <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
+        <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views
+      workspaces/               0711  conversation directories (workspace/store.py)
+        <key>/                  0700    the sandbox uid's
+      stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
+      logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
+
+Paths only, and the directories of the layout itself: what goes inside them belongs to the
+modules named. This module sits with ``config``: every layer above may use it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcp_sandbox.config import Settings
+
+__all__ = ["METADATA_FILE", "SECRET_FILE", "StateLayout"]
+
+METADATA_FILE = "metadata.sqlite3"
+SECRET_FILE = "secret"
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """The paths under one state directory (``root``); nothing is created until asked."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, settings: Settings) -> StateLayout:
+        """The layout of ``settings.state_dir``."""
+        return cls(settings.state_dir)
+
+    # --- paths --------------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> Path:
+        """Scratch workspaces and sessions' ``/tools`` views, each named after its server's pid."""
+        return self.root / "runs"
+
+    @property
+    def workspaces(self) -> Path:
+        """Conversation directories, one per keyed hash of tenant and conversation id."""
+        return self.root / "workspaces"
+
+    @property
+    def stubs(self) -> Path:
+        """Generated stub packages of downstream tools (content-addressed)."""
+        return self.root / "stubs"
+
+    @property
+    def logs(self) -> Path:
+        """The stderr of each stdio downstream server, ``<alias>.log``."""
+        return self.root / "logs"
+
+    @property
+    def metadata(self) -> Path:
+        """The SQLite metadata index."""
+        return self.root / METADATA_FILE
+
+    @property
+    def secret(self) -> Path:
+        """The server secret."""
+        return self.root / SECRET_FILE
+
+    def seccomp_profile(self, digest: str) -> Path:
+        """The OCI seccomp profile whose content hashes to ``digest`` (servers sharing ``root`` share it)."""
+        return self.root / f"seccomp-{digest}.json"
+
+    def stale_runs(self) -> Iterator[Path]:
+        """The entries of ``runs/`` whose server (the pid their name starts with) is no longer alive.
+
+        Several servers may share a state directory: a live one's entries are never yielded.
+        """
+        for entry in self.runs.iterdir():
+            owner = entry.name.partition("-")[0]
+            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+                yield entry
+
+    # --- directories --------------------------------------------------------------------------
+
+    def make_root_private(self) -> None:
+        """Create ``root`` (and its parents) 0700 if missing; an existing one keeps its mode."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def prepare_runs(self) -> Path:
+        """Create ``root`` and ``runs/``, both 0711 (the sandbox uid traverses to its own entry). Idempotent.
+
+        Raises:
+            OSError: they cannot be created.
+        """
+        self.make_root_private()
+        self.runs.mkdir(exist_ok=True, mode=0o711)
+        os.chmod(self.root, 0o711)
+        os.chmod(self.runs, 0o711)
+        return self.runs
+
+    def prepare_workspaces(self) -> Path:
+        """Create ``root`` and ``workspaces/``, both 0711 (traversable, not listable). Idempotent.
+
+        Raises:
+            OSError: they cannot be created.
+        """
+        self.make_root_private()
+        os.chmod(self.root, 0o711)
+        self.workspaces.mkdir(exist_ok=True, mode=0o711)
+        os.chmod(self.workspaces, 0o711, follow_symlinks=False)
+        return self.workspaces
+
+    def prepare_stubs(self) -> Path:
+        """Create ``stubs/`` (0711) if missing; ``root`` must exist.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        self.stubs.mkdir(mode=0o711, exist_ok=True)
+        return self.stubs
+
+    def new_scratch(self) -> Path:
+        """Create a new, empty scratch workspace in ``runs/`` (0700), named after this server's pid.
+
+        Raises:
+            OSError: it cannot be created (call :meth:`prepare_runs` first).
+        """
+        directory = self.runs / f"{os.getpid()}-{uuid.uuid4().hex}"
+        directory.mkdir(mode=0o700)
+        return directory
+
+    def new_tools_view(self) -> Path:
+        """Create a new, empty directory for a ``/tools`` view in ``runs/`` (0755, whatever the umask).
+
+        Raises:
+            OSError: it cannot be created (call :meth:`prepare_runs` first).
+        """
+        directory = self.runs / f"{os.getpid()}-tools-{uuid.uuid4().hex}"
+        directory.mkdir(mode=0o755)
+        directory.chmod(0o755)
+        return directory
