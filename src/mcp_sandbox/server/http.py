@@ -145,7 +145,7 @@ def build_http_app(
     """The ASGI app: MCP (Streamable HTTP and SSE) plus ``extra_routes`` (files), authenticated.
 
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
-    themselves where they need it (see :func:`require_auth`).
+    themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
     """
     auth: AuthSettings | None = None
     if tokens:
