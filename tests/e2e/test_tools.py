@@ -381,6 +381,16 @@ async def test_run_code_refuses_bad_arguments_and_network_naming_the_argument(
     assert data["error"].startswith(f"{argument}:")
 
 
+async def test_null_optional_arguments_mean_not_given_and_an_unknown_one_is_refused(client: Client) -> None:
+    nulls = dict.fromkeys(("conversationId", "reset", "servers", "timeout", "outputMode", "environment", "network"))
+    with anyio.fail_after(CALL_BOUND):
+        ran = await client.call_tool("run_code", {"code": "print(1)", "language": "python", **nulls})
+        runners = await client.call_tool("list_runners", {"verbose": True})
+    assert structured(ran)["stdout"] == "1\n"
+    assert runners.is_error is True
+    assert text(runners).startswith("verbose:")
+
+
 async def test_run_code_passes_the_environment_to_this_run_only(client: Client) -> None:
     code = "import os; print(os.environ.get('GREETING'), os.environ['PATH'] != '')"
     with anyio.fail_after(CALL_BOUND):
