@@ -353,6 +353,7 @@ class Engine:
             duration_ms=_elapsed_ms(started),
             truncated=record.stdout.truncated or record.stderr.truncated,
             images=tuple(record.images),
+            images_dropped=record.images_dropped,
         )
 
     @staticmethod
