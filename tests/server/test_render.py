@@ -34,8 +34,10 @@ AWKWARD = ExecutionResult(
     error="a: b",
 )
 
-ALL = [SUCCESS, EMPTY, ERROR, TIMEOUT, INVALID, WARNED, TRUNCATED, AWKWARD]
-ALL_IDS = ["success", "empty", "error", "timeout", "invalid", "warned", "truncated", "awkward"]
+IMAGES_DROPPED = ExecutionResult(status="success", exit_code=0, stdout="plotted\n", images_dropped=2)
+
+ALL = [SUCCESS, EMPTY, ERROR, TIMEOUT, INVALID, WARNED, TRUNCATED, AWKWARD, IMAGES_DROPPED]
+ALL_IDS = ["success", "empty", "error", "timeout", "invalid", "warned", "truncated", "awkward", "images-dropped"]
 
 
 def test_compact_success_with_only_stdout_is_just_the_stdout() -> None:
@@ -103,3 +105,12 @@ def test_toon_has_one_line_per_scalar_field() -> None:
     assert "status: success" in lines
     assert "exitCode: 0" in lines
     assert "truncated: false" in lines
+
+
+def test_compact_says_how_many_images_were_dropped_after_the_output() -> None:
+    lines = render(IMAGES_DROPPED, "compact").splitlines()
+
+    assert lines[0] == "plotted"
+    assert lines[1].startswith("(2 images not returned")
+    assert IMAGES_DROPPED.structured()["imagesDropped"] == 2
+    assert "imagesDropped" not in SUCCESS.structured()

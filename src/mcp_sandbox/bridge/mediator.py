@@ -25,7 +25,7 @@ import mcp_types as types
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
-from mcp_sandbox.bridge.search import DETAILS, ToolIndex, render
+from mcp_sandbox.bridge.search import DETAILS, MAX_SEARCH_RESULTS, ToolIndex, render
 from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
 from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
@@ -283,8 +283,8 @@ class RunAccess:
             raise _Invalid("`query` must be a string")
         if detail not in DETAILS:
             raise _Invalid(f"`detail` must be one of {', '.join(DETAILS)}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
-            raise _Invalid("`limit` must be an integer from 1 to 100")
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_SEARCH_RESULTS:
+            raise _Invalid(f"`limit` must be an integer from 1 to {MAX_SEARCH_RESULTS}")
         hits, _ = await self.bridge.search(query, detail, limit)
         return [
             {

@@ -20,10 +20,12 @@ from typing import Any, Literal
 
 from mcp_sandbox.bridge.stubs import ToolDoc, render_tool_module
 
-__all__ = ["DETAILS", "Detail", "ToolIndex", "render", "tokenize"]
+__all__ = ["DETAILS", "MAX_SEARCH_RESULTS", "Detail", "ToolIndex", "render", "tokenize"]
 
 Detail = Literal["name", "summary", "full"]
 DETAILS: tuple[Detail, ...] = ("name", "summary", "full")
+# The most results one search returns, whether the model or sandboxed code asks.
+MAX_SEARCH_RESULTS = 100
 
 _K1 = 1.2
 _B = 0.75

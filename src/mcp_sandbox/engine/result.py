@@ -77,6 +77,7 @@ class ExecutionResult:
     error: str | None = None  # the host's explanation: timeout, memory limit, crash, bad argument
     session: SessionState | None = None  # None: the run had no session
     images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
+    images_dropped: int = 0  # images the run sent past the caps, or malformed: not returned
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
 
     def structured(self) -> dict[str, Any]:
@@ -92,6 +93,8 @@ class ExecutionResult:
             data["error"] = self.error
         if self.session is not None:
             data["session"] = self.session
+        if self.images_dropped:
+            data["imagesDropped"] = self.images_dropped
         return data
 
     @classmethod

@@ -7,13 +7,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.runners import RUNTIME_MOUNT, runner_dir
+from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
 
 __all__ = [
     "BASE_ENVIRONMENT",
-    "JS_LANGUAGES",
     "js_binary",
     "js_policy",
     "limits_for",
@@ -22,8 +21,6 @@ __all__ = [
     "zygote_policy",
 ]
 
-# The languages the JavaScript runtimes run: TypeScript is transpiled by the runtime itself.
-JS_LANGUAGES = ("typescript", "javascript")
 # Where each runtime's npm package (runtime/js/package.json, installed by `make`) keeps its binary.
 _JS_BINARIES: Mapping[str, str] = {
     "bun": "node_modules/@oven/bun-linux-x64/bin/bun",

@@ -40,6 +40,7 @@ def captured(record: RunRecord, interpreter: Interpreter | None, started: float)
         duration_ms=_elapsed_ms(started),
         truncated=record.stdout.truncated or record.stderr.truncated,
         images=tuple(record.images),
+        images_dropped=record.images_dropped,
     )
 
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["RUNTIME_MOUNT", "runner_dir"]
+__all__ = ["JS_LANGUAGES", "LANGUAGES", "RUNTIME_MOUNT", "runner_dir"]
 
 RUNTIME_MOUNT = "/opt/mcp-sandbox"
+
+# The languages code can be submitted in: the one list the tools, the CLI and the engine share.
+LANGUAGES = ("python", "typescript", "javascript")
+# Those the JavaScript runtime runs (it transpiles TypeScript itself); Python has its own runtime.
+JS_LANGUAGES = ("typescript", "javascript")
 
 
 def runner_dir(language: str) -> Path:

@@ -1,4 +1,11 @@
-"""Validation of tool arguments: every problem becomes a ValidationError naming the argument."""
+"""Each tool's arguments as one pydantic model: the input schema clients see and the validation calls go through.
+
+Every model refuses unknown arguments, and every optional argument takes ``null`` as "not given".
+A refused call becomes a :class:`~mcp_sandbox.errors.ValidationError` naming the first wrong
+argument by its wire name (``conversationId``, not ``conversation``). What depends on the
+deployment (the largest timeout, the languages) comes in a :class:`CallContext`, which
+``schemas.py`` also reads for the schema, so the two say the same thing.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +13,31 @@ import base64
 import binascii
 import math
 import re
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+import reprlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
+import pydantic
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+
+from mcp_sandbox.bridge.search import MAX_SEARCH_RESULTS, Detail
 from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace import check_conversation_id, check_filename
 
 __all__ = [
+    "CallContext",
+    "ListRunnersArguments",
     "RunArguments",
-    "UploadArguments",
+    "RunCodeArguments",
+    "RunPythonArguments",
+    "SearchToolsArguments",
+    "ToolArguments",
+    "UploadFileArguments",
     "output_mode",
-    "parse_run",
-    "parse_search_tools",
-    "parse_upload_file",
+    "parse",
 ]
 
 _MAX_CODE_BYTES = 1 << 20
@@ -33,204 +49,240 @@ _NETWORK_REFUSED = (
     "sharing the host's network would expose the server's own ports)"
 )
 
-_RUN_PYTHON_ARGUMENTS = ("code", "servers", "timeout", "conversationId", "reset", "outputMode")
-_RUN_CODE_ARGUMENTS = (*_RUN_PYTHON_ARGUMENTS, "language", "network", "environment")
-
 
 @dataclass(frozen=True, slots=True)
-class RunArguments:
-    """The checked arguments of ``run_python`` and ``run_code``."""
+class CallContext:
+    """What validation and the schemas take from the deployment."""
 
-    code: str
-    timeout: float
-    servers: tuple[str, ...]
-    output_mode: OutputMode
-    language: str = "python"
-    conversation: str | None = None
-    reset: bool = False
-    environment: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    max_timeout: float
+    languages: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class UploadArguments:
-    conversation: str
-    filename: str
-    content: bytes
+def _context(info: ValidationInfo) -> CallContext:
+    context = info.context
+    if not isinstance(context, CallContext):
+        raise TypeError("these arguments are validated with parse(), which passes a CallContext")
+    return context
 
 
-def _check_known(arguments: Mapping[str, Any], allowed: Collection[str]) -> None:
-    unknown = sorted(set(arguments) - set(allowed))
-    if unknown:
-        raise ValidationError(unknown[0], f"unknown argument (expected one of: {', '.join(sorted(allowed))})")
-
-
-def _code(arguments: Mapping[str, Any]) -> str:
-    if "code" not in arguments:
-        raise ValidationError("code", "is required")
-    code = arguments["code"]
-    if not isinstance(code, str):
-        raise ValidationError("code", f"must be a string, not {type(code).__name__}")
+def _code(code: str) -> str:
     if not code.strip():
-        raise ValidationError("code", "must not be empty")
+        raise ValueError("must not be empty")
     if len(code.encode("utf-8", errors="surrogatepass")) > _MAX_CODE_BYTES:
-        raise ValidationError("code", f"is larger than {_MAX_CODE_BYTES} bytes")
+        raise ValueError(f"is larger than {_MAX_CODE_BYTES} bytes")
     if "\x00" in code:
-        raise ValidationError("code", "must not contain NUL characters")
+        raise ValueError("must not contain NUL characters")
     return code
 
 
-def _timeout(arguments: Mapping[str, Any], settings: Settings) -> float:
-    raw = arguments.get("timeout")
-    if raw is None:
-        return settings.timeout
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ValidationError("timeout", f"must be a number of seconds, not {type(raw).__name__}")
-    timeout = float(raw)
-    if not math.isfinite(timeout) or timeout <= 0 or timeout > settings.max_timeout:
-        raise ValidationError("timeout", f"must be > 0 and <= {settings.max_timeout:g} seconds, got {raw}")
-    return timeout
+def _conversation(value: str) -> str:
+    try:
+        return check_conversation_id(value)
+    except ValidationError as exc:
+        raise ValueError(exc.message) from exc
 
 
-def _servers(arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    raw = arguments.get("servers")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(name, str) for name in raw):
-        raise ValidationError("servers", "must be a list of server names")
-    return tuple(dict.fromkeys(raw))
+def _filename(value: str) -> str:
+    try:
+        return check_filename(value)
+    except ValidationError as exc:
+        raise ValueError(exc.message) from exc
+
+
+def _deduplicated(servers: list[str]) -> list[str]:
+    return list(dict.fromkeys(servers))
+
+
+def _environment(environment: dict[str, str]) -> dict[str, str]:
+    if len(environment) > _MAX_ENV_VARS:
+        raise ValueError(f"has more than {_MAX_ENV_VARS} variables")
+    size = 0
+    for name, value in environment.items():
+        # Names only: values may be secrets and never appear in a message, a log or the database.
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid variable name")
+        if "\x00" in value:
+            raise ValueError(f"the value of {name} must be a string without NUL")
+        size += len(name) + len(value.encode("utf-8", errors="surrogatepass"))
+    if size > _MAX_ENV_BYTES:
+        raise ValueError(f"is larger than {_MAX_ENV_BYTES} bytes")
+    return environment
+
+
+def _base64(content: object) -> object:
+    if not isinstance(content, str):
+        return content  # the bytes validator refuses it, naming the type
+    try:
+        return base64.b64decode("".join(content.split()), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"is not valid base64 ({exc})") from exc
+
+
+class ToolArguments(BaseModel):
+    """The arguments of one tool. ``null`` for an optional argument means it was not given."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        required = {field.alias or name for name, field in cls.model_fields.items() if field.is_required()}
+        return {key: value for key, value in data.items() if value is not None or key in required}
+
+
+class RunArguments(ToolArguments):
+    """What ``run_python`` and ``run_code`` share."""
+
+    code: Annotated[str, AfterValidator(_code)]
+    conversation: Annotated[str | None, AfterValidator(_conversation)] = Field(
+        None, alias="conversationId", description="Keeps files and variables between runs"
+    )
+    reset: bool = Field(False, description="Fresh interpreter")
+    servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
+    timeout: float | None = Field(None, description="Seconds")  # schemas.py adds the context's maximum
+    output_mode: OutputMode | None = Field(None, alias="outputMode")
+
+    @field_validator("reset")
+    @classmethod
+    def _reset_needs_a_conversation(cls, reset: bool, info: ValidationInfo) -> bool:
+        if reset and info.data.get("conversation") is None:
+            raise ValueError("needs a conversationId (runs without one always start fresh)")
+        return reset
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_in_range(cls, timeout: float | None, info: ValidationInfo) -> float | None:
+        limit = _context(info).max_timeout
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= limit):
+            raise ValueError(f"must be > 0 and <= {limit:g} seconds, got {timeout:g}")
+        return timeout
+
+
+class RunPythonArguments(RunArguments):
+    pass
+
+
+class RunCodeArguments(RunArguments):
+    language: str  # its enum is added by schemas.py, from the same CallContext
+    environment: Annotated[dict[str, str], AfterValidator(_environment)] = {}
+    network: bool = False
+
+    @field_validator("language")
+    @classmethod
+    def _known_language(cls, language: str, info: ValidationInfo) -> str:
+        languages = _context(info).languages
+        if language not in languages:
+            raise ValueError(f"must be one of {', '.join(languages)}, got {reprlib.repr(language)}")
+        return language
+
+    @field_validator("network")
+    @classmethod
+    def _no_network(cls, network: bool) -> bool:
+        if network:
+            raise ValueError(_NETWORK_REFUSED)
+        return network
+
+
+class UploadFileArguments(ToolArguments):
+    conversation: Annotated[str, AfterValidator(_conversation)] = Field(alias="conversationId")
+    filename: Annotated[str, AfterValidator(_filename)] = Field(description="Relative path")
+    content: Annotated[bytes, BeforeValidator(_base64, json_schema_input_type=str)] = Field(description="Base64")
+
+
+class ListRunnersArguments(ToolArguments):
+    pass
+
+
+class SearchToolsArguments(ToolArguments):
+    query: str
+    detail: Detail = "summary"
+    limit: int = Field(10, ge=1, le=MAX_SEARCH_RESULTS)
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, query: str) -> str:
+        if not query.strip():
+            raise ValueError("must not be empty")
+        return query
+
+
+_Arguments = TypeVar("_Arguments", bound=ToolArguments)
+
+# What a pydantic error type means, said the way a model reads it; the value itself is never
+# repeated for these (an environment value may be a secret).
+_TYPE_MESSAGES = {
+    "missing": "is required",
+    "string_type": "must be a string",
+    "bytes_type": "must be a string",
+    "bool_type": "must be true, false or null",
+    "float_type": "must be a number",
+    "int_type": "must be an integer",
+    "list_type": "must be a list",
+    "dict_type": "must be an object",
+}
+
+
+def _message(error: ErrorDetails, model: type[ToolArguments]) -> str:
+    kind, value, ctx = error["type"], error["input"], error.get("ctx", {})
+    if kind == "extra_forbidden":
+        expected = sorted(field.alias or name for name, field in model.model_fields.items())
+        return (
+            f"unknown argument (expected one of: {', '.join(expected)})"
+            if expected
+            else "unknown argument (none taken)"
+        )
+    if kind == "value_error":
+        return str(ctx["error"])
+    if kind in _TYPE_MESSAGES:
+        message = _TYPE_MESSAGES[kind]
+        return message if kind == "missing" else f"{message}, not {_json_type(value)}"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}, got {reprlib.repr(value)}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        return f"must be from {_bound(model, error, 'ge')} to {_bound(model, error, 'le')}, got {value!r}"
+    return error["msg"]
+
+
+def _bound(model: type[ToolArguments], error: ErrorDetails, bound: str) -> object:
+    """The ``ge``/``le`` bound declared on the field ``error`` is about."""
+    for name, field in model.model_fields.items():
+        if (field.alias or name) == error["loc"][0]:
+            for constraint in field.metadata:
+                if hasattr(constraint, bound):
+                    return getattr(constraint, bound)
+    return "?"
+
+
+def _json_type(value: object) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def parse(model: type[_Arguments], arguments: Mapping[str, Any] | None, context: CallContext) -> _Arguments:
+    """Validate a call's ``arguments`` with ``model``.
+
+    Raises:
+        ValidationError: naming the first wrong argument (an unknown one first) by its wire name.
+    """
+    try:
+        return model.model_validate(arguments or {}, context=context)
+    except pydantic.ValidationError as exc:
+        errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
+        first = errors[0]
+        argument, *inner = first["loc"] or ("arguments",)
+        where = "".join(f"item {part}: " if isinstance(part, int) else f"{part}: " for part in inner)
+        raise ValidationError(str(argument), where + _message(first, model)) from exc
 
 
 def output_mode(arguments: Mapping[str, Any] | None, settings: Settings) -> OutputMode:
     """The requested ``outputMode``, or the configured one when it is absent or invalid.
 
-    Read on its own so that even a validation error renders in the mode the caller asked for.
+    Read on its own, leniently, so that even a validation error renders in the mode the caller asked for.
     """
-    try:
-        return _output_mode(arguments or {}, settings)
-    except ValidationError:
-        return settings.output_mode
-
-
-def _output_mode(arguments: Mapping[str, Any], settings: Settings) -> OutputMode:
-    raw = arguments.get("outputMode")
-    if raw is None:
-        return settings.output_mode
-    if raw not in OUTPUT_MODES:
-        raise ValidationError("outputMode", f"must be one of {', '.join(OUTPUT_MODES)}, got {raw!r}")
-    mode: OutputMode = raw
-    return mode
-
-
-def _flag(arguments: Mapping[str, Any], name: str) -> bool:
-    raw = arguments.get(name, False)
-    if not isinstance(raw, bool):
-        raise ValidationError(name, f"must be true or false, not {type(raw).__name__}")
-    return raw
-
-
-def _environment(arguments: Mapping[str, Any]) -> Mapping[str, str]:
-    raw = arguments.get("environment")
-    if raw is None:
-        return MappingProxyType({})
-    if not isinstance(raw, dict):
-        raise ValidationError("environment", "must be an object of variable names to string values")
-    if len(raw) > _MAX_ENV_VARS:
-        raise ValidationError("environment", f"has more than {_MAX_ENV_VARS} variables")
-    size = 0
-    for name, value in raw.items():
-        # Name only: values may be secrets and never appear in a message, a log or the database.
-        if not _ENV_NAME.match(name):
-            raise ValidationError("environment", f"{name!r} is not a valid variable name")
-        if not isinstance(value, str) or "\x00" in value:
-            raise ValidationError("environment", f"the value of {name} must be a string without NUL")
-        size += len(name) + len(value.encode("utf-8", errors="surrogatepass"))
-    if size > _MAX_ENV_BYTES:
-        raise ValidationError("environment", f"is larger than {_MAX_ENV_BYTES} bytes")
-    return MappingProxyType(dict(raw))
-
-
-def _conversation(arguments: Mapping[str, Any]) -> str | None:
-    raw = arguments.get("conversationId")
-    return None if raw is None else check_conversation_id(raw)
-
-
-def parse_run(
-    arguments: Mapping[str, Any] | None, settings: Settings, *, tool: str, languages: Collection[str]
-) -> RunArguments:
-    """Check the arguments of ``run_python`` or ``run_code`` (whether servers exist is the bridge's to say).
-
-    Raises:
-        ValidationError: an argument is missing, of the wrong type, out of range or unknown.
-    """
-    arguments = arguments or {}
-    _check_known(arguments, _RUN_CODE_ARGUMENTS if tool == "run_code" else _RUN_PYTHON_ARGUMENTS)
-    language = "python"
-    if tool == "run_code":
-        language = arguments.get("language")  # type: ignore[assignment]
-        if language not in languages:
-            raise ValidationError("language", f"must be one of {', '.join(sorted(languages))}, got {language!r}")
-        if _flag(arguments, "network"):
-            raise ValidationError("network", _NETWORK_REFUSED)
-    conversation = _conversation(arguments)
-    reset = _flag(arguments, "reset")
-    if reset and conversation is None:
-        raise ValidationError("reset", "needs a conversationId (runs without one always start fresh)")
-    return RunArguments(
-        code=_code(arguments),
-        timeout=_timeout(arguments, settings),
-        servers=_servers(arguments),
-        output_mode=_output_mode(arguments, settings),
-        language=language,
-        conversation=conversation,
-        reset=reset,
-        environment=_environment(arguments),
-    )
-
-
-def parse_upload_file(arguments: Mapping[str, Any] | None) -> UploadArguments:
-    """Check ``upload_file``'s arguments; ``content`` is decoded from base64.
-
-    Raises:
-        ValidationError: an argument is missing, of the wrong type, or not valid base64.
-    """
-    arguments = arguments or {}
-    _check_known(arguments, ("conversationId", "filename", "content"))
-    if "conversationId" not in arguments:
-        raise ValidationError("conversationId", "is required")
-    conversation = check_conversation_id(arguments["conversationId"])
-    filename = arguments.get("filename")
-    if not isinstance(filename, str):
-        raise ValidationError("filename", "is required (a relative path such as data.csv or input/a.txt)")
-    filename = check_filename(filename, "filename")
-    content = arguments.get("content")
-    if not isinstance(content, str):
-        raise ValidationError("content", "is required: the file's bytes, base64-encoded")
-    try:
-        data = base64.b64decode("".join(content.split()), validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValidationError("content", f"is not valid base64 ({exc})") from exc
-    return UploadArguments(conversation, filename, data)
-
-
-_DETAILS = ("name", "summary", "full")
-_MAX_SEARCH_RESULTS = 50
-
-
-def parse_search_tools(arguments: Mapping[str, Any] | None) -> tuple[str, str, int]:
-    """Check ``search_tools``'s arguments: (query, detail, limit).
-
-    Raises:
-        ValidationError: an argument is missing, of the wrong type, out of range or unknown.
-    """
-    arguments = arguments or {}
-    _check_known(arguments, ("query", "detail", "limit"))
-    query = arguments.get("query")
-    if not isinstance(query, str) or not query.strip():
-        raise ValidationError("query", "must be a non-empty string")
-    detail = arguments.get("detail", "summary")
-    if detail not in _DETAILS:
-        raise ValidationError("detail", f"must be one of {', '.join(_DETAILS)}, got {detail!r}")
-    limit = arguments.get("limit", 10)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= _MAX_SEARCH_RESULTS:
-        raise ValidationError("limit", f"must be an integer from 1 to {_MAX_SEARCH_RESULTS}, got {limit!r}")
-    return query, detail, limit
+    raw = (arguments or {}).get("outputMode")
+    if raw in OUTPUT_MODES:
+        mode: OutputMode = raw
+        return mode
+    return settings.output_mode

@@ -15,8 +15,16 @@ __all__ = ["render"]
 _LISTED_FILES = 20  # in the text; structuredContent lists them all
 
 
-def _files(data: dict[str, Any]) -> list[str]:
-    lines = [str(data["warning"])] if data.get("warning") else []
+def _notes(data: dict[str, Any]) -> list[str]:
+    """What the result adds to the output: images not returned, a quota warning, the workspace's files."""
+    lines = []
+    if dropped := data.get("imagesDropped"):
+        lines.append(
+            f"({dropped} image{'s' if dropped != 1 else ''} not returned: past this server's per-run cap or size "
+            "limit, or not PNG/JPEG/GIF/WebP)"
+        )
+    if data.get("warning"):
+        lines.append(str(data["warning"]))
     files = data.get("files") or []
     if files:
         lines.append(f"--- files in /workspace ({len(files)}) ---")
@@ -30,7 +38,7 @@ def _files(data: dict[str, Any]) -> list[str]:
 def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
     if result.status == "success" and not result.stderr and not result.truncated:
         body = result.stdout if result.stdout else "(no output)"
-        extra = _files(data)
+        extra = _notes(data)
         return "\n".join([body.rstrip("\n"), *extra]) if extra else body
     parts = [f"status: {result.status}"]
     if result.exit_code is not None:
@@ -43,7 +51,7 @@ def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
         lines += ["--- stdout ---", result.stdout.rstrip("\n")]
     if result.stderr:
         lines += ["--- stderr ---", result.stderr.rstrip("\n")]
-    lines += _files(data)
+    lines += _notes(data)
     return "\n".join(lines)
 
 

@@ -7,7 +7,8 @@ import subprocess
 from typing import Any
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.runtimes import JS_LANGUAGES, js_binary
+from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.runners import JS_LANGUAGES
 
 __all__ = ["describe_runners"]
 

@@ -1,7 +1,9 @@
-"""The MCP tools' definitions: names, descriptions, input and output schemas.
+"""The MCP tools' declarations: names, descriptions, output schemas, and input schemas made from the models.
 
 Everything here is sent in every ``tools/list`` answer, which must stay under 1,000 tokens
-however many downstream servers exist: descriptions are terse, and the server list is capped.
+however many downstream servers exist: descriptions are terse, the server list is capped, and
+the input schemas pydantic generates from ``arguments.py`` are cut to their shape (no titles,
+no defaults, ``"type": [..., "null"]`` rather than ``anyOf``).
 """
 
 from __future__ import annotations
@@ -10,12 +12,22 @@ from collections.abc import Sequence
 from typing import Any
 
 import mcp_types as types
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
-from mcp_sandbox.bridge.search import DETAILS
-from mcp_sandbox.config import OUTPUT_MODES, Settings
+from mcp_sandbox.server.arguments import (
+    CallContext,
+    ListRunnersArguments,
+    RunCodeArguments,
+    RunPythonArguments,
+    SearchToolsArguments,
+    ToolArguments,
+    UploadFileArguments,
+)
 
 __all__ = [
     "RUN_OUTPUT_SCHEMA",
+    "input_schema",
     "list_runners_tool",
     "run_code_tool",
     "run_python_tool",
@@ -23,8 +35,9 @@ __all__ = [
     "upload_file_tool",
 ]
 
-# Every key here is paid for in tokens in every tools/list: the shape, not a manual.
-
+# Every key here is paid for in tokens in every tools/list: the shape, not a manual. The keys every
+# result has; those only some have (error, session, files, warning, imagesDropped) are left to the
+# result itself, which the model reads anyway.
 RUN_OUTPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -34,9 +47,6 @@ RUN_OUTPUT_SCHEMA: dict[str, Any] = {
         "stderr": {"type": "string"},
         "durationMs": {"type": "integer"},
         "truncated": {"type": "boolean"},
-        "error": {"type": "string"},
-        "session": {"type": "string"},
-        "files": {"type": "array"},
     },
     "required": ["status", "exitCode", "stdout", "stderr", "durationMs", "truncated"],
 }
@@ -44,7 +54,7 @@ RUN_OUTPUT_SCHEMA: dict[str, Any] = {
 # The description names servers by alias (ASCII identifiers, what code writes after `mcp_`),
 # within a character budget, so that tools/list stays under 1,000 tokens however many servers
 # are configured and whatever their names.
-_NAMES_BUDGET = 48
+_NAMES_BUDGET = 42
 _MAX_NAME = 20
 
 
@@ -63,93 +73,114 @@ def _servers_line(aliases: Sequence[str]) -> str:
     hidden = len(aliases) - len(shown)
     listed = ", ".join(shown) + (f" and {hidden} more" if shown and hidden else "") if shown else f"({hidden})"
     return (
-        f" Code mode: code can call MCP servers {listed}: list them in `servers`, then "
-        "`await mcp_<server>.<tool>(...)` (or `<tool>_sync`); errors raise mcp.runtime.MCPError; typed stubs "
-        "in /tools/<server>/; see search_tools."
+        f" Code can call MCP servers {listed}: name them in `servers`, then `await mcp_<server>.<tool>(...)`; "
+        "errors raise mcp.runtime.MCPError; stubs in /tools/<server>/; see search_tools."
     )
 
 
-def _common_properties(settings: Settings) -> dict[str, Any]:
-    return {
-        "code": {"type": "string"},
-        "conversationId": {"type": "string", "description": "Keeps files and variables between runs"},
-        "reset": {"type": "boolean", "description": "Fresh interpreter"},
-        "servers": {"type": "array", "items": {"type": "string"}},
-        "timeout": {"type": "number", "description": f"Seconds, max {settings.max_timeout:g}"},
-        "outputMode": {"type": "string", "enum": list(OUTPUT_MODES)},
-    }
+class _TerseSchema(GenerateJsonSchema):
+    """pydantic's JSON schema, without what costs tokens and says nothing to a model."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def sort(self, value: JsonSchemaValue, parent_key: str | None = None) -> JsonSchemaValue:
+        return value  # the order of declaration: code first
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])  # "not given" is null; a default only costs tokens
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return _nullable(self.generate_inner(schema["schema"]))
+
+    def generate(self, schema: CoreSchema, mode: Any = "validation") -> JsonSchemaValue:
+        generated = super().generate(schema, mode)
+        properties: dict[str, Any] = generated.get("properties", {})
+        required: list[str] = generated.get("required", [])
+        # Every optional argument takes null as "not given" (ToolArguments drops it before validating).
+        for name, prop in properties.items():
+            if name not in required:
+                properties[name] = _nullable(prop)
+        shaped: dict[str, Any] = {"type": "object", "properties": properties}
+        if required:
+            shaped["required"] = required
+        shaped["additionalProperties"] = generated["additionalProperties"]
+        return shaped
 
 
-def run_python_tool(settings: Settings, servers: Sequence[str]) -> types.Tool:
+def _nullable(schema: JsonSchemaValue) -> JsonSchemaValue:
+    kind = schema.get("type")
+    if kind is None or kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return schema
+    nullable = {"type": [*kind, "null"] if isinstance(kind, list) else [kind, "null"], **schema}
+    nullable["type"] = [*kind, "null"] if isinstance(kind, list) else [kind, "null"]
+    if "enum" in schema:
+        nullable["enum"] = [*schema["enum"], None]
+    return nullable
+
+
+def input_schema(model: type[ToolArguments], context: CallContext) -> dict[str, Any]:
+    """The JSON schema of ``model``'s arguments, as ``tools/list`` shows it for this deployment."""
+    schema = model.model_json_schema(schema_generator=_TerseSchema)
+    properties = schema["properties"]
+    # The parts the model validates against the context, said from the same context.
+    if "timeout" in properties:
+        properties["timeout"]["description"] += f", max {context.max_timeout:g}"
+    if "language" in properties:
+        properties["language"]["enum"] = list(context.languages)
+    return schema
+
+
+def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
     return types.Tool(
         name="run_python",
         description=(
-            "Run Python 3 in an isolated sandbox (no network, read-only root, writable /workspace, limited "
-            "memory/CPU/time); returns stdout, stderr, exit status. Top-level await works; numpy, pandas, "
-            "matplotlib installed; plots come back as images." + _servers_line(servers)
+            "Run Python 3 in a sandbox: no network, only /workspace writable, limited memory/CPU/time. "
+            "Top-level await works; numpy, pandas, matplotlib installed; plots return as images."
+            + _servers_line(servers)
         ),
-        input_schema={"type": "object", "properties": _common_properties(settings), "required": ["code"]},
+        input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
         annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
     )
 
 
-def run_code_tool(settings: Settings, languages: Sequence[str]) -> types.Tool:
-    # The arguments run_python describes, undescribed here; plus language, environment, network.
-    properties = {name: {"type": schema["type"]} for name, schema in _common_properties(settings).items()}
-    properties["servers"] = {"type": "array", "items": {"type": "string"}}
-    properties["outputMode"] = {"type": "string", "enum": list(OUTPUT_MODES)}
-    properties["language"] = {"enum": list(languages)}  # strings all: "type" would only cost tokens
-    properties["environment"] = {"type": "object", "additionalProperties": {"type": "string"}}
-    properties["network"] = {"type": "boolean"}
+def run_code_tool(context: CallContext) -> types.Tool:
+    schema = input_schema(RunCodeArguments, context)
+    for prop in schema["properties"].values():
+        prop.pop("description", None)  # run_python describes the arguments they share
     return types.Tool(
         name="run_code",
-        description=("Like run_python (same sandbox, arguments and result), in any language list_runners reports."),
+        description=("run_python in any language list_runners reports."),
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
-        input_schema={"type": "object", "properties": properties, "required": ["code", "language"]},
+        input_schema=schema,
         annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
     )
 
 
-def upload_file_tool() -> types.Tool:
+def upload_file_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="upload_file",
-        description="Store a file in a conversation's /workspace for later runs.",
-        input_schema={
-            "type": "object",
-            "properties": {
-                "conversationId": {"type": "string"},
-                "filename": {"type": "string", "description": "Relative path"},
-                "content": {"type": "string", "description": "Base64"},
-            },
-            "required": ["conversationId", "filename", "content"],
-        },
+        description="Store a file in a conversation's /workspace.",
+        input_schema=input_schema(UploadFileArguments, context),
         annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
     )
 
 
-def list_runners_tool() -> types.Tool:
+def list_runners_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="list_runners",
-        description="The languages run_code accepts, with runtime versions and installed packages.",
-        input_schema={"type": "object", "properties": {}},
+        description="Languages run_code accepts, with runtime versions and packages.",
+        input_schema=input_schema(ListRunnersArguments, context),
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
 
 
-def search_tools_tool() -> types.Tool:
+def search_tools_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="search_tools",
-        description="Search the tools sandboxed code can call; detail full gives the typed stub.",
-        input_schema={
-            "type": "object",
-            "properties": {
-                "query": {"type": "string"},
-                "detail": {"type": "string", "enum": list(DETAILS)},
-                "limit": {"type": "integer", "minimum": 1, "maximum": 50},
-            },
-            "required": ["query"],
-        },
+        description="Search tools sandboxed code can call; detail full gives typed stubs.",
+        input_schema=input_schema(SearchToolsArguments, context),
         # No outputSchema: {"results": [{server, tool, doc}]} is not worth its tokens in every tools/list.
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )

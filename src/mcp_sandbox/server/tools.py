@@ -16,7 +16,18 @@ from mcp_types import INVALID_PARAMS
 
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
-from mcp_sandbox.server.arguments import output_mode, parse_run, parse_search_tools, parse_upload_file
+from mcp_sandbox.runners import LANGUAGES
+from mcp_sandbox.server.arguments import (
+    CallContext,
+    ListRunnersArguments,
+    RunArguments,
+    RunCodeArguments,
+    RunPythonArguments,
+    SearchToolsArguments,
+    UploadFileArguments,
+    output_mode,
+    parse,
+)
 from mcp_sandbox.server.auth import tenant_of
 from mcp_sandbox.server.render import render
 from mcp_sandbox.server.runner_info import describe_runners
@@ -30,11 +41,9 @@ from mcp_sandbox.server.schemas import (
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import ExecutionRecord, FileEntry
 
-__all__ = ["LANGUAGES", "ToolHandlers"]
+__all__ = ["ToolHandlers"]
 
 logger = logging.getLogger(__name__)
-
-LANGUAGES = ("python", "typescript", "javascript")
 
 
 def _error_result(message: str) -> types.CallToolResult:
@@ -46,16 +55,17 @@ class ToolHandlers:
 
     def __init__(self, service: Service) -> None:
         self._service = service
-        settings = service.settings
+        # One context for the schemas listed and the calls validated: they cannot disagree.
+        self._context = context = CallContext(max_timeout=service.settings.max_timeout, languages=LANGUAGES)
         names = [spec.alias for spec in service.bridge.servers.values()]
         self._tools = [
-            run_python_tool(settings, names),
-            run_code_tool(settings, LANGUAGES),
-            upload_file_tool(),
-            list_runners_tool(),
+            run_python_tool(context, names),
+            run_code_tool(context),
+            upload_file_tool(context),
+            list_runners_tool(context),
         ]
         if service.bridge.servers:
-            self._tools.append(search_tools_tool())
+            self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
 
     @property
@@ -73,7 +83,7 @@ class ToolHandlers:
         if name == "upload_file":
             return await self._upload(params.arguments, tenant)
         if name == "list_runners":
-            return await self._list_runners()
+            return await self._list_runners(params.arguments)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
             return await self._search_tools(params.arguments)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
@@ -95,10 +105,13 @@ class ToolHandlers:
         key: str | None = None
         language = "python"
         try:
-            arguments = parse_run(raw, service.settings, tool=tool, languages=LANGUAGES)
-            language = arguments.language
+            model = RunCodeArguments if tool == "run_code" else RunPythonArguments
+            arguments: RunArguments = parse(model, raw, self._context)
+            if isinstance(arguments, RunCodeArguments):
+                language, environment = arguments.language, dict(arguments.environment)
+            else:
+                environment = {}
             access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
-            environment = dict(arguments.environment)
             workspace = None
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
@@ -108,8 +121,8 @@ class ToolHandlers:
                     environment["FILE_BASE_URL"] = base
             request = ExecutionRequest(
                 code=arguments.code,
-                timeout=arguments.timeout,
-                language=arguments.language,
+                timeout=service.settings.timeout if arguments.timeout is None else arguments.timeout,
+                language=language,
                 environment=environment,
                 workspace=workspace,
                 tools=access,
@@ -176,7 +189,7 @@ class ToolHandlers:
     async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         service = self._service
         try:
-            arguments = parse_upload_file(raw)
+            arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
                 await service.touch(key, tenant)
@@ -192,7 +205,11 @@ class ToolHandlers:
             text += f"; download: {data['url']}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
-    async def _list_runners(self) -> types.CallToolResult:
+    async def _list_runners(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+        try:
+            parse(ListRunnersArguments, raw, self._context)
+        except ValidationError as exc:
+            return _error_result(str(exc))
         if self._runners is None:
             self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.settings)
         lines = []
@@ -207,10 +224,11 @@ class ToolHandlers:
     async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:
         bridge = self._service.bridge
         try:
-            query, detail, limit = parse_search_tools(raw)
+            arguments = parse(SearchToolsArguments, raw, self._context)
         except ValidationError as exc:
             return _error_result(str(exc))
-        hits, unavailable = await bridge.search(query, detail, limit)
+        query, detail = arguments.query, arguments.detail
+        hits, unavailable = await bridge.search(query, detail, arguments.limit)
         servers = bridge.servers
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
