@@ -20,8 +20,10 @@ import pytest
 
 from downstream import FIXTURE_SERVER
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
-from mcp_sandbox.bridge.mediator import TOOLS_MOUNT, Mediator, RunAccess, open_mediator
+from mcp_sandbox.bridge.mediator import Mediator, RunAccess, open_mediator
 from mcp_sandbox.config import Settings
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
+from mcp_sandbox.sandbox.policy import TOOLS_MOUNT
 
 pytestmark = pytest.mark.anyio
 
@@ -65,19 +67,23 @@ async def access(bridge: Mediator) -> RunAccess:
         return await bridge.open_run(["fixture", "limited"])
 
 
-async def ask(access: RunAccess, request: dict[str, Any]) -> dict[str, Any]:
+async def ask(access: RunAccess, request: dict[str, Any]) -> Reply:
+    """The REPLY to a CALL frame carrying ``request`` (as the sandbox sent it: unchecked)."""
     with anyio.fail_after(BOUND):
-        return await access.handle(request)
+        reply = await access.handle(Call(41, request))
+    assert reply.id == 41
+    return reply
 
 
-def result_of(reply: dict[str, Any]) -> Any:
-    assert reply["ok"] is True, reply
-    return reply["result"]
+def result_of(reply: Reply) -> Any:
+    assert reply.ok, reply
+    return reply.result
 
 
-def error_of(reply: dict[str, Any]) -> dict[str, Any]:
-    assert reply["ok"] is False, reply
-    error: dict[str, Any] = reply["error"]
+def error_of(reply: Reply) -> dict[str, Any]:
+    """The error as the sandbox receives it (the REPLY's wire body)."""
+    assert reply.error is not None, reply
+    error: dict[str, Any] = reply.encode()["error"]
     return error
 
 
@@ -214,7 +220,7 @@ async def test_a_result_past_max_tool_result_bytes_is_dropped_and_so_are_later_o
 
     big = await ask(run, {"op": "call_tool", "server": "fixture", "tool": "big", "arguments": {"mebibytes": 0.01}})
     assert error_of(big)["kind"] == "denied"
-    assert "x" * 4096 not in json.dumps(big)
+    assert "x" * 4096 not in json.dumps(big.encode())
     assert error_of(await ask(run, small))["kind"] == "denied"
 
 
@@ -249,7 +255,7 @@ async def test_no_reply_and_no_stub_contains_a_downstream_credential(access: Run
         {"op": "call_tool", "server": "FIXTURE_TOKEN", "tool": "echo"},
     ]
     for request in requests:
-        assert SECRET not in json.dumps(await ask(access, request), ensure_ascii=False), request
+        assert SECRET not in json.dumps((await ask(access, request)).encode(), ensure_ascii=False), request
     for mount in access.mounts:
         for file, source in stub_files(mount.source).items():
             assert SECRET not in source, file

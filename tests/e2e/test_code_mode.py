@@ -180,7 +180,7 @@ async def test_a_server_not_allowed_for_the_run_is_refused_by_the_host(client: C
             print(error.kind)
         # Bypassing the API and writing the request frame by hand changes nothing.
         reply = connection().request("call_tool", {"server": "fixture", "tool": "echo", "arguments": {}}).result()
-        print(reply["ok"], reply["error"]["kind"])
+        print(reply.ok, reply.error.kind)
         print(sorted(__import__("os").listdir("/tools")))
         """,
         ["time"],

@@ -16,6 +16,7 @@ import pytest
 
 from mcp_sandbox.bridge.stubs import render_package, tool_docs, write_tree
 from mcp_sandbox.engine import Engine
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
 from .conftest import RunningEngine
@@ -32,13 +33,14 @@ class StubAccess:
     servers: tuple[str, ...]
     requests: list[dict[str, Any]] = field(default_factory=list)
 
-    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, call: Call) -> Reply:
+        request = call.request
         self.requests.append(request)
         server = request.get("server")
         if server not in self.servers:
-            return {"ok": False, "error": {"kind": "denied", "message": f"{server!r} is not allowed in this run"}}
+            return Reply(call.id, error=Failure("denied", f"{server!r} is not allowed in this run"))
         answer = {"server": server, "tool": request.get("tool")}
-        return {"ok": True, "result": {"structuredContent": answer, "content": []}}
+        return Reply(call.id, {"structuredContent": answer, "content": []})
 
 
 def stubs(engine: Engine, **servers: list[str]) -> StubAccess:

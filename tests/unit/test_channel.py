@@ -14,9 +14,10 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from mcp_sandbox.engine.channel import Channel, Kind
+from mcp_sandbox.engine.channel import Channel
 from mcp_sandbox.errors import ChannelError, FrameError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Done, Exec, Kind, Ready, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -28,8 +29,8 @@ DEADLINE_SECONDS = 30.0
 @asynccontextmanager
 async def channel_pair(max_frame: int = MAX_FRAME) -> AsyncIterator[tuple[Channel, Channel]]:
     left_sock, right_sock = socket.socketpair()
-    left = await Channel.open(left_sock, max_frame)
-    right = await Channel.open(right_sock, max_frame)
+    left = Channel(left_sock, max_frame)
+    right = Channel(right_sock, max_frame)
     try:
         yield left, right
     finally:
@@ -42,11 +43,15 @@ async def channel_and_peer(max_frame: int = MAX_FRAME) -> AsyncIterator[tuple[Ch
     """A Channel and the plain socket at the other end, for writing raw bytes at it."""
     host_sock, peer = socket.socketpair()
     with peer:
-        channel = await Channel.open(host_sock, max_frame)
+        channel = Channel(host_sock, max_frame)
         try:
             yield channel, peer
         finally:
             channel.close()
+
+
+def _exec(code: str) -> Exec:
+    return Exec(run=1, code=code, servers=(), env={}, max_images=0, max_image_bytes=0, last=True)
 
 
 def raw_frame(payload: bytes, *, version: int = frames.PROTOCOL_VERSION, kind: int = Kind.DONE) -> bytes:
@@ -54,40 +59,40 @@ def raw_frame(payload: bytes, *, version: int = frames.PROTOCOL_VERSION, kind: i
 
 
 async def test_a_frame_sent_on_one_end_is_received_on_the_other() -> None:
-    body: dict[str, Any] = {"id": 1, "ok": True, "result": {"text": "héllo ✓"}}
+    reply = Reply(1, {"text": "héllo ✓"})
     with anyio.fail_after(DEADLINE_SECONDS):
         async with channel_pair() as (host, sandbox):
-            await host.send(Kind.REPLY, body)
+            await host.send(reply)
 
-            assert await sandbox.receive() == (Kind.REPLY, body)
+            assert await sandbox.receive() == reply
 
 
 async def test_frames_arrive_in_the_order_they_were_sent() -> None:
     with anyio.fail_after(DEADLINE_SECONDS):
         async with channel_pair() as (host, sandbox):
             for n in range(3):
-                await sandbox.send(Kind.CALL, {"id": n})
+                await sandbox.send(Call(n, {"op": "list_servers"}))
 
-            assert [await host.receive() for _ in range(3)] == [(Kind.CALL, {"id": n}) for n in range(3)]
+            assert [await host.receive() for _ in range(3)] == [Call(n, {"op": "list_servers"}) for n in range(3)]
 
 
 async def test_a_frame_of_20_mebibytes_gets_through() -> None:
-    body = {"id": 9, "ok": True, "data": "y" * (20 << 20)}
+    reply = Reply(9, {"data": "y" * (20 << 20)})
     with anyio.fail_after(DEADLINE_SECONDS):
         async with channel_pair() as (host, sandbox), anyio.create_task_group() as tg:
             # The send cannot complete until the other end reads: run both at once.
-            tg.start_soon(host.send, Kind.REPLY, body)
+            tg.start_soon(host.send, reply)
             received = await sandbox.receive()
 
-    assert received == (Kind.REPLY, body)
+    assert received == reply
 
 
 async def test_a_frame_from_the_sandboxs_codec_is_understood_by_the_host() -> None:
     with anyio.fail_after(DEADLINE_SECONDS):
         async with channel_and_peer() as (host, peer):
-            frames.write_frame(peer.fileno(), Kind.READY, {"runtime": "python"})
+            frames.write_frame(peer.fileno(), Kind.READY, {"runtime": "python", "version": "3.11.2"})
 
-            assert await host.receive() == (Kind.READY, {"runtime": "python"})
+            assert await host.receive() == Ready("python", "3.11.2")
 
 
 async def test_a_clean_close_by_the_sandbox_reads_as_none() -> None:
@@ -101,10 +106,10 @@ async def test_a_clean_close_by_the_sandbox_reads_as_none() -> None:
 async def test_a_clean_close_after_a_frame_reads_as_that_frame_then_none() -> None:
     with anyio.fail_after(DEADLINE_SECONDS):
         async with channel_and_peer() as (host, peer):
-            peer.sendall(frames.encode(Kind.DONE, {"exitCode": 0, "exception": None}))
+            peer.sendall(frames.encode(Kind.DONE, {"run": 1, "exitCode": 0, "exception": None}))
             peer.close()
 
-            assert await host.receive() == (Kind.DONE, {"exitCode": 0, "exception": None})
+            assert await host.receive() == Done(1, 0, None)
             assert await host.receive() is None
 
 
@@ -128,6 +133,31 @@ async def test_a_malformed_frame_from_the_sandbox_raises_frame_error(data: bytes
         async with channel_and_peer(max_frame) as (host, peer):
             peer.sendall(data)
             peer.close()
+
+            with pytest.raises(FrameError):
+                await host.receive()
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        pytest.param(Kind.DONE, {"exitCode": 0, "exception": None}, id="done-without-run"),
+        pytest.param(Kind.DONE, {"run": "1", "exitCode": 0, "exception": None}, id="done-run-a-string"),
+        pytest.param(Kind.DONE, {"run": 1, "exitCode": True, "exception": None}, id="done-exit-code-a-boolean"),
+        pytest.param(Kind.DONE, {"run": 1, "exitCode": 0, "exception": 5}, id="done-exception-a-number"),
+        pytest.param(Kind.CALL, {"op": "list_servers"}, id="call-without-id"),
+        pytest.param(Kind.CALL, {"op": "list_servers", "id": "1"}, id="call-id-a-string"),
+        pytest.param(Kind.DISPLAY, {"run": 1, "mime": "image/png", "data": 5}, id="display-data-a-number"),
+        pytest.param(Kind.EXITED, {"run": 1, "exitCode": 0, "problem": []}, id="exited-problem-a-list"),
+        pytest.param(Kind.READY, {"runtime": "python"}, id="ready-without-version"),
+        pytest.param(Kind.READY, {"runtime": "python", "version": "3", "pid": -1}, id="ready-negative-pid"),
+        pytest.param(Kind.ERROR, {"message": None}, id="error-without-message"),
+    ],
+)
+async def test_a_frame_with_a_field_of_the_wrong_type_raises_frame_error(kind: Kind, body: dict[str, Any]) -> None:
+    with anyio.fail_after(DEADLINE_SECONDS):
+        async with channel_and_peer() as (host, peer):
+            peer.sendall(frames.encode(kind, body))
 
             with pytest.raises(FrameError):
                 await host.receive()
@@ -161,7 +191,7 @@ async def test_sending_to_a_closed_sandbox_raises_channel_error() -> None:
             with pytest.raises(ChannelError):
                 # A single small write may still land in the kernel's buffer; keep going.
                 for _ in range(64):
-                    await host.send(Kind.EXEC, {"code": "x" * (1 << 16)})
+                    await host.send(_exec("x" * (1 << 16)))
 
 
 # --- descriptors ----------------------------------------------------------------------------------
@@ -182,9 +212,9 @@ async def test_descriptors_sent_with_a_frame_arrive_with_its_first_bytes() -> No
     try:
         with anyio.fail_after(DEADLINE_SECONDS):
             async with channel_and_peer() as (host, peer):
-                await host.send(Kind.EXEC, {"code": "print(1)"}, fds=[write_end, write_end])
+                await host.send(_exec("print(1)"), fds=[write_end, write_end])
                 data, fds = _received_fds(peer, 1 << 16)
-        assert data == frames.encode(Kind.EXEC, {"code": "print(1)"})
+        assert data == frames.pack(_exec("print(1)"))
         assert len(fds) == 2
         os.write(fds[0], b"through the passed descriptor")
         assert os.read(read_end, 100) == b"through the passed descriptor"
@@ -197,19 +227,20 @@ async def test_descriptors_sent_with_a_frame_arrive_with_its_first_bytes() -> No
 
 async def test_a_frame_with_descriptors_larger_than_the_socket_buffer_gets_through() -> None:
     # The first sendmsg cannot take it all: the rest follows once the peer reads (EAGAIN path).
-    body = {"code": "z" * (8 << 20)}
+    frame = _exec("z" * (8 << 20))
     read_end, write_end = os.pipe()
     try:
         with anyio.fail_after(DEADLINE_SECONDS):
             async with channel_and_peer() as (host, peer), anyio.create_task_group() as group:
-                group.start_soon(partial(host.send, Kind.EXEC, body, fds=[write_end]))
+                group.start_soon(partial(host.send, frame, fds=[write_end]))
                 parser = frames.FrameParser()
                 received_fds: list[int] = []
-                while (frame := parser.next()) is None:
+                while (raw := parser.next()) is None:
                     data, fds = await anyio.to_thread.run_sync(_received_fds, peer, 1 << 20)
                     received_fds += fds
                     parser.feed(data)
-        assert frame == (Kind.EXEC, body)
+        assert raw is not None
+        assert frames.decode(*raw) == frame
         assert len(received_fds) == 1
         os.close(received_fds[0])
     finally:
@@ -222,10 +253,10 @@ async def test_descriptors_the_sandbox_sends_are_never_accepted_by_the_host() ->
     try:
         with anyio.fail_after(DEADLINE_SECONDS):
             async with channel_and_peer() as (host, peer):
-                data = frames.encode(Kind.CALL, {"id": 1})
+                data = frames.encode(Kind.CALL, {"op": "list_servers", "id": 1})
                 peer.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [write_end]))])
                 os.close(write_end)
-                assert await host.receive() == (Kind.CALL, {"id": 1})
+                assert await host.receive() == Call(1, {"op": "list_servers"})
                 # No copy of the write end is left anywhere: the pipe reads as ended.
                 assert os.read(read_end, 10) == b""
     finally:
@@ -244,12 +275,3 @@ async def test_closing_the_channel_ends_a_receive_waiting_on_it() -> None:
             await anyio.wait_all_tasks_blocked()
             host.close()
     assert results == [None]
-
-
-async def test_finish_ends_the_stream_for_the_sandbox_but_the_host_can_still_read() -> None:
-    with anyio.fail_after(DEADLINE_SECONDS):
-        async with channel_and_peer() as (host, peer):
-            host.finish()
-            assert peer.recv(10) == b""
-            peer.sendall(frames.encode(Kind.DONE, {"run": 1}))
-            assert await host.receive() == (Kind.DONE, {"run": 1})

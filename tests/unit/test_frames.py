@@ -257,3 +257,105 @@ def test_the_typescript_runner_speaks_the_same_protocol_version_and_kinds() -> N
     assert f"export const PROTOCOL_VERSION = {frames.PROTOCOL_VERSION};" in source
     for kind in Kind:
         assert f"  {kind.name} = {kind.value}," in source
+
+
+# --- typed frames: one class per kind, the same bytes on the wire ----------------------------------
+
+_EXEC = frames.Exec(
+    run=3, code="print(1)", servers=("time",), env={"A": "b"}, max_images=4, max_image_bytes=5, last=False
+)
+# Each typed frame and the exact body the protocol has always carried for it (frames.ts speaks it).
+TYPED = [
+    pytest.param(frames.Ready("python", "3.11.2"), b'{"runtime":"python","version":"3.11.2"}', id="ready"),
+    pytest.param(
+        frames.Ready("python", "3.11.2", None, True, 7, ("numpy",), {"pandas": "ImportError: no"}, "threads"),
+        b'{"runtime":"python","version":"3.11.2","zygote":true,"pid":7,"preloaded":["numpy"],'
+        b'"failed":{"pandas":"ImportError: no"},"problem":"threads"}',
+        id="ready-zygote",
+    ),
+    pytest.param(
+        frames.Ready("bun", "1.2", language="typescript"),
+        b'{"runtime":"bun","version":"1.2","language":"typescript"}',
+        id="ready-typescript",
+    ),
+    pytest.param(
+        _EXEC,
+        b'{"run":3,"code":"print(1)","servers":["time"],"env":{"A":"b"},"maxImages":4,"maxImageBytes":5,"last":false}',
+        id="exec",
+    ),
+    pytest.param(
+        frames.Exec(3, "1", (), {}, 0, 0, True, cpu_seconds=9, guard="AAAA"),
+        b'{"run":3,"code":"1","servers":[],"env":{},"maxImages":0,"maxImageBytes":0,"last":true,'
+        b'"cpuSeconds":9,"guard":"AAAA"}',
+        id="exec-to-a-zygote",
+    ),
+    pytest.param(frames.Done(3, 1, "KeyError"), b'{"run":3,"exitCode":1,"exception":"KeyError"}', id="done"),
+    pytest.param(
+        frames.Call(2, {"server": "time", "op": "list_tools"}),
+        b'{"server":"time","op":"list_tools","id":2}',
+        id="call",
+    ),
+    pytest.param(frames.Reply(2, {"x": [1]}), b'{"ok":true,"result":{"x":[1]},"id":2}', id="reply"),
+    pytest.param(
+        frames.Reply(2, error=frames.Failure("denied", "no", "time")),
+        b'{"ok":false,"error":{"kind":"denied","message":"no","server":"time"},"id":2}',
+        id="reply-failed",
+    ),
+    pytest.param(frames.Error("bad"), b'{"message":"bad"}', id="error"),
+    pytest.param(frames.Display(3, "image/png", "iVBO"), b'{"run":3,"mime":"image/png","data":"iVBO"}', id="display"),
+    pytest.param(frames.Exited(3, 137, None), b'{"run":3,"exitCode":137,"problem":null}', id="exited"),
+]
+
+
+@pytest.mark.parametrize(("frame", "wire"), TYPED)
+def test_a_typed_frame_packs_to_the_protocols_bytes_and_decodes_back(frame: frames.Frame, wire: bytes) -> None:
+    packed = frames.pack(frame)
+
+    assert packed[frames.HEADER.size :] == wire
+    parser = frames.FrameParser()
+    parser.feed(packed)
+    raw = parser.next()
+    assert raw is not None and raw[0] is frame.KIND
+    assert frames.decode(*raw) == frame
+
+
+def test_a_field_absent_from_an_exec_frame_is_its_default() -> None:
+    assert frames.decode(Kind.EXEC, {"code": "1"}) == frames.Exec(0, "1", (), {}, 0, 0, False)
+
+
+def test_a_typed_frame_is_immutable_has_slots_and_equals_only_its_own_kind() -> None:
+    done = frames.Done(1, 0, None)
+
+    with pytest.raises(AttributeError):
+        done.run = 2  # type: ignore[misc]
+    assert not hasattr(done, "__dict__")
+    assert done == frames.Done(1, 0, None) and hash(done) == hash(frames.Done(1, 0, None))
+    exited: object = frames.Exited(1, 0, None)  # the same values, another kind
+    assert done != exited
+    assert repr(done) == "Done(run=1, exit_code=0, exception=None)"
+
+
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        pytest.param(Kind.EXEC, {"code": "1", "servers": ["not an alias"]}, id="exec-bad-alias"),
+        pytest.param(Kind.EXEC, {"code": "1", "env": {"A=B": "c"}}, id="exec-bad-env-name"),
+        pytest.param(Kind.EXEC, {"code": "1", "run": -1}, id="exec-negative-run"),
+        pytest.param(Kind.EXEC, {"code": "1", "cpuSeconds": True}, id="exec-cpu-seconds-a-boolean"),
+        pytest.param(Kind.EXEC, {"code": "1", "guard": 5}, id="exec-guard-a-number"),
+        pytest.param(Kind.READY, {"runtime": "python", "version": "3", "preloaded": "numpy"}, id="ready-preloaded"),
+        pytest.param(Kind.READY, {"runtime": "python", "version": "3", "failed": {"x": 1}}, id="ready-failed"),
+        pytest.param(Kind.REPLY, {"id": 1, "ok": False, "error": {"kind": "denied"}}, id="reply-no-message"),
+        pytest.param(Kind.EXITED, {"run": 1, "exitCode": "0", "problem": None}, id="exited-exit-code"),
+    ],
+)
+def test_decoding_a_frame_checks_every_fields_type(kind: Kind, body: dict[str, Any]) -> None:
+    with pytest.raises(frames.FrameError):
+        frames.decode(kind, body)
+
+
+def test_the_runner_and_the_host_name_the_same_tools_mount() -> None:
+    from mcp_sandbox.runners.python import mcp_sandbox_runtime
+    from mcp_sandbox.sandbox.policy import TOOLS_MOUNT
+
+    assert mcp_sandbox_runtime.TOOLS_MOUNT == TOOLS_MOUNT

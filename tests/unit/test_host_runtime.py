@@ -25,7 +25,7 @@ import pytest
 
 from downstream.fixture_server import tiny_png
 from mcp_sandbox.runners.python.mcp_sandbox_runtime import api, frames, host
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Kind
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Exec, Kind, Ready, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -165,11 +165,7 @@ def test_requests_get_increasing_ids_and_replies_are_matched_by_id_out_of_order(
     link.send(Kind.REPLY, {"id": 99, "ok": True, "result": "for nobody"})  # ignored
     for _, body in reversed(received):
         link.send(Kind.REPLY, {"id": body["id"], "ok": True, "result": body["n"]})
-    assert [future.result(timeout=BOUND) for future in futures] == [
-        {"id": 1, "ok": True, "result": 0},
-        {"id": 2, "ok": True, "result": 1},
-        {"id": 3, "ok": True, "result": 2},
-    ]
+    assert [future.result(timeout=BOUND) for future in futures] == [Reply(1, 0), Reply(2, 1), Reply(3, 2)]
 
 
 def test_fifty_requests_from_threads_at_once_each_get_their_own_reply(link: Link) -> None:
@@ -178,7 +174,7 @@ def test_fifty_requests_from_threads_at_once_each_get_their_own_reply(link: Link
 
     def ask(n: int) -> Any:
         start.wait()
-        return link.connection.request("echo", {"n": n}).result(timeout=BOUND)["result"]
+        return link.connection.request("echo", {"n": n}).result(timeout=BOUND).result
 
     with ThreadPoolExecutor(max_workers=50) as pool:
         results = list(pool.map(ask, range(50)))
@@ -438,9 +434,9 @@ def test_a_frame_other_than_reply_does_not_consume_a_pending_request(connected: 
     # A DONE frame carrying a pending id is not an answer to it: the REPLY that follows is.
     pending = connected.connection.request("list_servers", {})
     _, body = connected.receive()
-    connected.send(Kind.DONE, {"id": body["id"]})
+    connected.send(Kind.DONE, {"run": body["id"], "exitCode": 0, "exception": None, "id": body["id"]})
     connected.send(Kind.REPLY, {"id": body["id"], "ok": True, "result": 7})
-    assert pending.result(BOUND) == {"id": body["id"], "ok": True, "result": 7}
+    assert pending.result(BOUND) == Reply(body["id"], 7)
 
 
 # --- frames for the runner: EXEC and its descriptors --------------------------------------------
@@ -460,8 +456,9 @@ def test_an_exec_frame_comes_to_the_runner_with_the_descriptors_sent_with_it(lin
         _send_with_fds(link, frames.encode(Kind.EXEC, {"code": "x" * 300_000}), [write_end, write_end])
         command = bounded(link.connection.next_command)
         assert command is not None
-        kind, body, fds = command
-        assert (kind, body, len(fds)) == (Kind.EXEC, {"code": "x" * 300_000}, 2)
+        frame, fds = command
+        exec_ = Exec(run=0, code="x" * 300_000, servers=(), env={}, max_images=0, max_image_bytes=0, last=False)
+        assert (frame, len(fds)) == (exec_, 2)
         os.write(fds[1], b"via the runner's copy")
         assert os.read(read_end, 100) == b"via the runner's copy"
         host.close_fds(fds)
@@ -471,12 +468,12 @@ def test_an_exec_frame_comes_to_the_runner_with_the_descriptors_sent_with_it(lin
 
 
 def test_frames_other_than_replies_are_handed_to_the_runner_in_order(link: Link) -> None:
-    link.send(Kind.READY, {"n": 1})
-    link.send(Kind.EXEC, {"n": 2})
+    link.send(Kind.READY, {"runtime": "python", "version": "1"})
+    link.send(Kind.EXEC, {"run": 2, "code": "2"})
 
     assert [bounded(link.connection.next_command) for _ in range(2)] == [
-        (Kind.READY, {"n": 1}, []),
-        (Kind.EXEC, {"n": 2}, []),
+        (Ready("python", "1"), []),
+        (Exec(run=2, code="2", servers=(), env={}, max_images=0, max_image_bytes=0, last=False), []),
     ]
 
 
@@ -496,6 +493,25 @@ def test_garbage_from_the_host_is_answered_with_an_error_frame_and_ends_the_comm
     assert link.receive()[0] is Kind.ERROR
 
 
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        pytest.param(Kind.EXEC, {"run": 1}, id="exec-without-code"),
+        pytest.param(Kind.EXEC, {"code": "1", "maxImages": "2"}, id="exec-max-images-a-string"),
+        pytest.param(Kind.REPLY, {"id": 1, "ok": "yes"}, id="reply-ok-a-string"),
+        pytest.param(Kind.REPLY, {"id": 1, "ok": False, "error": "no"}, id="reply-error-a-string"),
+    ],
+)
+def test_a_frame_from_the_host_with_a_field_of_the_wrong_type_ends_the_commands(
+    link: Link, kind: Kind, body: dict[str, Any]
+) -> None:
+    link.send(kind, body)
+
+    assert bounded(link.connection.next_command) is None
+    assert link.connection.failed is True
+    assert link.receive()[0] is Kind.ERROR
+
+
 def test_a_reply_to_a_request_its_caller_gave_up_on_does_not_stop_the_reader(link: Link) -> None:
     abandoned = link.connection.request("slow", {})
     abandoned.cancel()
@@ -503,4 +519,4 @@ def test_a_reply_to_a_request_its_caller_gave_up_on_does_not_stop_the_reader(lin
     link.send(Kind.REPLY, {"id": body["id"], "ok": True, "result": "late"})
     link.serve(lambda body: {"ok": True, "result": "fresh"})
 
-    assert link.connection.request("next", {}).result(BOUND)["result"] == "fresh"
+    assert link.connection.request("next", {}).result(BOUND).result == "fresh"

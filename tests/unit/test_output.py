@@ -7,7 +7,7 @@ import asyncio
 import anyio
 import pytest
 
-from mcp_sandbox.engine.output import CappedOutput
+from mcp_sandbox.engine.output import CappedOutput, pump_stream
 
 
 def test_the_first_cap_bytes_are_kept_across_chunks() -> None:
@@ -102,7 +102,7 @@ async def test_pump_reads_a_stream_to_its_end_past_the_cap() -> None:
     output = CappedOutput(cap=10)
 
     with anyio.fail_after(10):
-        await output.pump(stream)
+        await pump_stream(stream, output.feed)
 
     assert output.total == 300_004
     assert output.text().startswith("x" * 10)

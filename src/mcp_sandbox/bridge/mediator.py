@@ -25,23 +25,30 @@ import mcp_types as types
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
-from mcp_sandbox.bridge.search import DETAILS, MAX_SEARCH_RESULTS, ToolIndex, render
+from mcp_sandbox.bridge.requests import (
+    CallTool,
+    DescribeServer,
+    DiscoveredServers,
+    InvalidRequest,
+    ListServers,
+    ListTools,
+    QueryToolDocs,
+    Request,
+    SearchTools,
+    decode_request,
+)
+from mcp_sandbox.bridge.search import ToolIndex, render
 from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
 from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
-from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
+from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.state import StateLayout
 
-__all__ = ["TOOLS_MOUNT", "Mediator", "RunAccess", "open_mediator"]
+__all__ = ["Mediator", "RunAccess", "open_mediator"]
 
 logger = logging.getLogger(__name__)
-
-TOOLS_MOUNT = "/tools"
-
-
-class _Invalid(Exception):
-    """The sandbox sent a malformed request."""
 
 
 def _text_of(result: types.CallToolResult) -> str:
@@ -176,37 +183,48 @@ class RunAccess:
     def servers(self) -> tuple[str, ...]:
         return tuple(self.allowed)
 
-    async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer one request from the sandbox. Never raises for what the sandbox sent."""
-        op = request.get("op")
+    async def handle(self, call: Call) -> Reply:
+        """Answer one CALL frame from the sandbox. Never raises for what the sandbox sent."""
         try:
-            handler = _OPS.get(op) if isinstance(op, str) else None
-            if handler is None:
-                raise _Invalid(f"unknown request {op!r}")
-            return {"ok": True, "result": await handler(self, request)}
-        except _Invalid as exc:
-            return {"ok": False, "error": {"kind": "invalid", "message": str(exc)}}
+            request = decode_request(call.request)
+            return Reply(call.id, await self._answer(request))
+        except InvalidRequest as exc:
+            return Reply(call.id, error=Failure("invalid", str(exc)))
         except ToolCallDenied as exc:
-            return {"ok": False, "error": {"kind": "denied", "message": exc.message, "server": exc.server}}
+            return Reply(call.id, error=Failure("denied", exc.message, exc.server))
         except DownstreamError as exc:
-            return {"ok": False, "error": {"kind": "unavailable", "message": exc.message, "server": exc.server}}
+            return Reply(call.id, error=Failure("unavailable", exc.message, exc.server))
         except _ToolFailed as exc:
-            return {"ok": False, "error": {"kind": "tool", "message": exc.message, "server": exc.server}}
+            return Reply(call.id, error=Failure("tool", exc.message, exc.server))
+
+    async def _answer(self, request: Request) -> Any:
+        match request:
+            case CallTool():
+                return await self._call_tool(request)
+            case ListServers():
+                return await self._list_servers()
+            case DiscoveredServers():
+                return self._discovered_servers()
+            case DescribeServer():
+                return await self._describe_server(request)
+            case ListTools():
+                return await self._list_tools(request.server)
+            case SearchTools():
+                return await self._search_tools(request)
+            case QueryToolDocs():
+                return await self._query_tool_docs(request)
 
     # --- requests ---------------------------------------------------------------------------
 
-    def _server(self, request: dict[str, Any]) -> ServerSpec:
-        name = request.get("server")
-        if not isinstance(name, str):
-            raise _Invalid("`server` must be a server name")
+    def _server(self, name: str) -> ServerSpec:
         spec = self.bridge.resolve(name)
         if spec is None:
             known = ", ".join(sorted(self.bridge.servers)) or "none are configured"
             raise ToolCallDenied(name, f"there is no server {name!r} (configured: {known})")
         return spec
 
-    def _callable(self, request: dict[str, Any]) -> ServerSpec:
-        spec = self._server(request)
+    def _callable(self, name: str) -> ServerSpec:
+        spec = self._server(name)
         if spec.alias not in self.allowed:
             allowed = ", ".join(self.allowed) or "none"
             raise ToolCallDenied(
@@ -215,22 +233,17 @@ class RunAccess:
             )
         return spec
 
-    async def _call_tool(self, request: dict[str, Any]) -> dict[str, Any]:
-        spec = self._callable(request)
-        tool, arguments = request.get("tool"), request.get("arguments", {})
-        if not isinstance(tool, str) or not tool:
-            raise _Invalid("`tool` must be a tool name")
-        if not isinstance(arguments, dict):
-            raise _Invalid("`arguments` must be an object")
+    async def _call_tool(self, request: CallTool) -> dict[str, Any]:
+        spec = self._callable(request.server)
         docs = await self.bridge.docs(spec.alias)
-        tool = next((doc.name for doc in docs if tool in (doc.name, doc.python_name)), tool)
+        tool = next((doc.name for doc in docs if request.tool in (doc.name, doc.python_name)), request.tool)
         if not spec.permits(tool):
             raise ToolCallDenied(spec.name, f"the tool {tool!r} is not allowed by the operator's policy", tool)
         settings = self.bridge.settings
         self.calls += 1
         if self.calls > settings.max_tool_calls:
             raise ToolCallDenied(spec.name, f"this run reached its limit of {settings.max_tool_calls} tool calls", tool)
-        result = await self.bridge.pool.call(spec.alias, tool, arguments)
+        result = await self.bridge.pool.call(spec.alias, tool, request.arguments)
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         self.result_bytes += len(json.dumps(dumped, ensure_ascii=False).encode("utf-8"))
         if self.result_bytes > settings.max_tool_result_bytes:
@@ -243,7 +256,7 @@ class RunAccess:
             raise _ToolFailed(spec.name, _text_of(result))
         return {"structuredContent": dumped.get("structuredContent"), "content": dumped.get("content", [])}
 
-    async def _list_servers(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+    async def _list_servers(self) -> list[dict[str, Any]]:
         listed = []
         for alias, spec in self.allowed.items():
             try:
@@ -253,39 +266,32 @@ class RunAccess:
             listed.append({"name": spec.name, "alias": alias, "tools": count})
         return listed
 
-    async def _discovered_servers(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+    def _discovered_servers(self) -> list[dict[str, Any]]:
         return [
             {"name": spec.name, "alias": alias, "allowed": alias in self.allowed}
             for alias, spec in self.bridge.servers.items()
         ]
 
-    async def _describe_server(self, request: dict[str, Any]) -> dict[str, Any]:
-        spec = self._server(request)
+    async def _describe_server(self, request: DescribeServer) -> dict[str, Any]:
+        spec = self._server(request.server)
         return {
             "name": spec.name,
             "alias": spec.alias,
             "transport": spec.transport,
             "allowed": spec.alias in self.allowed,
             "stubs": f"{TOOLS_MOUNT}/{spec.alias}" if spec.alias in self.allowed else None,
-            "tools": await self._list_tools(request),
+            "tools": await self._list_tools(request.server),
         }
 
-    async def _list_tools(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        spec = self._server(request)
+    async def _list_tools(self, server: str) -> list[dict[str, Any]]:
+        spec = self._server(server)
         return [
             {"name": doc.name, "python_name": doc.python_name, "summary": doc.summary}
             for doc in await self.bridge.docs(spec.alias)
         ]
 
-    async def _search_tools(self, request: dict[str, Any]) -> list[dict[str, Any]]:
-        query, detail, limit = request.get("query"), request.get("detail", "summary"), request.get("limit", 10)
-        if not isinstance(query, str):
-            raise _Invalid("`query` must be a string")
-        if detail not in DETAILS:
-            raise _Invalid(f"`detail` must be one of {', '.join(DETAILS)}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_SEARCH_RESULTS:
-            raise _Invalid(f"`limit` must be an integer from 1 to {MAX_SEARCH_RESULTS}")
-        hits, _ = await self.bridge.search(query, detail, limit)
+    async def _search_tools(self, request: SearchTools) -> list[dict[str, Any]]:
+        hits, _ = await self.bridge.search(request.query, request.detail, request.limit)
         return [
             {
                 "server": self.bridge.servers[doc.server].name,
@@ -296,17 +302,14 @@ class RunAccess:
             for doc, text in hits
         ]
 
-    async def _query_tool_docs(self, request: dict[str, Any]) -> str:
-        spec = self._server(request)
-        tool, detail = request.get("tool"), request.get("detail", "summary")
-        if detail not in DETAILS:
-            raise _Invalid(f"`detail` must be one of {', '.join(DETAILS)}")
+    async def _query_tool_docs(self, request: QueryToolDocs) -> str:
+        spec = self._server(request.server)
         docs = await self.bridge.docs(spec.alias)
-        if tool is not None:
-            docs = [doc for doc in docs if tool in (doc.name, doc.python_name)]
+        if request.tool is not None:
+            docs = [doc for doc in docs if request.tool in (doc.name, doc.python_name)]
             if not docs:
-                raise _Invalid(f"{spec.name!r} has no tool {tool!r}")
-        return "\n\n".join(render(doc, detail) for doc in docs)
+                raise InvalidRequest(f"{spec.name!r} has no tool {request.tool!r}")
+        return "\n\n".join(render(doc, request.detail) for doc in docs)
 
 
 class _ToolFailed(Exception):
@@ -314,17 +317,6 @@ class _ToolFailed(Exception):
         super().__init__(message)
         self.server = server
         self.message = message
-
-
-_OPS = {
-    "call_tool": RunAccess._call_tool,
-    "list_servers": RunAccess._list_servers,
-    "discovered_servers": RunAccess._discovered_servers,
-    "describe_server": RunAccess._describe_server,
-    "list_tools": RunAccess._list_tools,
-    "search_tools": RunAccess._search_tools,
-    "query_tool_docs": RunAccess._query_tool_docs,
-}
 
 
 @contextlib.asynccontextmanager

@@ -1,5 +1,8 @@
 """The host's end of the frame channel (anyio, on the non-blocking socket), over the shared frame codec.
 
+Frames go out and come in as the codec's typed objects (``Exec``, ``Done``, ...); a frame from the
+sandbox is hostile input, decoded with every field's type checked.
+
 The socket is used directly rather than through asyncio streams: a frame may carry
 descriptors (``SCM_RIGHTS`` on its first bytes, sent with ``sendmsg``), which a stream
 transport cannot send. Descriptors the sandbox sends the other way are never accepted (a
@@ -11,15 +14,14 @@ from __future__ import annotations
 import array
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
 from mcp_sandbox.errors import ChannelError, FrameError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Kind
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Frame
 
-__all__ = ["Channel", "Kind"]
+__all__ = ["Channel"]
 
 _MIN_READ = 64 << 10
 _MAX_READ = 1 << 20
@@ -38,11 +40,7 @@ class Channel:
         self._sending = anyio.Lock()
         self._ended = False
 
-    @classmethod
-    async def open(cls, sock: socket.socket, max_frame: int) -> Channel:
-        return cls(sock, max_frame)
-
-    async def send(self, kind: Kind, body: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    async def send(self, frame: Frame, fds: Sequence[int] = ()) -> None:
         """Send one frame; ``fds`` (if any) travel with its first bytes.
 
         The caller keeps its own copies of ``fds`` (close them once this returns).
@@ -50,7 +48,7 @@ class Channel:
         Raises:
             ChannelError: the sandbox end is gone.
         """
-        view = memoryview(frames.encode(kind, body))
+        view = memoryview(frames.pack(frame))
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
         try:
             async with self._sending:
@@ -70,11 +68,11 @@ class Channel:
             except BlockingIOError:
                 await anyio.wait_writable(self._sock)
 
-    async def receive(self) -> tuple[Kind, dict[str, Any]] | None:
+    async def receive(self) -> Frame | None:
         """Receive one frame; ``None`` when the sandbox closed the channel cleanly.
 
         Raises:
-            FrameError: the sandbox sent something that is not a valid frame.
+            FrameError: the sandbox sent something that is not a valid frame (bytes or fields).
         """
         try:
             while (frame := self._parser.next()) is None:
@@ -82,7 +80,7 @@ class Channel:
                     self._ended = True
                     self._parser.check_end()
                     return None
-            return frame
+            return frames.decode(*frame)
         except frames.FrameError as exc:
             raise FrameError(str(exc)) from exc
 
@@ -104,13 +102,6 @@ class Channel:
                 return False
             self._parser.feed(data)
             return True
-
-    def finish(self) -> None:
-        """Tell the sandbox no more frames will come (it serves no further EXEC); reading goes on."""
-        try:
-            self._sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
     def close(self) -> None:
         if self._sock.fileno() >= 0:

@@ -26,13 +26,25 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.channel import Channel, Kind
-from mcp_sandbox.engine.output import CappedOutput, pump_fd
+from mcp_sandbox.engine.channel import Channel
+from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
 from mcp_sandbox.engine.result import Image, ToolAccess
 from mcp_sandbox.errors import ChannelError, SandboxStartError
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
+    Call,
+    Display,
+    Done,
+    Error,
+    Exec,
+    Exited,
+    Failure,
+    Ready,
+    Reply,
+)
 from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
+# Exited: how a zygote's child ended (its EXITED frame), as run_forked() returns it.
 __all__ = ["DRAIN_SECONDS", "Exited", "Interpreter", "RunRecord", "open_interpreter"]
 
 logger = logging.getLogger(__name__)
@@ -44,7 +56,6 @@ DRAIN_SECONDS = 0.25
 # How long a sandbox that is exiting anyway may take to end and flush its own output.
 _SETTLE_SECONDS = 5.0
 _OWN_OUTPUT_CAP = 64 << 10
-_CHUNK = 64 << 10
 _IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 
 
@@ -66,14 +77,6 @@ class RunRecord:
         return cls(CappedOutput(cap), CappedOutput(cap))
 
 
-@dataclass(frozen=True, slots=True)
-class Exited:
-    """How a zygote's child ended: its exit code (128 + signal), and why the sandbox is unusable now, if it is."""
-
-    exit_code: int
-    problem: str | None
-
-
 class Interpreter:
     """One sandbox running the runner (or a zygote); see :func:`open_interpreter`."""
 
@@ -85,7 +88,7 @@ class Interpreter:
         self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
         self.exited = anyio.Event()  # the sandbox's process tree ended
         self.outcome: SandboxOutcome | None = None
-        self.ready: dict[str, Any] = {}  # what the runner said in its READY frame
+        self.ready: dict[str, Any] = {}  # what the runner said in its READY frame (checked: a Ready's body)
         self._ids = itertools.count(1)
         self._own_ended = (anyio.Event(), anyio.Event())
 
@@ -94,10 +97,12 @@ class Interpreter:
         self.exited.set()
 
     async def _pump_own(self, stream: asyncio.StreamReader, stderr: bool, ended: anyio.Event) -> None:
+        def feed(chunk: bytes) -> None:
+            # Looked up per chunk: take_own_output() replaces the sinks between runs.
+            (self.own_stderr if stderr else self.own_stdout).feed(chunk)
+
         try:
-            while chunk := await stream.read(_CHUNK):
-                # Looked up per chunk: take_own_output() replaces the sinks between runs.
-                (self.own_stderr if stderr else self.own_stdout).feed(chunk)
+            await pump_stream(stream, feed)
         finally:
             ended.set()
 
@@ -111,8 +116,8 @@ class Interpreter:
             frame = await self.channel.receive()
         except ChannelError:
             frame = None
-        if frame is not None and frame[0] is Kind.READY:
-            self.ready = frame[1]
+        if isinstance(frame, Ready):
+            self.ready = frame.encode()
             return
         with anyio.move_on_after(_SETTLE_SECONDS):
             await self.exited.wait()
@@ -129,18 +134,27 @@ class Interpreter:
         self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
         return out, err
 
-    def _exec_body(
-        self, code: str, servers: Sequence[str], environment: Mapping[str, str], *, last: bool
-    ) -> dict[str, Any]:
-        return {
-            "run": next(self._ids),
-            "code": code,
-            "servers": list(servers),
-            "env": dict(environment),
-            "maxImages": self.settings.max_images,
-            "maxImageBytes": self.settings.max_image_bytes,
-            "last": last,
-        }
+    def _exec(
+        self,
+        code: str,
+        servers: Sequence[str],
+        environment: Mapping[str, str],
+        *,
+        last: bool,
+        cpu_seconds: int | None = None,
+        guard: bytes | None = None,
+    ) -> Exec:
+        return Exec(
+            run=next(self._ids),
+            code=code,
+            servers=tuple(servers),
+            env=dict(environment),
+            max_images=self.settings.max_images,
+            max_image_bytes=self.settings.max_image_bytes,
+            last=last,
+            cpu_seconds=cpu_seconds,
+            guard=None if guard is None else base64.b64encode(guard).decode(),
+        )
 
     async def run(
         self,
@@ -157,12 +171,12 @@ class Interpreter:
         With ``last`` the runner exits after the run, and this waits for the sandbox to end.
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        body = self._exec_body(code, servers, environment, last=last)
+        frame = self._exec(code, servers, environment, last=last)
         async with _run_pipes(record) as pipes:
-            sent = await self._send_exec(record, body, pipes.ends)
+            sent = await self._send_exec(record, frame, pipes.ends)
             pipes.close()
             if sent:
-                await self._serve_run(record, body["run"], tools, self.channel)
+                await self._serve_run(record, frame.run, tools, self.channel)
             if last or (record.channel_ended and record.protocol_error is None):
                 # The runner is exiting: wait for the whole sandbox, then its own output.
                 await self.exited.wait()
@@ -189,22 +203,18 @@ class Interpreter:
         runs (see :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
         """
-        body = {
-            **self._exec_body(code, servers, environment, last=True),
-            "cpuSeconds": cpu_seconds,
-            "guard": base64.b64encode(guard).decode(),
-        }
+        frame = self._exec(code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard)
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         run_channel = Channel(host_end, _MAX_FRAME)
         exited: Exited | None = None
         try:
             async with _run_pipes(record) as pipes:
-                sent = await self._send_exec(record, body, (*pipes.ends, child_end.fileno()))
+                sent = await self._send_exec(record, frame, (*pipes.ends, child_end.fileno()))
                 pipes.close()
                 child_end.close()  # the child's copy is the only one: its end is the channel's end
                 if sent:
-                    await self._serve_run(record, body["run"], tools, run_channel)
-                    exited = await self._exited(body["run"])
+                    await self._serve_run(record, frame.run, tools, run_channel)
+                    exited = await self._exited(frame.run)
         finally:
             child_end.close()
             run_channel.close()
@@ -216,17 +226,14 @@ class Interpreter:
             frame = await self.channel.receive()
         except ChannelError:
             return None
-        if frame is None or frame[0] is not Kind.EXITED or frame[1].get("run") != run_id:
+        if not isinstance(frame, Exited) or frame.run != run_id:
             return None
-        code, problem = frame[1].get("exitCode"), frame[1].get("problem")
-        if not isinstance(code, int) or isinstance(code, bool):
-            return None
-        return Exited(code, problem if isinstance(problem, str) else None)
+        return frame
 
-    async def _send_exec(self, record: RunRecord, body: dict[str, Any], fds: Sequence[int]) -> bool:
+    async def _send_exec(self, record: RunRecord, frame: Exec, fds: Sequence[int]) -> bool:
         """Send an EXEC frame with ``fds``; False (and ``record.channel_ended``) if the sandbox is gone."""
         try:
-            await self.channel.send(Kind.EXEC, body, fds=fds)
+            await self.channel.send(frame, fds=fds)
         except ChannelError:
             record.channel_ended = True
             return False
@@ -245,69 +252,58 @@ class Interpreter:
         """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel."""
         try:
             while (frame := await channel.receive()) is not None:
-                kind, body = frame
-                if kind is Kind.CALL:
-                    calls.start_soon(self._answer, tools, body, channel)
-                elif kind is Kind.DONE:
-                    if body.get("run") != run_id:
+                if isinstance(frame, Call):
+                    calls.start_soon(self._answer, tools, frame, channel)
+                elif isinstance(frame, Done):
+                    if frame.run != run_id:
                         continue  # a previous run's, or forged by the code: not this run's end
                     record.done = True
-                    code = body.get("exitCode")
-                    record.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+                    record.exit_code = frame.exit_code
                     return
-                elif kind is Kind.DISPLAY:
-                    if body.get("run") == run_id:
-                        self._collect_image(record, body)
-                elif kind is Kind.ERROR:
-                    record.protocol_error = str(body.get("message", "unknown"))
+                elif isinstance(frame, Display):
+                    if frame.run == run_id:
+                        self._collect_image(record, frame)
+                elif isinstance(frame, Error):
+                    record.protocol_error = frame.message
                     return
                 else:
-                    record.protocol_error = f"unexpected frame {kind.name} from the sandbox"
+                    record.protocol_error = f"unexpected frame {frame.KIND.name} from the sandbox"
                     with contextlib.suppress(ChannelError):
-                        await channel.send(Kind.ERROR, {"message": record.protocol_error})
+                        await channel.send(Error(record.protocol_error))
                     return
             record.channel_ended = True
         except ChannelError as exc:
             # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
             record.protocol_error = str(exc)
 
-    def _collect_image(self, record: RunRecord, body: dict[str, Any]) -> None:
+    def _collect_image(self, record: RunRecord, frame: Display) -> None:
         """Keep one DISPLAY image if it is well-formed and within the caps (the runner checks them too)."""
-        mime, data = body.get("mime"), body.get("data")
         try:
-            decoded = base64.b64decode(data, validate=True) if isinstance(data, str) else None
+            decoded: bytes | None = base64.b64decode(frame.data, validate=True)
         except (binascii.Error, ValueError):
             decoded = None
         if (
-            mime not in _IMAGE_TYPES
+            frame.mime not in _IMAGE_TYPES
             or decoded is None
             or len(decoded) > self.settings.max_image_bytes
             or len(record.images) >= self.settings.max_images
         ):
             record.images_dropped += 1
             return
-        record.images.append(Image(str(mime), decoded))
+        record.images.append(Image(frame.mime, decoded))
 
-    async def _answer(self, tools: ToolAccess | None, body: dict[str, Any], channel: Channel) -> None:
+    async def _answer(self, tools: ToolAccess | None, call: Call, channel: Channel) -> None:
         """Answer one CALL frame with a REPLY carrying the same id."""
-        call_id = body.get("id")
-        if not isinstance(call_id, int) or isinstance(call_id, bool):
-            with contextlib.suppress(ChannelError):
-                await channel.send(Kind.ERROR, {"message": "a CALL frame needs an integer id"})
-            return
         if tools is None:
-            reply: dict[str, Any] = {
-                "ok": False,
-                "error": {"kind": "denied", "message": "this run may not call any MCP server: pass `servers`"},
-            }
+            reply = Reply(call.id, error=Failure("denied", "this run may not call any MCP server: pass `servers`"))
         else:
             try:
-                reply = await tools.handle(body)
+                reply = await tools.handle(call)
             except Exception as exc:  # a bug in one request must not end the run, let alone the server
                 logger.exception("answering a request from the sandbox failed")
-                reply = {"ok": False, "error": {"kind": "unavailable", "message": f"internal error: {exc}"}}
+                reply = Reply(call.id, error=Failure("unavailable", f"internal error: {exc}"))
         with contextlib.suppress(ChannelError):  # the sandbox is gone; the run's outcome says why
-            await channel.send(Kind.REPLY, {**reply, "id": call_id})
+            await channel.send(reply)
 
     async def kill(self) -> SandboxOutcome:
         """Kill the whole sandbox (bounded, shielded); its outcome. Safe to call more than once."""
@@ -365,7 +361,7 @@ async def _run_pipes(record: RunRecord) -> AsyncIterator[_Pipes]:
 
 async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:
     try:
-        await pump_fd(fd, sink)
+        await pump_fd(fd, sink.feed)
     finally:
         ended.set()
 

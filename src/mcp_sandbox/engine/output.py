@@ -1,14 +1,19 @@
-"""Capped capture of a sandbox's stdout/stderr: its process's pipes and each run's own pipes."""
+"""Capped capture of a sandbox's stdout/stderr: its process's pipes and each run's own pipes.
+
+The two pumps are the only readers of output: :func:`pump_stream` for the sandbox process's own
+stdout/stderr (the backend's stream readers), :func:`pump_fd` for a run's pipes.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
 
-__all__ = ["CappedOutput", "pump_fd"]
+__all__ = ["CappedOutput", "pump_fd", "pump_stream"]
 
 _CHUNK = 64 << 10
 
@@ -38,11 +43,6 @@ class CappedOutput:
             self._chunks.append(kept)
             self._kept += len(kept)
 
-    async def pump(self, stream: asyncio.StreamReader) -> None:
-        """Read ``stream`` to its end."""
-        while chunk := await stream.read(_CHUNK):
-            self.feed(chunk)
-
     def text(self) -> str:
         """The kept bytes as text (invalid UTF-8 replaced), with a marker when truncated."""
         text = b"".join(self._chunks).decode("utf-8", errors="replace")
@@ -51,8 +51,14 @@ class CappedOutput:
         return text
 
 
-async def pump_fd(fd: int, sink: CappedOutput) -> None:
-    """Read the pipe ``fd`` into ``sink`` until its end (every writer closed it).
+async def pump_stream(stream: asyncio.StreamReader, feed: Callable[[bytes], None]) -> None:
+    """Read ``stream`` to its end, handing each chunk to ``feed`` (``CappedOutput.feed``, say)."""
+    while chunk := await stream.read(_CHUNK):
+        feed(chunk)
+
+
+async def pump_fd(fd: int, feed: Callable[[bytes], None]) -> None:
+    """Read the pipe ``fd`` until its end (every writer closed it), handing each chunk to ``feed``.
 
     ``fd`` is made non-blocking; the caller closes it, after this returned or was cancelled.
     """
@@ -65,6 +71,6 @@ async def pump_fd(fd: int, sink: CappedOutput) -> None:
             continue
         if not chunk:
             return
-        sink.feed(chunk)
+        feed(chunk)
         # A writer that never pauses keeps the pipe readable: yield, or the loop starves.
         await anyio.lowlevel.checkpoint()

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
 __all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]
@@ -23,8 +24,8 @@ class ToolAccess(Protocol):
     """What one run may reach of the downstream MCP servers (code mode), and who answers for it.
 
     The engine binds ``mounts`` (the generated stubs) into the sandbox, tells the runtime which
-    ``servers`` (aliases) it may call, and hands every request frame from the sandbox to ``handle``,
-    concurrently; the reply goes back as it is. ``handle`` never raises for what the sandbox asked.
+    ``servers`` (aliases) it may call, and hands every CALL frame from the sandbox to ``handle``,
+    concurrently; the REPLY goes back as it is. ``handle`` never raises for what the sandbox asked.
     """
 
     @property
@@ -33,7 +34,7 @@ class ToolAccess(Protocol):
     @property
     def servers(self) -> tuple[str, ...]: ...
 
-    async def handle(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    async def handle(self, call: Call) -> Reply: ...
 
 
 @dataclass(frozen=True, slots=True)

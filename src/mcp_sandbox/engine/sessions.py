@@ -37,14 +37,13 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.errors import BusyError
-from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.state import StateLayout
 
-__all__ = ["STUBS_MOUNT", "TOOLS_ROOT", "Lease", "SessionManager", "ToolsView"]
+__all__ = ["STUBS_MOUNT", "Lease", "SessionManager", "ToolsView"]
 
 logger = logging.getLogger(__name__)
 
-TOOLS_ROOT = "/tools"
 STUBS_MOUNT = "/.stubs"
 # How long closing a session (kill, then remove its scratch files) may hold up whoever waits for it.
 _CLOSE_SECONDS = 10.0
@@ -74,7 +73,7 @@ class ToolsView:
 
     def mounts(self) -> tuple[Mount, ...]:
         """What the session's sandbox binds: the stub root and this directory."""
-        return (Mount(self.stub_root, STUBS_MOUNT), Mount(self.directory, TOOLS_ROOT))
+        return (Mount(self.stub_root, STUBS_MOUNT), Mount(self.directory, TOOLS_MOUNT))
 
     def bind(self, mounts: Sequence[Mount]) -> None:
         """Make ``/tools/<alias>`` show each of ``mounts`` (targets ``/tools/<alias>``), and nothing else.
@@ -85,9 +84,9 @@ class ToolsView:
         """
         wanted: dict[str, str] = {}
         for mount in mounts:
-            alias = mount.target.removeprefix(TOOLS_ROOT + "/")
+            alias = mount.target.removeprefix(TOOLS_MOUNT + "/")
             if alias == mount.target or not alias or "/" in alias or alias.startswith("."):
-                raise ValueError(f"a session can only show stubs under {TOOLS_ROOT}/<alias>, not at {mount.target}")
+                raise ValueError(f"a session can only show stubs under {TOOLS_MOUNT}/<alias>, not at {mount.target}")
             wanted[alias] = self._inside(mount.source)
         for entry in os.listdir(self.directory):
             if not entry.startswith(".") and entry not in wanted:
@@ -113,7 +112,7 @@ class ToolsView:
                 os.chmod(directory, 0o755)
                 for name in files:
                     os.chmod(os.path.join(directory, name), 0o644)
-        return f"{TOOLS_ROOT}/{copy.name}"
+        return f"{TOOLS_MOUNT}/{copy.name}"
 
 
 # Opens a session's sandbox for a workspace (None: a scratch one it owns); yields its interpreter

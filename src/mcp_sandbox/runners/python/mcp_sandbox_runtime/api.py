@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .frames import Reply
 from .host import HostUnavailable, connection
 
 __all__ = [
@@ -158,16 +159,11 @@ def _shape_blocks(result: dict[str, Any], raw: bool) -> Any:
     return blocks[0] if len(blocks) == 1 else blocks
 
 
-def _unwrap(reply: dict[str, Any], server: str | None, tool: str | None) -> Any:
-    if reply.get("ok"):
-        return reply.get("result")
-    error = reply.get("error") or {}
-    raise MCPError(
-        str(error.get("message", "the host refused the request")),
-        server=error.get("server", server),
-        tool=tool,
-        kind=str(error.get("kind", "tool")),
-    )
+def _unwrap(reply: Reply, server: str | None, tool: str | None) -> Any:
+    if reply.error is None:
+        return reply.result
+    error = reply.error
+    raise MCPError(error.message, server=error.server or server, tool=tool, kind=error.kind)
 
 
 def _request_sync(op: str, body: dict[str, Any], server: str | None = None, tool: str | None = None) -> Any:

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from . import host
-from .frames import Kind
+from .frames import Display
 
 __all__ = ["BACKEND", "begin", "emit", "end", "install"]
 
@@ -69,9 +69,7 @@ def emit(mime: str, data: bytes) -> bool:
         )
         return False
     try:
-        host.connection().send(
-            Kind.DISPLAY, {"run": run.run, "mime": mime, "data": binascii.b2a_base64(data, newline=False).decode()}
-        )
+        host.connection().send(Display(run.run, mime, binascii.b2a_base64(data, newline=False).decode()))
     except (OSError, host.HostUnavailable):
         return False
     run.sent += 1

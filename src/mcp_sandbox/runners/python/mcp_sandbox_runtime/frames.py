@@ -20,6 +20,11 @@ them, and the DONE and DISPLAY frames of a run carry its number. A zygote (a war
 ``zygote.py``) forks a child per EXEC frame; that frame carries a third descriptor, the run's own
 channel socket, on which the child speaks (CALL, DISPLAY, DONE) while the zygote reports the
 child's end with EXITED on the first channel.
+
+Each kind's body is one typed class here (:class:`Ready`, :class:`Exec`, :class:`Done`,
+:class:`Call`, :class:`Reply`, :class:`Error`, :class:`Display`, :class:`Exited`): ``encode()``
+gives the wire body, ``decode(body)`` checks every field's type and raises FrameError. Both
+sides send and receive these objects; :func:`pack` and :func:`decode` join them to the raw codec.
 """
 
 from __future__ import annotations
@@ -28,18 +33,30 @@ import enum
 import json
 import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
     "HEADER",
     "MAGIC",
     "PROTOCOL_VERSION",
+    "Call",
+    "Display",
+    "Done",
+    "Error",
+    "Exec",
+    "Exited",
+    "Failure",
+    "Frame",
     "FrameError",
     "FrameParser",
     "Kind",
+    "Ready",
+    "Reply",
+    "decode",
     "decode_body",
     "encode",
+    "pack",
     "parse_header",
     "read_frame",
     "write_frame",
@@ -201,3 +218,392 @@ def write_frame(fd: int, kind: Kind, body: dict[str, Any]) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+# --- typed frames -------------------------------------------------------------------------------
+
+if TYPE_CHECKING:
+    from dataclasses import dataclass as _record
+else:
+
+    def _record(*, frozen: bool, slots: bool) -> Any:
+        """What ``@dataclass(frozen=True, slots=True)`` makes of a class, without importing ``dataclasses``.
+
+        ``dataclasses`` imports ``inspect`` and ``ast``: about 8 ms, half again the runner's own
+        start-up. The type checker sees the real decorator (above); this builds the same thing for
+        the simple classes below: fields are the annotations (``ClassVar`` ones excepted), in order;
+        a class attribute of a field's name is its default.
+        """
+        assert frozen and slots
+
+        def build(cls: type) -> type:
+            annotations = cls.__dict__.get("__annotations__", {})  # noqa: RUF063 (inspect: the import avoided)
+            names = tuple(name for name, kind in annotations.items() if not str(kind).startswith("ClassVar"))
+            defaults = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
+            namespace = {key: value for key, value in cls.__dict__.items() if key not in defaults}
+            namespace.pop("__dict__", None)
+            namespace.pop("__weakref__", None)
+            namespace.update(__slots__=names, __match_args__=names)
+            namespace.update(__init__=_init, __eq__=_eq, __hash__=_hash, __repr__=_repr)
+            namespace.update(__setattr__=_frozen, __delattr__=_frozen, _defaults=defaults)
+            return type(cls.__name__, cls.__bases__, namespace)
+
+        return build
+
+    def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} arguments, not {len(args)}")
+        values = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in names or name in values:
+                raise TypeError(f"{type(self).__name__} got an unexpected or repeated argument {name!r}")
+            values[name] = value
+        for name in names:
+            if name not in values:
+                if name not in self._defaults:
+                    raise TypeError(f"{type(self).__name__} is missing the argument {name!r}")
+                values[name] = self._defaults[name]
+            object.__setattr__(self, name, values[name])
+
+    def _values(self: Any) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def _eq(self: Any, other: object) -> Any:
+        if other.__class__ is self.__class__:
+            return _values(self) == _values(other)
+        return NotImplemented
+
+    def _hash(self: Any) -> int:
+        return hash(_values(self))
+
+    def _repr(self: Any) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__qualname__}({fields})"
+
+    def _frozen(self: Any, *_: Any) -> None:
+        raise AttributeError(f"a {type(self).__name__} frame cannot be changed")
+
+
+def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
+    """``body[key]``, a non-negative integer (``default`` when absent, if there is one)."""
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise FrameError(f"{key!r} must be a non-negative integer")
+    return value
+
+
+def _code(body: dict[str, Any], key: str) -> int:
+    """``body[key]``, an exit code (any integer)."""
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise FrameError(f"{key!r} must be an integer")
+    return value
+
+
+def _str(body: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = body.get(key, default)
+    if not isinstance(value, str):
+        raise FrameError(f"{key!r} must be a string")
+    return value
+
+
+def _optional_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise FrameError(f"{key!r} must be a string or null")
+    return value
+
+
+def _strings(value: Any, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise FrameError(f"{key!r} must be a list of strings")
+    return tuple(value)
+
+
+@_record(frozen=True, slots=True)
+class Ready:
+    """READY (sandbox to host): the runtime is up. A zygote adds what it preloaded, or why it cannot serve."""
+
+    KIND: ClassVar[Kind] = Kind.READY
+    runtime: str
+    version: str
+    language: str | None = None  # the TypeScript runner's language
+    zygote: bool = False
+    pid: int | None = None  # the zygote's pid
+    preloaded: tuple[str, ...] | None = None  # the modules a zygote imported
+    failed: dict[str, str] | None = None  # {module: why not} for the others
+    problem: str | None = None  # why the zygote cannot serve runs
+
+    def encode(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"runtime": self.runtime, "version": self.version}
+        if self.language is not None:
+            body["language"] = self.language
+        if self.zygote:
+            body["zygote"] = True
+        if self.pid is not None:
+            body["pid"] = self.pid
+        if self.preloaded is not None:
+            body["preloaded"] = list(self.preloaded)
+        if self.failed is not None:
+            body["failed"] = dict(self.failed)
+        if self.problem is not None:
+            body["problem"] = self.problem
+        return body
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Ready:
+        zygote = body.get("zygote", False)
+        if not isinstance(zygote, bool):
+            raise FrameError("'zygote' must be a boolean")
+        preloaded, failed = body.get("preloaded"), body.get("failed")
+        if failed is not None and (
+            not isinstance(failed, dict) or not all(isinstance(why, str) for why in failed.values())
+        ):
+            raise FrameError("'failed' must map module names to strings")
+        return cls(
+            runtime=_str(body, "runtime"),
+            version=_str(body, "version"),
+            language=_optional_str(body, "language"),
+            zygote=zygote,
+            pid=_int(body, "pid") if "pid" in body else None,
+            preloaded=None if preloaded is None else _strings(preloaded, "preloaded"),
+            failed=failed,
+            problem=_optional_str(body, "problem"),
+        )
+
+
+@_record(frozen=True, slots=True)
+class Exec:
+    """EXEC (host to sandbox): run ``code``; the frame carries the run's stdout and stderr pipes.
+
+    ``servers`` are the aliases of the servers the run may call, ``env`` is added to the
+    environment for the run, ``max_images``/``max_image_bytes`` cap its DISPLAY frames; after a
+    ``last`` run the runtime exits. To a zygote it also carries the run's channel socket, the run's
+    ``cpu_seconds`` and its seccomp ``guard`` (base64 BPF). A field absent on the wire is its default.
+    """
+
+    KIND: ClassVar[Kind] = Kind.EXEC
+    run: int
+    code: str
+    servers: tuple[str, ...]
+    env: dict[str, str]
+    max_images: int
+    max_image_bytes: int
+    last: bool
+    cpu_seconds: int | None = None
+    guard: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "run": self.run,
+            "code": self.code,
+            "servers": list(self.servers),
+            "env": dict(self.env),
+            "maxImages": self.max_images,
+            "maxImageBytes": self.max_image_bytes,
+            "last": self.last,
+        }
+        if self.cpu_seconds is not None:
+            body["cpuSeconds"] = self.cpu_seconds
+        if self.guard is not None:
+            body["guard"] = self.guard
+        return body
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Exec:
+        if not isinstance(body.get("code"), str):
+            raise FrameError("an EXEC frame needs code")
+        servers = body.get("servers", [])
+        if not isinstance(servers, list) or not all(
+            isinstance(alias, str) and alias.isidentifier() for alias in servers
+        ):
+            raise FrameError("EXEC servers must be a list of aliases")
+        env = body.get("env", {})
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+            for k, v in env.items()
+        ):
+            raise FrameError("EXEC env must map variable names to strings")
+        last = body.get("last", False)
+        if not isinstance(last, bool):
+            raise FrameError("EXEC last must be a boolean")
+        return cls(
+            run=_int(body, "run", 0),
+            code=body["code"],
+            servers=tuple(servers),
+            env=env,
+            max_images=_int(body, "maxImages", 0),
+            max_image_bytes=_int(body, "maxImageBytes", 0),
+            last=last,
+            cpu_seconds=_int(body, "cpuSeconds") if "cpuSeconds" in body else None,
+            guard=_str(body, "guard") if "guard" in body else None,
+        )
+
+
+@_record(frozen=True, slots=True)
+class Done:
+    """DONE (sandbox to host): run ``run`` finished with ``exit_code``; ``exception`` names an uncaught one."""
+
+    KIND: ClassVar[Kind] = Kind.DONE
+    run: int
+    exit_code: int
+    exception: str | None
+
+    def encode(self) -> dict[str, Any]:
+        return {"run": self.run, "exitCode": self.exit_code, "exception": self.exception}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Done:
+        return cls(_int(body, "run"), _code(body, "exitCode"), _optional_str(body, "exception"))
+
+
+@_record(frozen=True, slots=True)
+class Call:
+    """CALL (sandbox to host): request ``id``; ``request`` is its JSON object, with its ``op``.
+
+    The frame checks only the id: the request is the mediator's to decode (a malformed request is
+    answered with an ``invalid`` REPLY, not a broken channel).
+    """
+
+    KIND: ClassVar[Kind] = Kind.CALL
+    id: int
+    request: dict[str, Any]
+
+    def encode(self) -> dict[str, Any]:
+        return {**self.request, "id": self.id}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Call:
+        call_id = body.get("id")
+        if not isinstance(call_id, int) or isinstance(call_id, bool):
+            raise FrameError("a CALL frame needs an integer id")
+        return cls(call_id, {key: value for key, value in body.items() if key != "id"})
+
+
+@_record(frozen=True, slots=True)
+class Failure:
+    """Why a request failed (a REPLY's ``error``).
+
+    ``kind``: ``tool`` (the tool reported an error), ``denied`` (the run may not make the call),
+    ``unavailable`` (the server is down or did not answer), ``invalid`` (a malformed request).
+    """
+
+    kind: str
+    message: str
+    server: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        body = {"kind": self.kind, "message": self.message}
+        if self.server is not None:
+            body["server"] = self.server
+        return body
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Failure:
+        return cls(_str(body, "kind"), _str(body, "message"), _optional_str(body, "server"))
+
+
+@_record(frozen=True, slots=True)
+class Reply:
+    """REPLY (host to sandbox): the answer to CALL ``id``: its ``result``, or its ``error``."""
+
+    KIND: ClassVar[Kind] = Kind.REPLY
+    id: int
+    result: Any = None
+    error: Failure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def encode(self) -> dict[str, Any]:
+        if self.error is None:
+            return {"ok": True, "result": self.result, "id": self.id}
+        return {"ok": False, "error": self.error.encode(), "id": self.id}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Reply:
+        call_id, ok, error = _int(body, "id"), body.get("ok"), body.get("error")
+        if not isinstance(ok, bool):
+            raise FrameError("'ok' must be a boolean")
+        if ok:
+            return cls(call_id, body.get("result"))
+        if not isinstance(error, dict):
+            raise FrameError("a failed REPLY needs an error object")
+        return cls(call_id, error=Failure.decode(error))
+
+
+@_record(frozen=True, slots=True)
+class Error:
+    """ERROR (either way): a protocol error; the sender closes the channel after it."""
+
+    KIND: ClassVar[Kind] = Kind.ERROR
+    message: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"message": self.message}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Error:
+        return cls(_str(body, "message"))
+
+
+@_record(frozen=True, slots=True)
+class Display:
+    """DISPLAY (sandbox to host): an image run ``run`` showed or saved; ``data`` is base64.
+
+    The host still judges the image (its type, its bytes, the caps): the frame checks only types.
+    """
+
+    KIND: ClassVar[Kind] = Kind.DISPLAY
+    run: int
+    mime: str
+    data: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"run": self.run, "mime": self.mime, "data": self.data}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Display:
+        return cls(_int(body, "run"), _str(body, "mime"), _str(body, "data"))
+
+
+@_record(frozen=True, slots=True)
+class Exited:
+    """EXITED (zygote to host): run ``run``'s child ended with ``exit_code`` (128 + signal).
+
+    ``problem`` says why the zygote could not restore the sandbox (it exits then).
+    """
+
+    KIND: ClassVar[Kind] = Kind.EXITED
+    run: int
+    exit_code: int
+    problem: str | None
+
+    def encode(self) -> dict[str, Any]:
+        return {"run": self.run, "exitCode": self.exit_code, "problem": self.problem}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Exited:
+        return cls(_int(body, "run"), _code(body, "exitCode"), _optional_str(body, "problem"))
+
+
+Frame = Ready | Exec | Done | Call | Reply | Error | Display | Exited
+
+_CLASSES: dict[Kind, Any] = {frame.KIND: frame for frame in (Ready, Exec, Done, Call, Reply, Error, Display, Exited)}
+
+
+def decode(kind: Kind, body: dict[str, Any]) -> Frame:
+    """The typed frame of ``kind`` with ``body``.
+
+    Raises:
+        FrameError: a field is missing or of the wrong type.
+    """
+    frame: Frame = _CLASSES[kind].decode(body)
+    return frame
+
+
+def pack(frame: Frame) -> bytes:
+    """Serialise one typed frame."""
+    return encode(frame.KIND, frame.encode())

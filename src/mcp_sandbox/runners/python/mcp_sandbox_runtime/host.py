@@ -18,7 +18,7 @@ import threading
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
-from .frames import DEFAULT_MAX_FRAME, FrameError, FrameParser, Kind, encode
+from .frames import DEFAULT_MAX_FRAME, Call, Error, Frame, FrameError, FrameParser, Kind, Reply, decode, pack
 
 if TYPE_CHECKING:
     # Imported on the first request: concurrent.futures pulls in logging (~3 ms of every start).
@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Command", "HostConnection", "HostUnavailable", "close_fds", "connect", "connection", "fds_of"]
 
-# (kind, body, descriptors that came with it); the receiver owns (closes) the descriptors.
-Command = tuple[Kind, dict[str, Any], list[int]]
+# (a frame, the descriptors that came with it); the receiver owns (closes) the descriptors.
+Command = tuple[Frame, list[int]]
 
 _CHUNK = 1 << 16
 _MAX_CHUNK = 1 << 20
@@ -63,7 +63,7 @@ class HostConnection:
         self._parser = FrameParser(max_frame)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards writes, _pending, _broken and _reader
-        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._pending: dict[int, Future[Reply]] = {}
         self._commands: SimpleQueue[Command | None] = SimpleQueue()
         self._reader: threading.Thread | None = None
         self._broken: str | None = None
@@ -85,21 +85,21 @@ class HostConnection:
             self._reader = threading.Thread(target=self._read, name="mcp-sandbox-host", daemon=True)
             self._reader.start()
 
-    def send(self, kind: Kind, body: dict[str, Any]) -> None:
+    def send(self, frame: Frame) -> None:
         """Write one frame.
 
         Raises:
             OSError: the channel is closed.
         """
-        data = encode(kind, body)
+        data = pack(frame)
         with self._lock:
             self._sock.sendall(data)
 
-    def request(self, op: str, body: dict[str, Any]) -> Future[dict[str, Any]]:
-        """Send request ``op`` and return a future for the host's reply body."""
+    def request(self, op: str, body: dict[str, Any]) -> Future[Reply]:
+        """Send request ``op`` with the fields ``body`` and return a future for the host's REPLY."""
         from concurrent.futures import Future
 
-        future: Future[dict[str, Any]] = Future()
+        future: Future[Reply] = Future()
         with self._lock:
             if self._broken is not None:
                 future.set_exception(HostUnavailable(self._broken))
@@ -108,7 +108,7 @@ class HostConnection:
             self._pending[call_id] = future
             self._start_locked()
             try:
-                self._sock.sendall(encode(Kind.CALL, {**body, "op": op, "id": call_id}))
+                self._sock.sendall(pack(Call(call_id, {**body, "op": op})))
             except OSError as error:
                 del self._pending[call_id]
                 future.set_exception(HostUnavailable(f"the channel to the host is closed: {error}"))
@@ -152,16 +152,18 @@ class HostConnection:
         failed = False
         try:
             while self._receive():
-                while (frame := self._parser.next()) is not None:
-                    if not self._dispatch(*frame):
-                        reason = f"the host reported a protocol error: {frame[1].get('message')}"
+                while (raw := self._parser.next()) is not None:
+                    frame = decode(*raw)
+                    if isinstance(frame, Error):
+                        reason = f"the host reported a protocol error: {frame.message}"
                         failed = True
                         return
+                    self._dispatch(frame)
         except FrameError as error:
             reason = f"the channel to the host broke: {error}"
             failed = True
             try:
-                self.send(Kind.ERROR, {"message": str(error)})
+                self.send(Error(str(error)))
             except OSError:
                 pass
         except OSError as error:
@@ -170,23 +172,19 @@ class HostConnection:
         finally:
             self._end(reason, failed)
 
-    def _dispatch(self, kind: Kind, body: dict[str, Any]) -> bool:
-        """Route one frame; False when it ends the conversation (an ERROR from the host)."""
-        if kind is Kind.ERROR:
-            return False
-        if kind is Kind.REPLY:
-            call_id = body.get("id")
+    def _dispatch(self, frame: Frame) -> None:
+        """Route one frame (not an ERROR): a REPLY to its request, any other to the runner."""
+        if isinstance(frame, Reply):
             with self._lock:
-                future = self._pending.pop(call_id, None) if isinstance(call_id, int) else None
+                future = self._pending.pop(frame.id, None)
             # False when the caller gave up on it (a cancelled asyncio task); it cannot give up after.
             if future is not None and future.set_running_or_notify_cancel():
-                future.set_result(body)
-            return True  # a reply nobody waits for any more is dropped
+                future.set_result(frame)
+            return  # a reply nobody waits for any more is dropped
         fds: list[int] = []
-        if kind is Kind.EXEC:
+        if frame.KIND is Kind.EXEC:
             fds, self._fds = self._fds, []
-        self._commands.put((kind, body, fds))
-        return True
+        self._commands.put((frame, fds))
 
     def _end(self, reason: str, failed: bool) -> None:
         with self._lock:

@@ -38,8 +38,8 @@ import stat
 import sys
 from typing import Any
 
-from . import host, runner
-from .frames import DEFAULT_MAX_FRAME, FrameError, FrameParser, Kind, encode
+from . import host, run
+from .frames import DEFAULT_MAX_FRAME, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
 
 __all__ = ["EXIT_DIRTY", "main"]
 
@@ -113,10 +113,10 @@ class _Control:
         self._parser = FrameParser(DEFAULT_MAX_FRAME)
         self._fds: list[int] = []
 
-    def send(self, kind: Kind, body: dict[str, Any]) -> None:
-        self.sock.sendall(encode(kind, body))
+    def send(self, frame: Frame) -> None:
+        self.sock.sendall(pack(frame))
 
-    def receive(self) -> tuple[Kind, dict[str, Any], list[int]] | None:
+    def receive(self) -> tuple[Frame, list[int]] | None:
         """The next frame and the descriptors that came with it; None when the host hung up."""
         while (frame := self._parser.next()) is None:
             data, ancillary, flags, _ = self.sock.recvmsg(1 << 16, _socket.CMSG_SPACE(8 * 4), _socket.MSG_CMSG_CLOEXEC)
@@ -128,7 +128,11 @@ class _Control:
                 return None
             self._parser.feed(data)
         fds, self._fds = self._fds, []
-        return frame[0], frame[1], fds
+        try:
+            return decode(*frame), fds
+        except FrameError:
+            host.close_fds(fds)
+            raise
 
 
 def _exit_code(status: int) -> int:
@@ -253,18 +257,18 @@ def _restore(baseline: tuple[Any, ...], mounts: set[str]) -> str | None:
     return problem
 
 
-def _child(control: _Control, body: dict[str, Any], fds: list[int]) -> int:
+def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
     """The forked child: serve this one run on its own socket, then exit with its code."""
     control.sock.close()
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
     try:
-        _install_guard(base64.b64decode(body.get("guard", "")))
+        _install_guard(base64.b64decode(frame.guard or ""))
     except (OSError, ValueError) as error:
         os.write(2, f"mcp-sandbox: cannot install the run's seccomp guard: {error}\n".encode())
-        os._exit(runner.EXIT_PROTOCOL)
+        os._exit(run.EXIT_PROTOCOL)
     # Like any process: the run's own /proc files are its own (the zygote's stay closed to it).
     _prctl(_PR_SET_DUMPABLE, 1)
-    cpu_seconds = int(body.get("cpuSeconds", 0))
+    cpu_seconds = frame.cpu_seconds or 0
     if cpu_seconds > 0:
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if hard == resource.RLIM_INFINITY or hard > cpu_seconds:
@@ -275,13 +279,13 @@ def _child(control: _Control, body: dict[str, Any], fds: list[int]) -> int:
         numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
     connection = host.connect(fds[2])
     os.close(fds[2])
-    server = runner.Server(connection)
-    exit_code = runner.EXIT_PROTOCOL
+    server = run.Server(connection)
+    exit_code = run.EXIT_PROTOCOL
     try:
-        exit_code = server.serve(body, fds[:2])
+        exit_code = server.serve(frame, fds[:2])
         server.interpreter.close()
         if connection.failed:
-            exit_code = runner.EXIT_PROTOCOL
+            exit_code = run.EXIT_PROTOCOL
     finally:
         _exit(exit_code)
     return exit_code  # not reached
@@ -317,7 +321,7 @@ def main(channel_fd: int, preload: list[str]) -> int:
     control = _Control(channel_fd)
     _prctl(_PR_SET_DUMPABLE, 0)
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    runner.prepare_process()
+    run.prepare_process()
     loaded, failed = _preload(preload)
     import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
 
@@ -326,41 +330,30 @@ def main(channel_fd: int, preload: list[str]) -> int:
     mounts = _mount_points()
     gc.collect()
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
-    ready: dict[str, Any] = {
-        "runtime": "python",
-        "version": sys.version.split()[0],
-        "zygote": True,
-        "pid": os.getpid(),
-        "preloaded": loaded,
-        "failed": failed,
-    }
-    if threads != 1:  # a fork copies only the forking thread: whatever the others held stays held
-        ready["problem"] = f"the preloaded modules started {threads - 1} threads; cannot fork safely"
+    # A fork copies only the forking thread: whatever the others held stays held.
+    problem = f"the preloaded modules started {threads - 1} threads; cannot fork safely" if threads != 1 else None
+    ready = Ready("python", sys.version.split()[0], None, True, os.getpid(), tuple(loaded), failed, problem)
     try:
-        control.send(Kind.READY, ready)
+        control.send(ready)
         if threads != 1:
             return EXIT_DIRTY
         while (command := control.receive()) is not None:
-            kind, body, fds = command
-            problem = (
-                f"expected an EXEC frame, got {kind.name}"
-                if kind is not Kind.EXEC
-                else runner.invalid_exec(body, fds, descriptors=3)
-            )
-            if problem is not None:
+            frame, fds = command
+            accepted = run.accept_exec(frame, fds, descriptors=3)
+            if isinstance(accepted, str):
                 host.close_fds(fds)
-                control.send(Kind.ERROR, {"message": problem})
-                return runner.EXIT_PROTOCOL
+                control.send(Error(accepted))
+                return run.EXIT_PROTOCOL
             pid = os.fork()
             if pid == 0:
-                return _child(control, body, fds)
+                return _child(control, accepted, fds)
             host.close_fds(fds)
             _, status = os.waitpid(pid, 0)
             exit_code = _exit_code(status)
             problem = _restore(baseline, mounts)
-            control.send(Kind.EXITED, {"run": body.get("run", 0), "exitCode": exit_code, "problem": problem})
+            control.send(Exited(accepted.run, exit_code, problem))
             if problem is not None:
                 return EXIT_DIRTY
     except (OSError, FrameError):  # the channel broke
-        return runner.EXIT_PROTOCOL
+        return run.EXIT_PROTOCOL
     return 0

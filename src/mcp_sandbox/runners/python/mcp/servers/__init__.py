@@ -4,7 +4,8 @@ They are the read-only files under ``/tools/<alias>/``: read them to learn a too
 and result type, import them to call it.
 """
 
-TOOLS_ROOT = "/tools"
+# Top-level modules inside the sandbox only (see mcp/runtime.py on the type checker's view).
+from mcp_sandbox_runtime import TOOLS_MOUNT  # type: ignore[import-not-found,unused-ignore]
 
 # A package whose submodules are the directories under /tools.
-__path__ = [TOOLS_ROOT]
+__path__ = [TOOLS_MOUNT]
