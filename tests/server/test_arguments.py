@@ -92,6 +92,12 @@ def test_reset_and_network_null_are_accepted() -> None:
         ("run_python", {"code": "1", "outputMode": "xml"}, "outputMode"),
         ("run_code", {"code": "1", "language": "cobol"}, "language"),
         ("run_code", {"code": "1", "language": "python", "environment": {"A": 1}}, "environment"),
+        ("run_code", {"code": "1", "language": "python", "environment": [{"name": "A"}]}, "environment"),
+        (
+            "run_code",
+            {"code": "1", "language": "python", "environment": [{"name": "A", "value": "1", "x": 1}]},
+            "environment",
+        ),
         ("run_code", {"code": "1", "language": "python", "network": "no"}, "network"),
         ("search_tools", {"query": "x", "detail": "everything"}, "detail"),
         ("search_tools", {"query": "x", "limit": 0}, "limit"),
@@ -111,9 +117,26 @@ def test_an_unknown_argument_is_named_before_a_missing_one() -> None:
     assert _refused("run_python", {"Code": "print(1)"}) == "Code"
 
 
+def test_the_earlier_code_runners_environment_object_means_the_same_as_the_list() -> None:
+    listed = [{"name": "A", "value": "1"}, {"name": "B", "value": "two"}]
+    as_list = parse(RunCodeArguments, {"code": "1", "language": "python", "environment": listed}, CONTEXT)
+    as_object = parse(
+        RunCodeArguments, {"code": "1", "language": "python", "environment": {"A": "1", "B": "two"}}, CONTEXT
+    )
+
+    assert as_list.variables() == as_object.variables() == {"A": "1", "B": "two"}
+
+
+def test_an_environment_list_naming_a_variable_twice_is_refused() -> None:
+    twice = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
+    with pytest.raises(ValidationError) as refused:
+        parse(RunCodeArguments, {"code": "1", "language": "python", "environment": twice}, CONTEXT)
+    assert refused.value.argument == "environment"
+
+
 def test_a_bad_environment_value_is_never_repeated_in_the_message() -> None:
     secret = "hunter2-secret"
-    for environment in ({"A": secret + "\x00"}, {"A": [secret]}):
+    for environment in ({"A": secret + "\x00"}, {"A": [secret]}, [{"name": "A", "value": secret + "\x00"}]):
         with pytest.raises(ValidationError) as refused:
             parse(RunCodeArguments, {"code": "1", "language": "python", "environment": environment}, CONTEXT)
         assert refused.value.argument == "environment"

@@ -43,7 +43,7 @@ SAMPLES: dict[str, Any] = {
     "timeout": 1.5,
     "outputMode": "json",
     "language": "typescript",
-    "environment": {"GREETING": "hello"},
+    "environment": [{"name": "GREETING", "value": "hello"}],
     "network": False,
     "filename": "in/data.csv",
     "content": "aGVsbG8=",

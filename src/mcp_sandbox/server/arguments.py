@@ -29,6 +29,7 @@ from mcp_sandbox.workspace import check_conversation_id, check_filename
 
 __all__ = [
     "CallContext",
+    "EnvironmentVariable",
     "ListRunnersArguments",
     "RunArguments",
     "RunCodeArguments",
@@ -93,7 +94,28 @@ def _deduplicated(servers: list[str]) -> list[str]:
     return list(dict.fromkeys(servers))
 
 
-def _environment(environment: dict[str, str]) -> dict[str, str]:
+class EnvironmentVariable(BaseModel):
+    """One ``{name, value}`` of ``run_code``'s ``environment`` list."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str
+    value: str
+
+
+def _pairs(environment: object) -> object:
+    """The earlier code runner's object of names to values, as the list the schema shows."""
+    if isinstance(environment, Mapping):
+        return [{"name": name, "value": value} for name, value in environment.items()]
+    return environment
+
+
+def _environment(pairs: list[EnvironmentVariable]) -> list[EnvironmentVariable]:
+    environment: dict[str, str] = {}
+    for pair in pairs:
+        if pair.name in environment:
+            raise ValueError(f"names {pair.name!r} twice")
+        environment[pair.name] = pair.value
     if len(environment) > _MAX_ENV_VARS:
         raise ValueError(f"has more than {_MAX_ENV_VARS} variables")
     size = 0
@@ -106,7 +128,7 @@ def _environment(environment: dict[str, str]) -> dict[str, str]:
         size += len(name) + len(value.encode("utf-8", errors="surrogatepass"))
     if size > _MAX_ENV_BYTES:
         raise ValueError(f"is larger than {_MAX_ENV_BYTES} bytes")
-    return environment
+    return pairs
 
 
 def _base64(content: object) -> object:
@@ -166,8 +188,18 @@ class RunPythonArguments(RunArguments):
 
 class RunCodeArguments(RunArguments):
     language: str  # its enum is added by schemas.py, from the same CallContext
-    environment: Annotated[dict[str, str], AfterValidator(_environment)] = {}
+    # Shown as a list of {name, value} (strict function-calling schemas cannot say "an object of any
+    # keys"); the earlier code runner's {name: value} object is accepted too.
+    environment: Annotated[
+        list[EnvironmentVariable],
+        BeforeValidator(_pairs, json_schema_input_type=list[EnvironmentVariable]),
+        AfterValidator(_environment),
+    ] = []
     network: bool = False
+
+    def variables(self) -> dict[str, str]:
+        """``environment`` as names to values."""
+        return {pair.name: pair.value for pair in self.environment}
 
     @field_validator("language")
     @classmethod

@@ -105,6 +105,8 @@ class _TerseSchema(GenerateJsonSchema):
         if required:
             shaped["required"] = required
         shaped["additionalProperties"] = generated["additionalProperties"]
+        if "$defs" in generated:
+            shaped["$defs"] = generated["$defs"]
         return shaped
 
 
@@ -119,9 +121,24 @@ def _nullable(schema: JsonSchemaValue) -> JsonSchemaValue:
     return nullable
 
 
+def _inlined(schema: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with every ``$ref`` replaced by its definition (shorter, and every client follows it)."""
+    if "$ref" in schema:
+        definition = definitions[schema["$ref"].rpartition("/")[2]]
+        # A model's name and docstring are for readers of the code, not worth their tokens.
+        return _inlined({k: v for k, v in definition.items() if k not in ("title", "description")}, definitions)
+    inlined = dict(schema)
+    if "properties" in schema:
+        inlined["properties"] = {name: _inlined(prop, definitions) for name, prop in schema["properties"].items()}
+    if "items" in schema:
+        inlined["items"] = _inlined(schema["items"], definitions)
+    return inlined
+
+
 def input_schema(model: type[ToolArguments], context: CallContext) -> dict[str, Any]:
     """The JSON schema of ``model``'s arguments, as ``tools/list`` shows it for this deployment."""
-    schema = model.model_json_schema(schema_generator=_TerseSchema)
+    generated = model.model_json_schema(schema_generator=_TerseSchema)
+    schema: dict[str, Any] = _inlined(generated, generated.pop("$defs", {}))
     properties = schema["properties"]
     # The parts the model validates against the context, said from the same context.
     if "timeout" in properties:
@@ -141,7 +158,8 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
         ),
         input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
-        annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
+        # No annotations: the defaults are the truth (code can delete a workspace's files and, in
+        # code mode, reach other servers), and they cost no tokens.
     )
 
 
@@ -154,7 +172,7 @@ def run_code_tool(context: CallContext) -> types.Tool:
         description=("run_python in any language list_runners reports."),
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema=schema,
-        annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
+        # No annotations: as run_python's.
     )
 
 
@@ -163,7 +181,8 @@ def upload_file_tool(context: CallContext) -> types.Tool:
         name="upload_file",
         description="Store a file in a conversation's /workspace.",
         input_schema=input_schema(UploadFileArguments, context),
-        annotations=types.ToolAnnotations(destructive_hint=False, open_world_hint=False),
+        # Not read-only and not non-destructive: it overwrites a file of the same name.
+        annotations=types.ToolAnnotations(open_world_hint=False),
     )
 
 

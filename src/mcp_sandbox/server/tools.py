@@ -108,7 +108,7 @@ class ToolHandlers:
             model = RunCodeArguments if tool == "run_code" else RunPythonArguments
             arguments: RunArguments = parse(model, raw, self._context)
             if isinstance(arguments, RunCodeArguments):
-                language, environment = arguments.language, dict(arguments.environment)
+                language, environment = arguments.language, arguments.variables()
             else:
                 environment = {}
             access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
