@@ -7,9 +7,9 @@ from pathlib import Path
 
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, own_paths, writable_dir
 
-__all__ = ["CONTROLLERS", "CgroupSupport", "detect_cgroups", "detect_root_cgroups"]
+__all__ = ["CgroupSupport", "detect_cgroups", "detect_root_cgroups"]
 
-CONTROLLERS = ("memory", "pids", "cpu")
+_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ def detect_cgroups() -> CgroupSupport:
     for point, fstype, options in found:
         if fstype != "cgroup":
             continue
-        for controller in CONTROLLERS:
+        for controller in _CONTROLLERS:
             if controller in options and controller in own:
                 base = Path(point) / own[controller].lstrip("/")
                 if writable_dir(base):
@@ -48,7 +48,7 @@ def detect_cgroups() -> CgroupSupport:
         except OSError:
             continue
         if writable_dir(base):
-            bases = {c: base for c in CONTROLLERS if c in enabled}
+            bases = {c: base for c in _CONTROLLERS if c in enabled}
             if bases:
                 return CgroupSupport(version=2, bases=bases)
     return CgroupSupport(
@@ -69,7 +69,7 @@ def detect_root_cgroups() -> CgroupSupport:
     for point, fstype, options in mounts():
         if fstype != "cgroup":
             continue
-        for controller in CONTROLLERS:
+        for controller in _CONTROLLERS:
             if controller in options and writable_dir(Path(point)):
                 bases[controller] = Path(point)
     if bases:
