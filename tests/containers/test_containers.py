@@ -14,7 +14,7 @@ import pytest
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.errors import SandboxStartError
-from mcp_sandbox.sandbox.containers import LABEL, OWNER_LABEL, container_name
+from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 
 from .conftest import EngineFactory
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.sandbox.containers import ContainerRun, container_argv, container_name, owner_of
+from mcp_sandbox.sandbox.backends.container import ContainerRun, container_argv, container_name, owner_of
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
 Snapshot = Callable[[str, object], None]

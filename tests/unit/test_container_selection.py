@@ -23,15 +23,15 @@ def _backend(name: str, env: dict[str, str]) -> ContainerBackend:
 def test_the_earlier_bridges_runtime_variable_picks_the_cli_of_backend_container(runtime: str, flavour: str) -> None:
     backend = _backend("container", {"MCP_BRIDGE_RUNTIME": runtime})
 
-    assert (backend.name, backend.flavour, backend._cli_name) == ("container", flavour, runtime)
+    assert (backend.name, backend.flavour, backend.engine.cli_name) == ("container", flavour, runtime)
 
 
 def test_an_explicit_backend_ignores_a_runtime_of_the_other_dialect() -> None:
     docker = _backend("docker", {"MCP_BRIDGE_RUNTIME": "/usr/bin/podman"})
     podman = _backend("podman", {"MCP_BRIDGE_RUNTIME": "/usr/bin/podman"})
 
-    assert (docker.flavour, docker._cli_name) == ("docker", "docker")
-    assert (podman.flavour, podman._cli_name) == ("podman", "/usr/bin/podman")
+    assert (docker.flavour, docker.engine.cli_name) == ("docker", "docker")
+    assert (podman.flavour, podman.engine.cli_name) == ("podman", "/usr/bin/podman")
 
 
 def test_images_are_chosen_per_language_then_image_then_the_default() -> None:

@@ -61,8 +61,8 @@ def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
     js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
     python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
 
-    js_limits = dict(backend._launch_spec(js, None).rlimits)
-    python_limits = dict(backend._launch_spec(python, None).rlimits)
+    js_limits = dict(backend.launch_spec(js, None).rlimits)
+    python_limits = dict(backend.launch_spec(python, None).rlimits)
 
     assert resource.RLIMIT_AS not in js_limits
     assert python_limits[resource.RLIMIT_AS] == settings.memory

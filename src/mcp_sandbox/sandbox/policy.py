@@ -1,7 +1,7 @@
 """The backend-neutral sandbox policy: frozen, deny-by-default.
 
 A :class:`SandboxPolicy` says what one sandbox may do; each backend turns it into its own
-argv with a pure function (see ``backends/bwrap.py``) and says, through its probe, which
+argv with a pure function (see ``backends/bwrap/argv.py``) and says, through its probe, which
 parts it can enforce on this host.
 """
 

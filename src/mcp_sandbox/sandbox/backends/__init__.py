@@ -1,7 +1,8 @@
 """Sandbox backends by name, and a probe of each.
 
-Backends are loaded by name on demand (``backends/<name>.py``), so a host without, say,
-podman never imports its module; :func:`available_backends` says why one is unavailable.
+Backends are loaded by name on demand (the package ``backends/<package>/`` that makes it), so
+a server on bwrap never imports the container backends; :func:`available_backends` says why
+one is unavailable.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ __all__ = [
     "get_backend",
 ]
 
-# name -> module under mcp_sandbox.sandbox.backends; each module defines `create(settings)`.
 BACKEND_NAMES: tuple[str, ...] = ("bwrap", "podman", "docker")
 # Also accepted by get_backend: podman or docker, whichever is found first (the earlier
 # bridge's order: container_runtime / MCP_BRIDGE_RUNTIME, podman, docker).
 _ALIASES: tuple[str, ...] = ("container",)
+# name -> package under mcp_sandbox.sandbox.backends; each defines `create(settings, name)`.
+_PACKAGES = {"bwrap": "bwrap", "podman": "container", "docker": "container", "container": "container"}
 
 
 def get_backend(name: str, settings: Settings) -> Backend:
@@ -44,10 +46,10 @@ def get_backend(name: str, settings: Settings) -> Backend:
     Raises:
         ConfigError: no backend has that name.
     """
-    if name not in BACKEND_NAMES + _ALIASES:
+    if name not in _PACKAGES:
         raise ConfigError(f"backend: {name!r} is not one of {', '.join(BACKEND_NAMES + _ALIASES)}")
-    module = importlib.import_module(f"mcp_sandbox.sandbox.backends.{name}")
-    backend: Backend = module.create(settings)
+    module = importlib.import_module(f"mcp_sandbox.sandbox.backends.{_PACKAGES[name]}")
+    backend: Backend = module.create(settings, name)
     return backend
 
 

@@ -1,141 +1,28 @@
-"""Per-sandbox cgroups: memory, pids and CPU limits where the host lets us set them.
-
-Two layouts are supported:
-
-- cgroup v1 (as root): one directory per controller under the server's own cgroup, so any
-  limit the server itself runs under still applies;
-- cgroup v2 with a delegated subtree: a child of the server's own cgroup whose parent already
-  enables the controllers (``cgroup.subtree_control``).
-
-The sandbox's first process joins the cgroup itself, before it execs bwrap (see
-``launcher.py``), so nothing of the sandbox ever runs outside its limits.
-"""
+"""One sandbox's cgroup(s): created with the run's limits, read for limit hits, killed, removed."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import signal
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
 
-from mcp_sandbox.sandbox.backends.base import LimitEvents
+from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, kill_members, mounts, remove_everywhere
+from mcp_sandbox.sandbox.cgroups.support import CgroupSupport
 from mcp_sandbox.sandbox.policy import Limits
 
-__all__ = [
-    "CgroupSupport",
-    "RunCgroup",
-    "detect_cgroups",
-    "detect_root_cgroups",
-    "sweep_stale",
-    "sweep_stale_everywhere",
-]
+__all__ = ["RunCgroup"]
 
 logger = logging.getLogger(__name__)
 
-_CONTROLLERS = ("memory", "pids", "cpu")
-_PREFIX = "mcp-sandbox-"
 _REMOVE_SECONDS = 5.0
 _REMOVE_POLL = 0.01
 _CPU_PERIOD_US = 100_000
 # Page-granular accounting: a peak this close to the limit is the limit.
 _PEAK_SLACK = 64 << 10
-
-
-@dataclass(frozen=True, slots=True)
-class CgroupSupport:
-    """What this host lets us limit. ``bases`` maps controller to the parent directory."""
-
-    version: int | None
-    bases: dict[str, Path] = field(default_factory=dict)
-    reason: str = ""
-
-    def enforces(self, controller: str) -> bool:
-        return controller in self.bases
-
-
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    """(mount point, fs type, super options) of every cgroup mount."""
-    found: list[tuple[str, str, set[str]]] = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            left, _, right = line.partition(" - ")
-            fstype, _, options = [*right.split(), "", "", ""][:3]
-            if fstype in ("cgroup", "cgroup2"):
-                found.append((left.split()[4], fstype, set(options.split(","))))
-    return found
-
-
-def _own_paths() -> dict[str, str]:
-    """Controller (or ``""`` for v2) -> this process's cgroup path."""
-    paths: dict[str, str] = {}
-    with contextlib.suppress(OSError), open("/proc/self/cgroup", encoding="utf-8") as own:
-        for line in own:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            for name in controllers.split(",") if controllers else [""]:
-                paths[name] = path
-    return paths
-
-
-def _writable_dir(path: Path) -> bool:
-    return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
-
-
-def detect_cgroups() -> CgroupSupport:
-    """Find which controllers we can use for per-sandbox limits."""
-    mounts = _mounts()
-    own = _own_paths()
-    bases: dict[str, Path] = {}
-    for point, fstype, options in mounts:
-        if fstype != "cgroup":
-            continue
-        for controller in _CONTROLLERS:
-            if controller in options and controller in own:
-                base = Path(point) / own[controller].lstrip("/")
-                if _writable_dir(base):
-                    bases[controller] = base
-    if bases:
-        return CgroupSupport(version=1, bases=bases)
-    for point, fstype, _ in mounts:
-        if fstype != "cgroup2" or "" not in own:
-            continue
-        base = Path(point) / own[""].lstrip("/")
-        try:
-            enabled = set((base / "cgroup.subtree_control").read_text().split())
-        except OSError:
-            continue
-        if _writable_dir(base):
-            bases = {c: base for c in _CONTROLLERS if c in enabled}
-            if bases:
-                return CgroupSupport(version=2, bases=bases)
-    return CgroupSupport(
-        version=None,
-        reason="no writable cgroup v1 hierarchy and no delegated cgroup v2 subtree with "
-        "memory/pids enabled (run as root, or under a systemd unit with Delegate=yes)",
-    )
-
-
-def detect_root_cgroups() -> CgroupSupport:
-    """Per-run cgroups at the root of each v1 hierarchy, for nesting containers (``--cgroup-parent``).
-
-    A container runtime takes one parent path for every controller, so ours must sit at the
-    same path in each: the hierarchies' roots, where the runtime's own default parent
-    (podman's ``/libpod_parent``) sits too. Needs root and cgroup v1; else no cgroups.
-    """
-    bases: dict[str, Path] = {}
-    for point, fstype, options in _mounts():
-        if fstype != "cgroup":
-            continue
-        for controller in _CONTROLLERS:
-            if controller in options and _writable_dir(Path(point)):
-                bases[controller] = Path(point)
-    if bases:
-        return CgroupSupport(version=1, bases=bases)
-    return CgroupSupport(version=None, reason="no writable cgroup v1 hierarchy (needs root)")
 
 
 class RunCgroup:
@@ -153,7 +40,7 @@ class RunCgroup:
             OSError: the cgroup filesystem refused (the caller reports it).
         """
         # The server's pid in the name lets a later server sweep what a crashed one left.
-        name = f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         directories: dict[str, Path] = {}
         group = cls(support, directories)
         try:
@@ -219,13 +106,9 @@ class RunCgroup:
             return False
         return False
 
-    def limit_events(self) -> LimitEvents:
-        """How often the memory limit was hit (or the OOM killer acted) and a fork was refused, so far."""
-        memory, pids = self.events()
-        return LimitEvents(memory=memory, pids=pids)
-
     def events(self) -> tuple[int, int]:
-        """(memory, pids): the counters of :meth:`limit_events`."""
+        """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork
+        was refused, so far (counters only grow)."""
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")
@@ -257,7 +140,7 @@ class RunCgroup:
     def hierarchy_path(self) -> str | None:
         """The cgroup's path from its hierarchy's root (as ``--cgroup-parent`` takes it), when it
         is the same in every controller, else None."""
-        roots = {point for point, _, _ in _mounts()}
+        roots = {point for point, _, _ in mounts()}
         relative: set[str] = set()
         for directory in self.directories.values():
             under = [Path(p) for p in roots if directory.is_relative_to(p)]
@@ -299,9 +182,7 @@ class RunCgroup:
                     kill_file.write_text("1")
                 continue
             with contextlib.suppress(OSError):
-                for pid in (directory / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(pid), signal.SIGKILL)
+                kill_members(directory)
 
     def remove(self) -> bool:
         """Try once to remove the cgroup directories; True when all are gone. Never raises.
@@ -314,7 +195,7 @@ class RunCgroup:
         if relative is not None:
             # A container runtime nests its own cgroups under ours in *every* hierarchy it uses
             # (cpuset, blkio, ...), creating our directory there too: remove those as well.
-            _remove_everywhere(relative)
+            remove_everywhere(relative)
         for directory in {*self.directories.values()}:
             try:
                 directory.rmdir()
@@ -341,68 +222,3 @@ def _counter(path: Path, key: str) -> int:
         if name == key:
             return int(value)
     return 0
-
-
-def sweep_stale(support: CgroupSupport) -> int:
-    """Remove the cgroups of servers that are gone (crashed); return how many were removed."""
-    removed = 0
-    for base in {*support.bases.values()}:
-        try:
-            candidates = [p for p in base.iterdir() if p.name.startswith(_PREFIX)]
-        except OSError:
-            continue
-        for directory in candidates:
-            owner = directory.name[len(_PREFIX) :].split("-", 1)[0]
-            if not owner.isdigit() or Path(f"/proc/{owner}").exists():
-                continue
-            with contextlib.suppress(OSError):
-                for pid in (directory / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(pid), signal.SIGKILL)
-                directory.rmdir()
-                removed += 1
-    return removed
-
-
-def _rmdir_tree(directory: Path) -> bool:
-    """rmdir a cgroup and its child cgroups, deepest first; True when it is gone. Never raises."""
-    with contextlib.suppress(OSError):
-        for child in directory.iterdir():
-            if child.is_dir():
-                _rmdir_tree(child)
-    try:
-        directory.rmdir()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def _remove_everywhere(relative: str) -> None:
-    """Remove the cgroup ``relative`` with its (empty) children in every hierarchy; never raises.
-
-    The children are a container runtime's: its container's and its monitor's (podman's conmon).
-    """
-    for point, _, _ in _mounts():
-        _rmdir_tree(Path(point) / relative.lstrip("/"))
-
-
-def sweep_stale_everywhere() -> int:
-    """Remove empty ``mcp-sandbox-<pid>-*`` cgroups of dead servers at every hierarchy's root.
-
-    A container runtime creates our per-run cgroup (see :func:`detect_root_cgroups`) in
-    hierarchies we do not use (cpuset, blkio, ...) too; :func:`sweep_stale` covers only ours.
-    Returns how many went.
-    """
-    removed = 0
-    for point, _, _ in _mounts():
-        try:
-            candidates = [p for p in Path(point).iterdir() if p.name.startswith(_PREFIX)]
-        except OSError:
-            continue
-        for directory in candidates:
-            owner = directory.name[len(_PREFIX) :].split("-", 1)[0]
-            if owner.isdigit() and not Path(f"/proc/{owner}").exists() and _rmdir_tree(directory):
-                removed += 1
-    return removed

@@ -1,4 +1,4 @@
-"""Policy -> ``podman run`` / ``docker run`` argv (pure), and what the container backends share.
+"""Policy -> ``podman run`` / ``docker run`` argv (pure), container names and labels, the CLI's env.
 
 :func:`container_argv` is the container counterpart of ``bwrap_argv``: the same policy, the
 earlier bridge's flag set (no network, read-only root, sized ``/tmp``, all capabilities dropped,
@@ -35,9 +35,11 @@ __all__ = [
     "NAME_PREFIX",
     "OWNER_LABEL",
     "ContainerRun",
+    "Flavour",
     "container_argv",
     "container_name",
     "owner_of",
+    "server_env",
 ]
 
 Flavour = Literal["podman", "docker"]

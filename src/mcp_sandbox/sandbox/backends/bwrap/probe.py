@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
+from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv
+from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup
 from mcp_sandbox.sandbox.hostfs import system_mounts
-from mcp_sandbox.sandbox.launcher import make_preexec
+from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 
-if TYPE_CHECKING:
-    from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
-
-__all__ = ["probe_bwrap"]
+__all__ = ["Probed", "probe_bwrap"]
 
 _PROBE_SECONDS = 20
+
+
+class Probed(Protocol):
+    """What the probe asks of the backend (``BwrapBackend``, whose module imports this one)."""
+
+    name: str
+
+    @property
+    def cgroups(self) -> CgroupSupport: ...
+
+    def host_ids(self) -> tuple[int | None, int | None]: ...
+
+    def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec: ...
 
 
 def _version(bwrap: str) -> str:
@@ -28,10 +40,8 @@ def _version(bwrap: str) -> str:
     return shown.stdout.strip() or "unknown"
 
 
-def _try_sandbox(backend: BwrapBackend, bwrap: str) -> str | None:
+def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     """Start a minimal sandbox with the full policy; return None on success, else why not."""
-    from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
-
     mounts, links = system_mounts()
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
     seccomp_fd = write_bpf()
@@ -43,7 +53,7 @@ def _try_sandbox(backend: BwrapBackend, bwrap: str) -> str | None:
             timeout=_PROBE_SECONDS,
             pass_fds=(seccomp_fd,),
             env={},
-            preexec_fn=make_preexec(backend._launch_spec(policy, None)),
+            preexec_fn=make_preexec(backend.launch_spec(policy, None)),
             check=False,
         )
     except (OSError, subprocess.SubprocessError) as exc:
@@ -55,7 +65,7 @@ def _try_sandbox(backend: BwrapBackend, bwrap: str) -> str | None:
     return None
 
 
-def probe_bwrap(backend: BwrapBackend, bwrap: str) -> BackendProbe:
+def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
     """Probe ``bwrap`` for real and list which parts of the default policy hold here."""
     version = _version(bwrap)
     reason = seccomp_available()
@@ -65,7 +75,7 @@ def probe_bwrap(backend: BwrapBackend, bwrap: str) -> BackendProbe:
         return BackendProbe(backend.name, available=False, reason=reason, version=f"{version} ({bwrap})")
     cgroups = backend.cgroups
     cg = f"cgroup v{cgroups.version}" if cgroups.version else ""
-    uid, _ = backend._host_ids()
+    uid, _ = backend.host_ids()
     host_uid = uid if uid is not None else os.geteuid()
     capabilities = (
         Capability("network", True, "empty network namespace; seccomp allows only AF_UNIX sockets"),

@@ -5,23 +5,40 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from mcp_sandbox.errors import BackendUnavailableError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
-from mcp_sandbox.sandbox.containers import container_argv, container_name, server_env
+from mcp_sandbox.sandbox.backends.container.argv import ContainerRun, container_argv, container_name, server_env
+from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available
 
-if TYPE_CHECKING:
-    from mcp_sandbox.sandbox.backends.container import ContainerBackend
-
-__all__ = ["probe_container"]
+__all__ = ["Probed", "probe_container"]
 
 _PROBE_SECONDS = 60
 
 
-def _try_container(backend: ContainerBackend) -> str | None:
+class Probed(Protocol):
+    """What the probe asks of the backend (``ContainerBackend``, whose module imports this one)."""
+
+    name: str
+    engine: ContainerEngine
+
+    @property
+    def nests_cgroups(self) -> bool: ...
+
+    def image_for(self, language: str) -> str: ...
+
+    def user(self) -> tuple[tuple[int, int], bool]: ...
+
+    def run_spec(
+        self, policy: SandboxPolicy, name: str, channel_dir: Path | None, parent: str | None
+    ) -> ContainerRun: ...
+
+
+def _try_container(backend: Probed) -> str | None:
     """Start a container of the Python image with the full policy; None on success, else why not."""
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), cwd="/")
     run = dataclasses.replace(backend.run_spec(policy, container_name(os.getpid()), None, None), channel="none")
@@ -39,16 +56,16 @@ def _try_container(backend: ContainerBackend) -> str | None:
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{run.cli} could not be started: {exc}"
     finally:
-        backend.sweep_own(run.name)
+        backend.engine.remove_now(run.name)
     if done.returncode != 0:
         message = (done.stderr.strip() or "no message").splitlines()[-1]
         return f"a container of {run.image} failed (exit {done.returncode}): {message}"
     return None
 
 
-def probe_container(backend: ContainerBackend, cli: str, facts: dict[str, str]) -> BackendProbe:
+def probe_container(backend: Probed, cli: str, facts: dict[str, str]) -> BackendProbe:
     """Probe the container engine for real and list which parts of the default policy hold here."""
-    version = f"{backend.flavour} {facts.get('version', '?')} ({cli}); image {backend.image_for('python')}"
+    version = f"{backend.engine.flavour} {facts.get('version', '?')} ({cli}); image {backend.image_for('python')}"
     reason = seccomp_available()
     if reason is None:
         try:
@@ -57,13 +74,13 @@ def probe_container(backend: ContainerBackend, cli: str, facts: dict[str, str]) 
             reason = str(exc)
     if reason is not None:
         return BackendProbe(backend.name, available=False, reason=reason, version=version)
-    (uid, _), keep_id = backend._user()
+    (uid, _), keep_id = backend.user()
     host = "the server's own uid on the host (--userns keep-id)" if keep_id else f"host uid {uid}"
     who = f"uid {uid} inside, {host}"
-    if backend.rootless and not keep_id:
+    if backend.engine.rootless and not keep_id:
         who = f"uid {uid} inside, a subordinate uid on the host (rootless docker)"
     told = "; per-run cgroup tells when it was hit"
-    nested = backend.cgroups.version is not None and facts.get("cgroup_manager") == "cgroupfs"
+    nested = backend.nests_cgroups
     capabilities = (
         Capability("network", True, "--network none; seccomp allows only AF_UNIX sockets"),
         Capability("read-only root", True, "--read-only image root; workspace and runtime bound, /tmp a tmpfs"),

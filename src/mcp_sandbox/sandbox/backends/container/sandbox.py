@@ -1,0 +1,285 @@
+"""The container sandbox and backend: podman and docker behind the same policy (see ``argv.py``).
+
+A sandbox is one container, started with ``<cli> run`` attached: the client's stdout/stderr
+are the container's, its exit code the container's. Killing the client would leave the
+container running, so a sandbox is always ended by name (``rm --force``, see ``engine.py``);
+containers a crashed server left behind are swept by label when a backend first starts one.
+
+Where the host gives us cgroups (root, v1) and the engine places containers with cgroupfs
+paths, each container is nested in a per-run cgroup of ours at the hierarchies' root
+(``--cgroup-parent``), with the same limits: the engine's monitor (conmon) sits in it too, so
+ours is the one that binds, and its counters tell the engine a run hit its memory or pids
+limit (the container's own cgroup, where the kernel counts that, is gone when it exits).
+
+Which ids the container runs as:
+
+- server running as root: the dedicated unprivileged ``sandbox_uid``/``sandbox_gid`` (as bwrap's
+  host uid): without a user namespace the uid inside *is* the host uid, and 65534 on the host
+  is ``nobody``, shared with NFS and other daemons; workspace files come out owned by the
+  sandbox uid, as with bwrap;
+- rootless podman: 65534 inside, ``--userns keep-id`` mapping the server's own uid to it, so
+  workspace files are the server's, as with bwrap run by an unprivileged user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
+from mcp_sandbox.sandbox.backends.container.argv import (
+    CHANNEL_FD,
+    ContainerRun,
+    Flavour,
+    container_argv,
+    container_name,
+    server_env,
+)
+from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
+from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
+from mcp_sandbox.sandbox.backends.container.probe import probe_container
+from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
+from mcp_sandbox.sandbox.cgroups import (
+    CgroupSupport,
+    RunCgroup,
+    detect_root_cgroups,
+    sweep_stale,
+    sweep_stale_everywhere,
+)
+from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import oci_profile
+
+__all__ = ["DEFAULT_IMAGE", "ContainerBackend", "ContainerSandbox"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "localhost/mcp-sandbox-python:latest"  # what scripts/build-container-image.sh makes
+_INSIDE_ID = 65534
+
+
+class ContainerSandbox(ProcessSandbox):
+    """A running container (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
+
+    teardown_seconds = 10.0
+
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        channel: socket.socket,
+        cgroup: RunCgroup | None,
+        *,
+        engine: ContainerEngine,
+        name: str,
+        limits: Limits,
+        channel_dir: Path | None,
+    ) -> None:
+        super().__init__(process, channel, cgroup)
+        self.name = name
+        self._engine = engine
+        self._limits = limits
+        self._channel_dir = channel_dir
+
+    async def _kill(self) -> None:
+        # By name: the container outlives its client (and the client may be gone already).
+        await self._engine.remove([self.name])
+        self._kill_session()
+
+    def _release(self) -> None:
+        if self._channel_dir is not None:
+            shutil.rmtree(self._channel_dir, ignore_errors=True)
+
+    def _judge(self, returncode: int) -> SandboxOutcome:
+        # The container's own cgroup, where the kernel counts its kills, is gone: ours (its
+        # parent) tells by its peaks.
+        cgroup = self._cgroup
+        memory, pids = self._limits.memory, self._limits.pids
+        return SandboxOutcome(
+            returncode=returncode,
+            memory_exceeded=(cgroup.memory_exceeded() or cgroup.memory_peaked(memory)) if cgroup else False,
+            pids_exhausted=cgroup.pids_peaked(pids) if cgroup else False,
+        )
+
+
+class ContainerBackend:
+    """Starts podman or docker containers; see the module docstring."""
+
+    # Not yet: a run's memory and pids limit hits are told apart by the container's own cgroup,
+    # which exists only once per container, so a zygote's runs could not be judged one by one.
+    warm_pool = False
+
+    def __init__(self, settings: Settings, name: str, cli: str | None, flavour: Flavour) -> None:
+        self.name = name
+        self.engine = ContainerEngine(cli or flavour, flavour)
+        self._settings = settings
+        self._cgroups: CgroupSupport | None = None
+        self._swept = False
+        self._sweep_lock = anyio.Lock()
+        self._profile: str | None = None
+
+    @property
+    def flavour(self) -> Flavour:
+        """The CLI dialect this backend speaks."""
+        return self.engine.flavour
+
+    @property
+    def cgroups(self) -> CgroupSupport:
+        """Where per-run cgroups can nest containers here (found, and stale ones swept, once)."""
+        if self._cgroups is None:
+            self._cgroups = detect_root_cgroups()
+            swept = sweep_stale(self._cgroups) + sweep_stale_everywhere()
+            if swept:
+                logger.info("removed %d cgroups left behind by servers that are gone", swept)
+        return self._cgroups
+
+    @property
+    def nests_cgroups(self) -> bool:
+        """Whether each container is nested in a per-run cgroup of ours (see the module docstring)."""
+        return self.cgroups.version is not None and self.engine.facts.get("cgroup_manager") == "cgroupfs"
+
+    def image_for(self, language: str) -> str:
+        """The image for ``language``: ``images`` by language, else ``image``, else the default."""
+        for entry in self._settings.images:
+            key, _, value = entry.partition("=")
+            if key.strip() == language:
+                return value.strip()
+        return self._settings.image or DEFAULT_IMAGE
+
+    def _seccomp_profile(self) -> str:
+        """The OCI seccomp profile's path: ``<state_dir>/seccomp-<digest>.json``, written once.
+
+        Named by its content, so servers sharing a state directory share the file and a changed
+        deny list gets a new one; the state directory is the server's own, so no other host
+        user can swap it between writing and the CLI reading it.
+        """
+        if self._profile is None:
+            data = json.dumps(oci_profile(), sort_keys=True).encode()
+            digest = hashlib.sha256(data).hexdigest()[:16]
+            directory = self._settings.state_dir
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = directory / f"seccomp-{digest}.json"
+            if not path.exists():
+                with tempfile.NamedTemporaryFile(dir=directory, prefix=".seccomp-", delete=False) as out:
+                    out.write(data)
+                os.replace(out.name, path)
+            self._profile = str(path)
+        return self._profile
+
+    def user(self) -> tuple[tuple[int, int], bool]:
+        """The uid/gid the container's processes have, and whether the server's own uid is mapped
+        to them (rootless podman's ``--userns keep-id``); see the module docstring."""
+        if os.geteuid() == 0 and not self.engine.rootless:
+            return (self._settings.sandbox_uid, self._settings.sandbox_gid), False
+        return (_INSIDE_ID, _INSIDE_ID), self.flavour == "podman"
+
+    def ids_inside(self) -> tuple[int, int]:
+        """The uid/gid the container's processes have (see the module docstring)."""
+        return self.user()[0]
+
+    def run_spec(self, policy: SandboxPolicy, name: str, channel_dir: Path | None, parent: str | None) -> ContainerRun:
+        """What, besides the policy, goes into this container's argv.
+
+        Raises:
+            BackendUnavailableError: the CLI is not installed.
+        """
+        user, keep_id = self.user()
+        return ContainerRun(
+            cli=self.engine.cli,
+            flavour=self.flavour,
+            name=name,
+            owner=os.getpid(),
+            image=self.image_for(policy.language),
+            seccomp_profile=self._seccomp_profile(),
+            user=user,
+            keep_id=keep_id,
+            channel="fd" if self.flavour == "podman" else "socket",
+            channel_dir=str(channel_dir) if channel_dir is not None else None,
+            cgroup_parent=parent,
+        )
+
+    async def _sweep_once(self) -> None:
+        async with self._sweep_lock:
+            if not self._swept:
+                self._swept = True
+                await anyio.to_thread.run_sync(self.engine.sweep)
+
+    async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
+        if policy.language != "python":
+            # The JavaScript runtimes' channel set-up and ids inside are bwrap's so far.
+            raise SandboxStartError(
+                f"the {self.name} backend runs Python only for now; {policy.language} needs the bwrap backend"
+            )
+        await self._sweep_once()
+        cli = self.engine.cli
+        name = container_name(os.getpid())
+        async with contextlib.AsyncExitStack() as undo:
+            cgroup: RunCgroup | None = None
+            parent: str | None = None
+            if self.nests_cgroups:
+                cgroup = run_cgroup(self.cgroups, policy.limits)
+                undo.callback(cgroup.remove)
+                parent = cgroup.hierarchy_path()
+            channel_dir: Path | None = None
+            listener: socket.socket | None = None
+            host_end: socket.socket | None = None
+            sandbox_end: socket.socket | None = None
+            if self.flavour == "podman":
+                host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                undo.callback(host_end.close)
+                undo.callback(sandbox_end.close)
+            else:
+                channel_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-channel-"))
+                undo.callback(shutil.rmtree, channel_dir, ignore_errors=True)
+                listener = listen(channel_dir, self.user()[0])
+                undo.callback(listener.close)
+            try:
+                command = container_argv(policy, self.run_spec(policy, name, channel_dir, parent))
+            except ValueError as exc:
+                raise SandboxStartError(str(exc)) from exc
+            passed = sandbox_end.fileno() if sandbox_end is not None else None
+            process = await launch(
+                command,
+                what=cli,
+                env=server_env(),
+                pass_fds=(CHANNEL_FD, passed) if passed is not None else (),
+                preexec_fn=place_fd(passed),
+            )
+            if sandbox_end is not None:
+                sandbox_end.close()
+            channel = host_end or socket.socket(socket.AF_UNIX)  # a placeholder until the container connects
+            sandbox = ContainerSandbox(
+                process, channel, cgroup, engine=self.engine, name=name, limits=policy.limits, channel_dir=channel_dir
+            )
+            undo.pop_all()  # the sandbox holds them now and releases them when it closes
+            undo.push_async_callback(sandbox.aclose)  # cancelled while it connects: the container must not outlive it
+            if listener is not None:
+                connected = await accept(listener, sandbox.wait)
+                if connected is None:
+                    outcome = await sandbox.aclose()
+                    raise SandboxStartError(f"the container did not connect its channel (exit {outcome.returncode})")
+                sandbox.channel.close()
+                sandbox.channel = connected
+            undo.pop_all()
+        return sandbox
+
+    def probe(self) -> BackendProbe:
+        try:
+            cli = self.engine.cli
+        except BackendUnavailableError as exc:
+            return BackendProbe(self.name, available=False, reason=str(exc))
+        facts = self.engine.facts
+        if "error" in facts:
+            return BackendProbe(self.name, available=False, reason=facts["error"], version=cli)
+        return probe_container(self, cli, facts)

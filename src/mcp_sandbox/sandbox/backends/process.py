@@ -1,0 +1,135 @@
+"""What a sandbox that is one host process tree does on every backend: launch, wait, close.
+
+A backend supplies the small parts that differ (:class:`ProcessSandbox`'s hooks): how the tree
+is killed, what else is released, and how its end is judged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+
+import anyio
+
+from mcp_sandbox.errors import SandboxStartError
+from mcp_sandbox.sandbox.backends.base import LimitEvents, SandboxOutcome
+from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup
+from mcp_sandbox.sandbox.policy import Limits
+
+__all__ = ["ProcessSandbox", "launch", "run_cgroup"]
+
+_STREAM_LIMIT = 1 << 20
+
+
+def run_cgroup(support: CgroupSupport, limits: Limits) -> RunCgroup:
+    """A new cgroup for one sandbox, with its limits written; the caller removes it.
+
+    Raises:
+        SandboxStartError: the cgroup filesystem refused.
+    """
+    try:
+        return RunCgroup.create(support, limits)
+    except OSError as exc:
+        raise SandboxStartError(f"cannot create the sandbox's cgroup: {exc}") from exc
+
+
+async def launch(
+    command: Sequence[str],
+    *,
+    what: str,
+    env: dict[str, str],
+    pass_fds: Sequence[int],
+    preexec_fn: Callable[[], None] | None,
+) -> asyncio.subprocess.Process:
+    """Start a sandbox's first host process in a session of its own, stdout and stderr piped.
+
+    Raises:
+        SandboxStartError: it could not be started (``what`` names it in the message).
+    """
+    try:
+        # asyncio under anyio: anyio.open_process has no preexec_fn, and both backends need one.
+        return await asyncio.create_subprocess_exec(
+            *command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=pass_fds,
+            env=env,
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+            limit=_STREAM_LIMIT,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxStartError(f"cannot start {what}: {exc}") from exc
+
+
+class ProcessSandbox:
+    """A running sandbox whose host side is one process (see :class:`~.base.Sandbox`).
+
+    Subclasses say how the tree is killed (:meth:`_kill`), what else is released once it is
+    gone (:meth:`_release`) and how its end is judged (:meth:`_judge`).
+    """
+
+    teardown_seconds = 5.0
+
+    def __init__(self, process: asyncio.subprocess.Process, channel: socket.socket, cgroup: RunCgroup | None) -> None:
+        assert process.stdout is not None and process.stderr is not None
+        self.stdout: asyncio.StreamReader = process.stdout
+        self.stderr: asyncio.StreamReader = process.stderr
+        self.channel = channel
+        self._process = process
+        self._cgroup = cgroup
+        self._outcome: SandboxOutcome | None = None
+
+    async def wait(self) -> SandboxOutcome:
+        return self._judge(await self._process.wait())
+
+    def limit_events(self) -> LimitEvents:
+        if self._cgroup is None:
+            return LimitEvents()
+        memory, pids = self._cgroup.events()
+        return LimitEvents(memory=memory, pids=pids)
+
+    async def aclose(self) -> SandboxOutcome:
+        if self._outcome is not None:
+            return self._outcome
+        with anyio.CancelScope(shield=True):
+            await self._kill()
+            returncode = -signal.SIGKILL
+            with anyio.move_on_after(self.teardown_seconds):
+                returncode = await self._process.wait()
+            outcome = self._judge(returncode)
+            self.channel.close()
+            if self._cgroup is not None:
+                await self._cgroup.aremove()
+            self._release()
+            self._outcome = outcome
+        return outcome
+
+    # --- hooks --------------------------------------------------------------------------------
+
+    async def _kill(self) -> None:
+        """Kill the whole tree, orphans included (called shielded, once)."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Release what else the sandbox holds, once its tree is gone."""
+
+    def _judge(self, returncode: int) -> SandboxOutcome:
+        """The outcome of a tree that ended with ``returncode``, by the cgroup's counters."""
+        cgroup = self._cgroup
+        return SandboxOutcome(
+            returncode=returncode,
+            memory_exceeded=cgroup.memory_exceeded() if cgroup else False,
+            pids_exhausted=cgroup.pids_exhausted() if cgroup else False,
+        )
+
+    def _kill_session(self) -> None:
+        """SIGKILL the first process's session (its process group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
