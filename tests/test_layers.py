@@ -2,7 +2,7 @@
 
 The layers themselves are import-linter's contracts in pyproject.toml (``lint-imports``, run by
 ``make lint`` and ``make test``); a layers contract compares whole layers, so two modules of one
-layer (``sandbox/probe.py`` and ``sandbox/backends/bwrap.py``) can still import each other. This
+layer (a backend and its probe, say) can still import each other. This
 test finds those cycles: the strongly connected components of grimp's module graph. Imports inside
 functions and under ``TYPE_CHECKING`` count: they hide a cycle from the interpreter, not from the
 design.

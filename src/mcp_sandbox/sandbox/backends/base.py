@@ -91,7 +91,7 @@ class Backend(Protocol):
     """A way of running a policy-confined process tree."""
 
     name: str
-    # Whether the engine keeps warm sandboxes (forking zygotes) on this backend; see engine/pool.py.
+    # Whether the engine keeps warm sandboxes (forking zygotes) on this backend; see engine/warm.py.
     warm_pool: bool
 
     def probe(self) -> BackendProbe:

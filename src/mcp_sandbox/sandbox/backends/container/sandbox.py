@@ -61,6 +61,7 @@ from mcp_sandbox.sandbox.cgroups import (
 )
 from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import oci_profile
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["DEFAULT_IMAGE", "ContainerBackend", "ContainerSandbox"]
 
@@ -167,9 +168,10 @@ class ContainerBackend:
         if self._profile is None:
             data = json.dumps(oci_profile(), sort_keys=True).encode()
             digest = hashlib.sha256(data).hexdigest()[:16]
-            directory = self._settings.state_dir
-            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            path = directory / f"seccomp-{digest}.json"
+            layout = StateLayout.of(self._settings)
+            layout.make_root_private()
+            path = layout.seccomp_profile(digest)
+            directory = path.parent
             if not path.exists():
                 with tempfile.NamedTemporaryFile(dir=directory, prefix=".seccomp-", delete=False) as out:
                     out.write(data)
