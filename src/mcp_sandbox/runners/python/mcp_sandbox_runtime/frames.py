@@ -29,11 +29,23 @@ sides send and receive these objects; :func:`pack` and :func:`decode` join them 
 
 from __future__ import annotations
 
-import enum
-import json
-import os
-import struct
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
+
+from .records import record
+from .wire import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    MAGIC,
+    PROTOCOL_VERSION,
+    FrameError,
+    FrameParser,
+    Kind,
+    decode_body,
+    encode,
+    parse_header,
+    read_frame,
+    write_frame,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -61,228 +73,6 @@ __all__ = [
     "read_frame",
     "write_frame",
 ]
-
-MAGIC = b"MSBX"
-# 2: EXEC carries the run's stdout/stderr pipes, "run", "env" and image caps; DISPLAY frames.
-# 3: zygotes: an EXEC frame to a zygote also carries the run's own channel socket and
-#    "cpuSeconds"; EXITED frames.
-PROTOCOL_VERSION = 3
-HEADER = struct.Struct(">4sBBI")
-DEFAULT_MAX_FRAME = 256 << 20
-
-
-class Kind(enum.IntEnum):
-    """Frame kinds. Direction: H = host, S = sandbox."""
-
-    READY = 1  # S->H  the runtime is up: {"runtime": "python", "version": "3.11.2"}
-    # H->S  run code: {"run": int, "code": str, "servers": [alias, ...], "env": {name: value},
-    #       "maxImages": int, "maxImageBytes": int, "last": bool}, with the run's stdout and stderr
-    #       pipes attached; after a "last" run the runtime exits
-    EXEC = 2
-    DONE = 3  # S->H  the code finished: {"run": int, "exitCode": int, "exception": str | null}
-    CALL = 4  # S->H  a request from sandboxed code: {"id": int, "op": "call_tool" | "search_tools" | ..., ...}
-    REPLY = 5  # H->S  the answer to a CALL: {"id": int, "ok": true, "result": ...} or {"id", "ok": false, "error"}
-    ERROR = 6  # both  a protocol error; the sender closes the channel after it
-    DISPLAY = 7  # S->H  an image the code showed or saved: {"run": int, "mime": str, "data": base64}
-    # S->H  a zygote's run ended and the sandbox was restored: {"run": int, "exitCode": int,
-    #       "problem": str | null}; with a problem the zygote could not restore it and exits
-    EXITED = 8
-
-
-class FrameError(Exception):
-    """A frame broke the protocol. (The host re-raises it as ``mcp_sandbox.errors.FrameError``.)"""
-
-
-def encode(kind: Kind, body: dict[str, Any]) -> bytes:
-    """Serialise one frame."""
-    payload = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return HEADER.pack(MAGIC, PROTOCOL_VERSION, int(kind), len(payload)) + payload
-
-
-def parse_header(header: bytes, max_size: int) -> tuple[Kind, int]:
-    """Check a header and return its kind and body length.
-
-    Raises:
-        FrameError: wrong magic, another protocol version, unknown kind or oversized body.
-    """
-    magic, version, kind, length = HEADER.unpack(header)
-    if magic != MAGIC:
-        raise FrameError(f"bad frame magic {magic!r}")
-    if version != PROTOCOL_VERSION:
-        raise FrameError(f"protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION})")
-    try:
-        parsed = Kind(kind)
-    except ValueError:
-        raise FrameError(f"unknown frame kind {kind}") from None
-    if length > max_size:
-        raise FrameError(f"frame of {length} bytes exceeds the limit of {max_size} bytes")
-    return parsed, length
-
-
-def decode_body(payload: bytes) -> dict[str, Any]:
-    """Parse a frame body, which must be a JSON object.
-
-    Raises:
-        FrameError: the body is not UTF-8 JSON or not an object.
-    """
-    try:
-        body = json.loads(payload)
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers bad UTF-8, bad JSON and over-long integers; RecursionError deep nesting.
-        raise FrameError(f"frame body is not JSON: {type(exc).__name__}") from None
-    if not isinstance(body, dict):
-        raise FrameError("frame body is not a JSON object")
-    return body
-
-
-class FrameParser:
-    """Frames out of a byte stream fed in pieces of any size (the non-blocking readers' half)."""
-
-    def __init__(self, max_size: int = DEFAULT_MAX_FRAME) -> None:
-        self._buffer = bytearray()
-        self._max_size = max_size
-        self._header: tuple[Kind, int] | None = None
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as a frame."""
-        return len(self._buffer)
-
-    def wanted(self) -> int:
-        """How many more bytes the frame being read needs (at least 1)."""
-        if self._header is None:
-            return max(1, HEADER.size - len(self._buffer))
-        return max(1, HEADER.size + self._header[1] - len(self._buffer))
-
-    def next(self) -> tuple[Kind, dict[str, Any]] | None:
-        """The next whole frame, or ``None`` until more bytes are fed.
-
-        Raises:
-            FrameError: the bytes are not a valid frame (the stream cannot be resynchronised).
-        """
-        if self._header is None:
-            if len(self._buffer) < HEADER.size:
-                return None
-            self._header = parse_header(bytes(self._buffer[: HEADER.size]), self._max_size)
-        kind, length = self._header
-        end = HEADER.size + length
-        if len(self._buffer) < end:
-            return None
-        payload = bytes(self._buffer[HEADER.size : end])
-        del self._buffer[:end]
-        self._header = None
-        return kind, decode_body(payload)
-
-    def check_end(self) -> None:
-        """Call at the end of the stream.
-
-        Raises:
-            FrameError: the stream ended inside a frame.
-        """
-        if self._buffer:
-            raise FrameError("channel closed in the middle of a frame")
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    chunks: list[bytes] = []
-    remaining = size
-    while remaining:
-        chunk = os.read(fd, min(remaining, 1 << 20))
-        if not chunk:
-            if remaining == size:
-                return None
-            raise FrameError("channel closed in the middle of a frame")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)
-
-
-def read_frame(fd: int, max_size: int = DEFAULT_MAX_FRAME) -> tuple[Kind, dict[str, Any]] | None:
-    """Blocking read of one frame from ``fd``; ``None`` at a clean end of stream."""
-    header = _read_exactly(fd, HEADER.size)
-    if header is None:
-        return None
-    kind, length = parse_header(header, max_size)
-    payload = _read_exactly(fd, length) if length else b""
-    if payload is None:
-        raise FrameError("channel closed in the middle of a frame")
-    return kind, decode_body(payload)
-
-
-def write_frame(fd: int, kind: Kind, body: dict[str, Any]) -> None:
-    """Blocking write of one whole frame to ``fd``."""
-    view = memoryview(encode(kind, body))
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-# --- typed frames -------------------------------------------------------------------------------
-
-if TYPE_CHECKING:
-    from dataclasses import dataclass as _record
-else:
-
-    def _record(*, frozen: bool, slots: bool) -> Any:
-        """What ``@dataclass(frozen=True, slots=True)`` makes of a class, without importing ``dataclasses``.
-
-        ``dataclasses`` imports ``inspect`` and ``ast``: about 8 ms, half again the runner's own
-        start-up. The type checker sees the real decorator (above); this builds the same thing for
-        the simple classes below: fields are the annotations (``ClassVar`` ones excepted), in order;
-        a class attribute of a field's name is its default.
-        """
-        assert frozen and slots
-
-        def build(cls: type) -> type:
-            annotations = cls.__dict__.get("__annotations__", {})  # noqa: RUF063 (inspect: the import avoided)
-            names = tuple(name for name, kind in annotations.items() if not str(kind).startswith("ClassVar"))
-            defaults = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
-            namespace = {key: value for key, value in cls.__dict__.items() if key not in defaults}
-            namespace.pop("__dict__", None)
-            namespace.pop("__weakref__", None)
-            namespace.update(__slots__=names, __match_args__=names)
-            namespace.update(__init__=_init, __eq__=_eq, __hash__=_hash, __repr__=_repr)
-            namespace.update(__setattr__=_frozen, __delattr__=_frozen, _defaults=defaults)
-            return type(cls.__name__, cls.__bases__, namespace)
-
-        return build
-
-    def _init(self: Any, *args: Any, **kwargs: Any) -> None:
-        names = self.__slots__
-        if len(args) > len(names):
-            raise TypeError(f"{type(self).__name__} takes {len(names)} arguments, not {len(args)}")
-        values = dict(zip(names, args, strict=False))
-        for name, value in kwargs.items():
-            if name not in names or name in values:
-                raise TypeError(f"{type(self).__name__} got an unexpected or repeated argument {name!r}")
-            values[name] = value
-        for name in names:
-            if name not in values:
-                if name not in self._defaults:
-                    raise TypeError(f"{type(self).__name__} is missing the argument {name!r}")
-                values[name] = self._defaults[name]
-            object.__setattr__(self, name, values[name])
-
-    def _values(self: Any) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in self.__slots__)
-
-    def _eq(self: Any, other: object) -> Any:
-        if other.__class__ is self.__class__:
-            return _values(self) == _values(other)
-        return NotImplemented
-
-    def _hash(self: Any) -> int:
-        return hash(_values(self))
-
-    def _repr(self: Any) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__qualname__}({fields})"
-
-    def _frozen(self: Any, *_: Any) -> None:
-        raise AttributeError(f"a {type(self).__name__} frame cannot be changed")
 
 
 def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -321,7 +111,7 @@ def _strings(value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Ready:
     """READY (sandbox to host): the runtime is up. A zygote adds what it preloaded, or why it cannot serve."""
 
@@ -373,7 +163,7 @@ class Ready:
         )
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Exec:
     """EXEC (host to sandbox): run ``code``; the frame carries the run's stdout and stderr pipes.
 
@@ -441,7 +231,7 @@ class Exec:
         )
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Done:
     """DONE (sandbox to host): run ``run`` finished with ``exit_code``; ``exception`` names an uncaught one."""
 
@@ -458,7 +248,7 @@ class Done:
         return cls(_int(body, "run"), _code(body, "exitCode"), _optional_str(body, "exception"))
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Call:
     """CALL (sandbox to host): request ``id``; ``request`` is its JSON object, with its ``op``.
 
@@ -481,7 +271,7 @@ class Call:
         return cls(call_id, {key: value for key, value in body.items() if key != "id"})
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Failure:
     """Why a request failed (a REPLY's ``error``).
 
@@ -504,7 +294,7 @@ class Failure:
         return cls(_str(body, "kind"), _str(body, "message"), _optional_str(body, "server"))
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Reply:
     """REPLY (host to sandbox): the answer to CALL ``id``: its ``result``, or its ``error``."""
 
@@ -534,7 +324,7 @@ class Reply:
         return cls(call_id, error=Failure.decode(error))
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Error:
     """ERROR (either way): a protocol error; the sender closes the channel after it."""
 
@@ -549,7 +339,7 @@ class Error:
         return cls(_str(body, "message"))
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Display:
     """DISPLAY (sandbox to host): an image run ``run`` showed or saved; ``data`` is base64.
 
@@ -569,7 +359,7 @@ class Display:
         return cls(_int(body, "run"), _str(body, "mime"), _str(body, "data"))
 
 
-@_record(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Exited:
     """EXITED (zygote to host): run ``run``'s child ended with ``exit_code`` (128 + signal).
 
