@@ -164,21 +164,21 @@ doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
 test: setup downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check and lint-imports (the layers contract in pyproject.toml)
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/lint-imports
 
 format: venv ## Rewrite src and tests with ruff (format, then the fixable lint rules)
-	$(BIN)/ruff format src tests
-	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
 
 typecheck: venv typecheck-ts ## mypy (strict; configured in pyproject.toml) and the TypeScript runner's checks
 	$(BIN)/mypy

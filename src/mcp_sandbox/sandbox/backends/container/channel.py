@@ -3,7 +3,6 @@ unix socket the container connects to (docker; see ``argv.py``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -51,7 +50,6 @@ def listen(directory: Path, user: tuple[int, int]) -> socket.socket:
 async def accept(listener: socket.socket, ended: Callable[[], Awaitable[object]]) -> socket.socket | None:
     """Wait for the container's one connection, or for ``ended`` (its end), for a bound; then stop
     listening. None when it did not connect."""
-    loop = asyncio.get_running_loop()
     connected: socket.socket | None = None
     try:
         with anyio.move_on_after(_CONNECT_SECONDS):
@@ -59,8 +57,10 @@ async def accept(listener: socket.socket, ended: Callable[[], Awaitable[object]]
 
                 async def connect() -> None:
                     nonlocal connected
-                    # asyncio's sock_accept: anyio's own (wait_readable) needs anyio 4.7; we allow 4.5.
-                    connected, _ = await loop.sock_accept(listener)
+                    while connected is None:
+                        await anyio.wait_readable(listener)
+                        with contextlib.suppress(BlockingIOError):  # another wake-up took it
+                            connected, _ = listener.accept()
                     group.cancel_scope.cancel()
 
                 async def end() -> None:
