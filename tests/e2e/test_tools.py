@@ -242,11 +242,11 @@ async def test_images_past_the_cap_are_dropped_and_the_result_says_how_many(clie
         """
         import base64
         from mcp_sandbox_runtime import display, host
-        from mcp_sandbox_runtime.frames import Kind
+        from mcp_sandbox_runtime.frames import Display
 
         png = base64.b64encode(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(16)).decode()
         for _ in range(6):
-            host.connection().send(Kind.DISPLAY, {"run": display._current.run, "mime": "image/png", "data": png})
+            host.connection().send(Display(display._current.run, "image/png", png))
         print("sent 6")
         """
     )
