@@ -1,4 +1,4 @@
-"""The ``mcp-sandbox`` command: serve | run | servers | doctor."""
+"""The ``mcp-sandbox`` command: serve | run | servers | doctor | setup | install."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ _SETTING_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--host", {"help": "HTTP: address to listen on (default 127.0.0.1)"}),
     ("--port", {"type": int, "help": "HTTP: port to listen on (default 8765)"}),
     ("--public-url", {"help": "HTTP: the base URL clients reach this server at (for download links)"}),
+    ("--data-dir", {"help": "where `setup` builds the sandbox's runtimes (python/, js/)"}),
 )
 
 
@@ -87,6 +88,12 @@ def _parser() -> argparse.ArgumentParser:
     servers.add_argument("--no-start", action="store_true", help="do not start the servers to count their tools")
 
     commands.add_parser("doctor", parents=[common], help="what each backend can enforce here")
+    # Issue 15: building the runtimes of a wheel install, and client set-up, in modules of their own.
+    from mcp_sandbox.install.command import add_install_parser
+    from mcp_sandbox.provision.command import add_setup_parser
+
+    add_setup_parser(commands, common)
+    add_install_parser(commands, common)
     return parser
 
 
@@ -175,6 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_run(settings, args)
         if args.command == "servers":
             return _cmd_servers(settings, args)
+        if args.command == "setup":
+            from mcp_sandbox.provision.command import run_setup
+
+            return run_setup(settings, args)
+        if args.command == "install":
+            from mcp_sandbox.install.command import run_install
+
+            return run_install(settings, args)
         from mcp_sandbox.doctor import doctor
 
         return doctor(settings, sys.stdout)

@@ -14,6 +14,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.errors import SandboxError
+from mcp_sandbox.provision import js_status, python_status
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
 
 __all__ = ["doctor"]
@@ -43,9 +44,12 @@ def _report_backend(probe: BackendProbe, out: TextIO) -> None:
 
 def _check_runtime(settings: Settings, out: TextIO) -> bool:
     out.write(f"\npython runtime: {settings.python_runtime} ({settings.python_interpreter})\n")
-    if not settings.python_interpreter.exists():
-        out.write("  MISSING: run `make` to build it\n")
+    status = python_status(settings)
+    if status.missing:
+        out.write(f"  MISSING: {status.advice()}\n")
         return False
+    if status.problem is not None:
+        out.write(f"  OUT OF DATE: {status.advice()}\n")
     engine = Engine(settings, get_backend(settings.backend, settings))
     try:
         result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=60))
@@ -64,9 +68,12 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
     """Run TypeScript once on the configured runtime. Reported only: Python works without it."""
     binary = js_binary(settings)
     out.write(f"\njavascript runtime: {settings.js_runtime} ({binary})\n")
-    if not os.access(binary, os.X_OK):
-        out.write("  MISSING: typescript/javascript runs fail; run `make` to install it\n")
+    status = js_status(settings)
+    if status.missing or not os.access(binary, os.X_OK):
+        out.write(f"  MISSING: typescript/javascript runs fail; {status.advice()}\n")
         return
+    if status.problem is not None:
+        out.write(f"  OUT OF DATE: {status.advice()}\n")
     if not memory_cgroup:
         out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
     engine = Engine(settings, get_backend(settings.backend, settings))

@@ -25,6 +25,9 @@ __all__ = [
     "SANDBOX_USER",
     "OutputMode",
     "Settings",
+    "default_data_dir",
+    "default_js_runtime_dir",
+    "default_python_runtime",
     "default_sandbox_ids",
     "default_state_dir",
 ]
@@ -55,15 +58,51 @@ def default_sandbox_ids() -> tuple[int, int]:
     return entry.pw_uid, entry.pw_gid
 
 
-def _default_python_runtime() -> Path:
-    # `make` builds the sandbox's Python environment next to the server's venv.
-    built = Path(sys.prefix).resolve().parent / ".runtime" / "python"
-    return built if (built / "bin" / "python3").exists() else Path("/usr")
+# --- where the sandbox's runtimes live (issue 15: `mcp-sandbox setup`) -----------------------
 
 
-def _default_js_runtime_dir() -> Path:
-    # `make` installs runtime/js/package.json's pinned runtimes there (bun, deno).
-    return Path(sys.prefix).resolve().parent / ".runtime" / "js"
+def default_data_dir(env: Mapping[str, str]) -> Path:
+    """Where ``mcp-sandbox setup`` builds the sandbox's runtimes unless configured.
+
+    Root: a system directory, since the sandbox's uid must read the runtime and root's home is
+    0700. Anyone else: ``$XDG_DATA_HOME/mcp-sandbox``, else ``~/.local/share/mcp-sandbox``.
+    """
+    if os.geteuid() == 0:
+        return Path("/usr/local/lib/mcp-sandbox")
+    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "mcp-sandbox"
+
+
+def _checkout_runtime() -> Path:
+    # `make` builds the sandbox's runtimes in the checkout, next to the server's venv.
+    return Path(sys.prefix).resolve().parent / ".runtime"
+
+
+def default_python_runtime(data_dir: Path, *, checkout: bool = True) -> Path:
+    """The checkout's ``.runtime/python`` when ``make`` built one (and ``checkout``), else ``data_dir/python``."""
+    built = _checkout_runtime() / "python"
+    return built if checkout and (built / "bin" / "python3").exists() else data_dir / "python"
+
+
+def default_js_runtime_dir(data_dir: Path, *, checkout: bool = True) -> Path:
+    """The checkout's ``.runtime/js`` when ``make`` built one (and ``checkout``), else ``data_dir/js``."""
+    built = _checkout_runtime() / "js"
+    return built if checkout and (built / "node_modules").is_dir() else data_dir / "js"
+
+
+def _check_requirement(text: str) -> None:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    # An option (`--index-url ...`, `-e ...`) would be one to pip, not a package.
+    if text.startswith("-"):
+        raise ConfigError(f"runtime_packages: {text!r} is an option, not a requirement (e.g. scipy==1.14.1)")
+    try:
+        Requirement(text)
+    except InvalidRequirement as exc:
+        raise ConfigError(f"runtime_packages: {text!r} is not a requirement: {exc}") from exc
+
+
+# --- end of the runtimes' defaults -----------------------------------------------------------
 
 
 JS_RUNTIMES = ("bun", "deno")
@@ -96,12 +135,16 @@ class Settings:
     sandbox_uid: int = field(default_factory=lambda: default_sandbox_ids()[0])
     sandbox_gid: int = field(default_factory=lambda: default_sandbox_ids()[1])
 
-    # Sandbox runtimes and binaries.
-    python_runtime: Path = field(default_factory=_default_python_runtime)
+    # Sandbox runtimes and binaries. data_dir: where `mcp-sandbox setup` builds them (python/,
+    # js/); a checkout's .runtime, built by `make`, is used instead when there is one.
+    data_dir: Path = field(default_factory=lambda: default_data_dir(os.environ))
+    python_runtime: Path = field(default_factory=lambda: default_python_runtime(default_data_dir(os.environ)))
+    # Requirement strings `mcp-sandbox setup` adds to the sandbox's Python runtime (host side).
+    runtime_packages: tuple[str, ...] = ()
     bwrap_path: Path | None = None
-    # TypeScript/JavaScript: which runtime (bun or deno), and where `make` installed them.
+    # TypeScript/JavaScript: which runtime (bun or deno), and where `make` or `setup` installed them.
     js_runtime: str = "bun"
-    js_runtime_dir: Path = field(default_factory=_default_js_runtime_dir)
+    js_runtime_dir: Path = field(default_factory=lambda: default_js_runtime_dir(default_data_dir(os.environ)))
     accept_weaker_isolation: bool = False
 
     # Container backends (podman/docker); the earlier bridge's names. container_runtime: the CLI
@@ -221,6 +264,8 @@ class Settings:
             language, _, image = entry.partition("=")
             if not language.strip() or not image.strip():
                 raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
+        for requirement in self.runtime_packages:
+            _check_requirement(requirement)
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")

@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mcp_sandbox.config.settings import Settings, default_state_dir
+from mcp_sandbox.config.settings import (
+    Settings,
+    default_data_dir,
+    default_js_runtime_dir,
+    default_python_runtime,
+    default_state_dir,
+)
 from mcp_sandbox.config.values import FIELDS, coerce
 from mcp_sandbox.errors import ConfigError
 
@@ -96,6 +102,11 @@ def load_settings(
         values[name] = coerce(name, raw)
     if "state_dir" not in values:
         values["state_dir"] = default_state_dir(env)
+    # The runtimes default to places under data_dir; a checkout's .runtime wins unless data_dir is configured.
+    checkout = "data_dir" not in values
+    values.setdefault("data_dir", default_data_dir(env))
+    values.setdefault("python_runtime", default_python_runtime(values["data_dir"], checkout=checkout))
+    values.setdefault("js_runtime_dir", default_js_runtime_dir(values["data_dir"], checkout=checkout))
     if config_file is not None:
         values["config_file"] = config_file
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.executor import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
+from mcp_sandbox.provision.status import python_status
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.access import unreachable_ancestor
 from mcp_sandbox.sandbox.backends import get_backend
@@ -26,10 +27,11 @@ def open_engine(settings: Settings) -> Engine:
         BackendUnavailableError: the backend does not work here, or cannot enforce part of the
             policy and ``accept_weaker_isolation`` is off.
     """
-    if not settings.python_interpreter.exists():
-        raise ConfigError(
-            f"python_runtime: no interpreter at {settings.python_interpreter} (run `make` to build the runtime)"
-        )
+    runtime = python_status(settings)
+    if runtime.missing:
+        raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
+    if runtime.problem is not None:
+        logger.warning("%s", runtime.advice())
     backend = get_backend(settings.backend, settings)
     probe = backend.probe()
     if not probe.available:

@@ -25,6 +25,7 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.provision import js_status
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import (
@@ -148,6 +149,9 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     """
     layout = StateLayout.of(settings)
     engine = open_engine(settings)
+    js = js_status(settings)
+    if js.problem is not None:
+        logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
     secret = load_secret(layout.root)
     workspaces = WorkspaceStore(settings, secret)
     metadata = Metadata.open(layout.metadata)

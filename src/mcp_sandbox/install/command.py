@@ -1,0 +1,121 @@
+"""The ``install`` subcommand: add this installation to a client's config, or print the entry.
+
+The entry starts *this* installation: the ``mcp-sandbox`` of the environment running now (a
+pipx venv, a checkout's ``.venv``), or ``uvx mcp-sandbox`` when that environment is uv's
+throw-away one (or ``--uvx`` asks for it). The file is edited in place (:mod:`.jsonedit`), backed
+up first, and left alone when the entry is already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.install.jsonedit import JsonEditError, load, set_member
+from mcp_sandbox.install.targets import CLIENTS, Client
+
+__all__ = ["add_install_parser", "run_install", "server_command"]
+
+
+def add_install_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Add ``install`` to the CLI's subcommands."""
+    install = commands.add_parser(
+        "install", parents=[common], help="add this server to an MCP client's config (claude-code, cursor, ...)"
+    )
+    install.add_argument("client", choices=sorted(CLIENTS), help="the client to configure")
+    install.add_argument("--print", dest="print_only", action="store_true", help="print the entry, change nothing")
+    install.add_argument("--name", default="sandbox", help="the server's name in the client (default: sandbox)")
+    install.add_argument("--path", type=Path, help="the config file to edit instead of the client's user-wide one")
+    install.add_argument("--uvx", action="store_true", help="start the server with `uvx mcp-sandbox` instead")
+
+
+def _is_uv_cache(prefix: Path) -> bool:
+    # uvx runs tools from environments in uv's cache, which uv may delete at any time.
+    parts = prefix.parts
+    return "uv" in parts and any(part.startswith("archive-v") or part == "builds-v0" for part in parts)
+
+
+def server_command(settings: Settings, *, uvx: bool = False) -> tuple[str, list[str]]:
+    """(command, args) that start this installation's stdio server, with the same ``--config``."""
+    args = ["serve"]
+    if settings.config_file is not None:
+        args += ["--config", str(settings.config_file.resolve())]
+    if uvx or _is_uv_cache(Path(sys.prefix)):
+        return "uvx", ["mcp-sandbox", *args]
+    script = Path(sys.prefix) / "bin" / "mcp-sandbox"
+    if script.exists():
+        return str(script), args
+    return sys.executable, ["-m", "mcp_sandbox", *args]
+
+
+def _backup(path: Path) -> Path:
+    backup = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%dT%H%M%S')}")
+    shutil.copy2(path, backup)
+    return backup
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` atomically, keeping its mode (``~/.claude.json`` is private: 0600)."""
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o600
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def _snippet(client: Client, name: str, entry: dict[str, object], command: str, args: list[str]) -> str:
+    text = json.dumps({client.key: {name: entry}}, indent=2)
+    if client.name == "claude-code":
+        text += f"\n\nor: claude mcp add --scope user {shlex.quote(name)} -- {shlex.join([command, *args])}"
+    return text
+
+
+def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """Add (or print) the entry; 0 when the config holds it afterwards, 1 when the file was refused."""
+    env = os.environ if env is None else env
+    client = CLIENTS[args.client]
+    command, command_args = server_command(settings, uvx=args.uvx)
+    entry = client.entry(command, command_args)
+    if args.print_only:
+        print(_snippet(client, args.name, entry, command, command_args))
+        return 0
+    path = args.path.expanduser() if args.path is not None else client.locate(Path(env.get("HOME") or Path.home()), env)
+    try:
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        present = load(text) if text.strip() else {}
+        servers = present.get(client.key) if isinstance(present, dict) else None
+        if isinstance(servers, dict) and servers.get(args.name) == entry:
+            print(f"{client.label}: {args.name!r} is already in {path}, as {shlex.join([command, *command_args])}")
+            return 0
+        edited = set_member(text, (client.key, args.name), entry)
+    except JsonEditError as exc:
+        print(f"mcp-sandbox install: {path}: {exc}; fix the file or add the entry by hand:", file=sys.stderr)
+        print(_snippet(client, args.name, entry, command, command_args), file=sys.stderr)
+        return 1
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"mcp-sandbox install: cannot read {path}: {exc}", file=sys.stderr)
+        return 1
+    backup = _backup(path) if path.exists() else None
+    _write(path, edited)
+    print(f"{client.label}: added {args.name!r} to {path}: {shlex.join([command, *command_args])}")
+    if backup is not None:
+        print(f"  the previous file is kept as {backup}")
+    print(f"  restart {client.label.split(' (')[0]} to load it")
+    return 0
