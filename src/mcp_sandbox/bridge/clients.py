@@ -16,22 +16,21 @@ import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 import anyio.to_thread
-import httpx2
-import mcp_types as types
 from anyio.abc import TaskGroup
-from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
-from pydantic import ValidationError as PydanticValidationError
 
 from mcp_sandbox.bridge.discovery import ServerSpec
 from mcp_sandbox.errors import DownstreamError
+
+# The SDK is imported when the first connection starts, not with this module: importing it takes
+# longer than the rest of a `mcp-sandbox run` (pydantic builds its models), and a run or a server
+# that calls no downstream server never needs it (bench/startup.py).
+if TYPE_CHECKING:
+    import mcp_types as types
+    from mcp import Client
 
 __all__ = ["ClientPool", "open_client_pool"]
 
@@ -59,6 +58,9 @@ class _Connection:
 
 
 def _describe(exc: BaseException) -> str:
+    from mcp.shared.exceptions import MCPError
+    from pydantic import ValidationError as PydanticValidationError
+
     if isinstance(exc, MCPError):
         return exc.message
     if isinstance(exc, ExceptionGroup):
@@ -121,6 +123,8 @@ class ClientPool:
 
     async def _own(self, connection: _Connection) -> None:
         """The owner task: open the client, list its tools, hold it until told to stop."""
+        from mcp import Client
+
         spec = connection.spec
         try:
             # The deadline covers start-up and listing only; it is lifted once the server is ready.
@@ -148,6 +152,11 @@ class ClientPool:
             connection.ready.set()
 
     async def _target(self, spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
+        import httpx2
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         if spec.url is not None:
             http = await stack.enter_async_context(
                 httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0))
@@ -198,6 +207,10 @@ class ClientPool:
             DownstreamError: the server is unavailable, closed the connection, timed out or
                 answered with a protocol error. (A tool that fails returns ``is_error``.)
         """
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+        from pydantic import ValidationError as PydanticValidationError
+
         connection = await self._connection(alias)
         client = connection.client
         name = connection.spec.name

@@ -17,11 +17,10 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
@@ -46,12 +45,17 @@ from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure,
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.state import StateLayout
 
+if TYPE_CHECKING:  # the SDK's types are imported where a downstream server is used (see .clients)
+    import mcp_types as types
+
 __all__ = ["Mediator", "RunAccess", "open_mediator"]
 
 logger = logging.getLogger(__name__)
 
 
 def _text_of(result: types.CallToolResult) -> str:
+    import mcp_types as types
+
     texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
     return "\n".join(texts) or "the tool reported an error without a message"
 

@@ -22,9 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import mcp_types
+from typing import TYPE_CHECKING, Any
 
 from mcp_sandbox.bridge.schema_types import (
     TypeDefs,
@@ -35,6 +33,9 @@ from mcp_sandbox.bridge.schema_types import (
     json_scalar_source,
     one_line,
 )
+
+if TYPE_CHECKING:  # annotations only: the SDK is imported where a downstream server is used
+    import mcp_types
 
 __all__ = ["Param", "ToolDoc", "render_package", "render_tool_module", "tool_docs", "write_tree"]
 

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.install.jsonedit import JsonEditError, load, set_member
 from mcp_sandbox.install.targets import CLIENTS, Client
 
 __all__ = ["add_install_parser", "run_install", "server_command"]
@@ -89,6 +88,8 @@ def _snippet(client: Client, name: str, entry: dict[str, object], command: str, 
 
 def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     """Add (or print) the entry; 0 when the config holds it afterwards, 1 when the file was refused."""
+    from mcp_sandbox.install.jsonedit import JsonEditError, load, set_member
+
     env = os.environ if env is None else env
     client = CLIENTS[args.client]
     command, command_args = server_command(settings, uvx=args.uvx)

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.provision.js import NPM_MISSING, build_js_runtime, find_npm
-from mcp_sandbox.provision.python import SYSTEM_PYTHON, SetupError, build_python_runtime
+from mcp_sandbox.provision.status import SYSTEM_PYTHON
 
 __all__ = ["add_setup_parser", "run_setup"]
 
@@ -49,6 +48,9 @@ def add_setup_parser(
 
 def run_setup(settings: Settings, args: argparse.Namespace) -> int:
     """Build both runtimes; 0 when the Python one (and the JavaScript one, unless npm is absent) built."""
+    from mcp_sandbox.provision.js import NPM_MISSING, build_js_runtime, find_npm
+    from mcp_sandbox.provision.python import SetupError, build_python_runtime
+
     index_args = [*(["--no-index"] if args.no_index else []), *(f"--find-links={d}" for d in args.find_links)]
     try:
         build_python_runtime(settings, base=args.base_python, index_args=index_args)

@@ -27,11 +27,10 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.provision.pins import PYTHON_REQUIREMENTS
-from mcp_sandbox.provision.status import python_digest, write_stamp
+from mcp_sandbox.provision.status import SYSTEM_PYTHON, python_digest, write_stamp
 
 __all__ = ["SYSTEM_PYTHON", "build_python_runtime", "check_base_interpreter"]
 
-SYSTEM_PYTHON = Path("/usr/bin/python3")
 # What the pinned stack must give the sandbox's code (the import check after the build).
 _IMPORTS = "import numpy, pandas, matplotlib, requests"
 

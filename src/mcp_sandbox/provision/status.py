@@ -16,9 +16,20 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.provision.pins import JS_FILES, PYTHON_REQUIREMENTS, digest
 
-__all__ = ["FIX_COMMAND", "STAMP", "RuntimeStatus", "js_status", "python_status", "read_stamp", "write_stamp"]
+__all__ = [
+    "FIX_COMMAND",
+    "STAMP",
+    "SYSTEM_PYTHON",
+    "RuntimeStatus",
+    "js_status",
+    "python_status",
+    "read_stamp",
+    "write_stamp",
+]
 
 FIX_COMMAND = "mcp-sandbox setup"
+# The interpreter the sandbox's Python runtime is a venv of (see .python for why a system one).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
 STAMP = ".mcp-sandbox-setup.json"
 
 
