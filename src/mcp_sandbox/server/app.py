@@ -1,13 +1,31 @@
-"""The MCP server object and its transports."""
+"""The MCP server object and its transports.
+
+Over stdio the server answers ``initialize`` while its service is still opening: clients start
+their servers on every launch and wait for that answer, and opening the service (importing the
+engine, probing the backend, the metadata database, discovering downstream servers) takes longer
+than everything before it. The rest of the package is imported in a worker thread meanwhile, so
+the event loop stays free to answer; ``tools/list`` and ``tools/call`` wait until the service is
+open. A service that cannot open ends the server with its error, as before (bench/startup.py).
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
 from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Settings
-from mcp_sandbox.server.service import Service, open_service
-from mcp_sandbox.server.tools import ToolHandlers
+
+if TYPE_CHECKING:
+    import mcp_types as types
+
+    from mcp_sandbox.server.service import Service
+    from mcp_sandbox.server.tools import ToolHandlers
 
 __all__ = ["build_server", "serve", "serve_stdio"]
 
@@ -18,9 +36,7 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(service: Service) -> Server:
-    """Build the MCP server over ``service`` (engine, bridge, workspaces)."""
-    handlers = ToolHandlers(service)
+def _server(handlers: ToolHandlers | _Opening) -> Server:
     return Server(
         "mcp-sandbox",
         version=__version__,
@@ -30,12 +46,67 @@ def build_server(service: Service) -> Server:
     )
 
 
+def build_server(service: Service) -> Server:
+    """Build the MCP server over ``service`` (engine, bridge, workspaces)."""
+    from mcp_sandbox.server.tools import ToolHandlers
+
+    return _server(ToolHandlers(service))
+
+
+class _Opening:
+    """The tool handlers of a service that is still opening: each call waits until it is open."""
+
+    def __init__(self) -> None:
+        self._open = anyio.Event()
+        self._handlers: ToolHandlers | None = None
+
+    def opened(self, handlers: ToolHandlers) -> None:
+        self._handlers = handlers
+        self._open.set()
+
+    async def _ready(self) -> ToolHandlers:
+        await self._open.wait()
+        assert self._handlers is not None
+        return self._handlers
+
+    async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return await (await self._ready()).list_tools(ctx, params)
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        return await (await self._ready()).call_tool(ctx, params)
+
+
 async def serve_stdio(server: Server) -> None:
     """Serve MCP over this process's stdin/stdout until the client closes them."""
-    from mcp.server.stdio import stdio_server
-
     async with stdio_server() as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def _serve_stdio_opening(settings: Settings) -> None:
+    """Serve stdio at once, opening the service alongside (see the module docstring)."""
+    opening = _Opening()
+    closing = anyio.Event()
+    failures: list[Exception] = []
+
+    async def hold_service() -> None:
+        try:
+            await anyio.to_thread.run_sync(importlib.import_module, "mcp_sandbox.server.tools")
+            from mcp_sandbox.server.service import open_service
+            from mcp_sandbox.server.tools import ToolHandlers
+
+            async with open_service(settings, http=False) as service:
+                opening.opened(ToolHandlers(service))
+                await closing.wait()
+        except Exception as exc:  # the server cannot serve: stop it, and raise this after the group
+            failures.append(exc)
+            group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(hold_service)
+        await serve_stdio(_server(opening))
+        closing.set()  # the client is gone: close the service normally (running executions finish)
+    if failures:
+        raise failures[0]
 
 
 async def serve(settings: Settings, transport: str) -> None:
@@ -43,14 +114,15 @@ async def serve(settings: Settings, transport: str) -> None:
 
     Raises:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
+        BackendUnavailableError: the backend cannot serve here (see :func:`~mcp_sandbox.engine.startup.open_engine`).
     """
     if transport == "stdio":
-        async with open_service(settings, http=False) as service:
-            await serve_stdio(build_server(service))
+        await _serve_stdio_opening(settings)
         return
     from mcp_sandbox.server.auth import TokenTable, load_tokens
     from mcp_sandbox.server.files import file_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
+    from mcp_sandbox.server.service import open_service
 
     tokens = TokenTable(load_tokens(settings))
     check_exposure(settings, tokens)

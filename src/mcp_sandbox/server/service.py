@@ -148,7 +148,8 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
     layout = StateLayout.of(settings)
-    engine = open_engine(settings)
+    # In a worker thread: probing the backend runs processes, and the event loop may be serving.
+    engine = await anyio.to_thread.run_sync(open_engine, settings)
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
