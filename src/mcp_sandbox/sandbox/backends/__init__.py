@@ -54,5 +54,9 @@ def get_backend(name: str, settings: Settings) -> Backend:
 
 
 def available_backends(settings: Settings) -> list[BackendProbe]:
-    """Probe every known backend on this host."""
-    return [get_backend(name, settings).probe() for name in BACKEND_NAMES]
+    """Probe every known backend on this host, at once (each probe mostly waits for a sandbox it starts)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    backends = [get_backend(name, settings) for name in BACKEND_NAMES]
+    with ThreadPoolExecutor(max_workers=len(backends), thread_name_prefix="probe") as pool:
+        return list(pool.map(lambda backend: backend.probe(), backends))
