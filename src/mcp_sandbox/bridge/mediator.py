@@ -36,17 +36,19 @@ from mcp_sandbox.bridge.requests import (
     SearchTools,
     decode_request,
 )
-from mcp_sandbox.bridge.search import ToolIndex, render
-from mcp_sandbox.bridge.stubs import ToolDoc, render_package, tool_docs, write_tree
-from mcp_sandbox.bridge.typings import render_typings
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.state import StateLayout
 
-if TYPE_CHECKING:  # the SDK's types are imported where a downstream server is used (see .clients)
+# The SDK's types, the stub and typings generators and the search index are imported where a
+# downstream server is used (see .clients): a run or a server without one never needs them.
+if TYPE_CHECKING:
     import mcp_types as types
+
+    from mcp_sandbox.bridge.search import ToolIndex
+    from mcp_sandbox.bridge.stubs import ToolDoc
 
 __all__ = ["Mediator", "RunAccess", "open_mediator"]
 
@@ -112,6 +114,9 @@ class Mediator:
         cached = self._stubs.get(alias)
         if cached is not None and cached.tools is tools:
             return cached
+        from mcp_sandbox.bridge.stubs import render_package, tool_docs
+        from mcp_sandbox.bridge.typings import render_typings
+
         permitted = [tool for tool in tools if spec.permits(tool.name)]
         docs = tool_docs(alias, permitted)
         files = render_package(alias, spec.name, None, docs)
@@ -122,10 +127,15 @@ class Mediator:
         return stubs
 
     def _write(self, alias: str, files: dict[str, str]) -> Path:
+        from mcp_sandbox.bridge.stubs import write_tree
+
         return write_tree(self._layout.prepare_stubs(), files, prefix=alias)
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
+        from mcp_sandbox.bridge.stubs import render_package
+        from mcp_sandbox.bridge.typings import render_typings
+
         note = f"UNAVAILABLE in this run: {reason}"
         files = render_package(spec.alias, spec.name, note, [])
         files["index.d.ts"] = render_typings(spec.alias, spec.name, note, [])
@@ -136,6 +146,8 @@ class Mediator:
 
     async def index(self) -> tuple[ToolIndex, dict[str, str]]:
         """A search index over every server's tools, and the servers that could not be listed."""
+        from mcp_sandbox.bridge.search import ToolIndex
+
         docs: list[ToolDoc] = []
         failures: dict[str, str] = {}
         listed = await self.pool.all_tools()
@@ -148,6 +160,8 @@ class Mediator:
 
     async def search(self, query: str, detail: str, limit: int) -> tuple[list[tuple[ToolDoc, str]], dict[str, str]]:
         """The best ``limit`` tools for ``query``, each rendered at ``detail``; and the failures."""
+        from mcp_sandbox.bridge.search import render
+
         index, failures = await self.index()
         return [(doc, render(doc, cast(Any, detail))) for doc, _ in index.search(query, limit=limit)], failures
 
@@ -307,6 +321,8 @@ class RunAccess:
         ]
 
     async def _query_tool_docs(self, request: QueryToolDocs) -> str:
+        from mcp_sandbox.bridge.search import render
+
         spec = self._server(request.server)
         docs = await self.bridge.docs(spec.alias)
         if request.tool is not None:

@@ -8,7 +8,6 @@ import time: callers pass it in (or :func:`load_settings` reads it when called).
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,8 @@ _RESERVED_TABLES = frozenset({"auth", "servers"})
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # only when there is a file: most starts have none
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
