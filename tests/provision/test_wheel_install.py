@@ -158,3 +158,15 @@ def test_serve_without_setup_names_the_command_that_fixes_it(installed: Installe
     )
     assert done.returncode == 2
     assert "run `mcp-sandbox setup`" in done.stderr and str(env_dir / "python") in done.stderr
+
+
+def test_setup_installs_the_javascript_runtimes_with_npm_and_typescript_runs(installed: Installed) -> None:
+    # npm is the system's here (`make test` installs it); setup says what to install where there is none.
+    assert shutil.which("npm") is not None, "npm is needed (scripts/install-system-deps.sh installs it)"
+    started = time.monotonic()
+    setup = installed.run("setup", "--no-python", timeout=600)
+    print(f"mcp-sandbox setup --no-python: {time.monotonic() - started:.1f} s")
+    assert setup.returncode == 0, f"{setup.stdout}\n{setup.stderr}"
+    assert (installed.data_dir / "js" / ".mcp-sandbox-setup.json").exists()
+    done = installed.run("run", "--language", "typescript", "-c", "const n: number = 6 * 7; console.log(n)")
+    assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr

@@ -44,6 +44,7 @@ def add_setup_parser(
         "--no-index", action="store_true", help="pip: use no package index, only --find-links (npm: --offline)"
     )
     setup.add_argument("--no-js", action="store_true", help="skip the TypeScript/JavaScript runtimes")
+    setup.add_argument("--no-python", action="store_true", help="skip the Python runtime (keep the one built)")
 
 
 def run_setup(settings: Settings, args: argparse.Namespace) -> int:
@@ -52,12 +53,15 @@ def run_setup(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.provision.python import SetupError, build_python_runtime
 
     index_args = [*(["--no-index"] if args.no_index else []), *(f"--find-links={d}" for d in args.find_links)]
-    try:
-        build_python_runtime(settings, base=args.base_python, index_args=index_args)
-    except SetupError as exc:
-        print(f"mcp-sandbox setup: {exc}", file=sys.stderr)
-        return 1
-    print("  python runtime ready")
+    if args.no_python:
+        print("python runtime: skipped (--no-python)")
+    else:
+        try:
+            build_python_runtime(settings, base=args.base_python, index_args=index_args)
+        except SetupError as exc:
+            print(f"mcp-sandbox setup: {exc}", file=sys.stderr)
+            return 1
+        print("  python runtime ready")
     if args.no_js:
         print("javascript runtimes: skipped (--no-js); TypeScript/JavaScript runs fail until setup installs them")
     elif find_npm() is None:
