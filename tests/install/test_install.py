@@ -184,3 +184,15 @@ async def test_the_entry_install_writes_starts_a_working_server(home: Path, stat
             result = await client.call_tool("run_python", {"code": "print(6 * 7)"})
     assert "run_python" in {tool.name for tool in tools.tools}
     assert result.structured_content is not None and result.structured_content["stdout"] == "42\n"
+
+
+def test_a_linked_config_is_edited_where_it_lives_and_stays_a_link(home: Path) -> None:
+    real = home / "dotfiles" / "mcp.json"
+    real.parent.mkdir()
+    real.write_text('{"mcpServers": {}}\n')
+    link = home / ".cursor" / "mcp.json"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    assert main(["install", "cursor"]) == 0
+    assert link.is_symlink()
+    assert "sandbox" in json.loads(real.read_text())["mcpServers"]

@@ -113,8 +113,10 @@ def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, 
     except (OSError, UnicodeDecodeError) as exc:
         print(f"mcp-sandbox install: cannot read {path}: {exc}", file=sys.stderr)
         return 1
-    backup = _backup(path) if path.exists() else None
-    _write(path, edited)
+    # A linked file (dotfiles kept elsewhere) is edited where it lives; the link stays.
+    target = path.resolve() if path.is_symlink() else path
+    backup = _backup(target) if target.exists() else None
+    _write(target, edited)
     print(f"{client.label}: added {args.name!r} to {path}: {shlex.join([command, *command_args])}")
     if backup is not None:
         print(f"  the previous file is kept as {backup}")
