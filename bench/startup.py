@@ -12,8 +12,11 @@ waits. Every command runs as a fresh process, N times, one after the other; wall
   (which goes cold when the warm pool has not filled yet);
 - ``mcp-sandbox doctor`` (fewer runs: it starts sandboxes on purpose).
 
-``--src DIR`` runs another source tree of the package (``PYTHONPATH``), to compare before/after
-in one go on the same machine. The state directory and ``HOME`` are fresh temporary ones.
+``--compare TREE`` also runs another source tree of the package (its ``src/`` on ``PYTHONPATH``),
+to compare before/after in one go. Rows are measured round-robin, so a load that drifts during
+the run weighs on every row alike. The state directory and ``HOME`` are fresh temporary ones.
+``python -c ...`` includes the interpreter's exit (freeing every module), which the served
+answers do not: ``initialize`` can come before an ``import mcp`` process has ended.
 """
 
 from __future__ import annotations
@@ -38,7 +41,12 @@ INITIALIZE = {
 }
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 LIST_TOOLS = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-RUN = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "run_python", "arguments": {"code": "print(1)"}}}
+RUN = {
+    "jsonrpc": "2.0",
+    "id": 3,
+    "method": "tools/call",
+    "params": {"name": "run_python", "arguments": {"code": "print(1)"}},
+}
 
 
 def quantiles(samples: list[float]) -> tuple[float, float]:
@@ -48,18 +56,16 @@ def quantiles(samples: list[float]) -> tuple[float, float]:
 
 def line(label: str, samples: list[float]) -> None:
     median, p95 = quantiles(samples)
-    print(f"  {label:<46} {median:8.0f} {p95:8.0f}  n={len(samples)}", flush=True)
+    print(f"  {label:<52} {median:8.0f} {p95:8.0f}  n={len(samples)}", flush=True)
 
 
-def timed(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False)
-        samples.append((time.perf_counter() - started) * 1000)
-        if done.returncode not in (0, 1):  # doctor exits 1 on a weak host; that is an answer too
-            raise RuntimeError(f"{argv} failed: {done.stderr.decode()[-2000:]}")
-    return samples
+def timed_once(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode not in (0, 1):  # doctor exits 1 on a weak host; that is an answer too
+        raise RuntimeError(f"{argv} failed: {done.stderr.decode()[-2000:]}")
+    return elapsed
 
 
 def serve_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
@@ -94,14 +100,23 @@ def serve_once(argv: list[str], env: dict[str, str]) -> tuple[float, float, floa
     return initialized, listed, ran
 
 
-def repeat(call: Callable[[], tuple[float, float, float]], runs: int) -> list[tuple[float, float, float]]:
-    return [call() for _ in range(runs)]
+def rows(tree: str, env: dict[str, str], python: str) -> list[tuple[str, Callable[[], list[float]], bool]]:
+    """(label, one measurement, is it slow) for one source tree; doctor is measured every third round."""
+    server = [python, "-m", "mcp_sandbox"]
+    return [
+        (f"mcp-sandbox --version{tree}", lambda: [timed_once([*server, "--version"], env)], False),
+        (f'mcp-sandbox run -c "print(1)"{tree}', lambda: [timed_once([*server, "run", "-c", "print(1)"], env)], False),
+        (f"serve: initialize answered{tree}", lambda: list(serve_once([*server, "serve"], env)), False),
+        (f"mcp-sandbox doctor{tree}", lambda: [timed_once([*server, "doctor"], env)], True),
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--src", type=Path, help="a source tree (its src/) to run instead of the installed package")
+    parser.add_argument(
+        "--compare", type=Path, metavar="TREE", help="also run another source tree (its src/), e.g. a checkout of main"
+    )
     args = parser.parse_args()
 
     python = sys.executable
@@ -109,21 +124,31 @@ def main() -> None:
         os.chmod(temp, 0o711)  # the sandbox's uid reaches the state dir when root
         env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
         env.update({"HOME": temp, "MCP_SANDBOX_STATE_DIR": f"{temp}/state"})
-        if args.src is not None:
-            env["PYTHONPATH"] = str(args.src.resolve() / "src")
-        server = [python, "-m", "mcp_sandbox"]
-        which = f" ({args.src})" if args.src else ""
-        print(f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}{which}")
-        print(f"  {'ms from exec':<46} {'median':>8} {'p95':>8}")
-        line("python -c pass", timed([python, "-c", "pass"], env, args.runs))
-        line('python -c "import mcp"', timed([python, "-c", "import mcp"], env, args.runs))
-        line("mcp-sandbox --version", timed([*server, "--version"], env, args.runs))
-        line('mcp-sandbox run -c "print(1)"', timed([*server, "run", "-c", "print(1)"], env, args.runs))
-        served = repeat(lambda: serve_once([*server, "serve"], env), args.runs)
-        line("serve: initialize answered", [s[0] for s in served])
-        line("serve: tools/list answered", [s[1] for s in served])
-        line("serve: first run_python print(1) answered", [s[2] for s in served])
-        line("mcp-sandbox doctor", timed([*server, "doctor"], env, max(3, args.runs // 3)))
+        measured: list[tuple[str, Callable[[], list[float]], bool]] = [
+            ("python -c pass", lambda: [timed_once([python, "-c", "pass"], env)], False),
+            ('python -c "import mcp"', lambda: [timed_once([python, "-c", "import mcp"], env)], False),
+            *rows("", env, python),
+        ]
+        if args.compare is not None:
+            other = {**env, "PYTHONPATH": str(args.compare.resolve() / "src")}
+            measured += rows(f" [{args.compare.name}]", other, python)
+        # Round-robin: every row sees the same machine (its load drifts during a run).
+        samples: dict[str, list[list[float]]] = {label: [] for label, _, _ in measured}
+        for round_ in range(args.runs):
+            for label, measure, slow in measured:
+                if not slow or round_ % 3 == 0:
+                    samples[label].append(measure())
+        print(f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+        print(f"  {'ms from exec':<52} {'median':>8} {'p95':>8}")
+        for label, _, _ in measured:
+            columns = list(zip(*samples[label], strict=True))
+            if label.startswith("serve:"):
+                tree = label.removeprefix("serve: initialize answered")
+                line(f"serve: initialize answered{tree}", list(columns[0]))
+                line(f"serve: tools/list answered{tree}", list(columns[1]))
+                line(f"serve: first run_python print(1) answered{tree}", list(columns[2]))
+            else:
+                line(label, list(columns[0]))
 
 
 if __name__ == "__main__":
