@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -127,6 +128,8 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.engine.startup import open_engine
 
     code = _read_source(args)
+    # One run: warm sandboxes would only start (numpy, pandas) beside it and be thrown away.
+    settings = dataclasses.replace(settings, pool_size=0, pool_min=0)
     engine = open_engine(settings)
 
     async def run() -> ExecutionResult:
