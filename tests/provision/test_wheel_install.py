@@ -98,6 +98,9 @@ def installed() -> Iterator[Installed]:
         assert setup.returncode == 0, f"setup failed:\n{setup.stdout}\n{setup.stderr}"
         yield Installed(wheel, venv, partial.data_dir, partial.state_dir, elsewhere, setup.stdout + setup.stderr)
     finally:
+        # Our own trees go fast; the state directory (sandboxes wrote there) the careful way.
+        for tree in ("venv", "data", "wheels", "source"):
+            shutil.rmtree(root / tree, ignore_errors=True)
         remove_tree(root)
 
 
