@@ -66,3 +66,11 @@ def test_a_stamp_from_other_pins_or_packages_is_out_of_date(tmp_path: Path) -> N
     (runtime / STAMP).unlink()  # a runtime `make` built: current, unless runtime_packages ask for more
     assert python_status(settings).problem is None
     assert python_status(with_packages).problem is not None
+
+
+def test_a_runtime_under_usr_local_is_ours_but_usr_itself_is_the_systems() -> None:
+    # Root's data dir is /usr/local/lib/mcp-sandbox: a missing runtime there is missing, not "system".
+    ours = load_settings(env={"MCP_SANDBOX_DATA_DIR": "/usr/local/lib/mcp-sandbox-test-absent"})
+    assert python_status(ours).missing
+    system = load_settings(env={"MCP_SANDBOX_PYTHON_RUNTIME": "/usr"})
+    assert python_status(system).problem is None

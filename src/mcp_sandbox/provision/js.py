@@ -69,6 +69,8 @@ def build_js_runtime(
         raise SetupError(f"js_runtime_dir {runtime} is a symbolic link; setup does not replace what it points at")
     log(f"javascript runtimes (bun, deno): {runtime}\n  installing with {' '.join(npm)} ci")
     if runtime.exists():
+        if not (runtime / "package.json").exists() and any(runtime.iterdir()):
+            raise SetupError(f"js_runtime_dir {runtime} exists and is not an npm install; setup replaces only its own")
         shutil.rmtree(runtime)
     runtime.mkdir(parents=True)
     for pin in JS_FILES:

@@ -27,7 +27,7 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.provision.pins import PYTHON_REQUIREMENTS
-from mcp_sandbox.provision.status import SYSTEM_PYTHON, python_digest, write_stamp
+from mcp_sandbox.provision.status import SYSTEM_PYTHON, is_system_prefix, python_digest, write_stamp
 
 __all__ = ["SYSTEM_PYTHON", "build_python_runtime", "check_base_interpreter"]
 
@@ -134,7 +134,7 @@ def build_python_runtime(
         SetupError: the base interpreter is unsuitable, or a step failed (named in the message).
     """
     runtime = settings.python_runtime
-    if runtime.resolve().is_relative_to("/usr"):
+    if is_system_prefix(runtime):
         raise SetupError(
             f"python_runtime is {runtime}, a system directory: setup builds a runtime of its own; "
             "unset python_runtime (or point it at a new directory)"
@@ -149,6 +149,8 @@ def build_python_runtime(
         "  is invisible to it (and root's home is closed to the sandbox's uid)"
     )
     if runtime.exists():
+        if not (runtime / "pyvenv.cfg").exists():
+            raise SetupError(f"python_runtime {runtime} exists and is not a venv; setup replaces only a venv")
         shutil.rmtree(runtime)
     runtime.parent.mkdir(parents=True, exist_ok=True)
     venv_python = runtime / "bin" / "python3"

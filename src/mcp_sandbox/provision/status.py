@@ -21,6 +21,7 @@ __all__ = [
     "STAMP",
     "SYSTEM_PYTHON",
     "RuntimeStatus",
+    "is_system_prefix",
     "js_status",
     "python_status",
     "read_stamp",
@@ -60,6 +61,11 @@ def write_stamp(runtime: Path, values: dict[str, object]) -> None:
     os.chmod(runtime / STAMP, 0o644)
 
 
+def is_system_prefix(runtime: Path) -> bool:
+    """``python_runtime`` names the system's own interpreter (``/usr``), not a runtime of ours."""
+    return runtime.resolve() in (Path("/usr"), Path("/usr/local"))
+
+
 def python_digest(settings: Settings) -> str:
     return digest(PYTHON_REQUIREMENTS, extra=settings.runtime_packages)
 
@@ -71,7 +77,7 @@ def js_digest() -> str:
 def python_status(settings: Settings) -> RuntimeStatus:
     """Whether the sandbox's Python runtime is there and built from the current pins and packages."""
     runtime = settings.python_runtime
-    if runtime.resolve().is_relative_to("/usr"):
+    if is_system_prefix(runtime):
         # The system's interpreter, configured on purpose (a container image has its packages).
         problem = (
             "runtime_packages are installed by setup into a runtime of its own" if settings.runtime_packages else None
