@@ -9,7 +9,6 @@ up first, and left alone when the entry is already there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -80,7 +79,9 @@ def _write(path: Path, text: str) -> None:
 
 
 def _snippet(client: Client, name: str, entry: dict[str, object], command: str, args: list[str]) -> str:
-    text = json.dumps({client.key: {name: entry}}, indent=2)
+    from mcp_sandbox.install.jsonedit import dump
+
+    text = dump({client.key: {name: entry}})
     if client.name == "claude-code":
         text += f"\n\nor: claude mcp add --scope user {shlex.quote(name)} -- {shlex.join([command, *args])}"
     return text

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JsonEditError", "load", "set_member"]
+__all__ = ["JsonEditError", "dump", "load", "set_member"]
 
 
 class JsonEditError(ValueError):
@@ -149,9 +149,22 @@ def _indent_unit(text: str, root: Node) -> str:
 
 
 def _dump(value: Any, unit: str | None, indent: str) -> str:
+    """``value`` as JSON: on one line (``unit`` None), else indented by ``unit`` from ``indent``,
+    with short lists of scalars (``"args": ["serve"]``) kept on one line as people write them."""
+    one_line = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
     if unit is None:
-        return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-    return json.dumps(value, ensure_ascii=False, indent=unit).replace("\n", "\n" + indent)
+        return one_line
+    inner = indent + unit
+    if isinstance(value, dict) and value:
+        members = [
+            f"{inner}{json.dumps(key, ensure_ascii=False)}: {_dump(item, unit, inner)}" for key, item in value.items()
+        ]
+        return "{\n" + ",\n".join(members) + f"\n{indent}}}"
+    if isinstance(value, list) and value:
+        if all(not isinstance(item, dict | list) for item in value) and len(one_line) <= 72:
+            return one_line
+        return "[\n" + ",\n".join(f"{inner}{_dump(item, unit, inner)}" for item in value) + f"\n{indent}]"
+    return one_line
 
 
 def _insert(text: str, obj: Node, key: str, value: Any, unit: str) -> str:
@@ -183,6 +196,11 @@ def _insert(text: str, obj: Node, key: str, value: Any, unit: str) -> str:
     if rest.strip().startswith("//") or (rest.strip().startswith("/*") and rest.strip().endswith("*/")):
         return f"{head}{rest}\n{indent}{member}{tail}{text[line_end:]}"
     return f"{head}\n{indent}{member}{tail}{text[at:]}"
+
+
+def dump(value: Any) -> str:
+    """``value`` as a new file would hold it: two-space indents, short lists on one line."""
+    return _dump(value, "  ", "")
 
 
 def set_member(text: str, path: tuple[str, ...], value: Any) -> str:
