@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +77,33 @@ def test_a_runtime_under_usr_local_is_ours_but_usr_itself_is_the_systems() -> No
     assert python_status(ours).missing
     system = load_settings(env={"MCP_SANDBOX_PYTHON_RUNTIME": "/usr"})
     assert python_status(system).problem is None
+
+
+def test_serve_without_a_runtime_ends_at_once_though_the_client_keeps_stdin_open(tmp_path: Path) -> None:
+    """serve answers initialize before its service opens; when that fails it must not linger."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_SANDBOX_")}
+    env.update({"MCP_SANDBOX_DATA_DIR": str(tmp_path / "absent"), "MCP_SANDBOX_STATE_DIR": str(tmp_path / "s")})
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mcp_sandbox", "serve"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert server.stdin is not None and server.stderr is not None
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+    }
+    try:
+        server.stdin.write(json.dumps(initialize).encode() + b"\n")
+        server.stdin.flush()
+        status = server.wait(timeout=60)  # stdin is still open
+    finally:
+        if server.poll() is None:
+            server.kill()
+        _, err = server.communicate(timeout=30)  # closes every pipe
+    assert status == 2
+    assert f"run `{FIX_COMMAND}`" in err.decode()

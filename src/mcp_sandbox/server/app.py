@@ -5,13 +5,17 @@ their servers on every launch and wait for that answer, and opening the service 
 engine, probing the backend, the metadata database, discovering downstream servers) takes longer
 than everything before it. The rest of the package is imported in a worker thread meanwhile, so
 the event loop stays free to answer; ``tools/list`` and ``tools/call`` wait until the service is
-open. A service that cannot open ends the server with its error, as before (bench/startup.py).
+open. A service that cannot open ends the process at once with its error and exit status 2, as
+the CLI does for a refused host (bench/startup.py).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import anyio.to_thread
@@ -20,6 +24,7 @@ from mcp.server.stdio import stdio_server
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import SandboxError
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -82,11 +87,23 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def _end_process(exc: Exception) -> NoReturn:
+    """End the process now, saying why: the stdio reader waits in a thread no cancellation reaches
+    (reading stdin, which the client keeps open), so returning would hang until the client quits."""
+    if isinstance(exc, SandboxError):
+        print(f"mcp-sandbox: {exc}", file=sys.stderr, flush=True)
+        status = 2  # as the CLI does for a refused configuration or host
+    else:
+        traceback.print_exception(exc, file=sys.stderr)
+        status = 1
+    sys.stderr.flush()
+    os._exit(status)
+
+
 async def _serve_stdio_opening(settings: Settings) -> None:
     """Serve stdio at once, opening the service alongside (see the module docstring)."""
     opening = _Opening()
     closing = anyio.Event()
-    failures: list[Exception] = []
 
     async def hold_service() -> None:
         try:
@@ -97,16 +114,13 @@ async def _serve_stdio_opening(settings: Settings) -> None:
             async with open_service(settings, http=False) as service:
                 opening.opened(ToolHandlers(service))
                 await closing.wait()
-        except Exception as exc:  # the server cannot serve: stop it, and raise this after the group
-            failures.append(exc)
-            group.cancel_scope.cancel()
+        except Exception as exc:  # the server cannot serve
+            _end_process(exc)
 
     async with anyio.create_task_group() as group:
         group.start_soon(hold_service)
         await serve_stdio(_server(opening))
         closing.set()  # the client is gone: close the service normally (running executions finish)
-    if failures:
-        raise failures[0]
 
 
 async def serve(settings: Settings, transport: str) -> None:
