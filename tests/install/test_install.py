@@ -172,11 +172,18 @@ def test_jsonedit_creates_missing_objects_and_fills_empty_ones() -> None:
         set_member('{"a": 1,, }', ("servers", "a"), 1)
 
 
-async def test_the_entry_install_writes_starts_a_working_server(home: Path, state_dir: Path) -> None:
+async def test_the_entry_install_writes_starts_a_working_server(
+    home: Path, state_dir: Path, packaged_runtime: Path
+) -> None:
     """What a client does with the file: start the command it names and speak MCP to it."""
     assert main(["install", "cursor"]) == 0
     entry = json.loads((home / ".cursor" / "mcp.json").read_text())["mcpServers"]["sandbox"]
-    env = {**os.environ, "MCP_SANDBOX_STATE_DIR": str(state_dir), "MCP_SANDBOX_DISCOVER_SERVERS": "0"}
+    env = {
+        **os.environ,
+        "MCP_SANDBOX_STATE_DIR": str(state_dir),
+        "MCP_SANDBOX_DISCOVER_SERVERS": "0",
+        "MCP_SANDBOX_PYTHON_RUNTIME": str(packaged_runtime),  # the checkout's, as `make` built it
+    }
     params = StdioServerParameters(command=entry["command"], args=entry["args"], env=env)
     with anyio.fail_after(60):
         async with Client(params) as client:
