@@ -27,6 +27,7 @@ from mcp_sandbox.workspace import remove_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
+RUNTIME_PACKAGE = "tabulate==0.9.0"
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Installed:
                 "MCP_SANDBOX_DATA_DIR": str(self.data_dir),
                 "MCP_SANDBOX_STATE_DIR": str(self.state_dir),
                 "HOME": str(self.elsewhere),
+                # One small package more, installed by setup on the host side.
+                "MCP_SANDBOX_RUNTIME_PACKAGES": RUNTIME_PACKAGE,
             }
         )
         return env
@@ -123,10 +126,13 @@ def test_setup_explains_the_system_interpreter_and_stamps_the_runtime(installed:
 
 
 def test_the_installed_package_runs_pandas_in_a_sandbox(installed: Installed) -> None:
-    done = installed.run("run", "-c", "import pandas, sys; print(pandas.__version__, sys.prefix)")
+    code = "import pandas, sys, tabulate; print(pandas.__version__, sys.prefix, tabulate.__version__)"
+    done = installed.run("run", "-c", code)
     assert done.returncode == 0, done.stderr
-    version, prefix = done.stdout.split()
+    version, prefix, added = done.stdout.split()
     assert prefix == str(installed.data_dir / "python") and version.startswith(("2.", "3."))
+    assert added == "0.9.0"  # runtime_packages
+    assert "runtime_packages" not in done.stderr  # the stamp says they are installed: no warning
 
 
 def test_the_installed_package_is_not_the_checkout(installed: Installed) -> None:
