@@ -79,6 +79,7 @@ const editor = new EditorView({
       basicSetup,
       languageMode.of(python()),
       EditorView.contentAttributes.of({ "aria-label": "Code to run" }),
+      EditorView.cspNonce.of(document.querySelector('meta[name="csp-nonce"]')?.content ?? ""),
     ],
   }),
 });
