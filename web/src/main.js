@@ -463,6 +463,7 @@ ui.addEnv.addEventListener("click", () => addEnvRow().focus());
 
 // --- start -------------------------------------------------------------------------------------
 
+setCode(examplesFor("python", new Set())[0].code);
 const previous = knownConversations();
 switchConversation(previous[0] ?? randomConversation());
 addEnvRow();
