@@ -427,3 +427,25 @@ async def test_the_page_fits_a_phone(browser: Browser, base: str) -> None:
     finally:
         await context.close()
     seen.check(base)
+
+
+# --- a loopback server without tokens -------------------------------------------------------------
+
+
+async def test_an_open_loopback_server_connects_without_asking_for_a_token(
+    browser: Browser, state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    async with http_server(state_dir, runtime=sandbox_runtime) as open_base:
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(RUN_BOUND_MS)
+        seen = Watched(page)
+        try:
+            await page.goto(open_base + "/")
+            await expect(page.locator("#connection")).to_have_class(re.compile(r"\bok\b"))
+            assert await run_and_wait(page) == "success"
+            await expect(page.locator("#stdout")).to_contain_text("Hello, world!")
+            assert await page.evaluate("() => sessionStorage.getItem('mcp-sandbox.token')") is None
+        finally:
+            await context.close()
+        seen.check(open_base)

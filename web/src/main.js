@@ -206,6 +206,7 @@ async function connect(token) {
     const tools = (await client.listTools()).tools ?? [];
     const runners = await client.callTool("list_runners", {});
     const info = runners.structuredContent ?? {};
+    state.client?.close();
     state.client = client;
     state.token = token;
     if (token) sessionStorage.setItem(TOKEN_KEY, token);
@@ -262,6 +263,7 @@ ui.auth.addEventListener("submit", (event) => {
 
 ui.forget.addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
+  state.client?.close();
   state.client = null;
   state.token = "";
   ui.run.disabled = true;
@@ -460,6 +462,8 @@ ui.drop.addEventListener("drop", (event) => {
 ui.newConversation.addEventListener("click", () => switchConversation(randomConversation()));
 ui.conversation.addEventListener("change", () => switchConversation(ui.conversation.value.trim()));
 ui.addEnv.addEventListener("click", () => addEnvRow().focus());
+
+window.addEventListener("pagehide", () => state.client?.close());
 
 // --- start -------------------------------------------------------------------------------------
 

@@ -142,6 +142,14 @@ export class McpClient {
     return answer.result;
   }
 
+  /** End the session on the server (best effort; `keepalive` lets it outlive the page). */
+  close() {
+    if (!this.sessionId) return;
+    const headers = this.headers();
+    this.sessionId = null;
+    fetch(this.endpoint, { method: "DELETE", headers, keepalive: true, credentials: "omit" }).catch(() => {});
+  }
+
   listTools() {
     return this.request("tools/list", {});
   }
