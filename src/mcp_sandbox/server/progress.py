@@ -52,7 +52,9 @@ class ProgressLines:
             lines.append(rest)
             rest = b""
         self._partial[stream] = rest
-        for line in lines:
+        # Only the last BATCH lines can still be sent: count the others without decoding them.
+        self._count += max(0, len(lines) - BATCH)
+        for line in lines[-BATCH:]:
             self._line(line)
 
     def _line(self, line: bytes) -> None:
