@@ -261,6 +261,14 @@ async def test_the_code_mode_example_is_listed_only_for_python(watched: Watched,
     assert examples == ["hello", "fibonacci", "files"]
 
 
+async def test_the_network_checkbox_is_hidden_when_the_server_cannot_grant_network(watched: Watched, base: str) -> None:
+    page = watched.page
+    await connect(page, base)
+
+    # This server grants no network (list_runners says so): the page offers none.
+    await expect(page.get_by_label("Network access")).to_be_hidden()
+
+
 async def test_ctrl_enter_runs_the_code_in_the_editor(watched: Watched, base: str) -> None:
     page = watched.page
     await connect(page, base)

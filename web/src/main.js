@@ -238,9 +238,15 @@ function configure(tools, info) {
   }
   const runners = Array.isArray(info.runners) ? info.runners : [];
   state.languages = runners.filter((runner) => !runner.error).map((runner) => runner.language);
-  // Network: only where the server says it can grant it (list_runners' `network`).
-  const network = info.network === true || info.network?.available === true || runners.some((r) => r.network === true);
+  // Network: only where the server says it can grant it. list_runners' `network` is true, an
+  // object with `available`, or a summary of what `network: true` reaches ("none (…)" when nothing).
+  const offered = info.network;
+  const network =
+    offered === true ||
+    offered?.available === true ||
+    (typeof offered === "string" && offered.trim() !== "" && !/^none\b/i.test(offered.trim()));
   ui.networkRow.hidden = !network;
+  ui.networkRow.title = typeof offered === "string" ? `network: true reaches ${offered}` : "";
   if (!network) ui.network.checked = false;
   const previous = ui.language.value;
   ui.language.replaceChildren(
