@@ -24,6 +24,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from downstream import FIXTURE_SERVER
+from mcp_sandbox.server.playground import STATIC_DIR
 from mcp_test_helpers import http_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -44,10 +45,13 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _require_chromium() -> None:
-    if CHROMIUM.exists():
+def _require_chromium_and_the_bundle() -> None:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing: run `make browser` (Debian's chromium package)"
+    elif not (STATIC_DIR / "playground.js").exists():
+        reason = f"the playground is not built ({STATIC_DIR} has no playground.js): run `make web`"
+    else:
         return
-    reason = f"{CHROMIUM} is missing: run `make browser` (Debian's chromium package)"
     if os.environ.get("MAKELEVEL") or os.environ.get("CI"):
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
@@ -55,6 +59,7 @@ def _require_chromium() -> None:
 
 @pytest.fixture(scope="module")
 async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[str]:
+    _require_chromium_and_the_bundle()
     # One downstream server (our fixture) makes the code-mode example appear.
     config = module_state_dir.parent / f"servers-{uuid.uuid4().hex[:8]}.json"
     fixture = {"command": sys.executable, "args": [str(FIXTURE_SERVER)]}
@@ -66,7 +71,7 @@ async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIte
 
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Browser]:
-    _require_chromium()
+    _require_chromium_and_the_bundle()
     async with async_playwright() as playwright:
         # A fresh profile directory each launch (Playwright makes one and removes it).
         launched = await playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
