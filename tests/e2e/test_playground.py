@@ -364,6 +364,7 @@ async def test_an_uploaded_csv_is_listed_and_read_from_code(watched: Watched, ba
 
     await page.get_by_label("Upload files").set_input_files(str(csv))
 
+    await expect(page.locator("#upload-status")).to_have_text("Uploaded data.csv to /workspace.")
     row = page.locator("#files tbody tr", has_text="data.csv")
     await expect(row).to_contain_text("12 B")
     link = page.get_by_role("link", name="Download data.csv")

@@ -50,6 +50,7 @@ const ui = {
   noFiles: $("no-files"),
   drop: $("drop"),
   upload: $("upload"),
+  uploadStatus: $("upload-status"),
 };
 
 const state = {
@@ -434,7 +435,7 @@ async function upload(fileList) {
   const form = new FormData();
   form.append("conversationId", conversation);
   for (const file of files) form.append("file", file, file.name);
-  setConnection(`Uploading ${files.length} file(s)…`);
+  ui.uploadStatus.textContent = `Uploading ${files.length} file(s)…`;
   try {
     const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
     const response = await fetch(UPLOAD_ENDPOINT, { method: "POST", body: form, headers, credentials: "omit" });
@@ -443,9 +444,9 @@ async function upload(fileList) {
     for (const file of answer.files ?? []) state.files.set(file.name, file);
     renderFiles();
     rememberConversation(conversation);
-    setConnection(`Uploaded ${files.map((f) => f.name).join(", ")} to /workspace.`, "ok");
+    ui.uploadStatus.textContent = `Uploaded ${files.map((f) => f.name).join(", ")} to /workspace.`;
   } catch (error) {
-    setConnection("Upload failed.", "bad");
+    ui.uploadStatus.textContent = "Upload failed.";
     showError(`Upload failed: ${error.message}`);
   }
 }
