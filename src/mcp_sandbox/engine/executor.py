@@ -144,7 +144,7 @@ class Engine:
             return await self._execute_fresh(request, started)
 
     async def _execute_fresh(self, request: ExecutionRequest, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
@@ -166,7 +166,7 @@ class Engine:
         return judge_fresh(self.settings, interpreter.outcome, record, result)
 
     async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         before = interpreter.sandbox.limit_events()
         after = before
@@ -214,7 +214,7 @@ class Engine:
         return judge_fresh(self.settings, outcome, record, result)
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
             async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:

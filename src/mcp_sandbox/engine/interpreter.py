@@ -14,6 +14,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -28,7 +29,7 @@ from anyio.abc import TaskGroup
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.channel import Channel
 from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
-from mcp_sandbox.engine.result import Image, ToolAccess
+from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
     Call,
@@ -73,8 +74,14 @@ class RunRecord:
     protocol_error: str | None = None
 
     @classmethod
-    def capped(cls, cap: int) -> RunRecord:
-        return cls(CappedOutput(cap), CappedOutput(cap))
+    def capped(cls, cap: int, listener: OutputListener | None = None) -> RunRecord:
+        """A record keeping ``cap`` bytes of each stream; ``listener`` sees every chunk as it comes."""
+        if listener is None:
+            return cls(CappedOutput(cap), CappedOutput(cap))
+        return cls(
+            CappedOutput(cap, functools.partial(listener, "stdout")),
+            CappedOutput(cap, functools.partial(listener, "stderr")),
+        )
 
 
 class Interpreter:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -11,13 +11,25 @@ from typing import Any, Literal, Protocol
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
-__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]
+__all__ = [
+    "EXIT_TIMEOUT",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Image",
+    "OutputListener",
+    "SessionState",
+    "Status",
+    "ToolAccess",
+]
 
 Status = Literal["success", "error", "timeout", "validation_error"]
 # "new": the run started a fresh interpreter for its session; "kept": earlier runs' variables were there.
 SessionState = Literal["new", "kept"]
 
 EXIT_TIMEOUT = 124  # as GNU timeout(1)
+
+# Called with "stdout" or "stderr" and each chunk a run writes, as it comes; must not block.
+OutputListener = Callable[[Literal["stdout", "stderr"], bytes], None]
 
 
 class ToolAccess(Protocol):
@@ -55,6 +67,7 @@ class ExecutionRequest:
     tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
     session: str | None = None
     reset: bool = False
+    on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, under uvicorn.
+"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, the playground at ``/``.
 
 Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
 metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.playground import playground_routes
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
 
@@ -142,7 +143,7 @@ def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], AS
 def build_http_app(
     settings: Settings, server: Server, tokens: TokenTable, extra_routes: Sequence[BaseRoute] = ()
 ) -> Starlette:
-    """The ASGI app: MCP (Streamable HTTP and SSE) plus ``extra_routes`` (files), authenticated.
+    """The ASGI app: MCP (Streamable HTTP and SSE), ``extra_routes`` (files), the playground (``/``).
 
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
@@ -155,7 +156,7 @@ def build_http_app(
             resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
             validate_token_resource=False,
         )
-    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes]
+    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes, *playground_routes()]
     return server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=transport_security(settings),

@@ -14,7 +14,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.arguments import (
@@ -29,6 +29,7 @@ from mcp_sandbox.server.arguments import (
     parse,
 )
 from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.progress import progress_listener
 from mcp_sandbox.server.render import render
 from mcp_sandbox.server.runner_info import describe_runners
 from mcp_sandbox.server.schemas import (
@@ -79,7 +80,8 @@ class ToolHandlers:
         tenant = tenant_of(getattr(ctx, "request", None))
         name = params.name
         if name in ("run_python", "run_code"):
-            return await self._run(params.arguments, name, tenant)
+            async with progress_listener(ctx) as listener:
+                return await self._run(params.arguments, name, tenant, listener)
         if name == "upload_file":
             return await self._upload(params.arguments, tenant)
         if name == "list_runners":
@@ -90,14 +92,21 @@ class ToolHandlers:
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
 
-    async def _run(self, raw: dict[str, Any] | None, tool: str, tenant: str) -> types.CallToolResult:
+    async def _run(
+        self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
+    ) -> types.CallToolResult:
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.
         with contextlib.ExitStack() as held:
-            return await self._run_holding(raw, tool, tenant, held)
+            return await self._run_holding(raw, tool, tenant, listener, held)
 
     async def _run_holding(
-        self, raw: dict[str, Any] | None, tool: str, tenant: str, held: contextlib.ExitStack
+        self,
+        raw: dict[str, Any] | None,
+        tool: str,
+        tenant: str,
+        listener: OutputListener | None,
+        held: contextlib.ExitStack,
     ) -> types.CallToolResult:
         service = self._service
         mode = output_mode(raw, service.settings)
@@ -128,6 +137,7 @@ class ToolHandlers:
                 tools=access,
                 session=key,
                 reset=arguments.reset,
+                on_output=listener,
             )
             result = await service.engine.execute(request)
         except ValidationError as exc:
