@@ -12,6 +12,9 @@ Every run first takes a slot of the admission control (:mod:`.admission`). Then:
   DONE frame reports; if the interpreter dies, the session's state is gone and the next run
   starts a new one).
 
+A run granted network (``request.egress``) always takes a fresh sandbox of its own, never a
+warm one or a session's: its proxy (:mod:`mcp_sandbox.egress`) lives exactly as long as it.
+
 All of them go through one :class:`~mcp_sandbox.engine.interpreter.Interpreter`. Sessions and
 the pool need an owner for their sandboxes: ``async with engine.running():``. A run with a
 ``session`` key outside it raises ``RuntimeError``; runs without one work either way (cold).
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,10 +37,11 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import AuditLog, Resolver, serve_egress, system_resolver
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
-from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
+from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, with_egress, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
 from mcp_sandbox.engine.verdict import STATE_LOST, captured, death, judge_fresh, judge_session, timed_out
@@ -62,7 +67,8 @@ def _tool_mounts(request: ExecutionRequest) -> tuple[Mount, ...]:
 class Engine:
     """Runs execution requests on a backend: one fresh sandbox per request, or a session's."""
 
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(self, settings: Settings, backend: Backend, *, egress_resolver: Resolver = system_resolver) -> None:
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
         self.settings = settings
         self.backend = backend
         self._layout = StateLayout.of(settings)
@@ -70,6 +76,8 @@ class Engine:
         self._pool = WarmPool(settings, self._warm_sandbox)
         self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
         self._preload_reported = False
+        self._egress_resolver = egress_resolver
+        self._audit: AuditLog | None = None
 
     def prepare(self) -> None:
         """Create the directories runs need under the state directory (idempotent; see :mod:`mcp_sandbox.state`).
@@ -131,6 +139,8 @@ class Engine:
         """
         async with self._admission.slot():
             started = time.perf_counter()
+            if request.egress is not None:  # never a warm sandbox's or a session's network
+                return await self._execute_fresh(request, started)
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
                 return await self._execute_in_session(request, request.session, started)
@@ -157,6 +167,20 @@ class Engine:
                 timeout=request.timeout,
                 mounts=request.tools.mounts if request.tools is not None else (),
             )
+            if request.egress is not None:
+                if self._audit is None:
+                    self._audit = AuditLog(self._layout.egress_log)
+                gid = self.settings.sandbox_gid if os.geteuid() == 0 else None
+                _proxy, directory = await stack.enter_async_context(
+                    serve_egress(
+                        self._layout.prepare_runs(),
+                        request.egress,
+                        self._audit,
+                        resolver=self._egress_resolver,
+                        group=gid,
+                    )
+                )
+                policy = with_egress(policy, directory)
             with anyio.move_on_after(request.timeout) as deadline:
                 async with open_interpreter(self.backend, policy, self.settings) as interpreter:
                     await self._run(interpreter, record, request, last=True)

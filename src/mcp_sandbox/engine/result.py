@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from mcp_sandbox.egress import EgressGrant
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
@@ -55,6 +56,7 @@ class ExecutionRequest:
     tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
     session: str | None = None
     reset: bool = False
+    egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
 
 
 @dataclass(frozen=True, slots=True)
