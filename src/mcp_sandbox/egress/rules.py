@@ -254,6 +254,10 @@ class TenantEgress:
                 where,
             )
 
+    def anywhere(self) -> bool:
+        """Whether any tenant (or the default) may be granted network at all."""
+        return bool(self.default.allow) or any(rules.allow for rules in self._tenants.values())
+
     def rules(self, tenant: str) -> EgressRules:
         """The rules of ``tenant``."""
         return self._tenants.get(tenant, self.default)
