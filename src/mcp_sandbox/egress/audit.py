@@ -65,6 +65,9 @@ class AuditLog:
         with self._lock:
             fresh = not self._path.exists()
             self._handler.emit(entry)
+            # Closed after each line (emit reopens it in append mode): no file is left open by an
+            # engine that is dropped without closing, and rotation by another process is seen.
+            self._handler.close()
             if fresh:
                 os.chmod(self._path, 0o600)
 

@@ -145,6 +145,7 @@ class EgressProxy:
                     return
                 await upstream.send(hello)
                 c.sent += len(hello)
+                self.bytes += len(hello)
                 await self._pump(reader, client, upstream, c)
             return
         url = urlsplit(target)
@@ -166,6 +167,7 @@ class EgressProxy:
         async with upstream:
             await upstream.send(request)
             c.sent += len(request)
+            self.bytes += len(request)
             await self._pump(reader, client, upstream, c)
 
     async def _open(self, c: _Connection) -> SocketStream:
@@ -185,7 +187,9 @@ class EgressProxy:
         c.host = checked
         self.connections += 1
         try:
-            addresses = await self._resolve(checked, c.port)
+            addresses = (
+                [ipaddress.ip_address(checked)] if _is_address(checked) else await self._resolve(checked, c.port)
+            )
         except OSError:
             raise _Refused(Refusal("resolve", f"{checked} does not resolve"), 502) from None
         refusal: Refusal | None = None
@@ -241,15 +245,15 @@ class EgressProxy:
     ) -> None:
         try:
             async for chunk in source:
+                if self.bytes + len(chunk) > self.grant.max_bytes:  # what would pass the cap is not sent
+                    c.verdict, c.rule = "cut", "egress_max_bytes"
+                    group.cancel_scope.cancel()
+                    return
                 self.bytes += len(chunk)
                 if outbound:
                     c.sent += len(chunk)
                 else:
                     c.received += len(chunk)
-                if self.bytes > self.grant.max_bytes:
-                    c.verdict, c.rule = "cut", "egress_max_bytes"
-                    group.cancel_scope.cancel()
-                    return
                 await sink.send(chunk)
             with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await sink.send_eof()
@@ -275,6 +279,14 @@ class EgressProxy:
                 method=c.method,
             )
         )
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _printable(text: str) -> bool:
