@@ -72,15 +72,25 @@ async def test_container_backends_reach_an_allowed_name_through_the_proxy(
     assert json.loads(result.stdout) == [[200, "hello from web.test"], 403]
 
 
-async def test_an_allowed_name_is_reached_from_typescript(egress_engine: EgressEngine, test_net: HostNet) -> None:
+@pytest.mark.parametrize("js_runtime", ["bun", "deno"])
+async def test_an_allowed_name_is_reached_from_typescript(
+    egress_engine: EgressEngine, test_net: HostNet, js_runtime: str
+) -> None:
+    ca = json.dumps(test_net.ca)
+    options = (
+        f"{{ tls: {{ ca: {ca} }} }}"
+        if js_runtime == "bun"
+        else f"{{ client: Deno.createHttpClient({{ caCerts: [{ca}] }}) }}"
+    )
     code = f"""
         const plain = await fetch("http://web.test/");
-        const secure = await fetch("https://api.web.test/", {{ tls: {{ ca: {json.dumps(test_net.ca)} }} }});
+        const secure = await fetch("https://api.web.test/", {options});
         const refused = await fetch("http://other.test/");
         console.log(JSON.stringify([plain.status, await plain.text(), secure.status, await secure.text(),
           refused.status, await refused.text()]));
     """
-    async with egress_engine(egress_allow=ALLOW, egress_allow_private=private(test_net)) as (engine, egress):
+    flags = {"egress_allow": ALLOW, "egress_allow_private": private(test_net), "js_runtime": js_runtime}
+    async with egress_engine(**flags) as (engine, egress):
         result = await execute(engine, code, granted(egress), language="typescript")
     assert result.status == "success", result
     answers = json.loads(result.stdout)
