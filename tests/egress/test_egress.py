@@ -293,3 +293,19 @@ async def test_audit_lines_name_the_run_and_hold_no_secret(egress_engine: Egress
         assert (line["tenant"], line["conversation"]) == ("default", "conv-1")
     assert len({line["run"] for line in lines}) == 1
     assert (engine.settings.state_dir / "logs" / "egress.log").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_session_gets_network_for_its_granted_runs_only_and_keeps_its_variables(
+    egress_engine: EgressEngine, test_net: HostNet
+) -> None:
+    flags = {"egress_allow": ALLOW, "egress_allow_private": private(test_net)}
+    probe = 'print(json.dumps([kept, fetch("http://web.test/")[0], "HTTPS_PROXY" in os.environ]))'
+    async with egress_engine(**flags) as (engine, egress):
+        first = await execute(engine, fetching(test_net, "import os\nkept = 41"), None, session="s")
+        without = await execute(engine, "kept += 1\n" + probe, None, session="s")
+        granted_run = await execute(engine, "kept += 1\n" + probe, granted(egress), session="s")
+        after = await execute(engine, "kept += 1\n" + probe, None, session="s")
+    assert (first.session, without.session, granted_run.session, after.session) == ("new", "kept", "kept", "kept")
+    assert json.loads(without.stdout) == [42, "failed", False]
+    assert json.loads(granted_run.stdout) == [43, 200, True]
+    assert json.loads(after.stdout) == [44, "failed", False]

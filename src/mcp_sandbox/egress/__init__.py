@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mcp_sandbox.egress.audit import AuditLog, AuditRecord
-from mcp_sandbox.egress.proxy import SOCKET_NAME, EgressProxy, Resolver, hosts_resolver, serve_egress, system_resolver
+from mcp_sandbox.egress.proxy import (
+    SOCKET_NAME,
+    EgressProxy,
+    Resolver,
+    hosts_resolver,
+    serve_egress,
+    socket_directory,
+    system_resolver,
+)
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
 
 __all__ = [
@@ -31,8 +39,10 @@ __all__ = [
     "TenantEgress",
     "check_pattern",
     "hosts_resolver",
+    "relay_environment",
     "sandbox_environment",
     "serve_egress",
+    "socket_directory",
     "system_resolver",
 ]
 
@@ -44,13 +54,20 @@ RELAY_ADDRESS = ("127.0.0.1", 3128)
 PACKAGES_INSIDE = "/workspace/.packages/python"
 
 
+def relay_environment() -> Mapping[str, str]:
+    """What the runner reads to start its relay (a sandbox that may get network, for life)."""
+    return {
+        "MCP_SANDBOX_EGRESS_SOCKET": SOCKET_INSIDE,
+        "MCP_SANDBOX_EGRESS_RELAY": f"{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}",
+    }
+
+
 def sandbox_environment(language: str) -> Mapping[str, str]:
-    """The variables a sandbox with network gets: proxies for every common client, and where packages go."""
+    """The variables a run with network gets: the relay's, proxies for every common client, where packages go."""
     proxy = f"http://{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}"
     local = "localhost,127.0.0.1,::1"
     env = {
-        "MCP_SANDBOX_EGRESS_SOCKET": SOCKET_INSIDE,
-        "MCP_SANDBOX_EGRESS_RELAY": f"{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}",
+        **relay_environment(),
         **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), proxy),
         "NO_PROXY": local,
         "no_proxy": local,

@@ -39,7 +39,15 @@ from mcp_sandbox.egress.audit import AuditLog, AuditRecord, Verdict
 from mcp_sandbox.egress.rules import EgressGrant, IPAddress, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 
-__all__ = ["SOCKET_NAME", "EgressProxy", "Resolver", "hosts_resolver", "serve_egress", "system_resolver"]
+__all__ = [
+    "SOCKET_NAME",
+    "EgressProxy",
+    "Resolver",
+    "hosts_resolver",
+    "serve_egress",
+    "socket_directory",
+    "system_resolver",
+]
 
 SOCKET_NAME = "proxy.sock"
 _MAX_HEAD = 16 << 10
@@ -368,16 +376,21 @@ async def serve_egress(
     *,
     resolver: Resolver = system_resolver,
     group: int | None = None,
+    directory: Path | None = None,
 ) -> AsyncIterator[tuple[EgressProxy, Path]]:
     """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
 
     ``group``: the host gid the sandbox runs as, given the directory and socket (the server runs
     as root and the sandbox as another uid); None when the sandbox runs as the server's own uid.
+    ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
+    comes and goes with each run), else a new one under ``runs``, removed afterwards.
 
     Raises:
         OSError: the directory or the socket cannot be made.
     """
-    directory = _socket_directory(runs, group)
+    owned = directory is None
+    if directory is None:
+        directory = _socket_directory(runs, group)
     proxy = EgressProxy(grant, audit, resolver)
     try:
         path = directory / SOCKET_NAME
@@ -400,5 +413,15 @@ async def serve_egress(
     finally:
         with contextlib.suppress(OSError):
             (directory / SOCKET_NAME).unlink()
-        with contextlib.suppress(OSError):
-            directory.rmdir()
+        if owned:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def socket_directory(runs: Path, group: int | None) -> Path:
+    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
+
+    Raises:
+        OSError: it cannot be made.
+    """
+    return _socket_directory(runs, group)

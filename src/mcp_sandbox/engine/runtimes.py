@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, sandbox_environment
+from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment
 from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
@@ -198,8 +198,12 @@ def policy_for(
     return python_policy(settings, workspace=workspace, timeout=timeout, mounts=mounts)
 
 
-def with_egress(policy: SandboxPolicy, socket_directory: Path) -> SandboxPolicy:
+def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True) -> SandboxPolicy:
     """``policy`` with network through the egress proxy whose socket is in ``socket_directory``.
+
+    ``for_life=False`` (a session's sandbox): only the relay's variables; the proxy variables
+    come with each run that is granted network (in its EXEC frame), and the socket exists only
+    during such a run.
 
     Still no interface but loopback: TCP sockets become possible (for the runner's relay on the
     loopback), the socket's directory is bound in read-only, and the proxy variables point to the
@@ -217,5 +221,8 @@ def with_egress(policy: SandboxPolicy, socket_directory: Path) -> SandboxPolicy:
         command=command,
         egress=True,
         mounts=(*policy.mounts, Mount(socket_directory, SOCKET_DIRECTORY_INSIDE)),
-        environment={**policy.environment, **sandbox_environment(policy.language)},
+        environment={
+            **policy.environment,
+            **(sandbox_environment(policy.language) if for_life else relay_environment()),
+        },
     )
