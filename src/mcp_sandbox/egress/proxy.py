@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import socket
 import tempfile
@@ -48,6 +49,8 @@ __all__ = [
     "socket_directory",
     "system_resolver",
 ]
+
+logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "proxy.sock"
 _MAX_HEAD = 16 << 10
@@ -128,8 +131,15 @@ class EgressProxy:
             except _Refused as refused:
                 connection.verdict, connection.rule = "refused", refused.refusal.rule
                 await _answer(client, refused, connection)
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                pass  # either side went away: the line below says how far it got
+            except Exception:  # one connection's bug must not end the run's other connections
+                logger.exception("egress proxy: a connection failed")
             finally:
-                self._record(connection)
+                try:
+                    self._record(connection)
+                except OSError as exc:
+                    logger.error("egress proxy: cannot write the audit log: %s", exc)
 
     async def _serve(
         self, client: SocketStream, reader: BufferedByteReceiveStream, head: bytes, c: _Connection
