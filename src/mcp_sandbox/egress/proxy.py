@@ -117,6 +117,11 @@ class EgressProxy:
     async def handle(self, client: SocketStream) -> None:
         """Serve one connection from the sandbox's relay until either side is done."""
         async with client:
+            # Every connection counts, refused or malformed ones too: a run cannot flood the
+            # audit log (past the cap, only the first refusal is written).
+            self.connections += 1
+            if self.connections > self.grant.max_connections + 1:
+                return
             reader = BufferedByteReceiveStream(client)
             try:
                 with anyio.fail_after(_HEAD_TIMEOUT):
@@ -195,7 +200,7 @@ class EgressProxy:
             _Refused: a rule refused it (403), or no address answered (502).
         """
         grant = self.grant
-        if self.connections >= grant.max_connections:
+        if self.connections > grant.max_connections:
             raise _Refused(Refusal("egress_max_connections", f"this run used its {grant.max_connections} connections"))
         if self.bytes >= grant.max_bytes:
             raise _Refused(Refusal("egress_max_bytes", f"this run used its {grant.max_bytes} bytes"))
@@ -203,7 +208,6 @@ class EgressProxy:
         if isinstance(checked, Refusal):
             raise _Refused(checked)
         c.host = checked
-        self.connections += 1
         try:
             addresses = (
                 [ipaddress.ip_address(checked)] if _is_address(checked) else await self._resolve(checked, c.port)
