@@ -44,6 +44,8 @@ def _copy(source: socket.socket, sink: socket.socket) -> None:
 
 
 def _serve(client: socket.socket, path: str) -> None:
+    with contextlib.suppress(OSError):  # no Nagle delay on what goes back to the client
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     with client, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as upstream:
         try:
             upstream.connect(path)
