@@ -3,10 +3,12 @@
 Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPERM,
 ``clone3`` answers ENOSYS (its flags live in memory where BPF cannot read them, so libc falls
 back to ``clone``, whose namespace flags the filter does inspect), sockets other than
-``AF_UNIX`` answer EAFNOSUPPORT (with ``egress``: also TCP stream sockets of ``AF_INET`` and
-``AF_INET6``, for the relay on the sandbox's loopback to the egress proxy; never UDP or raw), and
-``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
+``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
 other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+
+The ``egress`` variant (a sandbox granted network) also allows TCP stream sockets of ``AF_INET``
+and ``AF_INET6``, for the relay on the sandbox's loopback to the egress proxy; other socket
+types of those families (UDP, raw) answer EPROTONOSUPPORT. The network namespace stays empty.
 """
 
 from __future__ import annotations
