@@ -222,6 +222,7 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/js_latency.py
 	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
+	$(BIN)/python bench/egress_cost.py
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
 	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) $(WEB_NPM) src/mcp_sandbox/server/static test-artifacts .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info

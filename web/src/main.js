@@ -239,15 +239,12 @@ function configure(tools, info) {
   }
   const runners = Array.isArray(info.runners) ? info.runners : [];
   state.languages = runners.filter((runner) => !runner.error).map((runner) => runner.language);
-  // Network: only where the server says it can grant it. list_runners' `network` is true, an
-  // object with `available`, or a summary of what `network: true` reaches ("none (…)" when nothing).
+  // Network: only where the server says it can grant it: list_runners' `network` is
+  // {available, reaches}, `reaches` saying what `network: true` reaches.
   const offered = info.network;
-  const network =
-    offered === true ||
-    offered?.available === true ||
-    (typeof offered === "string" && offered.trim() !== "" && !/^none\b/i.test(offered.trim()));
+  const network = offered?.available === true;
   ui.networkRow.hidden = !network;
-  ui.networkRow.title = typeof offered === "string" ? `network: true reaches ${offered}` : "";
+  ui.networkRow.title = network ? `network: true reaches ${offered.reaches}` : "";
   if (!network) ui.network.checked = false;
   const previous = ui.language.value;
   ui.language.replaceChildren(

@@ -7,6 +7,7 @@ the runtimes ``make`` builds) are computed here, when a :class:`Settings` is mad
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import pwd
@@ -161,6 +162,18 @@ class Settings:
     max_images: int = 4
     max_image_bytes: int = 1 << 20
 
+    # Controlled network (run_code/run_python `network`): the host's egress proxy lets a run reach
+    # the domains egress_allow names ("example.com", "*.example.com", "*" for any public host), not
+    # those egress_deny names, on egress_ports; private, loopback, link-local and other non-public
+    # addresses only where egress_allow_private names their range (CIDRs). Per tenant: [tenants.<name>].
+    egress_allow: tuple[str, ...] = ()
+    egress_deny: tuple[str, ...] = ()
+    egress_ports: tuple[int, ...] = (80, 443)
+    egress_allow_private: tuple[str, ...] = ()
+    egress_max_bytes: int = 256 << 20  # per run, both directions of all its connections
+    egress_max_connections: int = 256  # per run
+    egress_connection_timeout: float = 300.0  # the longest one connection may stay open
+
     # The TOML file the settings came from (its [servers] table lists downstream servers).
     config_file: Path | None = None
 
@@ -188,6 +201,8 @@ class Settings:
             "session_cpu_seconds",
             "max_image_bytes",
             "max_concurrent_runs",
+            "egress_max_bytes",
+            "egress_max_connections",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
@@ -207,7 +222,22 @@ class Settings:
             raise ConfigError(f"port: {self.port} is not a TCP port")
         if self.public_url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", self.public_url):
             raise ConfigError(f"public_url: {self.public_url!r} is not an http(s) URL")
-        for name in ("url_ttl", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"):
+        for port in self.egress_ports:
+            if not 0 < port < 65536:
+                raise ConfigError(f"egress_ports: {port} is not a TCP port")
+        for cidr in self.egress_allow_private:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ConfigError(f"egress_allow_private: {cidr!r} is not an address range ({exc})") from exc
+        for name in (
+            "url_ttl",
+            "conversation_ttl",
+            "session_ttl",
+            "pool_idle",
+            "queue_timeout",
+            "egress_connection_timeout",
+        ):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be a positive duration")
         if not math.isfinite(self.shutdown_grace) or self.shutdown_grace < 0:

@@ -34,7 +34,7 @@ ENV_ALIASES: Mapping[str, str] = {
 }
 
 # TOML tables owned by later layers (auth, code mode); accepted here, read there.
-_RESERVED_TABLES = frozenset({"auth", "servers"})
+_RESERVED_TABLES = frozenset({"auth", "servers", "tenants"})
 
 
 def _from_toml(path: Path) -> dict[str, Any]:

@@ -61,10 +61,19 @@ _BYTE_FIELDS = frozenset(
         "quota_bytes",
         "max_workspaces_bytes",
         "max_image_bytes",
+        "egress_max_bytes",
     }
 )
 _DURATION_FIELDS = frozenset(
-    {"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"}
+    {
+        "url_ttl",
+        "shutdown_grace",
+        "conversation_ttl",
+        "session_ttl",
+        "pool_idle",
+        "queue_timeout",
+        "egress_connection_timeout",
+    }
 )
 
 # config_file records where the settings came from: it is not a setting anyone gives.
@@ -74,6 +83,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_f
 def coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
     kind = str(FIELDS[name].type)
+    if kind.startswith("tuple[int"):
+        items = raw.split(",") if isinstance(raw, str) else raw
+        try:
+            if not isinstance(items, list | tuple) or any(isinstance(item, bool | float) for item in items):
+                raise ValueError
+            return tuple(int(item) for item in items if str(item).strip())
+        except ValueError:
+            raise ConfigError(f"{name}: {raw!r} is not a list of whole numbers") from None
     if kind.startswith("tuple"):
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):

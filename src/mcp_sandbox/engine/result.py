@@ -8,6 +8,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from mcp_sandbox.egress import EgressGrant
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
@@ -68,6 +69,7 @@ class ExecutionRequest:
     session: str | None = None
     reset: bool = False
     on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
+    egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment
 from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
@@ -18,6 +19,7 @@ __all__ = [
     "limits_for",
     "policy_for",
     "python_policy",
+    "with_egress",
     "zygote_policy",
 ]
 
@@ -194,3 +196,33 @@ def policy_for(
     if language in JS_LANGUAGES:
         return js_policy(settings, language=language, workspace=workspace, timeout=timeout, mounts=mounts)
     return python_policy(settings, workspace=workspace, timeout=timeout, mounts=mounts)
+
+
+def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True) -> SandboxPolicy:
+    """``policy`` with network through the egress proxy whose socket is in ``socket_directory``.
+
+    ``for_life=False`` (a session's sandbox): only the relay's variables; the proxy variables
+    come with each run that is granted network (in its EXEC frame), and the socket exists only
+    during such a run.
+
+    Still no interface but loopback: TCP sockets become possible (for the runner's relay on the
+    loopback), the socket's directory is bound in read-only, and the proxy variables point to the
+    relay. Deno gets ``--allow-net`` (the proxy, not Deno, decides what is reached) and may open
+    the socket.
+    """
+    command = policy.command
+    if "--allow-net" not in command and any(part.startswith("--allow-write=") for part in command):
+        command = tuple(
+            f"{part},{SOCKET_DIRECTORY_INSIDE}" if part.startswith("--allow-write=") else part for part in command
+        )
+        command = (*command[:2], "--allow-net", *command[2:])
+    return dataclasses.replace(
+        policy,
+        command=command,
+        egress=True,
+        mounts=(*policy.mounts, Mount(socket_directory, SOCKET_DIRECTORY_INSIDE)),
+        environment={
+            **policy.environment,
+            **(sandbox_environment(policy.language) if for_life else relay_environment()),
+        },
+    )

@@ -64,7 +64,11 @@ class SandboxPolicy:
         symlinks: symlinks to create inside (usr-merged ``/lib`` and the like).
         workspace: host directory mounted read-write at ``/workspace`` (and ``/data``).
         environment: the complete environment inside; nothing of the host's leaks in.
-        network: whether the sandbox may reach a network (default: empty net namespace).
+        network: whether the sandbox shares the host's network (never set by the engine: it
+            would expose the server's own ports; controlled network is ``egress``).
+        egress: the sandbox keeps its empty network namespace (loopback only) but may open TCP
+            sockets, for the relay on its loopback to the host's egress proxy (a Unix socket
+            among ``mounts``); UDP and raw sockets stay refused.
         uid, gid: the ids inside the sandbox.
         limits: resource limits.
         language: the runtime this sandbox serves (``python``, ``typescript``); image-based
@@ -77,6 +81,7 @@ class SandboxPolicy:
     workspace: Path | None = None
     environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
     network: bool = False
+    egress: bool = False
     uid: int = 65534
     gid: int = 65534
     hostname: str = "sandbox"

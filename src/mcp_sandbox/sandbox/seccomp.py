@@ -5,6 +5,10 @@ Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPER
 back to ``clone``, whose namespace flags the filter does inspect), sockets other than
 ``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
 other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+
+The ``egress`` variant (a sandbox granted network) also allows TCP stream sockets of ``AF_INET``
+and ``AF_INET6``, for the relay on the sandbox's loopback to the egress proxy; other socket
+types of those families (UDP, raw) answer EPROTONOSUPPORT. The network namespace stays empty.
 """
 
 from __future__ import annotations
@@ -141,8 +145,18 @@ def _add(flt: Any, action: int, names: Iterable[str], *args: Any) -> None:
             continue
 
 
-def build_filter() -> Any:
-    """Build the deny-list filter (a ``pyseccomp.SyscallFilter``).
+# With egress: the address families that stay refused (all but AF_UNIX, AF_INET, AF_INET6; up to
+# AF_MAX, and anything above), and the socket types refused for AF_INET/AF_INET6 (all but SOCK_STREAM,
+# compared on the low 4 bits, where SOCK_NONBLOCK and SOCK_CLOEXEC do not reach).
+_AF_MAX = 46
+_EGRESS_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+_REFUSED_FAMILIES = tuple(family for family in range(_AF_MAX) if family not in _EGRESS_FAMILIES)
+_SOCK_TYPE_MASK = 0xF
+_REFUSED_TYPES = tuple(kind for kind in range(_SOCK_TYPE_MASK + 1) if kind != socket.SOCK_STREAM)
+
+
+def build_filter(*, egress: bool = False) -> Any:
+    """Build the deny-list filter (a ``pyseccomp.SyscallFilter``); ``egress``: TCP sockets allowed too.
 
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
@@ -159,21 +173,36 @@ def build_filter() -> Any:
     for flag in _CLONE_NAMESPACE_FLAGS:
         # x86-64 clone(flags, ...): flags is argument 0.
         _add(flt, eperm, ["clone"], sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    for family in ("socket", "socketpair"):
-        _add(flt, sc.ERRNO(errno.EAFNOSUPPORT), [family], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    no_family = sc.ERRNO(errno.EAFNOSUPPORT)
+    _add(flt, no_family, ["socketpair"], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    if not egress:
+        _add(flt, no_family, ["socket"], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    else:
+        for family in _REFUSED_FAMILIES:
+            _add(flt, no_family, ["socket"], sc.Arg(0, sc.EQ, family))
+        _add(flt, no_family, ["socket"], sc.Arg(0, sc.GE, _AF_MAX))
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for kind in _REFUSED_TYPES:
+                _add(
+                    flt,
+                    sc.ERRNO(errno.EPROTONOSUPPORT),
+                    ["socket"],
+                    sc.Arg(0, sc.EQ, family),
+                    sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind),
+                )
     for request in _DENIED_IOCTLS:
         _add(flt, eperm, ["ioctl"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     return flt
 
 
 @functools.cache
-def compiled_bpf() -> bytes:
-    """The filter as BPF bytes, compiled once per process.
+def compiled_bpf(*, egress: bool = False) -> bytes:
+    """The filter as BPF bytes, compiled once per process (per variant).
 
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
     """
-    return _export(build_filter())
+    return _export(build_filter(egress=egress))
 
 
 def _export(flt: Any) -> bytes:
@@ -233,8 +262,8 @@ def _known(names: Iterable[str]) -> list[str]:
     return known
 
 
-def oci_profile() -> dict[str, Any]:
-    """The deny list as an OCI seccomp profile (the JSON podman and docker take).
+def oci_profile(*, egress: bool = False) -> dict[str, Any]:
+    """The deny list as an OCI seccomp profile (the JSON podman and docker take); ``egress`` as :func:`build_filter`.
 
     Same rules as :func:`build_filter`: one entry per rule, since the conditions inside one
     entry are AND-ed and separate entries are OR-ed. Only the native architecture is listed,
@@ -258,10 +287,21 @@ def oci_profile() -> dict[str, Any]:
 
     rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(["clone3"]), errno.ENOSYS)]
     rules += [errno_rule(["clone"], errno.EPERM, [arg(0, "SCMP_CMP_MASKED_EQ", f, f)]) for f in _CLONE_NAMESPACE_FLAGS]
-    rules += [
-        errno_rule([family], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)])
-        for family in ("socket", "socketpair")
-    ]
+    rules.append(errno_rule(["socketpair"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)]))
+    if not egress:
+        rules.append(errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)]))
+    else:
+        rules += [errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_EQ", f)]) for f in _REFUSED_FAMILIES]
+        rules.append(errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_GE", _AF_MAX)]))
+        rules += [
+            errno_rule(
+                ["socket"],
+                errno.EPROTONOSUPPORT,
+                [arg(0, "SCMP_CMP_EQ", family), arg(1, "SCMP_CMP_MASKED_EQ", _SOCK_TYPE_MASK, kind)],
+            )
+            for family in (socket.AF_INET, socket.AF_INET6)
+            for kind in _REFUSED_TYPES
+        ]
     rules += [
         errno_rule(["ioctl"], errno.EPERM, [arg(1, "SCMP_CMP_MASKED_EQ", 0xFFFFFFFF, request)])
         for request in _DENIED_IOCTLS
@@ -270,12 +310,12 @@ def oci_profile() -> dict[str, Any]:
     return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
 
 
-def write_bpf() -> int:
+def write_bpf(*, egress: bool = False) -> int:
     """Return a fresh readable fd (a memfd at offset 0) holding the BPF; the caller closes it.
 
     Each sandbox gets its own fd because ``bwrap --seccomp FD`` reads it to the end.
     """
-    data = compiled_bpf()
+    data = compiled_bpf(egress=egress)
     fd = os.memfd_create("mcp-sandbox-seccomp", os.MFD_CLOEXEC)
     try:
         os.write(fd, data)

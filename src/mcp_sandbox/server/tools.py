@@ -14,6 +14,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.runners import LANGUAGES
@@ -57,7 +58,11 @@ class ToolHandlers:
     def __init__(self, service: Service) -> None:
         self._service = service
         # One context for the schemas listed and the calls validated: they cannot disagree.
-        self._context = context = CallContext(max_timeout=service.settings.max_timeout, languages=LANGUAGES)
+        # Raises ConfigError at start-up when an egress setting (global or a tenant's) is malformed.
+        self._egress = TenantEgress(service.settings)
+        self._context = context = CallContext(
+            max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
+        )
         names = [spec.alias for spec in service.bridge.servers.values()]
         self._tools = [
             run_python_tool(context, names),
@@ -85,7 +90,7 @@ class ToolHandlers:
         if name == "upload_file":
             return await self._upload(params.arguments, tenant)
         if name == "list_runners":
-            return await self._list_runners(params.arguments)
+            return await self._list_runners(params.arguments, tenant)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
             return await self._search_tools(params.arguments)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
@@ -138,6 +143,7 @@ class ToolHandlers:
                 session=key,
                 reset=arguments.reset,
                 on_output=listener,
+                egress=self._egress.grant(tenant, arguments.network, arguments.conversation),
             )
             result = await service.engine.execute(request)
         except ValidationError as exc:
@@ -215,7 +221,7 @@ class ToolHandlers:
             text += f"; download: {data['url']}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
-    async def _list_runners(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _list_runners(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         try:
             parse(ListRunnersArguments, raw, self._context)
         except ValidationError as exc:
@@ -226,9 +232,14 @@ class ToolHandlers:
         for runner in self._runners:
             packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"
             lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
+        network = self._egress.summary(tenant)
+        lines.append(f"network (run with network: true or a list of these): {network}")
         return types.CallToolResult(
             content=[types.TextContent(type="text", text="\n".join(lines))],
-            structured_content={"runners": self._runners},
+            structured_content={
+                "runners": self._runners,
+                "network": {"available": self._egress.available(tenant), "reaches": network},
+            },
         )
 
     async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:

@@ -21,7 +21,7 @@ import sys
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import TOOLS_MOUNT, display, host
+from . import TOOLS_MOUNT, display, host, relay
 from .frames import Done, Exec, Frame
 from .host import close_fds
 
@@ -271,6 +271,7 @@ class Server:
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
         try:
             os.environ.update(frame.env)
+            relay.add_packages()
             exit_code, exception = self.interpreter.run(frame.code, list(frame.servers))
         finally:
             display.end()

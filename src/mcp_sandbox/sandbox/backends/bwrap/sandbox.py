@@ -92,7 +92,7 @@ class BwrapBackend:
             host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             undo.callback(host_end.close)
             with sandbox_end:  # the sandbox's own end: once it is started, only bwrap holds it
-                seccomp_fd = write_bpf()
+                seccomp_fd = write_bpf(egress=policy.egress)
                 try:
                     process = await launch(
                         [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), str(sandbox_end.fileno())],
