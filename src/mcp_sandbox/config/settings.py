@@ -130,6 +130,10 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # One bearer token for tenant "default" (more tenants: [auth] tokens in the TOML file).
     token: str | None = field(default=None, repr=False)
+    # A file holding tenant "default"'s token (a container secret, a systemd credential); re-read on SIGHUP.
+    token_file: Path | None = None
+    # The bearer token of GET /metrics (Prometheus text); without one /metrics is off.
+    metrics_token: str | None = field(default=None, repr=False)
     max_request_size: int = 4 << 20  # one MCP request body
     url_ttl: float = 3600.0  # lifetime of a signed download URL
     shutdown_grace: float = 10.0  # how long running executions may finish when the server stops
