@@ -14,6 +14,7 @@
         <key>/                  0700    the sandbox uid's
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
       logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
+        audit.jsonl             0600    one JSON line per run, upload, download, tool call (audit.py)
 
 Paths only, and the directories of the layout itself: what goes inside them belongs to the
 modules named. This module sits with ``config``: every layer above may use it.
@@ -67,6 +68,11 @@ class StateLayout:
     def logs(self) -> Path:
         """The stderr of each stdio downstream server, ``<alias>.log``."""
         return self.root / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """The audit log (JSON lines, rotated to ``audit.jsonl.1`` ...); no downstream alias ends in ``.jsonl``."""
+        return self.logs / "audit.jsonl"
 
     @property
     def metadata(self) -> Path:

@@ -102,7 +102,11 @@ class Mediator:
                 servers[alias] = dataclasses.replace(spec, allow_tools=new.allow_tools, deny_tools=new.deny_tools)
                 self._stubs.pop(alias, None)  # regenerated with the new policy at the next run
                 notes.append(f"{spec.name}: tool allow/deny lists reloaded")
-        notes += [f"{new.name}: new in the configuration; it needs a restart" for a, new in fresh.servers.items() if a not in servers]
+        notes += [
+            f"{new.name}: new in the configuration; it needs a restart"
+            for a, new in fresh.servers.items()
+            if a not in servers
+        ]
         self.discovery = dataclasses.replace(self.discovery, servers=servers)
         return notes
 

@@ -8,15 +8,21 @@ what it owns (tokens, tool allow-lists) and says what changed; sessions and conn
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import signal
+import time
 from collections.abc import Callable, Iterator
+from types import FrameType
 
 import anyio
+import anyio.to_thread
+import uvicorn
 
 from mcp_sandbox.errors import BusyError
 
-__all__ = ["DRAINING_MESSAGE", "Draining", "Lifecycle", "Reloader"]
+__all__ = ["DRAINING_MESSAGE", "Draining", "DrainingServer", "Lifecycle", "Reloader"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,3 +88,52 @@ class Lifecycle:
                 continue
             for note in notes:
                 logger.warning("reload: %s: %s", name, note)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose first SIGTERM drains (see :class:`Lifecycle`) before it stops.
+
+    uvicorn's own handler would stop accepting and then wait for every open connection,
+    including MCP event streams that never end; this one first lets the runs finish, answering
+    new ones with an error, and then hands over to uvicorn's shutdown for what is left of the grace.
+    """
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace: float) -> None:
+        super().__init__(config)
+        self._lifecycle = lifecycle
+        self._grace = grace
+        self._term: anyio.Event | None = None
+        self._wake: Callable[[], object] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._wake is not None and not self._lifecycle.draining:
+            self._lifecycle.draining = True  # refuse new runs from this instant
+            self._wake()
+            return
+        super().handle_exit(sig, frame)
+
+    async def serve_draining(self) -> None:
+        """Serve until SIGINT, or SIGTERM and the drain; SIGHUP runs the lifecycle's reloaders."""
+        term = anyio.Event()
+        # A signal handler may not touch the event loop's objects directly: the wake-up is
+        # scheduled thread-safely on the loop (uvicorn runs on asyncio).
+        loop = asyncio.get_running_loop()
+        self._wake = lambda: loop.call_soon_threadsafe(term.set)
+
+        async def drain() -> None:
+            await term.wait()
+            started = time.monotonic()
+            await self._lifecycle.drain(self._grace)
+            self.config.timeout_graceful_shutdown = max(1, round(self._grace - (time.monotonic() - started)))
+            self.should_exit = True
+
+        async def reload() -> None:
+            with anyio.open_signal_receiver(signal.SIGHUP) as signals:
+                async for _ in signals:
+                    await anyio.to_thread.run_sync(self._lifecycle.reload)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(drain)
+            group.start_soon(reload)
+            await self.serve()
+            group.cancel_scope.cancel()
