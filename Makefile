@@ -48,7 +48,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools containers run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools containers image run test \
         lint format typecheck typecheck-ts pytest bench doctor clean
 
 help: ## List the targets
@@ -149,6 +149,22 @@ $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
 	@bash scripts/install-system-deps.sh podman crun conmon docker.io
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
+
+# The server's own image (deploy/compose.yaml runs it), built offline like the one above, with the
+# wheel, .runtime/python, .runtime/js and bubblewrap inside (scripts/build-server-image.sh).
+# Rebuilt when the source, the pins or the scripts change. tests/deploy/test_image.py builds it
+# in the tests' docker engine itself when missing or stale (its label carries the same digest).
+SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
+SERVER_IMAGE_STAMP := $(VENV)/.server-image.stamp
+SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) pyproject.toml \
+                      scripts/build-server-image.sh scripts/container_rootfs.py
+
+image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp-sandbox:latest (CONTAINER_CLI=podman|docker)
+
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) | $(VENV_STAMP)
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini
+	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
+	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
 TEST_REQUIRE = $$([ "$$(id -u)" = 0 ] && echo podman,docker || true)

@@ -2,6 +2,7 @@
 # Build the server's own container image offline, from this Debian host's packages.
 #
 #   scripts/build-server-image.sh [IMAGE]
+#   scripts/build-server-image.sh --digest     # print the digest of what goes in, and exit
 #
 # IMAGE defaults to localhost/mcp-sandbox:latest. The CLI is $CONTAINER_CLI, else podman, else
 # docker. As for the sandbox image (scripts/build-container-image.sh), no image registry is
@@ -17,6 +18,20 @@
 # 0.0.0.0:8765 as the unprivileged user mcp-sandbox (uid 10001). deploy/compose.yaml runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What the image is made of: the image carries it as a label, so a stale image can be told
+# (tests/deploy/test_image.py rebuilds when it differs).
+digest() {
+    {
+        find src -type f ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
+        sha256sum pyproject.toml scripts/build-server-image.sh scripts/container_rootfs.py \
+            runtime/python-requirements.txt runtime/js/package-lock.json
+    } | sha256sum | cut -c1-32
+}
+if [ "${1:-}" = "--digest" ]; then
+    digest
+    exit 0
+fi
 
 image="${1:-localhost/mcp-sandbox:latest}"
 cli="${CONTAINER_CLI:-}"
@@ -78,6 +93,7 @@ chmod 700 "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
 tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
 "$cli" import \
     --change 'LABEL io.mcp-sandbox.image=server' \
+    --change "LABEL io.mcp-sandbox.digest=$(digest)" \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
     --change 'ENV HOME=/home/mcp-sandbox' \
     --change 'ENV MCP_SANDBOX_STATE_DIR=/var/lib/mcp-sandbox' \
