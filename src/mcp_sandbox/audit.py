@@ -8,7 +8,7 @@ Each line is ``{"time": <ISO 8601 UTC>, "event": <name>, ...fields}``; fields ar
 caller passes (JSON-serialisable: strings, numbers, booleans, None, lists, dicts). What to put
 in a line is the caller's choice and responsibility: this module adds no content of its own.
 Files rotate at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the
-standard library's :class:`logging.handlers.RotatingFileHandler`, made 0600 in a 0700 directory.
+standard library's :class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory.
 Writing is synchronous and small (one ``write`` of one line); a failing disk is reported by the
 logging module and never raises into the caller.
 """
@@ -40,6 +40,19 @@ class _JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
+class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
+    """A rotating file whose every new file (after each rotation too) is made 0600, whatever the umask."""
+
+    def _open(self) -> Any:
+        return open(  # the handler owns the stream and closes it
+            self.baseFilename,
+            self.mode,
+            encoding=self.encoding,
+            errors=self.errors,
+            opener=lambda path, flags: os.open(path, flags | os.O_CLOEXEC, 0o600),
+        )
+
+
 class AuditLog:
     """An append-only JSON-lines log at ``path``; see the module docstring."""
 
@@ -66,9 +79,9 @@ class AuditLog:
             OSError: the directory or the file cannot be created.
         """
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        os.close(descriptor)
-        handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        if path.exists():
+            path.chmod(0o600)  # one made by an older version, or by hand
+        handler = _PrivateRotatingFile(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
         handler.setFormatter(_JsonLines())
         return cls(path, handler)
 
