@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef0000"
 METRICS = "metrics-token-0123456789abcdef"
+FILE_TOKEN = "file-token-0123456789abcdef000"
+NEW_FILE_TOKEN = "file-token-rotated-0123456789ab"
 SECRET_VALUE = "env-value-that-must-not-be-logged"
 CODE_MARK = "code_marker_not_in_the_log"
 OUTPUT_MARK = "output-marker-not-in-the-log"
@@ -67,10 +69,17 @@ class Server:
 async def server(state_dir: Path, runtime: Path | None, **env: str) -> AsyncIterator[Server]:
     config = state_dir.parent / "server.toml"
     config.write_text(config_text(bob=False, deny=[]))
+    token_file = state_dir.parent / "token"
+    token_file.write_text(FILE_TOKEN + "\n")
     port = free_port()
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
     command += ["--state-dir", str(state_dir), "--config", str(config)]
-    environment = {"MCP_SANDBOX_METRICS_TOKEN": METRICS, "MCP_SANDBOX_SHUTDOWN_GRACE": "30", **env}
+    environment = {
+        "MCP_SANDBOX_METRICS_TOKEN": METRICS,
+        "MCP_SANDBOX_SHUTDOWN_GRACE": "30",
+        "MCP_SANDBOX_TOKEN_FILE": str(token_file),
+        **env,
+    }
     with tempfile.TemporaryFile() as log:
         process = await anyio.open_process(
             command,
@@ -180,6 +189,8 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
                             backend="bwrap") == 4  # fmt: skip
         assert await metric(web, base, "mcp_sandbox_stored_bytes", tenant="alice") == 15
         assert await metric(web, base, "mcp_sandbox_sessions") == 1
+        assert await metric(web, base, "mcp_sandbox_queue_wait_seconds_count") == 4
+        assert await metric(web, base, "mcp_sandbox_queue_length") == 0
         assert await metric(web, base, "mcp_sandbox_warm_pool_size") >= 1
 
     lines = live.audit()
@@ -236,20 +247,31 @@ def _audit_or_empty(live: Server) -> list[dict[str, Any]]:
 
 
 async def test_sighup_reloads_tokens_and_tool_policy_and_keeps_sessions(live: Server) -> None:
+    async def upload_status(token: str) -> int:
+        async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
+            reply = await web.post(f"{live.base}/upload?conversationId=b&filename=x.txt", content=b"1",
+                                   headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            return reply.status_code
+
+    assert await upload_status(FILE_TOKEN) == 201
+    assert await upload_status(BOB) == 401
     async with http_client(live.base, ALICE) as client:
         first = await call(client, "run_python", {"code": "kept = 41", "conversationId": "s"})
         assert data(first)["status"] == "success"
+        allowed = await call(client, "run_python", {"code": "print(await mcp_fixture.add(a=1, b=2))",
+                                                    "servers": ["fixture"]})  # fmt: skip
+        assert data(allowed)["status"] == "success" and "3" in data(allowed)["stdout"]
         live.config.write_text(config_text(bob=True, deny=["add"]))
+        (live.state.parent / "token").write_text(NEW_FILE_TOKEN)
         log_before = len(_audit_or_empty(live))
         live.process.send_signal(signal.SIGHUP)
 
         async def bob_accepted() -> bool:
-            async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
-                reply = await web.post(f"{live.base}/upload?conversationId=b&filename=x.txt", content=b"1",
-                                       headers={"Authorization": f"Bearer {BOB}"})  # fmt: skip
-                return reply.status_code == 201
+            return await upload_status(BOB) == 201
 
         await until(bob_accepted)
+        assert await upload_status(NEW_FILE_TOKEN) == 201
+        assert await upload_status(FILE_TOKEN) == 401
         again = await call(client, "run_python", {"code": "print(kept + 1)", "conversationId": "s"})
         assert data(again)["stdout"].strip() == "42" and data(again)["session"] == "kept"
         denied = await call(client, "run_python", {"code": "print(await mcp_fixture.add(a=1, b=2))",
