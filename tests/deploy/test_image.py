@@ -66,6 +66,23 @@ def test_the_systemd_unit_verifies() -> None:
     assert done.returncode == 0 and done.stderr == "", done.stderr  # unknown keys only warn: none allowed
 
 
+def test_bwrap_without_setuid_makes_a_sandbox_under_no_new_privs_as_an_unprivileged_user() -> None:
+    """What NoNewPrivileges=yes in the unit (and no-new-privileges in compose) rely on."""
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if os.geteuid() != 0 or bwrap is None or setpriv is None:
+        pytest.skip("needs root (to become an unprivileged user), bwrap and setpriv")
+    assert not os.stat(bwrap).st_mode & 0o4000, "this check is about a bwrap that is not setuid"
+    done = subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs", bwrap, "--unshare-all",
+         "--die-with-parent", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib",
+         "/lib", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "/bin/sh", "-c",
+         "grep NoNewPrivs /proc/self/status; id -u"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["NoNewPrivs:", "1", "65534"]
+
+
 @pytest.fixture(scope="module")
 def docker() -> Iterator[None]:
     with docker_daemon() as why:
@@ -109,6 +126,14 @@ def test_compose_has_the_options_the_test_runs_with() -> None:
     for line in ("cap_drop: [ALL]", "read_only: true", "MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION", "/readyz", "restart:"):
         assert line in compose, line
     assert "privileged" not in compose.replace("--privileged", "").replace("unprivileged", "")
+    # The YAML itself parses, where Debian's python3-yaml is there to parse it (no PyYAML in .venv).
+    checked = subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys, yaml; yaml.safe_load(open(sys.argv[1]))", str(DEPLOY / "compose.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0 or "No module named 'yaml'" in checked.stderr, checked.stderr
 
 
 async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(docker: None) -> None:
