@@ -136,7 +136,9 @@ $(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json
 # The container backends (podman, docker) and the image they start, built offline from this
 # host's Debian packages (no registry is reachable here). `make test` runs the conformance suite
 # on podman and docker, so it installs both and builds the image when it is missing or out of
-# date; the tests start their own docker engine (tests/container_helpers.py).
+# date; the tests start their own docker engine (tests/container_helpers.py). tini goes into the
+# server's image (tests/deploy/test_image.py builds it in that engine); systemd brings
+# systemd-analyze, which checks deploy/mcp-sandbox.service.
 CONTAINER_CLI   ?= podman
 CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
 CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
@@ -146,7 +148,7 @@ containers: $(CONTAINER_STAMP) ## Install podman and build the container backend
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 
 $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
-	@bash scripts/install-system-deps.sh podman crun conmon docker.io
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
 
@@ -162,7 +164,7 @@ SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/
 image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp-sandbox:latest (CONTAINER_CLI=podman|docker)
 
 $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) | $(VENV_STAMP)
-	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
 	@touch $@
 

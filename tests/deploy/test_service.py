@@ -38,6 +38,7 @@ NEW_FILE_TOKEN = "file-token-rotated-0123456789ab"
 SECRET_VALUE = "env-value-that-must-not-be-logged"
 CODE_MARK = "code_marker_not_in_the_log"
 OUTPUT_MARK = "output-marker-not-in-the-log"
+CONVERSATION = "conversation-id-not-in-the-log"
 
 
 def config_text(*, bob: bool, deny: list[str]) -> str:
@@ -164,11 +165,11 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
             result = await call(client, "run_code", {"code": code, "language": "python",
                                                      "environment": {"KEY": SECRET_VALUE}})  # fmt: skip
             assert data(result)["status"] == "success", data(result)
-            upload = await call(client, "upload_file", {"conversationId": "c1", "filename": "in.txt",
+            upload = await call(client, "upload_file", {"conversationId": CONVERSATION, "filename": "in.txt",
                                                          "content": "aGVsbG8="})  # fmt: skip
             assert not upload.is_error, upload
             made = await call(client, "run_python", {"code": "open('/workspace/out.txt','w').write('x'*10)",
-                                                     "conversationId": "c1"})  # fmt: skip
+                                                     "conversationId": CONVERSATION})  # fmt: skip
             files = {entry["name"]: entry["url"] for entry in data(made)["files"]}
             tool = await call(client, "run_python", {"code": "print(await mcp_fixture.add(a=2, b=3))",
                                                      "servers": ["fixture"]})  # fmt: skip
@@ -207,7 +208,7 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
     timeout_line = [line for line in lines if line["event"] == "run"][-1]
     assert timeout_line["limits"] == ["timeout"]
     raw = (live.state / "logs" / "audit.jsonl").read_text()
-    for secret in (ALICE, METRICS, SECRET_VALUE, CODE_MARK, OUTPUT_MARK, "c1"):
+    for secret in (ALICE, METRICS, SECRET_VALUE, CODE_MARK, OUTPUT_MARK, CONVERSATION):
         assert secret not in raw
 
 
@@ -237,6 +238,8 @@ async def test_sigterm_lets_a_running_run_finish_and_refuses_new_ones(live: Serv
     with anyio.fail_after(30):
         await live.process.wait()
     assert live.process.returncode == 0
+    statuses = sorted(line["status"] for line in live.audit() if line["event"] == "run")
+    assert statuses == ["busy", "success"]
 
 
 def _audit_or_empty(live: Server) -> list[dict[str, Any]]:

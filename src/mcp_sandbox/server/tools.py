@@ -98,9 +98,16 @@ class ToolHandlers:
             return await self._run_holding(raw, tool, tenant, held)
 
     def _emit_run(
-        self, tenant: str, key: str | None, language: str, started: float, result: ExecutionResult, files_bytes: int
+        self,
+        tenant: str,
+        key: str | None,
+        language: str,
+        started: float,
+        result: ExecutionResult,
+        files_bytes: int,
+        *,
+        busy: bool,
     ) -> None:
-        busy = result.status == "error" and result.exit_code is None and (result.error or "").startswith("busy:")
         self._service.events.emit(
             RunFinished(
                 tenant=tenant,
@@ -127,6 +134,7 @@ class ToolHandlers:
         clock = time.perf_counter()
         key: str | None = None
         language = "python"
+        busy = False
         try:
             held.enter_context(service.lifecycle.run())
             model = RunCodeArguments if tool == "run_code" else RunPythonArguments
@@ -159,6 +167,7 @@ class ToolHandlers:
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))
         except BusyError as exc:
+            busy = True
             result = ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
         except SandboxError as exc:
             logger.error("%s failed in the sandbox layer: %s", tool, exc)
@@ -172,7 +181,7 @@ class ToolHandlers:
             if (warning := self._over_quota(entries)) is not None:
                 data["warning"] = warning
         await self._record(tenant, key, language, started, result, files_bytes)
-        self._emit_run(tenant, key, language, clock, result, files_bytes)
+        self._emit_run(tenant, key, language, clock, result, files_bytes, busy=busy)
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
