@@ -7,6 +7,7 @@ by plain HTTP requests; signals are sent to that process.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -282,3 +283,43 @@ async def test_sighup_reloads_tokens_and_tool_policy_and_keeps_sessions(live: Se
         assert data(denied)["status"] == "error"
         calls = [line for line in live.audit()[log_before:] if line["event"] == "tool_call"]
         assert calls == [] or all(line["outcome"] == "denied" for line in calls)
+
+
+_FORKS = """
+import os, time
+children = []
+try:
+    while len(children) < 200:
+        child = os.fork()
+        if child == 0:
+            time.sleep(30)
+            os._exit(0)
+        children.append(child)
+except OSError:
+    pass
+for child in children:
+    os.kill(child, 9)
+print(len(children))
+"""
+
+
+async def test_memory_and_pids_limits_show_as_limit_events(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    env = {"MCP_SANDBOX_MEMORY": "128m", "MCP_SANDBOX_PIDS": "16", "MCP_SANDBOX_POOL_SIZE": "0",
+           "MCP_SANDBOX_POOL_MIN": "0"}  # fmt: skip
+    async with (
+        server(state_dir, sandbox_runtime, **env) as live,
+        http_client(live.base, ALICE) as client,
+        httpx2.AsyncClient(timeout=CALL_BOUND) as web,
+    ):
+        hog = data(await call(client, "run_python", {"code": "hog = b'1' * (1 << 30)\nprint(len(hog))"}))
+        forks = data(await call(client, "run_python", {"code": _FORKS}))
+        assert hog["status"] == "error" and forks["status"] == "error", (hog, forks)
+        # Where the host enforces the limit with a cgroup, the engine says so and counts it; where an
+        # rlimit stands in (MemoryError, EAGAIN), no limit event is claimed. Either way they agree.
+        memory_said = "memory limit" in (hog.get("error") or "")
+        pids_said = "process limit" in (forks.get("error") or "")
+        assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="memory") == float(memory_said)
+        assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="pids") == float(pids_said)
+        runs = [line for line in live.audit() if line["event"] == "run"]
+        assert [line["limits"] for line in runs] == [["memory"] if memory_said else [], ["pids"] if pids_said else []]
+        assert memory_said or os.geteuid() != 0  # as root here the cgroup is there: the event must show
