@@ -225,6 +225,8 @@ class Settings:
             language, _, image = entry.partition("=")
             if not language.strip() or not image.strip():
                 raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
+        if self.metrics_token is not None and len(self.metrics_token.strip()) < 16:
+            raise ConfigError("metrics_token: must be at least 16 characters (a random one: secrets.token_urlsafe(32))")
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")
