@@ -40,6 +40,15 @@ SECRET_VALUE = "env-value-that-must-not-be-logged"
 CODE_MARK = "code_marker_not_in_the_log"
 OUTPUT_MARK = "output-marker-not-in-the-log"
 CONVERSATION = "conversation-id-not-in-the-log"
+MADE_UP_TOOL = "made_up_tool_name_not_in_the_log"
+TOOL_CODE = f"""
+import mcp
+print(await mcp_fixture.add(a=2, b=3))
+try:
+    await mcp.runtime.call_tool("fixture", "{MADE_UP_TOOL}", {{}})
+except mcp.runtime.MCPError:
+    print("refused")
+"""
 
 
 def config_text(*, bob: bool, deny: list[str]) -> str:
@@ -172,9 +181,8 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
             made = await call(client, "run_python", {"code": "open('/workspace/out.txt','w').write('x'*10)",
                                                      "conversationId": CONVERSATION})  # fmt: skip
             files = {entry["name"]: entry["url"] for entry in data(made)["files"]}
-            tool = await call(client, "run_python", {"code": "print(await mcp_fixture.add(a=2, b=3))",
-                                                     "servers": ["fixture"]})  # fmt: skip
-            assert "5" in data(tool)["stdout"], data(tool)
+            tool = await call(client, "run_python", {"code": TOOL_CODE, "servers": ["fixture"]})
+            assert data(tool)["stdout"].split() == ["{'result':", "5}", "refused"], data(tool)
             slow = await call(client, "run_python", {"code": "while True: pass", "timeout": 1})
             assert data(slow)["status"] == "timeout"
         download = await web.get(files["out.txt"])
@@ -198,18 +206,19 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
     lines = live.audit()
     events = [line["event"] for line in lines]
     assert events.count("run") == 4 and events.count("upload") == 1
-    assert events.count("download") == 1 and events.count("tool_call") == 1
+    assert events.count("download") == 1 and events.count("tool_call") == 2
     first = next(line for line in lines if line["event"] == "run")
     assert first["tenant"] == "alice" and first["status"] == "success" and first["language"] == "python"
     assert first["stdout_bytes"] > 0 and first["duration"] > 0 and re.match(r"^\d{4}-\d\d-\d\dT", first["time"])
-    call_line = next(line for line in lines if line["event"] == "tool_call")
-    assert (call_line["server"], call_line["tool"], call_line["outcome"]) == ("fixture", "add", "ok")
+    calls = [line for line in lines if line["event"] == "tool_call"]
+    assert (calls[0]["server"], calls[0]["tool"], calls[0]["outcome"]) == ("fixture", "add", "ok")
+    assert (calls[1]["server"], calls[1]["tool"]) == ("fixture", "unknown") and calls[1]["outcome"] != "ok"
     download_line = next(line for line in lines if line["event"] == "download")
     assert download_line["size"] == 10 and download_line["outcome"] == "ok"
     timeout_line = [line for line in lines if line["event"] == "run"][-1]
     assert timeout_line["limits"] == ["timeout"]
     raw = (live.state / "logs" / "audit.jsonl").read_text()
-    for secret in (ALICE, METRICS, SECRET_VALUE, CODE_MARK, OUTPUT_MARK, CONVERSATION):
+    for secret in (ALICE, METRICS, SECRET_VALUE, CODE_MARK, OUTPUT_MARK, CONVERSATION, MADE_UP_TOOL):
         assert secret not in raw
 
 

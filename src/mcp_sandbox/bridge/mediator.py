@@ -110,6 +110,12 @@ class Mediator:
         self.discovery = dataclasses.replace(self.discovery, servers=servers)
         return notes
 
+    def known_tool(self, alias: str, name: str) -> str | None:
+        """The listed tool of ``alias`` called ``name`` (or by its Python name), if its stubs are made."""
+        stubs = self._stubs.get(alias)
+        docs = stubs.docs if stubs is not None else []
+        return next((doc.name for doc in docs if name in (doc.name, doc.python_name)), None)
+
     def resolve(self, name: str) -> ServerSpec | None:
         """The server called ``name`` (its alias or its configured name)."""
         return self.discovery.by_name(name)
@@ -252,9 +258,10 @@ class RunAccess:
             ToolCalled(
                 tenant=self.tenant,
                 conversation=self.conversation,
-                # Only configured names reach the metrics: an unknown one the sandbox made up is "unknown".
+                # Only configured and listed names reach metrics and audit lines: a name the sandboxed
+                # code made up (it could carry anything) is "unknown".
                 server=spec.name if spec is not None else "unknown",
-                tool=request.tool if spec is not None else "unknown",
+                tool=(self.bridge.known_tool(spec.alias, request.tool) if spec is not None else None) or "unknown",
                 outcome=outcome,
                 duration=duration,
                 result_bytes=size,
