@@ -22,7 +22,7 @@ import uvicorn
 
 from mcp_sandbox.errors import BusyError
 
-__all__ = ["DRAINING_MESSAGE", "Draining", "DrainingServer", "Lifecycle", "Reloader"]
+__all__ = ["DRAINING_MESSAGE", "DrainingServer", "Lifecycle", "Reloader"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,6 @@ DRAINING_MESSAGE = "the server is shutting down and starts no new runs; retry on
 
 # Re-reads what it owns; returns lines saying what changed. Raises ConfigError for a bad file.
 Reloader = Callable[[], list[str]]
-
-
-class Draining(BusyError):
-    """A run was asked for while the server drains (SIGTERM)."""
 
 
 class Lifecycle:
@@ -51,10 +47,10 @@ class Lifecycle:
         """Count one run for the block.
 
         Raises:
-            Draining: the server drains; nothing may start.
+            BusyError: the server drains (SIGTERM); nothing may start.
         """
         if self.draining:
-            raise Draining(DRAINING_MESSAGE)
+            raise BusyError(DRAINING_MESSAGE)
         if self.runs == 0:
             self._idle = anyio.Event()
         self.runs += 1
