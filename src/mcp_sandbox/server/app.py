@@ -68,7 +68,7 @@ async def serve(settings: Settings, transport: str) -> None:
         await serve_http(settings, app, service.lifecycle)
 
 
-def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:
+async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:
     """Re-read the tokens (config file's [auth], token_file) into ``tokens``; say which tenants changed."""
     from mcp_sandbox.server.auth import load_tokens
 

@@ -13,11 +13,10 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 
 import anyio
-import anyio.to_thread
 import uvicorn
 
 from mcp_sandbox.errors import BusyError
@@ -28,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 DRAINING_MESSAGE = "the server is shutting down and starts no new runs; retry once it is back (or on another instance)"
 
-# Re-reads what it owns; returns lines saying what changed. Raises ConfigError for a bad file.
-Reloader = Callable[[], list[str]]
+# Re-reads what it owns (on the event loop: slow reads go to a worker thread inside it); returns
+# lines saying what changed. Raises ConfigError for a bad file.
+Reloader = Callable[[], Awaitable[list[str]]]
 
 
 class Lifecycle:
@@ -74,11 +74,11 @@ class Lifecycle:
     def on_reload(self, name: str, reloader: Reloader) -> None:
         self._reloaders.append((name, reloader))
 
-    def reload(self) -> None:
+    async def reload(self) -> None:
         """Run every reloader; one that fails (a malformed file) keeps what it had and is logged."""
         for name, reloader in self._reloaders:
             try:
-                notes = reloader()
+                notes = await reloader()
             except Exception as exc:  # a bad file must not take the server down: keep the old values
                 logger.error("reload of %s failed, the previous values stay: %s", name, exc)
                 continue
@@ -98,7 +98,6 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._lifecycle = lifecycle
         self._grace = grace
-        self._term: anyio.Event | None = None
         self._wake: Callable[[], object] | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -126,7 +125,7 @@ class DrainingServer(uvicorn.Server):
         async def reload() -> None:
             with anyio.open_signal_receiver(signal.SIGHUP) as signals:
                 async for _ in signals:
-                    await anyio.to_thread.run_sync(self._lifecycle.reload)
+                    await self._lifecycle.reload()
 
         async with anyio.create_task_group() as group:
             group.start_soon(drain)

@@ -133,9 +133,10 @@ class Service:
         """Bytes stored per tenant, as the metadata index last recorded them."""
         return stored_per_tenant((row.tenant, row.bytes) for row in self.metadata.conversations_by_last_use())
 
-    def reload_servers(self) -> list[str]:
+    async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
-        return self.bridge.reload_policies(discover(self.settings))
+        fresh = await anyio.to_thread.run_sync(discover, self.settings)
+        return self.bridge.reload_policies(fresh)
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
