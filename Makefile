@@ -159,11 +159,14 @@ $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
 SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
 SERVER_IMAGE_STAMP := $(VENV)/.server-image.stamp
 SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) pyproject.toml \
-                      scripts/build-server-image.sh scripts/container_rootfs.py
+                      scripts/build-server-image.sh scripts/container_rootfs.py \
+                      $(RUNTIME_REQS) runtime/js/package-lock.json
 
 image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp-sandbox:latest (CONTAINER_CLI=podman|docker)
 
-$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) | $(VENV_STAMP)
+# The runtimes are order-only: the image is rebuilt when their pins change (inputs above), not
+# whenever a runtime's stamp is touched.
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP)
 	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
 	@touch $@
