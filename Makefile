@@ -53,7 +53,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
         lint format typecheck typecheck-ts pytest bench doctor clean
 
 help: ## List the targets
@@ -160,7 +160,9 @@ $(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json
 # The container backends (podman, docker) and the image they start, built offline from this
 # host's Debian packages (no registry is reachable here). `make test` runs the conformance suite
 # on podman and docker, so it installs both and builds the image when it is missing or out of
-# date; the tests start their own docker engine (tests/container_helpers.py).
+# date; the tests start their own docker engine (tests/container_helpers.py). tini goes into the
+# server's image (tests/deploy/test_image.py builds it in that engine); systemd brings
+# systemd-analyze, which checks deploy/mcp-sandbox.service.
 CONTAINER_CLI   ?= podman
 CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
 CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
@@ -170,9 +172,28 @@ containers: $(CONTAINER_STAMP) ## Install podman and build the container backend
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 
 $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
-	@bash scripts/install-system-deps.sh podman crun conmon docker.io
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
+
+# The server's own image (deploy/compose.yaml runs it), built offline like the one above, with the
+# wheel, .runtime/python, .runtime/js and bubblewrap inside (scripts/build-server-image.sh).
+# Rebuilt when the source, the pins or the scripts change. tests/deploy/test_image.py builds it
+# in the tests' docker engine itself when missing or stale (its label carries the same digest).
+SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
+SERVER_IMAGE_STAMP := $(VENV)/.server-image.stamp
+SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) pyproject.toml \
+                      scripts/build-server-image.sh scripts/container_rootfs.py \
+                      $(RUNTIME_REQS) runtime/js/package-lock.json
+
+image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp-sandbox:latest (CONTAINER_CLI=podman|docker)
+
+# The runtimes are order-only: the image is rebuilt when their pins change (inputs above), not
+# whenever a runtime's stamp is touched.
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP)
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
+	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
+	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
 TEST_REQUIRE = $$([ "$$(id -u)" = 0 ] && echo podman,docker || true)

@@ -15,6 +15,7 @@
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
       logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
         egress.log              0600  one JSON line per egress connection, rotated (egress/audit.py)
+        audit.jsonl             0600    one JSON line per run, upload, download, tool call (audit.py)
 
 Paths only, and the directories of the layout itself: what goes inside them belongs to the
 modules named. This module sits with ``config``: every layer above may use it.
@@ -73,6 +74,11 @@ class StateLayout:
     def egress_log(self) -> Path:
         """The egress proxy's audit log (one JSON line per connection)."""
         return self.logs / "egress.log"
+
+    @property
+    def audit_log(self) -> Path:
+        """The audit log (JSON lines, rotated to ``audit.jsonl.1`` ...); no downstream alias ends in ``.jsonl``."""
+        return self.logs / "audit.jsonl"
 
     @property
     def metadata(self) -> Path:

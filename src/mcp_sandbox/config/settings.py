@@ -131,6 +131,10 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # One bearer token for tenant "default" (more tenants: [auth] tokens in the TOML file).
     token: str | None = field(default=None, repr=False)
+    # A file holding tenant "default"'s token (a container secret, a systemd credential); re-read on SIGHUP.
+    token_file: Path | None = None
+    # The bearer token of GET /metrics (Prometheus text); without one /metrics is off.
+    metrics_token: str | None = field(default=None, repr=False)
     max_request_size: int = 4 << 20  # one MCP request body
     url_ttl: float = 3600.0  # lifetime of a signed download URL
     shutdown_grace: float = 10.0  # how long running executions may finish when the server stops
@@ -251,6 +255,8 @@ class Settings:
             language, _, image = entry.partition("=")
             if not language.strip() or not image.strip():
                 raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
+        if self.metrics_token is not None and len(self.metrics_token.strip()) < 16:
+            raise ConfigError("metrics_token: must be at least 16 characters (a random one: secrets.token_urlsafe(32))")
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")

@@ -58,6 +58,7 @@ from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
 from mcp_sandbox.engine.verdict import STATE_LOST, captured, death, judge_fresh, judge_session, timed_out
 from mcp_sandbox.engine.warm import Warm, WarmPool
 from mcp_sandbox.errors import ConfigError, SandboxStartError
+from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
@@ -83,10 +84,18 @@ def _tool_mounts(request: ExecutionRequest) -> tuple[Mount, ...]:
 class Engine:
     """Runs execution requests on a backend: one fresh sandbox per request, or a session's."""
 
-    def __init__(self, settings: Settings, backend: Backend, *, egress_resolver: Resolver = system_resolver) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        events: EventHub | None = None,
+        *,
+        egress_resolver: Resolver = system_resolver,
+    ) -> None:
         """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
         self.settings = settings
         self.backend = backend
+        self.events = events if events is not None else EventHub()
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
@@ -131,6 +140,11 @@ class Engine:
             yield self
 
     @property
+    def admission(self) -> Admission:
+        """The run slots and their queue (for status and metrics)."""
+        return self._admission
+
+    @property
     def pool(self) -> WarmPool:
         """The warm sandboxes (for status and benchmarks)."""
         return self._pool
@@ -159,8 +173,10 @@ class Engine:
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
+        queued = time.perf_counter()
         async with self._admission.slot():
             started = time.perf_counter()
+            self.events.emit(RunAdmitted(wait=started - queued))
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
                 if request.egress is None or self._session_egress:

@@ -95,6 +95,7 @@ class ExecutionResult:
     images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
     images_dropped: int = 0  # images the run sent past the caps, or malformed: not returned
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
+    limits: tuple[str, ...] = ()  # limits the run hit: memory, pids, cpu, timeout (not in structured())
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -16,7 +16,7 @@ from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
-__all__ = ["STATE_LOST", "captured", "death", "human_bytes", "judge_fresh", "judge_session", "timed_out"]
+__all__ = ["STATE_LOST", "captured", "death", "human_bytes", "judge_fresh", "judge_session", "limits_hit", "timed_out"]
 
 STATE_LOST = "the session's state is lost; the next run starts a fresh interpreter"
 
@@ -54,7 +54,22 @@ def timed_out(
         exit_code=EXIT_TIMEOUT,
         error=f"timed out after {request.timeout:g} s; {what}",
         session=session,
+        limits=("timeout",),
     )
+
+
+def limits_hit(outcome: SandboxOutcome | None) -> tuple[str, ...]:
+    """The limits ``outcome`` shows were hit: ``memory``, ``pids``, ``cpu`` (SIGXCPU)."""
+    if outcome is None:
+        return ()
+    hit: list[str] = []
+    if outcome.memory_exceeded:
+        hit.append("memory")
+    if outcome.pids_exhausted:
+        hit.append("pids")
+    if outcome.returncode == 128 + signal.SIGXCPU:
+        hit.append("cpu")
+    return tuple(hit)
 
 
 def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, session: bool) -> str | None:
@@ -91,7 +106,7 @@ def judge_fresh(
         note = f"process limit of {settings.pids} reached"
         error = f"{error}; {note}" if error else note
     status: Status = "success" if code == 0 and error is None else "error"
-    return dataclasses.replace(result, status=status, exit_code=code, error=error)
+    return dataclasses.replace(result, status=status, exit_code=code, error=error, limits=limits_hit(outcome))
 
 
 def judge_session(
@@ -118,4 +133,4 @@ def judge_session(
     else:
         error = f"{death(settings, outcome, record, session=True)}; {STATE_LOST}"
     code = outcome.returncode if outcome is not None else None
-    return dataclasses.replace(result, status="error", exit_code=code, error=error)
+    return dataclasses.replace(result, status="error", exit_code=code, error=error, limits=limits_hit(outcome))

@@ -30,6 +30,7 @@ __all__ = [
     "compiled_bpf",
     "oci_profile",
     "seccomp_available",
+    "server_oci_profile",
     "write_bpf",
     "zygote_guard_bpf",
 ]
@@ -308,6 +309,33 @@ def oci_profile(*, egress: bool = False) -> dict[str, Any]:
     ]
     arch = _OCI_ARCHES.get(platform.machine(), "SCMP_ARCH_NATIVE")
     return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
+
+
+# What bubblewrap itself needs of the deny list, when the server runs it inside a container.
+_BWRAP_NEEDS = frozenset({"mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "sethostname"})
+
+
+def server_oci_profile() -> dict[str, Any]:
+    """The OCI seccomp profile of the server's own container (deploy/seccomp-server.json).
+
+    The server starts bwrap inside its container, so unlike a sandbox it must create user,
+    mount, pid and network namespaces and mount inside them: the deny list minus exactly those
+    calls (``_BWRAP_NEEDS``), and none of the clone-flag or socket-family rules (the server
+    listens on TCP). Everything else a sandbox may not do, the server may not either. Each
+    sandbox still gets the full filter (:func:`build_filter`) from bwrap.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    profile = oci_profile()
+    rules = []
+    for rule in profile["syscalls"]:
+        if rule.get("args") and rule["names"] != ["ioctl"]:
+            continue  # clone's namespace flags, socket families
+        names = [name for name in rule["names"] if name not in _BWRAP_NEEDS]
+        if names:
+            rules.append({**rule, "names": names})
+    return {**profile, "syscalls": rules}
 
 
 def write_bpf(*, egress: bool = False) -> int:

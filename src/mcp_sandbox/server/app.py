@@ -6,6 +6,7 @@ from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Settings
+from mcp_sandbox.server.auth import TokenTable
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
@@ -48,12 +49,35 @@ async def serve(settings: Settings, transport: str) -> None:
         async with open_service(settings, http=False) as service:
             await serve_stdio(build_server(service))
         return
-    from mcp_sandbox.server.auth import TokenTable, load_tokens
+    from mcp_sandbox.server.auth import load_tokens
     from mcp_sandbox.server.files import file_routes
+    from mcp_sandbox.server.health import health_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
+    from mcp_sandbox.server.metrics import metrics_route
 
     tokens = TokenTable(load_tokens(settings))
     check_exposure(settings, tokens)
     async with open_service(settings, http=True) as service:
-        routes = file_routes(service, auth_guard(settings, tokens))
-        await serve_http(settings, build_http_app(settings, build_server(service), tokens, routes))
+        service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
+        routes = [
+            *file_routes(service, auth_guard(settings, tokens)),
+            *health_routes(service.ready),
+            metrics_route(lambda: settings.metrics_token, service.metrics_or_fail()),
+        ]
+        app = build_http_app(settings, build_server(service), tokens, routes)
+        await serve_http(settings, app, service.lifecycle)
+
+
+async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:
+    """Re-read the tokens (config file's [auth], token_file) into ``tokens``; say which tenants changed."""
+    from mcp_sandbox.server.auth import load_tokens
+
+    if not tokens:
+        return ["authentication was off at start; restart the server to turn it on"]
+    fresh = load_tokens(settings)
+    before = tokens.tenants
+    tokens.replace(fresh)
+    after = tokens.tenants
+    return [f"{len(fresh)} tokens loaded"] + [
+        f"tenant {name} {'added' if name in after else 'removed'}" for name in sorted(before ^ after)
+    ]

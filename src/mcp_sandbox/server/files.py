@@ -26,6 +26,7 @@ from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileServed, FileStored
 from mcp_sandbox.server.auth import tenant_of
 from mcp_sandbox.server.http import transport_security
 from mcp_sandbox.server.service import Service
@@ -94,6 +95,17 @@ async def _read(opened: OpenFile, start: int, end: int) -> AsyncIterator[bytes]:
 
 def _download(service: Service) -> Callable[[Request], Any]:
     async def download(request: Request) -> Response:
+        started = time.perf_counter()
+        response = await answer(request)
+        outcome = {200: "ok", 206: "ok", 410: "expired", 403: "invalid", 404: "missing"}.get(
+            response.status_code, "bad"
+        )
+        key = request.path_params["conversation"] if outcome in ("ok", "missing") else None  # a signed key only
+        size = int(response.headers.get("content-length", 0)) if outcome == "ok" and request.method == "GET" else 0
+        service.events.emit(FileServed(key, outcome, size, time.perf_counter() - started, response.status_code))
+        return response
+
+    async def answer(request: Request) -> Response:
         params = request.path_params
         name = str(params["name"])
         verdict = service.urls.check(params["conversation"], params["expires"], params["signature"], name, time.time())
@@ -189,10 +201,19 @@ def _upload(service: Service) -> Callable[[Request], Any]:
 
     async def store(tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]) -> dict[str, Any]:
         key = service.workspaces.key(tenant, conversation)
-        with service.using(key):
-            await service.touch(key, tenant)
-            entry = await anyio.to_thread.run_sync(service.workspaces.write_file, key, filename, _sync_chunks(stream))
-            await service.refresh_files(key)
+        started = time.perf_counter()
+        try:
+            with service.using(key):
+                await service.touch(key, tenant)
+                entry = await anyio.to_thread.run_sync(
+                    service.workspaces.write_file, key, filename, _sync_chunks(stream)
+                )
+                await service.refresh_files(key)
+        except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
+            outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")
+            service.events.emit(FileStored(tenant, key, "http", outcome, 0, time.perf_counter() - started))
+            raise
+        service.events.emit(FileStored(tenant, key, "http", "ok", entry.size, time.perf_counter() - started))
         return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
 
     async def upload(request: Request) -> Response:

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
 from mcp_sandbox.server.playground import playground_routes
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
@@ -184,8 +185,11 @@ def _quiet_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-async def serve_http(settings: Settings, app: Starlette) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish."""
+async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | None = None) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
+
+    With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see ``server/lifecycle.py``).
+    """
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -196,4 +200,7 @@ async def serve_http(settings: Settings, app: Starlette) -> None:
         timeout_graceful_shutdown=round(settings.shutdown_grace),
     )
     with _quiet_signals():
-        await uvicorn.Server(config).serve()
+        if lifecycle is None:
+            await uvicorn.Server(config).serve()
+        else:
+            await DrainingServer(config, lifecycle, settings.shutdown_grace).serve_draining()

@@ -17,6 +17,7 @@ from mcp_types import INVALID_PARAMS
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileStored, RunFinished
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.arguments import (
     CallContext,
@@ -105,6 +106,34 @@ class ToolHandlers:
         with contextlib.ExitStack() as held:
             return await self._run_holding(raw, tool, tenant, listener, held)
 
+    def _emit_run(
+        self,
+        tenant: str,
+        key: str | None,
+        language: str,
+        started: float,
+        result: ExecutionResult,
+        files_bytes: int,
+        *,
+        busy: bool,
+    ) -> None:
+        self._service.events.emit(
+            RunFinished(
+                tenant=tenant,
+                conversation=key,
+                language=language,
+                backend=self._service.engine.backend.name,
+                status="busy" if busy else result.status,
+                duration=time.perf_counter() - started,
+                warm=result.warm,
+                limits=result.limits,
+                exit_code=result.exit_code,
+                stdout_bytes=len(result.stdout.encode("utf-8", errors="surrogatepass")),
+                stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
+                files_bytes=files_bytes,
+            )
+        )
+
     async def _run_holding(
         self,
         raw: dict[str, Any] | None,
@@ -116,19 +145,24 @@ class ToolHandlers:
         service = self._service
         mode = output_mode(raw, service.settings)
         started = time.time()
+        clock = time.perf_counter()
         key: str | None = None
         language = "python"
+        busy = False
         try:
+            held.enter_context(service.lifecycle.run())
             model = RunCodeArguments if tool == "run_code" else RunPythonArguments
             arguments: RunArguments = parse(model, raw, self._context)
             if isinstance(arguments, RunCodeArguments):
                 language, environment = arguments.language, arguments.variables()
             else:
                 environment = {}
-            access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
-            workspace = None
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
+            aliases = service.bridge.aliases(arguments.servers)
+            access = await service.bridge.open_run(aliases, tenant=tenant, conversation=key)
+            workspace = None
+            if key is not None:
                 held.enter_context(service.using(key))
                 workspace = await service.touch(key, tenant)
                 if (base := service.file_base_url(key)) is not None:
@@ -149,6 +183,7 @@ class ToolHandlers:
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))
         except BusyError as exc:
+            busy = True
             result = ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
         except SandboxError as exc:
             logger.error("%s failed in the sandbox layer: %s", tool, exc)
@@ -162,6 +197,7 @@ class ToolHandlers:
             if (warning := self._over_quota(entries)) is not None:
                 data["warning"] = warning
         await self._record(tenant, key, language, started, result, files_bytes)
+        self._emit_run(tenant, key, language, clock, result, files_bytes, busy=busy)
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
@@ -204,6 +240,8 @@ class ToolHandlers:
 
     async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         service = self._service
+        started = time.perf_counter()
+        key: str | None = None
         try:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
@@ -214,7 +252,10 @@ class ToolHandlers:
                 )
                 await service.refresh_files(key)
         except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
+            outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
+            service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
             return _error_result(str(exc))
+        service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
         data = self._file(key, entry)
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
         if data["url"] is not None:
