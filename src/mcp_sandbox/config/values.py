@@ -61,10 +61,24 @@ _BYTE_FIELDS = frozenset(
         "quota_bytes",
         "max_workspaces_bytes",
         "max_image_bytes",
+        "tenant_workspaces_bytes",
+        "upload_min_rate",
     }
 )
 _DURATION_FIELDS = frozenset(
-    {"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"}
+    {
+        "url_ttl",
+        "shutdown_grace",
+        "conversation_ttl",
+        "session_ttl",
+        "pool_idle",
+        "queue_timeout",
+        "retention_interval",
+        "http_session_ttl",
+        "header_timeout",
+        "keep_alive_timeout",
+        "upload_read_timeout",
+    }
 )
 
 # config_file records where the settings came from: it is not a setting anyone gives.

@@ -68,7 +68,13 @@ class Engine:
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
-        self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
+        self._admission = Admission(
+            settings.max_concurrent_runs,
+            settings.max_queued_runs,
+            settings.queue_timeout,
+            tenant_limit=settings.tenant_concurrent_runs,
+            tenant_queue=settings.tenant_queued_runs,
+        )
         self._preload_reported = False
 
     def prepare(self) -> None:
@@ -129,7 +135,7 @@ class Engine:
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
-        async with self._admission.slot():
+        async with self._admission.slot(request.tenant):
             started = time.perf_counter()
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
@@ -217,7 +223,9 @@ class Engine:
         record = RunRecord.capped(self.settings.max_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
-            async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:
+            async with self._sessions.lease(
+                key, workspace=request.workspace, reset=request.reset, tenant=request.tenant
+            ) as lease:
                 try:
                     await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's

@@ -55,6 +55,7 @@ class ExecutionRequest:
     tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
     session: str | None = None
     reset: bool = False
+    tenant: str = "default"  # whose run: admission and session caps are per tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ class ToolHandlers:
                 tools=access,
                 session=key,
                 reset=arguments.reset,
+                tenant=tenant,
             )
             result = await service.engine.execute(request)
         except ValidationError as exc:
