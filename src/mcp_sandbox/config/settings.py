@@ -174,13 +174,14 @@ class Settings:
     header_timeout: float = 10.0
     keep_alive_timeout: float = 5.0
     max_connections_per_address: int = 64
-    # HTTP: uploads. Each tenant streams at most tenant_uploads at once, written by upload_workers
-    # threads of their own (never the runs'); a body must send a chunk every upload_read_timeout
-    # seconds and average upload_min_rate bytes/s after its first upload_read_timeout seconds.
+    # HTTP: request bodies (uploads, MCP requests) must send a chunk every body_timeout seconds
+    # and average body_min_rate bytes/s after their first body_timeout seconds. Each tenant
+    # streams at most tenant_uploads uploads at once, written by upload_workers threads of their
+    # own (never the threads runs use).
+    body_timeout: float = 30.0
+    body_min_rate: int = 16 << 10
     tenant_uploads: int = 4
     upload_workers: int = 8
-    upload_read_timeout: float = 30.0
-    upload_min_rate: int = 16 << 10
     # --- end of per-tenant limits ---
 
     # Images a run saves or shows, returned to the model as MCP image content.
@@ -229,7 +230,7 @@ class Settings:
             "max_connections_per_address",
             "tenant_uploads",
             "upload_workers",
-            "upload_min_rate",
+            "body_min_rate",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
@@ -240,7 +241,7 @@ class Settings:
             "http_session_ttl",
             "header_timeout",
             "keep_alive_timeout",
-            "upload_read_timeout",
+            "body_timeout",
         ):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be a positive duration")

@@ -62,7 +62,7 @@ _BYTE_FIELDS = frozenset(
         "max_workspaces_bytes",
         "max_image_bytes",
         "tenant_workspaces_bytes",
-        "upload_min_rate",
+        "body_min_rate",
     }
 )
 _DURATION_FIELDS = frozenset(
@@ -77,7 +77,7 @@ _DURATION_FIELDS = frozenset(
         "http_session_ttl",
         "header_timeout",
         "keep_alive_timeout",
-        "upload_read_timeout",
+        "body_timeout",
     }
 )
 

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
 
@@ -184,15 +185,21 @@ def _quiet_signals() -> Iterator[None]:
 
 
 async def serve_http(settings: Settings, app: Starlette) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish."""
+    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
+
+    Connections, headers and bodies are bounded (see :mod:`.limits`).
+    """
+    raise_open_files_limit()
+    install_log_limits()
     config = uvicorn.Config(
-        app,
+        SlowBodyGuard(app, settings.body_timeout, settings.body_min_rate),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
         server_header=False,
         timeout_graceful_shutdown=round(settings.shutdown_grace),
+        **uvicorn_limits(settings),
     )
     with _quiet_signals():
         await uvicorn.Server(config).serve()

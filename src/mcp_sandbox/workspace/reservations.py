@@ -1,0 +1,136 @@
+"""Quota reservations: concurrent writes into one conversation cannot pass its quota together.
+
+Each write measured the conversation once, when it began; sixteen uploads started at once each
+saw room for themselves and all of them were stored (issue 21). Now every chunk a write streams
+is *reserved* under a lock against what all the conversation's writes in progress have
+reserved, and the quota is *checked again at commit*, under the conversation's lock, against
+what is on disk then (less what is still being written); the rename happens under that lock,
+so two commits never both take the last room.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from mcp_sandbox.errors import QuotaExceededError
+from mcp_sandbox.workspace.files import Usage
+
+__all__ = ["QuotaBook", "Reservation"]
+
+
+@dataclass(eq=False)
+class Reservation:
+    """One write's hold on its conversation's quota (made by :meth:`QuotaBook.open`)."""
+
+    book: QuotaBook
+    key: str
+    name: str
+    base_bytes: int  # the conversation's committed bytes when the write began, less the file it replaces
+    used_bytes: int  # its usage then (for messages)
+    reserved: int = 0  # bytes this write reserved (what it has written, or is writing)
+
+    def reserve(self, size: int) -> None:
+        """Reserve ``size`` more bytes.
+
+        Raises:
+            QuotaExceededError: with the other writes in progress, the conversation would pass its quota.
+        """
+        self.book.reserve(self, size)
+
+    @contextlib.contextmanager
+    def committing(self, size: int, replaced: int | None) -> Iterator[None]:
+        """Hold the conversation's lock while the caller renames the file into place.
+
+        ``size`` is the file's final size; ``replaced`` the size of the file it replaces now (None:
+        a new file).
+
+        Raises:
+            QuotaExceededError: what is on disk now leaves no room for it.
+        """
+        with self.book.committing(self, size, replaced):
+            yield
+
+    def release(self) -> None:
+        """Give the reservation back (after a commit or an abort; idempotent)."""
+        self.book.release(self)
+
+
+class QuotaBook:
+    """Reservations of the writes in progress, per conversation key. Thread-safe."""
+
+    def __init__(self, quota_bytes: int, quota_files: int, usage: Callable[[str], Usage]) -> None:
+        self.quota_bytes = quota_bytes
+        self.quota_files = quota_files
+        self._usage = usage
+        self._lock = threading.Lock()
+        self._open: dict[str, set[Reservation]] = collections.defaultdict(set)
+        self._key_locks: dict[str, threading.Lock] = {}
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
+
+    def in_progress(self, key: str) -> tuple[int, int]:
+        """Bytes reserved and writes in progress for ``key``."""
+        with self._lock:
+            writes = self._open.get(key, set())
+            return sum(write.reserved for write in writes), len(writes)
+
+    def open(self, key: str, name: str, usage: Usage, replaced: int | None) -> Reservation:
+        """Register a write of ``name`` that begins now; ``usage`` is the conversation's, as measured."""
+        with self._key_lock(key):
+            reserved, _ = self.in_progress(key)
+            committed = max(0, usage.bytes - reserved)
+            reservation = Reservation(self, key, name, committed - (replaced or 0), usage.bytes)
+            with self._lock:
+                self._open[key].add(reservation)
+        return reservation
+
+    def reserve(self, reservation: Reservation, size: int) -> None:
+        with self._lock:
+            others = sum(write.reserved for write in self._open[reservation.key] if write is not reservation)
+            total = reservation.base_bytes + others + reservation.reserved + size
+            if total > self.quota_bytes:
+                raise self._bytes_exceeded(reservation, reservation.used_bytes + others)
+            reservation.reserved += size
+
+    @contextlib.contextmanager
+    def committing(self, reservation: Reservation, size: int, replaced: int | None) -> Iterator[None]:
+        with self._key_lock(reservation.key):
+            usage = self._usage(reservation.key)
+            reserved, writes = self.in_progress(reservation.key)
+            # On disk: the committed files plus every write in progress (at most what each reserved).
+            committed_bytes = max(0, usage.bytes - reserved)
+            committed_files = max(0, usage.files - writes)
+            if committed_bytes - (replaced or 0) + size > self.quota_bytes:
+                raise self._bytes_exceeded(reservation, committed_bytes)
+            if replaced is None and committed_files + 1 > self.quota_files:
+                raise QuotaExceededError(
+                    "files",
+                    committed_files,
+                    self.quota_files,
+                    f"{reservation.name}: the conversation has {committed_files} files, its quota {self.quota_files}",
+                )
+            yield
+
+    def release(self, reservation: Reservation) -> None:
+        with self._lock:
+            writes = self._open.get(reservation.key)
+            if writes is not None:
+                writes.discard(reservation)
+                if not writes:
+                    del self._open[reservation.key]
+
+    def _bytes_exceeded(self, reservation: Reservation, used: int) -> QuotaExceededError:
+        quota = self.quota_bytes
+        return QuotaExceededError(
+            "bytes",
+            used,
+            quota,
+            f"{reservation.name}: the conversation's files would exceed its quota of {quota} bytes "
+            f"({used} bytes are used or being uploaded)",
+        )
