@@ -24,13 +24,15 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.auth import TokenTable, tenant_of
+from mcp_sandbox.server.http_sessions import SessionQuota
 from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
@@ -111,15 +113,23 @@ class _Endpoint:
         await self._app(scope, receive, send)
 
 
-def _sse_routes(settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
-    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP."""
+def _sse_routes(
+    settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
+) -> list[BaseRoute]:
+    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``)."""
     sse = SseServerTransport(
         MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
     )
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
-        async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        tenant = tenant_of(Request(scope))
+        refused = quota.refusal(tenant)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        with quota.sse_session(tenant):
+            async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
         await Response()(scope, receive, send)
 
     return [
@@ -156,8 +166,9 @@ def build_http_app(
             resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
             validate_token_resource=False,
         )
-    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes]
-    return server.streamable_http_app(
+    quota = SessionQuota(settings.tenant_http_sessions)
+    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens), quota), *extra_routes]
+    app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=transport_security(settings),
         host=settings.host,
@@ -165,7 +176,11 @@ def build_http_app(
         token_verifier=tokens if tokens else None,
         custom_starlette_routes=routes,  # type: ignore[arg-type]  # the SDK annotates Route, takes any route
         max_request_body_size=settings.max_request_size,
+        max_sessions=settings.max_http_sessions,
+        session_idle_timeout=settings.http_session_ttl,
     )
+    quota.attach(server.session_manager)
+    return app
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ request's headers, no cap per client address, and keeps reading a body nobody wi
 - :func:`protocol_class`: uvicorn's h11 protocol with a header deadline (``header_timeout``: a
   client that sends its headers a byte at a time is cut), a cap of ``max_connections_per_address``
   open connections per client address (past it a connection is answered ``429`` and closed),
-  and a connection closed once its response is sent while the client is still sending a body;
+  and a connection closed ``header_timeout`` after its response while the client still sends a body;
 - :class:`SlowBodyGuard`: a request body must send a chunk every ``read_timeout`` seconds and
   average ``min_rate`` bytes/s after its first ``read_timeout`` seconds, else ``408`` and the
   connection is closed;
@@ -139,8 +139,10 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-                # Answered before the body ended (refused, too slow, too large): read no more of it.
-                self.transport.close()
+                # Answered before the body ended (refused, too slow, too large): the rest of it is
+                # read and dropped for at most header_timeout (closing at once would reset the
+                # connection under the client before it reads the answer).
+                self._arm_header_timer()
 
         def _arm_header_timer(self) -> None:
             self._disarm_header_timer()
