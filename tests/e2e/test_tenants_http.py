@@ -25,7 +25,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from mcp_test_helpers import CALL_BOUND, http_server, structured
+from mcp_test_helpers import CALL_BOUND, host_processes, http_server, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -36,6 +36,7 @@ HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 PER_ADDRESS = 12
 HTTP_SESSIONS = 4
+SESSION_TTL = 4
 INIT = {
     "jsonrpc": "2.0",
     "id": 1,
@@ -65,6 +66,7 @@ def config(module_state_dir: Path) -> Path:
         tenant_workspaces_bytes = "3m"
         retention_interval = "1s"
         tenant_http_sessions = {HTTP_SESSIONS}
+        http_session_ttl = "{SESSION_TTL}s"
         header_timeout = "{HEADER_TIMEOUT}s"
         keep_alive_timeout = "2s"
         max_connections_per_address = {PER_ADDRESS}
@@ -191,7 +193,28 @@ async def test_one_address_cannot_hold_more_than_its_connections_and_the_other_t
             await stream.aclose()
 
 
-def test_the_server_raises_its_open_files_limit_to_the_hard_limit_at_start() -> None:
+def _server_open_files_limits(state_dir: Path) -> list[tuple[str, str]]:
+    """(soft, hard) RLIMIT_NOFILE of each `serve` process using ``state_dir``."""
+    found = []
+    for pid in host_processes(str(state_dir)):
+        if b"serve" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+            continue
+        line = next(x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if x.startswith("Max open files"))
+        soft, hard = line.split()[3:5]
+        found.append((soft, hard))
+    return found
+
+
+async def test_the_running_server_has_its_open_files_limit_raised_to_the_hard_limit(
+    base: str, module_state_dir: Path
+) -> None:
+    limits = _server_open_files_limits(module_state_dir)
+    assert limits
+    for soft, hard in limits:
+        assert soft == hard
+
+
+def test_raising_the_open_files_limit_lifts_a_low_soft_limit_to_the_hard_one() -> None:
     import resource
     import subprocess
     import sys
@@ -300,11 +323,50 @@ async def test_a_tenant_at_its_session_quota_is_refused_429_and_the_other_tenant
         first = opened[0].headers["mcp-session-id"]
         closed = await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": first})
         assert closed.status_code < 300
-        assert (await _open_session(alice, base)).status_code == 200
-        for response in opened[1:]:
+        reopened = await _open_session(alice, base)
+        assert reopened.status_code == 200
+        for response in [*opened[1:], reopened]:
             await alice.delete(
                 f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": response.headers["mcp-session-id"]}
             )
+
+
+async def test_concurrent_opening_requests_cannot_pass_the_session_quota_together(base: str) -> None:
+    statuses: list[int] = []
+    sessions: list[str] = []
+    async with http(ALICE, "127.0.0.50") as alice:
+
+        async def one() -> None:
+            response = await _open_session(alice, base)
+            statuses.append(response.status_code)
+            if response.status_code == 200:
+                sessions.append(response.headers["mcp-session-id"])
+
+        async with anyio.create_task_group() as group:
+            for _ in range(10):
+                group.start_soon(one)
+        for session in sessions:
+            await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": session})
+    assert 1 <= statuses.count(200) <= HTTP_SESSIONS, statuses
+    assert set(statuses) <= {200, 429}, statuses
+
+
+async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> None:
+    async with http(ALICE) as alice:
+        opened = [await _open_session(alice, base) for _ in range(HTTP_SESSIONS)]
+        assert [response.status_code for response in opened] == [200] * HTTP_SESSIONS
+        assert (await _open_session(alice, base)).status_code == 429
+        # Nothing touches the open sessions: after http_session_ttl they expire and make room.
+        with anyio.fail_after(SESSION_TTL + 20):
+            while (reopened := await _open_session(alice, base)).status_code == 429:  # noqa: ASYNC110
+                await anyio.sleep(0.5)
+        assert reopened.status_code == 200
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        expired = await alice.post(
+            f"{base}/mcp", json=ping, headers={**MCP_HEADERS, "mcp-session-id": opened[0].headers["mcp-session-id"]}
+        )
+        assert expired.status_code == 404
+        await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": reopened.headers["mcp-session-id"]})
 
 
 async def test_a_tenant_cannot_use_another_tenants_sse_or_streamable_http_session(base: str) -> None:
