@@ -1,9 +1,12 @@
-"""The HTTP server's log limiter: one record of a kind per interval, counting what it dropped."""
+"""The HTTP server's log limiter, and the per-tenant caps of a server with one tenant."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.server.app import with_tenants
 from mcp_sandbox.server.limits import RateLimitedLog
 
 
@@ -21,3 +24,14 @@ def test_a_flood_of_one_message_is_let_through_once_per_interval_with_the_count_
     assert limit.filter(record)
     assert "(99999 similar suppressed)" in record.getMessage()
     assert limit.filter(_record("another message"))
+
+
+def test_with_one_tenant_the_per_tenant_caps_take_nothing_from_the_servers_capacity(tmp_path: Path) -> None:
+    settings = load_settings(env={}, flags={"state_dir": str(tmp_path)})
+    alone = with_tenants(settings, 1)
+    assert alone.tenant_concurrent_runs == settings.max_concurrent_runs
+    assert alone.tenant_sessions == settings.max_sessions
+    assert alone.tenant_workspaces_bytes == settings.max_workspaces_bytes
+    shared = with_tenants(settings, 2)
+    assert shared.tenant_concurrent_runs < shared.max_concurrent_runs
+    assert shared.tenant_workspaces_bytes < shared.max_workspaces_bytes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
@@ -9,7 +11,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
-__all__ = ["build_server", "serve", "serve_stdio"]
+__all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
 
 INSTRUCTIONS = (
     "mcp-sandbox runs untrusted code in an OS-level sandbox. Use run_python (or run_code) to compute, "
@@ -38,6 +40,21 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def with_tenants(settings: Settings, tenants: int) -> Settings:
+    """``settings`` for a server with ``tenants`` tenants: with one (stdio, or HTTP with one token
+    or none), the per-tenant caps are the server's own, so they take nothing from its capacity."""
+    if tenants > 1:
+        return settings
+    return dataclasses.replace(
+        settings,
+        tenant_concurrent_runs=max(settings.tenant_concurrent_runs, settings.max_concurrent_runs),
+        tenant_queued_runs=max(settings.tenant_queued_runs, settings.max_queued_runs),
+        tenant_sessions=max(settings.tenant_sessions, settings.max_sessions),
+        tenant_workspaces_bytes=max(settings.tenant_workspaces_bytes, settings.max_workspaces_bytes),
+        tenant_http_sessions=max(settings.tenant_http_sessions, settings.max_http_sessions),
+    )
+
+
 async def serve(settings: Settings, transport: str) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
 
@@ -45,15 +62,17 @@ async def serve(settings: Settings, transport: str) -> None:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
     """
     if transport == "stdio":
-        async with open_service(settings, http=False) as service:
+        async with open_service(with_tenants(settings, 1), http=False) as service:
             await serve_stdio(build_server(service))
         return
     from mcp_sandbox.server.auth import TokenTable, load_tokens
     from mcp_sandbox.server.files import file_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
 
-    tokens = TokenTable(load_tokens(settings))
+    loaded = load_tokens(settings)
+    tokens = TokenTable(loaded)
     check_exposure(settings, tokens)
+    settings = with_tenants(settings, len({token.tenant for token in loaded}))
     async with open_service(settings, http=True) as service:
         routes = file_routes(service, auth_guard(settings, tokens))
         await serve_http(settings, build_http_app(settings, build_server(service), tokens, routes))
