@@ -59,6 +59,7 @@ class PendingWrite:
                 0o600,
                 dir_fd=parent_fd,
             )
+            reservation.file_created()
             os.fchmod(self._fd, 0o600)  # whatever the umask; only the sandbox uid and root need it
             if owner is not None:
                 os.fchown(self._fd, *owner)  # so sandboxed code can change it
@@ -92,6 +93,7 @@ class PendingWrite:
                 done = os.write(self._fd, view)
                 view = view[done:]
                 self._written += done
+                self._reservation.wrote(done)
         except OSError as exc:
             self.abort()
             raise WorkspaceError(f"{self.name}: cannot write in the workspace: {exc.strerror}") from exc
@@ -134,7 +136,7 @@ class PendingWrite:
     def abort(self) -> None:
         """Delete the temporary file and release the fds (idempotent)."""
         if self._fd is not None:
-            with contextlib.suppress(FileNotFoundError):
+            with self._reservation.discarding(), contextlib.suppress(FileNotFoundError):
                 os.unlink(self._temporary, dir_fd=self._parent)
         self._close()
 
