@@ -5,7 +5,9 @@ request's headers, no cap per client address, and keeps reading a body nobody wi
 
 - :func:`protocol_class`: uvicorn's h11 protocol with a header deadline (``header_timeout``: a
   client that sends its headers a byte at a time is cut), a cap of ``max_connections_per_address``
-  open connections per client address (past it a connection is answered ``429`` and closed),
+  open connections per client address (past it a connection is answered ``429`` and closed), at
+  most half the process's descriptors for connections in all (past it ``503`` and closed: the
+  rest stay for sandboxes, workspaces and downstream servers),
   and a connection closed ``header_timeout`` after its response while the client still sends a body;
 - :class:`SlowBodyGuard`: a request body must send a chunk every ``read_timeout`` seconds and
   average ``min_rate`` bytes/s after its first ``read_timeout`` seconds, else ``408`` and the
@@ -36,11 +38,16 @@ __all__ = ["RateLimitedLog", "SlowBodyGuard", "protocol_class", "raise_open_file
 
 logger = logging.getLogger(__name__)
 
-_TOO_MANY_BODY = b"too many open connections from this address; retry later\n"
-_TOO_MANY = (
-    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s" % (len(_TOO_MANY_BODY), _TOO_MANY_BODY)
-)
+
+def _refusal(status: bytes, body: bytes) -> bytes:
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (status, len(body), body)
+    )
+
+
+_TOO_MANY = _refusal(b"429 Too Many Requests", b"too many open connections from this address; retry later\n")
+_FULL = _refusal(b"503 Service Unavailable", b"the server has too many open connections; retry later\n")
 
 
 class RateLimitedLog(logging.Filter):
@@ -94,6 +101,9 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
     per_address: collections.Counter[str] = collections.Counter()
     header_timeout = settings.header_timeout
     cap = settings.max_connections_per_address
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    total_cap = max(64, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
+    total = [0]
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
@@ -103,12 +113,19 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if isinstance(peer, tuple) and peer else None
-            if address is not None and per_address[address] >= cap:
+            refusal = None
+            if total[0] >= total_cap:
+                logger.warning("refused a connection: %d connections are open, the most this server takes", total_cap)
+                refusal = _FULL
+            elif address is not None and per_address[address] >= cap:
                 logger.warning("refused a connection: %d connections are open from one address", cap)
+                refusal = _TOO_MANY
+            if refusal is not None:
                 self._refused = True
-                transport.write(_TOO_MANY)
+                transport.write(refusal)
                 transport.close()
                 return
+            total[0] += 1
             if address is not None:
                 self._address = address
                 per_address[address] += 1
@@ -118,6 +135,7 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             if self._refused:
                 return  # refused in connection_made: uvicorn never saw it
+            total[0] -= 1
             self._disarm_header_timer()
             if self._address is not None:
                 per_address[self._address] -= 1
