@@ -9,6 +9,9 @@ open to alice alone.
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
@@ -30,16 +33,16 @@ BOB = "bob-token-0123456789abcdef0000"
 
 
 @pytest.fixture(scope="module")
-async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[str]:
+def config(module_state_dir: Path) -> Path:
     require_installed()
     directory = module_state_dir.parent / f"tenants-code-{uuid.uuid4().hex[:8]}"
-    config = servers_config(directory, git_repo=make_git_repo(directory / "repo"), include=["memory", "fixture"])
-    config["mcpServers"]["memory"]["env"]["MEMORY_FILE_PATH"] = str(directory / "memory-{tenant}.jsonl")
-    servers = write_servers_config(directory / "servers.json", config)
+    servers = servers_config(directory, git_repo=make_git_repo(directory / "repo"), include=["memory", "fixture"])
+    servers["mcpServers"]["memory"]["env"]["MEMORY_FILE_PATH"] = str(directory / "memory-{tenant}.jsonl")
+    servers_file = write_servers_config(directory / "servers.json", servers)
     toml = directory / "config.toml"
     toml.write_text(
         textwrap.dedent(f"""
-        servers_config = "{servers}"
+        servers_config = "{servers_file}"
         pool_preload = []
         [servers.memory]
         per_tenant = true
@@ -52,8 +55,32 @@ async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIte
         ]
         """)
     )
-    async with http_server(module_state_dir, "--config", str(toml), runtime=sandbox_runtime) as url:
+    return toml
+
+
+@pytest.fixture(scope="module")
+async def base(module_state_dir: Path, sandbox_runtime: Path | None, config: Path) -> AsyncIterator[str]:
+    async with http_server(module_state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
         yield url
+
+
+def test_doctor_says_which_downstream_servers_tenants_share(
+    module_state_dir: Path, sandbox_runtime: Path | None, config: Path
+) -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("MCP_SANDBOX_", "MCP_BRIDGE_"))}
+    env |= {"MCP_SANDBOX_CONFIG": str(config), "MCP_SANDBOX_DISCOVER_SERVERS": "false"}
+    if sandbox_runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(sandbox_runtime)
+    done = subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(module_state_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert "  memory: every tenant; one process per tenant\n" in done.stdout, done.stdout + done.stderr
+    assert "  fixture: tenants alice; one process shared" in done.stdout
 
 
 async def run(base: str, token: str, code: str, servers: list[str]) -> dict[str, Any]:
