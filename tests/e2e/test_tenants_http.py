@@ -369,6 +369,32 @@ async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> Non
         await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": reopened.headers["mcp-session-id"]})
 
 
+async def test_an_idle_sse_session_is_ended_after_the_session_ttl(base: str) -> None:
+    started = time.monotonic()
+    async with http(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
+        assert events.status_code == 200
+        with anyio.fail_after(SESSION_TTL + 20):
+            async for _ in events.aiter_lines():  # the endpoint event, pings; then the server ends it
+                pass
+    assert time.monotonic() - started >= SESSION_TTL - 1
+
+
+async def test_an_sse_session_that_posts_messages_outlives_the_session_ttl(base: str) -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    async with http(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
+        lines = events.aiter_lines()
+        endpoint = ""
+        with anyio.fail_after(10):
+            async for line in lines:
+                if line.startswith("data:") and "session_id=" in line:
+                    endpoint = line.removeprefix("data:").strip()
+                    break
+        for _ in range(2 * SESSION_TTL):
+            assert (await bob.post(f"{base}{endpoint}", json=ping)).status_code == 202
+            await anyio.sleep(0.5)
+        assert (await bob.post(f"{base}{endpoint}", json=ping)).status_code == 202
+
+
 async def test_a_tenant_cannot_use_another_tenants_sse_or_streamable_http_session(base: str) -> None:
     async with http(BOB) as bob, http(ALICE) as alice:
         session = (await _open_session(bob, base)).headers["mcp-session-id"]

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth import TokenTable, tenant_of
-from mcp_sandbox.server.http_sessions import SessionQuota
+from mcp_sandbox.server.http_sessions import SessionQuota, SseIdle
 from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
@@ -116,10 +116,12 @@ class _Endpoint:
 def _sse_routes(
     settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
 ) -> list[BaseRoute]:
-    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``)."""
+    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
+    ended after ``http_session_ttl`` without a message)."""
     sse = SseServerTransport(
         MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
     )
+    idle = SseIdle(settings.http_session_ttl)
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = tenant_of(Request(scope))
@@ -128,13 +130,15 @@ def _sse_routes(
             await refused(scope, receive, send)
             return
         with quota.sse_session(tenant):
-            async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-        await Response()(scope, receive, send)
+            async with idle.watched(send) as stream:
+                async with sse.connect_sse(scope, receive, stream.send) as (reader, writer):
+                    await server.run(reader, writer, server.create_initialization_options())
+        if not stream.completed:
+            await Response()(scope, receive, send)
 
     return [
         Route(SSE_PATH, endpoint=guard(connect), methods=["GET"]),
-        Mount(MESSAGES_PATH, app=guard(sse.handle_post_message)),
+        Mount(MESSAGES_PATH, app=guard(idle.messages(sse.handle_post_message))),
     ]
 
 
