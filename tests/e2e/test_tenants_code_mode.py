@@ -147,3 +147,16 @@ async def test_a_server_open_to_one_tenant_does_not_exist_for_another(base: str)
         ["memory"],
     )
     assert sideways["stdout"] == "denied\n['memory']\n", sideways
+
+
+async def test_search_tools_finds_a_server_only_for_the_tenants_it_is_open_to(base: str) -> None:
+    found: dict[str, set[str]] = {}
+    for name, token in (("alice", ALICE), ("bob", BOB)):
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as web,
+            Client(streamable_http_client(f"{base}/mcp", http_client=web), read_timeout_seconds=CALL_BOUND) as client,
+        ):
+            result = await client.call_tool("search_tools", {"query": "add two integers", "limit": 50})
+        found[name] = {hit["server"] for hit in structured(result)["results"]}
+    assert "fixture" in found["alice"]
+    assert "fixture" not in found["bob"]
