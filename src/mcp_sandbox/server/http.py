@@ -3,7 +3,8 @@
 Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
 metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
 route and on uploads), request body limits, and a refusal to listen beyond loopback without a
-token.
+token. Against slow or greedy clients and tenants: connection, header and body bounds
+(:mod:`.limits`) and MCP sessions per tenant with an idle life (:mod:`.http_sessions`).
 """
 
 from __future__ import annotations
