@@ -33,5 +33,9 @@ def test_with_one_tenant_the_per_tenant_caps_take_nothing_from_the_servers_capac
     assert alone.tenant_sessions == settings.max_sessions
     assert alone.tenant_workspaces_bytes == settings.max_workspaces_bytes
     shared = with_tenants(settings, 2)
-    assert shared.tenant_concurrent_runs < shared.max_concurrent_runs
-    assert shared.tenant_workspaces_bytes < shared.max_workspaces_bytes
+    assert (shared.tenant_concurrent_runs, shared.tenant_workspaces_bytes) == (2, 5 << 30)
+    # What the operator set is kept either way.
+    chosen = load_settings(env={}, flags={"state_dir": str(tmp_path), "tenant_concurrent_runs": "3"})
+    assert with_tenants(chosen, 2).tenant_concurrent_runs == with_tenants(chosen, 1).tenant_concurrent_runs == 3
+    # The engine on its own (no server deciding) has no per-tenant caps.
+    assert settings.tenant_concurrent_runs is None

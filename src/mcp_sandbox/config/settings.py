@@ -23,6 +23,7 @@ __all__ = [
     "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
+    "TENANT_DEFAULTS",
     "OutputMode",
     "Settings",
     "default_sandbox_ids",
@@ -67,6 +68,15 @@ def _default_js_runtime_dir() -> Path:
 
 
 JS_RUNTIMES = ("bun", "deno")
+
+# The per-tenant caps a server with several tenants applies where the settings give none.
+TENANT_DEFAULTS: Mapping[str, int] = {
+    "tenant_concurrent_runs": 2,
+    "tenant_queued_runs": 16,
+    "tenant_sessions": 8,
+    "tenant_workspaces_bytes": 5 << 30,
+    "tenant_http_sessions": 32,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,14 +169,16 @@ class Settings:
 
     # --- Per-tenant limits and the HTTP server's own bounds (a hostile tenant, issue 21) ---
     # Every tenant gets the same caps; one tenant at its caps never slows or evicts another.
-    tenant_concurrent_runs: int = 2  # runs of one tenant executing at once
-    tenant_queued_runs: int = 16  # runs of one tenant waiting for a slot (the queue is round robin)
-    tenant_sessions: int = 8  # live session interpreters of one tenant
-    tenant_workspaces_bytes: int = 5 << 30  # all conversations of one tenant; its LRU go first
+    # None: decided by the server (TENANT_DEFAULTS with several tenants; with one, and for the
+    # engine used on its own, the server-wide value: no cap of its own).
+    tenant_concurrent_runs: int | None = None  # runs of one tenant executing at once
+    tenant_queued_runs: int | None = None  # runs of one tenant waiting for a slot (the queue is round robin)
+    tenant_sessions: int | None = None  # live session interpreters of one tenant
+    tenant_workspaces_bytes: int | None = None  # all conversations of one tenant; its LRU go first
     retention_interval: float = 300.0  # seconds between retention sweeps (also one at start)
     # Downstream servers (code mode): tenants allowed on every server unless its entry names some.
     # HTTP: MCP sessions (Streamable HTTP and SSE), per tenant and in all, and their idle life.
-    tenant_http_sessions: int = 32
+    tenant_http_sessions: int | None = None
     max_http_sessions: int = 1024
     http_session_ttl: float = 600.0
     # HTTP: connections. Headers must arrive within header_timeout; an idle keep-alive connection
@@ -221,11 +233,10 @@ class Settings:
         for name in ("pool_size", "pool_min", "max_queued_runs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
         for name in (
-            "tenant_concurrent_runs",
-            "tenant_sessions",
-            "tenant_workspaces_bytes",
-            "tenant_http_sessions",
             "max_http_sessions",
             "max_connections_per_address",
             "tenant_uploads",
@@ -234,7 +245,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
-        if self.tenant_queued_runs < 0:
+        if self.tenant_queued_runs is not None and self.tenant_queued_runs < 0:
             raise ConfigError("tenant_queued_runs: must not be negative")
         for name in (
             "retention_interval",

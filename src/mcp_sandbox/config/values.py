@@ -95,8 +95,10 @@ def coerce(name: str, raw: Any) -> Any:
         return tuple(item.strip() for item in items if item.strip())
     if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
         raise ConfigError(f"{name}: {raw!r} is not a valid value")
-    if isinstance(raw, float) and kind == "int" and not raw.is_integer():
+    if isinstance(raw, float) and kind in ("int", "int | None") and not raw.is_integer():
         raise ConfigError(f"{name}: {raw!r} is not a whole number")
+    if kind == "int | None" and isinstance(raw, str) and raw.strip().lower() in ("", "none"):
+        return None
     try:
         if name in _BYTE_FIELDS:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
@@ -113,7 +115,7 @@ def coerce(name: str, raw: Any) -> Any:
             if text in ("0", "false", "no", "off", ""):
                 return False
             raise ValueError(f"not a boolean: {raw!r}")
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
             return float(raw)

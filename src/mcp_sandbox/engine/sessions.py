@@ -294,7 +294,8 @@ class SessionManager:
         Raises:
             BusyError: every session that could make room is busy.
         """
-        limit, tenant_limit = self._settings.max_sessions, self._settings.tenant_sessions
+        limit = self._settings.max_sessions
+        tenant_limit = limit if self._settings.tenant_sessions is None else self._settings.tenant_sessions
         while True:
             sessions = list(self._sessions.values())
             own = [session for session in sessions if session.tenant == tenant]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
@@ -41,18 +42,19 @@ async def serve_stdio(server: Server) -> None:
 
 
 def with_tenants(settings: Settings, tenants: int) -> Settings:
-    """``settings`` for a server with ``tenants`` tenants: with one (stdio, or HTTP with one token
-    or none), the per-tenant caps are the server's own, so they take nothing from its capacity."""
-    if tenants > 1:
-        return settings
-    return dataclasses.replace(
-        settings,
-        tenant_concurrent_runs=max(settings.tenant_concurrent_runs, settings.max_concurrent_runs),
-        tenant_queued_runs=max(settings.tenant_queued_runs, settings.max_queued_runs),
-        tenant_sessions=max(settings.tenant_sessions, settings.max_sessions),
-        tenant_workspaces_bytes=max(settings.tenant_workspaces_bytes, settings.max_workspaces_bytes),
-        tenant_http_sessions=max(settings.tenant_http_sessions, settings.max_http_sessions),
-    )
+    """``settings`` for a server with ``tenants`` tenants: the per-tenant caps not given are
+    ``TENANT_DEFAULTS`` with several tenants; with one (stdio, or HTTP with one token or none),
+    the server's own, so they take nothing from its capacity."""
+    server_wide = {
+        "tenant_concurrent_runs": settings.max_concurrent_runs,
+        "tenant_queued_runs": settings.max_queued_runs,
+        "tenant_sessions": settings.max_sessions,
+        "tenant_workspaces_bytes": settings.max_workspaces_bytes,
+        "tenant_http_sessions": settings.max_http_sessions,
+    }
+    defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
+    chosen: dict[str, Any] = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
+    return dataclasses.replace(settings, **chosen)
 
 
 async def serve(settings: Settings, transport: str) -> None:

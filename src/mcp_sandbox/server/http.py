@@ -171,7 +171,7 @@ def build_http_app(
             resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
             validate_token_resource=False,
         )
-    quota = SessionQuota(settings.tenant_http_sessions)
+    quota = SessionQuota(settings.tenant_http_sessions or settings.max_http_sessions)
     routes = [*_sse_routes(settings, server, auth_guard(settings, tokens), quota), *extra_routes]
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,

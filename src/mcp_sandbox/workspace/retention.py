@@ -121,9 +121,11 @@ def sweep(
         held[candidate.tenant] -= candidate.bytes
         return True
 
-    for candidate in list(remaining):  # least recently used first, each tenant against its own budget
-        if held[candidate.tenant] > settings.tenant_workspaces_bytes and evict(candidate):
-            remaining.remove(candidate)
+    budget = settings.tenant_workspaces_bytes
+    if budget is not None:
+        for candidate in list(remaining):  # least recently used first, each tenant against its own budget
+            if held[candidate.tenant] > budget and evict(candidate):
+                remaining.remove(candidate)
     while sum(held.values()) > settings.max_workspaces_bytes:
         # The tenant holding the most (that has something left to evict) gives up its oldest.
         for tenant, _ in held.most_common():
