@@ -12,6 +12,7 @@ from typing import TextIO
 import anyio
 
 from mcp_sandbox import __version__
+from mcp_sandbox.bridge.discovery import discover
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import EgressGrant, EgressRules, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest
@@ -139,6 +140,22 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
         out.write(f"  FAILED: {result.error or result.stderr.strip() or result.stdout.strip()}\n")
 
 
+def _report_tenancy(settings: Settings, out: TextIO) -> None:
+    """Say which downstream servers (code mode) tenants share: one process, its credentials and state."""
+    servers = discover(settings).servers
+    if not servers:
+        return
+    out.write("code mode: downstream servers and who shares them\n")
+    for alias, spec in servers.items():
+        who = "every tenant" if spec.tenants is None else "tenants " + ", ".join(sorted(spec.tenants))
+        how = (
+            "one process per tenant"
+            if spec.per_tenant
+            else "one process shared: its credentials and any state it keeps are common to them"
+        )
+        out.write(f"  {alias}: {who}; {how}\n")
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -153,6 +170,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
         out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
         return 1
     runtime_ok = _check_runtime(settings, out)
+    _report_tenancy(settings, out)
     memory = next((c for c in configured.capabilities if c.name.startswith("memory")), None)
     _check_js_runtime(settings, memory is not None and memory.enforced, out)
     _check_egress(settings, out)

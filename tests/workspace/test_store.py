@@ -302,3 +302,32 @@ def test_keys_lists_the_conversation_directories_on_disk(store: WorkspaceStore) 
     (store.root / "not-a-key").mkdir()
 
     assert store.keys() == made
+
+
+def test_concurrent_writes_into_one_conversation_cannot_pass_its_quota_together(settings: Settings) -> None:
+    store = _small_store(settings, quota_bytes=1 << 20)
+    key = store.key("alice", "c")
+    start = threading.Barrier(16)
+    outcomes: list[str] = []
+
+    def write(index: int) -> None:
+        def chunks() -> Iterator[bytes]:
+            start.wait()
+            for _ in range(9):
+                yield b"q" * (100 << 10)
+                time.sleep(0.001)
+
+        try:
+            store.write_file(key, f"part-{index}.bin", chunks())
+            outcomes.append("stored")
+        except QuotaExceededError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["refused"] * 15 + ["stored"]
+    assert store.usage(key).bytes == 900 << 10
+    assert _temporaries(store.directory(key)) == []

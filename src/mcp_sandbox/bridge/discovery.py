@@ -37,9 +37,10 @@ but ``stdio`` mean HTTP at the given URL). ``disabled: true`` skips an entry. ``
 env values, cwd, url and header values (``${workspaceFolder}`` and ``${userHome}`` as in VS Code);
 an entry with a variable that does not resolve (VS Code's ``${input:...}`` included) is not loaded.
 
-A ``[servers.<name>]`` table with no ``command`` or ``url``, only ``allow_tools``, ``deny_tools``
-or ``disabled``, is a policy for the server of that name, whichever source defines it. Allow lists
-intersect and deny lists add up.
+A ``[servers.<name>]`` table with no ``command`` or ``url``, only ``allow_tools``, ``deny_tools``,
+``disabled``, ``tenants`` or ``per_tenant``, is a policy for the server of that name, whichever
+source defines it. Allow lists (of tools, of tenants) intersect and deny lists add up; ``tenants``
+and ``per_tenant`` (see ``ServerSpec``) are read from our TOML file only.
 
 An entry that would start mcp-sandbox itself (a command named ``mcp-sandbox``; an argument
 ``mcp-sandbox``, ``mcp_sandbox``, ``.../mcp-sandbox``, ``mcp-sandbox@<version>``, or ``-m

@@ -120,8 +120,10 @@ class Mediator:
         """The server called ``name`` (its alias or its configured name)."""
         return self.discovery.by_name(name)
 
-    def aliases(self, names: Sequence[str]) -> tuple[str, ...]:
+    def aliases(self, names: Sequence[str], tenant: str | None = None) -> tuple[str, ...]:
         """The aliases of the servers called ``names`` (aliases or configured names), deduplicated.
+
+        With ``tenant``, a server not open to that tenant is as unknown as one never configured.
 
         Raises:
             ValidationError: a name is not a configured server (argument ``servers``).
@@ -129,8 +131,13 @@ class Mediator:
         aliases: list[str] = []
         for name in names:
             spec = self.resolve(name)
+            if spec is not None and tenant is not None and not spec.serves(tenant):
+                spec = None
             if spec is None:
-                known = ", ".join(spec.name for spec in self.servers.values()) or "none are configured"
+                known = (
+                    ", ".join(spec.name for spec in self.servers.values() if tenant is None or spec.serves(tenant))
+                    or "none are configured"
+                )
                 raise ValidationError("servers", f"unknown server {name!r} (available: {known})")
             aliases.append(spec.alias)
         return tuple(dict.fromkeys(aliases))
@@ -188,7 +195,10 @@ class Mediator:
     async def open_run(
         self, servers: Sequence[str], *, tenant: str | None = None, conversation: str | None = None
     ) -> RunAccess:
-        """What a run that may call ``servers`` (aliases) sees: stubs bound under /tools, a gate.
+        """What a run of ``tenant`` that may call ``servers`` (aliases) sees: stubs bound under /tools, a gate.
+
+        The run sees only the servers open to ``tenant`` (None: all), and calls a ``per_tenant``
+        server's instance of that tenant.
 
         ``tenant`` and ``conversation`` (the workspace key) label the run's tool-call events.
 
@@ -220,8 +230,11 @@ class RunAccess:
     mounts: tuple[Mount, ...]
     calls: int = 0
     result_bytes: int = 0
-    tenant: str | None = None
+    tenant: str | None = None  # whose run: only the servers open to it exist for it
     conversation: str | None = None
+
+    def _open(self, spec: ServerSpec) -> bool:
+        return self.tenant is None or spec.serves(self.tenant)
 
     @property
     def servers(self) -> tuple[str, ...]:
@@ -289,8 +302,9 @@ class RunAccess:
 
     def _server(self, name: str) -> ServerSpec:
         spec = self.bridge.resolve(name)
-        if spec is None:
-            known = ", ".join(sorted(self.bridge.servers)) or "none are configured"
+        if spec is None or not self._open(spec):
+            open_ones = sorted(alias for alias, spec in self.bridge.servers.items() if self._open(spec))
+            known = ", ".join(open_ones) or "none are configured"
             raise ToolCallDenied(name, f"there is no server {name!r} (configured: {known})")
         return spec
 
@@ -315,7 +329,7 @@ class RunAccess:
         self.calls += 1
         if self.calls > settings.max_tool_calls:
             raise ToolCallDenied(spec.name, f"this run reached its limit of {settings.max_tool_calls} tool calls", tool)
-        result = await self.bridge.pool.call(spec.alias, tool, request.arguments)
+        result = await self.bridge.pool.call(spec.alias, tool, request.arguments, self.tenant)
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         size = len(json.dumps(dumped, ensure_ascii=False).encode("utf-8"))
         self.result_bytes += size
@@ -343,6 +357,7 @@ class RunAccess:
         return [
             {"name": spec.name, "alias": alias, "allowed": alias in self.allowed}
             for alias, spec in self.bridge.servers.items()
+            if self._open(spec)
         ]
 
     async def _describe_server(self, request: DescribeServer) -> dict[str, Any]:
@@ -365,6 +380,7 @@ class RunAccess:
 
     async def _search_tools(self, request: SearchTools) -> list[dict[str, Any]]:
         hits, _ = await self.bridge.search(request.query, request.detail, request.limit)
+        hits = [(doc, text) for doc, text in hits if self._open(self.bridge.servers[doc.server])]
         return [
             {
                 "server": self.bridge.servers[doc.server].name,

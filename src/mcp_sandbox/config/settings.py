@@ -24,6 +24,7 @@ __all__ = [
     "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
+    "TENANT_DEFAULTS",
     "OutputMode",
     "Settings",
     "default_sandbox_ids",
@@ -68,6 +69,15 @@ def _default_js_runtime_dir() -> Path:
 
 
 JS_RUNTIMES = ("bun", "deno")
+
+# The per-tenant caps a server with several tenants applies where the settings give none.
+TENANT_DEFAULTS: Mapping[str, int] = {
+    "tenant_concurrent_runs": 2,
+    "tenant_queued_runs": 16,
+    "tenant_sessions": 8,
+    "tenant_workspaces_bytes": 5 << 30,
+    "tenant_http_sessions": 32,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +172,35 @@ class Settings:
     max_queued_runs: int = 64
     queue_timeout: float = 30.0
 
+    # --- Per-tenant limits and the HTTP server's own bounds (a hostile tenant, issue 21) ---
+    # Every tenant gets the same caps; one tenant at its caps never slows or evicts another.
+    # None: decided by the server (TENANT_DEFAULTS with several tenants; with one, and for the
+    # engine used on its own, the server-wide value: no cap of its own).
+    tenant_concurrent_runs: int | None = None  # runs of one tenant executing at once
+    tenant_queued_runs: int | None = None  # runs of one tenant waiting for a slot (the queue is round robin)
+    tenant_sessions: int | None = None  # live session interpreters of one tenant
+    tenant_workspaces_bytes: int | None = None  # all conversations of one tenant; its LRU go first
+    retention_interval: float = 300.0  # seconds between retention sweeps (also one at start)
+    # Downstream servers (code mode): tenants allowed on every server unless its entry names some.
+    # HTTP: MCP sessions (Streamable HTTP and SSE), per tenant and in all, and their idle life.
+    tenant_http_sessions: int | None = None
+    max_http_sessions: int = 1024
+    http_session_ttl: float = 600.0
+    # HTTP: connections. Headers must arrive within header_timeout; an idle keep-alive connection
+    # is closed after keep_alive_timeout; one client address holds at most this many connections.
+    header_timeout: float = 10.0
+    keep_alive_timeout: float = 5.0
+    max_connections_per_address: int = 64
+    # HTTP: request bodies (uploads, MCP requests) must send a chunk every body_timeout seconds
+    # and average body_min_rate bytes/s after their first body_timeout seconds. Each tenant
+    # streams at most tenant_uploads uploads at once, written by upload_workers threads of their
+    # own (never the threads runs use).
+    body_timeout: float = 30.0
+    body_min_rate: int = 16 << 10
+    tenant_uploads: int = 4
+    upload_workers: int = 8
+    # --- end of per-tenant limits ---
+
     # Images a run saves or shows, returned to the model as MCP image content.
     max_images: int = 4
     max_image_bytes: int = 1 << 20
@@ -213,6 +252,29 @@ class Settings:
         for name in ("pool_size", "pool_min", "max_queued_runs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        for name in (
+            "max_http_sessions",
+            "max_connections_per_address",
+            "tenant_uploads",
+            "upload_workers",
+            "body_min_rate",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        if self.tenant_queued_runs is not None and self.tenant_queued_runs < 0:
+            raise ConfigError("tenant_queued_runs: must not be negative")
+        for name in (
+            "retention_interval",
+            "http_session_ttl",
+            "header_timeout",
+            "keep_alive_timeout",
+            "body_timeout",
+        ):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be a positive duration")
         if self.pool_min > self.pool_size:
             raise ConfigError(f"pool_min: {self.pool_min} is more than pool_size ({self.pool_size})")
         for module in self.pool_preload:

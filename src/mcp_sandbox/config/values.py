@@ -62,6 +62,8 @@ _BYTE_FIELDS = frozenset(
         "max_workspaces_bytes",
         "max_image_bytes",
         "egress_max_bytes",
+        "tenant_workspaces_bytes",
+        "body_min_rate",
     }
 )
 _DURATION_FIELDS = frozenset(
@@ -73,6 +75,11 @@ _DURATION_FIELDS = frozenset(
         "pool_idle",
         "queue_timeout",
         "egress_connection_timeout",
+        "retention_interval",
+        "http_session_ttl",
+        "header_timeout",
+        "keep_alive_timeout",
+        "body_timeout",
     }
 )
 
@@ -98,8 +105,10 @@ def coerce(name: str, raw: Any) -> Any:
         return tuple(item.strip() for item in items if item.strip())
     if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
         raise ConfigError(f"{name}: {raw!r} is not a valid value")
-    if isinstance(raw, float) and kind == "int" and not raw.is_integer():
+    if isinstance(raw, float) and kind in ("int", "int | None") and not raw.is_integer():
         raise ConfigError(f"{name}: {raw!r} is not a whole number")
+    if kind == "int | None" and isinstance(raw, str) and raw.strip().lower() in ("", "none"):
+        return None
     try:
         if name in _BYTE_FIELDS:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
@@ -116,7 +125,7 @@ def coerce(name: str, raw: Any) -> Any:
             if text in ("0", "false", "no", "off", ""):
                 return False
             raise ValueError(f"not a boolean: {raw!r}")
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
             return float(raw)

@@ -99,7 +99,13 @@ class Engine:
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
-        self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
+        self._admission = Admission(
+            settings.max_concurrent_runs,
+            settings.max_queued_runs,
+            settings.queue_timeout,
+            tenant_limit=settings.tenant_concurrent_runs,
+            tenant_queue=settings.tenant_queued_runs,
+        )
         self._preload_reported = False
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None
@@ -174,7 +180,7 @@ class Engine:
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
         queued = time.perf_counter()
-        async with self._admission.slot():
+        async with self._admission.slot(request.tenant):
             started = time.perf_counter()
             self.events.emit(RunAdmitted(wait=started - queued))
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
@@ -269,7 +275,9 @@ class Engine:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
-            async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:
+            async with self._sessions.lease(
+                key, workspace=request.workspace, reset=request.reset, tenant=request.tenant
+            ) as lease:
                 try:
                     await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's

@@ -70,6 +70,7 @@ class ExecutionRequest:
     reset: bool = False
     on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
     egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
+    tenant: str = "default"  # whose run: admission and session caps are per tenant
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.server.auth import TokenTable
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
-__all__ = ["build_server", "serve", "serve_stdio"]
+__all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
 
 INSTRUCTIONS = (
     "mcp-sandbox runs untrusted code in an OS-level sandbox. Use run_python (or run_code) to compute, "
@@ -39,6 +42,22 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def with_tenants(settings: Settings, tenants: int) -> Settings:
+    """``settings`` for a server with ``tenants`` tenants: the per-tenant caps not given are
+    ``TENANT_DEFAULTS`` with several tenants; with one (stdio, or HTTP with one token or none),
+    the server's own, so they take nothing from its capacity."""
+    server_wide = {
+        "tenant_concurrent_runs": settings.max_concurrent_runs,
+        "tenant_queued_runs": settings.max_queued_runs,
+        "tenant_sessions": settings.max_sessions,
+        "tenant_workspaces_bytes": settings.max_workspaces_bytes,
+        "tenant_http_sessions": settings.max_http_sessions,
+    }
+    defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
+    chosen: dict[str, Any] = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
+    return dataclasses.replace(settings, **chosen)
+
+
 async def serve(settings: Settings, transport: str) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
 
@@ -46,7 +65,7 @@ async def serve(settings: Settings, transport: str) -> None:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
     """
     if transport == "stdio":
-        async with open_service(settings, http=False) as service:
+        async with open_service(with_tenants(settings, 1), http=False) as service:
             await serve_stdio(build_server(service))
         return
     from mcp_sandbox.server.auth import load_tokens
@@ -55,8 +74,10 @@ async def serve(settings: Settings, transport: str) -> None:
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
     from mcp_sandbox.server.metrics import metrics_route
 
-    tokens = TokenTable(load_tokens(settings))
+    loaded = load_tokens(settings)
+    tokens = TokenTable(loaded)
     check_exposure(settings, tokens)
+    settings = with_tenants(settings, len({token.tenant for token in loaded}))
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         routes = [

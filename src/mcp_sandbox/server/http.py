@@ -3,7 +3,8 @@
 Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
 metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
 route and on uploads), request body limits, and a refusal to listen beyond loopback without a
-token.
+token. Against slow or greedy clients and tenants: connection, header and body bounds
+(:mod:`.limits`) and MCP sessions per tenant with an idle life (:mod:`.http_sessions`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.auth import TokenTable, tenant_of
+from mcp_sandbox.server.http_sessions import SessionQuota, SseIdle
 from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
+from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
 from mcp_sandbox.server.playground import playground_routes
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
@@ -112,20 +116,32 @@ class _Endpoint:
         await self._app(scope, receive, send)
 
 
-def _sse_routes(settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
-    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP."""
+def _sse_routes(
+    settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
+) -> list[BaseRoute]:
+    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
+    ended after ``http_session_ttl`` without a message)."""
     sse = SseServerTransport(
         MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
     )
+    idle = SseIdle(settings.http_session_ttl)
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
-        async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        await Response()(scope, receive, send)
+        tenant = tenant_of(Request(scope))
+        refused = quota.refusal(tenant)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        with quota.sse_session(tenant):
+            async with idle.watched(send) as stream:
+                async with sse.connect_sse(scope, receive, stream.send) as (reader, writer):
+                    await server.run(reader, writer, server.create_initialization_options())
+        if not stream.completed:
+            await Response()(scope, receive, send)
 
     return [
         Route(SSE_PATH, endpoint=guard(connect), methods=["GET"]),
-        Mount(MESSAGES_PATH, app=guard(sse.handle_post_message)),
+        Mount(MESSAGES_PATH, app=guard(idle.messages(sse.handle_post_message))),
     ]
 
 
@@ -157,8 +173,13 @@ def build_http_app(
             resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
             validate_token_resource=False,
         )
-    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes, *playground_routes()]
-    return server.streamable_http_app(
+    quota = SessionQuota(settings.tenant_http_sessions or settings.max_http_sessions)
+    routes = [
+        *_sse_routes(settings, server, auth_guard(settings, tokens), quota),
+        *extra_routes,
+        *playground_routes(),
+    ]
+    app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=transport_security(settings),
         host=settings.host,
@@ -166,7 +187,11 @@ def build_http_app(
         token_verifier=tokens if tokens else None,
         custom_starlette_routes=routes,  # type: ignore[arg-type]  # the SDK annotates Route, takes any route
         max_request_body_size=settings.max_request_size,
+        max_sessions=settings.max_http_sessions,
+        session_idle_timeout=settings.http_session_ttl,
     )
+    quota.attach(server.session_manager)
+    return app
 
 
 @contextlib.contextmanager
@@ -189,15 +214,19 @@ async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | 
     """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
 
     With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see ``server/lifecycle.py``).
+    Connections, headers and bodies are bounded (see :mod:`.limits`).
     """
+    raise_open_files_limit()
+    install_log_limits()
     config = uvicorn.Config(
-        app,
+        SlowBodyGuard(app, settings.body_timeout, settings.body_min_rate),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
         server_header=False,
         timeout_graceful_shutdown=round(settings.shutdown_grace),
+        **uvicorn_limits(settings),
     )
     with _quiet_signals():
         if lifecycle is None:

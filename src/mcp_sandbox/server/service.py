@@ -47,7 +47,7 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
 logger = logging.getLogger(__name__)
 
-RETENTION_INTERVAL = 300.0  # seconds between retention sweeps (also one at start)
+RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
 
 
 @dataclass
@@ -192,7 +192,7 @@ async def _sweep_periodically(service: Service) -> None:
             await service.sweep()
         except OSError as exc:
             logger.error("retention sweep failed: %s", exc)
-        await anyio.sleep(RETENTION_INTERVAL)
+        await anyio.sleep(service.settings.retention_interval)
 
 
 @contextlib.asynccontextmanager

@@ -93,7 +93,7 @@ class ToolHandlers:
         if name == "list_runners":
             return await self._list_runners(params.arguments, tenant)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
-            return await self._search_tools(params.arguments)
+            return await self._search_tools(params.arguments, tenant)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
@@ -159,7 +159,7 @@ class ToolHandlers:
                 environment = {}
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
-            aliases = service.bridge.aliases(arguments.servers)
+            aliases = service.bridge.aliases(arguments.servers, tenant)
             access = await service.bridge.open_run(aliases, tenant=tenant, conversation=key)
             workspace = None
             if key is not None:
@@ -178,6 +178,7 @@ class ToolHandlers:
                 reset=arguments.reset,
                 on_output=listener,
                 egress=self._egress.grant(tenant, arguments.network, arguments.conversation),
+                tenant=tenant,
             )
             result = await service.engine.execute(request)
         except ValidationError as exc:
@@ -283,7 +284,7 @@ class ToolHandlers:
             },
         )
 
-    async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _search_tools(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         bridge = self._service.bridge
         try:
             arguments = parse(SearchToolsArguments, raw, self._context)
@@ -292,6 +293,10 @@ class ToolHandlers:
         query, detail = arguments.query, arguments.detail
         hits, unavailable = await bridge.search(query, detail, arguments.limit)
         servers = bridge.servers
+        # A server not open to this tenant does not exist for it.
+        hits = [(doc, text) for doc, text in hits if servers[doc.server].serves(tenant)]
+        open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
+        unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
         lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())

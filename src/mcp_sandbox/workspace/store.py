@@ -26,6 +26,7 @@ from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.files import DIR_FLAGS, FileEntry, Listing, OpenFile, Usage, Walk, open_parent, open_regular
 from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.removal import remove_tree
+from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
 from mcp_sandbox.workspace.writing import PendingWrite
 
@@ -58,6 +59,8 @@ class WorkspaceStore:
         self._key = derive_key(secret, "workspace")
         # Root writes as the sandbox uid's files, so that sandboxed code can change them.
         self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
+        self._quota = QuotaBook(settings.quota_bytes, settings.quota_files, self.usage)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -219,15 +222,12 @@ class WorkspaceStore:
         except BaseException:
             os.close(parent)
             raise
-        return PendingWrite(
-            parent,
-            leaf,
-            name,
-            base_bytes=usage.bytes - (replaced or 0),
-            used_bytes=usage.bytes,
-            quota_bytes=self.settings.quota_bytes,
-            owner=self._owner,
-        )
+        reservation = self._quota.open(key, name, usage, replaced)
+        try:
+            return PendingWrite(parent, leaf, name, reservation=reservation, owner=self._owner)
+        except BaseException:
+            reservation.release()
+            raise
 
     def _files_exceeded(self, name: str, usage: Usage) -> QuotaExceededError:
         quota = self.settings.quota_files
