@@ -62,6 +62,8 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
     code = outcome.returncode
     if outcome.memory_exceeded:
         return f"memory limit of {human_bytes(settings.memory)} exceeded"
+    if record.protocol_error is not None:  # the host killed it for that
+        return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code > 128 and code - 128 in signal.valid_signals():
         sig = signal.Signals(code - 128)
         if sig is signal.SIGXCPU:
@@ -69,8 +71,6 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
             counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
             return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
         return f"the interpreter was killed by {sig.name}"
-    if record.protocol_error is not None:
-        return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code != 0 or session:
         return f"the interpreter exited with {code} before reporting a result"
     return None
