@@ -88,6 +88,8 @@ class Settings:
     pids: int = 128
     cpus: float = 1.0
     tmp_size: int = 64 << 20
+    # A run without a conversation: its /workspace holds at most this (a tmpfs under bwrap).
+    scratch_size: int = 256 << 20
     max_output: int = 1 << 20
     max_file_size: int = 256 << 20
     open_files: int = 256
@@ -177,6 +179,7 @@ class Settings:
             "memory",
             "pids",
             "tmp_size",
+            "scratch_size",
             "max_output",
             "max_file_size",
             "open_files",

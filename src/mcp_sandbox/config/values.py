@@ -54,6 +54,7 @@ _BYTE_FIELDS = frozenset(
     {
         "memory",
         "tmp_size",
+        "scratch_size",
         "max_output",
         "max_file_size",
         "max_tool_result_bytes",

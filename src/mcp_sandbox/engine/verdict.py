@@ -16,7 +16,16 @@ from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
-__all__ = ["STATE_LOST", "captured", "death", "human_bytes", "judge_fresh", "judge_session", "timed_out"]
+__all__ = [
+    "STATE_LOST",
+    "captured",
+    "death",
+    "human_bytes",
+    "judge_fresh",
+    "judge_session",
+    "stopped_for_disk",
+    "timed_out",
+]
 
 STATE_LOST = "the session's state is lost; the next run starts a fresh interpreter"
 
@@ -119,3 +128,10 @@ def judge_session(
         error = f"{death(settings, outcome, record, session=True)}; {STATE_LOST}"
     code = outcome.returncode if outcome is not None else None
     return dataclasses.replace(result, status="error", exit_code=code, error=error)
+
+
+def stopped_for_disk(result: ExecutionResult, reason: str, session: SessionState | None = None) -> ExecutionResult:
+    """A run the host stopped for what it wrote to its workspace (see :mod:`.disk`)."""
+    return dataclasses.replace(
+        result, status="error", exit_code=None, error=f"the run was stopped: {reason}", session=session
+    )

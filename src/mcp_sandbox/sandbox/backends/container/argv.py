@@ -158,6 +158,10 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     argv += ["--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
     if podman:
         argv += ["--tmpfs", "/sys/fs/cgroup:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
+        # Host-wide counters other tenants' activity shows in (as under bwrap; /proc/stat stays).
+        argv += ["--security-opt", "mask=/proc/diskstats:/proc/pressure"]
+    else:  # docker's runc allows a bind over /proc/diskstats, not over /proc/pressure
+        argv += ["--mount", "type=bind,source=/dev/null,target=/proc/diskstats,readonly"]
     if run.cgroup_parent is not None:
         argv += ["--cgroup-parent", run.cgroup_parent]
     for mount in policy.mounts:
