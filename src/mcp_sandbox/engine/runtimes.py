@@ -63,6 +63,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
         cpus=settings.cpus,
         cpu_seconds=settings.session_cpu_seconds if session else per_run,
         tmp_size=settings.tmp_size,
+        workspace_size=settings.scratch_size,
         file_size=settings.max_file_size,
         open_files=settings.open_files,
     )
@@ -71,7 +72,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
 def python_policy(
     settings: Settings,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
     session: bool = False,
@@ -100,7 +101,7 @@ def python_policy(
     )
 
 
-def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+def zygote_policy(settings: Settings, *, workspace: Path | None, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
     """The policy of a warm Python sandbox: a session's, running the runner as a zygote.
 
     The zygote imports ``pool_preload`` once and forks a child per run; each child lowers its
@@ -139,7 +140,7 @@ def js_policy(
     settings: Settings,
     *,
     language: str,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:
@@ -188,7 +189,7 @@ def policy_for(
     settings: Settings,
     language: str,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:

@@ -266,6 +266,7 @@ class Server:
     def serve(self, frame: Exec, fds: list[int]) -> int:
         """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
         saved_env = dict(os.environ)
+        self.connection.max_call_bytes = frame.max_call_bytes
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
