@@ -233,7 +233,10 @@ def _upload(service: Service) -> Callable[[Request], Any]:
     security = TransportSecurityMiddleware(transport_security(service.settings))
     uploads = _Uploads(service.settings.tenant_uploads, service.settings.upload_workers)
 
-    async def store(tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]) -> dict[str, Any]:
+    async def store(
+        tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes], declared: int = 0
+    ) -> dict[str, Any]:
+        """Store one file; ``declared``: the body's Content-Length, reserved against the quota at once."""
         key = service.workspaces.key(tenant, conversation)
         workers = uploads.workers
         started = time.perf_counter()
@@ -242,6 +245,8 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                 await service.touch(key, tenant)
                 pending = await anyio.to_thread.run_sync(service.workspaces.begin_write, key, filename, limiter=workers)
                 try:
+                    if declared:
+                        pending.expect(declared)
                     async for chunk in _batched(stream):
                         await anyio.to_thread.run_sync(pending.write, chunk, limiter=workers)
                     entry = await anyio.to_thread.run_sync(pending.commit, limiter=workers)
@@ -268,7 +273,9 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                     return await _multipart(request, tenant, store)
                 conversation = check_conversation_id(request.query_params.get("conversationId"))
                 filename = check_filename(request.query_params.get("filename") or "", "filename")
-                stored = await store(tenant, conversation, filename, request.stream())
+                length = request.headers.get("content-length", "")
+                declared = int(length) if length.isdigit() else 0
+                stored = await store(tenant, conversation, filename, request.stream(), declared)
                 return JSONResponse({"files": [stored]}, status_code=201)
         except BusyError as exc:
             return _problem(429, str(exc))

@@ -50,6 +50,7 @@ class PendingWrite:
         self._leaf = leaf
         self._reservation = reservation
         self._written = 0
+        self._ahead = 0  # bytes reserved by expect() that no chunk has used yet
         self._temporary = f"{RESERVED_PREFIX}upload-{secrets.token_hex(12)}"
         self._fd: int | None = None
         try:
@@ -72,6 +73,23 @@ class PendingWrite:
         """Bytes written so far."""
         return self._written
 
+    def expect(self, size: int) -> None:
+        """Reserve ``size`` bytes at once, before any arrive (an upload's declared length).
+
+        Concurrent uploads that together would pass the quota are then refused when they begin,
+        first come first served, instead of each reserving part of the room chunk by chunk until
+        none can finish. Chunks past ``size`` are reserved as they come, as without it.
+
+        Raises:
+            QuotaExceededError: no room for ``size`` bytes; the temporary file is deleted.
+        """
+        try:
+            self._reservation.reserve(size)
+        except QuotaExceededError:
+            self.abort()
+            raise
+        self._ahead += size
+
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append ``chunk``.
 
@@ -83,8 +101,10 @@ class PendingWrite:
         if self._fd is None:
             raise WorkspaceError(f"{self.name}: this write is already finished")
         view = memoryview(chunk).cast("B")
+        covered = min(self._ahead, view.nbytes)  # reserved ahead by expect()
+        self._ahead -= covered
         try:
-            self._reservation.reserve(view.nbytes)
+            self._reservation.reserve(view.nbytes - covered)
         except QuotaExceededError:
             self.abort()
             raise
