@@ -1,9 +1,10 @@
 """MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, under uvicorn.
 
-Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
-metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
-route and on uploads), request body limits, and a refusal to listen beyond loopback without a
-token.
+Security at this layer: static bearer tokens per tenant (401 with ``WWW-Authenticate: Bearer``
+and no OAuth discovery, see :mod:`.bearer`), Host/Origin validation against DNS rebinding (the
+SDK's, on every MCP route and on uploads), request body limits, and a refusal to listen beyond
+loopback without a token. Which session manager serves a ``/mcp`` request (sessions and SSE for
+MCP clients, stateless plain JSON for curl) is :mod:`.mcp_route`'s business.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import uvicorn
-from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
-from mcp.server.auth.routes import build_resource_metadata_url
-from mcp.server.auth.settings import AuthSettings
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from mcp.server.lowlevel import Server
 from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -31,6 +33,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.bearer import RequireBearer, oauth_discovery_routes
+from mcp_sandbox.server.mcp_route import McpRoute
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
 
@@ -127,16 +131,9 @@ def _sse_routes(settings: Settings, server: Server, guard: Callable[[ASGIApp], A
     ]
 
 
-def _metadata_url(settings: Settings) -> AnyHttpUrl:
-    return build_resource_metadata_url(AnyHttpUrl(settings.base_url + MCP_PATH))
-
-
 def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], ASGIApp]:
     """Wrap an ASGI app so it answers 401 (with ``WWW-Authenticate``) to requests without a valid token."""
-    if not tokens:
-        return _Endpoint
-    metadata_url = _metadata_url(settings)
-    return lambda app: RequireAuthMiddleware(app, [], metadata_url)
+    return RequireBearer if tokens else _Endpoint
 
 
 def build_http_app(
@@ -147,24 +144,25 @@ def build_http_app(
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
     """
-    auth: AuthSettings | None = None
-    if tokens:
-        # Static tokens have no separate authorization server: this server is its own issuer.
-        auth = AuthSettings(
-            issuer_url=AnyHttpUrl(settings.base_url),
-            resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
-            validate_token_resource=False,
-        )
-    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes]
-    return server.streamable_http_app(
-        streamable_http_path=MCP_PATH,
-        transport_security=transport_security(settings),
-        host=settings.host,
-        auth=auth,
-        token_verifier=tokens if tokens else None,
-        custom_starlette_routes=routes,  # type: ignore[arg-type]  # the SDK annotates Route, takes any route
-        max_request_body_size=settings.max_request_size,
+    security = transport_security(settings)
+    guard = auth_guard(settings, tokens)
+    stateful = StreamableHTTPSessionManager(
+        server, security_settings=security, max_request_body_size=settings.max_request_size
     )
+    mcp = McpRoute(server, stateful, security, settings.max_request_size)
+    middleware: list[Middleware] = []
+    if tokens:
+        middleware = [
+            Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(tokens)),
+            Middleware(AuthContextMiddleware),
+        ]
+    routes: list[BaseRoute] = [
+        Route(MCP_PATH, endpoint=guard(mcp)),
+        *_sse_routes(settings, server, guard),
+        *extra_routes,
+        *oauth_discovery_routes(),
+    ]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
 
 @contextlib.contextmanager
