@@ -145,6 +145,8 @@ class Settings:
     session_ttl: float = 600.0  # an idle session's interpreter is stopped (its files stay)
     max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
     session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
+    # Over stdio, the conversation a call that names none uses (the earlier bridge kept state by default).
+    stdio_conversation: str | None = None
 
     # Warm sandboxes: zygotes that fork a fresh interpreter per run (runs without a conversation).
     pool_size: int = 4  # warm sandboxes at most (0: every run starts a sandbox of its own)

@@ -6,6 +6,7 @@ from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Settings
+from mcp_sandbox.server.resources import list_resources, read_resource
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
@@ -27,6 +28,8 @@ def build_server(service: Service) -> Server:
         instructions=INSTRUCTIONS,
         on_list_tools=handlers.list_tools,
         on_call_tool=handlers.call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
     )
 
 
@@ -38,6 +41,17 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def _check_stdio_conversation(settings: Settings) -> None:
+    from mcp_sandbox.errors import ConfigError, ValidationError
+    from mcp_sandbox.workspace import check_conversation_id
+
+    if settings.stdio_conversation is not None:
+        try:
+            check_conversation_id(settings.stdio_conversation)
+        except ValidationError as exc:
+            raise ConfigError(f"stdio_conversation: {exc.message}") from exc
+
+
 async def serve(settings: Settings, transport: str) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
 
@@ -45,6 +59,7 @@ async def serve(settings: Settings, transport: str) -> None:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
     """
     if transport == "stdio":
+        _check_stdio_conversation(settings)
         async with open_service(settings, http=False) as service:
             await serve_stdio(build_server(service))
         return

@@ -79,9 +79,9 @@ class ToolHandlers:
         tenant = tenant_of(getattr(ctx, "request", None))
         name = params.name
         if name in ("run_python", "run_code"):
-            return await self._run(params.arguments, name, tenant)
+            return await self._run(self._default_conversation(params.arguments), name, tenant)
         if name == "upload_file":
-            return await self._upload(params.arguments, tenant)
+            return await self._upload(self._default_conversation(params.arguments), tenant)
         if name == "list_runners":
             return await self._list_runners(params.arguments)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
@@ -89,6 +89,13 @@ class ToolHandlers:
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
+
+    def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
+        default = self._service.settings.stdio_conversation
+        if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
+            return raw
+        return {**raw, "conversationId": default}
 
     async def _run(self, raw: dict[str, Any] | None, tool: str, tenant: str) -> types.CallToolResult:
         # The conversation is marked in use from its first touch to its last listing: retention
