@@ -66,9 +66,13 @@ async def serve(settings: Settings, transport: str) -> None:
     from mcp_sandbox.server.auth import TokenTable, load_tokens
     from mcp_sandbox.server.files import file_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
+    from mcp_sandbox.server.renew import renew_routes
 
     tokens = TokenTable(load_tokens(settings))
     check_exposure(settings, tokens)
     async with open_service(settings, http=True) as service:
-        routes = file_routes(service, auth_guard(settings, tokens))
+        routes = [
+            *file_routes(service, auth_guard(settings, tokens)),
+            *renew_routes(service, auth_guard(settings, tokens)),
+        ]
         await serve_http(settings, build_http_app(settings, build_server(service), tokens, routes))
