@@ -139,6 +139,9 @@ class Settings:
     quota_files: int = 10_000  # per conversation
     conversation_ttl: float = 30 * 86400.0  # an idle conversation's files are deleted after this
     max_workspaces_bytes: int = 20 << 30  # all conversations together; least recently used go first
+    # A tenant's library (saved tools and memories): bytes and entries.
+    library_bytes: int = 1 << 20
+    library_entries: int = 1000
 
     # Stateful sessions: a conversation's interpreter kept between runs.
     sessions: bool = True

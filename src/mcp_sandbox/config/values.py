@@ -61,6 +61,7 @@ _BYTE_FIELDS = frozenset(
         "quota_bytes",
         "max_workspaces_bytes",
         "max_image_bytes",
+        "library_bytes",
     }
 )
 _DURATION_FIELDS = frozenset(

@@ -29,6 +29,7 @@ from mcp_sandbox.server.arguments import (
     parse,
 )
 from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.library_access import LibraryAccess
 from mcp_sandbox.server.render import render
 from mcp_sandbox.server.runner_info import describe_runners
 from mcp_sandbox.server.schemas import (
@@ -39,7 +40,9 @@ from mcp_sandbox.server.schemas import (
     upload_file_tool,
 )
 from mcp_sandbox.server.service import Service
-from mcp_sandbox.workspace import ExecutionRecord, FileEntry
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import ExecutionRecord, FileEntry, derive_key, load_secret
+from mcp_sandbox.workspace.library import Library
 
 __all__ = ["ToolHandlers"]
 
@@ -67,6 +70,13 @@ class ToolHandlers:
         if service.bridge.servers:
             self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
+        settings = service.settings
+        self._library = Library(
+            StateLayout.of(settings).root / "library",
+            derive_key(load_secret(settings.state_dir), "library"),
+            settings.library_bytes,
+            settings.library_entries,
+        )
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -118,7 +128,9 @@ class ToolHandlers:
                 language, environment = arguments.language, arguments.variables()
             else:
                 environment = {}
-            access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
+            access = LibraryAccess(
+                await service.bridge.open_run(service.bridge.aliases(arguments.servers)), self._library, tenant
+            )
             workspace = None
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)

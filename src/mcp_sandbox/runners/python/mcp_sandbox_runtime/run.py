@@ -207,6 +207,7 @@ class Interpreter:
         """
         self.namespace["mcp_servers"] = {}
         self.namespace["LOADED_MCP_SERVERS"] = ()
+        self._bind_library()
         if not servers and not self._bound:
             return
         import importlib
@@ -232,6 +233,17 @@ class Interpreter:
             self._bound[alias] = where
         self.namespace["mcp_servers"] = modules
         self.namespace["LOADED_MCP_SERVERS"] = tuple(modules)
+
+    def _bind_library(self) -> None:
+        """``saved`` (a fresh view each run) and the library's functions, unless the code took the names."""
+        from . import library
+
+        names: dict[str, Any] = {name: getattr(library, name) for name in library.__all__ if name != "SavedTools"}
+        names["saved"] = library.SavedTools()
+        for name, value in names.items():
+            current = self.namespace.get(name)
+            if current is None or current is getattr(library, name, None) or isinstance(current, library.SavedTools):
+                self.namespace[name] = value
 
     def close(self) -> None:
         """End the event loop as ``asyncio.run`` would: cancel what is left, then close it."""
