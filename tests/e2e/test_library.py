@@ -43,7 +43,8 @@ async def run(base: str, token: str, code: str) -> dict[str, Any]:
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=CALL_BOUND) as web:
         reply = await web.post(f"{base}/mcp", json=body)
     assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()["result"]["structuredContent"]
+    result = reply.json()["result"]
+    data: dict[str, Any] = {**result["structuredContent"], "text": result["content"][0]["text"]}
     return data
 
 
@@ -70,7 +71,7 @@ async def test_saved_tools_and_memories_serve_later_runs_of_their_tenant_only_an
         used = await run(base, ALICE, USE)
         other = await run(base, BOB, "print(load_memory('config', 'none'), list_memories(), list_saved_tools())")
         missing = await run(base, BOB, "saved.double(1)")
-    assert saved["status"] == "success", saved
+    assert saved["status"] == "success", repr(saved)[:2000]
     assert "saved.double" in saved["stdout"]
     assert used["stdout"] == (
         "42 {'region': 'north', 'limit': 3} ['config'] "
@@ -131,3 +132,49 @@ async def test_sandboxed_code_cannot_write_the_library_or_save_what_is_not_json(
             """,
         )
     assert data["stdout"].splitlines() == ["False", "MCPError", "TypeError", "TypeError"], data
+
+
+async def run_ts(base: str, token: str, code: str) -> dict[str, Any]:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "run_code", "arguments": {"code": code, "language": "typescript"}},
+    }
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=CALL_BOUND) as web:
+        reply = await web.post(f"{base}/mcp", json=body)
+    assert reply.status_code == 200, reply.text
+    result = reply.json()["result"]
+    data: dict[str, Any] = {**result["structuredContent"], "text": result["content"][0]["text"]}
+    return data
+
+
+async def test_typescript_saves_and_uses_the_same_library_and_search_tools_lists_saved_tools(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    async with http_server(state_dir, "--config", str(config(state_dir)), runtime=sandbox_runtime) as base:
+        saved = await run_ts(
+            base,
+            ALICE,
+            """
+            function triple(x: number): number { return 3 * x; }
+            console.log(await mcp.runtime.saveTool(triple, { description: "Three times x" }));
+            await mcp.runtime.saveMemory("ts", { n: 1 });
+            """,
+        )
+        used = await run_ts(
+            base, ALICE, 'console.log(await mcp.saved.triple(4), JSON.stringify(await mcp.runtime.loadMemory("ts")));'
+        )
+        from_python = await run(
+            base,
+            ALICE,
+            """
+            from mcp import runtime
+            print(load_memory("ts"), [hit["tool"] for hit in runtime.search_tools("three times")])
+            """,
+        )
+        bob = await run_ts(base, BOB, "console.log(await mcp.runtime.loadMemory('ts', 'none'));")
+    assert saved["status"] == "success", repr(saved)[:2000]
+    assert used["stdout"] == '12 {"n":1}\n', used
+    assert from_python["stdout"] == "{'n': 1} ['triple']\n", from_python
+    assert bob["stdout"] == "none\n"

@@ -59,6 +59,8 @@ class LibraryAccess:
 
     async def handle(self, call: Call) -> Reply:
         op = call.request.get("op")
+        if op == "search_tools":
+            return await self._search(call)
         if op not in LIBRARY_OPS:
             return await self.inner.handle(call)
         try:
@@ -68,6 +70,25 @@ class LibraryAccess:
         except QuotaExceededError as exc:
             return Reply(call.id, error=Failure("denied", str(exc)))
         return Reply(call.id, result)
+
+    async def _search(self, call: Call) -> Reply:
+        """The downstream servers' tools for the query, then the tenant's saved tools that match."""
+        reply = await self.inner.handle(call)
+        query, limit = call.request.get("query"), call.request.get("limit", 10)
+        if (
+            not reply.ok
+            or not isinstance(query, str)
+            or not isinstance(reply.result, list)
+            or not isinstance(limit, int)
+        ):
+            return reply
+        tools = await anyio.to_thread.run_sync(self.library.search, self.tenant, query, limit)
+        hits = [
+            {"server": "saved", "tool": t.name, "python_name": t.name, "doc": t.doc(), "server_alias": "saved",
+             "description": t.description, "language": t.language}
+            for t in tools
+        ]  # fmt: skip
+        return Reply(call.id, [*reply.result, *hits])
 
     def _answer(self, op: str, body: dict[str, Any]) -> Any:
         library, tenant = self.library, self.tenant

@@ -95,7 +95,7 @@ class ToolHandlers:
         if name == "list_runners":
             return await self._list_runners(params.arguments)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
-            return await self._search_tools(params.arguments)
+            return await self._search_tools(params.arguments, tenant)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
@@ -240,7 +240,7 @@ class ToolHandlers:
             structured_content={"runners": self._runners},
         )
 
-    async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _search_tools(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         bridge = self._service.bridge
         try:
             arguments = parse(SearchToolsArguments, raw, self._context)
@@ -250,6 +250,8 @@ class ToolHandlers:
         hits, unavailable = await bridge.search(query, detail, arguments.limit)
         servers = bridge.servers
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
+        results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
         lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())
         structured: dict[str, Any] = {"results": results}

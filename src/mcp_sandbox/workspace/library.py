@@ -47,6 +47,12 @@ class SavedTool:
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "language": self.language, "description": self.description}
 
+    def doc(self) -> str:
+        """One line for search results: how to call it, and what it does."""
+        first = self.description.strip().splitlines()[0] if self.description.strip() else ""
+        call = f"saved.{self.name}(...)" if self.language == "python" else f"mcp.saved.{self.name}(...)"
+        return f"{call} [saved {self.language} tool]" + (f": {first}" if first else "")
+
 
 def _check_name(name: object) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -131,6 +137,16 @@ class Library:
         """Every saved tool, by name."""
         found = [self.tool(tenant, path.stem) for path in sorted((self._dir(tenant) / "tools").glob("*.json"))]
         return [tool for tool in found if tool is not None]
+
+    def search(self, tenant: str, query: str, limit: int) -> list[SavedTool]:
+        """Saved tools whose name and description hold every word of ``query`` (any case)."""
+        words = query.lower().replace("_", " ").split()
+        found = []
+        for tool in self.tools(tenant):
+            text = f"{tool.name} {tool.name.replace('_', ' ')} {tool.description}".lower()
+            if all(word in text for word in words):
+                found.append(tool)
+        return found[:limit]
 
     def save_memory(self, tenant: str, key: str, value: Any) -> None:
         """Save (or replace) the memory ``key``; ``value`` must be JSON.
