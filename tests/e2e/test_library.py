@@ -33,13 +33,11 @@ def config(state_dir: Path) -> Path:
     return path
 
 
-async def run(base: str, token: str, code: str) -> dict[str, Any]:
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": "run_python", "arguments": {"code": textwrap.dedent(code)}},
-    }
+async def run(base: str, token: str, code: str, conversation: str | None = None) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"code": textwrap.dedent(code)}
+    if conversation is not None:
+        arguments["conversationId"] = conversation
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_python", "arguments": arguments}}
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=CALL_BOUND) as web:
         reply = await web.post(f"{base}/mcp", json=body)
     assert reply.status_code == 200, reply.text
@@ -178,3 +176,37 @@ async def test_typescript_saves_and_uses_the_same_library_and_search_tools_lists
     assert used["stdout"] == '12 {"n":1}\n', used
     assert from_python["stdout"] == "{'n': 1} ['triple']\n", from_python
     assert bob["stdout"] == "none\n"
+
+
+READ_VIEW = """
+import json, os
+view = "/tools/_library"
+print(sorted(os.listdir(view + "/tools")), json.load(open(view + "/memories/config.json")))
+print("def double" in open(view + "/tools/double.py").read())
+try:
+    open(view + "/memories/config.json", "w").write("{}")
+except OSError as error:
+    print("read-only", type(error).__name__)
+"""
+
+
+@pytest.mark.parametrize("conversation", [None, "c-view"], ids=["warm or fresh", "session"])
+async def test_runs_read_their_tenants_library_as_read_only_files_and_no_other_tenants(
+    state_dir: Path, sandbox_runtime: Path | None, conversation: str | None
+) -> None:
+    async with http_server(state_dir, "--config", str(config(state_dir)), runtime=sandbox_runtime) as base:
+        assert (await run(base, ALICE, SAVE))["status"] == "success"
+        read = await run(base, ALICE, READ_VIEW, conversation)
+        # Bob's runs, in the warm sandboxes Alice's used too: no library, no copy of hers.
+        bob = await run(
+            base,
+            BOB,
+            "import os; print(os.path.exists('/tools/_library'), os.path.isdir('/tools') and os.listdir('/tools'))",
+            conversation,
+        )
+    assert read["stdout"].splitlines() == [
+        "['double.py'] {'region': 'north', 'limit': 3}",
+        "True",
+        "read-only OSError",
+    ], read
+    assert bob["stdout"] in ("False False\n", "False []\n"), bob

@@ -1,5 +1,8 @@
 """A run's requests about its tenant's library (saved tools, memories), answered beside code mode's.
 
+The run also sees its tenant's library as files, read-only, at ``/tools/_library`` (a snapshot
+taken as it starts; see :meth:`~mcp_sandbox.workspace.library.Library.view`).
+
 :class:`LibraryAccess` wraps the run's :class:`~mcp_sandbox.engine.ToolAccess`: requests whose
 ``op`` is a library one are answered here, for the tenant the run belongs to (never one the
 sandbox names); every other request goes to the wrapped access unchanged.
@@ -8,6 +11,7 @@ sandbox names); every other request goes to the wrapped access unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -15,10 +19,12 @@ import anyio.to_thread
 from mcp_sandbox.engine.result import ToolAccess
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
-from mcp_sandbox.sandbox.policy import Mount
+from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.workspace.library import Library
 
-__all__ = ["LIBRARY_OPS", "LibraryAccess"]
+__all__ = ["LIBRARY_MOUNT", "LIBRARY_OPS", "LibraryAccess"]
+
+LIBRARY_MOUNT = f"{TOOLS_MOUNT}/_library"  # "_": no server's alias starts with one
 
 LIBRARY_OPS = frozenset(
     {
@@ -43,15 +49,18 @@ def _text(body: dict[str, Any], name: str, default: str | None = None) -> str:
 
 @dataclass
 class LibraryAccess:
-    """``inner``, plus the library of ``tenant``."""
+    """``inner``, plus the library of ``tenant`` (and ``view``, its snapshot for this run, if any)."""
 
     inner: ToolAccess
     library: Library
     tenant: str
+    view: Path | None = None
 
     @property
     def mounts(self) -> tuple[Mount, ...]:
-        return self.inner.mounts
+        if self.view is None:
+            return self.inner.mounts
+        return (*self.inner.mounts, Mount(self.view, LIBRARY_MOUNT))
 
     @property
     def servers(self) -> tuple[str, ...]:

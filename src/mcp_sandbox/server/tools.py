@@ -76,6 +76,7 @@ class ToolHandlers:
             derive_key(load_secret(settings.state_dir), "library"),
             settings.library_bytes,
             settings.library_entries,
+            StateLayout.of(settings).root / "library-views",
         )
 
     @property
@@ -128,8 +129,9 @@ class ToolHandlers:
                 language, environment = arguments.language, arguments.variables()
             else:
                 environment = {}
+            view = await anyio.to_thread.run_sync(self._library.view, tenant)
             access = LibraryAccess(
-                await service.bridge.open_run(service.bridge.aliases(arguments.servers)), self._library, tenant
+                await service.bridge.open_run(service.bridge.aliases(arguments.servers)), self._library, tenant, view
             )
             workspace = None
             if arguments.conversation is not None:

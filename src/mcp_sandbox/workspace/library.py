@@ -7,6 +7,11 @@ tenant's. On disk, per tenant, ``<state_dir>/library/<HMAC(tenant)>/``::
     tools/<name>.json      {"name", "language", "description", "source"}
     memories/<key>.json    the value, as JSON
 
+Runs read it as files, read-only, at ``/tools/_library`` (``tools/<name>.py`` or ``.js``,
+``memories/<key>.json``): :meth:`Library.view` writes a snapshot of the tenant's library at the
+run's start into ``views_root`` (0711: no listing), named after the tenant's directory and a
+hash of the content, world-readable like the tool stubs, so the sandbox's uid can read it.
+
 Every tenant's library is bounded by ``library_bytes`` (the sum of its files' sizes) and
 ``library_entries`` (tools and memories together); a write past either is refused and changes
 nothing. Writes are atomic (a temporary file renamed into place).
@@ -19,6 +24,7 @@ import hmac
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -69,8 +75,9 @@ def _check_key(key: object) -> str:
 class Library:
     """Every tenant's library under ``root``; a tenant's directory is named by an HMAC under ``key``."""
 
-    def __init__(self, root: Path, key: bytes, max_bytes: int, max_entries: int) -> None:
+    def __init__(self, root: Path, key: bytes, max_bytes: int, max_entries: int, views_root: Path) -> None:
         self._root = root
+        self._views = views_root
         self._key = key
         self._max_bytes = max_bytes
         self._max_entries = max_entries
@@ -137,6 +144,46 @@ class Library:
         """Every saved tool, by name."""
         found = [self.tool(tenant, path.stem) for path in sorted((self._dir(tenant) / "tools").glob("*.json"))]
         return [tool for tool in found if tool is not None]
+
+    def view(self, tenant: str) -> Path | None:
+        """A read-only snapshot of the tenant's library for a run (None when it is empty).
+
+        Snapshots are shared by runs of the same content; the tenant's older ones beyond the
+        newest two are removed (a run still using one keeps what it opened).
+
+        Raises:
+            OSError: the snapshot cannot be written.
+        """
+        files: dict[str, bytes] = {}
+        for tool in self.tools(tenant):
+            files[f"tools/{tool.name}.{'py' if tool.language == 'python' else 'js'}"] = tool.source.encode()
+        for key in self.memories(tenant):
+            files[f"memories/{key}.json"] = (self._dir(tenant) / "memories" / f"{key}.json").read_bytes()
+        if not files:
+            return None
+        digest = hashlib.sha256()
+        for name in sorted(files):
+            digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+        prefix = self._dir(tenant).name
+        target = self._views / f"{prefix}-{digest.hexdigest()[:24]}"
+        if not target.exists():
+            self._views.mkdir(parents=True, exist_ok=True, mode=0o711)
+            scratch = Path(tempfile.mkdtemp(dir=self._views, prefix=".tmp-"))
+            for name, data in files.items():
+                (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / name).write_bytes(data)
+            for directory, _, names in os.walk(scratch):
+                os.chmod(directory, 0o755)
+                for name in names:
+                    os.chmod(os.path.join(directory, name), 0o644)
+            try:
+                os.rename(scratch, target)
+            except OSError:  # another run made the same snapshot first
+                shutil.rmtree(scratch, ignore_errors=True)
+        older = sorted(self._views.glob(f"{prefix}-*"), key=lambda path: path.stat().st_mtime, reverse=True)
+        for stale in [path for path in older if path != target][1:]:
+            shutil.rmtree(stale, ignore_errors=True)
+        return target
 
     def search(self, tenant: str, query: str, limit: int) -> list[SavedTool]:
         """Saved tools whose name and description hold every word of ``query`` (any case)."""
