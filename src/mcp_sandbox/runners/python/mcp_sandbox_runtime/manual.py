@@ -37,5 +37,10 @@ Python (and TypeScript) runs in an OS sandbox: no network unless granted, only /
 ## State
 Pass the same `conversationId` to keep files in /workspace and variables between runs.
 
+## Persist (every later run of yours, any conversation)
+`save_tool(func)` then `saved.<name>(...)`; `save_memory(key, value)` then `load_memory(key)`;
+`list_saved_tools()`, `list_memories()`, `delete_tool(name)`, `delete_memory(key)`.
+Read-only files: /tools/_library/tools/, /tools/_library/memories/.
+
 Resource URI: {CAPABILITIES_URI}
 """
