@@ -16,6 +16,7 @@ packages=(
     git              # mcp-server-git, a downstream server in the tests (make downstream)
     iproute2         # ip netns / veth: the egress tests' own test hosts (tests/egress)
     openssl          # the egress tests' own CA and HTTPS certificate
+    curl             # the earlier code runner's README calls, replayed literally in the tests
 )
 packages+=("$@")
 

@@ -291,6 +291,8 @@ class RunAccess:
                 return self._discovered_servers()
             case DescribeServer():
                 return await self._describe_server(request)
+            case ListTools() if request.schemas:
+                return await self._tool_definitions(request.server)
             case ListTools():
                 return await self._list_tools(request.server)
             case SearchTools():
@@ -339,6 +341,8 @@ class RunAccess:
                 f"tool results of this run exceeded {settings.max_tool_result_bytes} bytes; the result was dropped",
                 tool,
             )
+        if request.raw:
+            return dumped, size
         if result.is_error:
             raise _ToolFailed(spec.name, _text_of(result))
         return {"structuredContent": dumped.get("structuredContent"), "content": dumped.get("content", [])}, size
@@ -368,14 +372,33 @@ class RunAccess:
             "transport": spec.transport,
             "allowed": spec.alias in self.allowed,
             "stubs": f"{TOOLS_MOUNT}/{spec.alias}" if spec.alias in self.allowed else None,
+            "cwd": str(spec.cwd) if spec.cwd is not None else None,
             "tools": await self._list_tools(request.server),
         }
 
     async def _list_tools(self, server: str) -> list[dict[str, Any]]:
         spec = self._server(server)
         return [
-            {"name": doc.name, "python_name": doc.python_name, "summary": doc.summary}
+            {
+                "name": doc.name,
+                "python_name": doc.python_name,
+                "summary": doc.summary,
+                # The earlier bridge's names for the same things.
+                "alias": doc.python_name,
+                "description": doc.description,
+            }
             for doc in await self.bridge.docs(spec.alias)
+        ]
+
+    async def _tool_definitions(self, server: str) -> list[dict[str, Any]]:
+        """The permitted tools' definitions as the server sent them, each with its ``python_name``."""
+        spec = self._server(server)
+        stubs = await self.bridge.stubs(spec.alias)
+        names = {doc.name: doc.python_name for doc in stubs.docs}
+        return [
+            {**tool.model_dump(mode="json", by_alias=True, exclude_none=True), "python_name": names[tool.name]}
+            for tool in stubs.tools
+            if tool.name in names
         ]
 
     async def _search_tools(self, request: SearchTools) -> list[dict[str, Any]]:
@@ -387,6 +410,9 @@ class RunAccess:
                 "tool": doc.name,
                 "python_name": doc.python_name,
                 "doc": text,
+                "server_alias": doc.server,
+                "description": doc.description,
+                **({"inputSchema": dict(doc.input_schema)} if request.detail == "full" else {}),
             }
             for doc, text in hits
         ]

@@ -158,12 +158,17 @@ class Settings:
     quota_files: int = 10_000  # per conversation
     conversation_ttl: float = 30 * 86400.0  # an idle conversation's files are deleted after this
     max_workspaces_bytes: int = 20 << 30  # all conversations together; least recently used go first
+    # A tenant's library (saved tools and memories): bytes and entries.
+    library_bytes: int = 1 << 20
+    library_entries: int = 1000
 
     # Stateful sessions: a conversation's interpreter kept between runs.
     sessions: bool = True
     session_ttl: float = 600.0  # an idle session's interpreter is stopped (its files stay)
     max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
     session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
+    # Over stdio, the conversation a call that names none uses (the earlier bridge kept state by default).
+    stdio_conversation: str | None = None
 
     # Warm sandboxes: zygotes that fork a fresh interpreter per run (runs without a conversation).
     pool_size: int = 4  # warm sandboxes at most (0: every run starts a sandbox of its own)

@@ -66,6 +66,7 @@ _BYTE_FIELDS = frozenset(
         "egress_max_bytes",
         "tenant_workspaces_bytes",
         "body_min_rate",
+        "library_bytes",
     }
 )
 _DURATION_FIELDS = frozenset(

@@ -14,6 +14,7 @@ from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolic
 
 __all__ = [
     "BASE_ENVIRONMENT",
+    "JS_PACKAGES_MOUNT",
     "js_binary",
     "js_policy",
     "limits_for",
@@ -112,6 +113,9 @@ def zygote_policy(settings: Settings, *, workspace: Path | None, mounts: Sequenc
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
 
 
+JS_PACKAGES_MOUNT = "/node_modules"
+
+
 def js_binary(settings: Settings, runtime: str | None = None) -> Path:
     """The host path of the binary of the JavaScript runtime ``runtime`` (default: the configured one)."""
     return settings.js_runtime_dir / _JS_BINARIES[runtime or settings.js_runtime]
@@ -159,7 +163,14 @@ def js_policy(
     system, links = system_mounts()
     package = js_binary(settings).parent
     inside = f"{RUNTIME_MOUNT}/{settings.js_runtime}"
-    extra = [Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"), Mount(package, inside), *mounts]
+    extra = [
+        Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),
+        Mount(package, inside),
+        # The runtime's packages (pg, postgres, papaparse, ...): a bare import from any file
+        # (the code is /tmp/.mcp-sandbox/main.ts) walks up to /node_modules.
+        Mount(settings.js_runtime_dir / "node_modules", JS_PACKAGES_MOUNT),
+        *mounts,
+    ]
     heap_mib = max(16, int(settings.memory * _JS_HEAP_SHARE) >> 20)
     env = dict(BASE_ENVIRONMENT)
     if settings.js_runtime == "deno":

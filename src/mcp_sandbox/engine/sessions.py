@@ -92,9 +92,14 @@ class ToolsView:
             if alias == mount.target or not alias or "/" in alias or alias.startswith("."):
                 raise ValueError(f"a session can only show stubs under {TOOLS_MOUNT}/<alias>, not at {mount.target}")
             wanted[alias] = self._inside(mount.source)
+        in_use = {target.removeprefix(TOOLS_MOUNT + "/") for target in wanted.values()}
         for entry in os.listdir(self.directory):
             if not entry.startswith(".") and entry not in wanted:
                 os.unlink(self.directory / entry)
+            elif entry.startswith(".copy-") and entry not in in_use:
+                # A copy an earlier run wanted: gone before this run, which may be another
+                # tenant's (a warm sandbox serves any), can see it.
+                shutil.rmtree(self.directory / entry)
         for alias, target in wanted.items():
             link = self.directory / alias
             if os.path.islink(link) and os.readlink(link) == target:

@@ -10,6 +10,7 @@ from mcp.server.lowlevel import Server
 from mcp_sandbox import __version__
 from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.resources import list_resources, read_resource
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.server.tools import ToolHandlers
 
@@ -31,6 +32,8 @@ def build_server(service: Service) -> Server:
         instructions=INSTRUCTIONS,
         on_list_tools=handlers.list_tools,
         on_call_tool=handlers.call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
     )
 
 
@@ -58,6 +61,17 @@ def with_tenants(settings: Settings, tenants: int) -> Settings:
     return dataclasses.replace(settings, **chosen)
 
 
+def _check_stdio_conversation(settings: Settings) -> None:
+    from mcp_sandbox.errors import ConfigError, ValidationError
+    from mcp_sandbox.workspace import check_conversation_id
+
+    if settings.stdio_conversation is not None:
+        try:
+            check_conversation_id(settings.stdio_conversation)
+        except ValidationError as exc:
+            raise ConfigError(f"stdio_conversation: {exc.message}") from exc
+
+
 async def serve(settings: Settings, transport: str) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
 
@@ -65,6 +79,7 @@ async def serve(settings: Settings, transport: str) -> None:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
     """
     if transport == "stdio":
+        _check_stdio_conversation(settings)
         async with open_service(with_tenants(settings, 1), http=False) as service:
             await serve_stdio(build_server(service))
         return
@@ -73,6 +88,7 @@ async def serve(settings: Settings, transport: str) -> None:
     from mcp_sandbox.server.health import health_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
     from mcp_sandbox.server.metrics import metrics_route
+    from mcp_sandbox.server.renew import renew_routes
 
     loaded = load_tokens(settings)
     tokens = TokenTable(loaded)
@@ -82,6 +98,7 @@ async def serve(settings: Settings, transport: str) -> None:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         routes = [
             *file_routes(service, auth_guard(settings, tokens)),
+            *renew_routes(service, auth_guard(settings, tokens)),
             *health_routes(service.ready),
             metrics_route(lambda: settings.metrics_token, service.metrics_or_fail()),
         ]

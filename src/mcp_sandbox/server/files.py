@@ -116,7 +116,11 @@ def _download(service: Service) -> Callable[[Request], Any]:
         name = str(params["name"])
         verdict = service.urls.check(params["conversation"], params["expires"], params["signature"], name, time.time())
         if verdict.verdict == "expired":
-            return _problem(410, "this download link has expired; run the code again for a new one")
+            return _problem(
+                410,
+                "this download link has expired: run code in the conversation again, or ask "
+                "GET /files/renew?conversationId=<id>&name=<file> with your bearer token, for a new one",
+            )
         if not verdict.ok:
             return _problem(403, "invalid download link")
         try:

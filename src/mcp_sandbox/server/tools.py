@@ -31,6 +31,7 @@ from mcp_sandbox.server.arguments import (
     parse,
 )
 from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.library_access import LibraryAccess
 from mcp_sandbox.server.progress import progress_listener
 from mcp_sandbox.server.render import render
 from mcp_sandbox.server.runner_info import describe_runners
@@ -42,7 +43,9 @@ from mcp_sandbox.server.schemas import (
     upload_file_tool,
 )
 from mcp_sandbox.server.service import Service
-from mcp_sandbox.workspace import ExecutionRecord, FileEntry
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import ExecutionRecord, FileEntry, derive_key, load_secret
+from mcp_sandbox.workspace.library import Library
 
 __all__ = ["ToolHandlers"]
 
@@ -74,6 +77,14 @@ class ToolHandlers:
         if service.bridge.servers:
             self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
+        settings = service.settings
+        self._library = Library(
+            StateLayout.of(settings).root / "library",
+            derive_key(load_secret(settings.state_dir), "library"),
+            settings.library_bytes,
+            settings.library_entries,
+            StateLayout.of(settings).root / "library-views",
+        )
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -87,9 +98,9 @@ class ToolHandlers:
         name = params.name
         if name in ("run_python", "run_code"):
             async with progress_listener(ctx) as listener:
-                return await self._run(params.arguments, name, tenant, listener)
+                return await self._run(self._default_conversation(params.arguments), name, tenant, listener)
         if name == "upload_file":
-            return await self._upload(params.arguments, tenant)
+            return await self._upload(self._default_conversation(params.arguments), tenant)
         if name == "list_runners":
             return await self._list_runners(params.arguments, tenant)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
@@ -97,6 +108,13 @@ class ToolHandlers:
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
+
+    def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
+        default = self._service.settings.stdio_conversation
+        if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
+            return raw
+        return {**raw, "conversationId": default}
 
     async def _run(
         self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
@@ -159,8 +177,11 @@ class ToolHandlers:
                 environment = {}
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
+            view = await anyio.to_thread.run_sync(self._library.view, tenant)
             aliases = service.bridge.aliases(arguments.servers, tenant)
-            access = await service.bridge.open_run(aliases, tenant=tenant, conversation=key)
+            access = LibraryAccess(
+                await service.bridge.open_run(aliases, tenant=tenant, conversation=key), self._library, tenant, view
+            )
             workspace = None
             if key is not None:
                 held.enter_context(service.using(key))
@@ -298,6 +319,8 @@ class ToolHandlers:
         open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
         unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
+        results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
         lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())
         structured: dict[str, Any] = {"results": results}
