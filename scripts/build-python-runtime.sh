@@ -44,7 +44,7 @@ log "pre-compiling bytecode"
 # a+rX: read for all, and execute where someone already has it (directories, scripts).
 chmod -R a+rX "$(dirname "$runtime_dir")"
 
-imports='import numpy, pandas, matplotlib, requests'
+imports='import numpy, pandas, matplotlib, requests, psycopg2'
 "$py" -c "$imports"
 
 # When root, prove the sandbox's uid can use it too, unless the path to it is closed to

@@ -14,6 +14,9 @@ packages=(
     python3-venv     # venv/ensurepip for Debian's /usr/bin/python3 (the sandbox's interpreter)
     ca-certificates  # TLS to the package index
     git              # mcp-server-git, a downstream server in the tests (make downstream)
+    iproute2         # ip netns / veth: the egress tests' own test hosts (tests/egress)
+    openssl          # the egress tests' own CA and HTTPS certificate
+    curl             # the earlier code runner's README calls, replayed literally in the tests
 )
 packages+=("$@")
 

@@ -100,7 +100,7 @@ async def poll(condition: Callable[[], bool], interval: float = 0.05) -> None:
 
 # Settings of the developer's own environment that must not reach a server under test.
 _OWN_ENV_PREFIXES = ("MCP_SANDBOX_", "MCP_BRIDGE_")
-_OWN_ENV_NAMES = frozenset({"MCP_SERVERS_CONFIG"})
+_OWN_ENV_NAMES = frozenset({"MCP_SERVERS_CONFIG", "MCP_API_TOKEN", "PUBLIC_BASE_URL", "MCP_HTTP_ADDR"})
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -156,6 +156,8 @@ async def http_server(
     runtime: Path | None = None,
     start_bound: float = 60.0,
     stop_bound: float = 15.0,
+    address_env: str | None = None,
+    log_path: Path | None = None,
 ) -> AsyncIterator[str]:
     """Run a real ``mcp-sandbox serve --transport http`` on a free loopback port; yield its base URL.
 
@@ -166,6 +168,9 @@ async def http_server(
     after the app has started. On exit the server gets SIGTERM, then after ``stop_bound`` seconds
     SIGKILL with its whole process group; the exit is shielded from cancellation.
 
+    With ``address_env`` the address is given as that variable (``host:port``) instead of
+    ``--host``/``--port``; with ``log_path`` what the server prints goes to that file.
+
     Raises:
         RuntimeError: the server exited before it listened, or did not listen within
             ``start_bound`` seconds; the message ends with what it printed.
@@ -173,6 +178,7 @@ async def http_server(
     """
     host = "127.0.0.1"
     port = free_port(host)
+    address = ["--host", host, "--port", str(port)] if address_env is None else []
     command = [
         sys.executable,
         "-m",
@@ -180,21 +186,21 @@ async def http_server(
         "serve",
         "--transport",
         "http",
-        "--host",
-        host,
-        "--port",
-        str(port),
+        *address,
         "--state-dir",
         str(state_dir),
         *extra_args,
     ]
-    with tempfile.TemporaryFile() as log:
+    child_env = _server_env(runtime, env)
+    if address_env is not None:
+        child_env[address_env] = f"{host}:{port}"
+    with tempfile.TemporaryFile() if log_path is None else log_path.open("w+b") as log:
         process = await anyio.open_process(
             command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            env=_server_env(runtime, env),
+            env=child_env,
             start_new_session=True,
         )
         try:

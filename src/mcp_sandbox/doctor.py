@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import platform
 import sys
+import threading
 from typing import TextIO
 
 import anyio
 
 from mcp_sandbox import __version__
+from mcp_sandbox.bridge.discovery import discover
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import EgressGrant, EgressRules, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.errors import SandboxError
+from mcp_sandbox.errors import ConfigError, SandboxError
 from mcp_sandbox.provision import js_status, python_status
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
 
@@ -87,6 +91,78 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
     out.write("  ok: ran TypeScript in a sandbox\n" if ok else f"  FAILED: {result.error or result.stderr.strip()}\n")
 
 
+_EGRESS_NAME = "doctor.egress.invalid"
+_EGRESS_CHECK = """
+import urllib.error, urllib.request
+print(urllib.request.urlopen("http://{name}:{port}/").read().decode())
+try:
+    urllib.request.urlopen("http://other.{name}:{port}/")
+except urllib.error.HTTPError as error:
+    print(error.code)
+"""
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"egress-ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _check_egress(settings: Settings, out: TextIO) -> None:
+    """Run once with network through the egress proxy, to a server of the doctor's own on loopback."""
+    try:
+        summary = TenantEgress(settings).summary("default")
+    except ConfigError as exc:
+        out.write(f"\nnetwork: FAILED, the egress settings are wrong: {exc}\n")
+        return
+    out.write(f"\nnetwork (egress proxy): network: true reaches {summary}\n")
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello) as server:
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor")
+            grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
+            engine = Engine(
+                settings,
+                get_backend(settings.backend, settings),
+                egress_resolver=hosts_resolver({_EGRESS_NAME: ["127.0.0.1"]}),
+            )
+            code = _EGRESS_CHECK.format(name=_EGRESS_NAME, port=port)
+            request = ExecutionRequest(code=code, timeout=60, egress=grant)
+            result = anyio.run(engine.execute, request)
+        except SandboxError as exc:
+            out.write(f"  FAILED to start a sandbox with network: {exc}\n")
+            return
+        finally:
+            server.shutdown()
+    if result.status == "success" and result.stdout == "egress-ok\n403\n":
+        out.write("  ok: a run reached an allowed host through the relay and the proxy; another was refused\n")
+    else:
+        out.write(f"  FAILED: {result.error or result.stderr.strip() or result.stdout.strip()}\n")
+
+
+def _report_tenancy(settings: Settings, out: TextIO) -> None:
+    """Say which downstream servers (code mode) tenants share: one process, its credentials and state."""
+    servers = discover(settings).servers
+    if not servers:
+        return
+    out.write("code mode: downstream servers and who shares them\n")
+    for alias, spec in servers.items():
+        who = "every tenant" if spec.tenants is None else "tenants " + ", ".join(sorted(spec.tenants))
+        how = (
+            "one process per tenant"
+            if spec.per_tenant
+            else "one process shared: its credentials and any state it keeps are common to them"
+        )
+        out.write(f"  {alias}: {who}; {how}\n")
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -101,8 +177,10 @@ def doctor(settings: Settings, out: TextIO) -> int:
         out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
         return 1
     runtime_ok = _check_runtime(settings, out)
+    _report_tenancy(settings, out)
     memory = next((c for c in configured.capabilities if c.name.startswith("memory")), None)
     _check_js_runtime(settings, memory is not None and memory.enforced, out)
+    _check_egress(settings, out)
     weak = configured.missing()
     if weak and not settings.accept_weaker_isolation:
         out.write(

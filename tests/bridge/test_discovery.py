@@ -280,6 +280,8 @@ SOURCES: list[tuple[str, Callable[[World, dict[str, Any]], Path]]] = [
     ("claude code project", _json_source(lambda w: w.cwd / ".mcp.json", "mcpServers")),
     ("claude code user", _json_source(lambda w: w.home / ".claude.json", "mcpServers")),
     ("claude desktop", _json_source(lambda w: w.home / ".config/Claude/claude_desktop_config.json", "mcpServers")),
+    ("./claude_code_config.json", _json_source(lambda w: w.cwd / "claude_code_config.json", "mcpServers")),
+    ("./claude_desktop_config.json", _json_source(lambda w: w.cwd / "claude_desktop_config.json", "mcpServers")),
     ("cursor project", _json_source(lambda w: w.cwd / ".cursor/mcp.json", "mcpServers")),
     ("cursor user", _json_source(lambda w: w.home / ".cursor/mcp.json", "mcpServers")),
     ("vscode workspace", _json_source(lambda w: w.cwd / ".vscode/mcp.json", "servers")),
@@ -330,6 +332,8 @@ def test_every_candidate_path_is_searched_in_the_documented_order_whether_it_exi
         home / ".claude.json",
         cwd / ".mcp.json",
         config / "Claude" / "claude_desktop_config.json",
+        cwd / "claude_code_config.json",
+        cwd / "claude_desktop_config.json",
         cwd / ".cursor" / "mcp.json",
         home / ".cursor" / "mcp.json",
         cwd / ".vscode" / "mcp.json",
@@ -616,6 +620,29 @@ def test_a_toml_policy_applies_to_the_explicit_file_too_and_allow_lists_intersec
 
     assert (spec.allow_tools, spec.deny_tools) == (frozenset("b"), frozenset("cd"))
     assert [tool for tool in "abcde" if spec.permits(tool)] == ["b"]
+
+
+def test_a_toml_policy_limits_a_server_to_some_tenants_and_gives_each_its_own_instance(world: World) -> None:
+    toml = world.write(world.root / "c.toml", '[servers.s]\ntenants = ["alice", "bob"]\nper_tenant = true\n')
+    world.configure(config_file=toml)
+    # A client config cannot open a server to tenants: only our TOML says who shares what.
+    world.servers_file({"s": {"command": "s", "args": ["--db", "/srv/{tenant}.db"], "tenants": ["mallory"]}})
+
+    spec = world.discover().servers["s"]
+
+    assert (spec.tenants, spec.per_tenant) == (frozenset({"alice", "bob"}), True)
+    assert [tenant for tenant in ("alice", "bob", "mallory") if spec.serves(tenant)] == ["alice", "bob"]
+    assert spec.instance_for("alice").args == ("--db", "/srv/alice.db")
+
+
+def test_a_toml_policy_with_tenants_that_are_not_a_list_is_a_problem(world: World) -> None:
+    toml = world.write(world.root / "c.toml", '[servers.s]\ntenants = "alice"\n')
+    world.configure(config_file=toml)
+    world.servers_file({"s": {"command": "s"}})
+
+    found = world.discover()
+
+    assert any("tenants: must be a list of tenant names" in problem.reason for problem in found.problems)
 
 
 def test_a_toml_policy_for_a_name_no_source_defines_is_a_problem(world: World) -> None:

@@ -42,6 +42,20 @@ async def test_a_new_session_evicts_the_least_recently_used_idle_one(running_eng
     assert (evicted.session, evicted.stdout) == ("new", "None\n")
 
 
+async def test_a_tenant_over_its_session_cap_evicts_its_own_never_another_tenants(
+    running_engine: RunningEngine,
+) -> None:
+    async with running_engine(max_sessions=3, tenant_sessions=2) as engine:
+        await execute(engine, "kept = 'bob'", session="b1", tenant="bob")
+        for key in ("a1", "a2", "a3", "a4"):
+            await execute(engine, f"kept = {key!r}", session=key, tenant="alice")
+        live = engine.live_sessions()
+        bobs = await execute(engine, "print(kept)", session="b1", tenant="bob")
+
+    assert live == {"b1", "a3", "a4"}
+    assert (bobs.session, bobs.stdout) == ("kept", "bob\n")
+
+
 async def test_a_new_session_is_refused_with_busy_error_when_every_session_is_busy(
     running_engine: RunningEngine,
 ) -> None:

@@ -38,6 +38,15 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
         Sample("/srv/a.json", '"/srv/a.json"', Path("/srv/a.json")),
         Sample("/srv/b.json", '"/srv/b.json"', Path("/srv/b.json")),
     ),
+    "log_level": (Sample("DEBUG", '"DEBUG"', "DEBUG"), Sample("INFO", '"INFO"', "INFO")),
+    "token": (
+        Sample("token-a-0123456789abcdef", '"token-a-0123456789abcdef"', "token-a-0123456789abcdef"),
+        Sample("token-b-0123456789abcdef", '"token-b-0123456789abcdef"', "token-b-0123456789abcdef"),
+    ),
+    "public_url": (
+        Sample("https://a.example", '"https://a.example"', "https://a.example"),
+        Sample("http://b.example:8080", '"http://b.example:8080"', "http://b.example:8080"),
+    ),
 }
 
 ALIASES = [pytest.param(alias, name, id=alias) for alias, name in ENV_ALIASES.items()]
@@ -102,7 +111,7 @@ def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
 
 def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):  # the developer's own settings must not leak into the test
-        if key.startswith("MCP_SANDBOX_") or key in ENV_ALIASES:
+        if key.startswith("MCP_SANDBOX_") or key in ENV_ALIASES or key == "MCP_HTTP_ADDR":
             monkeypatch.delenv(key)
     monkeypatch.setenv("MCP_SANDBOX_PIDS", "77")
 
@@ -122,7 +131,7 @@ def test_every_setting_can_be_given_as_an_mcp_sandbox_variable() -> None:
 # --- the earlier bridge's aliases -------------------------------------------------------------
 
 
-def test_the_aliases_are_exactly_the_earlier_bridges_documented_variables() -> None:
+def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> None:
     assert dict(ENV_ALIASES) == {
         "MCP_BRIDGE_TIMEOUT": "timeout",
         "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
@@ -134,7 +143,39 @@ def test_the_aliases_are_exactly_the_earlier_bridges_documented_variables() -> N
         "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
         "MCP_BRIDGE_STATE_DIR": "state_dir",
         "MCP_SERVERS_CONFIG": "servers_config",
+        "MCP_BRIDGE_LOG_LEVEL": "log_level",
+        "MCP_API_TOKEN": "token",
+        "PUBLIC_BASE_URL": "public_url",
     }
+
+
+@pytest.mark.parametrize(
+    ("address", "host", "port"),
+    [
+        ("127.0.0.1:8080", "127.0.0.1", 8080),
+        (":8080", "0.0.0.0", 8080),
+        ("[::1]:9000", "::1", 9000),
+        ("localhost:1234", "localhost", 1234),
+    ],
+)
+def test_mcp_http_addr_sets_host_and_port(address: str, host: str, port: int) -> None:
+    settings = load_settings(env={"MCP_HTTP_ADDR": address})
+
+    assert (settings.host, settings.port) == (host, port)
+
+
+def test_mcp_sandbox_host_and_port_beat_mcp_http_addr() -> None:
+    env = {"MCP_HTTP_ADDR": "10.0.0.1:1000", "MCP_SANDBOX_HOST": "127.0.0.2", "MCP_SANDBOX_PORT": "2000"}
+
+    settings = load_settings(env=env)
+
+    assert (settings.host, settings.port) == ("127.0.0.2", 2000)
+
+
+@pytest.mark.parametrize("address", ["8080", "localhost", "host:port", "127.0.0.1:"])
+def test_a_malformed_mcp_http_addr_is_refused_naming_the_variable(address: str) -> None:
+    with pytest.raises(ConfigError, match="MCP_HTTP_ADDR"):
+        load_settings(env={"MCP_HTTP_ADDR": address})
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)

@@ -31,6 +31,8 @@ def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str) ->
     targets = {mount.target: mount for mount in js.mounts}
     assert not any(mount.writable for mount in js.mounts)
     assert "/opt/mcp-sandbox/typescript" in targets and f"/opt/mcp-sandbox/{runtime}" in targets
+    # The runtime's packages, read-only, where a bare import from the code's file finds them.
+    assert targets["/node_modules"].source == settings.js_runtime_dir / "node_modules"
     heap = str(int((400 << 20) * 0.75) >> 20)
     if runtime == "deno":
         assert f"--v8-flags=--max-old-space-size={heap}" in js.command

@@ -34,9 +34,11 @@ def metadata(budget_settings: Settings) -> Iterator[Metadata]:
     opened.close()
 
 
-def _conversation(store: WorkspaceStore, metadata: Metadata, name: str, size: int, last_used: float) -> str:
-    key = store.key("alice", name)
-    metadata.touch_conversation(key, "alice", last_used)
+def _conversation(
+    store: WorkspaceStore, metadata: Metadata, name: str, size: int, last_used: float, tenant: str = "alice"
+) -> str:
+    key = store.key(tenant, name)
+    metadata.touch_conversation(key, tenant, last_used)
     store.write_file(key, "data.bin", b"x" * size)
     metadata.record_files(key, store.list_files(key).files, store.usage(key))
     return key
@@ -124,3 +126,43 @@ def test_a_sweep_within_every_limit_deletes_nothing(
 
     assert (report.idle, report.evicted, report.freed_bytes, report.total_bytes) == ([], [], 0, 300)
     assert store.keys() == sorted(keys)
+
+
+def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants(state_dir: Path) -> None:
+    settings = load_settings(
+        env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 1000, "max_workspaces_bytes": 10_000}
+    )
+    store = WorkspaceStore(settings, load_secret(state_dir))
+    metadata = Metadata.open(state_dir / METADATA_FILE)
+    try:
+        bobs = _conversation(store, metadata, "b", 500, NOW - 9 * DAY, tenant="bob")  # the oldest of all
+        alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(5)]
+
+        report = sweep(store, metadata, settings, NOW, busy={alices[0]})
+
+        # 2,000 bytes of alice's against her 1,000: her oldest go (the busy one is spared), bob's stays.
+        assert report.evicted == alices[1:4]
+        assert store.directory(bobs).exists()
+        assert store.directory(alices[0]).exists()
+        assert store.directory(alices[4]).exists()
+    finally:
+        metadata.close()
+
+
+def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(state_dir: Path) -> None:
+    settings = load_settings(
+        env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 5000, "max_workspaces_bytes": 1500}
+    )
+    store = WorkspaceStore(settings, load_secret(state_dir))
+    metadata = Metadata.open(state_dir / METADATA_FILE)
+    try:
+        bobs = _conversation(store, metadata, "b", 300, NOW - 9 * DAY, tenant="bob")  # the oldest of all
+        alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(4)]
+
+        report = sweep(store, metadata, settings, NOW, busy=())
+
+        assert report.evicted == alices[:1]
+        assert report.total_bytes == 1500
+        assert store.directory(bobs).exists()
+    finally:
+        metadata.close()

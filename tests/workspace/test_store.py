@@ -66,7 +66,8 @@ def test_workspaces_are_traversable_only_and_each_belongs_to_the_sandbox_uid(
     path = store.ensure(key)
 
     root = os.lstat(store.root)
-    assert (stat.S_IMODE(root.st_mode), root.st_uid) == (0o711, 0)
+    # Closed to every other host user: only the sandbox gid may traverse (issue 21, finding 12).
+    assert (stat.S_IMODE(root.st_mode), root.st_uid, root.st_gid) == (0o710, 0, settings.sandbox_gid)
     own = os.lstat(path)
     assert stat.S_IMODE(own.st_mode) == 0o700
     assert (own.st_uid, own.st_gid) == (settings.sandbox_uid, settings.sandbox_gid)
@@ -302,3 +303,32 @@ def test_keys_lists_the_conversation_directories_on_disk(store: WorkspaceStore) 
     (store.root / "not-a-key").mkdir()
 
     assert store.keys() == made
+
+
+def test_concurrent_writes_into_one_conversation_cannot_pass_its_quota_together(settings: Settings) -> None:
+    store = _small_store(settings, quota_bytes=1 << 20)
+    key = store.key("alice", "c")
+    start = threading.Barrier(16)
+    outcomes: list[str] = []
+
+    def write(index: int) -> None:
+        def chunks() -> Iterator[bytes]:
+            start.wait()
+            for _ in range(9):
+                yield b"q" * (100 << 10)
+                time.sleep(0.001)
+
+        try:
+            store.write_file(key, f"part-{index}.bin", chunks())
+            outcomes.append("stored")
+        except QuotaExceededError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["refused"] * 15 + ["stored"]
+    assert store.usage(key).bytes == 900 << 10
+    assert _temporaries(store.directory(key)) == []

@@ -98,8 +98,11 @@ class ClientPool:
         except KeyError:
             raise DownstreamError(alias, f"no downstream server is called {alias!r}") from None
 
-    async def _connection(self, alias: str) -> _Connection:
+    async def _connection(self, alias: str, tenant: str | None = None) -> _Connection:
         """The live connection to ``alias``, started if it is not running.
+
+        A ``per_tenant`` server has a connection (a process) per ``tenant``, and one more, which
+        no call reaches, to list its tools.
 
         Raises:
             DownstreamError: the server could not be started or did not list its tools in time.
@@ -107,14 +110,15 @@ class ClientPool:
         spec = self._spec(alias)
         if self._closing:
             raise DownstreamError(spec.name, "the server is shutting down")
-        connection = self._connections.get(alias)
+        key = f"{alias}\0{tenant}" if spec.per_tenant and tenant is not None else alias
+        connection = self._connections.get(key)
         if connection is not None and connection.failure is not None:
             if anyio.current_time() - connection.failed_at < RETRY_AFTER:
                 raise DownstreamError(spec.name, f"server {spec.name!r} is unavailable: {connection.failure}")
         # A connection told to stop (its server crashed) is dead even while its owner winds down.
         if connection is None or connection.stop.is_set() or connection.failure is not None:
-            connection = _Connection(spec)
-            self._connections[alias] = connection
+            connection = _Connection(spec.instance_for(tenant) if key != alias and tenant is not None else spec)
+            self._connections[key] = connection
             self._group.start_soon(self._own, connection, name=f"downstream {spec.name}")
         await connection.ready.wait()
         if connection.failure is not None:
@@ -200,8 +204,10 @@ class ClientPool:
         """
         return (await self._connection(alias)).tools
 
-    async def call(self, alias: str, tool: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """Call ``tool`` on ``alias`` with the per-call timeout.
+    async def call(
+        self, alias: str, tool: str, arguments: dict[str, Any], tenant: str | None = None
+    ) -> types.CallToolResult:
+        """Call ``tool`` on ``alias`` with the per-call timeout, as ``tenant`` (see :meth:`_connection`).
 
         Raises:
             DownstreamError: the server is unavailable, closed the connection, timed out or
@@ -211,7 +217,7 @@ class ClientPool:
         from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
         from pydantic import ValidationError as PydanticValidationError
 
-        connection = await self._connection(alias)
+        connection = await self._connection(alias, tenant)
         client = connection.client
         name = connection.spec.name
         if client is None:  # it ended between ready and now
@@ -247,10 +253,10 @@ class ClientPool:
         return {alias: found[alias] for alias in self.servers}
 
     async def restart(self, alias: str) -> None:
-        """Stop ``alias``'s connection (if any); the next use starts the server again."""
-        connection = self._connections.get(alias)
-        if connection is not None:
-            connection.stop.set()
+        """Stop ``alias``'s connections (if any); the next use starts the server again."""
+        for key, connection in self._connections.items():
+            if key == alias or key.startswith(f"{alias}\0"):
+                connection.stop.set()
 
     async def aclose(self, grace: float) -> None:
         """Stop every connection, waiting at most ``grace`` seconds for them to end."""

@@ -16,6 +16,8 @@ current directory, ``~/.config`` is ``$XDG_CONFIG_HOME`` when that is set::
                        ~/.claude.json mcpServers                     (user scope)
     7. Claude Desktop  ~/.config/Claude/claude_desktop_config.json
                        (macOS: ~/Library/Application Support/Claude/claude_desktop_config.json)
+                       ./claude_code_config.json, ./claude_desktop_config.json
+                       (the earlier bridge's files next to where it ran)
     8. Cursor          ./.cursor/mcp.json, then ~/.cursor/mcp.json
     9. VS Code         ./.vscode/mcp.json, then the user's ~/.config/Code/User/mcp.json, then
                        "mcp": {"servers": ...} in ~/.config/Code/User/settings.json
@@ -37,9 +39,10 @@ but ``stdio`` mean HTTP at the given URL). ``disabled: true`` skips an entry. ``
 env values, cwd, url and header values (``${workspaceFolder}`` and ``${userHome}`` as in VS Code);
 an entry with a variable that does not resolve (VS Code's ``${input:...}`` included) is not loaded.
 
-A ``[servers.<name>]`` table with no ``command`` or ``url``, only ``allow_tools``, ``deny_tools``
-or ``disabled``, is a policy for the server of that name, whichever source defines it. Allow lists
-intersect and deny lists add up.
+A ``[servers.<name>]`` table with no ``command`` or ``url``, only ``allow_tools``, ``deny_tools``,
+``disabled``, ``tenants`` or ``per_tenant``, is a policy for the server of that name, whichever
+source defines it. Allow lists (of tools, of tenants) intersect and deny lists add up; ``tenants``
+and ``per_tenant`` (see ``ServerSpec``) are read from our TOML file only.
 
 An entry that would start mcp-sandbox itself (a command named ``mcp-sandbox``; an argument
 ``mcp-sandbox``, ``mcp_sandbox``, ``.../mcp-sandbox``, ``mcp-sandbox@<version>``, or ``-m
@@ -130,6 +133,8 @@ def _scan(settings: Settings, home: Path, cwd: Path, env: Mapping[str, str], pla
     scan.json_directory(cwd / "mcp-servers")
     scan.claude_code(home / ".claude.json", cwd / ".mcp.json", str(cwd))
     scan.json_file(claude_desktop / "claude_desktop_config.json")
+    scan.json_file(cwd / "claude_code_config.json")
+    scan.json_file(cwd / "claude_desktop_config.json")
     scan.json_file(cwd / ".cursor" / "mcp.json")
     scan.json_file(home / ".cursor" / "mcp.json")
     scan.json_file(cwd / ".vscode" / "mcp.json", (("servers",),))

@@ -67,6 +67,8 @@ def describe_json(discovery: Discovery, tool_counts: Mapping[str, int | str] | N
             "header_keys": sorted(spec.headers),
             "allow_tools": None if spec.allow_tools is None else sorted(spec.allow_tools),
             "deny_tools": sorted(spec.deny_tools),
+            "tenants": None if spec.tenants is None else sorted(spec.tenants),
+            "per_tenant": spec.per_tenant,
             "source": str(spec.source),
         }
         for alias, spec in discovery.servers.items()

@@ -37,6 +37,7 @@ class CallTool:
     server: str
     tool: str
     arguments: dict[str, Any]
+    raw: bool = False  # the whole result, a failed one too (the earlier bridge's shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,7 @@ class DescribeServer:
 @dataclass(frozen=True, slots=True)
 class ListTools:
     server: str
+    schemas: bool = False  # each tool's full definition (the earlier bridge's shape)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +103,14 @@ def _call_tool(body: Mapping[str, Any]) -> CallTool:
         raise InvalidRequest("`tool` must be a tool name")
     if not isinstance(arguments, dict):
         raise InvalidRequest("`arguments` must be an object")
-    return CallTool(server, tool, arguments)
+    return CallTool(server, tool, arguments, _flag(body, "raw"))
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"`{name}` must be true or false")
+    return value
 
 
 def _search_tools(body: Mapping[str, Any]) -> SearchTools:
@@ -126,7 +135,7 @@ _DECODERS: dict[str, Callable[[Mapping[str, Any]], Request]] = {
     "list_servers": lambda _: ListServers(),
     "discovered_servers": lambda _: DiscoveredServers(),
     "describe_server": lambda body: DescribeServer(_server(body)),
-    "list_tools": lambda body: ListTools(_server(body)),
+    "list_tools": lambda body: ListTools(_server(body), _flag(body, "schemas")),
     "search_tools": _search_tools,
     "query_tool_docs": _query_tool_docs,
 }

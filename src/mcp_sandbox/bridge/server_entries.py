@@ -51,9 +51,11 @@ class Policy:
     allow: frozenset[str] | None
     deny: frozenset[str]
     disabled: bool
+    tenants: frozenset[str] | None = None
+    per_tenant: bool = False
 
 
-_POLICY_KEYS = frozenset({"allow_tools", "deny_tools", "disabled"})
+_POLICY_KEYS = frozenset({"allow_tools", "deny_tools", "disabled", "tenants", "per_tenant"})
 
 
 class InvalidEntry(Exception):
@@ -65,7 +67,8 @@ def _names(body: Mapping[str, Any], key: str) -> frozenset[str] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise InvalidEntry(f"{key}: must be a list of tool names")
+        what = "tenant" if key == "tenants" else "tool"
+        raise InvalidEntry(f"{key}: must be a list of {what} names")
     return frozenset(value)
 
 
@@ -115,6 +118,8 @@ def read_policy(source: Path, body: Mapping[str, Any]) -> Policy:
         allow=_names(body, "allow_tools"),
         deny=_names(body, "deny_tools") or frozenset(),
         disabled=_flag(body, "disabled"),
+        tenants=_names(body, "tenants"),
+        per_tenant=_flag(body, "per_tenant"),
     )
 
 
@@ -252,15 +257,27 @@ def check_entry(entry: Entry, expand: Expander, home: Path) -> ServerSpec | Skip
         headers=headers,
         allow_tools=allow,
         deny_tools=deny,
+        # Tenancy is the operator's: only our TOML says which tenants share a server.
+        tenants=_names(body, "tenants") if entry.toml else None,
+        per_tenant=_flag(body, "per_tenant") if entry.toml else False,
     )
 
 
 def restrict(spec: ServerSpec, policy: Policy) -> ServerSpec:
-    """Apply a ``[servers.<name>]`` policy: allow lists intersect, deny lists add up."""
+    """Apply a ``[servers.<name>]`` policy: allow lists (of tools, of tenants) intersect, deny lists add up."""
     allow = spec.allow_tools
     if policy.allow is not None:
         allow = policy.allow if allow is None else allow & policy.allow
-    return dataclasses.replace(spec, allow_tools=allow, deny_tools=spec.deny_tools | policy.deny)
+    tenants = spec.tenants
+    if policy.tenants is not None:
+        tenants = policy.tenants if tenants is None else tenants & policy.tenants
+    return dataclasses.replace(
+        spec,
+        allow_tools=allow,
+        deny_tools=spec.deny_tools | policy.deny,
+        tenants=tenants,
+        per_tenant=spec.per_tenant or policy.per_tenant,
+    )
 
 
 def alias_for(name: str, taken: Mapping[str, object]) -> str:

@@ -8,6 +8,7 @@ from which callers import them.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -83,6 +84,10 @@ class ServerSpec:
     headers: Mapping[str, str] = field(default_factory=_empty)
     allow_tools: frozenset[str] | None = None
     deny_tools: frozenset[str] = frozenset()
+    # Which tenants may use the server (None: every tenant, sharing it); per_tenant: one process
+    # (or HTTP client) per tenant, so a server that holds state keeps each tenant's apart.
+    tenants: frozenset[str] | None = None
+    per_tenant: bool = False
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):
@@ -103,6 +108,27 @@ class ServerSpec:
             return _mask_url(self.url or "")
         return " ".join(_quote(word) for word in [self.command, *_mask_args(self.args)])
 
+    def serves(self, tenant: str) -> bool:
+        """Whether ``tenant`` may see and call this server."""
+        return self.tenants is None or tenant in self.tenants
+
+    def instance_for(self, tenant: str) -> ServerSpec:
+        """The spec of ``tenant``'s own instance of a ``per_tenant`` server: ``{tenant}`` in its
+        args, env and header values, cwd and url becomes the tenant's name (so each instance can
+        keep its state in a place of its own, e.g. ``MEMORY_FILE_PATH = "/srv/memory/{tenant}.json"``)."""
+
+        def fill(text: str) -> str:
+            return text.replace("{tenant}", tenant)
+
+        return dataclasses.replace(
+            self,
+            args=tuple(fill(arg) for arg in self.args),
+            env={key: fill(value) for key, value in self.env.items()},
+            headers={key: fill(value) for key, value in self.headers.items()},
+            cwd=None if self.cwd is None else Path(fill(str(self.cwd))),
+            url=None if self.url is None else fill(self.url),
+        )
+
     def permits(self, tool: str) -> bool:
         """Whether sandboxed code may call ``tool`` (its name as the server lists it)."""
         if tool in self.deny_tools:
@@ -112,10 +138,12 @@ class ServerSpec:
     def __repr__(self) -> str:
         where = f"command={self.target!r}" if self.command is not None else f"url={self.target!r}"
         allow = None if self.allow_tools is None else sorted(self.allow_tools)
+        tenants = None if self.tenants is None else sorted(self.tenants)
         return (
             f"ServerSpec(alias={self.alias!r}, name={self.name!r}, {where}, env_keys={sorted(self.env)!r}, "
             f"header_keys={sorted(self.headers)!r}, cwd={self.cwd!r}, allow_tools={allow!r}, "
-            f"deny_tools={sorted(self.deny_tools)!r}, source={self.source!r})"
+            f"deny_tools={sorted(self.deny_tools)!r}, tenants={tenants!r}, "
+            f"per_tenant={self.per_tenant!r}, source={self.source!r})"
         )
 
 

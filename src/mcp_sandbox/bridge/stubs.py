@@ -44,6 +44,7 @@ _SUMMARY_CHARS = 120
 # Tool names must not rebind what a generated module relies on; the sync form takes `<name>_sync` too.
 _TOOL_RESERVED = frozenset(
     {"annotations", "Any", "Literal", "NotRequired", "TypedDict", "str", "int", "float", "bool", "list", "dict"}
+    | {"list_tools", "SERVER_NAME"}  # the package's own names (the earlier bridge's proxy had list_tools)
 )
 _PARAM_RESERVED = frozenset({"_runtime", "_arguments"})  # the function body's own names
 _RESULT_TEXT = (
@@ -272,9 +273,18 @@ _INIT_CODE = """
 import importlib as _importlib
 from typing import Any as _Any
 
+from mcp import runtime as _runtime
+
 __all__ = {exported!r}
 
+SERVER_NAME = {server_name!r}
+
 _TOOLS = frozenset({tools})
+
+
+def list_tools() -> _Any:
+    \"\"\"This server's tool definitions as it sent them; also awaitable (the earlier bridge's form).\"\"\"
+    return _runtime.list_tools(SERVER_NAME, schemas=True)
 
 
 def __getattr__(name: str) -> _Any:
@@ -311,7 +321,11 @@ def _render_init(alias: str, server_name: str, description: str | None, docs: Se
         lines.append(f"    {doc.python_name}{wire}{summary}")
     exported = [fn for name in names for fn in (name, f"{name}_sync")]
     tools = "{" + ", ".join(repr(name) for name in sorted(names)) + "}" if names else ""  # sorted: the tree is hashed
-    return docstring("\n".join(lines) + "\n") + "\n" + _INIT_CODE.format(exported=exported, tools=tools)
+    return (
+        docstring("\n".join(lines) + "\n")
+        + "\n"
+        + _INIT_CODE.format(exported=exported, tools=tools, server_name=server_name)
+    )
 
 
 def write_tree(root: Path, files: Mapping[str, str], *, prefix: str = "tools") -> Path:

@@ -7,6 +7,7 @@ the runtimes ``make`` builds) are computed here, when a :class:`Settings` is mad
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import pwd
@@ -23,6 +24,7 @@ __all__ = [
     "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
+    "TENANT_DEFAULTS",
     "OutputMode",
     "Settings",
     "default_data_dir",
@@ -107,6 +109,15 @@ def _check_requirement(text: str) -> None:
 
 JS_RUNTIMES = ("bun", "deno")
 
+# The per-tenant caps a server with several tenants applies where the settings give none.
+TENANT_DEFAULTS: Mapping[str, int] = {
+    "tenant_concurrent_runs": 2,
+    "tenant_queued_runs": 16,
+    "tenant_sessions": 8,
+    "tenant_workspaces_bytes": 5 << 30,
+    "tenant_http_sessions": 32,
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -127,6 +138,8 @@ class Settings:
     pids: int = 128
     cpus: float = 1.0
     tmp_size: int = 64 << 20
+    # A run without a conversation: its /workspace holds at most this (a tmpfs under bwrap).
+    scratch_size: int = 256 << 20
     max_output: int = 1 << 20
     max_file_size: int = 256 << 20
     open_files: int = 256
@@ -159,6 +172,8 @@ class Settings:
     # well as in servers_config and [servers]; off, only those two are read.
     discover_servers: bool = True
     max_tool_calls: int = 200  # per run
+    max_calls_in_flight: int = 64  # requests of one run answered at once; more wait their turn
+    max_call_bytes: int = 1 << 20  # one request frame from the sandbox (a tool call's arguments)
     max_tool_result_bytes: int = 64 << 20  # per run, the sum of all tool results
     tool_timeout: float = 60.0  # per tool call, seconds
     connect_timeout: float = 30.0  # starting a downstream server and listing its tools
@@ -173,6 +188,10 @@ class Settings:
     allowed_origins: tuple[str, ...] = ()
     # One bearer token for tenant "default" (more tenants: [auth] tokens in the TOML file).
     token: str | None = field(default=None, repr=False)
+    # A file holding tenant "default"'s token (a container secret, a systemd credential); re-read on SIGHUP.
+    token_file: Path | None = None
+    # The bearer token of GET /metrics (Prometheus text); without one /metrics is off.
+    metrics_token: str | None = field(default=None, repr=False)
     max_request_size: int = 4 << 20  # one MCP request body
     url_ttl: float = 3600.0  # lifetime of a signed download URL
     shutdown_grace: float = 10.0  # how long running executions may finish when the server stops
@@ -182,12 +201,17 @@ class Settings:
     quota_files: int = 10_000  # per conversation
     conversation_ttl: float = 30 * 86400.0  # an idle conversation's files are deleted after this
     max_workspaces_bytes: int = 20 << 30  # all conversations together; least recently used go first
+    # A tenant's library (saved tools and memories): bytes and entries.
+    library_bytes: int = 1 << 20
+    library_entries: int = 1000
 
     # Stateful sessions: a conversation's interpreter kept between runs.
     sessions: bool = True
     session_ttl: float = 600.0  # an idle session's interpreter is stopped (its files stay)
     max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
     session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
+    # Over stdio, the conversation a call that names none uses (the earlier bridge kept state by default).
+    stdio_conversation: str | None = None
 
     # Warm sandboxes: zygotes that fork a fresh interpreter per run (runs without a conversation).
     pool_size: int = 4  # warm sandboxes at most (0: every run starts a sandbox of its own)
@@ -200,9 +224,50 @@ class Settings:
     max_queued_runs: int = 64
     queue_timeout: float = 30.0
 
+    # --- Per-tenant limits and the HTTP server's own bounds (a hostile tenant, issue 21) ---
+    # Every tenant gets the same caps; one tenant at its caps never slows or evicts another.
+    # None: decided by the server (TENANT_DEFAULTS with several tenants; with one, and for the
+    # engine used on its own, the server-wide value: no cap of its own).
+    tenant_concurrent_runs: int | None = None  # runs of one tenant executing at once
+    tenant_queued_runs: int | None = None  # runs of one tenant waiting for a slot (the queue is round robin)
+    tenant_sessions: int | None = None  # live session interpreters of one tenant
+    tenant_workspaces_bytes: int | None = None  # all conversations of one tenant; its LRU go first
+    retention_interval: float = 300.0  # seconds between retention sweeps (also one at start)
+    # Downstream servers (code mode): tenants allowed on every server unless its entry names some.
+    # HTTP: MCP sessions (Streamable HTTP and SSE), per tenant and in all, and their idle life.
+    tenant_http_sessions: int | None = None
+    max_http_sessions: int = 1024
+    http_session_ttl: float = 600.0
+    # HTTP: connections. Headers must arrive within header_timeout; an idle keep-alive connection
+    # is closed after keep_alive_timeout; one client address holds at most this many connections.
+    header_timeout: float = 10.0
+    keep_alive_timeout: float = 5.0
+    max_connections_per_address: int = 64
+    # HTTP: request bodies (uploads, MCP requests) must send a chunk every body_timeout seconds
+    # and average body_min_rate bytes/s after their first body_timeout seconds. Each tenant
+    # streams at most tenant_uploads uploads at once, written by upload_workers threads of their
+    # own (never the threads runs use).
+    body_timeout: float = 30.0
+    body_min_rate: int = 16 << 10
+    tenant_uploads: int = 4
+    upload_workers: int = 8
+    # --- end of per-tenant limits ---
+
     # Images a run saves or shows, returned to the model as MCP image content.
     max_images: int = 4
     max_image_bytes: int = 1 << 20
+
+    # Controlled network (run_code/run_python `network`): the host's egress proxy lets a run reach
+    # the domains egress_allow names ("example.com", "*.example.com", "*" for any public host), not
+    # those egress_deny names, on egress_ports; private, loopback, link-local and other non-public
+    # addresses only where egress_allow_private names their range (CIDRs). Per tenant: [tenants.<name>].
+    egress_allow: tuple[str, ...] = ()
+    egress_deny: tuple[str, ...] = ()
+    egress_ports: tuple[int, ...] = (80, 443)
+    egress_allow_private: tuple[str, ...] = ()
+    egress_max_bytes: int = 256 << 20  # per run, both directions of all its connections
+    egress_max_connections: int = 256  # per run
+    egress_connection_timeout: float = 300.0  # the longest one connection may stay open
 
     # The TOML file the settings came from (its [servers] table lists downstream servers).
     config_file: Path | None = None
@@ -218,10 +283,13 @@ class Settings:
             "memory",
             "pids",
             "tmp_size",
+            "scratch_size",
             "max_output",
             "max_file_size",
             "open_files",
             "max_tool_calls",
+            "max_calls_in_flight",
+            "max_call_bytes",
             "max_tool_result_bytes",
             "max_request_size",
             "quota_bytes",
@@ -231,12 +299,37 @@ class Settings:
             "session_cpu_seconds",
             "max_image_bytes",
             "max_concurrent_runs",
+            "egress_max_bytes",
+            "egress_max_connections",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
         for name in ("pool_size", "pool_min", "max_queued_runs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
+        for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        for name in (
+            "max_http_sessions",
+            "max_connections_per_address",
+            "tenant_uploads",
+            "upload_workers",
+            "body_min_rate",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive")
+        if self.tenant_queued_runs is not None and self.tenant_queued_runs < 0:
+            raise ConfigError("tenant_queued_runs: must not be negative")
+        for name in (
+            "retention_interval",
+            "http_session_ttl",
+            "header_timeout",
+            "keep_alive_timeout",
+            "body_timeout",
+        ):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be a positive duration")
         if self.pool_min > self.pool_size:
             raise ConfigError(f"pool_min: {self.pool_min} is more than pool_size ({self.pool_size})")
         for module in self.pool_preload:
@@ -250,7 +343,22 @@ class Settings:
             raise ConfigError(f"port: {self.port} is not a TCP port")
         if self.public_url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", self.public_url):
             raise ConfigError(f"public_url: {self.public_url!r} is not an http(s) URL")
-        for name in ("url_ttl", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"):
+        for port in self.egress_ports:
+            if not 0 < port < 65536:
+                raise ConfigError(f"egress_ports: {port} is not a TCP port")
+        for cidr in self.egress_allow_private:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ConfigError(f"egress_allow_private: {cidr!r} is not an address range ({exc})") from exc
+        for name in (
+            "url_ttl",
+            "conversation_ttl",
+            "session_ttl",
+            "pool_idle",
+            "queue_timeout",
+            "egress_connection_timeout",
+        ):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be a positive duration")
         if not math.isfinite(self.shutdown_grace) or self.shutdown_grace < 0:
@@ -266,6 +374,8 @@ class Settings:
                 raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
         for requirement in self.runtime_packages:
             _check_requirement(requirement)
+        if self.metrics_token is not None and len(self.metrics_token.strip()) < 16:
+            raise ConfigError("metrics_token: must be at least 16 characters (a random one: secrets.token_urlsafe(32))")
         for name in ("sandbox_uid", "sandbox_gid"):
             if not 0 <= getattr(self, name) < 2**32 - 1:
                 raise ConfigError(f"{name}: must be a valid id")

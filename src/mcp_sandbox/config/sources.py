@@ -1,6 +1,7 @@
 """Where settings come from, and which wins: flags, then environment, then the TOML file.
 
-The environment is ``MCP_SANDBOX_<NAME>``, then the earlier bridge's ``MCP_BRIDGE_*`` aliases;
+The environment is ``MCP_SANDBOX_<NAME>``, then the earlier systems' names as aliases (the bridge's
+``MCP_BRIDGE_*``; the code runner's ``MCP_API_TOKEN``, ``PUBLIC_BASE_URL``, ``MCP_HTTP_ADDR``);
 the TOML file is ``--config`` or ``MCP_SANDBOX_CONFIG``. Nothing here reads the environment at
 import time: callers pass it in (or :func:`load_settings` reads it when called).
 """
@@ -24,7 +25,7 @@ from mcp_sandbox.errors import ConfigError
 
 __all__ = ["ENV_ALIASES", "load_settings"]
 
-# The earlier bridge's variables, honoured when the MCP_SANDBOX_ name is not set.
+# The earlier systems' variables, honoured when the MCP_SANDBOX_ name is not set.
 ENV_ALIASES: Mapping[str, str] = {
     "MCP_BRIDGE_TIMEOUT": "timeout",
     "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
@@ -36,10 +37,17 @@ ENV_ALIASES: Mapping[str, str] = {
     "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
     "MCP_BRIDGE_STATE_DIR": "state_dir",
     "MCP_SERVERS_CONFIG": "servers_config",
+    "MCP_BRIDGE_LOG_LEVEL": "log_level",
+    # The earlier code runner's.
+    "MCP_API_TOKEN": "token",
+    "PUBLIC_BASE_URL": "public_url",
 }
 
+# Variables that give host and port in one ``host:port`` (Go's form: ``:8080`` is every address).
+ADDRESS_ALIASES: tuple[str, ...] = ("MCP_HTTP_ADDR",)
+
 # TOML tables owned by later layers (auth, code mode); accepted here, read there.
-_RESERVED_TABLES = frozenset({"auth", "servers"})
+_RESERVED_TABLES = frozenset({"auth", "servers", "tenants"})
 
 
 def _from_toml(path: Path) -> dict[str, Any]:
@@ -61,8 +69,24 @@ def _from_toml(path: Path) -> dict[str, Any]:
     return values
 
 
+def _split_address(value: str, where: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (every address) as ``(host, port)``.
+
+    Raises:
+        ConfigError: no port, or a port that is not a number.
+    """
+    host, colon, port = value.strip().rpartition(":")
+    if not colon or not port.isdigit():
+        raise ConfigError(f"{where}: {value!r} is not host:port (e.g. 127.0.0.1:8080, or :8080 for every address)")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
+    for alias in ADDRESS_ALIASES:
+        if env.get(alias):
+            values["host"], values["port"] = _split_address(env[alias], alias)
     for alias, name in ENV_ALIASES.items():
         if alias in env:
             values[name] = coerce(name, env[alias])

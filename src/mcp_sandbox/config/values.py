@@ -54,17 +54,36 @@ _BYTE_FIELDS = frozenset(
     {
         "memory",
         "tmp_size",
+        "scratch_size",
         "max_output",
         "max_file_size",
         "max_tool_result_bytes",
+        "max_call_bytes",
         "max_request_size",
         "quota_bytes",
         "max_workspaces_bytes",
         "max_image_bytes",
+        "egress_max_bytes",
+        "tenant_workspaces_bytes",
+        "body_min_rate",
+        "library_bytes",
     }
 )
 _DURATION_FIELDS = frozenset(
-    {"url_ttl", "shutdown_grace", "conversation_ttl", "session_ttl", "pool_idle", "queue_timeout"}
+    {
+        "url_ttl",
+        "shutdown_grace",
+        "conversation_ttl",
+        "session_ttl",
+        "pool_idle",
+        "queue_timeout",
+        "egress_connection_timeout",
+        "retention_interval",
+        "http_session_ttl",
+        "header_timeout",
+        "keep_alive_timeout",
+        "body_timeout",
+    }
 )
 
 # config_file records where the settings came from: it is not a setting anyone gives.
@@ -74,6 +93,14 @@ FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_f
 def coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
     kind = str(FIELDS[name].type)
+    if kind.startswith("tuple[int"):
+        items = raw.split(",") if isinstance(raw, str) else raw
+        try:
+            if not isinstance(items, list | tuple) or any(isinstance(item, bool | float) for item in items):
+                raise ValueError
+            return tuple(int(item) for item in items if str(item).strip())
+        except ValueError:
+            raise ConfigError(f"{name}: {raw!r} is not a list of whole numbers") from None
     if kind.startswith("tuple"):
         items = raw.split(",") if isinstance(raw, str) else raw
         if not isinstance(items, list | tuple) or not all(isinstance(item, str) for item in items):
@@ -81,8 +108,10 @@ def coerce(name: str, raw: Any) -> Any:
         return tuple(item.strip() for item in items if item.strip())
     if not isinstance(raw, str | int | float | bool) or (isinstance(raw, bool) and kind != "bool"):
         raise ConfigError(f"{name}: {raw!r} is not a valid value")
-    if isinstance(raw, float) and kind == "int" and not raw.is_integer():
+    if isinstance(raw, float) and kind in ("int", "int | None") and not raw.is_integer():
         raise ConfigError(f"{name}: {raw!r} is not a whole number")
+    if kind == "int | None" and isinstance(raw, str) and raw.strip().lower() in ("", "none"):
+        return None
     try:
         if name in _BYTE_FIELDS:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
@@ -99,7 +128,7 @@ def coerce(name: str, raw: Any) -> Any:
             if text in ("0", "false", "no", "off", ""):
                 return False
             raise ValueError(f"not a boolean: {raw!r}")
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
             return float(raw)

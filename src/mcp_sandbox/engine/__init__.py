@@ -5,9 +5,19 @@ from mcp_sandbox.engine.result import (
     ExecutionRequest,
     ExecutionResult,
     Image,
+    OutputListener,
     SessionState,
     Status,
     ToolAccess,
 )
 
-__all__ = ["Engine", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]
+__all__ = [
+    "Engine",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Image",
+    "OutputListener",
+    "SessionState",
+    "Status",
+    "ToolAccess",
+]

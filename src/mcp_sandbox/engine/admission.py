@@ -1,15 +1,20 @@
-"""Admission control: a bounded number of runs at once, a bounded queue, a bounded wait.
+"""Admission control: bounded runs at once, bounded queues, a bounded wait, fair between tenants.
 
-Past the limit a run waits its turn (first come, first served); when the queue is full, or
-the wait would pass ``queue_timeout``, it is refused with :class:`~mcp_sandbox.errors.BusyError`
-without running anything. Overload then shows as quick, clear refusals instead of every run
-slowing down until all of them time out.
+At most ``limit`` runs execute at once, and at most ``tenant_limit`` of one tenant. Past that a
+run waits its turn; the queue is served round robin between tenants (first come, first served
+within one tenant), so a tenant that queues many runs delays its own, not the others'. When the
+whole queue (``queue``) or the tenant's share of it (``tenant_queue``) is full, or the wait would
+pass ``wait`` seconds, the run is refused with :class:`~mcp_sandbox.errors.BusyError` without
+running anything. Overload then shows as quick, clear refusals instead of every run slowing down
+until all of them time out.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -18,44 +23,124 @@ from mcp_sandbox.errors import BusyError
 __all__ = ["Admission"]
 
 
-class Admission:
-    """At most ``limit`` holders of a slot at once; at most ``queue`` waiting, each at most ``wait`` seconds."""
+@dataclass(eq=False)
+class _Waiter:
+    tenant: str
+    granted: bool = False
+    event: anyio.Event = field(default_factory=anyio.Event)
 
-    def __init__(self, limit: int, queue: int, wait: float) -> None:
+
+class Admission:
+    """Run slots: see the module docstring. Everything happens on the event loop (no locks needed)."""
+
+    def __init__(
+        self, limit: int, queue: int, wait: float, *, tenant_limit: int | None = None, tenant_queue: int | None = None
+    ) -> None:
         self.limit = limit
         self.queue = queue
         self.wait = wait
-        self._slots = anyio.Semaphore(limit)
+        self.tenant_limit = limit if tenant_limit is None else min(limit, tenant_limit)
+        self.tenant_queue = queue if tenant_queue is None else tenant_queue
+        self._running: collections.Counter[str] = collections.Counter()
+        self._queues: dict[str, collections.deque[_Waiter]] = {}
+        self._turns: collections.deque[str] = collections.deque()  # tenants with waiters, next turn first
 
     @property
     def running(self) -> int:
-        return self.limit - self._slots.value
+        return sum(self._running.values())
 
     @property
     def waiting(self) -> int:
-        return self._slots.statistics().tasks_waiting
+        return sum(len(queue) for queue in self._queues.values())
+
+    def running_of(self, tenant: str) -> int:
+        """Runs of ``tenant`` holding a slot now."""
+        return self._running[tenant]
+
+    def waiting_of(self, tenant: str) -> int:
+        """Runs of ``tenant`` waiting for a slot now."""
+        return len(self._queues.get(tenant, ()))
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold a slot for the block.
+    async def slot(self, tenant: str = "default") -> AsyncIterator[None]:
+        """Hold a slot for ``tenant`` for the block.
 
         Raises:
-            BusyError: the queue is full, or no slot came free within ``wait`` seconds.
+            BusyError: the queue (or the tenant's share of it) is full, or no slot came free
+                within ``wait`` seconds.
         """
-        if self._slots.value == 0 and self.waiting >= self.queue:
-            raise BusyError(
-                f"{self.running} runs are running and {self.waiting} are waiting, the most this server "
-                "accepts; try again shortly"
-            )
-        acquired = False
-        with anyio.move_on_after(self.wait):
-            await self._slots.acquire()
-            acquired = True
-        if not acquired:
-            raise BusyError(
-                f"no run slot came free within {self.wait:g} s ({self.running} runs are running); try again shortly"
-            )
+        waiter = self._enqueue(tenant)
+        self._dispatch()
+        if not waiter.granted:
+            try:
+                with anyio.move_on_after(self.wait):
+                    await waiter.event.wait()
+            except BaseException:  # cancelled while waiting (or just granted): give the turn back
+                self._release(waiter) if waiter.granted else self._leave(waiter)
+                raise
+            if not waiter.granted:
+                self._leave(waiter)
+                raise BusyError(
+                    f"no run slot came free within {self.wait:g} s ({self.running} runs are running, "
+                    f"{self._running[tenant]} of them this tenant's); try again shortly"
+                )
         try:
             yield
         finally:
-            self._slots.release()
+            self._release(waiter)
+
+    def _release(self, waiter: _Waiter) -> None:
+        self._running[waiter.tenant] -= 1
+        if not self._running[waiter.tenant]:
+            del self._running[waiter.tenant]
+        self._dispatch()
+
+    def _enqueue(self, tenant: str) -> _Waiter:
+        queued = self.waiting_of(tenant)
+        can_start = self._running[tenant] < self.tenant_limit and self.running < self.limit and not self.waiting
+        if not can_start:
+            if queued >= self.tenant_queue:
+                raise BusyError(
+                    f"this tenant has {self._running[tenant]} runs running and {queued} waiting, the most "
+                    "one tenant may have; try again when one has finished"
+                )
+            if self.waiting >= self.queue:
+                raise BusyError(
+                    f"{self.running} runs are running and {self.waiting} are waiting, the most this server "
+                    "accepts; try again shortly"
+                )
+        waiter = _Waiter(tenant)
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = collections.deque()
+            self._turns.append(tenant)
+        queue.append(waiter)
+        return waiter
+
+    def _leave(self, waiter: _Waiter) -> None:
+        queue = self._queues.get(waiter.tenant)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            if not queue:
+                del self._queues[waiter.tenant]
+                self._turns.remove(waiter.tenant)
+
+    def _dispatch(self) -> None:
+        """Grant free slots, one tenant at a time in turn, skipping tenants at their own limit."""
+        skipped = 0
+        while self._turns and self.running < self.limit and skipped < len(self._turns):
+            tenant = self._turns.popleft()
+            queue = self._queues[tenant]
+            if self._running[tenant] >= self.tenant_limit:
+                self._turns.append(tenant)
+                skipped += 1
+                continue
+            skipped = 0
+            waiter = queue.popleft()
+            waiter.granted = True
+            self._running[tenant] += 1
+            waiter.event.set()
+            if queue:
+                self._turns.append(tenant)
+            else:
+                del self._queues[tenant]

@@ -12,12 +12,20 @@ Every run first takes a slot of the admission control (:mod:`.admission`). Then:
   DONE frame reports; if the interpreter dies, the session's state is gone and the next run
   starts a new one).
 
+A run granted network (``request.egress``) never takes a warm sandbox: it runs in a fresh one,
+or in its session's. Its proxy (:mod:`mcp_sandbox.egress`) lives exactly as long as the run: a
+session's sandbox (started able to hold a relay where the deployment allows network at all) has
+the proxy's socket only during its runs that were granted network, and only those runs get the
+proxy variables.
+
 All of them go through one :class:`~mcp_sandbox.engine.interpreter.Interpreter`. Sessions and
 the pool need an owner for their sandboxes: ``async with engine.running():``. A run with a
 ``session`` key outside it raises ``RuntimeError``; runs without one work either way (cold).
 
 This module runs things: :mod:`.verdict` puts how a run went into words, :mod:`.scratch` gives a
-run without a conversation its workspace, and :mod:`mcp_sandbox.state` says where things live.
+run without a conversation its workspace where the backend cannot size one itself (bwrap gives it
+a tmpfs), :mod:`.disk` stops a run that writes past its workspace's quota, and
+:mod:`mcp_sandbox.state` says where things live.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,15 +42,34 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import (
+    AuditLog,
+    Resolver,
+    TenantEgress,
+    sandbox_environment,
+    serve_egress,
+    socket_directory,
+    system_resolver,
+)
 from mcp_sandbox.engine.admission import Admission
+from mcp_sandbox.engine.disk import DiskBound, disk_bound
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
-from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
+from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, with_egress, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
-from mcp_sandbox.engine.verdict import STATE_LOST, captured, death, judge_fresh, judge_session, timed_out
+from mcp_sandbox.engine.verdict import (
+    STATE_LOST,
+    captured,
+    death,
+    judge_fresh,
+    judge_session,
+    stopped_for_disk,
+    timed_out,
+)
 from mcp_sandbox.engine.warm import Warm, WarmPool
-from mcp_sandbox.errors import SandboxStartError
+from mcp_sandbox.errors import ConfigError, SandboxStartError
+from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
@@ -55,6 +83,11 @@ logger = logging.getLogger(__name__)
 DEATH_SETTLE_SECONDS = 2.0
 
 
+def _remove_directory(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def _tool_mounts(request: ExecutionRequest) -> tuple[Mount, ...]:
     return tuple(request.tools.mounts) if request.tools is not None else ()
 
@@ -62,14 +95,37 @@ def _tool_mounts(request: ExecutionRequest) -> tuple[Mount, ...]:
 class Engine:
     """Runs execution requests on a backend: one fresh sandbox per request, or a session's."""
 
-    def __init__(self, settings: Settings, backend: Backend) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        events: EventHub | None = None,
+        *,
+        egress_resolver: Resolver = system_resolver,
+    ) -> None:
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
         self.settings = settings
         self.backend = backend
+        self.events = events if events is not None else EventHub()
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
-        self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
+        self._admission = Admission(
+            settings.max_concurrent_runs,
+            settings.max_queued_runs,
+            settings.queue_timeout,
+            tenant_limit=settings.tenant_concurrent_runs,
+            tenant_queue=settings.tenant_queued_runs,
+        )
         self._preload_reported = False
+        self._egress_resolver = egress_resolver
+        self._audit: AuditLog | None = None
+        try:
+            # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
+            self._session_egress = TenantEgress(settings).anywhere()
+        except ConfigError:
+            self._session_egress = False  # the server refuses to start with these settings anyway
+        self._session_sockets: dict[int, Path] = {}  # id(interpreter) -> its proxy socket's directory
 
     def prepare(self) -> None:
         """Create the directories runs need under the state directory (idempotent; see :mod:`mcp_sandbox.state`).
@@ -101,6 +157,11 @@ class Engine:
             yield self
 
     @property
+    def admission(self) -> Admission:
+        """The run slots and their queue (for status and metrics)."""
+        return self._admission
+
+    @property
     def pool(self) -> WarmPool:
         """The warm sandboxes (for status and benchmarks)."""
         return self._pool
@@ -129,11 +190,16 @@ class Engine:
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
-        async with self._admission.slot():
+        queued = time.perf_counter()
+        async with self._admission.slot(request.tenant):
             started = time.perf_counter()
+            self.events.emit(RunAdmitted(wait=started - queued))
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
-                return await self._execute_in_session(request, request.session, started)
+                if request.egress is None or self._session_egress:
+                    return await self._execute_in_session(request, request.session, started)
+            if request.egress is not None:  # never a warm sandbox
+                return await self._execute_fresh(request, started)
             if (
                 request.workspace is None
                 and request.language == "python"
@@ -144,12 +210,14 @@ class Engine:
             return await self._execute_fresh(request, started)
 
     async def _execute_fresh(self, request: ExecutionRequest, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
-            if workspace is None:
+            bound = DiskBound.conversation(self.settings)
+            if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
+                bound = DiskBound.scratch(self.settings)
             policy = policy_for(
                 self.settings,
                 request.language,
@@ -157,16 +225,24 @@ class Engine:
                 timeout=request.timeout,
                 mounts=request.tools.mounts if request.tools is not None else (),
             )
+            if request.egress is not None:
+                directory = await stack.enter_async_context(self._serve_egress(request, None))
+                policy = with_egress(policy, directory)
             with anyio.move_on_after(request.timeout) as deadline:
-                async with open_interpreter(self.backend, policy, self.settings) as interpreter:
+                async with (
+                    disk_bound(workspace, bound) as overrun,
+                    open_interpreter(self.backend, policy, self.settings) as interpreter,
+                ):
                     await self._run(interpreter, record, request, last=True)
         result = captured(record, interpreter, started)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, overrun.reason)
         if deadline.cancelled_caught or interpreter is None or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         return judge_fresh(self.settings, interpreter.outcome, record, result)
 
     async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         before = interpreter.sandbox.limit_events()
         after = before
@@ -214,14 +290,26 @@ class Engine:
         return judge_fresh(self.settings, outcome, record, result)
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
-        record = RunRecord.capped(self.settings.max_output)
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
-            async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:
+            async with (
+                disk_bound(request.workspace, DiskBound.conversation(self.settings)) as overrun,
+                self._sessions.lease(
+                    key, workspace=request.workspace, reset=request.reset, tenant=request.tenant
+                ) as lease,
+            ):
                 try:
                     await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's
-                    await self._run(lease.interpreter, record, request, last=False)
+                    async with contextlib.AsyncExitStack() as network:
+                        run = request
+                        if request.egress is not None:
+                            sockets = self._session_sockets[id(lease.interpreter)]
+                            await network.enter_async_context(self._serve_egress(request, sockets))
+                            environment = {**sandbox_environment(request.language), **request.environment}
+                            run = dataclasses.replace(request, environment=environment)
+                        await self._run(lease.interpreter, record, run, last=False)
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
@@ -233,6 +321,8 @@ class Engine:
             )
         state: SessionState = "new" if lease.new else "kept"
         result = dataclasses.replace(captured(record, lease.interpreter, started), session=state)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
         if deadline.cancelled_caught:
             return timed_out(
                 result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
@@ -249,17 +339,51 @@ class Engine:
             last=last,
         )
 
+    def _sandbox_group(self) -> int | None:
+        """The host gid given the proxy's socket: the sandbox's when the server runs as root, else None."""
+        return self.settings.sandbox_gid if os.geteuid() == 0 else None
+
+    @contextlib.asynccontextmanager
+    async def _serve_egress(self, request: ExecutionRequest, directory: Path | None) -> AsyncIterator[Path]:
+        """The run's egress proxy for this block (in ``directory``, else a new one); yield the socket's directory."""
+        assert request.egress is not None
+        if self._audit is None:
+            self._audit = AuditLog(self._layout.egress_log)
+        served = serve_egress(
+            self._layout.prepare_runs(),
+            request.egress,
+            self._audit,
+            resolver=self._egress_resolver,
+            group=self._sandbox_group(),
+            directory=directory,
+        )
+        async with served as (_proxy, used):
+            yield used
+
     @contextlib.asynccontextmanager
     async def _session_sandbox(self, workspace: Path | None) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
-        """A session's sandbox: its workspace (a scratch one when None), its /tools view, its interpreter."""
+        """A session's sandbox: its workspace (a scratch one when None), its /tools view, its interpreter.
 
-        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
-            return python_policy(
-                self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
-            )
+        Where network may be granted, it holds the relay and an (empty) directory for the proxy's
+        socket for life; the socket itself exists only during its runs granted network.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            sockets: Path | None = None
+            if self._session_egress:
+                sockets = socket_directory(self._layout.prepare_runs(), self._sandbox_group())
+                stack.callback(_remove_directory, sockets)
 
-        async with self._long_lived_sandbox(workspace, policy) as opened:
-            yield opened
+            def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+                made = python_policy(
+                    self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
+                )
+                return made if sockets is None else with_egress(made, sockets, for_life=False)
+
+            interpreter, tools = await stack.enter_async_context(self._long_lived_sandbox(workspace, policy))
+            if sockets is not None:
+                self._session_sockets[id(interpreter)] = sockets
+                stack.callback(self._session_sockets.pop, id(interpreter), None)
+            yield interpreter, tools
 
     @contextlib.asynccontextmanager
     async def _warm_sandbox(self) -> AsyncIterator[Warm]:
@@ -269,7 +393,7 @@ class Engine:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
 
-        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
@@ -284,11 +408,11 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def _long_lived_sandbox(
-        self, workspace: Path | None, make_policy: Callable[[Path, tuple[Mount, ...]], SandboxPolicy]
+        self, workspace: Path | None, make_policy: Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
     ) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
         """A sandbox serving many runs: its workspace (a scratch one when None), its /tools view, its interpreter."""
         async with contextlib.AsyncExitStack() as stack:
-            if workspace is None:
+            if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
             self.prepare()
             tools = ToolsView.create(self._layout)

@@ -22,14 +22,16 @@ class CappedOutput:
     """Keeps the first ``cap`` bytes of a stream and counts the rest.
 
     Reading never stops at the cap, so the writer never blocks on a full pipe; what is past
-    the cap is counted and dropped.
+    the cap is counted and dropped. ``listener``, when given, sees every chunk as it comes
+    (for progress notifications while the run lasts); it must not block.
     """
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, listener: Callable[[bytes], None] | None = None) -> None:
         self.cap = cap
         self.total = 0
         self._chunks: list[bytes] = []
         self._kept = 0
+        self._listener = listener
 
     @property
     def truncated(self) -> bool:
@@ -37,6 +39,8 @@ class CappedOutput:
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
+        if self._listener is not None:
+            self._listener(data)
         room = self.cap - self._kept
         if room > 0:
             kept = data[:room]

@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from mcp_sandbox.egress import EgressGrant
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
-__all__ = ["EXIT_TIMEOUT", "ExecutionRequest", "ExecutionResult", "Image", "SessionState", "Status", "ToolAccess"]
+__all__ = [
+    "EXIT_TIMEOUT",
+    "ExecutionRequest",
+    "ExecutionResult",
+    "Image",
+    "OutputListener",
+    "SessionState",
+    "Status",
+    "ToolAccess",
+]
 
 Status = Literal["success", "error", "timeout", "validation_error"]
 # "new": the run started a fresh interpreter for its session; "kept": earlier runs' variables were there.
 SessionState = Literal["new", "kept"]
 
 EXIT_TIMEOUT = 124  # as GNU timeout(1)
+
+# Called with "stdout" or "stderr" and each chunk a run writes, as it comes; must not block.
+OutputListener = Callable[[Literal["stdout", "stderr"], bytes], None]
 
 
 class ToolAccess(Protocol):
@@ -55,6 +68,9 @@ class ExecutionRequest:
     tools: ToolAccess | None = None  # code mode: the downstream servers this run may call
     session: str | None = None
     reset: bool = False
+    on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
+    egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
+    tenant: str = "default"  # whose run: admission and session caps are per tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +96,7 @@ class ExecutionResult:
     images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
     images_dropped: int = 0  # images the run sent past the caps, or malformed: not returned
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
+    limits: tuple[str, ...] = ()  # limits the run hit: memory, pids, cpu, timeout (not in structured())
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {

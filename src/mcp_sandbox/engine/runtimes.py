@@ -7,17 +7,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment
 from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
 
 __all__ = [
     "BASE_ENVIRONMENT",
+    "JS_PACKAGES_MOUNT",
     "js_binary",
     "js_policy",
     "limits_for",
     "policy_for",
     "python_policy",
+    "with_egress",
     "zygote_policy",
 ]
 
@@ -61,6 +64,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
         cpus=settings.cpus,
         cpu_seconds=settings.session_cpu_seconds if session else per_run,
         tmp_size=settings.tmp_size,
+        workspace_size=settings.scratch_size,
         file_size=settings.max_file_size,
         open_files=settings.open_files,
     )
@@ -69,7 +73,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
 def python_policy(
     settings: Settings,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
     session: bool = False,
@@ -98,7 +102,7 @@ def python_policy(
     )
 
 
-def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+def zygote_policy(settings: Settings, *, workspace: Path | None, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
     """The policy of a warm Python sandbox: a session's, running the runner as a zygote.
 
     The zygote imports ``pool_preload`` once and forks a child per run; each child lowers its
@@ -107,6 +111,9 @@ def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount
     policy = python_policy(settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True)
     preload = ",".join(settings.pool_preload)
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
+
+
+JS_PACKAGES_MOUNT = "/node_modules"
 
 
 def js_binary(settings: Settings, runtime: str | None = None) -> Path:
@@ -137,7 +144,7 @@ def js_policy(
     settings: Settings,
     *,
     language: str,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:
@@ -156,7 +163,14 @@ def js_policy(
     system, links = system_mounts()
     package = js_binary(settings).parent
     inside = f"{RUNTIME_MOUNT}/{settings.js_runtime}"
-    extra = [Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"), Mount(package, inside), *mounts]
+    extra = [
+        Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),
+        Mount(package, inside),
+        # The runtime's packages (pg, postgres, papaparse, ...): a bare import from any file
+        # (the code is /tmp/.mcp-sandbox/main.ts) walks up to /node_modules.
+        Mount(settings.js_runtime_dir / "node_modules", JS_PACKAGES_MOUNT),
+        *mounts,
+    ]
     heap_mib = max(16, int(settings.memory * _JS_HEAP_SHARE) >> 20)
     env = dict(BASE_ENVIRONMENT)
     if settings.js_runtime == "deno":
@@ -186,7 +200,7 @@ def policy_for(
     settings: Settings,
     language: str,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:
@@ -194,3 +208,33 @@ def policy_for(
     if language in JS_LANGUAGES:
         return js_policy(settings, language=language, workspace=workspace, timeout=timeout, mounts=mounts)
     return python_policy(settings, workspace=workspace, timeout=timeout, mounts=mounts)
+
+
+def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True) -> SandboxPolicy:
+    """``policy`` with network through the egress proxy whose socket is in ``socket_directory``.
+
+    ``for_life=False`` (a session's sandbox): only the relay's variables; the proxy variables
+    come with each run that is granted network (in its EXEC frame), and the socket exists only
+    during such a run.
+
+    Still no interface but loopback: TCP sockets become possible (for the runner's relay on the
+    loopback), the socket's directory is bound in read-only, and the proxy variables point to the
+    relay. Deno gets ``--allow-net`` (the proxy, not Deno, decides what is reached) and may open
+    the socket.
+    """
+    command = policy.command
+    if "--allow-net" not in command and any(part.startswith("--allow-write=") for part in command):
+        command = tuple(
+            f"{part},{SOCKET_DIRECTORY_INSIDE}" if part.startswith("--allow-write=") else part for part in command
+        )
+        command = (*command[:2], "--allow-net", *command[2:])
+    return dataclasses.replace(
+        policy,
+        command=command,
+        egress=True,
+        mounts=(*policy.mounts, Mount(socket_directory, SOCKET_DIRECTORY_INSIDE)),
+        environment={
+            **policy.environment,
+            **(sandbox_environment(policy.language) if for_life else relay_environment()),
+        },
+    )

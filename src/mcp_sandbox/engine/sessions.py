@@ -5,8 +5,11 @@ workspace) whose runner keeps its ``__main__`` namespace and event loop between 
 :class:`SessionManager` keeps them by key:
 
 - one run at a time per session: a second run waits for the first (within its own timeout);
-- at most ``max_sessions`` live: a new one evicts the least recently used idle one, and when
-  every one is busy the run is refused with :class:`~mcp_sandbox.errors.BusyError`;
+- at most ``tenant_sessions`` live per tenant: a tenant's new one evicts that tenant's least
+  recently used idle one (never another tenant's), and when all of its own are busy the run is
+  refused with :class:`~mcp_sandbox.errors.BusyError`;
+- at most ``max_sessions`` live in all: a new one evicts the least recently used idle session of
+  the tenant holding the most, and when every one is busy the run is refused the same way;
 - a session idle for ``session_ttl`` is stopped by a reaper task (its files stay);
 - a session ends early when its interpreter dies or a run times out; the next run starts a new one.
 
@@ -20,6 +23,7 @@ the host points ``/tools/<alias>`` at the stubs of the current run's servers bef
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import logging
@@ -88,9 +92,14 @@ class ToolsView:
             if alias == mount.target or not alias or "/" in alias or alias.startswith("."):
                 raise ValueError(f"a session can only show stubs under {TOOLS_MOUNT}/<alias>, not at {mount.target}")
             wanted[alias] = self._inside(mount.source)
+        in_use = {target.removeprefix(TOOLS_MOUNT + "/") for target in wanted.values()}
         for entry in os.listdir(self.directory):
             if not entry.startswith(".") and entry not in wanted:
                 os.unlink(self.directory / entry)
+            elif entry.startswith(".copy-") and entry not in in_use:
+                # A copy an earlier run wanted: gone before this run, which may be another
+                # tenant's (a warm sandbox serves any), can see it.
+                shutil.rmtree(self.directory / entry)
         for alias, target in wanted.items():
             link = self.directory / alias
             if os.path.islink(link) and os.readlink(link) == target:
@@ -136,6 +145,7 @@ class _Live:
 class _Session:
     key: str
     last_used: float
+    tenant: str = "default"
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     users: int = 0  # runs holding or waiting for the lock
     live: _Live | None = None
@@ -206,7 +216,9 @@ class SessionManager:
             raise failure
 
     @contextlib.asynccontextmanager
-    async def lease(self, key: str, *, workspace: Path | None, reset: bool) -> AsyncIterator[Lease]:
+    async def lease(
+        self, key: str, *, workspace: Path | None, reset: bool, tenant: str = "default"
+    ) -> AsyncIterator[Lease]:
         """Hold session ``key`` for one run: wait for its previous run, start its interpreter if needed.
 
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
@@ -214,10 +226,10 @@ class SessionManager:
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
-            BusyError: the session is new and every live session is busy.
+            BusyError: the session is new and every live session (of the tenant, or in all) is busy.
             SandboxStartError: the interpreter could not be started.
         """
-        session = await self._acquire(key)
+        session = await self._acquire(key, tenant)
         try:
             live = session.live
             if live is not None and (reset or live.workspace != workspace or live.interpreter.exited.is_set()):
@@ -254,16 +266,16 @@ class SessionManager:
             raise RuntimeError("sessions need a running engine: use `async with engine.running():`")
         return self._group
 
-    async def _acquire(self, key: str) -> _Session:
+    async def _acquire(self, key: str, tenant: str) -> _Session:
         """The session ``key`` (created if needed) with its lock held and this run counted as a user."""
         self._require_group()
         while True:
             session = self._sessions.get(key)
             if session is None:
-                await self._make_room()
+                await self._make_room(tenant)
                 session = self._sessions.get(key)  # another run may have created it meanwhile
                 if session is None:
-                    session = _Session(key, anyio.current_time())
+                    session = _Session(key, anyio.current_time(), tenant)
                     self._sessions[key] = session
             session.users += 1
             try:
@@ -278,18 +290,34 @@ class SessionManager:
             session.users -= 1
             session.lock.release()
 
-    async def _make_room(self) -> None:
-        """Evict least recently used idle sessions until a new one fits.
+    async def _make_room(self, tenant: str) -> None:
+        """Evict least recently used idle sessions until a new one of ``tenant`` fits.
+
+        Over the tenant's own cap only its own sessions are evicted; over the server's, those
+        of the tenant holding the most.
 
         Raises:
-            BusyError: every session is busy.
+            BusyError: every session that could make room is busy.
         """
         limit = self._settings.max_sessions
-        while len(self._sessions) >= limit:
-            idle = [session for session in self._sessions.values() if session.users == 0]
-            if not idle:
-                raise BusyError(f"all {limit} sessions are busy; try again when a run has finished")
-            victim = min(idle, key=lambda session: session.last_used)
+        tenant_limit = limit if self._settings.tenant_sessions is None else self._settings.tenant_sessions
+        while True:
+            sessions = list(self._sessions.values())
+            own = [session for session in sessions if session.tenant == tenant]
+            if len(own) >= tenant_limit:
+                idle = [session for session in own if session.users == 0]
+                if not idle:
+                    raise BusyError(
+                        f"all {tenant_limit} sessions of this tenant are busy; try again when one of its runs is done"
+                    )
+            elif len(sessions) >= limit:
+                idle = [session for session in sessions if session.users == 0]
+                if not idle:
+                    raise BusyError(f"all {limit} sessions are busy; try again when a run has finished")
+            else:
+                return
+            held = collections.Counter(session.tenant for session in sessions)
+            victim = min(idle, key=lambda session: (-held[session.tenant], session.last_used))
             del self._sessions[victim.key]
             if victim.live is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):

@@ -9,6 +9,7 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.executor import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
+from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision.status import python_status
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.access import unreachable_ancestor
@@ -19,8 +20,8 @@ __all__ = ["open_engine"]
 logger = logging.getLogger(__name__)
 
 
-def open_engine(settings: Settings) -> Engine:
-    """Build the engine on the configured backend after probing it.
+def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
+    """Build the engine on the configured backend after probing it; it emits to ``events``.
 
     Raises:
         ConfigError: the backend name or the Python runtime is wrong.
@@ -45,7 +46,7 @@ def open_engine(settings: Settings) -> Engine:
                 "start with --accept-weaker-isolation / MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1"
             )
         logger.warning("running with weaker isolation, as configured: %s", listed)
-    engine = Engine(settings, backend)
+    engine = Engine(settings, backend, events)
     engine.prepare()
     swept = engine.sweep()
     if swept:

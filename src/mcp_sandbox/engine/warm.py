@@ -65,6 +65,7 @@ class WarmPool:
         self._opener = opener
         self._idle: list[Warm] = []  # the most recently used last: it is taken first
         self._owners = 0  # sandboxes starting, idle or running
+        self._up = 0  # sandboxes started (READY), idle or running
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
 
@@ -76,6 +77,11 @@ class WarmPool:
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    @property
+    def up(self) -> int:
+        """Warm sandboxes that have started (idle or serving a run)."""
+        return self._up
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[WarmPool]:
@@ -123,8 +129,12 @@ class WarmPool:
             while True:
                 try:
                     async with self._opener() as warm:
-                        self._idle.append(warm)
-                        await warm.retired.wait()
+                        self._up += 1
+                        try:
+                            self._idle.append(warm)
+                            await warm.retired.wait()
+                        finally:
+                            self._up -= 1
                 except (SandboxStartError, BackendUnavailableError) as exc:
                     self._retry_at = time.monotonic() + RETRY_SECONDS
                     logger.error("a warm sandbox did not start; runs start sandboxes of their own for now: %s", exc)

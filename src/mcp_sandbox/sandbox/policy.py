@@ -47,6 +47,8 @@ class Limits:
     cpus: float = 1.0
     cpu_seconds: int = 60
     tmp_size: int = 64 << 20
+    # A scratch workspace (a policy without one) on a backend that sizes it (bwrap: a tmpfs).
+    workspace_size: int = 256 << 20
     file_size: int = 256 << 20
     open_files: int = 256
     # Whether RLIMIT_AS may stand in for memory where no memory cgroup can: False for runtimes
@@ -62,9 +64,15 @@ class SandboxPolicy:
         command: the argv run inside the sandbox (absolute paths as seen inside).
         mounts: read-only (or explicitly writable) host paths; the root is otherwise empty.
         symlinks: symlinks to create inside (usr-merged ``/lib`` and the like).
-        workspace: host directory mounted read-write at ``/workspace`` (and ``/data``).
+        workspace: host directory mounted read-write at ``/workspace`` (and ``/data``); None: a
+            scratch workspace, a tmpfs of ``limits.workspace_size`` where the backend can size
+            one (``sized_scratch``), which lives and dies with the sandbox.
         environment: the complete environment inside; nothing of the host's leaks in.
-        network: whether the sandbox may reach a network (default: empty net namespace).
+        network: whether the sandbox shares the host's network (never set by the engine: it
+            would expose the server's own ports; controlled network is ``egress``).
+        egress: the sandbox keeps its empty network namespace (loopback only) but may open TCP
+            sockets, for the relay on its loopback to the host's egress proxy (a Unix socket
+            among ``mounts``); UDP and raw sockets stay refused.
         uid, gid: the ids inside the sandbox.
         limits: resource limits.
         language: the runtime this sandbox serves (``python``, ``typescript``); image-based
@@ -77,6 +85,7 @@ class SandboxPolicy:
     workspace: Path | None = None
     environment: Mapping[str, str] = field(default_factory=lambda: _EMPTY_ENV)
     network: bool = False
+    egress: bool = False
     uid: int = 65534
     gid: int = 65534
     hostname: str = "sandbox"

@@ -5,6 +5,10 @@ Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPER
 back to ``clone``, whose namespace flags the filter does inspect), sockets other than
 ``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
 other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+
+The ``egress`` variant (a sandbox granted network) also allows TCP stream sockets of ``AF_INET``
+and ``AF_INET6``, for the relay on the sandbox's loopback to the egress proxy; other socket
+types of those families (UDP, raw) answer EPROTONOSUPPORT. The network namespace stays empty.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ __all__ = [
     "compiled_bpf",
     "oci_profile",
     "seccomp_available",
+    "server_oci_profile",
     "write_bpf",
     "zygote_guard_bpf",
 ]
@@ -106,6 +111,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "mq_unlink",
 )
 
+_PRIO_PROCESS = 0  # setpriority(which=PRIO_PROCESS, who=pid, ...)
+_IOPRIO_WHO_PROCESS = 1  # ioprio_set(which=IOPRIO_WHO_PROCESS, who=pid, ...)
+
 # clone() flags that create namespaces; denied so no nested namespace (or user ns) is made.
 _CLONE_NAMESPACE_FLAGS = (
     0x00020000,  # CLONE_NEWNS
@@ -141,8 +149,18 @@ def _add(flt: Any, action: int, names: Iterable[str], *args: Any) -> None:
             continue
 
 
-def build_filter() -> Any:
-    """Build the deny-list filter (a ``pyseccomp.SyscallFilter``).
+# With egress: the address families that stay refused (all but AF_UNIX, AF_INET, AF_INET6; up to
+# AF_MAX, and anything above), and the socket types refused for AF_INET/AF_INET6 (all but SOCK_STREAM,
+# compared on the low 4 bits, where SOCK_NONBLOCK and SOCK_CLOEXEC do not reach).
+_AF_MAX = 46
+_EGRESS_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)
+_REFUSED_FAMILIES = tuple(family for family in range(_AF_MAX) if family not in _EGRESS_FAMILIES)
+_SOCK_TYPE_MASK = 0xF
+_REFUSED_TYPES = tuple(kind for kind in range(_SOCK_TYPE_MASK + 1) if kind != socket.SOCK_STREAM)
+
+
+def build_filter(*, egress: bool = False) -> Any:
+    """Build the deny-list filter (a ``pyseccomp.SyscallFilter``); ``egress``: TCP sockets allowed too.
 
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
@@ -159,21 +177,36 @@ def build_filter() -> Any:
     for flag in _CLONE_NAMESPACE_FLAGS:
         # x86-64 clone(flags, ...): flags is argument 0.
         _add(flt, eperm, ["clone"], sc.Arg(0, sc.MASKED_EQ, flag, flag))
-    for family in ("socket", "socketpair"):
-        _add(flt, sc.ERRNO(errno.EAFNOSUPPORT), [family], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    no_family = sc.ERRNO(errno.EAFNOSUPPORT)
+    _add(flt, no_family, ["socketpair"], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    if not egress:
+        _add(flt, no_family, ["socket"], sc.Arg(0, sc.NE, socket.AF_UNIX))
+    else:
+        for family in _REFUSED_FAMILIES:
+            _add(flt, no_family, ["socket"], sc.Arg(0, sc.EQ, family))
+        _add(flt, no_family, ["socket"], sc.Arg(0, sc.GE, _AF_MAX))
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for kind in _REFUSED_TYPES:
+                _add(
+                    flt,
+                    sc.ERRNO(errno.EPROTONOSUPPORT),
+                    ["socket"],
+                    sc.Arg(0, sc.EQ, family),
+                    sc.Arg(1, sc.MASKED_EQ, _SOCK_TYPE_MASK, kind),
+                )
     for request in _DENIED_IOCTLS:
         _add(flt, eperm, ["ioctl"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, request))
     return flt
 
 
 @functools.cache
-def compiled_bpf() -> bytes:
-    """The filter as BPF bytes, compiled once per process.
+def compiled_bpf(*, egress: bool = False) -> bytes:
+    """The filter as BPF bytes, compiled once per process (per variant).
 
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
     """
-    return _export(build_filter())
+    return _export(build_filter(egress=egress))
 
 
 def _export(flt: Any) -> bytes:
@@ -198,6 +231,13 @@ def zygote_guard_bpf(zygote_pid: int) -> bytes:
     process group (from where kill(0) would reach it). Arguments are compared on their low 32
     bits, as the kernel reads a pid_t, so a raw syscall with garbage above cannot slip past.
 
+    ``pidfd_send_signal`` is refused whatever its descriptor: a directory fd of ``/proc/<pid>``
+    is a pidfd too, and which process it names is not in the syscall's arguments (a path
+    lookup seccomp cannot see); a warm run has kill() for its own processes. The scheduling and
+    I/O-priority calls a child of the same uid could aim at the zygote (which every later run
+    would inherit) are refused on its pid; ``setpriority`` and ``ioprio_set`` on a process group
+    or a whole uid are refused outright (the zygote's group or uid would be among them).
+
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
     """
@@ -216,6 +256,12 @@ def zygote_guard_bpf(zygote_pid: int) -> bytes:
     for name in ("tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
         _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     _add(flt, eperm, ["setpgid"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    _add(flt, eperm, ["pidfd_send_signal"])
+    for name in ("sched_setscheduler", "sched_setparam", "sched_setattr", "sched_setaffinity"):
+        _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    for name, one_process in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+        _add(flt, eperm, [name], sc.Arg(0, sc.NE, one_process))
+        _add(flt, eperm, [name], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     return _export(flt)
 
 
@@ -233,8 +279,8 @@ def _known(names: Iterable[str]) -> list[str]:
     return known
 
 
-def oci_profile() -> dict[str, Any]:
-    """The deny list as an OCI seccomp profile (the JSON podman and docker take).
+def oci_profile(*, egress: bool = False) -> dict[str, Any]:
+    """The deny list as an OCI seccomp profile (the JSON podman and docker take); ``egress`` as :func:`build_filter`.
 
     Same rules as :func:`build_filter`: one entry per rule, since the conditions inside one
     entry are AND-ed and separate entries are OR-ed. Only the native architecture is listed,
@@ -258,10 +304,21 @@ def oci_profile() -> dict[str, Any]:
 
     rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(["clone3"]), errno.ENOSYS)]
     rules += [errno_rule(["clone"], errno.EPERM, [arg(0, "SCMP_CMP_MASKED_EQ", f, f)]) for f in _CLONE_NAMESPACE_FLAGS]
-    rules += [
-        errno_rule([family], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)])
-        for family in ("socket", "socketpair")
-    ]
+    rules.append(errno_rule(["socketpair"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)]))
+    if not egress:
+        rules.append(errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)]))
+    else:
+        rules += [errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_EQ", f)]) for f in _REFUSED_FAMILIES]
+        rules.append(errno_rule(["socket"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_GE", _AF_MAX)]))
+        rules += [
+            errno_rule(
+                ["socket"],
+                errno.EPROTONOSUPPORT,
+                [arg(0, "SCMP_CMP_EQ", family), arg(1, "SCMP_CMP_MASKED_EQ", _SOCK_TYPE_MASK, kind)],
+            )
+            for family in (socket.AF_INET, socket.AF_INET6)
+            for kind in _REFUSED_TYPES
+        ]
     rules += [
         errno_rule(["ioctl"], errno.EPERM, [arg(1, "SCMP_CMP_MASKED_EQ", 0xFFFFFFFF, request)])
         for request in _DENIED_IOCTLS
@@ -270,12 +327,39 @@ def oci_profile() -> dict[str, Any]:
     return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
 
 
-def write_bpf() -> int:
+# What bubblewrap itself needs of the deny list, when the server runs it inside a container.
+_BWRAP_NEEDS = frozenset({"mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "sethostname"})
+
+
+def server_oci_profile() -> dict[str, Any]:
+    """The OCI seccomp profile of the server's own container (deploy/seccomp-server.json).
+
+    The server starts bwrap inside its container, so unlike a sandbox it must create user,
+    mount, pid and network namespaces and mount inside them: the deny list minus exactly those
+    calls (``_BWRAP_NEEDS``), and none of the clone-flag or socket-family rules (the server
+    listens on TCP). Everything else a sandbox may not do, the server may not either. Each
+    sandbox still gets the full filter (:func:`build_filter`) from bwrap.
+
+    Raises:
+        BackendUnavailableError: libseccomp cannot be loaded on this host.
+    """
+    profile = oci_profile()
+    rules = []
+    for rule in profile["syscalls"]:
+        if rule.get("args") and rule["names"] != ["ioctl"]:
+            continue  # clone's namespace flags, socket families
+        names = [name for name in rule["names"] if name not in _BWRAP_NEEDS]
+        if names:
+            rules.append({**rule, "names": names})
+    return {**profile, "syscalls": rules}
+
+
+def write_bpf(*, egress: bool = False) -> int:
     """Return a fresh readable fd (a memfd at offset 0) holding the BPF; the caller closes it.
 
     Each sandbox gets its own fd because ``bwrap --seccomp FD`` reads it to the end.
     """
-    data = compiled_bpf()
+    data = compiled_bpf(egress=egress)
     fd = os.memfd_create("mcp-sandbox-seccomp", os.MFD_CLOEXEC)
     try:
         os.write(fd, data)

@@ -19,11 +19,21 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic_core import ErrorDetails
 
 from mcp_sandbox.bridge.search import MAX_SEARCH_RESULTS, Detail
 from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
+from mcp_sandbox.egress import check_pattern
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace import check_conversation_id, check_filename
 
@@ -45,10 +55,7 @@ _MAX_CODE_BYTES = 1 << 20
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _MAX_ENV_VARS = 128
 _MAX_ENV_BYTES = 64 << 10
-_NETWORK_REFUSED = (
-    "network access is not available: sandboxes have no network (controlled egress is planned; "
-    "sharing the host's network would expose the server's own ports)"
-)
+_MAX_NETWORK_PATTERNS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,7 @@ class CallContext:
 
     max_timeout: float
     languages: tuple[str, ...]
+    network: bool = False  # whether some tenant may be granted network (the tool description says so)
 
 
 def _context(info: ValidationInfo) -> CallContext:
@@ -92,6 +100,19 @@ def _filename(value: str) -> str:
 
 def _deduplicated(servers: list[str]) -> list[str]:
     return list(dict.fromkeys(servers))
+
+
+def _network(network: bool | list[str]) -> bool | list[str]:
+    """``true``, ``false``, or a list of domain patterns (checked here; what is allowed, by the tenant's rules)."""
+    if isinstance(network, bool):
+        return network
+    if not network:
+        raise ValueError("must be true, false or a non-empty list of domain patterns")
+    if len(network) > _MAX_NETWORK_PATTERNS:
+        raise ValueError(f"names more than {_MAX_NETWORK_PATTERNS} patterns")
+    for pattern in network:
+        check_pattern(pattern)  # its ValueError names the pattern
+    return list(dict.fromkeys(network))
 
 
 class EnvironmentVariable(BaseModel):
@@ -165,6 +186,12 @@ class RunArguments(ToolArguments):
     servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
     timeout: float | None = Field(None, description="Seconds")  # schemas.py adds the context's maximum
     output_mode: OutputMode | None = Field(None, alias="outputMode")
+    # One type list rather than anyOf, which strict function-calling schemas handle badly.
+    network: Annotated[
+        bool | list[str],
+        AfterValidator(_network),
+        WithJsonSchema({"type": ["boolean", "array"], "items": {"type": "string"}}),
+    ] = Field(False, description="true, or domain patterns: HTTP(S) via an allowlisting proxy")
 
     @field_validator("reset")
     @classmethod
@@ -195,7 +222,6 @@ class RunCodeArguments(RunArguments):
         BeforeValidator(_pairs, json_schema_input_type=list[EnvironmentVariable]),
         AfterValidator(_environment),
     ] = []
-    network: bool = False
 
     def variables(self) -> dict[str, str]:
         """``environment`` as names to values."""
@@ -208,13 +234,6 @@ class RunCodeArguments(RunArguments):
         if language not in languages:
             raise ValueError(f"must be one of {', '.join(languages)}, got {reprlib.repr(language)}")
         return language
-
-    @field_validator("network")
-    @classmethod
-    def _no_network(cls, network: bool) -> bool:
-        if network:
-            raise ValueError(_NETWORK_REFUSED)
-        return network
 
 
 class UploadFileArguments(ToolArguments):

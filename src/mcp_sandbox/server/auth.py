@@ -86,6 +86,12 @@ def load_tokens(settings: Settings) -> tuple[TenantToken, ...]:
     tokens: list[TenantToken] = []
     if settings.token is not None:
         tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.token, "MCP_SANDBOX_TOKEN")))
+    if settings.token_file is not None:
+        try:
+            token = settings.token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"token_file: {settings.token_file}: {exc.strerror}") from exc
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(token, f"token_file {settings.token_file}")))
     for index, entry in enumerate(_entries_from_file(settings)):
         where = f"[auth] tokens[{index}]"
         if not isinstance(entry, dict) or set(entry) != {"tenant", "token"}:
@@ -112,6 +118,14 @@ class TokenTable:
 
     def __bool__(self) -> bool:
         return bool(self._tokens)
+
+    def replace(self, tokens: Sequence[TenantToken]) -> None:
+        """Take ``tokens`` from now on (SIGHUP): requests with a removed token get 401, sessions stay."""
+        self._tokens = tuple(tokens)
+
+    @property
+    def tenants(self) -> frozenset[str]:
+        return frozenset(entry.tenant for entry in self._tokens)
 
     def tenant(self, token: str) -> str | None:
         """The tenant whose token this is, or None. Every entry is compared, in constant time."""

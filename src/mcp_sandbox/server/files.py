@@ -3,11 +3,18 @@
 Downloads need no token (the signed URL is the credential) and serve regular files only, opened
 without following any symlink the sandbox made (see ``workspace/files.py``), from the open
 file descriptor, with ranges. Uploads stream the body into the conversation's workspace,
-atomically and within its quota.
+atomically and within its quota (reserved as it streams, checked again at commit).
+
+A slow upload must not freeze anyone else: the body is read on the event loop, and only the
+disk writes go to threads, ``upload_workers`` of them kept for uploads alone (runs never wait
+for them); each tenant streams at most ``tenant_uploads`` uploads at once (more are answered
+``429``); the server's :class:`~mcp_sandbox.server.limits.SlowBodyGuard` cuts a body that is too slow.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import mimetypes
 import os
 import re
@@ -17,7 +24,6 @@ from typing import Any
 from urllib.parse import quote
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.requests import ClientDisconnect, Request
@@ -25,7 +31,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileServed, FileStored
 from mcp_sandbox.server.auth import tenant_of
 from mcp_sandbox.server.http import transport_security
 from mcp_sandbox.server.service import Service
@@ -94,11 +101,26 @@ async def _read(opened: OpenFile, start: int, end: int) -> AsyncIterator[bytes]:
 
 def _download(service: Service) -> Callable[[Request], Any]:
     async def download(request: Request) -> Response:
+        started = time.perf_counter()
+        response = await answer(request)
+        outcome = {200: "ok", 206: "ok", 410: "expired", 403: "invalid", 404: "missing"}.get(
+            response.status_code, "bad"
+        )
+        key = request.path_params["conversation"] if outcome in ("ok", "missing") else None  # a signed key only
+        size = int(response.headers.get("content-length", 0)) if outcome == "ok" and request.method == "GET" else 0
+        service.events.emit(FileServed(key, outcome, size, time.perf_counter() - started, response.status_code))
+        return response
+
+    async def answer(request: Request) -> Response:
         params = request.path_params
         name = str(params["name"])
         verdict = service.urls.check(params["conversation"], params["expires"], params["signature"], name, time.time())
         if verdict.verdict == "expired":
-            return _problem(410, "this download link has expired; run the code again for a new one")
+            return _problem(
+                410,
+                "this download link has expired: run code in the conversation again, or ask "
+                "GET /files/renew?conversationId=<id>&name=<file> with your bearer token, for a new one",
+            )
         if not verdict.ok:
             return _problem(403, "invalid download link")
         try:
@@ -170,29 +192,77 @@ class _BodyLimit:
                 await too_large(scope, receive, send)
 
 
-def _sync_chunks(stream: AsyncIterator[bytes]) -> Iterator[bytes]:
-    """Pull an async byte stream from a worker thread (the store writes synchronously)."""
+class _Uploads:
+    """Uploads in progress per tenant, and the threads that write them (theirs alone)."""
 
-    async def next_chunk() -> bytes | None:
+    def __init__(self, per_tenant: int, workers: int) -> None:
+        self.per_tenant = per_tenant
+        self.workers = anyio.CapacityLimiter(workers)
+        self._active: collections.Counter[str] = collections.Counter()
+
+    @contextlib.contextmanager
+    def hold(self, tenant: str) -> Iterator[None]:
+        """Count one upload of ``tenant`` for the block.
+
+        Raises:
+            BusyError: the tenant already streams ``per_tenant`` uploads.
+        """
+        if self._active[tenant] >= self.per_tenant:
+            raise BusyError(
+                f"this tenant already streams {self._active[tenant]} uploads, the most one tenant may; "
+                "retry when one has finished"
+            )
+        self._active[tenant] += 1
         try:
-            return await anext(stream)
-        except StopAsyncIteration:
-            return None
+            yield
+        finally:
+            self._active[tenant] -= 1
+            if not self._active[tenant]:
+                del self._active[tenant]
 
-    while (chunk := anyio.from_thread.run(next_chunk)) is not None:
-        if chunk:
-            yield chunk
+
+async def _batched(stream: AsyncIterator[bytes], size: int = _CHUNK) -> AsyncIterator[bytes]:
+    """Coalesce a body's chunks (one byte each, from a slow client) into writes of ``size`` bytes."""
+    buffer = bytearray()
+    async for chunk in stream:
+        buffer += chunk
+        if len(buffer) >= size:
+            yield bytes(buffer)
+            buffer.clear()
+    if buffer:
+        yield bytes(buffer)
 
 
 def _upload(service: Service) -> Callable[[Request], Any]:
     security = TransportSecurityMiddleware(transport_security(service.settings))
+    uploads = _Uploads(service.settings.tenant_uploads, service.settings.upload_workers)
 
-    async def store(tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]) -> dict[str, Any]:
+    async def store(
+        tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes], declared: int = 0
+    ) -> dict[str, Any]:
+        """Store one file; ``declared``: the body's Content-Length, reserved against the quota at once."""
         key = service.workspaces.key(tenant, conversation)
-        with service.using(key):
-            await service.touch(key, tenant)
-            entry = await anyio.to_thread.run_sync(service.workspaces.write_file, key, filename, _sync_chunks(stream))
-            await service.refresh_files(key)
+        workers = uploads.workers
+        started = time.perf_counter()
+        try:
+            with service.using(key):
+                await service.touch(key, tenant)
+                pending = await anyio.to_thread.run_sync(service.workspaces.begin_write, key, filename, limiter=workers)
+                try:
+                    if declared:
+                        pending.expect(declared)
+                    async for chunk in _batched(stream):
+                        await anyio.to_thread.run_sync(pending.write, chunk, limiter=workers)
+                    entry = await anyio.to_thread.run_sync(pending.commit, limiter=workers)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(pending.abort, limiter=workers)
+                await service.refresh_files(key)
+        except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
+            outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")
+            service.events.emit(FileStored(tenant, key, "http", outcome, 0, time.perf_counter() - started))
+            raise
+        service.events.emit(FileStored(tenant, key, "http", "ok", entry.size, time.perf_counter() - started))
         return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
 
     async def upload(request: Request) -> Response:
@@ -201,13 +271,18 @@ def _upload(service: Service) -> Callable[[Request], Any]:
             return refused
         tenant = tenant_of(request)
         try:
-            content_type = request.headers.get("content-type", "")
-            if content_type.startswith("multipart/form-data"):
-                return await _multipart(request, tenant, store)
-            conversation = check_conversation_id(request.query_params.get("conversationId"))
-            filename = check_filename(request.query_params.get("filename") or "", "filename")
-            stored = await store(tenant, conversation, filename, request.stream())
-            return JSONResponse({"files": [stored]}, status_code=201)
+            with uploads.hold(tenant):
+                content_type = request.headers.get("content-type", "")
+                if content_type.startswith("multipart/form-data"):
+                    return await _multipart(request, tenant, store)
+                conversation = check_conversation_id(request.query_params.get("conversationId"))
+                filename = check_filename(request.query_params.get("filename") or "", "filename")
+                length = request.headers.get("content-length", "")
+                declared = int(length) if length.isdigit() else 0
+                stored = await store(tenant, conversation, filename, request.stream(), declared)
+                return JSONResponse({"files": [stored]}, status_code=201)
+        except BusyError as exc:
+            return _problem(429, str(exc))
         except ValidationError as exc:
             return _problem(400, str(exc))
         except QuotaExceededError as exc:

@@ -1,9 +1,12 @@
-"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, under uvicorn.
+"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, the playground at ``/``.
 
-Security at this layer: bearer tokens per tenant (401 with ``WWW-Authenticate`` and RFC 9728
-metadata, from the SDK), Host/Origin validation against DNS rebinding (the SDK's, on every MCP
-route and on uploads), request body limits, and a refusal to listen beyond loopback without a
-token.
+Security at this layer: static bearer tokens per tenant (401 with ``WWW-Authenticate: Bearer``
+and no OAuth discovery, see :mod:`.bearer`), Host/Origin validation against DNS rebinding (the
+SDK's, on every MCP route and on uploads), request body limits, and a refusal to listen beyond
+loopback without a token. Which session manager serves a ``/mcp`` request (sessions and SSE for
+MCP clients, stateless plain JSON for curl) is :mod:`.mcp_route`'s business. Against slow or
+greedy clients and tenants: connection, header and body bounds (:mod:`.limits`) and MCP sessions
+per tenant with an idle life (:mod:`.http_sessions`).
 """
 
 from __future__ import annotations
@@ -16,21 +19,29 @@ from collections.abc import Callable, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import uvicorn
-from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
-from mcp.server.auth.routes import build_resource_metadata_url
-from mcp.server.auth.settings import AuthSettings
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
 from mcp.server.lowlevel import Server
 from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth import TokenTable
+from mcp_sandbox.server.auth import TokenTable, tenant_of
+from mcp_sandbox.server.bearer import RequireBearer, oauth_discovery_routes
+from mcp_sandbox.server.http_sessions import SessionQuota, SseIdle
+from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
+from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
+from mcp_sandbox.server.mcp_route import McpRoute
+from mcp_sandbox.server.playground import playground_routes
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
 
@@ -110,61 +121,74 @@ class _Endpoint:
         await self._app(scope, receive, send)
 
 
-def _sse_routes(settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
-    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP."""
+def _sse_routes(
+    settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
+) -> list[BaseRoute]:
+    """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
+    ended after ``http_session_ttl`` without a message)."""
     sse = SseServerTransport(
         MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
     )
+    idle = SseIdle(settings.http_session_ttl)
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
-        async with sse.connect_sse(scope, receive, send) as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        await Response()(scope, receive, send)
+        tenant = tenant_of(Request(scope))
+        refused = quota.refusal(tenant)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        with quota.sse_session(tenant):
+            async with idle.watched(send) as stream:
+                async with sse.connect_sse(scope, receive, stream.send) as (reader, writer):
+                    await server.run(reader, writer, server.create_initialization_options())
+        if not stream.completed:
+            await Response()(scope, receive, send)
 
     return [
         Route(SSE_PATH, endpoint=guard(connect), methods=["GET"]),
-        Mount(MESSAGES_PATH, app=guard(sse.handle_post_message)),
+        Mount(MESSAGES_PATH, app=guard(idle.messages(sse.handle_post_message))),
     ]
-
-
-def _metadata_url(settings: Settings) -> AnyHttpUrl:
-    return build_resource_metadata_url(AnyHttpUrl(settings.base_url + MCP_PATH))
 
 
 def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], ASGIApp]:
     """Wrap an ASGI app so it answers 401 (with ``WWW-Authenticate``) to requests without a valid token."""
-    if not tokens:
-        return _Endpoint
-    metadata_url = _metadata_url(settings)
-    return lambda app: RequireAuthMiddleware(app, [], metadata_url)
+    return RequireBearer if tokens else _Endpoint
 
 
 def build_http_app(
     settings: Settings, server: Server, tokens: TokenTable, extra_routes: Sequence[BaseRoute] = ()
 ) -> Starlette:
-    """The ASGI app: MCP (Streamable HTTP and SSE) plus ``extra_routes`` (files), authenticated.
+    """The ASGI app: MCP (Streamable HTTP and SSE), ``extra_routes`` (files), the playground (``/``).
 
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
     """
-    auth: AuthSettings | None = None
-    if tokens:
-        # Static tokens have no separate authorization server: this server is its own issuer.
-        auth = AuthSettings(
-            issuer_url=AnyHttpUrl(settings.base_url),
-            resource_server_url=AnyHttpUrl(settings.base_url + MCP_PATH),
-            validate_token_resource=False,
-        )
-    routes = [*_sse_routes(settings, server, auth_guard(settings, tokens)), *extra_routes]
-    return server.streamable_http_app(
-        streamable_http_path=MCP_PATH,
-        transport_security=transport_security(settings),
-        host=settings.host,
-        auth=auth,
-        token_verifier=tokens if tokens else None,
-        custom_starlette_routes=routes,  # type: ignore[arg-type]  # the SDK annotates Route, takes any route
+    security = transport_security(settings)
+    guard = auth_guard(settings, tokens)
+    stateful = StreamableHTTPSessionManager(
+        server,
+        security_settings=security,
         max_request_body_size=settings.max_request_size,
+        max_sessions=settings.max_http_sessions,
+        session_idle_timeout=settings.http_session_ttl,
     )
+    quota = SessionQuota(settings.tenant_http_sessions or settings.max_http_sessions)
+    quota.attach(stateful)
+    mcp = McpRoute(server, stateful, security, settings.max_request_size)
+    middleware: list[Middleware] = []
+    if tokens:
+        middleware = [
+            Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(tokens)),
+            Middleware(AuthContextMiddleware),
+        ]
+    routes: list[BaseRoute] = [
+        Route(MCP_PATH, endpoint=guard(mcp)),
+        *_sse_routes(settings, server, guard, quota),
+        *extra_routes,
+        *oauth_discovery_routes(),
+        *playground_routes(),
+    ]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
 
 @contextlib.contextmanager
@@ -183,16 +207,26 @@ def _quiet_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-async def serve_http(settings: Settings, app: Starlette) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish."""
+async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | None = None) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
+
+    With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see ``server/lifecycle.py``).
+    Connections, headers and bodies are bounded (see :mod:`.limits`).
+    """
+    raise_open_files_limit()
+    install_log_limits()
     config = uvicorn.Config(
-        app,
+        SlowBodyGuard(app, settings.body_timeout, settings.body_min_rate),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
         server_header=False,
         timeout_graceful_shutdown=round(settings.shutdown_grace),
+        **uvicorn_limits(settings),
     )
     with _quiet_signals():
-        await uvicorn.Server(config).serve()
+        if lifecycle is None:
+            await uvicorn.Server(config).serve()
+        else:
+            await DrainingServer(config, lifecycle, settings.shutdown_grace).serve_draining()

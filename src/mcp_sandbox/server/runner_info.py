@@ -28,10 +28,35 @@ def describe_runners(settings: Settings) -> list[dict[str, Any]]:
     return [*_python_runners(settings), *_js_runners(settings)]
 
 
+# The runtime's own packages (the binaries), not packages for user code.
+_JS_RUNTIME_SCOPES = ("@oven/", "@deno/")
+
+
+def _js_packages(settings: Settings) -> list[dict[str, str]]:
+    """The packages user code can import: the runtime's ``dependencies``, with their installed versions."""
+    root = settings.js_runtime_dir
+    try:
+        declared = json.loads((root / "package.json").read_text(encoding="utf-8")).get("dependencies", {})
+    except (OSError, ValueError):
+        return []
+    packages = []
+    for name in sorted(declared):
+        if name.startswith(_JS_RUNTIME_SCOPES):
+            continue
+        try:
+            version = json.loads((root / "node_modules" / name / "package.json").read_text(encoding="utf-8"))["version"]
+        except (OSError, ValueError, KeyError):
+            continue  # declared but not installed: not importable
+        packages.append({"name": name, "version": str(version)})
+    return packages
+
+
 def _js_runners(settings: Settings) -> list[dict[str, Any]]:
-    """TypeScript and JavaScript on the configured runtime: its version; no packages are installed for it."""
+    """TypeScript and JavaScript on the configured runtime: its version and the packages code can import."""
     binary = js_binary(settings)
-    entry: dict[str, Any] = {"runtime": settings.js_runtime, "version": None, "packages": []}
+    # deno runs with --no-npm: bare imports of npm packages are bun's alone.
+    packages = _js_packages(settings) if settings.js_runtime == "bun" else []
+    entry: dict[str, Any] = {"runtime": settings.js_runtime, "version": None, "packages": packages}
     try:
         done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True)
         # bun prints "1.4.5"; deno "deno 2.9.6 (stable, ...)" and then its V8's and TypeScript's.

@@ -152,7 +152,9 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
     return types.Tool(
         name="run_python",
         description=(
-            "Run Python 3 in a sandbox: no network, only /workspace writable, limited memory/CPU/time. "
+            "Run Python 3 in a sandbox: "
+            + ("network only if granted (list_runners says for what)" if context.network else "no network")
+            + ", only /workspace writable, limited memory/CPU/time. "
             "Top-level await works; numpy, pandas, matplotlib installed; plots return as images."
             + _servers_line(servers)
         ),

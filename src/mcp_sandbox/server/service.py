@@ -3,6 +3,8 @@
 :func:`open_service` owns them all for the server's lifetime (stdio or HTTP): it checks the
 backend, opens the metadata database, loads (or creates) the server secret, sweeps retention
 at start and then periodically, and closes sessions and downstream servers on the way out.
+It also owns what watches the service: the event hub the engine, the bridge and the routes
+emit to, the metrics and the audit log subscribed to it, and the lifecycle (drain, reload).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,12 +22,16 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
-from mcp_sandbox.bridge.discovery import Discovery
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.bridge.discovery import Discovery, discover
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.server.lifecycle import Lifecycle
+from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import (
@@ -42,7 +48,7 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
 logger = logging.getLogger(__name__)
 
-RETENTION_INTERVAL = 300.0  # seconds between retention sweeps (also one at start)
+RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
 
 
 @dataclass
@@ -56,6 +62,9 @@ class Service:
     metadata: Metadata
     urls: UrlSigner
     http: bool
+    events: EventHub = dataclasses.field(default_factory=EventHub)
+    lifecycle: Lifecycle = dataclasses.field(default_factory=Lifecycle)
+    metrics: Metrics | None = None
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -94,6 +103,42 @@ class Service:
     async def record(self, record: ExecutionRecord) -> None:
         await anyio.to_thread.run_sync(self.metadata.record_execution, record)
 
+    def metrics_or_fail(self) -> Metrics:
+        """The metrics :func:`open_service` made (a Service built by hand has none)."""
+        if self.metrics is None:
+            raise RuntimeError("this service was not opened with open_service: it has no metrics")
+        return self.metrics
+
+    def ready(self) -> bool:
+        """Whether runs can be served now: not draining, and the warm pool up where there is one."""
+        if self.lifecycle.draining:
+            return False
+        engine = self.engine
+        if not engine.backend.warm_pool or self.settings.pool_min == 0:
+            return True
+        return engine.pool.up > 0
+
+    def gauges(self) -> dict[str, float]:
+        """What the metrics read at each scrape (called from a worker thread: plain reads only)."""
+        engine = self.engine
+        return {
+            "runs_running": engine.admission.running,
+            "queue_length": engine.admission.waiting,
+            "warm_pool_size": engine.pool.size,
+            "warm_pool_idle": engine.pool.idle,
+            "sessions": len(engine.live_sessions()),
+            "draining": float(self.lifecycle.draining),
+        }
+
+    def stored(self) -> dict[str, int]:
+        """Bytes stored per tenant, as the metadata index last recorded them."""
+        return stored_per_tenant((row.tenant, row.bytes) for row in self.metadata.conversations_by_last_use())
+
+    async def reload_servers(self) -> list[str]:
+        """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
+        fresh = await anyio.to_thread.run_sync(discover, self.settings)
+        return self.bridge.reload_policies(fresh)
+
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
         report = await anyio.to_thread.run_sync(
@@ -129,13 +174,26 @@ class _Busy(Collection[str]):
         return len(self._keys())
 
 
+# Audit lines: event name and the event's own fields (sizes, times, names, outcomes; see events.py).
+_AUDITED: dict[type, str] = {RunFinished: "run", ToolCalled: "tool_call", FileStored: "upload", FileServed: "download"}
+
+
+def _auditor(log: AuditLog) -> Callable[[Event], None]:
+    def record(event: Event) -> None:
+        name = _AUDITED.get(type(event))
+        if name is not None:
+            log.record(name, **dataclasses.asdict(event))
+
+    return record
+
+
 async def _sweep_periodically(service: Service) -> None:
     while True:
         try:
             await service.sweep()
         except OSError as exc:
             logger.error("retention sweep failed: %s", exc)
-        await anyio.sleep(RETENTION_INTERVAL)
+        await anyio.sleep(service.settings.retention_interval)
 
 
 @contextlib.asynccontextmanager
@@ -149,21 +207,32 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     """
     layout = StateLayout.of(settings)
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
-    engine = await anyio.to_thread.run_sync(open_engine, settings)
+    events = EventHub()
+    engine = await anyio.to_thread.run_sync(open_engine, settings, events)
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
     secret = load_secret(layout.root)
     workspaces = WorkspaceStore(settings, secret)
     metadata = Metadata.open(layout.metadata)
+    audit = AuditLog.open(layout.audit_log)
+    events.subscribe(_auditor(audit))
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
-        async with open_mediator(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http)
+        async with (
+            open_mediator(settings, discovery, events) as bridge,
+            engine.running(),
+            anyio.create_task_group() as group,
+        ):
+            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events)
+            service.metrics = Metrics(service.gauges, service.stored)
+            events.subscribe(service.metrics.observe)
+            service.lifecycle.on_reload("servers", service.reload_servers)
             group.start_soon(_sweep_periodically, service)
             try:
                 yield service
             finally:
                 group.cancel_scope.cancel()
     finally:
+        audit.close()
         metadata.close()

@@ -14,8 +14,10 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
+from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileStored, RunFinished
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.arguments import (
     CallContext,
@@ -29,6 +31,8 @@ from mcp_sandbox.server.arguments import (
     parse,
 )
 from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.library_access import LibraryAccess
+from mcp_sandbox.server.progress import progress_listener
 from mcp_sandbox.server.render import render
 from mcp_sandbox.server.runner_info import describe_runners
 from mcp_sandbox.server.schemas import (
@@ -39,7 +43,9 @@ from mcp_sandbox.server.schemas import (
     upload_file_tool,
 )
 from mcp_sandbox.server.service import Service
-from mcp_sandbox.workspace import ExecutionRecord, FileEntry
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import ExecutionRecord, FileEntry, derive_key, load_secret
+from mcp_sandbox.workspace.library import Library
 
 __all__ = ["ToolHandlers"]
 
@@ -56,7 +62,11 @@ class ToolHandlers:
     def __init__(self, service: Service) -> None:
         self._service = service
         # One context for the schemas listed and the calls validated: they cannot disagree.
-        self._context = context = CallContext(max_timeout=service.settings.max_timeout, languages=LANGUAGES)
+        # Raises ConfigError at start-up when an egress setting (global or a tenant's) is malformed.
+        self._egress = TenantEgress(service.settings)
+        self._context = context = CallContext(
+            max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
+        )
         names = [spec.alias for spec in service.bridge.servers.values()]
         self._tools = [
             run_python_tool(context, names),
@@ -67,6 +77,14 @@ class ToolHandlers:
         if service.bridge.servers:
             self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
+        settings = service.settings
+        self._library = Library(
+            StateLayout.of(settings).root / "library",
+            derive_key(load_secret(settings.state_dir), "library"),
+            settings.library_bytes,
+            settings.library_entries,
+            StateLayout.of(settings).root / "library-views",
+        )
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -79,42 +97,93 @@ class ToolHandlers:
         tenant = tenant_of(getattr(ctx, "request", None))
         name = params.name
         if name in ("run_python", "run_code"):
-            return await self._run(params.arguments, name, tenant)
+            async with progress_listener(ctx) as listener:
+                return await self._run(self._default_conversation(params.arguments), name, tenant, listener)
         if name == "upload_file":
-            return await self._upload(params.arguments, tenant)
+            return await self._upload(self._default_conversation(params.arguments), tenant)
         if name == "list_runners":
-            return await self._list_runners(params.arguments)
+            return await self._list_runners(params.arguments, tenant)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
-            return await self._search_tools(params.arguments)
+            return await self._search_tools(params.arguments, tenant)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
 
-    async def _run(self, raw: dict[str, Any] | None, tool: str, tenant: str) -> types.CallToolResult:
+    def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
+        default = self._service.settings.stdio_conversation
+        if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
+            return raw
+        return {**raw, "conversationId": default}
+
+    async def _run(
+        self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
+    ) -> types.CallToolResult:
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.
         with contextlib.ExitStack() as held:
-            return await self._run_holding(raw, tool, tenant, held)
+            return await self._run_holding(raw, tool, tenant, listener, held)
+
+    def _emit_run(
+        self,
+        tenant: str,
+        key: str | None,
+        language: str,
+        started: float,
+        result: ExecutionResult,
+        files_bytes: int,
+        *,
+        busy: bool,
+    ) -> None:
+        self._service.events.emit(
+            RunFinished(
+                tenant=tenant,
+                conversation=key,
+                language=language,
+                backend=self._service.engine.backend.name,
+                status="busy" if busy else result.status,
+                duration=time.perf_counter() - started,
+                warm=result.warm,
+                limits=result.limits,
+                exit_code=result.exit_code,
+                stdout_bytes=len(result.stdout.encode("utf-8", errors="surrogatepass")),
+                stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
+                files_bytes=files_bytes,
+            )
+        )
 
     async def _run_holding(
-        self, raw: dict[str, Any] | None, tool: str, tenant: str, held: contextlib.ExitStack
+        self,
+        raw: dict[str, Any] | None,
+        tool: str,
+        tenant: str,
+        listener: OutputListener | None,
+        held: contextlib.ExitStack,
     ) -> types.CallToolResult:
         service = self._service
         mode = output_mode(raw, service.settings)
         started = time.time()
+        clock = time.perf_counter()
         key: str | None = None
         language = "python"
+        busy = False
         try:
+            held.enter_context(service.lifecycle.run())
             model = RunCodeArguments if tool == "run_code" else RunPythonArguments
             arguments: RunArguments = parse(model, raw, self._context)
             if isinstance(arguments, RunCodeArguments):
                 language, environment = arguments.language, arguments.variables()
             else:
                 environment = {}
-            access = await service.bridge.open_run(service.bridge.aliases(arguments.servers))
-            workspace = None
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
+            view = await anyio.to_thread.run_sync(self._library.view, tenant)
+            aliases = service.bridge.aliases(arguments.servers, tenant)
+            access = LibraryAccess(
+                await service.bridge.open_run(aliases, tenant=tenant, conversation=key), self._library, tenant, view
+            )
+            workspace = None
+            if key is not None:
                 held.enter_context(service.using(key))
                 workspace = await service.touch(key, tenant)
                 if (base := service.file_base_url(key)) is not None:
@@ -128,11 +197,15 @@ class ToolHandlers:
                 tools=access,
                 session=key,
                 reset=arguments.reset,
+                on_output=listener,
+                egress=self._egress.grant(tenant, arguments.network, arguments.conversation),
+                tenant=tenant,
             )
             result = await service.engine.execute(request)
         except ValidationError as exc:
             result = ExecutionResult.invalid(str(exc))
         except BusyError as exc:
+            busy = True
             result = ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
         except SandboxError as exc:
             logger.error("%s failed in the sandbox layer: %s", tool, exc)
@@ -146,6 +219,7 @@ class ToolHandlers:
             if (warning := self._over_quota(entries)) is not None:
                 data["warning"] = warning
         await self._record(tenant, key, language, started, result, files_bytes)
+        self._emit_run(tenant, key, language, clock, result, files_bytes, busy=busy)
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
@@ -188,6 +262,8 @@ class ToolHandlers:
 
     async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         service = self._service
+        started = time.perf_counter()
+        key: str | None = None
         try:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
@@ -198,14 +274,17 @@ class ToolHandlers:
                 )
                 await service.refresh_files(key)
         except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
+            outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
+            service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
             return _error_result(str(exc))
+        service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
         data = self._file(key, entry)
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
         if data["url"] is not None:
             text += f"; download: {data['url']}"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
-    async def _list_runners(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _list_runners(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         try:
             parse(ListRunnersArguments, raw, self._context)
         except ValidationError as exc:
@@ -216,12 +295,17 @@ class ToolHandlers:
         for runner in self._runners:
             packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"
             lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
+        network = self._egress.summary(tenant)
+        lines.append(f"network (run with network: true or a list of these): {network}")
         return types.CallToolResult(
             content=[types.TextContent(type="text", text="\n".join(lines))],
-            structured_content={"runners": self._runners},
+            structured_content={
+                "runners": self._runners,
+                "network": {"available": self._egress.available(tenant), "reaches": network},
+            },
         )
 
-    async def _search_tools(self, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _search_tools(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         bridge = self._service.bridge
         try:
             arguments = parse(SearchToolsArguments, raw, self._context)
@@ -230,7 +314,13 @@ class ToolHandlers:
         query, detail = arguments.query, arguments.detail
         hits, unavailable = await bridge.search(query, detail, arguments.limit)
         servers = bridge.servers
+        # A server not open to this tenant does not exist for it.
+        hits = [(doc, text) for doc, text in hits if servers[doc.server].serves(tenant)]
+        open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
+        unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
+        results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
         lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())
         structured: dict[str, Any] = {"results": results}

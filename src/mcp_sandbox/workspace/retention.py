@@ -1,13 +1,19 @@
-"""Retention: idle conversations' workspaces are deleted, then the least recently used ones
-while all of them together take more than ``max_workspaces_bytes``.
+"""Retention: idle conversations' workspaces are deleted, then, per tenant, the least recently
+used ones while that tenant's take more than ``tenant_workspaces_bytes``, then, while all of
+them together take more than ``max_workspaces_bytes``, the least recently used of the tenant
+that holds the most.
 
-The metadata rows say when each conversation was last used and how many bytes it holds. A
-directory without a row (the server died before writing it) is measured on disk and dated by
-its mtime. A conversation in ``busy`` (a live session, a running execution) is never touched.
+Eviction stays inside the tenant that went over: one tenant filling its conversations never
+deletes another's (issue 21), unless the other holds more than it. The metadata rows say when
+each conversation was last used, whose it is and how many bytes it holds. A directory without a
+row (the server died before writing it) is measured on disk, dated by its mtime, and counted as
+a tenant of its own. A conversation in ``busy`` (a live session, a running execution, an
+upload) is never touched.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 from collections.abc import Collection
@@ -29,7 +35,7 @@ class SweepReport:
     and the bytes all conversations hold afterwards."""
 
     idle: list[str] = field(default_factory=list)
-    evicted: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)  # over a tenant's budget or the total, oldest first
     failed: list[str] = field(default_factory=list)
     freed_bytes: int = 0
     total_bytes: int = 0
@@ -51,11 +57,12 @@ class _Candidate:
     last_used: float
     bytes: int
     recorded: bool
+    tenant: str = ""  # "" for a directory without a row
 
 
 def _candidates(store: WorkspaceStore, metadata: Metadata) -> list[_Candidate]:
     found = {
-        row.key: _Candidate(row.key, row.last_used, row.bytes, recorded=True)
+        row.key: _Candidate(row.key, row.last_used, row.bytes, recorded=True, tenant=row.tenant)
         for row in metadata.conversations_by_last_use()
     }
     for key in store.keys():
@@ -86,7 +93,8 @@ def _delete(store: WorkspaceStore, metadata: Metadata, candidate: _Candidate, re
 def sweep(
     store: WorkspaceStore, metadata: Metadata, settings: Settings, now: float, busy: Collection[str]
 ) -> SweepReport:
-    """Delete idle conversations, then the least recently used while over the total budget.
+    """Delete idle conversations, then the least recently used of a tenant over its budget, then
+    of the tenant holding the most while over the total budget.
 
     ``busy`` holds the keys not to touch; membership is checked just before each deletion, so
     a live set the caller keeps up to date works. Synchronous: run it in a worker thread.
@@ -100,14 +108,32 @@ def sweep(
             report.idle.append(candidate.key)
         else:
             remaining.append(candidate)
-    total = sum(candidate.bytes for candidate in remaining)
-    for candidate in remaining:  # least recently used first
-        if total <= settings.max_workspaces_bytes:
-            break
+    held: collections.Counter[str] = collections.Counter()
+    for candidate in remaining:
+        held[candidate.tenant] += candidate.bytes
+
+    def evict(candidate: _Candidate) -> bool:
         if candidate.key in busy or candidate.key in report.failed:
-            continue
-        if _delete(store, metadata, candidate, report):
-            report.evicted.append(candidate.key)
-            total -= candidate.bytes
-    report.total_bytes = total
+            return False
+        if not _delete(store, metadata, candidate, report):
+            return False
+        report.evicted.append(candidate.key)
+        held[candidate.tenant] -= candidate.bytes
+        return True
+
+    budget = settings.tenant_workspaces_bytes
+    if budget is not None:
+        for candidate in list(remaining):  # least recently used first, each tenant against its own budget
+            if held[candidate.tenant] > budget and evict(candidate):
+                remaining.remove(candidate)
+    while sum(held.values()) > settings.max_workspaces_bytes:
+        # The tenant holding the most (that has something left to evict) gives up its oldest.
+        for tenant, _ in held.most_common():
+            chosen = next((c for c in remaining if c.tenant == tenant and evict(c)), None)
+            if chosen is not None:
+                remaining.remove(chosen)
+                break
+        else:
+            break  # everything left is busy or failed
+    report.total_bytes = sum(held.values())
     return report

@@ -1,9 +1,10 @@
 """Conversation workspaces on disk: ``state_dir/workspaces/<key>``, seen by the sandbox as ``/workspace``.
 
 A conversation's directory is named by a keyed hash of its tenant and id, so ids never become
-paths and tenants never share a directory. ``workspaces/`` is 0711 and root's: the sandbox uid
-can reach a directory whose name it is given, and list none. Each conversation's directory is
-0700 and the sandbox uid's, which is also what owns every file the host writes there.
+paths and tenants never share a directory. ``workspaces/`` is the server's, traversable (never
+listable) by the sandbox uid: 0710 with the sandbox gid as group when the server is root, so no
+other host user reaches a workspace even if a run opened its mode (see :mod:`mcp_sandbox.state`).
+Each conversation's directory is 0700 and the sandbox uid's, which is also what owns every file the host writes there.
 
 Sandboxed code may be running in a directory while the host lists, serves or writes it: every
 operation goes through :mod:`mcp_sandbox.workspace.files`, which never follows a link.
@@ -26,6 +27,7 @@ from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.files import DIR_FLAGS, FileEntry, Listing, OpenFile, Usage, Walk, open_parent, open_regular
 from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.removal import remove_tree
+from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
 from mcp_sandbox.workspace.writing import PendingWrite
 
@@ -58,6 +60,8 @@ class WorkspaceStore:
         self._key = derive_key(secret, "workspace")
         # Root writes as the sandbox uid's files, so that sandboxed code can change them.
         self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
+        self._quota = QuotaBook(settings.quota_bytes, settings.quota_files, self.usage)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -74,7 +78,7 @@ class WorkspaceStore:
         return self.root / key
 
     def prepare(self) -> None:
-        """Create ``state_dir`` and ``workspaces/`` (0711: traversable, not listable). Idempotent.
+        """Create ``state_dir`` and ``workspaces/`` (traversable by the sandbox uid, not listable). Idempotent.
 
         Raises:
             WorkspaceError: they cannot be created.
@@ -219,15 +223,12 @@ class WorkspaceStore:
         except BaseException:
             os.close(parent)
             raise
-        return PendingWrite(
-            parent,
-            leaf,
-            name,
-            base_bytes=usage.bytes - (replaced or 0),
-            used_bytes=usage.bytes,
-            quota_bytes=self.settings.quota_bytes,
-            owner=self._owner,
-        )
+        reservation = self._quota.open(key, name, usage, replaced)
+        try:
+            return PendingWrite(parent, leaf, name, reservation=reservation, owner=self._owner)
+        except BaseException:
+            reservation.release()
+            raise
 
     def _files_exceeded(self, name: str, usage: Usage) -> QuotaExceededError:
         quota = self.settings.quota_files

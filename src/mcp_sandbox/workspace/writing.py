@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.workspace.files import FileEntry
 from mcp_sandbox.workspace.names import RESERVED_PREFIX
+from mcp_sandbox.workspace.reservations import Reservation
 
 __all__ = ["PendingWrite"]
 
@@ -31,15 +33,14 @@ class PendingWrite:
         leaf: str,
         name: str,
         *,
-        base_bytes: int,
-        used_bytes: int,
-        quota_bytes: int,
+        reservation: Reservation,
         owner: tuple[int, int] | None,
     ) -> None:
-        """Create the temporary file. Takes ownership of ``parent_fd``.
+        """Create the temporary file. Takes ownership of ``parent_fd`` and of ``reservation``.
 
-        ``base_bytes`` is the conversation's usage without the file this one replaces;
-        ``used_bytes`` its usage as it stands (reported in a QuotaExceededError).
+        ``reservation`` holds this write's share of the conversation's quota: every chunk is
+        reserved before it is written, and the quota is checked again at commit (see
+        :mod:`mcp_sandbox.workspace.reservations`).
 
         Raises:
             WorkspaceError: the temporary file cannot be created.
@@ -47,10 +48,9 @@ class PendingWrite:
         self.name = name
         self._parent = parent_fd
         self._leaf = leaf
-        self._base = base_bytes
-        self._used = used_bytes
-        self._quota = quota_bytes
+        self._reservation = reservation
         self._written = 0
+        self._ahead = 0  # bytes reserved by expect() that no chunk has used yet
         self._temporary = f"{RESERVED_PREFIX}upload-{secrets.token_hex(12)}"
         self._fd: int | None = None
         try:
@@ -60,6 +60,7 @@ class PendingWrite:
                 0o600,
                 dir_fd=parent_fd,
             )
+            reservation.file_created()
             os.fchmod(self._fd, 0o600)  # whatever the umask; only the sandbox uid and root need it
             if owner is not None:
                 os.fchown(self._fd, *owner)  # so sandboxed code can change it
@@ -72,6 +73,23 @@ class PendingWrite:
         """Bytes written so far."""
         return self._written
 
+    def expect(self, size: int) -> None:
+        """Reserve ``size`` bytes at once, before any arrive (an upload's declared length).
+
+        Concurrent uploads that together would pass the quota are then refused when they begin,
+        first come first served, instead of each reserving part of the room chunk by chunk until
+        none can finish. Chunks past ``size`` are reserved as they come, as without it.
+
+        Raises:
+            QuotaExceededError: no room for ``size`` bytes; the temporary file is deleted.
+        """
+        try:
+            self._reservation.reserve(size)
+        except QuotaExceededError:
+            self.abort()
+            raise
+        self._ahead += size
+
     def write(self, chunk: bytes | bytearray | memoryview) -> None:
         """Append ``chunk``.
 
@@ -83,20 +101,19 @@ class PendingWrite:
         if self._fd is None:
             raise WorkspaceError(f"{self.name}: this write is already finished")
         view = memoryview(chunk).cast("B")
-        if self._base + self._written + view.nbytes > self._quota:
+        covered = min(self._ahead, view.nbytes)  # reserved ahead by expect()
+        self._ahead -= covered
+        try:
+            self._reservation.reserve(view.nbytes - covered)
+        except QuotaExceededError:
             self.abort()
-            raise QuotaExceededError(
-                "bytes",
-                self._used,
-                self._quota,
-                f"{self.name}: the conversation's files would exceed its quota of {self._quota} bytes "
-                f"({self._used} bytes are used)",
-            )
+            raise
         try:
             while view:
                 done = os.write(self._fd, view)
                 view = view[done:]
                 self._written += done
+                self._reservation.wrote(done)
         except OSError as exc:
             self.abort()
             raise WorkspaceError(f"{self.name}: cannot write in the workspace: {exc.strerror}") from exc
@@ -105,6 +122,8 @@ class PendingWrite:
         """Flush the file to disk and rename it over ``name``; return what was stored.
 
         Raises:
+            QuotaExceededError: what the conversation holds now (other writes committed meanwhile)
+                leaves no room for the file; nothing stored has changed.
             WorkspaceError: the file could not be flushed or renamed (e.g. ``name`` became a
                 directory meanwhile); nothing stored has changed.
         """
@@ -113,7 +132,11 @@ class PendingWrite:
         try:
             os.fsync(self._fd)
             info = os.fstat(self._fd)
-            os.rename(self._temporary, self._leaf, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+            with self._reservation.committing(info.st_size, self._replaced_size()):
+                os.rename(self._temporary, self._leaf, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+        except QuotaExceededError:
+            self.abort()
+            raise
         except OSError as exc:
             self.abort()
             raise WorkspaceError(f"{self.name}: cannot store the file: {exc.strerror}") from exc
@@ -122,14 +145,23 @@ class PendingWrite:
         self._close()
         return FileEntry(name=self.name, size=info.st_size, mtime=info.st_mtime)
 
+    def _replaced_size(self) -> int | None:
+        """The size of the regular file this one replaces now, or None."""
+        try:
+            old = os.stat(self._leaf, dir_fd=self._parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return old.st_size if stat.S_ISREG(old.st_mode) else None
+
     def abort(self) -> None:
         """Delete the temporary file and release the fds (idempotent)."""
         if self._fd is not None:
-            with contextlib.suppress(FileNotFoundError):
+            with self._reservation.discarding(), contextlib.suppress(FileNotFoundError):
                 os.unlink(self._temporary, dir_fd=self._parent)
         self._close()
 
     def _close(self) -> None:
+        self._reservation.release()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -10,6 +10,7 @@ import { dlopen, FFIType, ptr, read } from "bun:ffi";
 import { mkdirSync, writeFileSync } from "node:fs";
 import type { Libc } from "./libc.ts";
 import type { AsyncReader, Platform } from "./platform.ts";
+import { startRelay } from "./relay.ts";
 import { main } from "./runner.ts";
 
 const { i32, i64, ptr: pointer, u64 } = FFIType;
@@ -73,4 +74,5 @@ const platform: Platform = {
   exit: (code) => process.exit(code),
 };
 
+startRelay(process.env);
 await main(platform, process.argv.slice(2));

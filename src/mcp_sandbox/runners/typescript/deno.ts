@@ -9,6 +9,7 @@
 import type { Libc } from "./libc.ts";
 import type { AsyncReader, Platform } from "./platform.ts";
 import { main } from "./runner.ts";
+import { startRelay } from "./relay.ts";
 
 const CHUNK = 1 << 16;
 const lib = Deno.dlopen("libc.so.6", {
@@ -103,4 +104,5 @@ const platform: Platform = {
   },
 };
 
+startRelay(Deno.env.toObject());
 await main(platform, Deno.args);

@@ -4,7 +4,10 @@
  * - `mcp.servers.<alias>.<tool>(args)`: call a tool of a server this run may call (its wire name,
  *   or the Python name the host also accepts); the typings are in /tools/<alias>/index.d.ts;
  * - `mcp.runtime`: callTool, listServers, discoveredServers, describeServer, listTools,
- *   searchTools, queryToolDocs; `mcp.MCPError` is what every failed call rejects with.
+ *   searchTools, queryToolDocs; `mcp.MCPError` is what every failed call rejects with;
+ * - the tenant's library, which only the host writes: `mcp.runtime.saveTool(fn)` keeps a
+ *   function's source for later runs, which call it as `await mcp.saved.<name>(...)`;
+ *   saveMemory / loadMemory / listMemories / deleteMemory keep JSON values between runs.
  *
  * Every request goes to the host, which decides what this run may reach. A tool's result is its
  * structuredContent when it has one; otherwise its content: text (parsed when it is a JSON object
@@ -149,13 +152,23 @@ export interface Runtime {
     options?: { detail?: Detail; limit?: number },
   ): Promise<{ server: string; tool: string; python_name: string; doc: string }[]>;
   queryToolDocs(server: string, tool?: string | null, detail?: Detail): Promise<string>;
+  saveTool(fn: (...args: never[]) => unknown, options?: { name?: string; description?: string }): Promise<string>;
+  listSavedTools(): Promise<{ name: string; language: string; description: string }[]>;
+  deleteTool(name: string): Promise<boolean>;
+  saveMemory(key: string, value: unknown): Promise<void>;
+  loadMemory(key: string, fallback?: unknown): Promise<unknown>;
+  listMemories(): Promise<string[]>;
+  deleteMemory(key: string): Promise<boolean>;
 }
+
+export type SavedFunction = (...args: unknown[]) => Promise<unknown>;
 
 export type ToolFunction = (args?: Record<string, unknown>) => Promise<unknown>;
 
 export interface Api {
   runtime: Runtime;
   servers: Record<string, Record<string, ToolFunction>>;
+  saved: Record<string, SavedFunction>;
   MCPError: typeof MCPError;
   Media: typeof Media;
   Resource: typeof Resource;
@@ -192,7 +205,45 @@ export function createApi(host: Requester, servers: string[]): Api {
       })) as Awaited<ReturnType<Runtime["searchTools"]>>,
     queryToolDocs: async (server, tool = null, detail = "summary") =>
       (await ask("query_tool_docs", { server, tool, detail }, server, tool)) as string,
+    async saveTool(fn, options = {}) {
+      const name = options.name ?? fn.name;
+      const body = { name, source: fn.toString(), language: "javascript", description: options.description ?? "" };
+      await ask("save_tool", body);
+      return `Tool '${name}' saved: later runs call it as await mcp.saved.${name}(...).`;
+    },
+    listSavedTools: async () => (await ask("list_saved_tools", {})) as Awaited<ReturnType<Runtime["listSavedTools"]>>,
+    deleteTool: async (name) => (await ask("delete_tool", { name })) === true,
+    saveMemory: async (key, value) => {
+      await ask("save_memory", { key, value });
+    },
+    async loadMemory(key, fallback = undefined) {
+      const found = (await ask("load_memory", { key })) as { found: boolean; value: unknown };
+      return found.found ? found.value : fallback;
+    },
+    listMemories: async () => (await ask("list_memories", {})) as string[],
+    deleteMemory: async (key) => (await ask("delete_memory", { key })) === true,
   };
+  // A saved tool is its source, evaluated on first use in a run (the host keeps it; only it writes).
+  const loaded = new Map<string, (...args: unknown[]) => unknown>();
+  const load = async (name: string) => {
+    const cached = loaded.get(name);
+    if (cached !== undefined) return cached;
+    const found = (await ask("load_tool", { name })) as { language: string; source: string } | null;
+    if (found === null || found.language === "python") {
+      throw new MCPError(`no saved JavaScript tool '${name}' (mcp.runtime.listSavedTools() lists them)`, {
+        kind: "invalid",
+      });
+    }
+    const fn = (0, eval)(`(${found.source})`) as (...args: unknown[]) => unknown;
+    loaded.set(name, fn);
+    return fn;
+  };
+  const saved = new Proxy({} as Record<string, SavedFunction>, {
+    get: (_target, name) => {
+      if (typeof name !== "string" || name === "then") return undefined;
+      return async (...args: unknown[]) => (await load(name))(...args);
+    },
+  });
   // Any property is a tool: the host knows the server's tools, and says so when one is missing.
   const toolsOf = (alias: string) =>
     new Proxy({} as Record<string, ToolFunction>, {
@@ -215,6 +266,7 @@ export function createApi(host: Requester, servers: string[]): Api {
   return {
     runtime,
     servers: serverProxy,
+    saved,
     MCPError,
     Media,
     Resource,

@@ -8,6 +8,12 @@ that fails, for whatever reason, raises :class:`MCPError`.
 A tool's result is its ``structuredContent`` when it has one; otherwise its content: text
 (parsed when it is a JSON object or array), or :class:`Media` / :class:`Resource` /
 :class:`ResourceLink` objects, one value for one block, a list for several.
+:func:`call_tool_raw` gives the whole result as the server sent it (the earlier bridge's form).
+
+Code written for the earlier bridge awaits ``list_servers()``, ``list_tools(server)`` and
+``query_tool_docs(...)``: their answers are also awaitable, and awaited they take that bridge's
+shapes (see :mod:`.dual`); its other names are in :mod:`.compat`. A server may be named by its
+name, its alias, or an entry of ``list_servers()``/``discovered_servers()``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from .dual import DualList, DualStr
 from .frames import Reply
 from .host import HostUnavailable, connection
 
@@ -28,6 +35,7 @@ __all__ = [
     "Resource",
     "ResourceLink",
     "call_tool",
+    "call_tool_raw",
     "call_tool_sync",
     "describe_server",
     "discovered_servers",
@@ -40,8 +48,8 @@ __all__ = [
 Detail = Literal["name", "summary", "full"]
 
 
-class MCPError(Exception):
-    """A tool call or request failed.
+class MCPError(RuntimeError):
+    """A tool call or request failed (a ``RuntimeError``, as the earlier bridge's was).
 
     Attributes:
         server: the server asked (None for requests about no server in particular).
@@ -166,9 +174,29 @@ def _unwrap(reply: Reply, server: str | None, tool: str | None) -> Any:
     raise MCPError(error.message, server=error.server or server, tool=tool, kind=error.kind)
 
 
+ServerRef = str | dict[str, Any]
+
+
+def _name(server: ServerRef) -> str:
+    """A server's name, alias, or an entry of list_servers()/discovered_servers() (its ``name``)."""
+    if isinstance(server, dict) and isinstance(server.get("name"), str):
+        return str(server["name"])
+    return server if isinstance(server, str) else str(server)
+
+
 def _request_sync(op: str, body: dict[str, Any], server: str | None = None, tool: str | None = None) -> Any:
     try:
         reply = connection().request(op, body).result()
+    except HostUnavailable as error:
+        raise MCPError(str(error), server=server, tool=tool, kind="unavailable") from None
+    return _unwrap(reply, server, tool)
+
+
+async def _request(op: str, body: dict[str, Any], server: str | None = None, tool: str | None = None) -> Any:
+    import asyncio  # here, not at the top: it costs ~25 ms and plain scripts never need it
+
+    try:
+        reply = await asyncio.wrap_future(connection().request(op, body))
     except HostUnavailable as error:
         raise MCPError(str(error), server=server, tool=tool, kind="unavailable") from None
     return _unwrap(reply, server, tool)
@@ -182,48 +210,82 @@ async def call_tool(server: str, tool: str, arguments: dict[str, Any] | None = N
     Raises:
         MCPError: the tool failed, the server is unreachable, or this run may not call it.
     """
-    import asyncio  # here, not at the top: it costs ~25 ms and plain scripts never need it
-
+    server = _name(server)
     body = {"server": server, "tool": tool, "arguments": arguments or {}}
-    try:
-        reply = await asyncio.wrap_future(connection().request("call_tool", body))
-    except HostUnavailable as error:
-        raise MCPError(str(error), server=server, tool=tool, kind="unavailable") from None
-    return _shape(_unwrap(reply, server, tool), raw, server, tool)
+    return _shape(await _request("call_tool", body, server, tool), raw, server, tool)
+
+
+async def call_tool_raw(server: str, tool: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole result of a tool call, as the server sent it (``content``, ``structuredContent``, ``isError``).
+
+    A tool that reports an error returns its result with ``isError: true`` instead of raising.
+
+    Raises:
+        MCPError: the server is unreachable, or this run may not call it.
+    """
+    server = _name(server)
+    body = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": True}
+    result: dict[str, Any] = await _request("call_tool", body, server, tool)
+    result.setdefault("isError", False)
+    return result
 
 
 def call_tool_sync(server: str, tool: str, arguments: dict[str, Any] | None = None, *, raw: bool = False) -> Any:
     """Blocking form of :func:`call_tool`, for plain scripts."""
+    server = _name(server)
     body = {"server": server, "tool": tool, "arguments": arguments or {}}
     return _shape(_request_sync("call_tool", body, server, tool), raw, server, tool)
 
 
-def list_servers() -> list[dict[str, Any]]:
-    """The servers this run may call: ``[{"name", "alias", "tools"}]``."""
-    result: list[dict[str, Any]] = _request_sync("list_servers", {})
-    return result
+def list_servers() -> DualList:
+    """The servers this run may call: ``[{"name", "alias", "tools"}]``.
+
+    Awaited: their names, sorted, as a tuple (the earlier bridge's form).
+    """
+    listed: list[dict[str, Any]] = _request_sync("list_servers", {})
+
+    async def names() -> tuple[str, ...]:
+        return tuple(sorted(entry["name"] for entry in listed))
+
+    return DualList(listed, names)
 
 
-def discovered_servers() -> list[dict[str, Any]]:
-    """Every configured server, callable in this run or not: ``[{"name", "alias", "allowed"}]``."""
+def discovered_servers(detailed: bool = False) -> list[dict[str, Any]] | tuple[dict[str, Any], ...]:
+    """Every configured server, callable in this run or not: ``[{"name", "alias", "allowed"}]``.
+
+    ``detailed=True`` gives the earlier bridge's ``({"name", "description"}, ...)``.
+    """
     result: list[dict[str, Any]] = _request_sync("discovered_servers", {})
+    if detailed:
+        return tuple({"name": entry["name"], "description": entry.get("description") or ""} for entry in result)
     return result
 
 
-def describe_server(name: str) -> dict[str, Any]:
-    """A server's name, alias, transport, stub directory and its tools with one-line summaries."""
-    result: dict[str, Any] = _request_sync("describe_server", {"server": name}, name)
+def describe_server(name: ServerRef) -> dict[str, Any]:
+    """A server's name, alias, transport, stub directory, ``cwd``, and its tools with one-line summaries."""
+    server = _name(name)
+    result: dict[str, Any] = _request_sync("describe_server", {"server": server}, server)
     return result
 
 
-def list_tools(server: str) -> list[dict[str, Any]]:
-    """``server``'s tools: ``[{"name", "python_name", "summary"}]``."""
-    result: list[dict[str, Any]] = _request_sync("list_tools", {"server": server}, server)
-    return result
+async def _definitions(server: str) -> list[dict[str, Any]]:
+    listed: list[dict[str, Any]] = await _request("list_tools", {"server": server, "schemas": True}, server)
+    return [{key: value for key, value in tool.items() if key != "python_name"} for tool in listed]
+
+
+def list_tools(server: ServerRef, schemas: bool = False) -> DualList:
+    """``server``'s tools: ``[{"name", "python_name", "summary", "alias", "description"}]``.
+
+    With ``schemas=True``: each tool's definition as the server sent it (``inputSchema``, ...),
+    plus its ``python_name``. Awaited: the definitions (the earlier bridge's form).
+    """
+    name = _name(server)
+    listed: list[dict[str, Any]] = _request_sync("list_tools", {"server": name, "schemas": schemas}, name)
+    return DualList(listed, lambda: _definitions(name))
 
 
 def search_tools(query: str, detail: Detail = "summary", limit: int = 10) -> list[dict[str, Any]]:
-    """Tools of every configured server ranked for ``query``: ``[{"server", "tool", "doc"}]``.
+    """Tools of every configured server ranked for ``query``: ``[{"server", "tool", "doc", ...}]``.
 
     ``detail`` chooses ``doc``: ``name``, ``summary`` (signature and first sentence) or
     ``full`` (the generated stub, with parameter and result types).
@@ -232,7 +294,46 @@ def search_tools(query: str, detail: Detail = "summary", limit: int = 10) -> lis
     return result
 
 
-def query_tool_docs(server: str, tool: str | None = None, detail: Detail = "summary") -> str:
-    """The documentation of one tool, or of every tool of ``server``, as text."""
-    result: str = _request_sync("query_tool_docs", {"server": server, "tool": tool, "detail": detail}, server, tool)
-    return result
+def bridge_doc(server: str, server_alias: str, tool: dict[str, Any], detail: str) -> dict[str, Any]:
+    """One tool's documentation in the earlier bridge's shape."""
+    doc = {"server": server, "serverAlias": server_alias, "tool": tool["name"], "toolAlias": tool["python_name"]}
+    if tool.get("description"):
+        doc["description"] = tool["description"]
+    if detail == "full" and tool.get("inputSchema") is not None:
+        doc["inputSchema"] = tool["inputSchema"]
+    return doc
+
+
+def select_tools(tools: list[dict[str, Any]], tool: str | None, server: str) -> list[dict[str, Any]]:
+    """``tools`` whose name or Python name is ``tool`` (any case); all of them when ``tool`` is None.
+
+    Raises:
+        MCPError: no tool is called ``tool``.
+    """
+    if tool is None:
+        return tools
+    wanted = tool.lower()
+    found = [entry for entry in tools if wanted in (entry["name"].lower(), entry["python_name"].lower())]
+    if not found:
+        raise MCPError(f"no tool {tool!r}", server=server, tool=tool, kind="invalid")
+    return found
+
+
+async def _bridge_docs(server: str, tool: str | None, detail: str) -> Any:
+    described = await _request("describe_server", {"server": server}, server)
+    tools = await _request("list_tools", {"server": server, "schemas": True}, server)
+    docs = [
+        bridge_doc(described["name"], described["alias"], entry, detail) for entry in select_tools(tools, tool, server)
+    ]
+    return docs[0] if tool is not None and len(docs) == 1 else docs
+
+
+def query_tool_docs(server: ServerRef, tool: str | None = None, detail: Detail = "summary") -> DualStr:
+    """The documentation of one tool, or of every tool of ``server``, as text.
+
+    Awaited: ``[{"server", "serverAlias", "tool", "toolAlias", "description", "inputSchema"?}]``,
+    or the one entry when ``tool`` is given (the earlier bridge's form).
+    """
+    name = _name(server)
+    text: str = _request_sync("query_tool_docs", {"server": name, "tool": tool, "detail": detail}, name, tool)
+    return DualStr(text, lambda: _bridge_docs(name, tool, detail))

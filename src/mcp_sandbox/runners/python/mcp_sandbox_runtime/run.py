@@ -21,7 +21,7 @@ import sys
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from . import TOOLS_MOUNT, display, host
+from . import TOOLS_MOUNT, display, host, relay
 from .frames import Done, Exec, Frame
 from .host import close_fds
 
@@ -200,7 +200,14 @@ class Interpreter:
         return self._loop
 
     def _bind_servers(self, servers: list[str]) -> None:
-        """``mcp`` and ``mcp_<alias>`` for this run's servers (their stubs are under /tools)."""
+        """``mcp`` and ``mcp_<alias>`` for this run's servers (their stubs are under /tools).
+
+        Also the earlier bridge's names: ``mcp_servers`` (server name -> the same module) and
+        ``LOADED_MCP_SERVERS`` (their names), empty when the run has no servers.
+        """
+        self.namespace["mcp_servers"] = {}
+        self.namespace["LOADED_MCP_SERVERS"] = ()
+        self._bind_library()
         if not servers and not self._bound:
             return
         import importlib
@@ -212,6 +219,7 @@ class Interpreter:
         if not servers:
             return
         self.namespace["mcp"] = importlib.import_module("mcp")
+        modules: dict[str, Any] = {}
         for alias in servers:
             where = os.path.realpath(f"{TOOLS_MOUNT}/{alias}")
             if self._bound.get(alias) != where:
@@ -219,8 +227,23 @@ class Interpreter:
                 name = f"mcp.servers.{alias}"
                 for loaded in [key for key in sys.modules if key == name or key.startswith(name + ".")]:
                     del sys.modules[loaded]
-            self.namespace[f"mcp_{alias}"] = importlib.import_module(f"mcp.servers.{alias}")
+            module = importlib.import_module(f"mcp.servers.{alias}")
+            self.namespace[f"mcp_{alias}"] = module
+            modules[getattr(module, "SERVER_NAME", alias)] = module
             self._bound[alias] = where
+        self.namespace["mcp_servers"] = modules
+        self.namespace["LOADED_MCP_SERVERS"] = tuple(modules)
+
+    def _bind_library(self) -> None:
+        """``saved`` (a fresh view each run) and the library's functions, unless the code took the names."""
+        from . import library
+
+        names: dict[str, Any] = {name: getattr(library, name) for name in library.__all__ if name != "SavedTools"}
+        names["saved"] = library.SavedTools()
+        for name, value in names.items():
+            current = self.namespace.get(name)
+            if current is None or current is getattr(library, name, None) or isinstance(current, library.SavedTools):
+                self.namespace[name] = value
 
     def close(self) -> None:
         """End the event loop as ``asyncio.run`` would: cancel what is left, then close it."""
@@ -266,11 +289,13 @@ class Server:
     def serve(self, frame: Exec, fds: list[int]) -> int:
         """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
         saved_env = dict(os.environ)
+        self.connection.max_call_bytes = frame.max_call_bytes
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
         try:
             os.environ.update(frame.env)
+            relay.add_packages()
             exit_code, exception = self.interpreter.run(frame.code, list(frame.servers))
         finally:
             display.end()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import host
+from . import host, relay
 from .frames import Error, Ready
 from .host import close_fds
 from .run import EXIT_PROTOCOL, Server, accept_exec, prepare_process
@@ -47,6 +47,8 @@ def main(argv: list[str]) -> int:
     connection = host.connect(channel)
     os.close(channel)  # the connection holds its own, non-inheritable duplicate
     prepare_process()
+    if (problem := relay.start()) is not None:
+        sys.stderr.write(f"mcp-sandbox runner: {problem}\n")
     connection.send(Ready("python", sys.version.split()[0]))
     server = Server(connection)
     exit_code: int | None = None

@@ -120,6 +120,7 @@ class ContainerBackend:
     # Not yet: a run's memory and pids limit hits are told apart by the container's own cgroup,
     # which exists only once per container, so a zygote's runs could not be judged one by one.
     warm_pool = False
+    sized_scratch = False  # /data and /workspace must be one directory: a bound host one, watched
 
     def __init__(self, settings: Settings, name: str, cli: str | None, flavour: Flavour) -> None:
         self.name = name
@@ -128,7 +129,7 @@ class ContainerBackend:
         self._cgroups: CgroupSupport | None = None
         self._swept = False
         self._sweep_lock = anyio.Lock()
-        self._profile: str | None = None
+        self._profiles: dict[bool, str] = {}  # by egress
 
     @property
     def flavour(self) -> Flavour:
@@ -158,26 +159,27 @@ class ContainerBackend:
                 return value.strip()
         return self._settings.image or DEFAULT_IMAGE
 
-    def _seccomp_profile(self) -> str:
+    def _seccomp_profile(self, *, egress: bool = False) -> str:
         """The OCI seccomp profile's path: ``<state_dir>/seccomp-<digest>.json``, written once.
 
         Named by its content, so servers sharing a state directory share the file and a changed
         deny list gets a new one; the state directory is the server's own, so no other host
         user can swap it between writing and the CLI reading it.
         """
-        if self._profile is None:
-            data = json.dumps(oci_profile(), sort_keys=True).encode()
-            digest = hashlib.sha256(data).hexdigest()[:16]
-            layout = StateLayout.of(self._settings)
-            layout.make_root_private()
-            path = layout.seccomp_profile(digest)
-            directory = path.parent
-            if not path.exists():
-                with tempfile.NamedTemporaryFile(dir=directory, prefix=".seccomp-", delete=False) as out:
-                    out.write(data)
-                os.replace(out.name, path)
-            self._profile = str(path)
-        return self._profile
+        if (known := self._profiles.get(egress)) is not None:
+            return known
+        data = json.dumps(oci_profile(egress=egress), sort_keys=True).encode()
+        digest = hashlib.sha256(data).hexdigest()[:16]
+        layout = StateLayout.of(self._settings)
+        layout.make_root_private()
+        path = layout.seccomp_profile(digest)
+        directory = path.parent
+        if not path.exists():
+            with tempfile.NamedTemporaryFile(dir=directory, prefix=".seccomp-", delete=False) as out:
+                out.write(data)
+            os.replace(out.name, path)
+        self._profiles[egress] = str(path)
+        return str(path)
 
     def user(self) -> tuple[tuple[int, int], bool]:
         """The uid/gid the container's processes have, and whether the server's own uid is mapped
@@ -203,7 +205,7 @@ class ContainerBackend:
             name=name,
             owner=os.getpid(),
             image=self.image_for(policy.language),
-            seccomp_profile=self._seccomp_profile(),
+            seccomp_profile=self._seccomp_profile(egress=policy.egress),
             user=user,
             keep_id=keep_id,
             channel="fd" if self.flavour == "podman" else "socket",

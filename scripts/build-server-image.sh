@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Build the server's own container image offline, from this Debian host's packages.
+#
+#   scripts/build-server-image.sh [IMAGE]
+#   scripts/build-server-image.sh --digest     # print the digest of what goes in, and exit
+#
+# IMAGE defaults to localhost/mcp-sandbox:latest. The CLI is $CONTAINER_CLI, else podman, else
+# docker. As for the sandbox image (scripts/build-container-image.sh), no image registry is
+# involved: scripts/container_rootfs.py copies Debian's python3, bubblewrap, libseccomp (with
+# ldconfig, which ctypes uses to find it) and tini
+# with their dependencies into a root filesystem. Into it go
+#   /opt/mcp-sandbox/.venv           the server: this repository's wheel and its dependencies
+#                                    (pip, from the package index pip is configured with)
+#   /opt/mcp-sandbox/.runtime/python the sandbox's Python runtime (a copy of .runtime/python)
+#   /opt/mcp-sandbox/.runtime/js     bun and deno (a copy of .runtime/js)
+#   /var/lib/mcp-sandbox             the state directory (a volume), owned by the server's user
+# and `<cli> import` turns its tarball into an image whose default command serves HTTP on
+# 0.0.0.0:8765 as the unprivileged user mcp-sandbox (uid 10001). deploy/compose.yaml runs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# What the image is made of: the image carries it as a label, so a stale image can be told
+# (tests/deploy/test_image.py rebuilds when it differs).
+digest() {
+    {
+        find src -type f ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
+        sha256sum pyproject.toml scripts/build-server-image.sh scripts/container_rootfs.py \
+            runtime/python-requirements.txt runtime/js/package-lock.json
+    } | sha256sum | cut -c1-32
+}
+if [ "${1:-}" = "--digest" ]; then
+    digest
+    exit 0
+fi
+
+image="${1:-localhost/mcp-sandbox:latest}"
+cli="${CONTAINER_CLI:-}"
+if [ -z "$cli" ]; then
+    cli="$(command -v podman || command -v docker || true)"
+fi
+if [ -z "$cli" ]; then
+    echo "build-server-image: neither podman nor docker found (set CONTAINER_CLI)" >&2
+    exit 1
+fi
+for needed in .venv/bin/python .runtime/python/bin/python3 .runtime/js/.installed; do
+    if [ ! -e "$needed" ]; then
+        echo "build-server-image: $needed is missing (run make setup first)" >&2
+        exit 1
+    fi
+done
+
+uid=10001
+prefix=/opt/mcp-sandbox
+work="$(mktemp -d /tmp/mcp-sandbox-server-rootfs-XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+rootfs="$work/rootfs"
+
+/usr/bin/python3 scripts/container_rootfs.py "$rootfs" bubblewrap libseccomp2 libc-bin tini ca-certificates
+
+# The server's environment: a venv of the image's python3 (the host's Debian one, copied above)
+# with the wheel and its dependencies installed into it. Bytecode is compiled now: the root
+# filesystem is read-only at run time.
+py_version="$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+/usr/bin/python3 -m venv --without-pip "$rootfs$prefix/.venv"
+ln -sfn /usr/bin/python3 "$rootfs$prefix/.venv/bin/python3"
+ln -sfn python3 "$rootfs$prefix/.venv/bin/python"
+.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" .
+.venv/bin/python -m pip install --quiet --no-warn-script-location --python-version "$py_version" \
+    --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$work"/wheels/*.whl
+/usr/bin/python3 -m compileall -q "$rootfs$prefix/.venv/lib/python$py_version/site-packages" || true
+mkdir -p "$rootfs/usr/local/bin"
+cat >"$rootfs/usr/local/bin/mcp-sandbox" <<EOF
+#!/bin/sh
+exec $prefix/.venv/bin/python -m mcp_sandbox "\$@"
+EOF
+chmod 755 "$rootfs/usr/local/bin/mcp-sandbox"
+
+# The sandbox's runtimes, at the paths the settings' defaults derive from the venv's.
+mkdir -p "$rootfs$prefix/.runtime"
+# (Links are kept: the runtime venv's interpreter links point at Debian's python3, in the image too.)
+cp -a .runtime/python/. "$rootfs$prefix/.runtime/python"
+cp -a .runtime/js/. "$rootfs$prefix/.runtime/js"
+chmod -R a+rX,go-w "$rootfs$prefix"
+
+# The unprivileged user the server runs as, its home and the state directory (a volume).
+etc="$rootfs/etc"
+echo "mcp-sandbox:x:$uid:$uid:mcp-sandbox:/home/mcp-sandbox:/bin/sh" >>"$etc/passwd"
+echo "mcp-sandbox:x:$uid:" >>"$etc/group"
+mkdir -p "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+chown "$uid:$uid" "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+chmod 700 "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+
+tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
+"$cli" import \
+    --change 'LABEL io.mcp-sandbox.image=server' \
+    --change "LABEL io.mcp-sandbox.digest=$(digest)" \
+    --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
+    --change 'ENV HOME=/home/mcp-sandbox' \
+    --change 'ENV MCP_SANDBOX_STATE_DIR=/var/lib/mcp-sandbox' \
+    --change 'ENV MCP_SANDBOX_HOST=0.0.0.0' \
+    --change 'ENV MCP_SANDBOX_PORT=8765' \
+    --change "USER $uid:$uid" \
+    --change 'WORKDIR /home/mcp-sandbox' \
+    --change 'VOLUME /var/lib/mcp-sandbox' \
+    --change 'EXPOSE 8765' \
+    --change 'ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/mcp-sandbox"]' \
+    --change 'CMD ["serve", "--transport", "http"]' \
+    "$work/rootfs.tar" "$image" >/dev/null
+echo "build-server-image: built $image with $cli" >&2

@@ -1,0 +1,83 @@
+"""Controlled network: an allowlisting egress proxy per run, reached from the sandbox through a Unix socket.
+
+A sandbox keeps its own network namespace with nothing but loopback. A run granted network
+(``network: true`` or a list of domain patterns) gets, for its life, a proxy on the host
+(:mod:`.proxy`) listening on a Unix socket bound into the sandbox at :data:`SOCKET_INSIDE`; the
+runner inside relays TCP connections to :data:`RELAY_ADDRESS` on the sandbox's loopback to that
+socket, and :func:`sandbox_environment` points the usual proxy variables there. What a run may
+reach is decided by :mod:`.rules`; every connection is a line of :mod:`.audit`'s log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mcp_sandbox.egress.audit import AuditLog, AuditRecord
+from mcp_sandbox.egress.proxy import (
+    SOCKET_NAME,
+    EgressProxy,
+    Resolver,
+    hosts_resolver,
+    serve_egress,
+    socket_directory,
+    system_resolver,
+)
+from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
+
+__all__ = [
+    "PACKAGES_INSIDE",
+    "RELAY_ADDRESS",
+    "SOCKET_DIRECTORY_INSIDE",
+    "SOCKET_INSIDE",
+    "AuditLog",
+    "AuditRecord",
+    "EgressGrant",
+    "EgressProxy",
+    "EgressRules",
+    "Refusal",
+    "Resolver",
+    "TenantEgress",
+    "check_pattern",
+    "hosts_resolver",
+    "relay_environment",
+    "sandbox_environment",
+    "serve_egress",
+    "socket_directory",
+    "system_resolver",
+]
+
+SOCKET_DIRECTORY_INSIDE = "/run/egress"
+SOCKET_INSIDE = f"{SOCKET_DIRECTORY_INSIDE}/{SOCKET_NAME}"
+RELAY_ADDRESS = ("127.0.0.1", 3128)
+# Where `pip install` puts packages: in the conversation's workspace, on top of the runtime
+# (the Python runner puts it on sys.path; see mcp_sandbox_runtime.relay).
+PACKAGES_INSIDE = "/workspace/.packages/python"
+
+
+def relay_environment() -> Mapping[str, str]:
+    """What the runner reads to start its relay (a sandbox that may get network, for life)."""
+    return {
+        "MCP_SANDBOX_EGRESS_SOCKET": SOCKET_INSIDE,
+        "MCP_SANDBOX_EGRESS_RELAY": f"{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}",
+    }
+
+
+def sandbox_environment(language: str) -> Mapping[str, str]:
+    """The variables a run with network gets: the relay's, proxies for every common client, where packages go."""
+    proxy = f"http://{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}"
+    local = "localhost,127.0.0.1,::1"
+    env = {
+        **relay_environment(),
+        **dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"), proxy),
+        "NO_PROXY": local,
+        "no_proxy": local,
+        "npm_config_proxy": proxy,
+        "npm_config_https_proxy": proxy,
+        "npm_config_cache": "/tmp/.npm",
+        "BUN_INSTALL_CACHE_DIR": "/tmp/.bun-cache",
+        "PIP_PROXY": proxy,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+    if language == "python":
+        env["PIP_TARGET"] = PACKAGES_INSIDE
+    return env

@@ -1,0 +1,441 @@
+"""The egress proxy of one run: HTTP CONNECT and plain HTTP forwarding on a Unix socket, enforcing the run's grant.
+
+The sandbox has no interface but loopback; a relay in it (the runner's) forwards each TCP
+connection made to the proxy address on its loopback to this socket, bound into the sandbox.
+For every connection the proxy:
+
+1. reads one request head (CONNECT ``host:port``, or a request with an absolute ``http://`` URL);
+2. checks the name and port against the rules *before* resolving it (a refused name is never
+   looked up, so made-up names cannot carry data to a DNS server), then resolves it on the host
+   and checks every address (no private, loopback, link-local, multicast or metadata address
+   unless allowed), and connects to the address it checked (no second lookup to rebind);
+3. for CONNECT, answers 200 and reads the TLS ClientHello: it must be TLS and name the same host
+   (SNI), or the tunnel is closed; for plain HTTP, forwards that one request with
+   ``Connection: close`` (a second request on the connection cannot name another host);
+4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
+
+A refusal before the tunnel is an HTTP 403 whose body names the rule. Each connection is one
+line in the audit log (:mod:`.audit`). Everything runs in the caller's event loop, on anyio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from mcp_sandbox.egress.audit import AuditLog, AuditRecord, Verdict
+from mcp_sandbox.egress.rules import EgressGrant, IPAddress, Refusal
+from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
+
+__all__ = [
+    "SOCKET_NAME",
+    "EgressProxy",
+    "Resolver",
+    "hosts_resolver",
+    "serve_egress",
+    "socket_directory",
+    "system_resolver",
+]
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "proxy.sock"
+_MAX_HEAD = 16 << 10
+_HEAD_TIMEOUT = 30.0
+_CONNECT_TIMEOUT = 15.0
+_HELLO_TIMEOUT = 15.0
+_CHUNK = 64 << 10
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+
+Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
+
+
+async def system_resolver(host: str, port: int) -> list[IPAddress]:
+    """The host's own resolver (getaddrinfo)."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [ipaddress.ip_address(info[4][0]) for info in infos]
+
+
+def hosts_resolver(hosts: Mapping[str, Sequence[str]]) -> Resolver:
+    """A resolver that knows only ``hosts`` (name to addresses) and never asks DNS: for tests."""
+    table = {
+        name.lower(): [ipaddress.ip_address(address) for address in addresses] for name, addresses in hosts.items()
+    }
+
+    async def resolve(host: str, port: int) -> list[IPAddress]:
+        if host in table:
+            return list(table[host])
+        raise OSError(f"{host} is not in the test resolver's table")
+
+    return resolve
+
+
+class _Refused(Exception):
+    def __init__(self, refusal: Refusal, status: int = 403) -> None:
+        super().__init__(refusal.message)
+        self.refusal, self.status = refusal, status
+
+
+@dataclass(slots=True)
+class _Connection:
+    host: str
+    port: int
+    method: str
+    address: str | None = None
+    sent: int = 0
+    received: int = 0
+    verdict: Verdict = "refused"
+    rule: str = "request"
+
+
+class EgressProxy:
+    """The proxy of one run; serves connections handed to :meth:`handle`, counts against the grant's caps."""
+
+    def __init__(self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver) -> None:
+        self.grant = grant
+        self.run = uuid.uuid4().hex[:16]
+        self._audit = audit
+        self._resolve = resolver
+        self.connections = 0
+        self.bytes = 0
+
+    # --- one connection -------------------------------------------------------------------------
+
+    async def handle(self, client: SocketStream) -> None:
+        """Serve one connection from the sandbox's relay until either side is done."""
+        async with client:
+            # Every connection counts, refused or malformed ones too: a run cannot flood the
+            # audit log (past the cap, only the first refusal is written).
+            self.connections += 1
+            if self.connections > self.grant.max_connections + 1:
+                return
+            reader = BufferedByteReceiveStream(client)
+            try:
+                with anyio.fail_after(_HEAD_TIMEOUT):
+                    head = await reader.receive_until(b"\r\n\r\n", _MAX_HEAD)
+            except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound, OSError):
+                return
+            except anyio.BrokenResourceError:
+                return
+            connection = _Connection(host="?", port=0, method="?")
+            try:
+                await self._serve(client, reader, head, connection)
+            except _Refused as refused:
+                connection.verdict, connection.rule = "refused", refused.refusal.rule
+                await _answer(client, refused, connection)
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                pass  # either side went away: the line below says how far it got
+            except Exception:  # one connection's bug must not end the run's other connections
+                logger.exception("egress proxy: a connection failed")
+            finally:
+                try:
+                    self._record(connection)
+                except OSError as exc:
+                    logger.error("egress proxy: cannot write the audit log: %s", exc)
+
+    async def _serve(
+        self, client: SocketStream, reader: BufferedByteReceiveStream, head: bytes, c: _Connection
+    ) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not _printable(lines[0]):
+            raise _Refused(Refusal("request", "not an HTTP/1 proxy request"), 400)
+        method, target, _version = parts
+        c.method = method[:16]
+        if method == "CONNECT":
+            host, _, port_text = target.rpartition(":")
+            if not port_text.isdigit() or not host:
+                raise _Refused(Refusal("request", "CONNECT needs host:port"), 400)
+            c.host, c.port = host.removeprefix("[").removesuffix("]")[:255], int(port_text)
+            upstream = await self._open(c)
+            async with upstream:
+                await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                hello = await self._client_hello(reader, c)
+                if hello is None:
+                    return
+                await upstream.send(hello)
+                c.sent += len(hello)
+                self.bytes += len(hello)
+                await self._pump(reader, client, upstream, c)
+            return
+        url = urlsplit(target)
+        if url.scheme != "http" or not url.netloc:
+            raise _Refused(
+                Refusal("request", "only http:// URLs are forwarded; use CONNECT (HTTPS_PROXY) for https"), 400
+            )
+        if "@" in url.netloc:
+            raise _Refused(Refusal("request", "credentials in the URL are refused"), 400)
+        try:
+            port = url.port or 80
+        except ValueError:
+            raise _Refused(Refusal("request", "the URL's port is not a number"), 400) from None
+        c.host, c.port = (url.hostname or "")[:255], port
+        if not _printable(url.netloc):
+            raise _Refused(Refusal("host_syntax", "the host name holds a control character"))
+        request = _forwarded_head(method, url.path or "/", url.query, url.netloc, lines[1:])
+        upstream = await self._open(c)
+        async with upstream:
+            await upstream.send(request)
+            c.sent += len(request)
+            self.bytes += len(request)
+            await self._pump(reader, client, upstream, c)
+
+    async def _open(self, c: _Connection) -> SocketStream:
+        """Check ``c``'s host and port, resolve, check the addresses and connect to a checked one.
+
+        Raises:
+            _Refused: a rule refused it (403), or no address answered (502).
+        """
+        grant = self.grant
+        if self.connections > grant.max_connections:
+            raise _Refused(Refusal("egress_max_connections", f"this run used its {grant.max_connections} connections"))
+        if self.bytes >= grant.max_bytes:
+            raise _Refused(Refusal("egress_max_bytes", f"this run used its {grant.max_bytes} bytes"))
+        checked = grant.rules.check_name(c.host, c.port)
+        if isinstance(checked, Refusal):
+            raise _Refused(checked)
+        c.host = checked
+        try:
+            addresses = (
+                [ipaddress.ip_address(checked)] if _is_address(checked) else await self._resolve(checked, c.port)
+            )
+        except OSError:
+            raise _Refused(Refusal("resolve", f"{checked} does not resolve"), 502) from None
+        refusal: Refusal | None = None
+        for address in addresses:
+            if any(_is_own(address, c.port, host, port) for host, port in grant.own):
+                refusal = Refusal("proxy_itself", "the server's own address is refused")
+                continue
+            refusal = grant.rules.check_address(address)
+            if refusal is not None:
+                continue
+            c.address = str(address)
+            try:
+                with anyio.fail_after(_CONNECT_TIMEOUT):
+                    return await anyio.connect_tcp(str(address), c.port)
+            except (OSError, TimeoutError):
+                refusal = Refusal("unreachable", f"{checked}:{c.port} did not answer")
+        if refusal is None:
+            refusal = Refusal("resolve", f"{checked} has no address")
+        raise _Refused(refusal, 502 if refusal.rule == "unreachable" else 403)
+
+    async def _client_hello(self, reader: BufferedByteReceiveStream, c: _Connection) -> bytes | None:
+        """The ClientHello the tunnel starts with, if it names ``c.host``; None (and the verdict) if not."""
+        c.verdict = "refused"
+        try:
+            with anyio.fail_after(_HELLO_TIMEOUT):
+                header = await reader.receive_exactly(RECORD_HEADER)
+                length = client_hello_length(header)
+                if length is None or length > _MAX_HEAD:
+                    c.rule = "tls_required"
+                    return None
+                record = header + await reader.receive_exactly(length - RECORD_HEADER)
+            name = server_name(record)
+        except (TimeoutError, ValueError, anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+            c.rule = "tls_required"
+            return None
+        literal = c.address is not None and c.host == c.address
+        if name != c.host and not (name is None and literal):
+            c.rule = "tls_sni"
+            return None
+        return record
+
+    async def _pump(self, reader: ByteReceiveStream, client: ByteStream, upstream: ByteStream, c: _Connection) -> None:
+        c.verdict, c.rule = "allowed", "egress_allow"
+        with anyio.move_on_after(self.grant.connection_timeout) as scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._copy, reader, upstream, c, True, group)
+                group.start_soon(self._copy, upstream, client, c, False, group)
+        if scope.cancelled_caught and c.verdict == "allowed":
+            c.verdict, c.rule = "cut", "egress_connection_timeout"
+
+    async def _copy(
+        self, source: ByteReceiveStream, sink: ByteStream, c: _Connection, outbound: bool, group: TaskGroup
+    ) -> None:
+        try:
+            async for chunk in source:
+                if self.bytes + len(chunk) > self.grant.max_bytes:  # what would pass the cap is not sent
+                    c.verdict, c.rule = "cut", "egress_max_bytes"
+                    group.cancel_scope.cancel()
+                    return
+                self.bytes += len(chunk)
+                if outbound:
+                    c.sent += len(chunk)
+                else:
+                    c.received += len(chunk)
+                await sink.send(chunk)
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await sink.send_eof()
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            group.cancel_scope.cancel()
+
+    def _record(self, c: _Connection) -> None:
+        if self._audit is None:
+            return
+        grant = self.grant
+        self._audit.write(
+            AuditRecord(
+                tenant=grant.tenant,
+                conversation=grant.conversation,
+                run=self.run,
+                host=c.host,
+                port=c.port,
+                verdict=c.verdict,
+                rule=c.rule,
+                address=c.address,
+                sent=c.sent,
+                received=c.received,
+                method=c.method,
+            )
+        )
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _printable(text: str) -> bool:
+    return all(0x20 < ord(char) < 0x7F for char in text.replace(" ", "!"))
+
+
+_HOP_HEADERS = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "host", "te", "upgrade"}
+)
+
+
+def _forwarded_head(method: str, path: str, query: str, netloc: str, headers: list[str]) -> bytes:
+    """The request as the origin gets it: origin-form target, its Host, no hop-by-hop headers, one request only.
+
+    Raises:
+        _Refused: a header line is malformed (folded, no colon, control characters).
+    """
+    kept: list[str] = []
+    for line in headers:
+        if not line:
+            continue
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or line[0] in " \t":
+            raise _Refused(Refusal("request", "a malformed header line"), 400)
+        if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in line):
+            raise _Refused(Refusal("request", "a header holds a control character"), 400)
+        if name.lower() not in _HOP_HEADERS:
+            kept.append(f"{name}:{value}")
+    target = path + (f"?{query}" if query else "")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}", *kept, "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1")
+
+
+def _is_own(address: IPAddress, port: int, host: str, own_port: int) -> bool:
+    if port != own_port:
+        return False
+    try:
+        own = ipaddress.ip_address(host)
+    except ValueError:
+        return address.is_loopback
+    return address == own or own.is_unspecified or address.is_loopback
+
+
+async def _answer(client: SocketStream, refused: _Refused, c: _Connection) -> None:
+    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[refused.status]
+    rule = refused.refusal.rule
+    body = f"mcp-sandbox egress proxy refused {c.host}:{c.port}: {refused.refusal.message} (rule: {rule})\n"
+    data = body.encode("ascii", errors="replace")
+    head = (
+        f"HTTP/1.1 {refused.status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nX-Egress-Rule: {refused.refusal.rule}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await client.send(head.encode("ascii") + data)
+
+
+# --- one run's socket -----------------------------------------------------------------------------
+
+
+def _socket_directory(runs: Path, group: int | None) -> Path:
+    """A new directory for the socket: under ``runs`` unless that path is too long for a socket."""
+    name = f"{os.getpid()}-egress-{uuid.uuid4().hex[:12]}"
+    if len(str(runs / name / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+        directory = runs / name
+        directory.mkdir(mode=0o700)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-egress-"))
+    if group is not None:
+        os.chown(directory, -1, group)
+        directory.chmod(0o710)
+    return directory
+
+
+@contextlib.asynccontextmanager
+async def serve_egress(
+    runs: Path,
+    grant: EgressGrant,
+    audit: AuditLog | None,
+    *,
+    resolver: Resolver = system_resolver,
+    group: int | None = None,
+    directory: Path | None = None,
+) -> AsyncIterator[tuple[EgressProxy, Path]]:
+    """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
+
+    ``group``: the host gid the sandbox runs as, given the directory and socket (the server runs
+    as root and the sandbox as another uid); None when the sandbox runs as the server's own uid.
+    ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
+    comes and goes with each run), else a new one under ``runs``, removed afterwards.
+
+    Raises:
+        OSError: the directory or the socket cannot be made.
+    """
+    owned = directory is None
+    if directory is None:
+        directory = _socket_directory(runs, group)
+    proxy = EgressProxy(grant, audit, resolver)
+    try:
+        path = directory / SOCKET_NAME
+        listener = await anyio.create_unix_listener(path)
+        try:
+            if group is not None:
+                os.chown(path, -1, group)
+                path.chmod(0o660)
+            else:
+                path.chmod(0o600)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(listener.serve, proxy.handle, tasks)
+                try:
+                    yield proxy, directory
+                finally:
+                    tasks.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+    finally:
+        with contextlib.suppress(OSError):
+            (directory / SOCKET_NAME).unlink()
+        if owned:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def socket_directory(runs: Path, group: int | None) -> Path:
+    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
+
+    Raises:
+        OSError: it cannot be made.
+    """
+    return _socket_directory(runs, group)

@@ -1,0 +1,300 @@
+"""The egress policy: which hosts, ports and addresses a run with network may reach, and why not.
+
+Pure functions over settings, no I/O but reading the TOML file's ``[tenants.<name>]`` tables.
+A pattern is a host name (``example.com``: that name only), ``*.example.com`` (any name under
+it, not the name itself), or ``*`` (any host name). ``egress_deny`` wins over ``egress_allow``.
+Addresses that are not global (loopback, private, link-local, multicast, shared, reserved, the
+cloud metadata address) are refused unless ``egress_allow_private`` names a range holding them;
+a host given as an IP address is refused unless that address is in such a range too.
+
+Every refusal is a :class:`Refusal` whose ``rule`` names the setting (or check) that refused,
+so the proxy's 403 and the audit line tell the model and the operator which one it was.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError, ValidationError
+
+__all__ = [
+    "EgressGrant",
+    "EgressRules",
+    "IPAddress",
+    "IPNetwork",
+    "Refusal",
+    "TenantEgress",
+    "check_pattern",
+    "pattern_matches",
+]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+_MAX_HOST = 253
+_TENANT_KEYS = frozenset({"egress_allow", "egress_deny", "egress_ports", "egress_allow_private"})
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a connection was refused: ``rule`` names the setting or check, ``message`` says it for a person."""
+
+    rule: str
+    message: str
+
+
+def _normal_host(host: str) -> str | Refusal:
+    """``host`` lower-cased without a trailing dot, or why it is no host name at all."""
+    if any(ord(char) < 0x21 or ord(char) == 0x7F for char in host):
+        return Refusal("host_syntax", "the host name holds a control character, a space or NUL")
+    name = host.lower().removesuffix(".")
+    if not name or len(name) > _MAX_HOST or not all(_LABEL.match(label) for label in name.split(".")):
+        return Refusal("host_syntax", "the host is not a valid host name (ASCII letters, digits, '-', '.')")
+    return name
+
+
+def check_pattern(pattern: str) -> str:
+    """``pattern`` normalised (lower case, no trailing dot).
+
+    Raises:
+        ValueError: it is not ``*``, a host name, or ``*.`` and a host name.
+    """
+    if pattern == "*":
+        return pattern
+    rest = pattern.removeprefix("*.")
+    name = _normal_host(rest)
+    if isinstance(name, Refusal):
+        raise ValueError(f"{pattern!r} is not a domain pattern (example.com, *.example.com or *)")
+    return f"*.{name}" if pattern.startswith("*.") else name
+
+
+def pattern_matches(pattern: str, host: str) -> bool:
+    """Whether the normalised ``host`` is one ``pattern`` names."""
+    if pattern == "*":
+        return True
+    if pattern.startswith("*."):
+        return host.endswith(pattern[1:])
+    return host == pattern
+
+
+def _covers(wide: str, narrow: str) -> bool:
+    """Whether every host ``narrow`` names is also named by ``wide``."""
+    if wide == "*":
+        return True
+    if narrow == "*":
+        return False
+    if narrow.startswith("*."):
+        return wide.startswith("*.") and narrow[1:].endswith(wide[1:])
+    return pattern_matches(wide, narrow)
+
+
+def _literal_address(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRules:
+    """Allowed and denied patterns, ports, and private ranges allowed explicitly."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    ports: tuple[int, ...] = (80, 443)
+    private: tuple[IPNetwork, ...] = ()
+
+    @classmethod
+    def build(
+        cls, allow: Iterable[str], deny: Iterable[str], ports: Iterable[int], private: Iterable[str], where: str
+    ) -> EgressRules:
+        """Rules from setting values; ``where`` names their source in errors.
+
+        Raises:
+            ConfigError: a pattern, port or range is malformed.
+        """
+        try:
+            return cls(
+                allow=tuple(dict.fromkeys(check_pattern(item) for item in allow)),
+                deny=tuple(dict.fromkeys(check_pattern(item) for item in deny)),
+                ports=tuple(ports),
+                private=tuple(ipaddress.ip_network(item, strict=False) for item in private),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+
+    def narrowed(self, requested: Sequence[str]) -> EgressRules:
+        """These rules allowing only what ``requested`` (patterns) names as well.
+
+        Raises:
+            ValidationError: (argument ``network``) a pattern is malformed, or allowed nowhere here.
+        """
+        kept: list[str] = []
+        for raw in requested:
+            try:
+                pattern = check_pattern(raw)
+            except ValueError as exc:
+                raise ValidationError("network", str(exc)) from exc
+            within = [pattern for wide in self.allow if _covers(wide, pattern)]
+            within += [narrow for narrow in self.allow if _covers(pattern, narrow)]
+            if not within:
+                allowed = ", ".join(self.allow) or "nothing"
+                raise ValidationError("network", f"{raw!r} is not allowed here (egress_allow: {allowed})")
+            kept += within
+        return EgressRules(tuple(dict.fromkeys(kept)), self.deny, self.ports, self.private)
+
+    def check_name(self, host: str, port: int) -> str | Refusal:
+        """The normalised host if a connection to ``host:port`` may be attempted, before any resolving.
+
+        Checked before a name is resolved, so a refused name never reaches a DNS server (no
+        exfiltration through lookups of made-up names).
+        """
+        if port not in self.ports:
+            shown = ", ".join(str(port) for port in self.ports)
+            return Refusal("egress_ports", f"port {port} is not allowed (egress_ports: {shown})")
+        literal = _literal_address(host)
+        if literal is not None:
+            if not any(literal in network for network in self.private):
+                return Refusal("ip_literal", "a host given as an IP address is refused (egress_allow_private)")
+            return str(literal)
+        name = _normal_host(host)
+        if isinstance(name, Refusal):
+            return name
+        for pattern in self.deny:
+            if pattern_matches(pattern, name):
+                return Refusal("egress_deny", f"{name} matches egress_deny pattern {pattern!r}")
+        if not any(pattern_matches(pattern, name) for pattern in self.allow):
+            allowed = ", ".join(self.allow) or "nothing"
+            return Refusal("egress_allow", f"{name} is not in egress_allow ({allowed})")
+        return name
+
+    def check_address(self, address: IPAddress) -> Refusal | None:
+        """None if ``address`` may be connected to: global, or in an explicitly allowed range."""
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if any(address in network for network in self.private):
+            return None
+        if address.is_global and not address.is_multicast:
+            return None
+        return Refusal(
+            "egress_allow_private",
+            f"the name resolves to {address}, a non-public address (allow its range in egress_allow_private)",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EgressGrant:
+    """One run's network: its rules, whose run it is (for the audit log), and its caps."""
+
+    rules: EgressRules
+    tenant: str
+    conversation: str | None = None
+    max_bytes: int = 256 << 20
+    max_connections: int = 256
+    connection_timeout: float = 300.0
+    # The server's own listening address, refused even where its range is allowed.
+    own: tuple[tuple[str, int], ...] = field(default=())
+
+
+def _tenant_tables(settings: Settings) -> dict[str, dict[str, Any]]:
+    if settings.config_file is None:
+        return {}
+    try:
+        data = tomllib.loads(settings.config_file.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {settings.config_file}: {exc}") from exc
+    tables = data.get("tenants", {})
+    if not isinstance(tables, dict) or not all(isinstance(table, dict) for table in tables.values()):
+        raise ConfigError(f"config file {settings.config_file}: [tenants.<name>] must be tables")
+    return {name: dict(table) for name, table in tables.items()}
+
+
+def _strings(value: object, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ConfigError(f"{where}: must be a list of strings")
+    return list(value)
+
+
+class TenantEgress:
+    """The egress rules of each tenant: the global settings, with what ``[tenants.<name>]`` sets instead.
+
+    A tenant's ``egress_allow``, ``egress_ports`` and ``egress_allow_private`` replace the global
+    ones; its ``egress_deny`` adds to the global one (a tenant never un-denies).
+    """
+
+    def __init__(self, settings: Settings, tables: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """Read and check the rules.
+
+        Raises:
+            ConfigError: a setting of the global rules or of a tenant's table is malformed.
+        """
+        self._settings = settings
+        self.default = EgressRules.build(
+            settings.egress_allow, settings.egress_deny, settings.egress_ports, settings.egress_allow_private, "egress"
+        )
+        self._tenants: dict[str, EgressRules] = {}
+        for name, table in (_tenant_tables(settings) if tables is None else tables).items():
+            where = f"[tenants.{name}]"
+            mine = {key: value for key, value in table.items() if key in _TENANT_KEYS}
+            ports = mine.get("egress_ports", list(settings.egress_ports))
+            if not isinstance(ports, list) or not all(type(port) is int and 0 < port < 65536 for port in ports):
+                raise ConfigError(f"{where} egress_ports: must be a list of TCP ports")
+            self._tenants[name] = EgressRules.build(
+                _strings(mine.get("egress_allow", list(settings.egress_allow)), f"{where} egress_allow"),
+                [*settings.egress_deny, *_strings(mine.get("egress_deny", []), f"{where} egress_deny")],
+                ports,
+                _strings(mine.get("egress_allow_private", list(settings.egress_allow_private)), where),
+                where,
+            )
+
+    def anywhere(self) -> bool:
+        """Whether any tenant (or the default) may be granted network at all."""
+        return bool(self.default.allow) or any(rules.allow for rules in self._tenants.values())
+
+    def rules(self, tenant: str) -> EgressRules:
+        """The rules of ``tenant``."""
+        return self._tenants.get(tenant, self.default)
+
+    def grant(self, tenant: str, network: bool | Sequence[str], conversation: str | None) -> EgressGrant | None:
+        """The network a run asking for ``network`` gets, or None for ``False``.
+
+        Raises:
+            ValidationError: (argument ``network``) nothing is allowed to this tenant, or a
+                requested pattern is malformed or not allowed.
+        """
+        if network is False:
+            return None
+        rules = self.rules(tenant)
+        if not rules.allow:
+            where = "egress_allow" if tenant not in self._tenants else f"egress_allow of [tenants.{tenant}]"
+            raise ValidationError("network", f"no network is allowed here: {where} names no domain")
+        if network is not True:
+            rules = rules.narrowed(list(network))
+        settings = self._settings
+        return EgressGrant(
+            rules=rules,
+            tenant=tenant,
+            conversation=conversation,
+            max_bytes=settings.egress_max_bytes,
+            max_connections=settings.egress_max_connections,
+            connection_timeout=settings.egress_connection_timeout,
+            own=((settings.host, settings.port),),
+        )
+
+    def available(self, tenant: str) -> bool:
+        """Whether ``network: true`` can be granted to ``tenant`` at all."""
+        return bool(self.rules(tenant).allow)
+
+    def summary(self, tenant: str) -> str:
+        """What ``network: true`` reaches for ``tenant``, said briefly (for ``list_runners``)."""
+        rules = self.rules(tenant)
+        if not rules.allow:
+            return "none (egress_allow is empty)"
+        return f"{', '.join(rules.allow)} on ports {', '.join(str(port) for port in rules.ports)}"

@@ -1,0 +1,119 @@
+"""What happened in the server, as typed events, and the hub that hands them to observers.
+
+The engine, the bridge and the server's routes *emit* events (a run finished, a run waited for
+its slot, a tool was called, a file was stored or served); observers (the metrics and the audit
+log, see ``server/metrics.py`` and :mod:`mcp_sandbox.audit`) *subscribe*. Emitting code knows
+nothing of Prometheus or log files, and an observer that fails is logged, never felt by the run.
+
+Events carry sizes, times, names and outcomes only: never code, output, environment values or
+tokens. ``conversation`` is always the workspace key (a keyed hash), never the client's id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = [
+    "Event",
+    "EventHub",
+    "FileServed",
+    "FileStored",
+    "Observer",
+    "RunAdmitted",
+    "RunFinished",
+    "ToolCalled",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunAdmitted:
+    """A run got its slot after ``wait`` seconds in the queue (admission control)."""
+
+    wait: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinished:
+    """A run of ``run_python``/``run_code`` ended (or was refused before it ran).
+
+    ``limits`` names the limits the run hit: ``memory``, ``pids``, ``timeout``, ``cpu``.
+    ``warm``: a warm sandbox served it. ``status`` is the result's, or ``busy`` when refused.
+    """
+
+    tenant: str
+    conversation: str | None
+    language: str
+    backend: str
+    status: str
+    duration: float
+    warm: bool = False
+    limits: tuple[str, ...] = ()
+    exit_code: int | None = None
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    files_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCalled:
+    """Sandboxed code called ``tool`` of downstream server ``server`` (code mode).
+
+    ``outcome``: ``ok``, ``tool_error`` (the tool answered with an error), ``denied``,
+    ``unavailable`` or ``invalid``.
+    """
+
+    tenant: str | None
+    conversation: str | None
+    server: str
+    tool: str
+    outcome: str
+    duration: float
+    result_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FileStored:
+    """A file was uploaded into a conversation (``via``: ``tool`` or ``http``); ``outcome``: ok or why not."""
+
+    tenant: str
+    conversation: str | None
+    via: str
+    outcome: str
+    size: int
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class FileServed:
+    """A signed download was answered (``outcome``: ``ok``, ``expired``, ``invalid``, ``missing``)."""
+
+    conversation: str | None
+    outcome: str
+    size: int
+    duration: float
+    status: int
+
+
+Event = RunAdmitted | RunFinished | ToolCalled | FileStored | FileServed
+Observer = Callable[[Event], None]
+
+
+class EventHub:
+    """Hands every emitted event to each subscribed observer, in order; observers never break emitters."""
+
+    def __init__(self) -> None:
+        self._observers: list[Observer] = []
+
+    def subscribe(self, observer: Observer) -> None:
+        self._observers.append(observer)
+
+    def emit(self, event: Event) -> None:
+        for observer in self._observers:
+            try:
+                observer(event)
+            except Exception:  # an observer's failure (a full disk for the audit log) is not the run's
+                logger.exception("an observer failed on %s", type(event).__name__)

@@ -1,0 +1,171 @@
+"""The ``/mcp`` endpoint: Streamable HTTP for MCP clients, plain JSON-RPC for curl, n8n and scripts.
+
+One SDK session manager cannot serve both kinds of client, so requests are routed among three:
+
+- a request that carries ``Mcp-Session-Id``, a GET (the standalone stream), a DELETE, and an
+  ``initialize`` from a client that accepts ``text/event-stream`` go to the *stateful* manager
+  (sessions, SSE-framed replies) — what every MCP SDK client does;
+- any other POST without a session is served *statelessly*: SSE-framed when the client names
+  ``text/event-stream`` in ``Accept``, plain ``application/json`` otherwise (``*/*``, curl's
+  default, and a missing ``Accept`` included). So the earlier code runner's users can ``POST`` a
+  ``tools/call`` without ever initializing, and no reply to them carries a session id that the
+  server has already thrown away.
+
+``initialize`` without ``capabilities`` (the earlier runner's README sent none) is completed
+with ``{}``; other missing or malformed fields are refused with -32602 naming them.
+Error replies to requests that carried no session never carry ``Mcp-Session-Id``: the SDK mints
+one for the request, then discards it when the request fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
+from mcp.types import INVALID_PARAMS, InitializeRequestParams
+from pydantic import ValidationError
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import Message, Receive, Scope, Send
+
+__all__ = ["McpRoute"]
+
+_SESSION_HEADER = b"mcp-session-id"
+_EVENT_STREAM = "text/event-stream"
+
+
+def _wants_stream(headers: Headers) -> bool:
+    """Whether the client names ``text/event-stream`` in ``Accept`` (a wildcard does not count)."""
+    types = [part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")]
+    return _EVENT_STREAM in types
+
+
+def _field_errors(error: ValidationError) -> str:
+    return "; ".join(f"params.{'.'.join(str(p) for p in item['loc'])}: {item['msg']}" for item in error.errors())
+
+
+def _complete_initialize(message: dict[str, Any]) -> str | None:
+    """Fill in ``capabilities`` when missing; return what is still wrong with the params, or None."""
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return "params: must be an object with protocolVersion, clientInfo and capabilities"
+    params.setdefault("capabilities", {})
+    try:
+        InitializeRequestParams.model_validate(params)
+    except ValidationError as exc:
+        return _field_errors(exc)
+    return None
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, list[Message]]:
+    """The whole request body (already bounded by the body-limit middleware) and what followed it."""
+    chunks: list[bytes] = []
+    trailing: list[Message] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            trailing.append(message)
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks), trailing
+
+
+def _replay(body: bytes, trailing: list[Message], receive: Receive) -> Receive:
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}, *trailing]
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
+def _without_session_on_error(send: Send) -> Send:
+    """Drop ``Mcp-Session-Id`` from an error reply: the session the SDK opened for it is gone."""
+
+    async def filtered(message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            message = {**message, "headers": [(k, v) for k, v in message.get("headers", []) if k != _SESSION_HEADER]}
+        await send(message)
+
+    return filtered
+
+
+def _with_headers(scope: Scope, **replace: bytes) -> Scope:
+    names = {name.replace("_", "-").encode() for name in replace}
+    headers = [(k, v) for k, v in scope["headers"] if k not in names]
+    headers += [(name.replace("_", "-").encode(), value) for name, value in replace.items()]
+    return {**scope, "headers": headers}
+
+
+class McpRoute:
+    """The ASGI app behind ``/mcp``: routes each request to the stateful or a stateless session manager.
+
+    ``stateful`` is the manager MCP clients keep sessions with (its options, such as the idle
+    timeout and the session cap, are the caller's); the two stateless ones are built here.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        stateful: StreamableHTTPSessionManager,
+        security: TransportSecuritySettings,
+        max_body_size: int,
+    ) -> None:
+        self.stateful = stateful
+        common: dict[str, Any] = {"security_settings": security, "max_request_body_size": max_body_size}
+        self._stateless_stream = StreamableHTTPSessionManager(server, stateless=True, **common)
+        self._stateless_json = StreamableHTTPSessionManager(server, stateless=True, json_response=True, **common)
+        self._app = RequestBodyLimitMiddleware(self._route, max_body_size)
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Run the three managers (the app's lifespan)."""
+        async with self.stateful.run(), self._stateless_stream.run(), self._stateless_json.run():
+            yield
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope)
+        if headers.get("mcp-session-id") is not None:
+            await self.stateful.handle_request(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await self.stateful.handle_request(scope, receive, _without_session_on_error(send))
+            return
+        body, trailing = await _read_body(receive)
+        wants_stream = _wants_stream(headers)
+        try:
+            message = json.loads(body)
+        except ValueError:
+            message = None  # the SDK answers the parse error
+        if isinstance(message, dict) and message.get("method") == "initialize":
+            problem = _complete_initialize(message)
+            if problem is not None:
+                error = {"code": INVALID_PARAMS, "message": f"initialize: {problem}"}
+                reply = {"jsonrpc": "2.0", "id": message.get("id"), "error": error}
+                await JSONResponse(reply, status_code=400)(scope, receive, send)
+                return
+            body = json.dumps(message).encode()
+            scope = _with_headers(scope, content_length=str(len(body)).encode())
+        if "accept" not in headers:
+            # No Accept means anything is acceptable (RFC 9110); the SDK wants it spelled out.
+            scope = _with_headers(scope, accept=b"application/json")
+        receive = _replay(body, trailing, receive)
+        send = _without_session_on_error(send)
+        if not wants_stream:
+            await self._stateless_json.handle_request(scope, receive, send)
+        elif isinstance(message, dict) and message.get("method") == "initialize":
+            await self.stateful.handle_request(scope, receive, send)
+        else:
+            await self._stateless_stream.handle_request(scope, receive, send)

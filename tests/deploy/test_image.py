@@ -1,0 +1,249 @@
+"""The server's image (`make image`) on the docker engine the tests start, run with deploy/compose.yaml's options.
+
+No compose tool is installed here: the container is started by hand with the same options as
+the compose file (checked line by line below), except ``--network host`` in place of the port
+mapping, since the tests' engine runs without a bridge. The SDK's client then drives it over HTTP.
+Also: the committed seccomp profile is the one the code generates, and the systemd unit passes
+``systemd-analyze verify``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+
+from container_helpers import DOCKER_WRAPPER, docker_daemon
+from mcp_sandbox.sandbox.seccomp import server_oci_profile
+from mcp_test_helpers import CALL_BOUND, free_port, http_client
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+IMAGE = "localhost/mcp-sandbox:latest"
+TOKEN = "image-token-0123456789abcdef"
+METRICS = "image-metrics-0123456789abcdef"
+
+# deploy/compose.yaml's options, as `docker run` flags (each is checked to be in the compose file).
+SECURITY = ["seccomp=./seccomp-server.json", "systempaths=unconfined", "no-new-privileges=true"]
+
+
+def test_the_committed_seccomp_profile_is_the_generated_one() -> None:
+    committed = json.loads((DEPLOY / "seccomp-server.json").read_text())
+    assert committed == server_oci_profile()
+    names = {name for rule in committed["syscalls"] for name in rule["names"]}
+    assert {"mount", "unshare", "pivot_root"}.isdisjoint(names)  # bwrap needs them
+    assert {"ptrace", "bpf", "kexec_load", "init_module", "keyctl"} <= names
+
+
+def test_the_systemd_unit_verifies() -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        why = "systemd-analyze is not installed (apt package systemd; make test installs it)"
+        if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    unit = (DEPLOY / "mcp-sandbox.service").read_text()
+    assert "Delegate=yes" in unit and "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit
+    # The binary must exist for verify: point ExecStart at this checkout's.
+    here = Path(sys.prefix) / "bin" / "mcp-sandbox"
+    directory = Path(os.environ.get("TMPDIR", "/tmp")) / f"unit-{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    try:
+        copy = directory / "mcp-sandbox.service"
+        copy.write_text(unit.replace("/opt/mcp-sandbox/.venv/bin/mcp-sandbox", str(here)))
+        done = subprocess.run([analyze, "verify", "--man=no", str(copy)], capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(directory)
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # unknown keys only warn: none allowed
+
+
+def test_bwrap_without_setuid_makes_a_sandbox_under_no_new_privs_as_an_unprivileged_user() -> None:
+    """What NoNewPrivileges=yes in the unit (and no-new-privileges in compose) rely on."""
+    bwrap, setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+    if os.geteuid() != 0 or bwrap is None or setpriv is None:
+        pytest.skip("needs root (to become an unprivileged user), bwrap and setpriv")
+    assert not os.stat(bwrap).st_mode & 0o4000, "this check is about a bwrap that is not setuid"
+    done = subprocess.run(
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs", bwrap, "--unshare-all",
+         "--die-with-parent", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/lib",
+         "/lib", "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "/bin/sh", "-c",
+         "grep NoNewPrivs /proc/self/status; id -u"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["NoNewPrivs:", "1", "65534"]
+
+
+@pytest.fixture(scope="module")
+def docker() -> Iterator[None]:
+    with docker_daemon() as why:
+        if why is not None:
+            if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
+                pytest.fail(why, pytrace=False)
+            pytest.skip(why)
+        digest = subprocess.run(
+            ["bash", str(REPO / "scripts" / "build-server-image.sh"), "--digest"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        label = subprocess.run(
+            [
+                str(DOCKER_WRAPPER),
+                "image",
+                "inspect",
+                "--format",
+                '{{index .Config.Labels "io.mcp-sandbox.digest"}}',
+                IMAGE,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if label != digest:  # built once per change of what goes in; kept in the engine's state between runs
+            subprocess.run(
+                ["bash", str(REPO / "scripts" / "build-server-image.sh"), IMAGE],
+                env={**os.environ, "CONTAINER_CLI": str(DOCKER_WRAPPER)},
+                check=True,
+                timeout=1200,
+            )
+        yield
+
+
+def test_compose_has_the_options_the_test_runs_with() -> None:
+    compose = (DEPLOY / "compose.yaml").read_text()
+    for option in SECURITY:
+        assert f"- {option}" in compose, option
+    for line in ("cap_drop: [ALL]", "read_only: true", "MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION", "/readyz", "restart:"):
+        assert line in compose, line
+    assert "privileged" not in compose.replace("--privileged", "").replace("unprivileged", "")
+    # The YAML itself parses, where Debian's python3-yaml is there to parse it (no PyYAML in .venv).
+    checked = subprocess.run(
+        ["/usr/bin/python3", "-c", "import sys, yaml; yaml.safe_load(open(sys.argv[1]))", str(DEPLOY / "compose.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0 or "No module named 'yaml'" in checked.stderr, checked.stderr
+
+
+async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(docker: None) -> None:
+    port = free_port()
+    name = f"mcp-sandbox-image-test-{uuid.uuid4().hex[:8]}"
+    volume = f"{name}-state"
+    options = [opt.replace("./", f"{DEPLOY}/") for opt in SECURITY]
+    command = [
+        str(DOCKER_WRAPPER), "run", "--detach", "--name", name, "--network", "host",
+        *[arg for opt in options for arg in ("--security-opt", opt)],
+        "--cap-drop", "ALL", "--read-only", "--tmpfs", "/tmp:size=64m", "--memory", "4g", "--pids-limit", "1024",
+        "--volume", f"{volume}:/var/lib/mcp-sandbox",
+        "--env", f"MCP_SANDBOX_TOKEN={TOKEN}", "--env", f"MCP_SANDBOX_METRICS_TOKEN={METRICS}",
+        "--env", f"MCP_SANDBOX_PORT={port}", "--env", f"MCP_SANDBOX_PUBLIC_URL=http://127.0.0.1:{port}",
+        "--env", "MCP_SANDBOX_DISCOVER_SERVERS=false", "--env", "MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1",
+        # Code mode: a downstream server inside the container (the image's own python, a stdio server).
+        "--entrypoint", "/bin/sh", IMAGE, "-c", _entry(),
+    ]  # fmt: skip
+    started = await _docker(*command[1:])
+    assert started.returncode == 0, started.stderr
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
+            await _ready(web, base)
+            async with http_client(base, TOKEN) as client:
+                ran = await client.call_tool("run_python", {"code": "import numpy; print(numpy.arange(4).sum())"})
+                assert ran.structured_content is not None and ran.structured_content["stdout"].strip() == "6", ran
+                up = await client.call_tool(
+                    "upload_file", {"conversationId": "c", "filename": "a.txt", "content": "aGk="}
+                )
+                assert not up.is_error, up
+                made = await client.call_tool(
+                    "run_python", {"code": "print(open('/workspace/a.txt').read())", "conversationId": "c"}
+                )
+                assert made.structured_content is not None and made.structured_content["stdout"].strip() == "hi"
+                url = next(f["url"] for f in made.structured_content["files"] if f["name"] == "a.txt")
+                js = await client.call_tool("run_code", {"code": "console.log(1 + 1)", "language": "typescript"})
+                assert js.structured_content is not None and js.structured_content["stdout"].strip() == "2", js
+                tool = await client.call_tool(
+                    "run_python", {"code": "print(await mcp_echoer.echo(text='via tool'))", "servers": ["echoer"]}
+                )
+                assert tool.structured_content is not None and "via tool" in tool.structured_content["stdout"], tool
+            download = await web.get(url)
+            assert download.status_code == 200 and download.content == b"hi"
+            scrape = await web.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS}"})
+            assert 'mcp_sandbox_tool_calls_total{outcome="ok",server="echoer"} 1.0' in scrape.text
+        audit = await _docker("exec", name, "cat", "/var/lib/mcp-sandbox/logs/audit.jsonl")
+        events = [json.loads(line)["event"] for line in audit.stdout.splitlines()]
+        assert events.count("run") == 4 and "upload" in events and "download" in events and "tool_call" in events
+        assert TOKEN not in audit.stdout
+        whoami = await _docker("exec", name, "/usr/bin/id", "-u")
+        assert whoami.stdout.strip() == "10001"
+    finally:
+        with anyio.CancelScope(shield=True):
+            logs = await _docker("logs", name)
+            print(logs.stdout[-3000:], logs.stderr[-3000:])
+            await _docker("rm", "--force", name)
+            await _docker("volume", "rm", "--force", volume)
+
+
+class _Done:
+    def __init__(self, returncode: int, stdout: bytes, stderr: bytes) -> None:
+        self.returncode = returncode
+        self.stdout = stdout.decode(errors="replace")
+        self.stderr = stderr.decode(errors="replace")
+
+
+async def _docker(*args: str) -> _Done:
+    with anyio.fail_after(120):
+        done = await anyio.run_process([str(DOCKER_WRAPPER), *args], check=False)
+    return _Done(done.returncode, done.stdout, done.stderr)
+
+
+async def _ready(web: httpx2.AsyncClient, base: str) -> None:
+    """Poll /readyz of the container (another process: nothing to wait on but its answer)."""
+    with anyio.fail_after(120):
+        while True:
+            try:
+                if (await web.get(f"{base}/readyz")).status_code == 200:
+                    return
+            except httpx2.TransportError:
+                pass  # not listening yet
+            await anyio.sleep(0.2)
+
+
+# The container's command: write a servers config naming a tiny stdio MCP server (made with the
+# SDK inside the image), then exec the server as the image's entrypoint would.
+_ECHO_SERVER = """
+from mcp.server import MCPServer
+
+app = MCPServer("echoer")
+
+
+@app.tool()
+def echo(text: str) -> str:
+    return text
+
+
+app.run()
+"""
+
+
+def _entry() -> str:
+    servers = {"mcpServers": {"echoer": {"command": "/opt/mcp-sandbox/.venv/bin/python", "args": ["/tmp/echo.py"]}}}
+    files = {"/tmp/echo.py": _ECHO_SERVER, "/tmp/servers.json": json.dumps(servers)}
+    writes = " && ".join(
+        f"echo {base64.b64encode(text.encode()).decode()} | base64 -d > {path}" for path, text in files.items()
+    )
+    serve = "exec /usr/bin/tini -- /usr/local/bin/mcp-sandbox serve --transport http"
+    return f"{writes} && MCP_SANDBOX_SERVERS_CONFIG=/tmp/servers.json {serve}"

@@ -1,0 +1,76 @@
+"""The audit log and the metrics on their own: JSON lines, rotation, modes; counters from events."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.events import EventHub, RunFinished, ToolCalled
+from mcp_sandbox.server.metrics import Metrics
+from mcp_test_helpers import CALL_BOUND, http_server
+
+
+def test_audit_lines_are_json_with_time_and_event_and_rotate(tmp_path: Path) -> None:
+    path = tmp_path / "logs" / "audit.jsonl"
+    log = AuditLog.open(path, max_bytes=400, backups=2)
+    try:
+        for index in range(20):
+            log.record("upload", tenant="t", size=index, outcome="ok")
+    finally:
+        log.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    rotated = sorted(p.name for p in path.parent.iterdir())
+    assert rotated == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
+    last = [json.loads(line) for line in path.read_text().splitlines()][-1]
+    assert last["event"] == "upload" and last["size"] == 19 and last["time"].endswith("Z")
+
+
+def test_two_servers_metrics_do_not_share_a_registry() -> None:
+    def gauges() -> dict[str, float]:
+        return {"sessions": 2}
+
+    first, second = Metrics(gauges, dict), Metrics(gauges, lambda: {"alice": 7})
+    hub = EventHub()
+    hub.subscribe(first.observe)
+    hub.emit(RunFinished("alice", None, "python", "bwrap", "error", 0.5, limits=("memory", "pids")))
+    hub.emit(ToolCalled("alice", None, "time", "now", "denied", 0.01))
+    text = first.render().decode()
+    assert 'mcp_sandbox_limit_events_total{limit="memory"} 1.0' in text
+    assert 'mcp_sandbox_limit_events_total{limit="pids"} 1.0' in text
+    assert 'mcp_sandbox_tool_calls_total{outcome="denied",server="time"} 1.0' in text
+    assert 'mcp_sandbox_warm_pool_runs_total{result="miss"} 1.0' in text
+    assert "mcp_sandbox_sessions 2.0" in text
+    other = second.render().decode()
+    assert "limit_events_total{" not in other and 'mcp_sandbox_stored_bytes{tenant="alice"} 7.0' in other
+
+
+def test_an_observer_that_fails_does_not_reach_the_emitter(caplog: pytest.LogCaptureFixture) -> None:
+    hub = EventHub()
+    seen: list[object] = []
+
+    def broken(event: object) -> None:
+        raise OSError("disk full")
+
+    hub.subscribe(broken)
+    hub.subscribe(seen.append)
+    hub.emit(ToolCalled(None, None, "s", "t", "ok", 0.0))
+    assert len(seen) == 1 and "observer failed" in caplog.text
+
+
+@pytest.mark.anyio
+@pytest.mark.e2e
+async def test_without_metrics_token_metrics_is_not_there_and_health_says_nothing_more(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    async with http_server(state_dir, runtime=sandbox_runtime) as base, httpx2.AsyncClient(timeout=CALL_BOUND) as web:
+        assert (await web.get(f"{base}/metrics")).status_code == 404
+        health = await web.get(f"{base}/healthz")
+        assert health.status_code == 200 and health.content == b'{"status":"ok"}'
+        ready = await web.get(f"{base}/readyz")
+        assert ready.status_code in (200, 503) and set(ready.json()) == {"status"}

@@ -1,0 +1,105 @@
+"""`network` over MCP: granted by the deployment's egress settings, refused naming them, said by list_runners.
+
+The host is this machine itself, by its own host name (resolved by the host's resolver; not
+``localhost``, which inside the sandbox is the sandbox's own loopback and in ``NO_PROXY``): an
+HTTP server the test starts on that name's address, allowed through ``egress_allow_private``
+(that address only) and its port.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client
+
+from mcp_sandbox import load_settings
+from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
+from mcp_test_helpers import CALL_BOUND, structured, text
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello over the proxy"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+NAME = socket.gethostname().lower()
+
+
+@pytest.fixture(scope="module")
+def web_port() -> Iterator[int]:
+    with http.server.ThreadingHTTPServer((socket.gethostbyname(NAME), 0), _Hello) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield server.server_address[1]
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def client(module_state_dir: Path, sandbox_runtime: Path | None, web_port: int) -> AsyncIterator[Client]:
+    if os.geteuid() != 0 and sandbox_runtime is None:
+        pytest.skip("needs the built runtime")
+    flags: dict[str, object] = {
+        "state_dir": str(module_state_dir),
+        "discover_servers": False,
+        "egress_allow": NAME,
+        "egress_allow_private": f"{socket.gethostbyname(NAME)}/32",
+        "egress_ports": f"80,443,{web_port}",
+    }
+    if sandbox_runtime is not None:
+        flags["python_runtime"] = str(sandbox_runtime)
+    settings = load_settings(env={}, flags=flags)
+    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+        yield client
+
+
+async def test_network_true_reaches_an_allowed_host_and_the_description_says_so(client: Client, web_port: int) -> None:
+    code = f"import urllib.request\nprint(urllib.request.urlopen('http://{NAME}:{web_port}/').read().decode())"
+    with anyio.fail_after(CALL_BOUND):
+        listing = await client.list_tools()
+        ran = await client.call_tool("run_python", {"code": code, "network": True})
+        plain = await client.call_tool("run_python", {"code": code})
+        runners = await client.call_tool("list_runners", {})
+    description = next(tool.description for tool in listing.tools if tool.name == "run_python")
+    assert description is not None and "network only if granted" in description
+    assert structured(ran)["status"] == "success", structured(ran)
+    assert structured(ran)["stdout"] == "hello over the proxy\n"
+    assert structured(plain)["status"] == "error"  # without network: no proxy, no route
+    assert structured(runners)["network"] == {"available": True, "reaches": f"{NAME} on ports 80, 443, {web_port}"}
+    assert "network" in text(runners)
+
+
+async def test_patterns_not_allowed_are_refused_naming_the_setting(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        refused = await client.call_tool("run_code", {"code": "1", "language": "python", "network": ["example.com"]})
+        malformed = await client.call_tool("run_python", {"code": "1", "network": ["exa mple.com"]})
+    assert structured(refused)["status"] == "validation_error"
+    assert structured(refused)["error"].startswith("network:") and "egress_allow" in structured(refused)["error"]
+    assert structured(malformed)["status"] == "validation_error"
+    assert structured(malformed)["error"].startswith("network:")
+
+
+async def test_a_conversation_with_network_keeps_files_between_its_runs(client: Client, web_port: int) -> None:
+    fetch = f"import urllib.request\nopen('got.txt', 'w').write(urllib.request.urlopen('http://{NAME}:{web_port}/').read().decode())"
+    with anyio.fail_after(CALL_BOUND * 2):
+        first = await client.call_tool("run_python", {"code": fetch, "network": True, "conversationId": "net-1"})
+        second = await client.call_tool(
+            "run_python", {"code": "print(open('got.txt').read())", "conversationId": "net-1"}
+        )
+    assert structured(first)["status"] == "success", structured(first)
+    assert structured(second)["stdout"] == "hello over the proxy\n"

@@ -1,0 +1,49 @@
+"""A test host's web servers, run inside a network namespace the egress tests create.
+
+``host_server.py CERT KEY``: HTTP on port 80 and HTTPS (the certificate given, signed by the
+tests' own CA) on port 443. ``GET /`` answers ``hello from <Host>``; ``GET /big`` sends 4 MiB.
+Prints ``ready`` once both listen.
+"""
+
+from __future__ import annotations
+
+import http.server
+import ssl
+import sys
+import threading
+
+BIG = 4 << 20
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = b"x" * BIG if self.path == "/big" else f"hello from {self.headers.get('Host')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except OSError:
+            pass  # the proxy cut the download
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def main(cert: str, key: str) -> None:
+    plain = http.server.ThreadingHTTPServer(("0.0.0.0", 80), Handler)
+    secure = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    secure.socket = context.wrap_socket(secure.socket, server_side=True)
+    for server in (plain, secure):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    print("ready", flush=True)
+    sys.stdin.read()  # until the test closes our stdin
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,126 @@
+"""A real `pip install` through the egress proxy into a conversation's workspace, imported by a later run.
+
+The one test that leaves loopback and the test namespaces, because the issue asks for a real
+install: it reaches the package index this machine's pip is configured with, read from pip's
+own configuration now (``pip config list``, else pip's built-in default), and the host its
+download links name, read from the index's page now. No registry host is written here. Where
+the host's resolver answers with a non-public address (a local mirror, an intercepting proxy),
+exactly those addresses are allowed, as an operator would with ``egress_allow_private``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.sandbox.backends import get_backend
+
+pytestmark = [pytest.mark.anyio]
+
+PACKAGE = "tomli-w"  # small, pure Python, not in the sandbox's runtime
+MODULE = "tomli_w"
+
+
+def _pip_config() -> dict[str, str]:
+    shown = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60, check=False
+    )
+    config: dict[str, str] = {}
+    for line in shown.stdout.splitlines():
+        key, _, value = line.partition("=")
+        config[key.rpartition(".")[2]] = value.strip().strip("'\"")
+    return config
+
+
+def _index() -> tuple[str, str | None]:
+    """The index URL pip uses here, and the CA bundle it is told to trust (if any)."""
+    config = _pip_config()
+    index = os.environ.get("PIP_INDEX_URL") or config.get("index-url")
+    if not index:
+        from pip._internal.models.index import PyPI  # pip's own default, not a name of ours
+
+        index = PyPI.simple_url
+    return index.rstrip("/"), os.environ.get("PIP_CERT") or config.get("cert")
+
+
+def _hosts(index: str, cert: str | None) -> list[str]:
+    """The index's host and the hosts its links to ``PACKAGE`` name."""
+    context = None
+    if cert:
+        import ssl
+
+        context = ssl.create_default_context(cafile=cert)
+    with urllib.request.urlopen(f"{index}/{PACKAGE}/", timeout=60, context=context) as page:
+        html = page.read().decode()
+    links = {urlsplit(link).hostname for link in re.findall(r'href="(https://[^"]+)"', html)}
+    return sorted({urlsplit(index).hostname or "", *(host for host in links if host)} - {""})
+
+
+def _non_public(hosts: list[str]) -> list[str]:
+    ranges = set()
+    for host in hosts:
+        for info in socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM):
+            address = ipaddress.ip_address(info[4][0])
+            if not address.is_global:
+                ranges.add(f"{address}/{address.max_prefixlen}")
+    return sorted(ranges)
+
+
+async def test_pip_install_goes_to_the_workspace_and_a_later_run_imports_it(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs with the other egress tests, as root")
+    index, cert = _index()
+    if not index.startswith("https://"):
+        pytest.skip(f"pip's index here is not an https index ({index})")
+    try:
+        hosts = _hosts(index, cert)
+    except OSError as exc:
+        pytest.skip(f"the package index {index} is not reachable from this host: {exc}")
+    flags: dict[str, object] = {
+        "state_dir": str(state_dir),
+        "egress_allow": ",".join(hosts),
+        "egress_allow_private": ",".join(_non_public(hosts)),
+    }
+    if sandbox_runtime is not None:
+        flags["python_runtime"] = str(sandbox_runtime)
+    settings = load_settings(env={}, flags=flags)
+    engine = Engine(settings, get_backend("bwrap", settings))
+    engine.prepare()
+    workspace = state_dir.parent / "conversation"
+    workspace.mkdir(mode=0o700)
+    os.chown(workspace, settings.sandbox_uid, settings.sandbox_gid)
+    environment = {"PIP_INDEX_URL": index, **({"PIP_CERT": cert} if cert else {})}
+    install = f"""
+import subprocess, sys
+command = [sys.executable, "-m", "pip", "install", "--no-input", "{PACKAGE}"]
+done = subprocess.run(command, capture_output=True, text=True)
+print(done.returncode)
+print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
+"""
+    grant = TenantEgress(settings).grant("default", True, "conversation")
+    with anyio.fail_after(200):
+        installed = await engine.execute(
+            ExecutionRequest(code=install, timeout=110, workspace=workspace, environment=environment, egress=grant)
+        )
+    assert installed.status == "success" and installed.stdout == "0\n", installed.stderr
+    assert any((workspace / ".packages" / "python").glob(f"{MODULE}/__init__.py"))
+    use = f"import {MODULE}\nprint({MODULE}.__file__)\nprint({MODULE}.dumps({{'a': 1}}), end='')"
+    with anyio.fail_after(60):
+        imported = await engine.execute(ExecutionRequest(code=use, timeout=30, workspace=workspace))
+    assert imported.status == "success", imported.stderr
+    assert imported.stdout == f"/workspace/.packages/python/{MODULE}/__init__.py\na = 1\n"

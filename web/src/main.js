@@ -1,0 +1,479 @@
+// The playground: an editor, the run's options, and the result, over the server's own MCP endpoint.
+import { javascript } from "@codemirror/lang-javascript";
+import { python } from "@codemirror/lang-python";
+import { Compartment, EditorState, Prec } from "@codemirror/state";
+import { keymap } from "@codemirror/view";
+import { basicSetup, EditorView } from "codemirror";
+
+import { examplesFor } from "./examples.js";
+import { McpClient, McpError } from "./mcp.js";
+import { looksLikeMarkdown, renderMarkdown } from "./render.js";
+
+const TOKEN_KEY = "mcp-sandbox.token";
+const CONVERSATIONS_KEY = "mcp-sandbox.conversations";
+const MCP_ENDPOINT = new URL("mcp", document.baseURI).pathname;
+const UPLOAD_ENDPOINT = new URL("upload", document.baseURI).pathname;
+const LIVE_LINES = 500;
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  auth: $("auth"),
+  token: $("token"),
+  forget: $("forget"),
+  connection: $("connection"),
+  language: $("language"),
+  example: $("example"),
+  run: $("run"),
+  conversation: $("conversation"),
+  conversations: $("conversations"),
+  newConversation: $("new-conversation"),
+  timeout: $("timeout"),
+  networkRow: $("network-row"),
+  network: $("network"),
+  envRows: $("env-rows"),
+  addEnv: $("add-env"),
+  status: $("status"),
+  exitCode: $("exit-code"),
+  duration: $("duration"),
+  error: $("error"),
+  liveBlock: $("live-block"),
+  live: $("live"),
+  stdoutBlock: $("stdout-block"),
+  stdout: $("stdout"),
+  stdoutMarkdown: $("stdout-markdown"),
+  toggleMarkdown: $("toggle-markdown"),
+  stderrBlock: $("stderr-block"),
+  stderr: $("stderr"),
+  imagesBlock: $("images-block"),
+  images: $("images"),
+  files: $("files"),
+  noFiles: $("no-files"),
+  drop: $("drop"),
+  upload: $("upload"),
+  uploadStatus: $("upload-status"),
+};
+
+const state = {
+  client: null,
+  token: sessionStorage.getItem(TOKEN_KEY) ?? "",
+  offers: new Set(),
+  languages: [],
+  running: false,
+  files: new Map(),
+};
+
+// --- editor ------------------------------------------------------------------------------------
+
+const languageMode = new Compartment();
+const modes = {
+  python: () => python(),
+  typescript: () => javascript({ typescript: true }),
+  javascript: () => javascript(),
+};
+
+const editor = new EditorView({
+  parent: $("editor"),
+  state: EditorState.create({
+    doc: "",
+    extensions: [
+      Prec.highest(keymap.of([{ key: "Mod-Enter", run: () => (run(), true) }])),
+      basicSetup,
+      languageMode.of(python()),
+      EditorView.contentAttributes.of({ "aria-label": "Code to run" }),
+      EditorView.cspNonce.of(document.querySelector('meta[name="csp-nonce"]')?.content ?? ""),
+    ],
+  }),
+});
+
+function setCode(code) {
+  editor.dispatch({ changes: { from: 0, to: editor.state.doc.length, insert: code } });
+}
+
+// --- small helpers -----------------------------------------------------------------------------
+
+function element(tag, properties = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, properties);
+  node.append(...children);
+  return node;
+}
+
+function humanSize(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  const units = ["KiB", "MiB", "GiB"];
+  let value = bytes / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+}
+
+function setConnection(text, kind = "") {
+  ui.connection.textContent = text;
+  ui.connection.className = `connection ${kind}`;
+}
+
+function showError(text) {
+  ui.error.textContent = text;
+  ui.error.hidden = !text;
+}
+
+function randomConversation() {
+  const bytes = crypto.getRandomValues(new Uint8Array(6));
+  return `playground-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+// --- conversations -----------------------------------------------------------------------------
+
+function knownConversations() {
+  try {
+    const list = JSON.parse(sessionStorage.getItem(CONVERSATIONS_KEY) ?? "[]");
+    return Array.isArray(list) ? list.filter((item) => typeof item === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+function rememberConversation(id) {
+  if (!id) return;
+  const list = [id, ...knownConversations().filter((item) => item !== id)].slice(0, 20);
+  sessionStorage.setItem(CONVERSATIONS_KEY, JSON.stringify(list));
+  ui.conversations.replaceChildren(...list.map((item) => element("option", { value: item })));
+}
+
+function switchConversation(id) {
+  ui.conversation.value = id;
+  rememberConversation(id);
+  state.files = new Map();
+  renderFiles();
+}
+
+// --- environment rows --------------------------------------------------------------------------
+
+function addEnvRow(name = "", value = "") {
+  const index = ui.envRows.children.length + 1;
+  const nameInput = element("input", { value: name, placeholder: "NAME", spellcheck: false, className: "env-name" });
+  nameInput.setAttribute("aria-label", `Variable ${index} name`);
+  const valueInput = element("input", { value, placeholder: "value", spellcheck: false, className: "env-value" });
+  valueInput.setAttribute("aria-label", `Variable ${index} value`);
+  const remove = element("button", { type: "button", className: "quiet", textContent: "Remove" });
+  remove.setAttribute("aria-label", `Remove variable ${index}`);
+  const row = element("div", { className: "env-row" }, nameInput, valueInput, remove);
+  remove.addEventListener("click", () => row.remove());
+  ui.envRows.append(row);
+  return nameInput;
+}
+
+function environment() {
+  const pairs = [];
+  for (const row of ui.envRows.children) {
+    const name = row.querySelector(".env-name").value.trim();
+    if (name) pairs.push({ name, value: row.querySelector(".env-value").value });
+  }
+  return pairs;
+}
+
+// --- languages and examples --------------------------------------------------------------------
+
+function fillExamples() {
+  const examples = examplesFor(ui.language.value, state.offers);
+  ui.example.replaceChildren(...examples.map((ex) => element("option", { value: ex.id, textContent: ex.title })));
+  ui.example.disabled = examples.length === 0;
+  if (examples.length) setCode(examples[0].code);
+}
+
+function chooseLanguage() {
+  const make = modes[ui.language.value] ?? modes.javascript;
+  editor.dispatch({ effects: languageMode.reconfigure(make()) });
+  fillExamples();
+}
+
+ui.language.addEventListener("change", chooseLanguage);
+ui.example.addEventListener("change", () => {
+  const example = examplesFor(ui.language.value, state.offers).find((ex) => ex.id === ui.example.value);
+  if (example) setCode(example.code);
+});
+
+// --- connecting --------------------------------------------------------------------------------
+
+async function connect(token) {
+  const client = new McpClient(MCP_ENDPOINT, token);
+  setConnection("Connecting…");
+  ui.run.disabled = true;
+  try {
+    const init = await client.connect();
+    const tools = (await client.listTools()).tools ?? [];
+    const runners = await client.callTool("list_runners", {});
+    const info = runners.structuredContent ?? {};
+    state.client?.close();
+    state.client = client;
+    state.token = token;
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    configure(tools, info);
+    const server = init.serverInfo ?? {};
+    setConnection(`Connected to ${server.name ?? "the server"} ${server.version ?? ""}`.trim() + ".", "ok");
+    showError("");
+  } catch (error) {
+    state.client = null;
+    ui.run.disabled = true;
+    const message = error instanceof McpError ? error.message : String(error);
+    if (error instanceof McpError && error.status === 401 && !token) {
+      setConnection("This server needs an API token: enter it above.", "bad");
+    } else {
+      setConnection(`Not connected: ${message}`, "bad");
+      showError(`Could not connect: ${message}`);
+    }
+  }
+}
+
+function configure(tools, info) {
+  state.offers = new Set();
+  if (tools.some((tool) => tool.name === "search_tools")) state.offers.add("servers");
+  const runCode = tools.find((tool) => tool.name === "run_code");
+  const timeout = runCode?.inputSchema?.properties?.timeout;
+  if (typeof timeout?.maximum === "number") {
+    ui.timeout.max = String(timeout.maximum);
+    ui.timeout.placeholder = `server default (max ${timeout.maximum})`;
+  }
+  const runners = Array.isArray(info.runners) ? info.runners : [];
+  state.languages = runners.filter((runner) => !runner.error).map((runner) => runner.language);
+  // Network: only where the server says it can grant it: list_runners' `network` is
+  // {available, reaches}, `reaches` saying what `network: true` reaches.
+  const offered = info.network;
+  const network = offered?.available === true;
+  ui.networkRow.hidden = !network;
+  ui.networkRow.title = network ? `network: true reaches ${offered.reaches}` : "";
+  if (!network) ui.network.checked = false;
+  const previous = ui.language.value;
+  ui.language.replaceChildren(
+    ...runners.map((runner) => {
+      const label = `${runner.language}${runner.version ? ` (${runner.runtime} ${runner.version})` : ""}`;
+      return element("option", { value: runner.language, textContent: label, disabled: Boolean(runner.error) });
+    }),
+  );
+  ui.language.value = state.languages.includes(previous) ? previous : (state.languages[0] ?? "");
+  ui.language.disabled = state.languages.length === 0;
+  ui.run.disabled = state.languages.length === 0;
+  chooseLanguage();
+}
+
+ui.auth.addEventListener("submit", (event) => {
+  event.preventDefault();
+  connect(ui.token.value.trim());
+  ui.token.value = "";
+});
+
+ui.forget.addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  state.client?.close();
+  state.client = null;
+  state.token = "";
+  ui.run.disabled = true;
+  setConnection("Token forgotten. Not connected.");
+});
+
+// --- running -----------------------------------------------------------------------------------
+
+function resetResult() {
+  showError("");
+  ui.exitCode.textContent = "";
+  ui.duration.textContent = "";
+  ui.live.textContent = "";
+  ui.liveBlock.hidden = true;
+  for (const block of [ui.stdoutBlock, ui.stderrBlock, ui.imagesBlock]) block.hidden = true;
+  ui.images.replaceChildren();
+}
+
+function setStatus(status, label = status) {
+  ui.status.className = `badge ${status}`;
+  ui.status.textContent = label.replace("_", " ");
+}
+
+function appendLive(lines) {
+  ui.liveBlock.hidden = false;
+  ui.live.append(lines.join("\n") + "\n");
+  while (ui.live.childNodes.length > LIVE_LINES) ui.live.firstChild.remove();
+  ui.live.scrollTop = ui.live.scrollHeight;
+}
+
+async function run() {
+  if (state.running) return;
+  if (!state.client) {
+    showError("Connect first: enter the API token above.");
+    ui.token.focus();
+    return;
+  }
+  const conversation = ui.conversation.value.trim();
+  const args = { code: editor.state.doc.toString(), language: ui.language.value, environment: environment() };
+  if (conversation) args.conversationId = conversation;
+  if (ui.timeout.value) args.timeout = Number(ui.timeout.value);
+  if (!ui.networkRow.hidden && ui.network.checked) args.network = true;
+  state.running = true;
+  ui.run.disabled = true;
+  resetResult();
+  setStatus("running", "running…");
+  let seen = 0;
+  const started = performance.now();
+  try {
+    const result = await state.client.callTool("run_code", args, (progress) => {
+      const lines = [];
+      if (typeof progress.progress === "number" && progress.progress > seen + 1) {
+        lines.push(`… ${progress.progress - seen - 1} more lines`);
+      }
+      seen = Math.max(seen, progress.progress ?? seen + 1);
+      lines.push(progress.message ?? "");
+      appendLive(lines);
+    });
+    if (conversation) rememberConversation(conversation);
+    showResult(result);
+  } catch (error) {
+    setStatus("error", "failed");
+    ui.duration.textContent = `${Math.round(performance.now() - started)} ms`;
+    showError(error instanceof McpError ? error.message : String(error));
+    if (error instanceof McpError && error.status === 401) setConnection("The token was refused: enter it again.", "bad");
+  } finally {
+    state.running = false;
+    ui.run.disabled = !state.client;
+  }
+}
+
+function showResult(result) {
+  const data = result.structuredContent ?? {};
+  const text = (result.content ?? []).filter((block) => block.type === "text").map((block) => block.text);
+  const status = data.status ?? (result.isError ? "error" : "success");
+  setStatus(status);
+  ui.liveBlock.hidden = true;
+  ui.exitCode.textContent = data.exitCode === null || data.exitCode === undefined ? "" : `exit code ${data.exitCode}`;
+  ui.duration.textContent = typeof data.durationMs === "number" ? `${data.durationMs} ms` : "";
+  const problems = [data.error, data.warning].filter(Boolean);
+  if (!data.status && result.isError) problems.push(...text);
+  if (data.truncated) problems.push("The output was truncated.");
+  if (data.imagesDropped) problems.push(`${data.imagesDropped} image(s) were dropped.`);
+  showError(problems.join("\n"));
+  showStdout(data.stdout ?? "");
+  ui.stderr.textContent = data.stderr ?? "";
+  ui.stderrBlock.hidden = !data.stderr;
+  const images = (result.content ?? []).filter((block) => block.type === "image");
+  ui.images.replaceChildren(
+    ...images.map((image, index) =>
+      element("img", { src: `data:${image.mimeType};base64,${image.data}`, alt: `Image ${index + 1} from the run` }),
+    ),
+  );
+  ui.imagesBlock.hidden = images.length === 0;
+  if (Array.isArray(data.files)) {
+    state.files = new Map(data.files.map((file) => [file.name, file]));
+    renderFiles();
+  }
+}
+
+function showStdout(text) {
+  ui.stdout.textContent = text;
+  const markdown = Boolean(text) && looksLikeMarkdown(text);
+  ui.toggleMarkdown.hidden = !markdown;
+  ui.stdoutMarkdown.replaceChildren(markdown ? renderMarkdown(text) : "");
+  showMarkdown(markdown);
+  ui.stdoutBlock.hidden = !text;
+}
+
+function showMarkdown(on) {
+  ui.stdoutMarkdown.hidden = !on;
+  ui.stdout.hidden = on;
+  ui.toggleMarkdown.textContent = on ? "Show raw" : "Show Markdown";
+  ui.toggleMarkdown.setAttribute("aria-pressed", String(on));
+}
+
+ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui.stdoutMarkdown.hidden));
+ui.run.addEventListener("click", run);
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !editor.hasFocus) {
+    event.preventDefault();
+    run();
+  }
+});
+
+// --- files -------------------------------------------------------------------------------------
+
+function renderFiles() {
+  const body = ui.files.tBodies[0];
+  const files = [...state.files.values()].sort((a, b) => a.name.localeCompare(b.name));
+  body.replaceChildren(
+    ...files.map((file) => {
+      const link = file.url
+        ? element("a", { href: file.url, textContent: "download", download: file.name.split("/").pop(), rel: "noopener noreferrer" })
+        : element("span", { textContent: "no link" });
+      if (file.url) link.setAttribute("aria-label", `Download ${file.name}`);
+      return element(
+        "tr",
+        {},
+        element("td", { textContent: file.name }),
+        element("td", { textContent: humanSize(file.size) }),
+        element("td", {}, link),
+      );
+    }),
+  );
+  ui.files.hidden = files.length === 0;
+  ui.noFiles.hidden = files.length > 0;
+}
+
+async function upload(fileList) {
+  const files = [...fileList];
+  if (!files.length) return;
+  if (!state.client) {
+    showError("Connect first: enter the API token above.");
+    return;
+  }
+  let conversation = ui.conversation.value.trim();
+  if (!conversation) {
+    conversation = randomConversation();
+    switchConversation(conversation);
+  }
+  const form = new FormData();
+  form.append("conversationId", conversation);
+  for (const file of files) form.append("file", file, file.name);
+  ui.uploadStatus.textContent = `Uploading ${files.length} file(s)…`;
+  try {
+    const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
+    const response = await fetch(UPLOAD_ENDPOINT, { method: "POST", body: form, headers, credentials: "omit" });
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(answer.error ?? `HTTP ${response.status}`);
+    for (const file of answer.files ?? []) state.files.set(file.name, file);
+    renderFiles();
+    rememberConversation(conversation);
+    ui.uploadStatus.textContent = `Uploaded ${files.map((f) => f.name).join(", ")} to /workspace.`;
+  } catch (error) {
+    ui.uploadStatus.textContent = "Upload failed.";
+    showError(`Upload failed: ${error.message}`);
+  }
+}
+
+ui.upload.addEventListener("change", () => {
+  upload(ui.upload.files);
+  ui.upload.value = "";
+});
+ui.drop.addEventListener("dragover", (event) => {
+  event.preventDefault();
+  ui.drop.classList.add("over");
+});
+ui.drop.addEventListener("dragleave", () => ui.drop.classList.remove("over"));
+ui.drop.addEventListener("drop", (event) => {
+  event.preventDefault();
+  ui.drop.classList.remove("over");
+  upload(event.dataTransfer?.files ?? []);
+});
+
+ui.newConversation.addEventListener("click", () => switchConversation(randomConversation()));
+ui.conversation.addEventListener("change", () => switchConversation(ui.conversation.value.trim()));
+ui.addEnv.addEventListener("click", () => addEnvRow().focus());
+
+window.addEventListener("pagehide", () => state.client?.close());
+
+// --- start -------------------------------------------------------------------------------------
+
+setCode(examplesFor("python", new Set())[0].code);
+const previous = knownConversations();
+switchConversation(previous[0] ?? randomConversation());
+addEnvRow();
+renderFiles();
+connect(state.token);

@@ -1,0 +1,160 @@
+// A small MCP client over Streamable HTTP: JSON-RPC requests POSTed to the server's own MCP
+// endpoint with the bearer token, answers read as JSON or as an event stream (where progress
+// notifications come before the answer). The playground has no powers another client lacks.
+
+const PROTOCOL_VERSION = "2025-11-25";
+
+export class McpError extends Error {
+  /** @param {string} message @param {{status?: number, code?: number}} [details] */
+  constructor(message, details = {}) {
+    super(message);
+    this.name = "McpError";
+    this.status = details.status;
+    this.code = details.code;
+  }
+}
+
+/** Cut an event stream into its events' data (a JSON-RPC message each). */
+async function* events(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += value.replace(/\r\n?/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = event
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (data) yield data;
+    }
+  }
+}
+
+function httpProblem(status, text) {
+  if (status === 401) return "the server refused the token (401): check it and connect again";
+  if (status === 403) return "the server refused this request (403): the token may lack access, or the page's origin is not allowed";
+  let detail = text.trim().slice(0, 300);
+  try {
+    const parsed = JSON.parse(text);
+    detail = parsed?.error?.message ?? parsed?.error_description ?? parsed?.error ?? detail;
+  } catch {
+    // not JSON: the text itself
+  }
+  return `the server answered HTTP ${status}${detail ? `: ${detail}` : ""}`;
+}
+
+export class McpClient {
+  /** @param {string} endpoint the MCP URL (same origin) @param {string} token "" for none */
+  constructor(endpoint, token) {
+    this.endpoint = endpoint;
+    this.token = token;
+    this.sessionId = null;
+    this.nextId = 1;
+    this.serverInfo = null;
+  }
+
+  headers(extra = {}) {
+    const headers = { "Content-Type": "application/json", Accept: "application/json, text/event-stream", ...extra };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    if (this.sessionId) headers["Mcp-Session-Id"] = this.sessionId;
+    if (this.serverInfo) headers["MCP-Protocol-Version"] = PROTOCOL_VERSION;
+    return headers;
+  }
+
+  async post(message) {
+    let response;
+    try {
+      response = await fetch(this.endpoint, {
+        method: "POST",
+        headers: this.headers(),
+        body: JSON.stringify(message),
+        credentials: "omit",
+        cache: "no-store",
+      });
+    } catch (error) {
+      throw new McpError(`cannot reach the server: ${error.message}`);
+    }
+    if (!response.ok && response.status !== 202) {
+      throw new McpError(httpProblem(response.status, await response.text()), { status: response.status });
+    }
+    return response;
+  }
+
+  /** Open the session (initialize, then notifications/initialized). */
+  async connect() {
+    this.sessionId = null;
+    this.serverInfo = null;
+    const result = await this.exchange("initialize", {
+      protocolVersion: PROTOCOL_VERSION,
+      capabilities: {},
+      clientInfo: { name: "mcp-sandbox-playground", version: "1" },
+    });
+    this.serverInfo = result.serverInfo ?? {};
+    await this.post({ jsonrpc: "2.0", method: "notifications/initialized" });
+    return result;
+  }
+
+  /** Send one request; resolve with its result. `onProgress` gets the progress notifications. */
+  async request(method, params, onProgress) {
+    try {
+      return await this.exchange(method, params, onProgress);
+    } catch (error) {
+      // The server forgot the session (restarted, or it expired): open a new one, once.
+      if (error instanceof McpError && error.status === 404 && this.sessionId) {
+        await this.connect();
+        return await this.exchange(method, params, onProgress);
+      }
+      throw error;
+    }
+  }
+
+  async exchange(method, params, onProgress) {
+    const id = this.nextId++;
+    const body = { jsonrpc: "2.0", id, method, params: { ...params } };
+    if (onProgress) body.params._meta = { progressToken: `playground-${id}` };
+    const response = await this.post(body);
+    const session = response.headers.get("Mcp-Session-Id");
+    if (session) this.sessionId = session;
+    const type = response.headers.get("Content-Type") ?? "";
+    let answer = null;
+    if (type.startsWith("text/event-stream")) {
+      for await (const data of events(response.body)) {
+        const message = JSON.parse(data);
+        if (message.id === id && ("result" in message || "error" in message)) {
+          answer = message;
+          break;
+        }
+        if (message.method === "notifications/progress" && onProgress) onProgress(message.params);
+      }
+    } else {
+      answer = await response.json();
+    }
+    if (answer === null) throw new McpError(`the server ended the answer to ${method} without a result`);
+    if (answer.error) {
+      throw new McpError(`${method} failed: ${answer.error.message}`, { code: answer.error.code });
+    }
+    return answer.result;
+  }
+
+  /** End the session on the server (best effort; `keepalive` lets it outlive the page). */
+  close() {
+    if (!this.sessionId) return;
+    const headers = this.headers();
+    this.sessionId = null;
+    fetch(this.endpoint, { method: "DELETE", headers, keepalive: true, credentials: "omit" }).catch(() => {});
+  }
+
+  listTools() {
+    return this.request("tools/list", {});
+  }
+
+  callTool(name, args, onProgress) {
+    return this.request("tools/call", { name, arguments: args }, onProgress);
+  }
+}
