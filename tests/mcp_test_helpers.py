@@ -90,6 +90,33 @@ def host_processes(marker: str) -> list[int]:
     return found
 
 
+def own_processes(marker: str) -> list[int]:
+    """Descendants of this process whose command line or name contains ``marker``.
+
+    Unlike :func:`host_processes`, blind to other test runs and servers sharing the machine.
+    """
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # exited while we looked
+                continue
+    me = os.getpid()
+
+    def descends(pid: int) -> bool:
+        seen = 0
+        while pid > 1 and seen < 64:
+            pid = parents.get(pid, 0)
+            if pid == me:
+                return True
+            seen += 1
+        return False
+
+    return [pid for pid in host_processes(marker) if descends(pid)]
+
+
 async def poll(condition: Callable[[], bool], interval: float = 0.05) -> None:
     """Poll ``condition`` until it holds; the caller bounds the wait (anyio.fail_after)."""
     while not condition():  # noqa: ASYNC110 - /proc has no event to wait on

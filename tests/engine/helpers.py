@@ -10,9 +10,18 @@ from typing import Any
 import anyio
 
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_test_helpers import host_processes, poll
+from mcp_test_helpers import host_processes, own_processes, poll
 
-__all__ = ["HOST_BOUND", "execute", "host_processes", "our_cgroups", "poll", "spawn_marked", "wait_until_gone"]
+__all__ = [
+    "HOST_BOUND",
+    "execute",
+    "host_processes",
+    "our_cgroups",
+    "own_processes",
+    "poll",
+    "spawn_marked",
+    "wait_until_gone",
+]
 
 # Added to a run's own timeout to bound the test's wait: start-up, teardown, a busy 2-core host.
 HOST_BOUND = 20.0

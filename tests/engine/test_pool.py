@@ -14,7 +14,7 @@ from mcp_sandbox.engine import Engine
 from mcp_sandbox.errors import BusyError
 
 from .conftest import RunningEngine
-from .helpers import execute, host_processes, poll, spawn_marked, wait_until_gone
+from .helpers import execute, own_processes, poll, spawn_marked, wait_until_gone
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
@@ -291,7 +291,7 @@ async def test_a_run_waits_at_most_queue_timeout_for_a_slot(running_engine: Runn
 async def test_without_a_running_engine_runs_start_sandboxes_of_their_own(make_engine: Any) -> None:
     result = await execute(make_engine(**_POOL), "print(1)")
     assert (result.stdout, result.warm) == ("1\n", False)
-    assert host_processes("--zygote") == []
+    assert own_processes("--zygote") == []
 
 
 async def test_warm_runs_see_the_stubs_and_call_the_tools_of_their_own_servers(running_engine: RunningEngine) -> None:

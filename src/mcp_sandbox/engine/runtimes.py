@@ -70,6 +70,10 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
     )
 
 
+# Where the sandbox sees the Python runtime (a venv of /usr/bin/python3 built by make or setup).
+PYTHON_RUNTIME_MOUNT = f"{RUNTIME_MOUNT}/venv"
+
+
 def python_policy(
     settings: Settings,
     *,
@@ -85,13 +89,17 @@ def python_policy(
     system, links = system_mounts()
     runtime = settings.python_runtime.resolve()
     extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
+    inside = str(runtime)
     if not runtime.is_relative_to("/usr"):
-        # A venv must sit at its host path: its interpreter finds its prefix from there.
-        extra.append(Mount(runtime, str(runtime)))
+        # A venv is bound at a fixed path inside, never at its host path, which would show the
+        # host's layout (a user's home, a checkout) to the code. Its interpreter finds its prefix
+        # from pyvenv.cfg beside the path it was started by, so the venv works wherever it sits.
+        inside = PYTHON_RUNTIME_MOUNT
+        extra.append(Mount(runtime, inside))
     extra.extend(mounts)
     env = dict(BASE_ENVIRONMENT)
-    env["PATH"] = f"{runtime}/bin:{env['PATH']}"
-    interpreter = str(runtime / "bin" / "python3")
+    env["PATH"] = f"{inside}/bin:{env['PATH']}"
+    interpreter = f"{inside}/bin/python3"
     return SandboxPolicy(
         command=(interpreter, "-I", "-B", f"{RUNTIME_MOUNT}/python/boot.py"),
         mounts=(*system, *extra),
