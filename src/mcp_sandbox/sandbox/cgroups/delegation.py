@@ -21,7 +21,7 @@ import errno
 import os
 from pathlib import Path
 
-__all__ = ["LEAF", "adopt", "is_delegated_to_us", "marked_delegated"]
+__all__ = ["LEAF", "adopt", "into_leaf", "is_delegated_to_us", "marked_delegated"]
 
 LEAF = "mcp-sandbox-server"
 _MOVE_ROUNDS = 50  # processes may fork while we move them; each round moves what is left
@@ -45,24 +45,27 @@ def is_delegated_to_us(directory: Path) -> bool:
     )
 
 
-def _move_all(source: Path, target: Path) -> None:
-    """Move every process of ``source`` into ``target``.
+def into_leaf(base: Path) -> Path:
+    """Move every process of ``base`` into its leaf child (made if missing); return the leaf.
 
     Raises:
         OSError: a move was refused (not ESRCH: a process that died meanwhile is fine), or
             processes kept appearing.
     """
-    procs = target / "cgroup.procs"
+    leaf = base / LEAF
+    with contextlib.suppress(FileExistsError):
+        leaf.mkdir()
+    procs = leaf / "cgroup.procs"
     for _ in range(_MOVE_ROUNDS):
-        pids = (source / "cgroup.procs").read_text().split()
+        pids = (base / "cgroup.procs").read_text().split()
         if not pids:
-            return
+            return leaf
         for pid in pids:
             try:
                 procs.write_text(pid)
             except ProcessLookupError:
                 continue
-    raise OSError(errno.EBUSY, f"processes keep appearing in {source}")
+    raise OSError(errno.EBUSY, f"processes keep appearing in {base}")
 
 
 def adopt(base: Path, controllers: tuple[str, ...]) -> set[str]:
@@ -80,10 +83,7 @@ def adopt(base: Path, controllers: tuple[str, ...]) -> set[str]:
     enabled = set((base / "cgroup.subtree_control").read_text().split())
     if not wanted or set(wanted) <= enabled:
         return enabled & set(controllers)
-    leaf = base / LEAF
-    with contextlib.suppress(FileExistsError):
-        leaf.mkdir()
-    _move_all(base, leaf)
+    into_leaf(base)
     for controller in wanted:
         if controller not in enabled:
             (base / "cgroup.subtree_control").write_text(f"+{controller}")

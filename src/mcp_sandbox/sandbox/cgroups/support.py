@@ -63,7 +63,8 @@ def _adopted(base: Path, origin: str) -> CgroupSupport:
             "user@.service lists; as root run `systemctl edit user@.service` and add "
             "[Service] Delegate=cpu memory pids, then log in again"
         )
-    return CgroupSupport(version=2, bases={c: base for c in _CONTROLLERS if c in enabled}, reason=reason, origin=origin)
+    bases = {c: base for c in _CONTROLLERS if c in enabled}
+    return CgroupSupport(version=2 if bases else None, bases=bases, reason=reason, origin=origin)
 
 
 def _own_unit_delegates() -> bool:
