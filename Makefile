@@ -49,7 +49,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access downstream conformance-tools containers run test \
-        lint format typecheck typecheck-ts pytest bench doctor clean
+        lint format typecheck typecheck-ts pytest bench doctor vm-test clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -197,6 +197,16 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
 	$(BIN)/python bench/container_latency.py --runs 10
+
+# A real systemd host to prove the product for an ordinary user (tests/vm/run.sh): a Debian 12
+# guest (systemd, pure cgroup v2, a lingering user manager) built once into .vm/ by mmdebstrap,
+# booted under qemu; as that user it installs the wheel, sets up, runs doctor, a slice of the
+# sandbox suite and the stdio e2e tests, and starts the server from a client config. As root.
+VM_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs
+
+vm-test: venv ## Boot a systemd guest and run the product in it as an unprivileged user (tests/vm/run.sh)
+	@bash scripts/install-system-deps.sh $(VM_PACKAGES)
+	PYTHON=$(BIN)/python bash tests/vm/run.sh .vm
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
 	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
