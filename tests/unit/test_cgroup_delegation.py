@@ -141,6 +141,20 @@ def test_a_marked_delegation_is_taken_over_and_what_it_lacks_is_named(scope: Pat
     assert origin.startswith("delegated cgroup /")
 
 
+def test_a_second_detection_uses_the_taken_over_cgroup_instead_of_nesting_deeper(scope: Path, uid: int) -> None:
+    # The first detection (or the server that started this one) left the process in the leaf.
+    answer = _as_uid_in(
+        scope, uid, lambda: [into_leaf(scope) and list(_support_fields(detect_cgroups())) for _ in range(2)]
+    )
+
+    assert answer.get("error") is None
+    assert _v2_line(answer["cgroup"]).endswith(f"/{scope.name}/{LEAF}")
+    assert not (scope / LEAF / LEAF).exists()
+    results = answer["result"]
+    assert isinstance(results, list)
+    assert results[1][1] == results[0][1] and f"delegated cgroup {scope}" in results[1][1]
+
+
 def test_a_writable_cgroup_that_was_not_delegated_is_left_alone(scope: Path, uid: int) -> None:
     os.removexattr(scope, "user.delegate")
     answer = _as_uid_in(scope, uid, lambda: list(_support_fields(detect_cgroups())))

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_sandbox.sandbox.cgroups.delegation import adopt, is_delegated_to_us, marked_delegated
+from mcp_sandbox.sandbox.cgroups.delegation import LEAF, adopt, is_delegated_to_us, marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, own_paths, writable_dir
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, start_delegated_scope, unit_delegates
 
@@ -92,6 +92,9 @@ def detect_cgroups() -> CgroupSupport:
             return CgroupSupport(
                 version=2, bases={c: base for c in _CONTROLLERS if c in enabled}, origin=f"own cgroup {own['']}"
             )
+    if base.name == LEAF and is_delegated_to_us(base.parent):
+        # Taken over already, by this process (a second backend) or by the server that started us.
+        return _adopted(base.parent, origin=f"delegated cgroup {os.path.dirname(own[''])}")
     if is_delegated_to_us(base) and (marked_delegated(base) or _own_unit_delegates()):
         return _adopted(base, origin=f"delegated cgroup {own['']}")
     if any(fstype == "cgroup" and set(_CONTROLLERS) & options for _, fstype, options in found):
