@@ -39,7 +39,8 @@ runtime-fallback)
         echo "mcp-sandbox setup exists: no fallback needed"
         exit 77
     fi
-    runtime=$("$tool_python" -c 'from mcp_sandbox.config import load_settings; print(load_settings(env={}, flags={}).python_runtime)')
+    # Where this build's settings look for a runtime `make` built: beside the environment's prefix.
+    runtime=$("$tool_python" -c 'import pathlib, sys; print(pathlib.Path(sys.prefix).resolve().parent / ".runtime" / "python")')
     echo "no \`mcp-sandbox setup\` in this build: building the runtime at $runtime with uv"
     uv venv --python /usr/bin/python3 "$runtime"
     uv pip install --python "$runtime/bin/python" --no-index --find-links "$wheels" --compile-bytecode \

@@ -73,8 +73,8 @@ def _call(address: str, path: str, interface: str, method: str, signature: str, 
     Raises:
         SystemdUnavailable: no bus there, or the call failed (its D-Bus error named).
     """
-    path = address.removeprefix("unix:path=").split(",", 1)[0]
-    if address.startswith("unix:path=") and not Path(path).exists():
+    socket_path = address.removeprefix("unix:path=").split(",", 1)[0]
+    if address.startswith("unix:path=") and not Path(socket_path).exists():
         raise SystemdUnavailable(_missing_bus_advice(address))
     from jeepney import DBusAddress, new_method_call
     from jeepney.io.blocking import open_dbus_connection
