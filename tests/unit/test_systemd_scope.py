@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
-from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, start_delegated_scope, unit_delegates
+from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
 
 _BOUND = 10.0
 
@@ -45,6 +45,7 @@ class _Manager:
         from jeepney.io.blocking import open_dbus_connection
 
         self.requests: list[tuple[Any, ...]] = []
+        self.units: dict[int, tuple[str, bool]] = {}  # pid -> (unit name, Delegate=)
         self._parent, self._v2 = parent, v2
         self._connection = open_dbus_connection(bus=address)
         self._connection.send_and_get_reply(message_bus.RequestName("org.freedesktop.systemd1"), timeout=_BOUND)
@@ -71,10 +72,25 @@ class _Manager:
                         for pid in value:
                             (scope / "cgroup.procs").write_text(str(pid))
                 self._connection.send(new_method_return(message, "o", ("/org/freedesktop/systemd1/job/1",)))
+            elif method == "GetUnitByPID" and message.body[0] in self.units:
+                self._connection.send(
+                    new_method_return(message, "o", (f"/org/freedesktop/systemd1/unit/{message.body[0]}",))
+                )
             elif method == "GetUnitByPID":
                 self._connection.send(
                     new_error(message, "org.freedesktop.systemd1.NoUnitForPID", "s", ("no unit for that pid",))
                 )
+            elif method == "Get":
+                pid = int(str(message.header.fields.get(1)).rsplit("/", 1)[-1])
+                name, delegate = self.units[pid]
+                interface, key = message.body
+                values: dict[tuple[str, str], tuple[str, object]] = {
+                    ("org.freedesktop.systemd1.Unit", "Id"): ("s", name),
+                    ("org.freedesktop.systemd1.Service", "Delegate"): ("b", delegate),
+                    ("org.freedesktop.systemd1.Service", "MainPID"): ("u", pid),
+                    ("org.freedesktop.systemd1.Scope", "Delegate"): ("b", delegate),
+                }
+                self._connection.send(new_method_return(message, "v", (values[(interface, key)],)))
 
     def close(self) -> None:
         self._stop.set()
@@ -154,4 +170,13 @@ def test_the_server_asks_for_a_delegated_scope_of_its_own_pid_and_waits_until_it
 def test_a_refusal_by_the_manager_names_its_dbus_error(bus: tuple[str, Path, _Manager]) -> None:
     address, _, _ = bus
     with pytest.raises(SystemdUnavailable, match="NoUnitForPID"):
-        unit_delegates(os.getpid(), address)
+        unit_of(os.getpid(), address)
+
+
+def test_the_unit_of_a_process_says_its_name_delegation_and_main_pid(bus: tuple[str, Path, _Manager]) -> None:
+    address, _, manager = bus
+    manager.units[os.getpid()] = ("app-editor.service", False)
+    manager.units[os.getpid() + 1] = ("mcp.scope", True)
+
+    assert unit_of(os.getpid(), address) == Unit("app-editor.service", delegate=False, main_pid=os.getpid())
+    assert unit_of(os.getpid() + 1, address) == Unit("mcp.scope", delegate=True, main_pid=None)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mcp_sandbox.sandbox.cgroups.delegation import LEAF, adopt, is_delegated_to_us, marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, own_paths, writable_dir
-from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, start_delegated_scope, unit_delegates
+from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
 
 __all__ = ["CgroupSupport", "detect_cgroups", "detect_root_cgroups"]
 
@@ -67,11 +67,11 @@ def _adopted(base: Path, origin: str) -> CgroupSupport:
     return CgroupSupport(version=2 if bases else None, bases=bases, reason=reason, origin=origin)
 
 
-def _own_unit_delegates() -> bool:
-    """Whether systemd says our unit has ``Delegate=yes`` (for managers that set no xattr)."""
+def _own_unit() -> Unit | None:
+    """Our unit, when a manager we can ask knows us (none: no bus, or we are outside its units)."""
     with contextlib.suppress(SystemdUnavailable, ImportError, ValueError):
-        return unit_delegates(os.getpid())[1]
-    return False
+        return unit_of(os.getpid())
+    return None
 
 
 def detect_cgroups() -> CgroupSupport:
@@ -95,13 +95,23 @@ def detect_cgroups() -> CgroupSupport:
     if base.name == LEAF and is_delegated_to_us(base.parent):
         # Taken over already, by this process (a second backend) or by the server that started us.
         return _adopted(base.parent, origin=f"delegated cgroup {os.path.dirname(own[''])}")
-    if is_delegated_to_us(base) and (marked_delegated(base) or _own_unit_delegates()):
+    if is_delegated_to_us(base) and marked_delegated(base):
         return _adopted(base, origin=f"delegated cgroup {own['']}")
     if any(fstype == "cgroup" and set(_CONTROLLERS) & options for _, fstype, options in found):
         return CgroupSupport(
             version=None,
             reason="memory, pids and cpu are on cgroup v1 here (a hybrid hierarchy), which only root can "
             "use: run the server as root, or boot with systemd.unified_cgroup_hierarchy=1",
+        )
+    unit = _own_unit()
+    if unit is not None and unit.delegate and is_delegated_to_us(base):
+        return _adopted(base, origin=f"delegated cgroup {own['']} of {unit.name}")
+    if unit is not None and unit.main_pid == os.getpid():
+        # Moving a service's main process out of it would make systemd think the service ended.
+        return CgroupSupport(
+            version=None,
+            reason=f"the server is the main process of {unit.name}, which has no Delegate=yes: add it "
+            f"(`systemctl{'' if os.geteuid() == 0 else ' --user'} edit {unit.name}`: [Service] Delegate=yes)",
         )
     try:
         path = start_delegated_scope()

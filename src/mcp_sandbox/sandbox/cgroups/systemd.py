@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SystemdUnavailable", "bus_address", "start_delegated_scope", "unit_delegates"]
+__all__ = ["SystemdUnavailable", "Unit", "bus_address", "start_delegated_scope", "unit_of"]
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -99,25 +100,36 @@ def _call(address: str, path: str, interface: str, method: str, signature: str, 
         raise SystemdUnavailable(f"D-Bus call {method} at {address} failed: {exc}") from exc
 
 
-def unit_delegates(pid: int, address: str | None = None) -> tuple[str, bool]:
-    """(unit name, whether it has ``Delegate=yes``) of the unit ``pid`` belongs to.
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """The systemd unit a process belongs to: its name, ``Delegate=``, and main pid (services)."""
+
+    name: str
+    delegate: bool
+    main_pid: int | None
+
+
+def _property(address: str, unit_path: str, interface: str, name: str) -> Any:
+    (value,) = _call(address, unit_path, "org.freedesktop.DBus.Properties", "Get", "ss", (interface, name))
+    return value[1]  # a variant: (signature, value)
+
+
+def unit_of(pid: int, address: str | None = None) -> Unit:
+    """The unit ``pid`` belongs to, as its manager sees it.
 
     Raises:
-        SystemdUnavailable: no manager to ask, or it does not know ``pid``.
+        SystemdUnavailable: no manager to ask, or ``pid`` is in none of its units.
     """
     address = address or bus_address()
     (unit_path,) = _call(address, _MANAGER_PATH, _MANAGER, "GetUnitByPID", "u", (pid,))
-    (name,) = _call(
-        address, unit_path, "org.freedesktop.DBus.Properties", "Get", "ss", ("org.freedesktop.systemd1.Unit", "Id")
-    )
-    kind = {"service": "Service", "scope": "Scope", "socket": "Socket", "mount": "Mount", "swap": "Swap"}
-    interface = kind.get(str(name[1]).rsplit(".", 1)[-1])
-    if interface is None:
-        return str(name[1]), False
-    (delegate,) = _call(
-        address, unit_path, "org.freedesktop.DBus.Properties", "Get", "ss", (f"{_SYSTEMD}.{interface}", "Delegate")
-    )
-    return str(name[1]), bool(delegate[1])
+    name = str(_property(address, unit_path, f"{_SYSTEMD}.Unit", "Id"))
+    kind = name.rsplit(".", 1)[-1]
+    if kind not in ("service", "scope", "socket", "mount", "swap"):
+        return Unit(name, delegate=False, main_pid=None)
+    interface = f"{_SYSTEMD}.{kind.capitalize()}"
+    delegate = bool(_property(address, unit_path, interface, "Delegate"))
+    main_pid = int(_property(address, unit_path, interface, "MainPID")) if kind == "service" else None
+    return Unit(name, delegate=delegate, main_pid=main_pid)
 
 
 def _own_v2_path() -> str:
