@@ -50,7 +50,8 @@ async def _check(entry: dict[str, Any]) -> list[str]:
         calls: dict[str, tuple[str, Callable[[dict[str, Any]], bool]]] = {
             "print": ("print(1)", lambda s: s["status"] == "success" and s["stdout"] == "1\n"),
             "memory bomb": (
-                'hog = b"\\1" * (4 << 30)\nprint("allocated")',
+                # 64 MiB at a time, every page touched: past the limit long before the guest's RAM.
+                'hog = []\nfor _ in range(40):\n    hog.append(b"\\1" * (64 << 20))\nprint("allocated")',
                 lambda s: s["status"] == "error" and "memory" in (s.get("error") or "").lower(),
             ),
             "fork bomb": (

@@ -11,7 +11,7 @@ export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never PYTHONDONTWRITE
 tool_python="$HOME/.local/share/uv/tools/mcp-sandbox/bin/python"
 # Until `mcp-sandbox setup` exists, the runtime-fallback step builds the runtime where the
 # settings look for it; nothing else is configured by hand.
-pytest_args=(-p no:cacheprovider -o "cache_dir=/tmp/pytest-cache" --rootdir "$src" -q -rs)
+pytest_args=(-p no:cacheprovider --rootdir "$src" -q -rs)
 
 # Whether this build's CLI has a subcommand (setup and install come from another branch).
 has_command() { mcp-sandbox --help 2>/dev/null | grep -qE "^\s+\{.*\b$1\b.*\}|^\s+$1\s"; }
