@@ -59,9 +59,11 @@ doctor)
     ;;
 conformance)
     cd "$src"
+    # Not the tests that bound a run's teardown in host seconds (test_cpu_spin_times_out_within_its
+    # _bound): under emulation teardown takes several times the host's slack (7.7 s for 5 s).
     tests=(
         "test_fork_bomb_hits_the_pids_limit" "test_memory_bomb_is_killed_and_reported"
-        "test_fork_bomb_ends_and_the_host_keeps_working" "test_cpu_spin_times_out_within_its_bound"
+        "test_fork_bomb_ends_and_the_host_keeps_working" "test_cpu_spin_in_a_child_is_killed_with_the_run"
         "test_tcp_connect_to_host_loopback_is_refused" "test_only_the_loopback_interface_exists"
         "test_system_directories_are_read_only" "test_host_secrets_are_not_visible"
         "test_workspace_and_tmp_are_writable" "test_code_runs_as_the_unprivileged_uid"
