@@ -54,7 +54,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
-        lint format typecheck typecheck-ts pytest bench doctor clean
+        lint format typecheck typecheck-ts pytest bench doctor vm-test clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -245,6 +245,16 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
+
+# A real systemd host to prove the product for an ordinary user (tests/vm/run.sh): a Debian 12
+# guest (systemd, pure cgroup v2, a lingering user manager) built once into .vm/ by mmdebstrap,
+# booted under qemu; as that user it installs the wheel, sets up, runs doctor, a slice of the
+# sandbox suite and the stdio e2e tests, and starts the server from a client config. As root.
+VM_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs
+
+vm-test: venv ## Boot a systemd guest and run the product in it as an unprivileged user (tests/vm/run.sh)
+	@bash scripts/install-system-deps.sh $(VM_PACKAGES)
+	PYTHON=$(BIN)/python bash tests/vm/run.sh .vm
 
 clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
 	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) $(WEB_NPM) src/mcp_sandbox/server/static test-artifacts .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info

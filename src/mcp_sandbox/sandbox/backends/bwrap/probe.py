@@ -75,6 +75,7 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
         return BackendProbe(backend.name, available=False, reason=reason, version=f"{version} ({bwrap})")
     cgroups = backend.cgroups
     cg = f"cgroup v{cgroups.version}" if cgroups.version else ""
+    where = f" ({cgroups.origin})" if cgroups.origin else ""
     uid, _ = backend.host_ids()
     host_uid = uid if uid is not None else os.geteuid()
     capabilities = (
@@ -95,17 +96,19 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
         Capability(
             "memory limit",
             cgroups.enforces("memory"),
-            f"{cg} memory controller" if cgroups.enforces("memory") else f"RLIMIT_AS only: {cgroups.reason}",
+            f"{cg} memory controller{where}" if cgroups.enforces("memory") else f"RLIMIT_AS only: {cgroups.reason}",
         ),
         Capability(
             "pids limit",
             cgroups.enforces("pids"),
-            f"{cg} pids controller" if cgroups.enforces("pids") else f"RLIMIT_NPROC per host uid: {cgroups.reason}",
+            f"{cg} pids controller{where}"
+            if cgroups.enforces("pids")
+            else f"RLIMIT_NPROC per host uid: {cgroups.reason}",
         ),
         Capability(
             "cpu quota",
             cgroups.enforces("cpu"),
-            f"{cg} cpu controller" if cgroups.enforces("cpu") else f"CPU-seconds rlimit only: {cgroups.reason}",
+            f"{cg} cpu controller{where}" if cgroups.enforces("cpu") else f"CPU-seconds rlimit only: {cgroups.reason}",
         ),
     )
     return BackendProbe(backend.name, available=True, version=f"{version} ({bwrap})", capabilities=capabilities)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,7 +40,7 @@ import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
-from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
+from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability, SandboxOutcome
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_FD,
     ContainerRun,
@@ -51,6 +52,7 @@ from mcp_sandbox.sandbox.backends.container.argv import (
 from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.backends.container.probe import probe_container
+from mcp_sandbox.sandbox.backends.container.rootless import RootlessProblems, rootless_problems
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
 from mcp_sandbox.sandbox.cgroups import (
     CgroupSupport,
@@ -69,6 +71,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "localhost/mcp-sandbox-python:latest"  # what scripts/build-container-image.sh makes
 _INSIDE_ID = 65534
+# The limits rootless podman enforces only through controllers systemd delegated to the user.
+_CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
 
 
 class ContainerSandbox(ProcessSandbox):
@@ -286,4 +290,14 @@ class ContainerBackend:
         facts = self.engine.facts
         if "error" in facts:
             return BackendProbe(self.name, available=False, reason=facts["error"], version=cli)
-        return probe_container(self, cli, facts)
+        lacking = rootless_problems() if self.flavour == "podman" else RootlessProblems()
+        if lacking.ids:
+            return BackendProbe(self.name, available=False, reason="rootless podman: " + "; ".join(lacking.ids))
+        probe = probe_container(self, cli, facts)
+        if not lacking.limits:
+            return probe
+        weak = tuple(
+            Capability(c.name, False, "; ".join(lacking.limits)) if c.name in _CGROUP_LIMITS else c
+            for c in probe.capabilities
+        )
+        return dataclasses.replace(probe, capabilities=weak)

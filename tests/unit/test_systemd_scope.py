@@ -1,0 +1,182 @@
+"""Asking systemd for a delegated scope over a real D-Bus bus, from a forked server process.
+
+A real ``dbus-daemon`` runs on a private socket; a small manager owns ``org.freedesktop.systemd1``
+on it and answers ``StartTransientUnit`` the way systemd does for a scope: it makes the scope's
+cgroup under this host's cgroup2 and moves the listed pids into it. The request's wire form
+(name, mode, ``PIDs``, ``Delegate``) and our wait for the move are what is checked here; the real
+systemd answers it in the guest of ``make vm-test``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
+from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
+
+_BOUND = 10.0
+
+
+def _v2_mount() -> Path:
+    point = next((Path(p) for p, fstype, _ in mounts() if fstype == "cgroup2"), None)
+    if point is None or os.geteuid() != 0 or shutil.which("dbus-daemon") is None:
+        pytest.skip("needs root, a cgroup2 mount and dbus-daemon")
+    return point
+
+
+class _Manager:
+    """Owns org.freedesktop.systemd1 on the bus; makes scopes under ``parent`` as systemd would."""
+
+    def __init__(self, address: str, parent: Path, v2: Path) -> None:
+        from jeepney.bus_messages import message_bus
+        from jeepney.io.blocking import open_dbus_connection
+
+        self.requests: list[tuple[Any, ...]] = []
+        self.units: dict[int, tuple[str, bool]] = {}  # pid -> (unit name, Delegate=)
+        self._parent, self._v2 = parent, v2
+        self._connection = open_dbus_connection(bus=address)
+        self._connection.send_and_get_reply(message_bus.RequestName("org.freedesktop.systemd1"), timeout=_BOUND)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        from jeepney.wrappers import new_error, new_method_return
+
+        while not self._stop.is_set():
+            try:
+                message = self._connection.receive(timeout=0.1)
+            except TimeoutError:
+                continue
+            method = message.header.fields.get(3)  # HeaderFields.member
+            if method == "StartTransientUnit":
+                self.requests.append((message.header.fields.get(1), *message.body))  # HeaderFields.path
+                name, _, properties, _ = message.body
+                scope = self._parent / name
+                scope.mkdir()
+                for key, (_, value) in properties:
+                    if key == "PIDs":
+                        for pid in value:
+                            (scope / "cgroup.procs").write_text(str(pid))
+                self._connection.send(new_method_return(message, "o", ("/org/freedesktop/systemd1/job/1",)))
+            elif method == "GetUnitByPID" and message.body[0] in self.units:
+                self._connection.send(
+                    new_method_return(message, "o", (f"/org/freedesktop/systemd1/unit/{message.body[0]}",))
+                )
+            elif method == "GetUnitByPID":
+                self._connection.send(
+                    new_error(message, "org.freedesktop.systemd1.NoUnitForPID", "s", ("no unit for that pid",))
+                )
+            elif method == "Get":
+                pid = int(str(message.header.fields.get(1)).rsplit("/", 1)[-1])
+                name, delegate = self.units[pid]
+                interface, key = message.body
+                values: dict[tuple[str, str], tuple[str, object]] = {
+                    ("org.freedesktop.systemd1.Unit", "Id"): ("s", name),
+                    ("org.freedesktop.systemd1.Service", "Delegate"): ("b", delegate),
+                    ("org.freedesktop.systemd1.Service", "MainPID"): ("u", pid),
+                    ("org.freedesktop.systemd1.Scope", "Delegate"): ("b", delegate),
+                }
+                self._connection.send(new_method_return(message, "v", (values[(interface, key)],)))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(_BOUND)
+        self._connection.close()
+
+
+@pytest.fixture
+def bus() -> Iterator[tuple[str, Path, _Manager]]:
+    v2 = _v2_mount()
+    parent = v2 / f"mcp-sandbox-test-{uuid.uuid4().hex[:8]}.slice"
+    parent.mkdir()
+    directory = Path(tempfile.mkdtemp(prefix="mcp-sandbox-bus-"))
+    address = f"unix:path={directory / 'bus'}"
+    daemon = subprocess.Popen(
+        ["dbus-daemon", "--config-file=/usr/share/dbus-1/session.conf", f"--address={address}", "--nofork"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    manager: _Manager | None = None
+    try:
+        deadline = time.monotonic() + _BOUND
+        while not (directory / "bus").exists():
+            assert time.monotonic() < deadline, "dbus-daemon did not start"
+            time.sleep(0.01)
+        manager = _Manager(address, parent, v2)
+        yield address, parent, manager
+    finally:
+        if manager is not None:
+            manager.close()
+        daemon.terminate()
+        daemon.wait(_BOUND)
+        for procs in sorted(parent.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
+            for pid in procs.read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
+        rmdir_tree(parent)
+        shutil.rmtree(directory)
+
+
+def _in_child(work: Any) -> dict[str, Any]:
+    """Run ``work`` in a forked child (the server process that moves); its result or error."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(reader)
+            result = {"result": work(), "pid": os.getpid()}
+        except BaseException as exc:
+            result = {"error": f"{type(exc).__name__}: {exc}", "pid": os.getpid()}
+        os.write(writer, json.dumps(result).encode())
+        os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as out:
+        data = out.read()
+    os.waitpid(pid, 0)
+    answer: dict[str, Any] = json.loads(data)
+    return answer
+
+
+def test_the_server_asks_for_a_delegated_scope_of_its_own_pid_and_waits_until_it_is_in_it(
+    bus: tuple[str, Path, _Manager],
+) -> None:
+    address, parent, manager = bus
+    answer = _in_child(lambda: start_delegated_scope(address))
+
+    assert answer.get("error") is None
+    (path, name, mode, properties, auxiliary) = manager.requests[0]
+    assert path == "/org/freedesktop/systemd1"
+    assert name.startswith(f"mcp-sandbox-{answer['pid']}-") and name.endswith(".scope")
+    assert mode == "fail" and auxiliary == []
+    sent = {key: value for key, (_, value) in properties}
+    assert sent["PIDs"] == [answer["pid"]]
+    assert sent["Delegate"] is True
+    assert answer["result"] == f"/{parent.name}/{name}"
+
+
+def test_a_refusal_by_the_manager_names_its_dbus_error(bus: tuple[str, Path, _Manager]) -> None:
+    address, _, _ = bus
+    with pytest.raises(SystemdUnavailable, match="NoUnitForPID"):
+        unit_of(os.getpid(), address)
+
+
+def test_the_unit_of_a_process_says_its_name_delegation_and_main_pid(bus: tuple[str, Path, _Manager]) -> None:
+    address, _, manager = bus
+    manager.units[os.getpid()] = ("app-editor.service", False)
+    manager.units[os.getpid() + 1] = ("mcp.scope", True)
+
+    assert unit_of(os.getpid(), address) == Unit("app-editor.service", delegate=False, main_pid=os.getpid())
+    assert unit_of(os.getpid() + 1, address) == Unit("mcp.scope", delegate=True, main_pid=None)

@@ -1,0 +1,44 @@
+#!/bin/bash
+# The vm-test job, run as root in the guest at boot (from the read-write 9p share /mnt/ctl).
+# Each step runs as the unprivileged user `sbx` (uid 1000), as a transient service of its own
+# lingering user manager (like an app an MCP client starts), via guest-user.sh STEP; its output
+# goes to /mnt/ctl/STEP.log and one line "STEP<TAB>pass|fail|skip<TAB>seconds" to results.tsv,
+# which the host reads back. A failed step does not stop the later ones.
+set -u
+ctl=/mnt/ctl
+results=$ctl/results.tsv
+: > "$results"
+uid=1000
+user=sbx
+
+for _ in $(seq 300); do
+    systemctl is-active --quiet "user@$uid.service" && [ -S /run/user/$uid/bus ] && break
+    sleep 0.5
+done
+echo "user manager: $(systemctl is-active user@$uid.service) at $(cut -d' ' -f1 /proc/uptime) s"
+
+# One step: STEP BOUND_SECONDS. The bound is the service's RuntimeMaxSec (emulated CPU: roomy).
+step() {
+    local name=$1 bound=$2 started rc status
+    started=$(date +%s.%N)
+    runuser -u "$user" -- env XDG_RUNTIME_DIR=/run/user/$uid DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/$uid/bus \
+        systemd-run --user --quiet --wait --pipe --collect -p RuntimeMaxSec="$bound" \
+        --working-directory=/home/$user -- bash /mnt/src/tests/vm/guest-user.sh "$name" \
+        > "$ctl/$name.log" 2>&1 < /dev/null
+    rc=$?
+    case $rc in 0) status=pass ;; 77) status=skip ;; *) status=fail ;; esac
+    printf '%s\t%s\t%s\n' "$name" "$status" "$(python3 -c "import sys; print(round($(date +%s.%N) - $started, 1))")" >> "$results"
+    echo "step $name: $status (exit $rc)"
+}
+
+step user-manager 120
+step install 900
+step setup 1200
+step runtime-fallback 1200
+step doctor 900
+step conformance 1800
+step e2e-stdio 1200
+step install-print 300
+step client-config 600
+step podman-rootless 300
+echo "job done at $(cut -d' ' -f1 /proc/uptime) s"

