@@ -146,11 +146,11 @@ def test_servers_that_is_not_an_object_is_refused(home: Path) -> None:
 
 def test_print_writes_nothing_and_shows_the_claude_mcp_add_form(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["install", "claude-code", "--print"]) == 0
-    out = capsys.readouterr().out
+    printed = capsys.readouterr()
     assert not (home / ".claude.json").exists()
-    snippet, _, alternative = out.partition("\n\nor: ")
-    assert json.loads(snippet)["mcpServers"]["sandbox"]["command"] == THIS_SERVER
-    assert alternative.strip() == f"claude mcp add --scope user sandbox -- {THIS_SERVER} serve"
+    # stdout is the JSON alone (it can be piped into a file); the other form goes to stderr.
+    assert json.loads(printed.out)["mcpServers"]["sandbox"]["command"] == THIS_SERVER
+    assert printed.err.strip() == f"or: claude mcp add --scope user sandbox -- {THIS_SERVER} serve"
 
 
 def test_uvx_form_and_config_file_are_carried(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

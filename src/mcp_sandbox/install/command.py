@@ -78,13 +78,10 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-def _snippet(client: Client, name: str, entry: dict[str, object], command: str, args: list[str]) -> str:
+def _snippet(client: Client, name: str, entry: dict[str, object]) -> str:
     from mcp_sandbox.install.jsonedit import dump
 
-    text = dump({client.key: {name: entry}})
-    if client.name == "claude-code":
-        text += f"\n\nor: claude mcp add --scope user {shlex.quote(name)} -- {shlex.join([command, *args])}"
-    return text
+    return dump({client.key: {name: entry}})
 
 
 def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
@@ -96,7 +93,11 @@ def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, 
     command, command_args = server_command(settings, uvx=args.uvx)
     entry = client.entry(command, command_args)
     if args.print_only:
-        print(_snippet(client, args.name, entry, command, command_args))
+        # The JSON alone on stdout (so it can be piped into a file or a tool); the hint on stderr.
+        print(_snippet(client, args.name, entry))
+        if client.name == "claude-code":
+            hint = shlex.join([command, *command_args])
+            print(f"or: claude mcp add --scope user {shlex.quote(args.name)} -- {hint}", file=sys.stderr)
         return 0
     path = args.path.expanduser() if args.path is not None else client.locate(Path(env.get("HOME") or Path.home()), env)
     try:
@@ -109,7 +110,7 @@ def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, 
         edited = set_member(text, (client.key, args.name), entry)
     except JsonEditError as exc:
         print(f"mcp-sandbox install: {path}: {exc}; fix the file or add the entry by hand:", file=sys.stderr)
-        print(_snippet(client, args.name, entry, command, command_args), file=sys.stderr)
+        print(_snippet(client, args.name, entry), file=sys.stderr)
         return 1
     except (OSError, UnicodeDecodeError) as exc:
         print(f"mcp-sandbox install: cannot read {path}: {exc}", file=sys.stderr)
