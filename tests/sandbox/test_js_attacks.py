@@ -377,4 +377,7 @@ async def test_a_forged_done_frame_does_not_make_a_failed_run_a_success(js_sandb
     result = await run_js(
         js_sandbox, _FRAME + "fs.writeSync(channel!, frame(3, { run: 1, exitCode: 0 }));\nthrow new Error('failed');"
     )
-    assert (result.status, result.exit_code) == ("error", 1)
+    # As for Python: the host judges by the process's end, never by a frame's claim (the run may
+    # also be ended at once for the forged frame, hence any failing exit code).
+    assert result.status == "error"
+    assert result.exit_code not in (0, None)
