@@ -1,8 +1,9 @@
 """A test host's web servers, run inside a network namespace the egress tests create.
 
 ``host_server.py CERT KEY``: HTTP on port 80 and HTTPS (the certificate given, signed by the
-tests' own CA) on port 443. ``GET /`` answers ``hello from <Host>``; ``GET /big`` sends 4 MiB.
-Prints ``ready`` once both listen.
+tests' own CA) on port 443. ``GET /`` answers ``hello from <Host>``; ``GET /big`` sends 4 MiB;
+``GET /keep-alive`` answers like ``/`` but leaves the connection open for the client's next
+request (every other answer closes it). Prints ``ready`` once both listen.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = b"x" * BIG if self.path == "/big" else f"hello from {self.headers.get('Host')}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Connection", "close")
+        if self.path != "/keep-alive":
+            self.send_header("Connection", "close")
         self.end_headers()
         try:
             self.wfile.write(body)

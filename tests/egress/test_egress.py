@@ -73,6 +73,28 @@ async def test_container_backends_reach_an_allowed_name_through_the_proxy(
 
 
 @pytest.mark.parametrize("js_runtime", ["bun", "deno"])
+async def test_a_typescript_run_ends_while_its_fetch_keeps_a_connection_open(
+    egress_engine: EgressEngine, test_net: HostNet, js_runtime: str
+) -> None:
+    # bun's fetch pools the connection (through the relay) for a next request: that idle
+    # connection must not keep the finished run alive until its timeout.
+    ca = json.dumps(test_net.ca)
+    options = (
+        f"{{ tls: {{ ca: {ca} }} }}"
+        if js_runtime == "bun"
+        else f"{{ client: Deno.createHttpClient({{ caCerts: [{ca}] }}) }}"
+    )
+    code = f"""
+        const answer = await fetch("https://api.web.test/keep-alive", {options});
+        console.log(answer.status, await answer.text());
+    """
+    flags = {"egress_allow": ALLOW, "egress_allow_private": private(test_net), "js_runtime": js_runtime}
+    async with egress_engine(**flags) as (engine, egress):
+        result = await execute(engine, code, granted(egress), language="typescript")
+    assert (result.status, result.stdout) == ("success", "200 hello from api.web.test\n"), result
+
+
+@pytest.mark.parametrize("js_runtime", ["bun", "deno"])
 async def test_an_allowed_name_is_reached_from_typescript(
     egress_engine: EgressEngine, test_net: HostNet, js_runtime: str
 ) -> None:

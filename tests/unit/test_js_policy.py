@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine.runtimes import js_policy, policy_for, python_policy
+from mcp_sandbox.engine.runtimes import BASE_ENVIRONMENT, js_policy, policy_for, python_policy
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
 from mcp_sandbox.sandbox.cgroups import CgroupSupport
@@ -23,6 +23,7 @@ def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str) ->
     python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
 
     assert js.command[0] == f"/opt/mcp-sandbox/{runtime}/{runtime}"
+    assert js.environment["PATH"] == f"/opt/mcp-sandbox/{runtime}:{BASE_ENVIRONMENT['PATH']}"
     assert js.command[-2:] == (f"/opt/mcp-sandbox/typescript/{runtime}.ts", "typescript")
     assert (js.network, js.uid, js.gid, js.workspace, js.cwd) == (False, 65534, 65534, _WORKSPACE, "/workspace")
     assert js.limits.address_space is False and python.limits.address_space is True

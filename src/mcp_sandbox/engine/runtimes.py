@@ -180,7 +180,8 @@ def js_policy(
         *mounts,
     ]
     heap_mib = max(16, int(settings.memory * _JS_HEAP_SHARE) >> 20)
-    env = dict(BASE_ENVIRONMENT)
+    # The runtime's own binary on PATH: code may run `bun add ...` through a shell (execSync).
+    env = {**BASE_ENVIRONMENT, "PATH": f"{inside}:{BASE_ENVIRONMENT['PATH']}"}
     if settings.js_runtime == "deno":
         env.update({"DENO_DIR": "/tmp/.deno", "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"})
     else:

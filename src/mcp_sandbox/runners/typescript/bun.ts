@@ -7,7 +7,7 @@
  */
 
 import { dlopen, FFIType, ptr, read } from "bun:ffi";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, symlinkSync, writeFileSync } from "node:fs";
 import type { Libc } from "./libc.ts";
 import type { AsyncReader, Platform } from "./platform.ts";
 import { startRelay } from "./relay.ts";
@@ -66,6 +66,7 @@ const platform: Platform = {
   setEnv: (env) => void Object.assign(process.env, env),
   writeFile: (path, text) => writeFileSync(path, text),
   mkdir: (path) => void mkdirSync(path, { recursive: true }),
+  symlink: (target, path) => symlinkSync(target, path),
   onExit: (handler) => void process.on("exit", (code) => handler(code ?? 0)),
   onUncaught: (handler) => {
     process.on("uncaughtException", handler);
@@ -74,5 +75,5 @@ const platform: Platform = {
   exit: (code) => process.exit(code),
 };
 
-startRelay(process.env);
+await startRelay(process.env);
 await main(platform, process.argv.slice(2));

@@ -76,6 +76,7 @@ const platform: Platform = {
   },
   writeFile: (path, text) => Deno.writeTextFileSync(path, text),
   mkdir: (path) => Deno.mkdirSync(path, { recursive: true }),
+  symlink: (target, path) => Deno.symlinkSync(target, path),
   onExit: (handler) => {
     // Dispatched at a natural end and by Deno.exit (which node's process.exit calls).
     globalThis.addEventListener("unload", () => handler(Deno.exitCode));
@@ -104,5 +105,5 @@ const platform: Platform = {
   },
 };
 
-startRelay(Deno.env.toObject());
+await startRelay(Deno.env.toObject());
 await main(platform, Deno.args);

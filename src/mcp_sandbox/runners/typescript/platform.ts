@@ -20,6 +20,8 @@ export interface Platform {
   setEnv(env: Record<string, string>): void;
   writeFile(path: string, text: string): void;
   mkdir(path: string): void;
+  /** Make `path` a symbolic link to `target` (which need not exist); throws if `path` exists. */
+  symlink(target: string, path: string): void;
   /** Call `handler` with the exit code whenever the process exits (process.exit, natural end). */
   onExit(handler: (code: number) => void): void;
   /** Call `handler` for an uncaught exception or an unhandled rejection. */

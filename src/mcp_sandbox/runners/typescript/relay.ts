@@ -1,27 +1,33 @@
 /**
- * The relay to the host's egress proxy (bun and deno, through node:net).
+ * The relay to the host's egress proxy (bun and deno, through node:net in a worker thread).
  *
  * A sandbox granted network has no interface but loopback. When MCP_SANDBOX_EGRESS_SOCKET names
- * the proxy's Unix socket (bound in by the host), this listens on MCP_SANDBOX_EGRESS_RELAY (where
- * HTTP_PROXY and friends point) and copies every connection to that socket and back. The relay
- * decides nothing: the proxy on the host checks every request. It never keeps a run alive.
+ * the proxy's Unix socket (bound in by the host), relay_worker.ts listens on
+ * MCP_SANDBOX_EGRESS_RELAY (where HTTP_PROXY and friends point) and copies every connection to
+ * that socket and back. It runs in a thread of its own so that code blocking the main thread
+ * still gets its connections relayed: `Bun.spawnSync(["bun", "add", ...])` or `execSync("npm
+ * install")` wait for a child whose every request goes through the relay (on the main thread's
+ * event loop, the child would wait forever). The relay decides nothing: the proxy on the host
+ * checks every request. It never keeps a run alive (the worker is unreferenced).
  */
 
-import { connect, createServer } from "node:net";
+import { Worker } from "node:worker_threads";
 
-export function startRelay(env: Record<string, string | undefined>): void {
+/** Start the relay if the environment names one; resolves once it listens (or could not). */
+export function startRelay(env: Record<string, string | undefined>): Promise<void> {
   const path = env.MCP_SANDBOX_EGRESS_SOCKET;
   const address = env.MCP_SANDBOX_EGRESS_RELAY;
-  if (!path || !address) return;
-  const at = address.lastIndexOf(":");
-  const server = createServer((client) => {
-    const upstream = connect({ path });
-    client.pipe(upstream);
-    upstream.pipe(client);
-    client.on("error", () => upstream.destroy());
-    upstream.on("error", () => client.destroy());
+  if (!path || !address) return Promise.resolve();
+  const worker = new Worker(new URL("./relay_worker.ts", import.meta.url), { workerData: { path, address } });
+  worker.unref();
+  return new Promise((resolve) => {
+    worker.once("message", (failure: string | null) => {
+      if (failure !== null) console.error(`mcp-sandbox runner: the network relay did not start: ${failure}`);
+      resolve();
+    });
+    worker.once("error", (error: Error) => {
+      console.error(`mcp-sandbox runner: the network relay stopped: ${error.message}`);
+      resolve();
+    });
   });
-  server.on("error", (error: Error) => console.error(`mcp-sandbox runner: the network relay did not start: ${error.message}`));
-  server.listen(Number(address.slice(at + 1)), address.slice(0, at));
-  server.unref();
 }

@@ -24,6 +24,10 @@ export const EXIT_PROTOCOL = 76;
 const CHUNK = 1 << 16;
 const MAX_CHUNK = 1 << 20;
 const CODE_DIR = "/tmp/.mcp-sandbox";
+// Packages installed at run time (`bun add` in /workspace) go to the conversation's workspace. A
+// bare import in the code (CODE_DIR/main.ts) looks in CODE_DIR/node_modules first, which links
+// there, then in /node_modules (the runtime's packages): the workspace's packages come first.
+const WORKSPACE_PACKAGES = "/workspace/node_modules";
 const RUNTIME_DIR = new URL(".", import.meta.url).pathname;
 
 type Command = [Kind, Body, number[]];
@@ -241,6 +245,7 @@ export async function main(platform: Platform, args: string[]): Promise<void> {
   try {
     platform.mkdir(CODE_DIR);
     platform.writeFile(path, body.code as string);
+    linkWorkspacePackages(platform);
   } catch (error) {
     console.error(`mcp-sandbox runner: cannot write the code to ${path}: ${String(error)}`);
     finish(EXIT_PROTOCOL, null);
@@ -254,4 +259,13 @@ export async function main(platform: Platform, args: string[]): Promise<void> {
     platform.exit(1);
   }
   // Done with the top level: the process ends when the code's event loop is empty.
+}
+
+/** Link CODE_DIR/node_modules to the workspace's packages (once per process: a session's later runs find it). */
+function linkWorkspacePackages(platform: Platform): void {
+  try {
+    platform.symlink(WORKSPACE_PACKAGES, `${CODE_DIR}/node_modules`);
+  } catch {
+    // already there (a session's earlier run)
+  }
 }
