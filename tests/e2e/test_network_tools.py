@@ -76,7 +76,7 @@ async def test_network_true_reaches_an_allowed_host_and_the_description_says_so(
         plain = await client.call_tool("run_python", {"code": code})
         runners = await client.call_tool("list_runners", {})
     description = next(tool.description for tool in listing.tools if tool.name == "run_python")
-    assert description is not None and "network only if granted" in description
+    assert description is not None and "network if granted" in description
     assert structured(ran)["status"] == "success", structured(ran)
     assert structured(ran)["stdout"] == "hello over the proxy\n"
     assert structured(plain)["status"] == "error"  # without network: no proxy, no route

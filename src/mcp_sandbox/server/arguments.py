@@ -180,7 +180,7 @@ class RunArguments(ToolArguments):
 
     code: Annotated[str, AfterValidator(_code)]
     conversation: Annotated[str | None, AfterValidator(_conversation)] = Field(
-        None, alias="conversationId", description="Keeps files and variables between runs"
+        None, alias="conversationId", description="Keeps files and variables"
     )
     reset: bool = Field(False, description="Fresh interpreter")
     servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
@@ -191,7 +191,7 @@ class RunArguments(ToolArguments):
         bool | list[str],
         AfterValidator(_network),
         WithJsonSchema({"type": ["boolean", "array"], "items": {"type": "string"}}),
-    ] = Field(False, description="true, or domain patterns: HTTP(S) via an allowlisting proxy")
+    ] = Field(False, description="true or domain patterns")
 
     @field_validator("reset")
     @classmethod

@@ -48,13 +48,12 @@ RUN_OUTPUT_SCHEMA: dict[str, Any] = {
         "durationMs": {"type": "integer"},
         "truncated": {"type": "boolean"},
     },
-    "required": ["status", "exitCode", "stdout", "stderr", "durationMs", "truncated"],
 }
 
 # The description names servers by alias (ASCII identifiers, what code writes after `mcp_`),
 # within a character budget, so that tools/list stays under 1,000 tokens however many servers
 # are configured and whatever their names.
-_NAMES_BUDGET = 42
+_NAMES_BUDGET = 28
 _MAX_NAME = 20
 
 
@@ -74,7 +73,7 @@ def _servers_line(aliases: Sequence[str]) -> str:
     listed = ", ".join(shown) + (f" and {hidden} more" if shown and hidden else "") if shown else f"({hidden})"
     return (
         f" Code can call MCP servers {listed}: name them in `servers`, then `await mcp_<server>.<tool>(...)`; "
-        "errors raise mcp.runtime.MCPError; stubs in /tools/<server>/; see search_tools."
+        "see search_tools."
     )
 
 
@@ -153,7 +152,7 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
         name="run_python",
         description=(
             "Run Python 3 in a sandbox: "
-            + ("network only if granted (list_runners says for what)" if context.network else "no network")
+            + ("network if granted (see list_runners)" if context.network else "no network")
             + ", only /workspace writable, limited memory/CPU/time. "
             "Top-level await works; numpy, pandas, matplotlib installed; plots return as images."
             + _servers_line(servers)
