@@ -3,7 +3,10 @@
 ::
 
     <state_dir>/                0711  the server's own: made 0700, opened to traversal (never listing)
-                                      so the sandbox uid can reach runs/<name> and workspaces/<key>
+                                      so the sandbox uid can reach runs/<name> and workspaces/<key>;
+                                      0710 with the sandbox gid as its group when the server is root
+                                      (then runs/ and workspaces/ too): other host users cannot
+                                      reach a workspace even if a run opened its mode
       secret                    0600  the server secret (workspace/secret.py)
       metadata.sqlite3          0600  the metadata index, with its -wal and -shm (workspace/metadata.py)
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
@@ -40,11 +43,23 @@ class StateLayout:
     """The paths under one state directory (``root``); nothing is created until asked."""
 
     root: Path
+    # The sandbox gid, when the server is root: the traversable directories are then 0710 and its
+    # group's, closed to every other host user. (Not root: the sandboxes run as the server's uid,
+    # or as a container engine's, which the group cannot name; they stay 0711.)
+    group: int | None = None
 
     @classmethod
     def of(cls, settings: Settings) -> StateLayout:
         """The layout of ``settings.state_dir``."""
-        return cls(settings.state_dir)
+        return cls(settings.state_dir, settings.sandbox_gid if os.geteuid() == 0 else None)
+
+    def _open_to_sandbox(self, directory: Path) -> None:
+        """Let the sandbox uid traverse ``directory`` (never list it); see :attr:`group`."""
+        if self.group is None:
+            os.chmod(directory, 0o711, follow_symlinks=False)
+            return
+        os.chown(directory, -1, self.group, follow_symlinks=False)
+        os.chmod(directory, 0o710, follow_symlinks=False)
 
     # --- paths --------------------------------------------------------------------------------
 
@@ -99,27 +114,27 @@ class StateLayout:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     def prepare_runs(self) -> Path:
-        """Create ``root`` and ``runs/``, both 0711 (the sandbox uid traverses to its own entry). Idempotent.
+        """Create ``root`` and ``runs/``, both traversable by the sandbox uid (to its own entry). Idempotent.
 
         Raises:
             OSError: they cannot be created.
         """
         self.make_root_private()
-        self.runs.mkdir(exist_ok=True, mode=0o711)
-        os.chmod(self.root, 0o711)
-        os.chmod(self.runs, 0o711)
+        self.runs.mkdir(exist_ok=True, mode=0o700)
+        self._open_to_sandbox(self.root)
+        self._open_to_sandbox(self.runs)
         return self.runs
 
     def prepare_workspaces(self) -> Path:
-        """Create ``root`` and ``workspaces/``, both 0711 (traversable, not listable). Idempotent.
+        """Create ``root`` and ``workspaces/``, both traversable by the sandbox uid, not listable. Idempotent.
 
         Raises:
             OSError: they cannot be created.
         """
         self.make_root_private()
-        os.chmod(self.root, 0o711)
-        self.workspaces.mkdir(exist_ok=True, mode=0o711)
-        os.chmod(self.workspaces, 0o711, follow_symlinks=False)
+        self._open_to_sandbox(self.root)
+        self.workspaces.mkdir(exist_ok=True, mode=0o700)
+        self._open_to_sandbox(self.workspaces)
         return self.workspaces
 
     def prepare_stubs(self) -> Path:

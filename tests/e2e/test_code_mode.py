@@ -117,6 +117,32 @@ async def test_fifty_calls_gathered_in_the_sandbox_run_concurrently(client: Clie
     assert ok(data).split() == ["50", "50"]
 
 
+async def test_calls_in_flight_of_one_run_are_capped_at_max_calls_in_flight(
+    state_dir: Path, sandbox_runtime: Path | None, downstream_dir: Path
+) -> None:
+    # Issue 21, finding 1: a run could put any number of requests to work on the host at once.
+    flags: dict[str, Any] = {
+        "state_dir": str(state_dir),
+        "servers_config": str(downstream_dir / "servers.json"),
+        "discover_servers": False,
+        "max_calls_in_flight": 4,
+    }
+    if sandbox_runtime is not None:
+        flags["python_runtime"] = str(sandbox_runtime)
+    settings = load_settings(env={}, flags=flags)
+    async with open_service(settings, http=False) as service, Client(build_server(service)) as capped:
+        data = await run(
+            capped,
+            """
+            import asyncio
+            peaks = await asyncio.gather(*(mcp_fixture.rendezvous(parties=12, seconds=1) for _ in range(12)))
+            print(max(peak["result"] for peak in peaks), len(peaks))
+            """,
+            ["fixture"],
+        )
+    assert ok(data).split() == ["4", "12"]
+
+
 async def test_a_20_mib_tool_result_arrives_whole(client: Client) -> None:
     data = await run(
         client,

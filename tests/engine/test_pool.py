@@ -306,3 +306,102 @@ async def test_warm_runs_see_the_stubs_and_call_the_tools_of_their_own_servers(r
 
     assert first.stdout == "['alpha'] {'server': 'alpha', 'tool': 'ping'}\n", first.stderr
     assert second.stdout == "['beta'] {'server': 'beta', 'tool': 'pong'}\n", second.stderr
+
+
+async def test_a_run_cannot_signal_its_zygote_through_a_proc_directory_descriptor(
+    running_engine: RunningEngine,
+) -> None:
+    # Issue 21, finding 10: a directory fd of /proc/<pid> is a pidfd; pidfd_send_signal on it
+    # killed the zygote.
+    attack = """
+        import ctypes, os, signal
+        fd = os.open(f"/proc/{os.getppid()}", os.O_RDONLY | os.O_DIRECTORY)
+        libc = ctypes.CDLL(None, use_errno=True)
+        done = libc.syscall(424, fd, signal.SIGKILL, None, 0)  # pidfd_send_signal
+        print(done, ctypes.get_errno())
+    """
+    async with warm_engine(running_engine) as engine:
+        first = await warm_run(engine, attack)
+        second = await warm_run(engine, "print('still warm')")
+        warm = engine.pool.take()
+        assert warm is not None and warm.runs == 2  # the same zygote served both
+        engine.pool.give_back(warm, reusable=True)
+
+    assert first.stdout.split() == ["-1", "1"], first.stderr  # EPERM
+    assert second.stdout == "still warm\n"
+
+
+# What one run tries on the zygote or the sandbox, and what the next run must see (a fresh sandbox's state).
+_SCHEDULING_ATTACK = """
+    import ctypes, os
+    zygote = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    tried = {}
+    def attempt(name, call):
+        try:
+            tried[name] = call()
+        except OSError as error:
+            tried[name] = error.errno
+    attempt("sched_idle", lambda: os.sched_setscheduler(zygote, os.SCHED_IDLE, os.sched_param(0)))
+    attempt("batch", lambda: os.sched_setscheduler(zygote, os.SCHED_BATCH, os.sched_param(0)))
+    attempt("nice", lambda: os.setpriority(os.PRIO_PROCESS, zygote, 19))
+    attempt("nice_user", lambda: os.setpriority(os.PRIO_USER, 0, 19))
+    attempt("nice_group", lambda: os.setpriority(os.PRIO_PGRP, os.getpgid(zygote), 19))
+    idle = (3 << 13) | 0  # IOPRIO_CLASS_IDLE
+    def ioprio_set(which, who):
+        return ctypes.get_errno() if libc.syscall(251, which, who, idle) == -1 else 0
+    attempt("ioprio", lambda: ioprio_set(1, zygote))
+    attempt("ioprio_user", lambda: ioprio_set(3, 0))
+    # Its own are its own (and end with it).
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    for directory in ("/tmp", "/dev/shm", "/workspace"):
+        os.setxattr(directory, "user.note", b"for the next tenant")
+        os.chmod(directory, 0o777)
+    import fcntl
+    for fd in (0, 1, 2):
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+        try:
+            fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ
+        except OSError:
+            pass
+    print(tried)
+"""
+_FRESH_STATE = """
+    import ctypes, fcntl, os, stat
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen = {
+        "policy": os.sched_getscheduler(0),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "ioprio": libc.syscall(252, 1, 0),
+        "xattrs": [os.listxattr(d) for d in ("/tmp", "/dev/shm", "/workspace")],
+        "modes": [oct(stat.S_IMODE(os.stat(d).st_mode)) for d in ("/tmp", "/dev/shm", "/workspace")],
+        "nonblocking": [bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK) for fd in (0, 1, 2)],
+        "pipe_sizes": [fcntl.fcntl(fd, 1032) if stat.S_ISFIFO(os.fstat(fd).st_mode) else None for fd in (0, 1, 2)],
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+    }
+    print(seen)
+"""
+
+
+async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_the_next(
+    running_engine: RunningEngine,
+) -> None:
+    # Issue 21, finding 9: the next tenant's runs inherited SCHED_IDLE, an idle I/O class, user
+    # xattrs, directory modes and descriptor flags set by one run.
+    async with warm_engine(running_engine) as engine:
+        fresh = await warm_run(engine, _FRESH_STATE)
+        attack = await warm_run(engine, _SCHEDULING_ATTACK)
+        after = await warm_run(engine, _FRESH_STATE)
+        warm = engine.pool.take()
+        assert warm is not None and warm.runs == 3  # one zygote: restored, not replaced
+        engine.pool.give_back(warm, reusable=True)
+
+    assert attack.status == "success", attack.stderr
+    eperm = 1
+    assert eval(attack.stdout) == {
+        "sched_idle": eperm, "batch": eperm, "nice": eperm, "nice_user": eperm, "nice_group": eperm,
+        "ioprio": eperm, "ioprio_user": eperm,
+    }  # fmt: skip
+    assert fresh.status == after.status == "success", after.stderr
+    assert eval(after.stdout) == eval(fresh.stdout)
+    assert eval(fresh.stdout)["xattrs"] == [[], [], []]

@@ -243,6 +243,12 @@ async def test_symlinks_to_host_paths_lead_nowhere(sandbox: SandboxRunner, state
     assert report == dict.fromkeys(targets, "FileNotFoundError:ENOENT")
 
 
+def _left_in_runs(sandbox: SandboxRunner) -> list[Path]:
+    """What is in ``runs/`` (scratch workspaces on backends that bind a host directory for one)."""
+    runs = sandbox.settings.state_dir / "runs"
+    return list(runs.iterdir()) if runs.exists() else []
+
+
 async def test_cleanup_does_not_follow_symlinks_planted_in_the_workspace(
     sandbox: SandboxRunner, state_root: Path
 ) -> None:
@@ -264,7 +270,7 @@ async def test_cleanup_does_not_follow_symlinks_planted_in_the_workspace(
     assert result.status == "success", result.stderr
     assert precious.read_text() == "keep me"
     assert sorted(p.name for p in outside.rglob("*")) == before
-    assert list((sandbox.settings.state_dir / "runs").iterdir()) == []  # the scratch workspace is gone
+    assert _left_in_runs(sandbox) == []  # the scratch workspace is gone (or was a tmpfs, never on the host)
 
 
 async def test_deep_directory_tree_does_not_break_cleanup(sandbox: SandboxRunner) -> None:
@@ -275,7 +281,7 @@ async def test_deep_directory_tree_does_not_break_cleanup(sandbox: SandboxRunner
             os.chdir("d")
     """)
     assert result.status == "success", result.stderr
-    assert list((sandbox.settings.state_dir / "runs").iterdir()) == []
+    assert _left_in_runs(sandbox) == []
 
 
 async def test_hard_links_to_files_outside_the_workspace_fail(sandbox: SandboxRunner) -> None:
@@ -341,3 +347,35 @@ async def test_state_does_not_leak_between_runs(sandbox: SandboxRunner) -> None:
         report["seen"] = [p for p in ("/tmp/left-behind", "/workspace/left-behind") if os.path.exists(p)]
     """)
     assert report == {"seen": []}
+
+
+# The only places a run may write (issue 21, finding 13): everything else is read-only or closed.
+WRITABLE = ("/workspace", "/data", "/tmp", "/dev/shm")
+
+
+async def test_no_mount_point_outside_the_writable_places_takes_a_new_file(sandbox: SandboxRunner) -> None:
+    # Every mount point the run sees, on every backend: a file is created in it, or a mounted
+    # file opened for writing (nothing is written); character devices store nothing.
+    report = await sandbox.report("""
+        import re, stat, uuid
+        points = set()
+        with open("/proc/self/mountinfo") as table:
+            for row in table:
+                points.add(re.sub(r"\\\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), row.split()[4]))
+        probe = f".mcp-probe-{uuid.uuid4().hex}"
+        for point in sorted(points):
+            if os.path.isdir(point) and not os.path.islink(point):
+                target = os.path.join(point, probe)
+                def create():
+                    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                    os.unlink(target)
+                report[point] = outcome(create)
+            elif stat.S_ISCHR(os.stat(point).st_mode):
+                report[point] = "device"  # /dev/null and friends (also bound over masked /proc files)
+            else:
+                report[point] = outcome(lambda: os.close(os.open(point, os.O_WRONLY)))
+    """)
+    writable = {point for point, result in report.items() if result == "ok"}
+    allowed = {point for point in writable if point in WRITABLE or point.startswith(tuple(p + "/" for p in WRITABLE))}
+    assert "/proc" in report and "/" in report  # the walk saw the table
+    assert writable - allowed == set(), report

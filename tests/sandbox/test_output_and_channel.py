@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import textwrap
 
+import anyio
 import pytest
 
+from mcp_sandbox.engine import ExecutionResult
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import PROTOCOL_VERSION
 
 from .harness import RunnerFactory, SandboxRunner
@@ -122,4 +124,59 @@ async def test_closing_the_channel_early_still_gives_a_result(sandbox: SandboxRu
     """)
     assert result.status == "error"
     assert result.stdout == "closed\n"
+    await _next_run_works(sandbox)
+
+
+def _rss() -> int:
+    """This process's resident set (the engine, as in the server, runs in it), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+async def test_a_63_mb_call_frame_ends_its_run_and_stalls_no_other(sandbox: SandboxRunner) -> None:
+    # Issue 21, finding 1: the host used to buffer and parse such a frame on its event loop (another
+    # run's print(1) took 12 s, the server grew by 3 GB). A CALL is now refused on its header.
+    attack = f"""
+        import struct
+        body_size = 63_000_000
+        chunk = b"{{\\"op\\":\\"call_tool\\",\\"x\\":\\"" + b"a" * ((1 << 20) - 20)
+        fds = channel_fds()
+        print("attacking", fds, flush=True)
+        for fd in fds:
+            try:
+                os.write(fd, struct.pack(">4sBBI", b"MSBX", {PROTOCOL_VERSION}, 4, body_size))
+                for _ in range(body_size // len(chunk)):
+                    os.write(fd, chunk)
+            except OSError as exc:
+                print("refused:", type(exc).__name__, flush=True)
+        import time
+        time.sleep(30)
+    """
+    baseline = _rss()
+    peak = baseline
+    results: dict[str, object] = {}
+
+    async def run(name: str, code: str, time_limit: float) -> None:
+        results[name] = await sandbox.run(code, time_limit=time_limit)
+
+    async def sample() -> None:
+        nonlocal peak
+        while "attacker" not in results:
+            peak = max(peak, _rss())
+            await anyio.sleep(0.02)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(sample)
+        group.start_soon(run, "attacker", attack, 20.0)
+        group.start_soon(run, "other", "print(1)", 20.0)
+    attacker, other = results["attacker"], results["other"]
+    assert isinstance(attacker, ExecutionResult) and isinstance(other, ExecutionResult)
+    assert (other.status, other.stdout) == ("success", "1\n")
+    assert attacker.status == "error"  # not a timeout: the frame ended it
+    assert attacker.error is not None and "CALL frame" in attacker.error
+    assert "attacking" in attacker.stdout
+    assert peak - baseline < 300 << 20
     await _next_run_works(sandbox)

@@ -6,12 +6,14 @@ be a sandbox, whatever the snapshot says.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
+from mcp_sandbox.sandbox.backends.bwrap.argv import args_file
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
 BWRAP = "/usr/bin/bwrap"
@@ -40,6 +42,8 @@ ARITY = {
     "--seccomp": 1,
     "--bind": 2,
     "--ro-bind": 2,
+    "--dev-bind": 2,
+    "--perms": 1,
     "--symlink": 2,
     "--setenv": 2,
 }
@@ -141,6 +145,8 @@ def test_writable_mounts_use_bind_and_the_others_ro_bind() -> None:
         (str(policy.workspace), "/workspace")
     }
     assert ro_binds == {(str(m.source), m.target) for m in policy.mounts if not m.writable}
+    # /dev/null over a host-wide counter (issue 21, finding 12); a device: writes go nowhere.
+    assert {args for flag, args in options if flag == "--dev-bind"} == {("/dev/null", "/proc/diskstats")}
 
 
 def test_the_workspace_is_also_reachable_as_data() -> None:
@@ -162,10 +168,32 @@ def test_every_tmpfs_is_sized_by_tmp_size_and_only_tmp_and_dev_shm_get_one() -> 
 
     argv = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
 
-    places = [i for i, arg in enumerate(argv) if arg == "--tmpfs"]
-    assert sorted(argv[i + 1] for i in places) == ["/dev/shm", "/tmp"]
-    for at in places:
-        assert argv[at - 2 : at] == ["--size", str(policy.limits.tmp_size)]
+    places = {argv[i + 1]: i for i, arg in enumerate(argv) if arg == "--tmpfs"}
+    assert sorted(places) == ["/dev/shm", "/proc/pressure", "/tmp"]
+    for target in ("/dev/shm", "/tmp"):
+        assert argv[places[target] - 2 : places[target]] == ["--size", str(policy.limits.tmp_size)]
+    # The mask over host-wide pressure counters: tiny, and read-only once mounted.
+    assert argv[places["/proc/pressure"] - 2 : places["/proc/pressure"]] == ["--size", "4096"]
+    assert argv[argv.index("--remount-ro") + 1] == "/proc/pressure"
+
+
+def test_a_scratch_workspace_is_a_private_tmpfs_of_workspace_size() -> None:
+    policy = dataclasses.replace(make_policy(), workspace=None)
+
+    argv = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+
+    at = argv.index("/workspace")
+    assert argv[at - 5 : at] == ["--perms", "0700", "--size", str(policy.limits.workspace_size), "--tmpfs"]
+    assert ("--symlink", "/workspace", "/data") in zip(argv, argv[1:], argv[2:], strict=False)
+
+
+def test_the_options_travel_through_a_descriptor_and_the_command_line_keeps_only_the_command() -> None:
+    argv = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+
+    short, data = args_file(argv, 7)
+
+    assert short == [BWRAP, "--args", "7", *argv[argv.index("--") :]]
+    assert data.split(b"\0")[:-1] == [arg.encode() for arg in argv[1 : argv.index("--")]]
 
 
 def test_dev_is_remounted_read_only_after_its_shm_tmpfs() -> None:

@@ -275,3 +275,28 @@ async def test_closing_the_channel_ends_a_receive_waiting_on_it() -> None:
             await anyio.wait_all_tasks_blocked()
             host.close()
     assert results == [None]
+
+
+async def test_a_frame_over_its_kinds_limit_is_refused_on_its_header_before_its_body_arrives() -> None:
+    # Issue 21, finding 1: only the header of a 63 MB CALL is sent; the refusal cannot wait for the rest.
+    host_sock, peer = socket.socketpair()
+    with peer:
+        channel = Channel(host_sock, MAX_FRAME, {Kind.CALL: 1 << 20})
+        try:
+            peer.sendall(frames.HEADER.pack(frames.MAGIC, frames.PROTOCOL_VERSION, Kind.CALL, 63_000_000))
+            with anyio.fail_after(DEADLINE_SECONDS), pytest.raises(FrameError, match="CALL"):
+                await channel.receive()
+        finally:
+            channel.close()
+
+
+async def test_a_limit_for_one_kind_leaves_the_others_at_theirs() -> None:
+    host_sock, peer = socket.socketpair()
+    with peer:
+        channel = Channel(host_sock, MAX_FRAME, {Kind.CALL: 64})
+        try:
+            frames.write_frame(peer.fileno(), Kind.DONE, {"run": 1, "exitCode": 0, "exception": "x" * 1000})
+            with anyio.fail_after(DEADLINE_SECONDS):
+                assert await channel.receive() == Done(1, 0, "x" * 1000)
+        finally:
+            channel.close()

@@ -133,7 +133,8 @@ def test_docker_connects_the_channel_through_a_bound_socket_directory() -> None:
     argv = container_argv(make_policy(), make_run("docker"))
 
     assert "--preserve-fds" not in argv
-    assert ("--mount", "type=bind,source=/tmp/mcp-sandbox-channel-x,target=/run/mcp-sandbox") in pairs(argv)
+    # read-only: the run may connect to the socket, not create files beside it
+    assert ("--mount", "type=bind,source=/tmp/mcp-sandbox-channel-x,target=/run/mcp-sandbox,readonly") in pairs(argv)
     command = argv[argv.index("--") + 2 :]
     assert command[:5] == [
         "/srv/runtime/bin/python3",

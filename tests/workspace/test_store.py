@@ -66,7 +66,8 @@ def test_workspaces_are_traversable_only_and_each_belongs_to_the_sandbox_uid(
     path = store.ensure(key)
 
     root = os.lstat(store.root)
-    assert (stat.S_IMODE(root.st_mode), root.st_uid) == (0o711, 0)
+    # Closed to every other host user: only the sandbox gid may traverse (issue 21, finding 12).
+    assert (stat.S_IMODE(root.st_mode), root.st_uid, root.st_gid) == (0o710, 0, settings.sandbox_gid)
     own = os.lstat(path)
     assert stat.S_IMODE(own.st_mode) == 0o700
     assert (own.st_uid, own.st_gid) == (settings.sandbox_uid, settings.sandbox_gid)

@@ -88,6 +88,8 @@ class Settings:
     pids: int = 128
     cpus: float = 1.0
     tmp_size: int = 64 << 20
+    # A run without a conversation: its /workspace holds at most this (a tmpfs under bwrap).
+    scratch_size: int = 256 << 20
     max_output: int = 1 << 20
     max_file_size: int = 256 << 20
     open_files: int = 256
@@ -116,6 +118,8 @@ class Settings:
     # well as in servers_config and [servers]; off, only those two are read.
     discover_servers: bool = True
     max_tool_calls: int = 200  # per run
+    max_calls_in_flight: int = 64  # requests of one run answered at once; more wait their turn
+    max_call_bytes: int = 1 << 20  # one request frame from the sandbox (a tool call's arguments)
     max_tool_result_bytes: int = 64 << 20  # per run, the sum of all tool results
     tool_timeout: float = 60.0  # per tool call, seconds
     connect_timeout: float = 30.0  # starting a downstream server and listing its tools
@@ -175,10 +179,13 @@ class Settings:
             "memory",
             "pids",
             "tmp_size",
+            "scratch_size",
             "max_output",
             "max_file_size",
             "open_files",
             "max_tool_calls",
+            "max_calls_in_flight",
+            "max_call_bytes",
             "max_tool_result_bytes",
             "max_request_size",
             "quota_bytes",

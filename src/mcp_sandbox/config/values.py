@@ -54,9 +54,11 @@ _BYTE_FIELDS = frozenset(
     {
         "memory",
         "tmp_size",
+        "scratch_size",
         "max_output",
         "max_file_size",
         "max_tool_result_bytes",
+        "max_call_bytes",
         "max_request_size",
         "quota_bytes",
         "max_workspaces_bytes",

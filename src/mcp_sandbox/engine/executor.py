@@ -34,12 +34,21 @@ import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.admission import Admission
+from mcp_sandbox.engine.disk import DiskBound, disk_bound
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
-from mcp_sandbox.engine.verdict import STATE_LOST, captured, death, judge_fresh, judge_session, timed_out
+from mcp_sandbox.engine.verdict import (
+    STATE_LOST,
+    captured,
+    death,
+    judge_fresh,
+    judge_session,
+    stopped_for_disk,
+    timed_out,
+)
 from mcp_sandbox.engine.warm import Warm, WarmPool
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
@@ -148,8 +157,10 @@ class Engine:
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
-            if workspace is None:
+            bound = DiskBound.conversation(self.settings)
+            if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
+                bound = DiskBound.scratch(self.settings)
             policy = policy_for(
                 self.settings,
                 request.language,
@@ -158,9 +169,14 @@ class Engine:
                 mounts=request.tools.mounts if request.tools is not None else (),
             )
             with anyio.move_on_after(request.timeout) as deadline:
-                async with open_interpreter(self.backend, policy, self.settings) as interpreter:
+                async with (
+                    disk_bound(workspace, bound) as overrun,
+                    open_interpreter(self.backend, policy, self.settings) as interpreter,
+                ):
                     await self._run(interpreter, record, request, last=True)
         result = captured(record, interpreter, started)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, overrun.reason)
         if deadline.cancelled_caught or interpreter is None or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         return judge_fresh(self.settings, interpreter.outcome, record, result)
@@ -217,7 +233,10 @@ class Engine:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
         with anyio.move_on_after(request.timeout) as deadline:
-            async with self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease:
+            async with (
+                disk_bound(request.workspace, DiskBound.conversation(self.settings)) as overrun,
+                self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease,
+            ):
                 try:
                     await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's
@@ -233,6 +252,8 @@ class Engine:
             )
         state: SessionState = "new" if lease.new else "kept"
         result = dataclasses.replace(captured(record, lease.interpreter, started), session=state)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
         if deadline.cancelled_caught:
             return timed_out(
                 result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
@@ -253,7 +274,7 @@ class Engine:
     async def _session_sandbox(self, workspace: Path | None) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
         """A session's sandbox: its workspace (a scratch one when None), its /tools view, its interpreter."""
 
-        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return python_policy(
                 self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
             )
@@ -269,7 +290,7 @@ class Engine:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
 
-        def policy(workspace: Path, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
@@ -284,11 +305,11 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def _long_lived_sandbox(
-        self, workspace: Path | None, make_policy: Callable[[Path, tuple[Mount, ...]], SandboxPolicy]
+        self, workspace: Path | None, make_policy: Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
     ) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
         """A sandbox serving many runs: its workspace (a scratch one when None), its /tools view, its interpreter."""
         async with contextlib.AsyncExitStack() as stack:
-            if workspace is None:
+            if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
             self.prepare()
             tools = ToolsView.create(self._layout)

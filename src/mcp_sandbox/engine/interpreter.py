@@ -24,14 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.channel import Channel
+from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
 from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
 from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
+    HEADER,
     Call,
     Display,
     Done,
@@ -39,6 +41,7 @@ from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
     Exec,
     Exited,
     Failure,
+    Kind,
     Ready,
     Reply,
 )
@@ -46,7 +49,7 @@ from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
 # Exited: how a zygote's child ended (its EXITED frame), as run_forked() returns it.
-__all__ = ["DRAIN_SECONDS", "Exited", "Interpreter", "RunRecord", "open_interpreter"]
+__all__ = ["DRAIN_SECONDS", "Exited", "Interpreter", "RunRecord", "frame_limits", "open_interpreter"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,22 @@ DRAIN_SECONDS = 0.25
 _SETTLE_SECONDS = 5.0
 _OWN_OUTPUT_CAP = 64 << 10
 _IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+# Frames whose bodies are a few fields (DONE, EXITED, ERROR; EXEC and REPLY never come from the sandbox).
+_SMALL_FRAME = 64 << 10
+# A DISPLAY frame's fields besides its base64 data.
+_DISPLAY_ROOM = 4 << 10
+
+
+def frame_limits(settings: Settings) -> dict[Kind, int]:
+    """How large a frame of each kind from the sandbox may be; a larger one ends the run (FrameError).
+
+    A CALL is ``max_call_bytes``, a DISPLAY the image cap in base64, a READY (a zygote's list of
+    preloaded modules) 1 MiB, everything else 64 KiB.
+    """
+    display = 4 * ((settings.max_image_bytes + 2) // 3) + _DISPLAY_ROOM
+    limits = dict.fromkeys(Kind, _SMALL_FRAME)
+    limits.update({Kind.CALL: settings.max_call_bytes, Kind.DISPLAY: display, Kind.READY: 1 << 20})
+    return {kind: min(limit, _MAX_FRAME - HEADER.size) for kind, limit in limits.items()}
 
 
 @dataclass
@@ -184,6 +203,11 @@ class Interpreter:
             pipes.close()
             if sent:
                 await self._serve_run(record, frame.run, tools, self.channel)
+            if record.protocol_error is not None:
+                # The runner broke the protocol (an oversized or malformed frame): it cannot be
+                # trusted to end the run, and what it still writes is not read. The run ends now.
+                await self.kill()
+                return
             if last or (record.channel_ended and record.protocol_error is None):
                 # The runner is exiting: wait for the whole sandbox, then its own output.
                 await self.exited.wait()
@@ -212,7 +236,7 @@ class Interpreter:
         """
         frame = self._exec(code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard)
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        run_channel = Channel(host_end, _MAX_FRAME)
+        run_channel = Channel(host_end, _MAX_FRAME, frame_limits(self.settings))
         exited: Exited | None = None
         try:
             async with _run_pipes(record) as pipes:
@@ -221,6 +245,9 @@ class Interpreter:
                 child_end.close()  # the child's copy is the only one: its end is the channel's end
                 if sent:
                     await self._serve_run(record, frame.run, tools, run_channel)
+                    if record.protocol_error is not None:
+                        await self.kill()  # as in run(): the run ends now, and with it this sandbox
+                        return None
                     exited = await self._exited(frame.run)
         finally:
             child_end.close()
@@ -256,11 +283,18 @@ class Interpreter:
     async def _serve(
         self, record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup, channel: Channel
     ) -> None:
-        """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel."""
+        """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel.
+
+        At most ``max_calls_in_flight`` CALLs are answered at once: at the cap the channel is not
+        read until one finishes (the sandbox's writes block), so a run cannot queue up work or
+        memory on the host.
+        """
+        in_flight = anyio.Semaphore(self.settings.max_calls_in_flight)
         try:
             while (frame := await channel.receive()) is not None:
                 if isinstance(frame, Call):
-                    calls.start_soon(self._answer, tools, frame, channel)
+                    await in_flight.acquire()
+                    calls.start_soon(self._answer, tools, frame, channel, in_flight)
                 elif isinstance(frame, Done):
                     if frame.run != run_id:
                         continue  # a previous run's, or forged by the code: not this run's end
@@ -269,7 +303,7 @@ class Interpreter:
                     return
                 elif isinstance(frame, Display):
                     if frame.run == run_id:
-                        self._collect_image(record, frame)
+                        await self._collect_image(record, frame)
                 elif isinstance(frame, Error):
                     record.protocol_error = frame.message
                     return
@@ -283,15 +317,17 @@ class Interpreter:
             # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
             record.protocol_error = str(exc)
 
-    def _collect_image(self, record: RunRecord, frame: Display) -> None:
+    async def _collect_image(self, record: RunRecord, frame: Display) -> None:
         """Keep one DISPLAY image if it is well-formed and within the caps (the runner checks them too)."""
-        try:
-            decoded: bytes | None = base64.b64decode(frame.data, validate=True)
-        except (binascii.Error, ValueError):
-            decoded = None
+        if frame.mime not in _IMAGE_TYPES or len(record.images) >= self.settings.max_images:
+            record.images_dropped += 1
+            return
+        if len(frame.data) > OFF_LOOP_BYTES:
+            decoded = await anyio.to_thread.run_sync(_b64decode, frame.data)
+        else:
+            decoded = _b64decode(frame.data)
         if (
-            frame.mime not in _IMAGE_TYPES
-            or decoded is None
+            decoded is None
             or len(decoded) > self.settings.max_image_bytes
             or len(record.images) >= self.settings.max_images
         ):
@@ -299,8 +335,14 @@ class Interpreter:
             return
         record.images.append(Image(frame.mime, decoded))
 
-    async def _answer(self, tools: ToolAccess | None, call: Call, channel: Channel) -> None:
-        """Answer one CALL frame with a REPLY carrying the same id."""
+    async def _answer(self, tools: ToolAccess | None, call: Call, channel: Channel, slot: anyio.Semaphore) -> None:
+        """Answer one CALL frame with a REPLY carrying the same id; give back its ``slot``."""
+        try:
+            await self._reply(tools, call, channel)
+        finally:
+            slot.release()
+
+    async def _reply(self, tools: ToolAccess | None, call: Call, channel: Channel) -> None:
         if tools is None:
             reply = Reply(call.id, error=Failure("denied", "this run may not call any MCP server: pass `servers`"))
         else:
@@ -321,6 +363,13 @@ class Interpreter:
             self.outcome = outcome
         self.exited.set()
         return outcome
+
+
+def _b64decode(data: str) -> bytes | None:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 class _Pipes:
@@ -382,7 +431,7 @@ async def open_interpreter(backend: Backend, policy: SandboxPolicy, settings: Se
         BackendUnavailableError: the backend cannot run here.
     """
     sandbox = await backend.start(policy)
-    interpreter = Interpreter(sandbox, Channel(sandbox.channel, _MAX_FRAME), settings)
+    interpreter = Interpreter(sandbox, Channel(sandbox.channel, _MAX_FRAME, frame_limits(settings)), settings)
     failure: Exception | None = None
     try:
         async with anyio.create_task_group() as tasks:

@@ -61,6 +61,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
         cpus=settings.cpus,
         cpu_seconds=settings.session_cpu_seconds if session else per_run,
         tmp_size=settings.tmp_size,
+        workspace_size=settings.scratch_size,
         file_size=settings.max_file_size,
         open_files=settings.open_files,
     )
@@ -69,7 +70,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
 def python_policy(
     settings: Settings,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
     session: bool = False,
@@ -98,7 +99,7 @@ def python_policy(
     )
 
 
-def zygote_policy(settings: Settings, *, workspace: Path, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+def zygote_policy(settings: Settings, *, workspace: Path | None, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
     """The policy of a warm Python sandbox: a session's, running the runner as a zygote.
 
     The zygote imports ``pool_preload`` once and forks a child per run; each child lowers its
@@ -137,7 +138,7 @@ def js_policy(
     settings: Settings,
     *,
     language: str,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:
@@ -186,7 +187,7 @@ def policy_for(
     settings: Settings,
     language: str,
     *,
-    workspace: Path,
+    workspace: Path | None,
     timeout: float,
     mounts: Sequence[Mount] = (),
 ) -> SandboxPolicy:

@@ -16,7 +16,16 @@ from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
-__all__ = ["STATE_LOST", "captured", "death", "human_bytes", "judge_fresh", "judge_session", "timed_out"]
+__all__ = [
+    "STATE_LOST",
+    "captured",
+    "death",
+    "human_bytes",
+    "judge_fresh",
+    "judge_session",
+    "stopped_for_disk",
+    "timed_out",
+]
 
 STATE_LOST = "the session's state is lost; the next run starts a fresh interpreter"
 
@@ -62,6 +71,8 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
     code = outcome.returncode
     if outcome.memory_exceeded:
         return f"memory limit of {human_bytes(settings.memory)} exceeded"
+    if record.protocol_error is not None:  # the host killed it for that
+        return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code > 128 and code - 128 in signal.valid_signals():
         sig = signal.Signals(code - 128)
         if sig is signal.SIGXCPU:
@@ -69,8 +80,6 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
             counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
             return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
         return f"the interpreter was killed by {sig.name}"
-    if record.protocol_error is not None:
-        return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code != 0 or session:
         return f"the interpreter exited with {code} before reporting a result"
     return None
@@ -119,3 +128,10 @@ def judge_session(
         error = f"{death(settings, outcome, record, session=True)}; {STATE_LOST}"
     code = outcome.returncode if outcome is not None else None
     return dataclasses.replace(result, status="error", exit_code=code, error=error)
+
+
+def stopped_for_disk(result: ExecutionResult, reason: str, session: SessionState | None = None) -> ExecutionResult:
+    """A run the host stopped for what it wrote to its workspace (see :mod:`.disk`)."""
+    return dataclasses.replace(
+        result, status="error", exit_code=None, error=f"the run was stopped: {reason}", session=session
+    )

@@ -47,6 +47,8 @@ class Limits:
     cpus: float = 1.0
     cpu_seconds: int = 60
     tmp_size: int = 64 << 20
+    # A scratch workspace (a policy without one) on a backend that sizes it (bwrap: a tmpfs).
+    workspace_size: int = 256 << 20
     file_size: int = 256 << 20
     open_files: int = 256
     # Whether RLIMIT_AS may stand in for memory where no memory cgroup can: False for runtimes
@@ -62,7 +64,9 @@ class SandboxPolicy:
         command: the argv run inside the sandbox (absolute paths as seen inside).
         mounts: read-only (or explicitly writable) host paths; the root is otherwise empty.
         symlinks: symlinks to create inside (usr-merged ``/lib`` and the like).
-        workspace: host directory mounted read-write at ``/workspace`` (and ``/data``).
+        workspace: host directory mounted read-write at ``/workspace`` (and ``/data``); None: a
+            scratch workspace, a tmpfs of ``limits.workspace_size`` where the backend can size
+            one (``sized_scratch``), which lives and dies with the sandbox.
         environment: the complete environment inside; nothing of the host's leaks in.
         network: whether the sandbox may reach a network (default: empty net namespace).
         uid, gid: the ids inside the sandbox.

@@ -106,6 +106,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "mq_unlink",
 )
 
+_PRIO_PROCESS = 0  # setpriority(which=PRIO_PROCESS, who=pid, ...)
+_IOPRIO_WHO_PROCESS = 1  # ioprio_set(which=IOPRIO_WHO_PROCESS, who=pid, ...)
+
 # clone() flags that create namespaces; denied so no nested namespace (or user ns) is made.
 _CLONE_NAMESPACE_FLAGS = (
     0x00020000,  # CLONE_NEWNS
@@ -198,6 +201,13 @@ def zygote_guard_bpf(zygote_pid: int) -> bytes:
     process group (from where kill(0) would reach it). Arguments are compared on their low 32
     bits, as the kernel reads a pid_t, so a raw syscall with garbage above cannot slip past.
 
+    ``pidfd_send_signal`` is refused whatever its descriptor: a directory fd of ``/proc/<pid>``
+    is a pidfd too, and which process it names is not in the syscall's arguments (a path
+    lookup seccomp cannot see); a warm run has kill() for its own processes. The scheduling and
+    I/O-priority calls a child of the same uid could aim at the zygote (which every later run
+    would inherit) are refused on its pid; ``setpriority`` and ``ioprio_set`` on a process group
+    or a whole uid are refused outright (the zygote's group or uid would be among them).
+
     Raises:
         BackendUnavailableError: libseccomp cannot be loaded on this host.
     """
@@ -216,6 +226,12 @@ def zygote_guard_bpf(zygote_pid: int) -> bytes:
     for name in ("tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open"):
         _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     _add(flt, eperm, ["setpgid"], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    _add(flt, eperm, ["pidfd_send_signal"])
+    for name in ("sched_setscheduler", "sched_setparam", "sched_setattr", "sched_setaffinity"):
+        _add(flt, eperm, [name], sc.Arg(0, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
+    for name, one_process in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+        _add(flt, eperm, [name], sc.Arg(0, sc.NE, one_process))
+        _add(flt, eperm, [name], sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, low(zygote_pid)))
     return _export(flt)
 
 

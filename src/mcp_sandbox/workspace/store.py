@@ -1,9 +1,10 @@
 """Conversation workspaces on disk: ``state_dir/workspaces/<key>``, seen by the sandbox as ``/workspace``.
 
 A conversation's directory is named by a keyed hash of its tenant and id, so ids never become
-paths and tenants never share a directory. ``workspaces/`` is 0711 and root's: the sandbox uid
-can reach a directory whose name it is given, and list none. Each conversation's directory is
-0700 and the sandbox uid's, which is also what owns every file the host writes there.
+paths and tenants never share a directory. ``workspaces/`` is the server's, traversable (never
+listable) by the sandbox uid: 0710 with the sandbox gid as group when the server is root, so no
+other host user reaches a workspace even if a run opened its mode (see :mod:`mcp_sandbox.state`).
+Each conversation's directory is 0700 and the sandbox uid's, which is also what owns every file the host writes there.
 
 Sandboxed code may be running in a directory while the host lists, serves or writes it: every
 operation goes through :mod:`mcp_sandbox.workspace.files`, which never follows a link.
@@ -74,7 +75,7 @@ class WorkspaceStore:
         return self.root / key
 
     def prepare(self) -> None:
-        """Create ``state_dir`` and ``workspaces/`` (0711: traversable, not listable). Idempotent.
+        """Create ``state_dir`` and ``workspaces/`` (traversable by the sandbox uid, not listable). Idempotent.
 
         Raises:
             WorkspaceError: they cannot be created.

@@ -93,6 +93,10 @@ class Backend(Protocol):
     name: str
     # Whether the engine keeps warm sandboxes (forking zygotes) on this backend; see engine/warm.py.
     warm_pool: bool
+    # Whether a policy without a workspace gets a sized tmpfs at /workspace from the backend (a
+    # scratch workspace bounded by ``limits.workspace_size`` when written); else the engine binds
+    # a host directory it watches (see engine/disk.py).
+    sized_scratch: bool
 
     def probe(self) -> BackendProbe:
         """Say whether this backend works here and which parts of the policy it enforces."""

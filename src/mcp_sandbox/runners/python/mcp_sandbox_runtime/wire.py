@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -64,8 +65,11 @@ def encode(kind: Kind, body: dict[str, Any]) -> bytes:
     return HEADER.pack(MAGIC, PROTOCOL_VERSION, int(kind), len(payload)) + payload
 
 
-def parse_header(header: bytes, max_size: int) -> tuple[Kind, int]:
+def parse_header(header: bytes, max_size: int, limits: Mapping[Kind, int] | None = None) -> tuple[Kind, int]:
     """Check a header and return its kind and body length.
+
+    ``limits`` caps the body of some kinds below ``max_size``: a header over its kind's limit is
+    refused before a byte of its body is read.
 
     Raises:
         FrameError: wrong magic, another protocol version, unknown kind or oversized body.
@@ -79,8 +83,9 @@ def parse_header(header: bytes, max_size: int) -> tuple[Kind, int]:
         parsed = Kind(kind)
     except ValueError:
         raise FrameError(f"unknown frame kind {kind}") from None
-    if length > max_size:
-        raise FrameError(f"frame of {length} bytes exceeds the limit of {max_size} bytes")
+    limit = max_size if limits is None else min(max_size, limits.get(parsed, max_size))
+    if length > limit:
+        raise FrameError(f"a {parsed.name} frame of {length} bytes exceeds its limit of {limit} bytes")
     return parsed, length
 
 
@@ -103,9 +108,10 @@ def decode_body(payload: bytes) -> dict[str, Any]:
 class FrameParser:
     """Frames out of a byte stream fed in pieces of any size (the non-blocking readers' half)."""
 
-    def __init__(self, max_size: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_size: int = DEFAULT_MAX_FRAME, limits: Mapping[Kind, int] | None = None) -> None:
         self._buffer = bytearray()
         self._max_size = max_size
+        self._limits = limits
         self._header: tuple[Kind, int] | None = None
 
     def feed(self, data: bytes) -> None:
@@ -128,10 +134,19 @@ class FrameParser:
         Raises:
             FrameError: the bytes are not a valid frame (the stream cannot be resynchronised).
         """
+        raw = self.next_payload()
+        return None if raw is None else (raw[0], decode_body(raw[1]))
+
+    def next_payload(self) -> tuple[Kind, bytes] | None:
+        """The next whole frame's kind and undecoded body (see :func:`decode_body`), or ``None``.
+
+        Raises:
+            FrameError: the header is not valid, or over its kind's limit.
+        """
         if self._header is None:
             if len(self._buffer) < HEADER.size:
                 return None
-            self._header = parse_header(bytes(self._buffer[: HEADER.size]), self._max_size)
+            self._header = parse_header(bytes(self._buffer[: HEADER.size]), self._max_size, self._limits)
         kind, length = self._header
         end = HEADER.size + length
         if len(self._buffer) < end:
@@ -139,7 +154,7 @@ class FrameParser:
         payload = bytes(self._buffer[HEADER.size : end])
         del self._buffer[:end]
         self._header = None
-        return kind, decode_body(payload)
+        return kind, payload
 
     def check_end(self) -> None:
         """Call at the end of the stream.

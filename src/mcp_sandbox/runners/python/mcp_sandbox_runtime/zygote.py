@@ -12,11 +12,16 @@ says it could not (the host then throws the sandbox away):
 
 - every other process in the sandbox's pid namespace is killed and reaped (the zygote is a
   child subreaper, so orphans of the run are its children);
-- ``/tmp``, ``/dev/shm`` and ``/workspace`` are emptied; System V IPC objects are removed
-  (POSIX message queues are refused by the seccomp filter, as they could not be found here);
-- its own resource limits, nice value and CPU affinity, which a child of the same uid could
-  change with ``prlimit``/``setpriority``/``sched_setaffinity``, are checked against the ones
-  it started with.
+- ``/tmp``, ``/dev/shm`` and ``/workspace`` are emptied, their extended attributes removed and
+  their modes given back (their owners checked); System V IPC objects are removed (POSIX
+  message queues are refused by the seccomp filter, as they could not be found here);
+- its own resource limits, nice value, scheduling policy, I/O priority and CPU affinity, which
+  a child of the same uid could change (``prlimit``, ``setpriority``, ``sched_setscheduler``,
+  ``ioprio_set``; the run's seccomp guard refuses all but the first), are checked against the
+  ones it started with.
+
+A child starts with descriptors of its own: ``/dev/null`` opened afresh on 0, its run's pipes on
+1 and 2 (so flags or a pipe size a run sets on them die with it), and nothing else of the zygote's.
 
 The zygote is not dumpable (``PR_SET_DUMPABLE`` 0), so a child cannot open its
 ``/proc/<pid>/mem`` or file descriptors; ptrace and process_vm_writev are refused by seccomp.
@@ -50,6 +55,8 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_SECCOMP = 22
 _SECCOMP_MODE_FILTER = 2
 _IPC_RMID = 0
+_SYS_IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(os.uname().machine, -1)
+_IOPRIO_WHO_PROCESS = 1
 _RLIMITS = tuple(
     getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_") and name != "RLIMIT_NLIMITS"
 )
@@ -96,13 +103,55 @@ def _install_guard(bpf: bytes) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
+def _ioprio() -> int:
+    """This process's I/O priority (ioprio_get; -1 where the call is unknown)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, 0))
+
+
 def _fingerprint() -> tuple[Any, ...]:
     """What a child of the same uid could change about the zygote from outside."""
     return (
         tuple(resource.getrlimit(limit) for limit in _RLIMITS),
         os.getpriority(os.PRIO_PROCESS, 0),
         frozenset(os.sched_getaffinity(0)),
+        os.sched_getscheduler(0),
+        os.sched_getparam(0).sched_priority,
+        _ioprio(),
     )
+
+
+def _directories() -> dict[str, tuple[int, int, int]]:
+    """(mode, uid, gid) of each wiped directory, as the sandbox made it."""
+    found = {}
+    for directory in _WIPED:
+        try:
+            info = os.stat(directory, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        found[directory] = (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid)
+    return found
+
+
+def _fresh_stdio(stdout: int, stderr: int, keep: list[int]) -> None:
+    """Give this process descriptors of its own: 0 a fresh ``/dev/null``, 1 and 2 the run's pipes.
+
+    Every other descriptor the zygote held is closed, but ``keep`` (the run's).
+    """
+    others = [int(name) for name in os.listdir("/proc/self/fd") if int(name) > 2 and int(name) not in keep]
+    for fd in others:
+        try:
+            os.close(fd)
+        except OSError:  # the listing's own descriptor, closed already
+            continue
+    null = os.open(os.devnull, os.O_RDONLY)
+    if null != 0:
+        os.dup2(null, 0)
+        os.close(null)
+    os.dup2(stdout, 1)
+    os.dup2(stderr, 2)
 
 
 class _Control:
@@ -200,17 +249,21 @@ def _clear(directory: str, mounts: set[str], holders: set[str]) -> None:
             _remove_entry(path)
 
 
-def _wipe(mounts: set[str]) -> str | None:
+def _wipe(mounts: set[str], directories: dict[str, tuple[int, int, int]]) -> str | None:
     holders = {parent for point in mounts for parent in _parents(point)}
-    for directory in _WIPED:
+    for directory, (mode, uid, gid) in directories.items():
         try:
             if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):  # the run took them away
                 os.chmod(directory, stat.S_IRWXU | (os.stat(directory).st_mode & 0o7077))
             _clear(directory, mounts, holders)
-        except FileNotFoundError:
-            continue
+            for name in os.listxattr(directory, follow_symlinks=False):  # a channel to the next run
+                os.removexattr(directory, name, follow_symlinks=False)
+            os.chmod(directory, mode, follow_symlinks=False)
+            info = os.stat(directory, follow_symlinks=False)
         except (OSError, RecursionError) as error:
             return f"could not empty {directory}: {error}"
+        if (stat.S_IMODE(info.st_mode), info.st_uid, info.st_gid) != (mode, uid, gid):
+            return f"{directory} changed its mode or owner"
     return None
 
 
@@ -249,17 +302,18 @@ def _remove_ipc() -> str | None:
     return None
 
 
-def _restore(baseline: tuple[Any, ...], mounts: set[str]) -> str | None:
+def _restore(baseline: tuple[Any, ...], mounts: set[str], directories: dict[str, tuple[int, int, int]]) -> str | None:
     """Bring the sandbox back to its state before the run; why not, if it cannot."""
-    problem = _reap_all() or _wipe(mounts) or _remove_ipc()
+    problem = _reap_all() or _wipe(mounts, directories) or _remove_ipc()
     if problem is None and _fingerprint() != baseline:
-        problem = "the run changed the zygote's limits, priority or CPU affinity"
+        problem = "the run changed the zygote's limits, priorities, scheduling or CPU affinity"
     return problem
 
 
 def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
     """The forked child: serve this one run on its own socket, then exit with its code."""
     control.sock.close()
+    _fresh_stdio(fds[0], fds[1], keep=fds)
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
     try:
         _install_guard(base64.b64decode(frame.guard or ""))
@@ -328,6 +382,7 @@ def main(channel_fd: int, preload: list[str]) -> int:
     threads = len(os.listdir("/proc/self/task"))
     baseline = _fingerprint()
     mounts = _mount_points()
+    directories = _directories()
     gc.collect()
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
     # A fork copies only the forking thread: whatever the others held stays held.
@@ -350,7 +405,7 @@ def main(channel_fd: int, preload: list[str]) -> int:
             host.close_fds(fds)
             _, status = os.waitpid(pid, 0)
             exit_code = _exit_code(status)
-            problem = _restore(baseline, mounts)
+            problem = _restore(baseline, mounts, directories)
             control.send(Exited(accepted.run, exit_code, problem))
             if problem is not None:
                 return EXIT_DIRTY

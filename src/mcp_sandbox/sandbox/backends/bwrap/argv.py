@@ -16,7 +16,7 @@ from pathlib import Path
 from mcp_sandbox.errors import BackendUnavailableError
 from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
 
-__all__ = ["bwrap_argv", "find_bwrap"]
+__all__ = ["args_file", "bwrap_argv", "find_bwrap"]
 
 
 def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[str]:
@@ -40,6 +40,9 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
     # /dev is bwrap's own minimal tmpfs: made read-only below, with a sized /dev/shm of its own
     # (multiprocessing needs one) so no writable space escapes the tmp_size limit.
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    # Host-wide counters other tenants' activity shows in: masked (read-only, empty). /proc/stat
+    # stays: glibc counts CPUs from it where /sys is absent, as it is here.
+    argv += ["--dev-bind", "/dev/null", "/proc/diskstats", "--size", "4096", "--tmpfs", "/proc/pressure"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
     for mount in policy.mounts:
@@ -48,11 +51,27 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
         argv += ["--symlink", target, link]
     if policy.workspace is not None:
         argv += ["--bind", str(policy.workspace), WORKSPACE, "--symlink", WORKSPACE, WORKSPACE_ALIAS]
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    else:  # a scratch workspace: bounded when written, gone with the sandbox, seen by no host user
+        argv += ["--perms", "0700", "--size", str(policy.limits.workspace_size), "--tmpfs", WORKSPACE]
+        argv += ["--symlink", WORKSPACE, WORKSPACE_ALIAS]
+    argv += ["--remount-ro", "/proc/pressure", "--remount-ro", "/dev", "--remount-ro", "/"]
     for key in sorted(policy.environment):
         argv += ["--setenv", key, policy.environment[key]]
     argv += ["--chdir", policy.cwd, "--seccomp", str(seccomp_fd), "--", *policy.command]
     return argv
+
+
+def args_file(argv: list[str], fd: int) -> tuple[list[str], bytes]:
+    """Split a :func:`bwrap_argv` so its options travel through descriptor ``fd`` (``--args FD``).
+
+    Returns the short command line and the NUL-separated options to write to ``fd``: the host's
+    process list (and ``/proc/1/cmdline`` inside, where bwrap is pid 1) then shows the command,
+    never the state directory, workspace keys or scratch paths the options name.
+    """
+    end = argv.index("--")
+    options = argv[1:end]
+    data = b"".join(option.encode() + b"\0" for option in options)
+    return [argv[0], "--args", str(fd), *argv[end:]], data
 
 
 def _supports_size(path: str) -> bool:

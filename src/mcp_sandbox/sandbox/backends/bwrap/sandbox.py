@@ -11,7 +11,7 @@ import socket
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError
 from mcp_sandbox.sandbox.backends.base import BackendProbe
-from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv, find_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, find_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.probe import probe_bwrap
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
@@ -40,6 +40,7 @@ class BwrapBackend:
 
     name = "bwrap"
     warm_pool = True
+    sized_scratch = True
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -91,18 +92,24 @@ class BwrapBackend:
                 undo.callback(cgroup.remove)
             host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             undo.callback(host_end.close)
-            with sandbox_end:  # the sandbox's own end: once it is started, only bwrap holds it
+            # The sandbox's own end: once it is started, only bwrap holds it; the filter and the
+            # options are read by bwrap and closed here either way.
+            with sandbox_end, contextlib.ExitStack() as fds:
                 seccomp_fd = write_bpf()
-                try:
-                    process = await launch(
-                        [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), str(sandbox_end.fileno())],
-                        what=f"bwrap ({bwrap})",
-                        env={},  # bwrap's own environment is visible in /proc/1/environ inside
-                        pass_fds=(sandbox_end.fileno(), seccomp_fd),
-                        preexec_fn=make_preexec(self.launch_spec(policy, cgroup)),
-                    )
-                finally:
-                    os.close(seccomp_fd)
+                fds.callback(os.close, seccomp_fd)
+                options_fd = os.memfd_create("mcp-sandbox-bwrap-args", os.MFD_CLOEXEC)
+                fds.callback(os.close, options_fd)
+                full = [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), str(sandbox_end.fileno())]
+                argv, options = args_file(full, options_fd)
+                os.write(options_fd, options)
+                os.lseek(options_fd, 0, os.SEEK_SET)
+                process = await launch(
+                    argv,
+                    what=f"bwrap ({bwrap})",
+                    env={},  # bwrap's own environment is visible in /proc/1/environ inside
+                    pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
+                    preexec_fn=make_preexec(self.launch_spec(policy, cgroup)),
+                )
             undo.pop_all()
         return BwrapSandbox(process, host_end, cgroup)
 

@@ -151,6 +151,17 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
         "--ulimit", f"nofile={limits.open_files}:{limits.open_files}",
         "--ulimit", "core=0:0",
     ]  # fmt: skip
+    # Writable places the engine mounts by default, closed with an empty read-only tmpfs: the
+    # mqueue filesystem (message queues outlive a run's view of them) and, on podman, the cgroup
+    # tree (a world-writable tmpfs on hybrid-cgroup hosts). Only /workspace, /data, /tmp and
+    # /dev/shm take files (the conformance suite walks every mount point to check).
+    argv += ["--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
+    if podman:
+        argv += ["--tmpfs", "/sys/fs/cgroup:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
+        # Host-wide counters other tenants' activity shows in (as under bwrap; /proc/stat stays).
+        argv += ["--security-opt", "mask=/proc/diskstats:/proc/pressure"]
+    else:  # docker's runc allows a bind over /proc/diskstats, not over /proc/pressure
+        argv += ["--mount", "type=bind,source=/dev/null,target=/proc/diskstats,readonly"]
     if run.cgroup_parent is not None:
         argv += ["--cgroup-parent", run.cgroup_parent]
     for mount in policy.mounts:
@@ -174,7 +185,9 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     else:
         if run.channel_dir is None:
             raise ValueError("a socket channel needs channel_dir")
-        argv += _bind(run.channel_dir, CHANNEL_DIR, writable=True, podman=podman)
+        # Read-only: connect() needs only the socket's own permission, and the run must not
+        # create files there.
+        argv += _bind(run.channel_dir, CHANNEL_DIR, writable=False, podman=podman)
         command = [policy.command[0], "-I", "-S", _CONNECT, CHANNEL_SOCKET, "--", *policy.command]
     argv += ["--", run.image, *command]
     return argv

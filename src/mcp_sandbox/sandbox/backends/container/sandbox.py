@@ -120,6 +120,7 @@ class ContainerBackend:
     # Not yet: a run's memory and pids limit hits are told apart by the container's own cgroup,
     # which exists only once per container, so a zygote's runs could not be judged one by one.
     warm_pool = False
+    sized_scratch = False  # /data and /workspace must be one directory: a bound host one, watched
 
     def __init__(self, settings: Settings, name: str, cli: str | None, flavour: Flavour) -> None:
         self.name = name
