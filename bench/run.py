@@ -181,7 +181,7 @@ async def in_process(state_dir: Path) -> None:
         with anyio.fail_after(60):
             while engine.pool.idle < 2:  # noqa: ASYNC110 - the pool has no event to wait on
                 await anyio.sleep(0.05)
-        sandboxes = [engine.pool.take() for _ in range(2)]
+        sandboxes = [await engine.pool.take() for _ in range(2)]
         for warm in sandboxes:
             assert warm is not None
             uss, pss = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid

@@ -105,7 +105,7 @@ async def test_one_warm_sandbox_serves_run_after_run(running_engine: RunningEngi
         for _ in range(3):
             result = await warm_run(engine, "open('/tmp/scratch', 'w').write('x')")
             assert result.status == "success", result.stderr
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 3  # restored each time, never replaced
         engine.pool.give_back(warm, reusable=True)
 
@@ -323,7 +323,7 @@ async def test_a_run_cannot_signal_its_zygote_through_a_proc_directory_descripto
     async with warm_engine(running_engine) as engine:
         first = await warm_run(engine, attack)
         second = await warm_run(engine, "print('still warm')")
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 2  # the same zygote served both
         engine.pool.give_back(warm, reusable=True)
 
@@ -392,7 +392,7 @@ async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_th
         fresh = await warm_run(engine, _FRESH_STATE)
         attack = await warm_run(engine, _SCHEDULING_ATTACK)
         after = await warm_run(engine, _FRESH_STATE)
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 3  # one zygote: restored, not replaced
         engine.pool.give_back(warm, reusable=True)
 

@@ -138,7 +138,8 @@ class Engine:
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
-        async with self._admission.slot():
+        async with contextlib.AsyncExitStack() as slot:
+            await slot.enter_async_context(self._admission.slot())
             started = time.perf_counter()
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
@@ -147,9 +148,9 @@ class Engine:
                 request.workspace is None
                 and request.language == "python"
                 and self.backend.warm_pool
-                and (warm := self._pool.take()) is not None
+                and (warm := await self._pool.take()) is not None
             ):
-                return await self._execute_warm(request, warm, started)
+                return await self._execute_warm(request, warm, started, slot)
             return await self._execute_fresh(request, started)
 
     async def _execute_fresh(self, request: ExecutionRequest, started: float) -> ExecutionResult:
@@ -181,7 +182,11 @@ class Engine:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         return judge_fresh(self.settings, interpreter.outcome, record, result)
 
-    async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
+    async def _execute_warm(
+        self, request: ExecutionRequest, warm: Warm, started: float, slot: contextlib.AsyncExitStack
+    ) -> ExecutionResult:
+        """Run in ``warm``; answered on the child's DONE, the run's admission ``slot`` then goes with the
+        sandbox to the pool, which frees it when the zygote reports the child's end (by the run's deadline)."""
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         before = interpreter.sandbox.limit_events()
@@ -190,7 +195,7 @@ class Engine:
         reusable = False
         try:
             with anyio.move_on_after(request.timeout) as deadline:
-                await anyio.to_thread.run_sync(warm.tools.bind, _tool_mounts(request))
+                await warm.tools.show(_tool_mounts(request))
                 interpreter.take_own_output()  # what came between runs is no run's
                 exited = await interpreter.run_forked(
                     record,
@@ -211,7 +216,10 @@ class Engine:
                     with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
                         await interpreter.exited.wait()
                 await interpreter.kill()
-            self._pool.give_back(warm, reusable=reusable)
+            if reusable:
+                self._pool.give_back(warm, reusable=True, slot=slot.pop_all(), exit_by=deadline.deadline)
+            else:
+                self._pool.give_back(warm, reusable=False)
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if deadline.cancelled_caught:
             return timed_out(result, request, "the sandbox and all its processes were killed")
@@ -238,7 +246,7 @@ class Engine:
                 self._sessions.lease(key, workspace=request.workspace, reset=request.reset) as lease,
             ):
                 try:
-                    await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
+                    await lease.tools.show(_tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's
                     await self._run(lease.interpreter, record, request, last=False)
                 finally:

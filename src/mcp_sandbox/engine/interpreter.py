@@ -116,6 +116,7 @@ class Interpreter:
         self.outcome: SandboxOutcome | None = None
         self.ready: dict[str, Any] = {}  # what the runner said in its READY frame (checked: a Ready's body)
         self._ids = itertools.count(1)
+        self._exit_pending: int | None = None  # a forked run answered on its DONE whose EXITED is unread
         self._own_ended = (anyio.Event(), anyio.Event())
 
     async def _watch(self) -> None:
@@ -229,9 +230,12 @@ class Interpreter:
         """Run ``code`` in a child the zygote forks for it; how the child ended, None if the zygote died.
 
         The child speaks on a socket of its own (its CALL, DISPLAY and DONE frames); the zygote
-        answers on this interpreter's channel with EXITED once the child is gone and the sandbox
-        is restored. ``guard`` is the seccomp filter the child stacks on its own before the code
-        runs (see :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
+        answers on this interpreter's channel with EXITED once the child is gone, then restores
+        the sandbox and says READY. A child that sent DONE has finished (it sends it last): this
+        returns on it, and the EXITED is read by :meth:`ended` (the DONE may be forged by the
+        code, so the run is not over for the host, its slot and deadline, until EXITED).
+        ``guard`` is the seccomp filter the child stacks on its own before the code runs (see
+        :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
         """
         frame = self._exec(code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard)
@@ -248,6 +252,11 @@ class Interpreter:
                     if record.protocol_error is not None:
                         await self.kill()  # as in run(): the run ends now, and with it this sandbox
                         return None
+                    if record.done:
+                        # The child sends DONE as its last act (threads joined, atexit run, pipes let
+                        # go): the run is over; its EXITED follows once the kernel has torn it down.
+                        self._exit_pending = frame.run
+                        return Exited(frame.run, record.exit_code or 0, None)
                     exited = await self._exited(frame.run)
         finally:
             child_end.close()
@@ -263,6 +272,35 @@ class Interpreter:
         if not isinstance(frame, Exited) or frame.run != run_id:
             return None
         return frame
+
+    async def ended(self) -> str | None:
+        """Wait for the EXITED frame of a forked run answered on its DONE; why it did not come, or None.
+
+        Bounded by the caller (the run's own deadline: a forged DONE does not buy the code time).
+        """
+        run_id, self._exit_pending = self._exit_pending, None
+        if run_id is None:
+            return None
+        if await self._exited(run_id) is None:
+            return "the zygote did not report the run's end"
+        return None
+
+    async def restored(self) -> str | None:
+        """Wait for a zygote's READY after a run (it restored the sandbox); why it cannot serve again, or None.
+
+        Bounded by the caller. The zygote restores the sandbox after it reported the run's end,
+        so this is off the run's critical path: the warm pool awaits it before offering the
+        sandbox again.
+        """
+        try:
+            frame = await self.channel.receive()
+        except ChannelError as exc:
+            return f"the zygote broke its channel: {exc}"
+        if frame is None:
+            return "the zygote ended"
+        if not isinstance(frame, Ready):
+            return f"the zygote sent {frame.KIND.name} instead of READY"
+        return frame.problem
 
     async def _send_exec(self, record: RunRecord, frame: Exec, fds: Sequence[int]) -> bool:
         """Send an EXEC frame with ``fds``; False (and ``record.channel_ended``) if the sandbox is gone."""

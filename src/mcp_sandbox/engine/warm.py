@@ -1,15 +1,22 @@
 """Warm sandboxes: a pool of zygotes, each a fully isolated sandbox that forks a fresh interpreter per run.
 
 A warm sandbox is started once (the runtime and ``pool_preload`` modules imported, its cgroup
-joined) and then serves one run at a time: its zygote forks a child for the run, and after the
-child exits it kills every process the run left, empties ``/tmp``, ``/dev/shm`` and
-``/workspace`` and removes its IPC objects (see the runner's ``zygote.py``). A run never sees
-another run's state, and the per-run cost is a fork instead of a sandbox start.
+joined) and then serves one run at a time: its zygote has forked the child for the next run in
+advance, and after the child exits it reports the exit, then kills every process the run left,
+empties ``/tmp``, ``/dev/shm`` and ``/workspace``, removes its IPC objects, forks the next child
+and says READY (see the runner's ``zygote.py``). The sandbox's owner task waits for the READY
+(at most ``RESTORE_SECONDS``) before it offers it again. A run never sees another run's state,
+and the per-run cost is neither a sandbox start nor a fork nor a restore.
+
+The run's caller gets its result on the child's DONE, which the child sends as its last act; the
+run's admission slot is kept until the zygote's EXITED (by the run's deadline, or the sandbox is
+killed), since code could forge that DONE.
 
 The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes. A run takes an idle one
-if there is one; if not, it runs in a sandbox of its own (the cold path) while the pool grows
-by one in the background. A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one
-whose run timed out, whose zygote died or could not restore it, or that served
+if there is one; if not, the pool grows by one in the background and the run waits (at most
+``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
+path). A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one whose run timed out,
+whose zygote died or could not restore it, or that served
 ``RUNS_PER_SANDBOX`` runs is replaced. Each sandbox is owned by one task of the pool's task
 group, which enters and exits its context; a sandbox that cannot start stops the pool's growth
 for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -32,12 +40,23 @@ from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.sessions import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 
-__all__ = ["RETRY_SECONDS", "RUNS_PER_SANDBOX", "Warm", "WarmOpener", "WarmPool"]
+__all__ = [
+    "RESTORE_SECONDS",
+    "RESTORE_WAIT_SECONDS",
+    "RETRY_SECONDS",
+    "RUNS_PER_SANDBOX",
+    "Warm",
+    "WarmOpener",
+    "WarmPool",
+]
 
 logger = logging.getLogger(__name__)
 
 RUNS_PER_SANDBOX = 1000  # then a fresh zygote: its own CPU time (forks, restores) adds up
 RETRY_SECONDS = 30.0
+# A run that finds no idle sandbox but one being restored (a few ms) waits this long for it, not a cold start.
+RESTORE_WAIT_SECONDS = 0.2
+RESTORE_SECONDS = 60.0  # a run may leave a million files to remove; past this the sandbox is replaced
 
 
 @dataclass(eq=False)
@@ -49,7 +68,10 @@ class Warm:
     guard: bytes
     runs: int = 0
     idle_since: float = field(default_factory=time.monotonic)
-    retired: anyio.Event = field(default_factory=anyio.Event)
+    back: anyio.Event = field(default_factory=anyio.Event)  # it came back from a run, or was retired
+    reusable: bool = False  # when back: the run left it able to serve again (once restored)
+    slot: contextlib.AsyncExitStack | None = None  # when back: the run's admission slot, freed on its EXITED
+    exit_by: float = math.inf  # when back: the run's deadline (anyio's clock), by which its EXITED must come
     shrunk: bool = False  # retired for being idle: its owner does not start another
 
 
@@ -67,6 +89,8 @@ class WarmPool:
         self._owners = 0  # sandboxes starting, idle or running
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
+        self._restoring = 0  # sandboxes back from a run, not yet restored
+        self._offered = anyio.Event()  # set (and replaced) whenever a sandbox is offered or retired
 
     @property
     def size(self) -> int:
@@ -93,24 +117,40 @@ class WarmPool:
                 self._idle.clear()
                 group.cancel_scope.cancel()
 
-    def take(self) -> Warm | None:
-        """An idle warm sandbox, now, or None (then the pool grows if it may)."""
+    async def take(self) -> Warm | None:
+        """An idle warm sandbox, or None; with none idle the pool grows if it may.
+
+        With none idle but some being restored, waits at most ``RESTORE_WAIT_SECONDS`` for one.
+        """
         if self._group is None:
             return None
         if self._idle:
             return self._idle.pop()
         if self._owners < self.settings.pool_size and time.monotonic() >= self._retry_at:
             self._grow()
-        return None
+        with anyio.move_on_after(RESTORE_WAIT_SECONDS):
+            while not self._idle and self._restoring:
+                await self._offered.wait()
+        return self._idle.pop() if self._idle else None
 
-    def give_back(self, warm: Warm, *, reusable: bool) -> None:
-        """Return ``warm`` after a run; it is replaced unless ``reusable`` (and young enough)."""
+    def give_back(
+        self,
+        warm: Warm,
+        *,
+        reusable: bool,
+        slot: contextlib.AsyncExitStack | None = None,
+        exit_by: float = math.inf,
+    ) -> None:
+        """Return ``warm`` after a run: offered again once restored if ``reusable`` (and young enough), else replaced.
+
+        ``slot`` (the run's admission slot) is closed once the zygote reports the run's child
+        gone; if that does not happen by ``exit_by``, the sandbox is killed first.
+        """
         warm.runs += 1
-        if reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None:
-            warm.idle_since = time.monotonic()
-            self._idle.append(warm)
-        else:
-            warm.retired.set()
+        warm.reusable = reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None
+        warm.slot, warm.exit_by = slot, exit_by
+        self._restoring += warm.reusable  # counted now: a run may ask for it before its owner wakes
+        warm.back.set()
 
     def _grow(self) -> None:
         assert self._group is not None
@@ -123,8 +163,7 @@ class WarmPool:
             while True:
                 try:
                     async with self._opener() as warm:
-                        self._idle.append(warm)
-                        await warm.retired.wait()
+                        await self._serve(warm)
                 except (SandboxStartError, BackendUnavailableError) as exc:
                     self._retry_at = time.monotonic() + RETRY_SECONDS
                     logger.error("a warm sandbox did not start; runs start sandboxes of their own for now: %s", exc)
@@ -133,6 +172,50 @@ class WarmPool:
                     return
         finally:
             self._owners -= 1
+
+    async def _serve(self, warm: Warm) -> None:
+        """Offer ``warm``, and again after each run once its zygote has restored it; return when it is retired."""
+        while True:
+            warm.back = anyio.Event()
+            warm.idle_since = time.monotonic()
+            self._idle.append(warm)
+            self._announce()
+            await warm.back.wait()
+            reusable = warm.reusable
+            try:
+                problem = await self._ended(warm)
+                if problem is None and not reusable:
+                    problem = "retired"
+                if problem is None:
+                    problem = "it did not restore the sandbox in time"
+                    with anyio.move_on_after(RESTORE_SECONDS):
+                        problem = await warm.interpreter.restored()
+            finally:
+                self._restoring -= reusable
+            if problem is not None:
+                if reusable:
+                    logger.info("a warm sandbox is replaced: %s", problem)
+                self._announce()  # whoever waits for a restore goes on without this one
+                return
+
+    async def _ended(self, warm: Warm) -> str | None:
+        """Wait (by the run's deadline) for the zygote to report the run's child gone; free the run's slot."""
+        slot, warm.slot = warm.slot, None
+        problem: str | None = "the run went on after its DONE until its deadline"
+        try:
+            with anyio.move_on_after(max(0.0, warm.exit_by - anyio.current_time())):
+                problem = await warm.interpreter.ended()
+            if problem is not None:
+                await warm.interpreter.kill()
+        finally:
+            if slot is not None:
+                with anyio.CancelScope(shield=True):
+                    await slot.aclose()
+        return problem
+
+    def _announce(self) -> None:
+        self._offered.set()
+        self._offered = anyio.Event()
 
     async def _shrink_when_idle(self) -> None:
         idle_for = self.settings.pool_idle
@@ -146,5 +229,6 @@ class WarmPool:
                     break
                 self._idle.remove(warm)
                 warm.shrunk = True
-                warm.retired.set()
+                warm.reusable = False
+                warm.back.set()
                 remaining -= 1

@@ -265,6 +265,12 @@ class Server:
 
     def serve(self, frame: Exec, fds: list[int]) -> int:
         """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
+        done = self.run(frame, fds)
+        self.connection.send(done)
+        return done.exit_code
+
+    def run(self, frame: Exec, fds: list[int]) -> Done:
+        """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
         saved_env = dict(os.environ)
         if fds:
             self.stdio.attach(fds[0], fds[1])
@@ -281,8 +287,7 @@ class Server:
                 self.stdio.detach()
             else:
                 _flush(sys.stdout, sys.stderr)
-        self.connection.send(Done(frame.run, exit_code, exception))
-        return exit_code
+        return Done(frame.run, exit_code, exception)
 
 
 def _cpu_limit_signals_first() -> None:

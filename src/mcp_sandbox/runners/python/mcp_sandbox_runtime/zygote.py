@@ -2,13 +2,19 @@
 
 ``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed
 modules once, freezes what it imported (``gc.freeze``, so children do not dirty those pages),
-announces READY and then, for every EXEC frame, forks a child that serves that one run and
-exits. The zygote itself never runs user code. A run's frames (CALL, REPLY, DISPLAY, DONE)
+forks the child for the first run, announces READY and waits for that child. The child (forked
+before its run is asked for, so a run costs no fork) reads the EXEC frame from the channel
+itself, tells the zygote the run's number on a pipe, lets go of the channel and serves that one
+run and exits; the zygote does not read the channel while a child waits. The zygote itself
+never runs user code. A run's frames (CALL, REPLY, DISPLAY, DONE)
 travel on a socket of its own, the third descriptor of its EXEC frame, so a child can neither
 read nor forge what the zygote tells the host.
 
-After the child exits the zygote restores the sandbox to the state it had before the run, or
-says it could not (the host then throws the sandbox away):
+After the child exits the zygote reports it (EXITED) at once, then restores the sandbox to the
+state it had before the run, forks the next child and says READY again, or says in that READY
+why it could not restore it (the host then throws the sandbox away). The host answers its
+caller on EXITED and offers the sandbox again only on the READY: the restore and the next fork
+happen off every run's critical path. Restoring means:
 
 - every other process in the sandbox's pid namespace is killed and reaped (the zygote is a
   child subreaper, so orphans of the run are its children);
@@ -26,13 +32,14 @@ A child starts with descriptors of its own: ``/dev/null`` opened afresh on 0, it
 The zygote is not dumpable (``PR_SET_DUMPABLE`` 0), so a child cannot open its
 ``/proc/<pid>/mem`` or file descriptors; ptrace and process_vm_writev are refused by seccomp.
 It reports each run with an EXITED frame: the child's exit code (128 + signal when a signal
-ended it) and, if the sandbox could not be restored, why.
+ended it); then READY (``problem``: why the sandbox could not be restored).
 """
 
 from __future__ import annotations
 
 import _socket
 import base64
+import contextlib
 import gc
 import os
 import re
@@ -40,15 +47,19 @@ import resource
 import shutil
 import signal
 import stat
+import struct
 import sys
 from typing import Any
 
 from . import host, run
-from .frames import DEFAULT_MAX_FRAME, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
+from .frames import DEFAULT_MAX_FRAME, Done, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
 
 __all__ = ["EXIT_DIRTY", "main"]
 
 EXIT_DIRTY = 75  # the zygote could not restore the sandbox and stopped
+# What a pre-forked child tells the zygote before it lets go of the channel: status, run number.
+_REPORT = struct.Struct("=iQ")
+_RUNNING, _HUNG_UP, _REFUSED, _BROKEN = range(4)
 _WIPED = ("/tmp", "/dev/shm", "/workspace")
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
@@ -135,10 +146,11 @@ def _directories() -> dict[str, tuple[int, int, int]]:
     return found
 
 
-def _fresh_stdio(stdout: int, stderr: int, keep: list[int]) -> None:
+def _fresh_stdio(stdout: int | None, stderr: int | None, keep: list[int]) -> None:
     """Give this process descriptors of its own: 0 a fresh ``/dev/null``, 1 and 2 the run's pipes.
 
-    Every other descriptor the zygote held is closed, but ``keep`` (the run's).
+    Every other descriptor the zygote held is closed, but ``keep`` (the run's). Without pipes
+    (a child waiting for its EXEC) 0 is set and the rest closed; 1 and 2 stay for now.
     """
     others = [int(name) for name in os.listdir("/proc/self/fd") if int(name) > 2 and int(name) not in keep]
     for fd in others:
@@ -146,10 +158,12 @@ def _fresh_stdio(stdout: int, stderr: int, keep: list[int]) -> None:
             os.close(fd)
         except OSError:  # the listing's own descriptor, closed already
             continue
-    null = os.open(os.devnull, os.O_RDONLY)
-    if null != 0:
-        os.dup2(null, 0)
-        os.close(null)
+    if stdout is None or stderr is None:
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+        return
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
 
@@ -310,11 +324,60 @@ def _restore(baseline: tuple[Any, ...], mounts: set[str], directories: dict[str,
     return problem
 
 
-def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
-    """The forked child: serve this one run on its own socket, then exit with its code."""
-    control.sock.close()
-    _fresh_stdio(fds[0], fds[1], keep=fds)
+def _prefork(control: _Control) -> tuple[int, int]:
+    """Fork the child for the next run before its EXEC comes: (its pid, the read end of its report pipe).
+
+    The child waits for the EXEC frame on the control channel itself (the zygote does not read
+    it while a child is waiting), so a run costs no fork. It reports the run's number on the
+    pipe before it lets go of the channel; it never returns here.
+    """
+    report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid != 0:
+        os.close(report_write)
+        return pid, report_read
+    os.close(report_read)
+    try:
+        code = _waiting_child(control, report_write)
+    except BaseException:  # nothing of a waiting child may reach the zygote's code
+        code = run.EXIT_PROTOCOL
+    _exit(code)
+    return code, -1  # not reached
+
+
+def _report(fd: int, status: int, run_id: int = 0) -> None:
+    os.write(fd, _REPORT.pack(status, run_id))
+    os.close(fd)
+
+
+def _waiting_child(control: _Control, report: int) -> int:
+    """A pre-forked child: wait for the EXEC frame, then serve that one run and exit with its code."""
+    _fresh_stdio(None, None, keep=[control.sock.fileno(), report])
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
+    try:
+        command = control.receive()
+    except (OSError, FrameError):
+        _report(report, _BROKEN)
+        return run.EXIT_PROTOCOL
+    if command is None:
+        _report(report, _HUNG_UP)
+        return 0
+    frame, fds = command
+    accepted = run.accept_exec(frame, fds, descriptors=3)
+    if isinstance(accepted, str):
+        host.close_fds(fds)
+        with contextlib.suppress(OSError):
+            control.send(Error(accepted))
+        _report(report, _REFUSED)
+        return run.EXIT_PROTOCOL
+    _report(report, _RUNNING, accepted.run)
+    control.sock.close()  # the run never holds the zygote's channel
+    return _child(accepted, fds)
+
+
+def _child(frame: Exec, fds: list[int]) -> int:
+    """The forked child, its EXEC received: serve this one run on its own socket, then exit with its code."""
+    _fresh_stdio(fds[0], fds[1], keep=fds)
     try:
         _install_guard(base64.b64decode(frame.guard or ""))
     except (OSError, ValueError) as error:
@@ -334,22 +397,34 @@ def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
     connection = host.connect(fds[2])
     os.close(fds[2])
     server = run.Server(connection)
-    exit_code = run.EXIT_PROTOCOL
+    done = Done(frame.run, run.EXIT_PROTOCOL, None)
     try:
-        exit_code = server.serve(frame, fds[:2])
+        done = server.run(frame, fds[:2])
         server.interpreter.close()
-        if connection.failed:
-            exit_code = run.EXIT_PROTOCOL
     finally:
-        _exit(exit_code)
-    return exit_code  # not reached
+        _exit(done.exit_code, connection, done)
+    return done.exit_code  # not reached
 
 
-def _exit(code: int) -> None:
+def _outcome(report: int) -> tuple[int, int]:
+    """What a child reported before it ended: (status, run number); (_BROKEN, 0) if nothing."""
+    try:
+        data = os.read(report, _REPORT.size)
+    finally:
+        os.close(report)
+    if len(data) != _REPORT.size:
+        return _BROKEN, 0
+    status, run_id = _REPORT.unpack(data)
+    return status, run_id
+
+
+def _exit(code: int, connection: host.HostConnection | None = None, done: Done | None = None) -> None:
     """Exit as ``sys.exit`` would, but without tearing down every preloaded module (~80 ms for pandas).
 
     What a program may rely on at exit still happens: non-daemon threads are waited for, atexit
-    handlers run, the standard streams are flushed.
+    handlers run, the standard streams are flushed. Then a run's child lets go of its output
+    pipes and sends ``done`` on ``connection``: its run is over, and the host need not wait for
+    the kernel to tear the process down (milliseconds with pandas mapped) to answer.
     """
     import atexit
     import threading
@@ -364,13 +439,26 @@ def _exit(code: int) -> None:
                 stream.flush()
     except BaseException:  # the exit code is the run's whatever a handler did
         pass
+    if connection is not None and done is not None:
+        try:
+            # Every copy of the run's pipes this process holds (the runtime's, the code's) goes now.
+            _fresh_stdio(None, None, keep=[connection.fileno()])
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            if connection.failed:
+                done = Done(done.run, run.EXIT_PROTOCOL, done.exception)
+            connection.send(done)
+            code = done.exit_code
+        except BaseException:  # the channel broke: the host goes by the zygote's EXITED
+            code = run.EXIT_PROTOCOL
     os._exit(code)
 
 
 def main(channel_fd: int, preload: list[str]) -> int:
-    """Announce READY, then fork a child per EXEC frame until the host hangs up.
+    """Fork the first run's child, announce READY; per run EXITED, restore, fork the next, READY.
 
-    Returns in the zygote (its exit code) and in every child (the run's exit code).
+    Returns the zygote's exit code when the host hangs up (every child exits on its own).
     """
     control = _Control(channel_fd)
     _prctl(_PR_SET_DUMPABLE, 0)
@@ -387,28 +475,29 @@ def main(channel_fd: int, preload: list[str]) -> int:
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
     # A fork copies only the forking thread: whatever the others held stays held.
     problem = f"the preloaded modules started {threads - 1} threads; cannot fork safely" if threads != 1 else None
-    ready = Ready("python", sys.version.split()[0], None, True, os.getpid(), tuple(loaded), failed, problem)
-    try:
+    version = sys.version.split()[0]
+    ready = Ready("python", version, None, True, os.getpid(), tuple(loaded), failed, problem)
+    if threads != 1:
         control.send(ready)
-        if threads != 1:
-            return EXIT_DIRTY
-        while (command := control.receive()) is not None:
-            frame, fds = command
-            accepted = run.accept_exec(frame, fds, descriptors=3)
-            if isinstance(accepted, str):
-                host.close_fds(fds)
-                control.send(Error(accepted))
+        return EXIT_DIRTY
+    try:
+        child, report = _prefork(control)
+        control.send(ready)
+        while True:
+            _, status = os.waitpid(child, 0)
+            kind, run_id = _outcome(report)
+            if kind == _HUNG_UP:
+                return 0
+            if kind != _RUNNING:
                 return run.EXIT_PROTOCOL
-            pid = os.fork()
-            if pid == 0:
-                return _child(control, accepted, fds)
-            host.close_fds(fds)
-            _, status = os.waitpid(pid, 0)
-            exit_code = _exit_code(status)
+            # The run's end goes out first; the restore happens while the host answers its caller,
+            # and the next READY says the sandbox may serve again.
+            control.send(Exited(run_id, _exit_code(status), None))
             problem = _restore(baseline, mounts, directories)
-            control.send(Exited(accepted.run, exit_code, problem))
+            if problem is None:
+                child, report = _prefork(control)
+            control.send(Ready("python", version, None, True, os.getpid(), None, None, problem))
             if problem is not None:
                 return EXIT_DIRTY
     except (OSError, FrameError):  # the channel broke
         return run.EXIT_PROTOCOL
-    return 0
