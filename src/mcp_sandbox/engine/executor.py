@@ -6,6 +6,9 @@ Every run first takes a slot of the admission control (:mod:`.admission`). Then:
   idle: the sandbox's zygote forks a fresh interpreter for it and reports the child's exit
   code, and the run is judged like a fresh sandbox's (exit code, memory and pids counters of
   the sandbox's cgroup over the run);
+- a run that cannot fork from a zygote (JavaScript; Python on a container backend) takes a
+  pre-started single-use sandbox when one is ready and the run is :func:`.prestart.eligible`:
+  it serves this one run like a fresh sandbox and is destroyed (see :mod:`.prestart`);
 - otherwise it runs in a fresh sandbox: an interpreter that serves one run and exits (judged
   by its process's exit code, memory and process counts, as a one-shot sandbox);
 - a session run is one of many runs of a session's interpreter (judged by the exit code its
@@ -36,6 +39,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.disk import DiskBound, disk_bound
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
+from mcp_sandbox.engine.prestart import Prestarted, PrestartPool, eligible
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
@@ -77,6 +81,7 @@ class Engine:
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
+        self._prestart = PrestartPool(settings, self._prestarted_sandbox)
         self._admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs, settings.queue_timeout)
         self._preload_reported = False
 
@@ -107,12 +112,18 @@ class Engine:
             await stack.enter_async_context(self._sessions.running())
             if self.backend.warm_pool:
                 await stack.enter_async_context(self._pool.running())
+            await stack.enter_async_context(self._prestart.running())
             yield self
 
     @property
     def pool(self) -> WarmPool:
         """The warm sandboxes (for status and benchmarks)."""
         return self._pool
+
+    @property
+    def prestart(self) -> PrestartPool:
+        """The pre-started single-use sandboxes (for status and benchmarks)."""
+        return self._prestart
 
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
@@ -151,6 +162,12 @@ class Engine:
                 and (warm := await self._pool.take()) is not None
             ):
                 return await self._execute_warm(request, warm, started, slot)
+            if (
+                (request.language != "python" or not self.backend.warm_pool)
+                and eligible(self.settings, request)
+                and (sandbox := await self._prestart.take(request.language)) is not None
+            ):
+                return await self._execute_prestarted(request, sandbox, started)
             return await self._execute_fresh(request, started)
 
     async def _execute_fresh(self, request: ExecutionRequest, started: float) -> ExecutionResult:
@@ -237,6 +254,29 @@ class Engine:
         )
         return judge_fresh(self.settings, outcome, record, result)
 
+    async def _execute_prestarted(
+        self, request: ExecutionRequest, sandbox: Prestarted, started: float
+    ) -> ExecutionResult:
+        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it."""
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
+        interpreter = sandbox.interpreter
+        try:
+            with anyio.move_on_after(request.timeout) as deadline:
+                async with disk_bound(sandbox.workspace, DiskBound.scratch(self.settings)) as overrun:
+                    await sandbox.tools.show(_tool_mounts(request))
+                    interpreter.take_own_output()  # what it said while it waited is no run's
+                    await self._run(interpreter, record, request, last=True)
+            if deadline.cancelled_caught or overrun.reason is not None:
+                await interpreter.kill()
+        finally:
+            sandbox.used.set()
+        result = dataclasses.replace(captured(record, interpreter, started), warm=True)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, overrun.reason)
+        if deadline.cancelled_caught or interpreter.outcome is None:
+            return timed_out(result, request, "the sandbox and all its processes were killed")
+        return judge_fresh(self.settings, interpreter.outcome, record, result)
+
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
@@ -287,8 +327,24 @@ class Engine:
                 self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
             )
 
-        async with self._long_lived_sandbox(workspace, policy) as opened:
-            yield opened
+        async with self._long_lived_sandbox(workspace, policy) as (interpreter, tools, _):
+            yield interpreter, tools
+
+    @contextlib.asynccontextmanager
+    async def _prestarted_sandbox(self, language: str) -> AsyncIterator[Prestarted]:
+        """A pre-started sandbox for ``language``: as a fresh run's, with a /tools view; READY, waiting for EXEC.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return policy_for(
+                self.settings, language, workspace=workspace, timeout=self.settings.timeout, mounts=mounts
+            )
+
+        async with self._long_lived_sandbox(None, policy) as (interpreter, tools, workspace):
+            yield Prestarted(language, interpreter, tools, workspace)
 
     @contextlib.asynccontextmanager
     async def _warm_sandbox(self) -> AsyncIterator[Warm]:
@@ -301,7 +357,7 @@ class Engine:
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
 
-        async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
+        async with self._long_lived_sandbox(None, policy) as (interpreter, tools, _):
             ready = interpreter.ready
             pid = ready.get("pid")
             if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid < 1:
@@ -314,8 +370,11 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _long_lived_sandbox(
         self, workspace: Path | None, make_policy: Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
-    ) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
-        """A sandbox serving many runs: its workspace (a scratch one when None), its /tools view, its interpreter."""
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A sandbox with a /tools view: its interpreter, that view, its workspace (a scratch one when None).
+
+        The workspace is None when the backend gives the sandbox a sized scratch space of its own.
+        """
         async with contextlib.AsyncExitStack() as stack:
             if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
@@ -324,4 +383,4 @@ class Engine:
             stack.push_async_callback(remove_shielded, tools.directory)
             policy = make_policy(workspace, tools.mounts())
             interpreter = await stack.enter_async_context(open_interpreter(self.backend, policy, self.settings))
-            yield interpreter, tools
+            yield interpreter, tools, workspace
