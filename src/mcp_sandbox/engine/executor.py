@@ -149,8 +149,7 @@ class Engine:
             RuntimeError: the run names a session but the engine is not running (see :meth:`running`).
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
-        async with contextlib.AsyncExitStack() as slot:
-            await slot.enter_async_context(self._admission.slot())
+        async with self._admission.slot():
             started = time.perf_counter()
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
@@ -161,7 +160,7 @@ class Engine:
                 and self.backend.warm_pool
                 and (warm := await self._pool.take()) is not None
             ):
-                return await self._execute_warm(request, warm, started, slot)
+                return await self._execute_warm(request, warm, started)
             if (
                 (request.language != "python" or not self.backend.warm_pool)
                 and eligible(self.settings, request)
@@ -199,11 +198,8 @@ class Engine:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         return judge_fresh(self.settings, interpreter.outcome, record, result)
 
-    async def _execute_warm(
-        self, request: ExecutionRequest, warm: Warm, started: float, slot: contextlib.AsyncExitStack
-    ) -> ExecutionResult:
-        """Run in ``warm``; answered on the child's DONE, the run's admission ``slot`` then goes with the
-        sandbox to the pool, which frees it when the zygote reports the child's end (by the run's deadline)."""
+    async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
+        """Run in ``warm``: answered on the zygote's EXITED; the restore after it is the pool's, off this path."""
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         before = interpreter.sandbox.limit_events()
@@ -233,10 +229,7 @@ class Engine:
                     with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
                         await interpreter.exited.wait()
                 await interpreter.kill()
-            if reusable:
-                self._pool.give_back(warm, reusable=True, slot=slot.pop_all(), exit_by=deadline.deadline)
-            else:
-                self._pool.give_back(warm, reusable=False)
+            self._pool.give_back(warm, reusable=reusable)
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if deadline.cancelled_caught:
             return timed_out(result, request, "the sandbox and all its processes were killed")

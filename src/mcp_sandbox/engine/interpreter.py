@@ -116,7 +116,6 @@ class Interpreter:
         self.outcome: SandboxOutcome | None = None
         self.ready: dict[str, Any] = {}  # what the runner said in its READY frame (checked: a Ready's body)
         self._ids = itertools.count(1)
-        self._exit_pending: int | None = None  # a forked run answered on its DONE whose EXITED is unread
         self._own_ended = (anyio.Event(), anyio.Event())
 
     async def _watch(self) -> None:
@@ -231,9 +230,8 @@ class Interpreter:
 
         The child speaks on a socket of its own (its CALL, DISPLAY and DONE frames); the zygote
         answers on this interpreter's channel with EXITED once the child is gone, then restores
-        the sandbox and says READY. A child that sent DONE has finished (it sends it last): this
-        returns on it, and the EXITED is read by :meth:`ended` (the DONE may be forged by the
-        code, so the run is not over for the host, its slot and deadline, until EXITED).
+        the sandbox and says READY (see :meth:`restored`). The run is judged by EXITED, not by
+        DONE, which the code could forge.
         ``guard`` is the seccomp filter the child stacks on its own before the code runs (see
         :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
@@ -252,11 +250,6 @@ class Interpreter:
                     if record.protocol_error is not None:
                         await self.kill()  # as in run(): the run ends now, and with it this sandbox
                         return None
-                    if record.done:
-                        # The child sends DONE as its last act (threads joined, atexit run, pipes let
-                        # go): the run is over; its EXITED follows once the kernel has torn it down.
-                        self._exit_pending = frame.run
-                        return Exited(frame.run, record.exit_code or 0, None)
                     exited = await self._exited(frame.run)
         finally:
             child_end.close()
@@ -272,18 +265,6 @@ class Interpreter:
         if not isinstance(frame, Exited) or frame.run != run_id:
             return None
         return frame
-
-    async def ended(self) -> str | None:
-        """Wait for the EXITED frame of a forked run answered on its DONE; why it did not come, or None.
-
-        Bounded by the caller (the run's own deadline: a forged DONE does not buy the code time).
-        """
-        run_id, self._exit_pending = self._exit_pending, None
-        if run_id is None:
-            return None
-        if await self._exited(run_id) is None:
-            return "the zygote did not report the run's end"
-        return None
 
     async def restored(self) -> str | None:
         """Wait for a zygote's READY after a run (it restored the sandbox); why it cannot serve again, or None.

@@ -8,10 +8,6 @@ and says READY (see the runner's ``zygote.py``). The sandbox's owner task waits 
 (at most ``RESTORE_SECONDS``) before it offers it again. A run never sees another run's state,
 and the per-run cost is neither a sandbox start nor a fork nor a restore.
 
-The run's caller gets its result on the child's DONE, which the child sends as its last act; the
-run's admission slot is kept until the zygote's EXITED (by the run's deadline, or the sandbox is
-killed), since code could forge that DONE.
-
 The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes. A run takes an idle one
 if there is one; if not, the pool grows by one in the background and the run waits (at most
 ``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
@@ -26,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -70,8 +65,6 @@ class Warm:
     idle_since: float = field(default_factory=time.monotonic)
     back: anyio.Event = field(default_factory=anyio.Event)  # it came back from a run, or was retired
     reusable: bool = False  # when back: the run left it able to serve again (once restored)
-    slot: contextlib.AsyncExitStack | None = None  # when back: the run's admission slot, freed on its EXITED
-    exit_by: float = math.inf  # when back: the run's deadline (anyio's clock), by which its EXITED must come
     shrunk: bool = False  # retired for being idle: its owner does not start another
 
 
@@ -133,22 +126,10 @@ class WarmPool:
                 await self._offered.wait()
         return self._idle.pop() if self._idle else None
 
-    def give_back(
-        self,
-        warm: Warm,
-        *,
-        reusable: bool,
-        slot: contextlib.AsyncExitStack | None = None,
-        exit_by: float = math.inf,
-    ) -> None:
-        """Return ``warm`` after a run: offered again once restored if ``reusable`` (and young enough), else replaced.
-
-        ``slot`` (the run's admission slot) is closed once the zygote reports the run's child
-        gone; if that does not happen by ``exit_by``, the sandbox is killed first.
-        """
+    def give_back(self, warm: Warm, *, reusable: bool) -> None:
+        """Return ``warm`` after a run: offered again once restored if ``reusable`` (and young enough)."""
         warm.runs += 1
         warm.reusable = reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None
-        warm.slot, warm.exit_by = slot, exit_by
         self._restoring += warm.reusable  # counted now: a run may ask for it before its owner wakes
         warm.back.set()
 
@@ -182,36 +163,19 @@ class WarmPool:
             self._announce()
             await warm.back.wait()
             reusable = warm.reusable
-            try:
-                problem = await self._ended(warm)
-                if problem is None and not reusable:
-                    problem = "retired"
-                if problem is None:
-                    problem = "it did not restore the sandbox in time"
+            problem: str | None = "retired"
+            if reusable:
+                problem = "it did not restore the sandbox in time"
+                try:
                     with anyio.move_on_after(RESTORE_SECONDS):
                         problem = await warm.interpreter.restored()
-            finally:
-                self._restoring -= reusable
+                finally:
+                    self._restoring -= 1
             if problem is not None:
                 if reusable:
                     logger.info("a warm sandbox is replaced: %s", problem)
                 self._announce()  # whoever waits for a restore goes on without this one
                 return
-
-    async def _ended(self, warm: Warm) -> str | None:
-        """Wait (by the run's deadline) for the zygote to report the run's child gone; free the run's slot."""
-        slot, warm.slot = warm.slot, None
-        problem: str | None = "the run went on after its DONE until its deadline"
-        try:
-            with anyio.move_on_after(max(0.0, warm.exit_by - anyio.current_time())):
-                problem = await warm.interpreter.ended()
-            if problem is not None:
-                await warm.interpreter.kill()
-        finally:
-            if slot is not None:
-                with anyio.CancelScope(shield=True):
-                    await slot.aclose()
-        return problem
 
     def _announce(self) -> None:
         self._offered.set()

@@ -423,8 +423,9 @@ def _exit(code: int, connection: host.HostConnection | None = None, done: Done |
 
     What a program may rely on at exit still happens: non-daemon threads are waited for, atexit
     handlers run, the standard streams are flushed. Then a run's child lets go of its output
-    pipes and sends ``done`` on ``connection``: its run is over, and the host need not wait for
-    the kernel to tear the process down (milliseconds with pandas mapped) to answer.
+    pipes (so the host sees their end before the kernel has torn the process down, milliseconds
+    with pandas mapped) and sends ``done`` on ``connection``: what the code printed from a thread
+    or an atexit handler is the run's. The host still judges the run by the zygote's EXITED.
     """
     import atexit
     import threading
