@@ -78,6 +78,7 @@ class PrestartPool:
         self._opener = opener
         self._ready: dict[str, list[Prestarted]] = {}
         self._starting: dict[str, int] = {}
+        self._owners: dict[str, int] = {}
         self._waiting: dict[str, int] = {}
         self._offered = anyio.Event()  # set (and replaced) whenever one is offered or fails to start
         self._group: TaskGroup | None = None
@@ -87,8 +88,8 @@ class PrestartPool:
         return len(self._ready.get(language, ()))
 
     def size(self, language: str) -> int:
-        """Sandboxes of ``language`` starting or waiting for a run."""
-        return self._starting.get(language, 0) + self.ready(language)
+        """Sandboxes of ``language`` starting, waiting for a run or serving one."""
+        return self._owners.get(language, 0)
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[PrestartPool]:
@@ -128,6 +129,7 @@ class PrestartPool:
     def _start(self, language: str) -> None:
         assert self._group is not None
         self._starting[language] = self._starting.get(language, 0) + 1
+        self._owners[language] = self._owners.get(language, 0) + 1
         self._group.start_soon(self._own, language)
 
     def _announce(self) -> None:
@@ -136,6 +138,12 @@ class PrestartPool:
 
     async def _own(self, language: str) -> None:
         """Start a sandbox of ``language``, offer it, destroy it once used; again and again."""
+        try:
+            await self._serve(language)
+        finally:
+            self._owners[language] -= 1
+
+    async def _serve(self, language: str) -> None:
         while True:
             try:
                 async with self._opener(language) as sandbox:
