@@ -37,7 +37,7 @@ def _bun() -> None:
 async def prestarted(running_engine: RunningEngine, **flags: Any) -> AsyncIterator[Engine]:
     """A running engine whose TypeScript sandboxes have started (after a first run asked for them)."""
     async with running_engine(**{**_FLAGS, **flags}) as engine:
-        await execute(engine, "console.log(1)", language="typescript")
+        await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.timeout)
         await wait_ready(engine, engine.settings.prestart_size)
         yield engine
 
