@@ -211,6 +211,7 @@ async def in_process(state_dir: Path) -> None:
         for warm in sandboxes:
             assert warm is not None
             uss, pss = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
+            # Its zygote's child waiting for the next run is one of these processes: counted.
             print(
                 f"  warm sandbox ({'+'.join(config.pool_preload) or 'nothing'} preloaded): "
                 f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS)"

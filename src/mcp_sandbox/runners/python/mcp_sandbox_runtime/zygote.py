@@ -377,7 +377,9 @@ def _waiting_child(control: _Control, report: int) -> int:
 
 def _child(frame: Exec, fds: list[int]) -> int:
     """The forked child, its EXEC received: serve this one run on its own socket, then exit with its code."""
-    _fresh_stdio(fds[0], fds[1], keep=fds)
+    # Nothing of the zygote's is open any more (see _waiting_child): the run's pipes go on 1 and 2.
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
     try:
         _install_guard(base64.b64decode(frame.guard or ""))
     except (OSError, ValueError) as error:
