@@ -143,6 +143,23 @@ async def test_calls_in_flight_of_one_run_are_capped_at_max_calls_in_flight(
     assert ok(data).split() == ["4", "12"]
 
 
+async def test_a_request_over_max_call_bytes_raises_mcperror_and_the_run_goes_on(client: Client) -> None:
+    # The host ends a run whose CALL frame passes max_call_bytes (1 MiB by default); the runtime
+    # knows the limit and fails the request first, so the code can handle it.
+    data = await run(
+        client,
+        """
+        try:
+            await mcp_fixture.echo(text="x" * (2 << 20))
+        except mcp.runtime.MCPError as error:
+            print(error.kind)
+        print(await mcp_fixture.echo(text="small"))
+        """,
+        ["fixture"],
+    )
+    assert ok(data).split() == ["invalid", "small"]
+
+
 async def test_a_20_mib_tool_result_arrives_whole(client: Client) -> None:
     data = await run(
         client,

@@ -431,14 +431,18 @@ async def test_sigterm_stops_the_server_and_kills_a_running_sandbox(
     async with http_server(state_dir, env=env, runtime=sandbox_runtime) as url:
         (server,) = _server_pids(state_dir)
 
+        # bwrap's argv names no host path (its options travel through a descriptor): the run's own
+        # process carries a marker instead.
+        marker = f"sigterm-{uuid.uuid4().hex}"
+
         def sandboxes() -> list[int]:
-            # bwrap's argv binds a workspace under the state directory; the code itself is never in argv.
-            return [pid for pid in host_processes(str(state_dir)) if pid != server]
+            return [pid for pid in host_processes(marker) if pid != server]
 
         async def long_run() -> None:
+            code = f"import subprocess\nsubprocess.run([{marker!r}, '300'], executable='/bin/sleep')"
             try:
                 async with mcp_client(url, None) as client:
-                    await call(client, "run_python", {"code": "import time\ntime.sleep(300)"})
+                    await call(client, "run_python", {"code": code})
                 outcome.append("returned")
             except Exception as exc:  # the connection drops with the server; the SDK decides how it says so
                 outcome.append(type(exc).__name__)

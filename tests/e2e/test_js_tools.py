@@ -132,6 +132,21 @@ async def test_a_failing_or_denied_tool_call_rejects_with_mcp_error(client: Clie
     assert data["stdout"].splitlines() == ["true tool", "true denied", "true denied", "time"]
 
 
+async def test_a_request_over_max_call_bytes_rejects_with_mcp_error_and_the_run_goes_on(client: Client) -> None:
+    # The host ends a run whose CALL frame passes max_call_bytes (1 MiB by default): the runner fails it first.
+    data = await run_code(
+        client,
+        """
+        try { await mcp.servers.fixture.echo({ text: "x".repeat(2 << 20) }); console.log("no error"); }
+        catch (error) { console.log(error instanceof mcp.MCPError, (error as any).kind); }
+        console.log(await mcp.servers.fixture.echo({ text: "small" }));
+        """,
+        servers=["fixture"],
+    )
+    assert data["status"] == "success", data
+    assert data["stdout"].splitlines() == ["true invalid", "small"]
+
+
 async def test_a_conversations_files_are_written_and_listed(client: Client) -> None:
     data = await run_code(
         client,

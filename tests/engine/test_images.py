@@ -133,7 +133,7 @@ png = base64.b64encode(b"\\x89PNG fake").decode()
 for body in [
     {"run": 1, "mime": "image/png", "data": "%%% not base64"},
     {"run": 1, "mime": "text/html", "data": png},
-    {"run": 1, "mime": "image/png", "data": base64.b64encode(b"x" * 5000).decode()},
+    {"run": 1, "mime": "image/png", "data": base64.b64encode(b"x" * 1001).decode()},
     {"run": 7, "mime": "image/png", "data": png},
     {"run": 1, "mime": "image/png", "data": png},
 ]:
@@ -148,3 +148,18 @@ async def test_the_host_keeps_only_well_formed_images_of_the_run_within_the_caps
 
     assert result.status == "success", result.stderr
     assert result.images == (Image("image/png", b"\x89PNG fake"),)
+
+
+async def test_a_display_frame_larger_than_the_image_cap_ends_the_run(running_engine: RunningEngine) -> None:
+    # Issue 21, finding 1: a DISPLAY frame may be as large as an image at the cap, in base64, and
+    # no larger; the host refuses a larger one on its header and the run ends with the reason.
+    oversized = FORGE.split("for body in")[0] + (
+        "os.write(fds[0], frame(7, {'run': 1, 'mime': 'image/png', 'data': 'A' * 200_000}))\n"
+        "import time\ntime.sleep(20)\n"
+    )
+    async with running_engine(max_image_bytes=1000, pool_size=0, pool_min=0) as engine:
+        result = await execute(engine, oversized, time_limit=30)
+
+    assert result.status == "error"
+    assert result.error is not None and "DISPLAY frame" in result.error
+    assert result.images == ()

@@ -157,6 +157,7 @@ async def disk_bound(directory: Path | None, bound: DiskBound) -> AsyncIterator[
     if directory is None:
         yield overrun
         return
+    failure: Exception | None = None
     async with anyio.create_task_group() as group:
 
         async def watch() -> None:
@@ -164,5 +165,11 @@ async def disk_bound(directory: Path | None, bound: DiskBound) -> AsyncIterator[
             group.cancel_scope.cancel()
 
         group.start_soon(watch)
-        yield overrun
-        group.cancel_scope.cancel()
+        try:
+            yield overrun
+        except Exception as exc:  # raised below as it is, not wrapped in the task group's ExceptionGroup
+            failure = exc
+        finally:
+            group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -20,7 +20,9 @@ the pool need an owner for their sandboxes: ``async with engine.running():``. A 
 ``session`` key outside it raises ``RuntimeError``; runs without one work either way (cold).
 
 This module runs things: :mod:`.verdict` puts how a run went into words, :mod:`.scratch` gives a
-run without a conversation its workspace, and :mod:`mcp_sandbox.state` says where things live.
+run without a conversation its workspace where the backend cannot size one itself (bwrap gives it
+a tmpfs), :mod:`.disk` stops a run that writes past its workspace's quota, and
+:mod:`mcp_sandbox.state` says where things live.
 """
 
 from __future__ import annotations

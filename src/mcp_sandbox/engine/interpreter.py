@@ -180,6 +180,7 @@ class Interpreter:
             last=last,
             cpu_seconds=cpu_seconds,
             guard=None if guard is None else base64.b64encode(guard).decode(),
+            max_call_bytes=self.settings.max_call_bytes,
         )
 
     async def run(

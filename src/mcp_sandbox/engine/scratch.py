@@ -1,5 +1,9 @@
 """Scratch workspaces: a directory in ``runs/`` for a run (or a long-lived sandbox) without a conversation.
 
+Only for backends that cannot size a scratch workspace themselves (``sized_scratch`` false: the
+container backends, where ``/workspace`` and ``/data`` must be one bound directory); bwrap gives
+such a run a tmpfs instead, and :mod:`.disk` watches these directories while the run writes.
+
 Each is the sandbox uid's, lives as long as its sandbox and is removed after it, off the event
 loop and shielded from cancellation. Those a server left when it died (named after its pid,
 see :mod:`mcp_sandbox.state`) are swept by the next server to start.

@@ -15,7 +15,7 @@
  */
 
 import { dup2, receive, writeAll } from "./libc.ts";
-import { type Body, DEFAULT_MAX_FRAME, encode, FrameError, FrameParser, Kind } from "./frames.ts";
+import { type Body, DEFAULT_MAX_FRAME, encode, FrameError, FrameParser, HEADER_SIZE, Kind } from "./frames.ts";
 import { createApi, type Requester } from "./mcp.ts";
 import type { AsyncReader, Platform } from "./platform.ts";
 
@@ -41,6 +41,8 @@ export class Connection implements Requester {
   private nextId = 1;
   private reader: AsyncReader | null = null;
   broken: string | null = null;
+  /** The host's limit on a CALL body (EXEC's maxCallBytes): a larger request fails here, not the run. */
+  maxCallBytes: number | null = null;
 
   constructor(
     private readonly platform: Platform,
@@ -75,9 +77,16 @@ export class Connection implements Requester {
   request(op: string, body: Body): Promise<Body> {
     if (this.broken !== null) return Promise.reject(new HostUnavailable(this.broken));
     const id = this.nextId++;
+    const frame = encode(Kind.CALL, { ...body, op, id });
+    const size = frame.length - HEADER_SIZE;
+    if (this.maxCallBytes !== null && size > this.maxCallBytes) {
+      // The host would end the run on such a frame: the code gets an error it can handle.
+      const message = `the request is ${size} bytes, over the server's max_call_bytes (${this.maxCallBytes})`;
+      return Promise.resolve({ id, ok: false, error: { kind: "invalid", message } });
+    }
     const reply = new Promise<Body>((resolve, reject) => this.pending.set(id, { resolve, reject }));
     try {
-      this.send(Kind.CALL, { ...body, op, id });
+      writeAll(this.platform.libc, this.fd, frame);
     } catch (error) {
       this.pending.delete(id);
       return Promise.reject(new HostUnavailable(`the channel to the host is closed: ${error}`));
@@ -208,6 +217,7 @@ export async function main(platform: Platform, args: string[]): Promise<void> {
   dup2(platform.libc, fds[1]!, 2);
   for (const fd of fds) platform.libc.close(fd);
   platform.setEnv(body.env as Record<string, string>);
+  if (typeof body.maxCallBytes === "number") connection.maxCallBytes = body.maxCallBytes;
 
   let reported = false;
   const finish = (code: number, exception: string | null): void => {

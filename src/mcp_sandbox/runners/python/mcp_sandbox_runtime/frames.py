@@ -170,7 +170,9 @@ class Exec:
     ``servers`` are the aliases of the servers the run may call, ``env`` is added to the
     environment for the run, ``max_images``/``max_image_bytes`` cap its DISPLAY frames; after a
     ``last`` run the runtime exits. To a zygote it also carries the run's channel socket, the run's
-    ``cpu_seconds`` and its seccomp ``guard`` (base64 BPF). A field absent on the wire is its default.
+    ``cpu_seconds`` and its seccomp ``guard`` (base64 BPF). ``max_call_bytes`` is the host's limit
+    on a CALL body: the runtime fails a larger request itself (a larger frame would end the run).
+    A field absent on the wire is its default.
     """
 
     KIND: ClassVar[Kind] = Kind.EXEC
@@ -183,6 +185,7 @@ class Exec:
     last: bool
     cpu_seconds: int | None = None
     guard: str | None = None
+    max_call_bytes: int | None = None  # the host's limit on a CALL body: a larger request fails here
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -198,6 +201,8 @@ class Exec:
             body["cpuSeconds"] = self.cpu_seconds
         if self.guard is not None:
             body["guard"] = self.guard
+        if self.max_call_bytes is not None:
+            body["maxCallBytes"] = self.max_call_bytes
         return body
 
     @classmethod
@@ -228,6 +233,7 @@ class Exec:
             last=last,
             cpu_seconds=_int(body, "cpuSeconds") if "cpuSeconds" in body else None,
             guard=_str(body, "guard") if "guard" in body else None,
+            max_call_bytes=_int(body, "maxCallBytes") if "maxCallBytes" in body else None,
         )
 
 

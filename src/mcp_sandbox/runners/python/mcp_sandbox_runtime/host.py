@@ -18,7 +18,20 @@ import threading
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
-from .frames import DEFAULT_MAX_FRAME, Call, Error, Frame, FrameError, FrameParser, Kind, Reply, decode, pack
+from .frames import (
+    DEFAULT_MAX_FRAME,
+    HEADER,
+    Call,
+    Error,
+    Failure,
+    Frame,
+    FrameError,
+    FrameParser,
+    Kind,
+    Reply,
+    decode,
+    pack,
+)
 
 if TYPE_CHECKING:
     # Imported on the first request: concurrent.futures pulls in logging (~3 ms of every start).
@@ -68,6 +81,7 @@ class HostConnection:
         self._reader: threading.Thread | None = None
         self._broken: str | None = None
         self.failed = False  # the channel broke (rather than ended cleanly)
+        self.max_call_bytes: int | None = None  # the host's limit on a request (set per run, from EXEC)
         self._fds: list[int] = []  # received, not yet claimed by an EXEC frame
 
     @property
@@ -109,10 +123,17 @@ class HostConnection:
                 future.set_exception(HostUnavailable(self._broken))
                 return future
             call_id = next(self._ids)
+            data = pack(Call(call_id, {**body, "op": op}))
+            limit = self.max_call_bytes
+            if limit is not None and len(data) - HEADER.size > limit:
+                # The host would end the run on such a frame: the code gets an error it can handle.
+                message = f"the request is {len(data) - HEADER.size} bytes, over the server's max_call_bytes ({limit})"
+                future.set_result(Reply(call_id, error=Failure("invalid", message)))
+                return future
             self._pending[call_id] = future
             self._start_locked()
             try:
-                self._sock.sendall(pack(Call(call_id, {**body, "op": op})))
+                self._sock.sendall(data)
             except OSError as error:
                 del self._pending[call_id]
                 future.set_exception(HostUnavailable(f"the channel to the host is closed: {error}"))

@@ -272,6 +272,7 @@ class Server:
     def run(self, frame: Exec, fds: list[int]) -> Done:
         """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
         saved_env = dict(os.environ)
+        self.connection.max_call_bytes = frame.max_call_bytes
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)

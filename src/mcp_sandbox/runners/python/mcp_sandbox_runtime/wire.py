@@ -31,7 +31,7 @@ __all__ = [
 MAGIC = b"MSBX"
 # 2: EXEC carries the run's stdout/stderr pipes, "run", "env" and image caps; DISPLAY frames.
 # 3: zygotes: an EXEC frame to a zygote also carries the run's own channel socket and
-#    "cpuSeconds"; EXITED frames.
+#    "cpuSeconds"; EXITED frames. (EXEC's optional "maxCallBytes" came later: absent, no limit.)
 PROTOCOL_VERSION = 3
 HEADER = struct.Struct(">4sBBI")
 DEFAULT_MAX_FRAME = 256 << 20

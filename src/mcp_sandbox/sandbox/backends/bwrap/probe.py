@@ -86,6 +86,11 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
         Capability("seccomp", True, "deny list built with pyseccomp"),
         Capability("process tree kill", True, "pid namespace dies with its init; cgroup kill as backstop"),
         Capability("tmp size", True, "tmpfs /tmp with --size"),
+        Capability(
+            "disk bound",
+            True,
+            "scratch /workspace a tmpfs of scratch_size; a conversation's measured while the run writes",
+        ),
         Capability("rlimits", True, "CPU seconds, file size, open files, no core dumps"),
         Capability(
             "memory limit",

@@ -94,6 +94,7 @@ def probe_container(backend: Probed, cli: str, facts: dict[str, str]) -> Backend
         Capability("seccomp", True, "our deny list as an OCI profile (--security-opt seccomp=)"),
         Capability("process tree kill", True, "container killed and removed by name; swept by label"),
         Capability("tmp size", True, "--tmpfs /tmp size=, --shm-size"),
+        Capability("disk bound", True, "scratch and conversation workspaces measured while the run writes"),
         Capability("rlimits", True, "--ulimit cpu, fsize, nofile, core"),
         Capability(
             "memory limit",
