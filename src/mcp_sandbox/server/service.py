@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from mcp_sandbox.bridge.discovery import Discovery
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
@@ -57,6 +58,8 @@ class Service:
     http: bool
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    # Where history writes run after their call has been answered (open_service waits for them).
+    writes: TaskGroup | None = None
 
     @contextlib.contextmanager
     def using(self, key: str | None) -> Iterator[None]:
@@ -92,6 +95,18 @@ class Service:
 
     async def record(self, record: ExecutionRecord) -> None:
         await anyio.to_thread.run_sync(self.metadata.record_execution, record)
+
+    def record_soon(self, record: ExecutionRecord) -> None:
+        """Add ``record`` to the history after the call is answered (off its path); a failure is logged."""
+        if self.writes is None:
+            raise RuntimeError("the service is not open (see open_service)")
+        self.writes.start_soon(self._record_logged, record)
+
+    async def _record_logged(self, record: ExecutionRecord) -> None:
+        try:
+            await self.record(record)
+        except Exception:  # losing a metadata row must not lose the run's result
+            logger.exception("could not record an execution in the metadata database")
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
@@ -153,8 +168,13 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     metadata = Metadata.open(layout.metadata)
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
-        async with open_mediator(settings, discovery) as bridge, engine.running(), anyio.create_task_group() as group:
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http)
+        async with (
+            open_mediator(settings, discovery) as bridge,
+            engine.running(),
+            anyio.create_task_group() as group,
+            anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
+        ):
+            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, writes=writes)
             group.start_soon(_sweep_periodically, service)
             try:
                 yield service
