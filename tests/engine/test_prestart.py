@@ -7,7 +7,8 @@ import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -16,6 +17,7 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.prestart import eligible
 from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.engine.warm import eligible as warm_eligible
 
 from .conftest import RunningEngine
 from .helpers import execute, poll
@@ -121,6 +123,17 @@ def test_only_a_run_shaped_like_the_pools_sandboxes_is_eligible(tmp_path: Any) -
     assert eligible(settings, plain)
     assert not eligible(settings, dataclasses.replace(plain, timeout=30.0))
     assert not eligible(settings, dataclasses.replace(plain, workspace=tmp_path))
+    assert warm_eligible(dataclasses.replace(plain, language="python"))
+    assert not warm_eligible(plain)
+    assert not warm_eligible(dataclasses.replace(plain, language="python", workspace=tmp_path))
+    # A run with network (a field of requests where egress exists) takes neither kind of sandbox.
+    networked = SimpleNamespace(**{**vars_of(plain), "network": True})
+    assert not eligible(settings, cast(Any, networked))
+    assert not warm_eligible(cast(Any, SimpleNamespace(**{**vars_of(plain), "language": "python", "network": True})))
+
+
+def vars_of(request: ExecutionRequest) -> dict[str, Any]:
+    return {field.name: getattr(request, field.name) for field in dataclasses.fields(request)}
 
 
 async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine: RunningEngine) -> None:

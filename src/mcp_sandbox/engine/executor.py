@@ -56,6 +56,7 @@ from mcp_sandbox.engine.verdict import (
     timed_out,
 )
 from mcp_sandbox.engine.warm import Warm, WarmPool
+from mcp_sandbox.engine.warm import eligible as warm_eligible
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
@@ -156,12 +157,7 @@ class Engine:
             # JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
             if request.session is not None and self.settings.sessions and request.language == "python":
                 return await self._execute_in_session(request, request.session, started)
-            if (
-                request.workspace is None
-                and request.language == "python"
-                and self.backend.warm_pool
-                and (warm := await self._pool.take()) is not None
-            ):
+            if self.backend.warm_pool and warm_eligible(request) and (warm := await self._pool.take()) is not None:
                 return await self._execute_warm(request, warm, started)
             if (
                 (request.language != "python" or not self.backend.warm_pool)

@@ -32,6 +32,7 @@ from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.sessions import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 
@@ -43,6 +44,7 @@ __all__ = [
     "Warm",
     "WarmOpener",
     "WarmPool",
+    "eligible",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,16 @@ RETRY_SECONDS = 30.0
 # A run that finds no idle sandbox but one being restored (a few ms) waits this long for it, not a cold start.
 RESTORE_WAIT_SECONDS = 0.2
 RESTORE_SECONDS = 60.0  # a run may leave a million files to remove; past this the sandbox is replaced
+
+
+def eligible(request: ExecutionRequest) -> bool:
+    """Whether ``request`` may run in a warm sandbox: a Python run on a scratch workspace, without network.
+
+    The zygote's sandbox has no network and a scratch workspace; each run's CPU limit comes with
+    its EXEC frame, so its timeout does not matter. A run that asks for network (a field another
+    part of the server adds) never takes one.
+    """
+    return request.language == "python" and request.workspace is None and not getattr(request, "network", None)
 
 
 @dataclass(eq=False)
