@@ -405,3 +405,19 @@ async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_th
     assert fresh.status == after.status == "success", after.stderr
     assert eval(after.stdout) == eval(fresh.stdout)
     assert eval(fresh.stdout)["xattrs"] == [[], [], []]
+
+
+async def test_a_run_that_hides_its_exit_status_from_the_zygote_still_gets_its_own(
+    running_engine: RunningEngine,
+) -> None:
+    # The zygote reads a run's exit status from the kernel as the child starts to exit; a child
+    # that made itself not dumpable hides it from the zygote's uid, which must then wait for it.
+    hide = "import ctypes, sys\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\nsys.exit(3)"
+    async with warm_engine(running_engine) as engine:
+        hidden = await warm_run(engine, hide)
+        plain = await warm_run(engine, "import sys; sys.exit(5)")
+        killed = await warm_run(engine, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+
+    assert (hidden.status, hidden.exit_code) == ("error", 3), hidden.stderr
+    assert (plain.status, plain.exit_code) == ("error", 5), plain.stderr
+    assert (killed.status, killed.exit_code) == ("error", 128 + 15), killed.stderr

@@ -44,11 +44,13 @@ import gc
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
 import struct
 import sys
+import time
 from typing import Any
 
 from . import host, run
@@ -60,6 +62,9 @@ EXIT_DIRTY = 75  # the zygote could not restore the sandbox and stopped
 # What a pre-forked child tells the zygote before it lets go of the channel: status, run number.
 _REPORT = struct.Struct("=iQ")
 _RUNNING, _HUNG_UP, _REFUSED, _BROKEN = range(4)
+_PF_EXITING = 0x4
+_ENDING_SECONDS = 0.05  # how long a child that let go of its ending pipe may take to be seen exiting
+_ENDING = -1  # in a run's child: the write end of its ending pipe
 _WIPED = ("/tmp", "/dev/shm", "/workspace")
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
@@ -324,25 +329,31 @@ def _restore(baseline: tuple[Any, ...], mounts: set[str], directories: dict[str,
     return problem
 
 
-def _prefork(control: _Control) -> tuple[int, int]:
-    """Fork the child for the next run before its EXEC comes: (its pid, the read end of its report pipe).
+def _prefork(control: _Control) -> tuple[int, int, int]:
+    """Fork the child for the next run before its EXEC comes: (its pid, its report pipe, its ending pipe).
 
     The child waits for the EXEC frame on the control channel itself (the zygote does not read
     it while a child is waiting), so a run costs no fork. It reports the run's number on the
-    pipe before it lets go of the channel; it never returns here.
+    report pipe before it lets go of the channel, and closes the ending pipe as its last act
+    (see :func:`_ending`); it never returns here.
     """
+    global _ENDING
     report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    ending_read, ending_write = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid != 0:
         os.close(report_write)
-        return pid, report_read
+        os.close(ending_write)
+        return pid, report_read, ending_read
     os.close(report_read)
+    os.close(ending_read)
+    _ENDING = ending_write
     try:
         code = _waiting_child(control, report_write)
     except BaseException:  # nothing of a waiting child may reach the zygote's code
         code = run.EXIT_PROTOCOL
     _exit(code)
-    return code, -1  # not reached
+    return code, -1, -1  # not reached
 
 
 def _report(fd: int, status: int, run_id: int = 0) -> None:
@@ -352,7 +363,7 @@ def _report(fd: int, status: int, run_id: int = 0) -> None:
 
 def _waiting_child(control: _Control, report: int) -> int:
     """A pre-forked child: wait for the EXEC frame, then serve that one run and exit with its code."""
-    _fresh_stdio(None, None, keep=[control.sock.fileno(), report])
+    _fresh_stdio(None, None, keep=[control.sock.fileno(), report, _ENDING])
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
     try:
         command = control.receive()
@@ -408,6 +419,54 @@ def _child(frame: Exec, fds: list[int]) -> int:
     return done.exit_code  # not reached
 
 
+def _ending(child: int, ending: int) -> int | None:
+    """The exit code of ``child`` as soon as it is exiting, before the kernel has torn it down; None if not seen.
+
+    The child writes to its ending pipe as its last act before ``_exit``; the code could write
+    to it earlier, so the pipe only says when to look: the child's exit code is
+    read from the kernel (``/proc/<pid>/stat``: exiting, its exit status set and its address
+    space let go of, but not yet torn down, which takes milliseconds with pandas mapped).
+    When the child is not that far within a moment, None: the zygote waits for it.
+
+    The kernel shows the status only while the child is dumpable (else 0), so the runtime makes
+    it dumpable again as its last act. A thread of the code that races to undo that in the
+    instant between can make its run's status read as 0: the code misreporting its own exit,
+    which ``os._exit(0)`` does anyway; nothing of the host's bounds depends on it.
+    """
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:
+        os.close(ending)
+        return None
+    try:
+        # Processes the run left hold the pipe too: a byte says it, not the pipe's end. The
+        # pidfd says the child is gone (died, or exited without the runtime's last act).
+        poller = select.poll()
+        poller.register(ending, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll()}
+    finally:
+        os.close(pidfd)
+        os.close(ending)
+    if pidfd in ready:
+        return None
+    deadline = time.monotonic() + _ENDING_SECONDS
+    while True:
+        try:
+            with open(f"/proc/{child}/stat", "rb") as stat_file:
+                fields = stat_file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return None
+        # Field 9 is the flags, 52 the exit status, 26 the start of the code: 0 once the exiting
+        # child has let go of its address space, which the kernel does after it set the exit
+        # status and before it tears that space down.
+        if int(fields[6]) & _PF_EXITING and len(fields) >= 50 and int(fields[23]) == 0:
+            return _exit_code(int(fields[49]))
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.0001)
+
+
 def _outcome(report: int) -> tuple[int, int]:
     """What a child reported before it ended: (status, run number); (_BROKEN, 0) if nothing."""
     try:
@@ -445,7 +504,7 @@ def _exit(code: int, connection: host.HostConnection | None = None, done: Done |
     if connection is not None and done is not None:
         try:
             # Every copy of the run's pipes this process holds (the runtime's, the code's) goes now.
-            _fresh_stdio(None, None, keep=[connection.fileno()])
+            _fresh_stdio(None, None, keep=[connection.fileno(), _ENDING])
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, 1)
             os.dup2(null, 2)
@@ -455,6 +514,12 @@ def _exit(code: int, connection: host.HostConnection | None = None, done: Done |
             code = done.exit_code
         except BaseException:  # the channel broke: the host goes by the zygote's EXITED
             code = run.EXIT_PROTOCOL
+    if _ENDING >= 0:
+        with contextlib.suppress(OSError):
+            # The code may have made this process not dumpable, which hides its exit status
+            # from the zygote (see _ending): the runtime's last act makes it inspectable again.
+            _prctl(_PR_SET_DUMPABLE, 1)
+        os.write(_ENDING, b".")  # the zygote looks now, and sees this process exiting
     os._exit(code)
 
 
@@ -484,21 +549,27 @@ def main(channel_fd: int, preload: list[str]) -> int:
         control.send(ready)
         return EXIT_DIRTY
     try:
-        child, report = _prefork(control)
+        child, report, ending = _prefork(control)
         control.send(ready)
         while True:
-            _, status = os.waitpid(child, 0)
             kind, run_id = _outcome(report)
-            if kind == _HUNG_UP:
-                return 0
             if kind != _RUNNING:
-                return run.EXIT_PROTOCOL
-            # The run's end goes out first; the restore happens while the host answers its caller,
-            # and the next READY says the sandbox may serve again.
-            control.send(Exited(run_id, _exit_code(status), None))
+                os.close(ending)
+                os.waitpid(child, 0)
+                return 0 if kind == _HUNG_UP else run.EXIT_PROTOCOL
+            # The run's end goes out first (as soon as the child is exiting); the rest of its
+            # exit and the restore happen while the host answers its caller, and the next
+            # READY says the sandbox may serve again.
+            exit_code = _ending(child, ending)
+            if exit_code is not None:
+                control.send(Exited(run_id, exit_code, None))
+                os.kill(child, signal.SIGKILL)  # a thread of the run that outlives its main thread
+            _, status = os.waitpid(child, 0)
+            if exit_code is None:
+                control.send(Exited(run_id, _exit_code(status), None))
             problem = _restore(baseline, mounts, directories)
             if problem is None:
-                child, report = _prefork(control)
+                child, report, ending = _prefork(control)
             control.send(Ready("python", version, None, True, os.getpid(), None, None, problem))
             if problem is not None:
                 return EXIT_DIRTY
