@@ -40,6 +40,7 @@ from __future__ import annotations
 import _socket
 import base64
 import contextlib
+import functools
 import gc
 import os
 import re
@@ -78,12 +79,30 @@ _RLIMITS = tuple(
 )
 
 
+@functools.cache
+def _libc() -> Any:
+    """libc through ctypes, loaded once in the zygote (its children inherit it: no dlopen per run)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, value: int) -> None:
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+    if _libc().prctl(option, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+@functools.cache
+def _program_type() -> Any:
+    """``struct sock_fprog``, defined once in the zygote."""
+    import ctypes
+
+    class _Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    return _Program
 
 
 def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -109,22 +128,15 @@ def _install_guard(bpf: bytes) -> None:
     if not bpf or len(bpf) % 8:
         raise ValueError("the guard filter is not a BPF program")
 
-    class _Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
     code = ctypes.create_string_buffer(bpf, len(bpf))
-    program = _Program(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+    program = _program_type()(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if _libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def _ioprio() -> int:
     """This process's I/O priority (ioprio_get; -1 where the call is unknown)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, 0))
+    return int(_libc().syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, 0))
 
 
 def _fingerprint() -> tuple[Any, ...]:
@@ -365,6 +377,9 @@ def _waiting_child(control: _Control, report: int) -> int:
     """A pre-forked child: wait for the EXEC frame, then serve that one run and exit with its code."""
     _fresh_stdio(None, None, keep=[control.sock.fileno(), report, _ENDING])
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
     try:
         command = control.receive()
     except (OSError, FrameError):
@@ -404,9 +419,6 @@ def _child(frame: Exec, fds: list[int]) -> int:
         if hard == resource.RLIM_INFINITY or hard > cpu_seconds:
             hard = cpu_seconds
         resource.setrlimit(resource.RLIMIT_CPU, (max(hard - 1, 1), hard))
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
     connection = host.connect(fds[2])
     os.close(fds[2])
     server = run.Server(connection)
@@ -534,6 +546,8 @@ def main(channel_fd: int, preload: list[str]) -> int:
     run.prepare_process()
     loaded, failed = _preload(preload)
     import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
+
+    _program_type()  # defined here once, not in every run's child
 
     threads = len(os.listdir("/proc/self/task"))
     baseline = _fingerprint()
