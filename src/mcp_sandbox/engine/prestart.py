@@ -11,13 +11,15 @@ destroyed, so fresh state holds by construction; its owner task starts the next 
 A language's sandboxes start on its first run (a deployment that never runs TypeScript keeps
 no bun), ``prestart_size`` of them (0: none, every run starts its own). Only a run whose sandbox
 would be the same as theirs may take one: see :func:`eligible`. A sandbox that cannot start
-stops its language's refill for ``RETRY_SECONDS`` (runs start their own meanwhile) and is logged.
+(a container backend refuses TypeScript, say) is logged and its owner stops; the language's
+next run after ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -79,6 +81,7 @@ class PrestartPool:
         self._ready: dict[str, list[Prestarted]] = {}
         self._starting: dict[str, int] = {}
         self._owners: dict[str, int] = {}
+        self._retry_at: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
         self._offered = anyio.Event()  # set (and replaced) whenever one is offered or fails to start
         self._group: TaskGroup | None = None
@@ -111,11 +114,10 @@ class PrestartPool:
         """
         if self._group is None or self.settings.prestart_size == 0:
             return None
-        if language not in self._ready:
-            self._ready[language] = []
-            for _ in range(self.settings.prestart_size):
+        ready = self._ready.setdefault(language, [])
+        if time.monotonic() >= self._retry_at.get(language, 0.0):
+            for _ in range(self.settings.prestart_size - self._owners.get(language, 0)):
                 self._start(language)
-        ready = self._ready[language]
         if not ready and self._starting.get(language, 0) > self._waiting.get(language, 0):
             self._waiting[language] = self._waiting.get(language, 0) + 1
             try:
@@ -155,10 +157,11 @@ class PrestartPool:
                     finally:
                         self._starting[language] += 1  # counted as starting again from here
             except (SandboxStartError, BackendUnavailableError) as exc:
+                # Its owner stops; a run of the language after RETRY_SECONDS starts it again.
                 self._starting[language] -= 1
+                self._retry_at[language] = time.monotonic() + RETRY_SECONDS
                 self._announce()
                 logger.error("a pre-started %s sandbox did not start; runs start their own for now: %s", language, exc)
-                await anyio.sleep(RETRY_SECONDS)
-                self._starting[language] += 1
+                return
             if self._group is None:
                 return
