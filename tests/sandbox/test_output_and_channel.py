@@ -68,9 +68,10 @@ def _channel_attack(payload: str) -> str:
             return struct.pack(">4sBBI", b"MSBX", {PROTOCOL_VERSION}, kind, len(body)) + body
         fds = channel_fds()
         assert fds, "no channel socket found"
+        # Said first: the host may end the sandbox as soon as the bytes arrive, before a print after.
+        print("attacked", fds, flush=True)
         for fd in fds:
             os.write(fd, {payload})
-        print("attacked", fds)
     """)
 
 
