@@ -5,8 +5,13 @@
 Rows (medians and p95 over N runs, milliseconds):
 
 - ``<cli> run /bin/true``: the container engine alone, a cold container per run;
+- ``run --rm python``: ``<cli> run --rm --network none IMAGE python3 -c CODE``, a container
+  per run the way both earlier systems ran code (the peer of the rows below);
 - ``fresh run``: the engine's whole fresh run (container start, runner ready, EXEC, DONE,
   removal by name) printing one line, a cold container each time;
+- ``warm run``: the same run on a running engine: a pre-started single-use container (bwrap: a
+  zygote's fork), runs 0.3 s apart so the pool refills in the background (a container's start
+  and removal take a few hundred ms);
 - ``session run``: the same code as the runs of one session, served by one warm container
   over the channel;
 - the same two rows on bwrap, for comparison.
@@ -93,6 +98,21 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
     print(f"{name:<8} fresh run         {_stats(await _timed(runs, fresh))}")
     async with engine.running():
 
+        async def warm() -> None:
+            await anyio.sleep(0.3)  # not timed: the refill's head start
+            started = time.perf_counter()
+            result = await engine.execute(ExecutionRequest(code=CODE, timeout=settings.timeout))
+            timings.append(time.perf_counter() - started)
+            assert result.stdout == "hello\n" and result.warm, result
+
+        timings: list[float] = []
+        for _ in range(3):  # the pool starts on the first run
+            await fresh()
+            await anyio.sleep(1.0)
+        for _ in range(runs):
+            await warm()
+        print(f"{name:<8} warm run          {_stats(timings)}")
+
         async def session() -> None:
             result = await engine.execute(ExecutionRequest(code=CODE, timeout=30, session="bench"))
             assert result.stdout == "hello\n", result
@@ -104,7 +124,11 @@ async def _bench_cli(cli: str, label: str, runs: int) -> None:
     async def bare() -> None:
         await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "/bin/true"])
 
+    async def python() -> None:
+        await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "python3", "-c", CODE])
+
     print(f"{label:<8} `run /bin/true`    {_stats(await _timed(runs, bare))}")
+    print(f"{label:<8} run --rm python    {_stats(await _timed(runs, python))}")
 
 
 async def main(runs: int) -> None:

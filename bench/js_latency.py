@@ -4,10 +4,12 @@ For each installed runtime, with a small TypeScript program (`const n: number = 
 
 - bare: the runtime alone on the host, no sandbox (`bun run hello.ts`, `deno run hello.ts`);
 - cold: the first run of a new engine (a new backend: cgroup detection, first sandbox);
-- warm: later runs of the same engine. Every JavaScript run is a fresh bwrap sandbox (no session
-  keeps a JavaScript interpreter), so warm differs from cold only by what the server caches.
+- fresh: later runs of the same engine, not running its pools: a fresh bwrap sandbox per run;
+- warm: runs of a running engine, each in a pre-started single-use sandbox (`prestart_size`,
+  see `engine/prestart.py`), back to back and 0.1 s apart (the pool refills in the background;
+  back to back, a run may wait for a sandbox still starting).
 
-Python's fresh-sandbox run (`print(42)`) is measured the same way for comparison. Medians and
+Python is measured the same way for comparison (its warm runs fork from a zygote). Medians and
 p95 in milliseconds, then ratios. Nothing is asserted; absolute numbers drift +-30% between runs
 on a shared 2-core machine.
 
@@ -60,19 +62,34 @@ def _bare(runtime: str, settings: Settings, runs: int) -> list[float]:
 
 
 async def _engine_runs(settings: Settings, language: str, code: str, runs: int) -> tuple[list[float], list[float]]:
-    """(cold, warm): the first run of each of ``runs`` new engines, then ``runs`` more on the last."""
+    """(cold, fresh): the first run of each of ``runs`` new engines, then ``runs`` more on the last."""
     engines = [Engine(settings, get_backend(settings.backend, settings)) for _ in range(runs)]
     cold = [await _timed(engine, language, code) for engine in engines]
-    warm = [await _timed(engines[-1], language, code) for _ in range(runs)]
-    return cold, warm
+    fresh = [await _timed(engines[-1], language, code) for _ in range(runs)]
+    return cold, fresh
 
 
-async def _timed(engine: Engine, language: str, code: str) -> float:
+async def _warm_runs(settings: Settings, language: str, code: str, runs: int, pause: float) -> list[float]:
+    """``runs`` runs of a running engine (its pools on), ``pause`` seconds apart, after a few to fill the pools."""
+    async with Engine(settings, get_backend(settings.backend, settings)).running() as engine:
+        for _ in range(3):
+            await _timed(engine, language, code)
+            await anyio.sleep(1.0)
+        samples = []
+        for _ in range(runs):
+            samples.append(await _timed(engine, language, code, warm=True))
+            await anyio.sleep(pause)
+        return samples
+
+
+async def _timed(engine: Engine, language: str, code: str, *, warm: bool = False) -> float:
     started = time.perf_counter()
-    result = await engine.execute(ExecutionRequest(code=code, timeout=30, language=language))
+    result = await engine.execute(ExecutionRequest(code=code, timeout=engine.settings.timeout, language=language))
     elapsed = (time.perf_counter() - started) * 1000
     if result.status != "success" or result.stdout != "42\n":
         raise SystemExit(f"{language} run failed: {result.status} {result.error} {result.stderr}")
+    if warm and not result.warm:
+        print(f"  ({language}: a run found no warm sandbox ready)")
     return elapsed
 
 
@@ -92,30 +109,40 @@ def main(runs: int) -> None:
         medians: dict[str, float] = {}
         print(f"{runs} runs each; milliseconds; {os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
         print(f"{'':<28} {'median':>8} {'p95':>8}")
-        cold, warm = anyio.run(_engine_runs, base, "python", _PY, runs)
+        cold, fresh = anyio.run(_engine_runs, base, "python", _PY, runs)
         print(_row("python, cold sandbox", cold))
-        print(_row("python, warm engine", warm))
-        medians["python"] = statistics.median(warm)
+        print(_row("python, fresh sandbox", fresh))
+        print(_row("python, warm (zygote)", anyio.run(_warm_runs, base, "python", _PY, runs, 0.1)))
+        medians["python"] = statistics.median(fresh)
         for runtime in JS_RUNTIMES:
             settings = load_settings(env={}, flags={**flags, "js_runtime": runtime})
             if not os.access(js_binary(settings), os.X_OK):
                 print(f"{runtime}: not installed at {js_binary(settings)} (make runtime)")
                 continue
             bare = _bare(runtime, settings, runs)
-            cold, warm = anyio.run(_engine_runs, settings, "typescript", _TS, runs)
+            cold, fresh = anyio.run(_engine_runs, settings, "typescript", _TS, runs)
+            warm = anyio.run(_warm_runs, settings, "typescript", _TS, runs, 0.1)
+            back_to_back = anyio.run(_warm_runs, settings, "typescript", _TS, runs, 0.0)
             print(_row(f"{runtime}, bare (no sandbox)", bare))
             print(_row(f"{runtime}, cold sandbox", cold))
-            print(_row(f"{runtime}, warm engine", warm))
-            medians[runtime] = statistics.median(warm)
+            print(_row(f"{runtime}, fresh sandbox", fresh))
+            print(_row(f"{runtime}, warm, 0.1 s apart", warm))
+            print(_row(f"{runtime}, warm, back to back", back_to_back))
+            medians[runtime] = statistics.median(fresh)
+            medians[f"{runtime}-warm"] = statistics.median(warm)
             medians[f"{runtime}-bare"] = statistics.median(bare)
         print()
         for runtime in JS_RUNTIMES:
             if runtime in medians:
                 sandboxed = medians[runtime] / medians[f"{runtime}-bare"]
                 versus = medians[runtime] / medians["python"]
-                print(f"{runtime}: sandboxed / bare {sandboxed:.2f}x; vs python's fresh run {versus:.2f}x")
+                warm_ratio = medians[runtime] / medians[f"{runtime}-warm"]
+                print(
+                    f"{runtime}: fresh sandbox / bare {sandboxed:.2f}x; vs python's fresh run {versus:.2f}x; "
+                    f"fresh / warm {warm_ratio:.1f}x"
+                )
         if "bun" in medians and "deno" in medians:
-            print(f"deno / bun (warm engine): {medians['deno'] / medians['bun']:.2f}x")
+            print(f"deno / bun (fresh sandbox): {medians['deno'] / medians['bun']:.2f}x")
     finally:
         remove_tree(state)
 

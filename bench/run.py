@@ -8,6 +8,7 @@ See bench/README.md for what each line measures.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -33,6 +34,7 @@ FIXTURE_SERVER = ROOT / "tests" / "downstream" / "fixture_server.py"
 PANDAS = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))"
 NUMPY = "import numpy as np\nprint(float(np.arange(1000).sum()))"
 MIB = "print('x' * ((1 << 20) - 64))"
+TS = "const n: number = 6 * 7;\nconsole.log(n);"
 FORK_BASELINE = """
 import gc, os, statistics, time
 {imports}
@@ -85,8 +87,8 @@ def server_params(state_dir: Path, servers: Path, **env: str) -> StdioServerPara
     )
 
 
-async def call(client: Client, code: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool("run_python", {"code": code, **arguments})
+async def call(client: Client, code: str, *, tool: str = "run_python", **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, {"code": code, **arguments})
     data: dict[str, Any] = result.structured_content or {}
     if data.get("status") != "success":
         raise RuntimeError(f"run failed: {data}")
@@ -97,7 +99,7 @@ async def over_stdio(state_dir: Path, servers: Path, *, warm: bool, count: int) 
     """End-to-end run_python over stdio; the pool on (warm) or off (a fresh bwrap per run)."""
     env = {"MCP_SANDBOX_MAX_TOOL_CALLS": "2000"}  # the 1,000 calls in one run
     if not warm:
-        env.update(MCP_SANDBOX_POOL_SIZE="0", MCP_SANDBOX_POOL_MIN="0")
+        env.update(MCP_SANDBOX_POOL_SIZE="0", MCP_SANDBOX_POOL_MIN="0", MCP_SANDBOX_PRESTART_SIZE="0")
     medians: dict[str, float] = {}
     async with Client(server_params(state_dir, servers, **env)) as client:
         # Let the pool start (the preloads take ~0.5 s per sandbox) before measuring.
@@ -105,14 +107,38 @@ async def over_stdio(state_dir: Path, servers: Path, *, warm: bool, count: int) 
         while time.monotonic() < deadline:
             await call(client, PANDAS)
         kind = "warm" if warm else "cold"
+        if warm:
+            medians["noop"] = line("MCP round trip: list_runners (no sandbox)", await timed(noop(client), count))
         medians["print"] = line(f"{kind}: print(1)", await timed(lambda: call(client, "print(1)"), count))
         medians["numpy"] = line(f"{kind}: numpy script", await timed(lambda: call(client, NUMPY), count // 2))
         medians["pandas"] = line(f"{kind}: pandas script", await timed(lambda: call(client, PANDAS), count // 2))
         medians["mib"] = line(f"{kind}: 1 MiB of output", await timed(lambda: call(client, MIB), count // 4))
+        # TypeScript on the default runtime, bun (bench/js_latency.py compares bun and deno).
+        ts = functools.partial(call, client, TS, tool="run_code", language="typescript")
+        await ts()  # its sandboxes start on the first TypeScript run
+        await anyio.sleep(1.0)
+        medians["ts"] = line(f"{kind}: TypeScript on bun, back to back", await timed(ts, count // 4))
+        medians["ts-paced"] = line(f"{kind}: TypeScript on bun, 0.1 s apart", await paced(ts, count // 4))
         if warm:
             await tool_calls(client)
             await throughput(client)
     return medians
+
+
+def noop(client: Client) -> Callable[[], Awaitable[Any]]:
+    async def call() -> Any:
+        return await client.call_tool("list_runners", {})
+
+    return call
+
+
+async def paced(call: Callable[[], Awaitable[Any]], count: int, pause: float = 0.1) -> list[float]:
+    """Like :func:`timed`, with ``pause`` seconds (not timed) between calls: an agent's pace, not a loop's."""
+    samples = []
+    for _ in range(count):
+        await anyio.sleep(pause)
+        samples += await timed(call, 1)
+    return samples
 
 
 async def tool_calls(client: Client) -> None:
@@ -181,10 +207,11 @@ async def in_process(state_dir: Path) -> None:
         with anyio.fail_after(60):
             while engine.pool.idle < 2:  # noqa: ASYNC110 - the pool has no event to wait on
                 await anyio.sleep(0.05)
-        sandboxes = [engine.pool.take() for _ in range(2)]
+        sandboxes = [await engine.pool.take() for _ in range(2)]
         for warm in sandboxes:
             assert warm is not None
             uss, pss = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
+            # Its zygote's child waiting for the next run is one of these processes: counted.
             print(
                 f"  warm sandbox ({'+'.join(config.pool_preload) or 'nothing'} preloaded): "
                 f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS)"
@@ -231,8 +258,13 @@ async def main() -> None:
             ("numpy", "numpy script"),
             ("pandas", "pandas script"),
             ("mib", "1 MiB output"),
+            ("ts", "TypeScript on bun, back to back"),
+            ("ts-paced", "TypeScript on bun, 0.1 s apart"),
         ):
             print(f"  {label:<44} {cold[key] / warm[key]:8.1f}x")
+        print("warm run over the MCP round trip of a no-op tool (the floor)")
+        for key, label in (("print", "print(1)"), ("pandas", "pandas script"), ("ts-paced", "TypeScript, paced")):
+            print(f"  {label:<44} {warm[key] / warm['noop']:8.1f}x  (+{warm[key] - warm['noop']:.2f} ms)")
 
 
 if __name__ == "__main__":

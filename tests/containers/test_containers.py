@@ -151,3 +151,30 @@ async def test_a_typescript_run_is_refused_with_the_reason(
     with anyio.fail_after(60), pytest.raises(SandboxStartError, match="runs Python only"):
         await engine.execute(request)
     assert _ours(container_kind) == []
+
+
+async def test_a_prestarted_container_serves_one_run_and_is_replaced(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine(prestart_size=1)
+    limit = engine.settings.timeout  # the pool's containers have the default timeout's limits
+
+    async def ready() -> list[str]:
+        with anyio.fail_after(120):
+            while engine.prestart.ready("python") < 1:  # noqa: ASYNC110 - the pool has no event to wait on
+                await anyio.sleep(0.1)
+        return _ours(container_kind)
+
+    async with engine.running():
+        await _execute(engine, "print(1)", limit=limit)  # its containers start on the first run
+        serving = await ready()
+        first = await _execute(engine, "open('/tmp/left', 'w').write('x')", limit=limit)
+        after = await ready()
+        second = await _execute(engine, "import os\nprint(os.path.exists('/tmp/left'))", limit=limit)
+
+    assert (first.status, first.warm, second.status, second.warm) == ("success", True, "success", True)
+    assert second.stdout == "False\n"
+    assert len(serving) == 1 and serving[0] not in after  # the container that served a run is gone
+    with anyio.fail_after(60):
+        while _ours(container_kind):  # noqa: ASYNC110 - and all of them went with the engine
+            await anyio.sleep(0.2)

@@ -105,7 +105,7 @@ async def test_one_warm_sandbox_serves_run_after_run(running_engine: RunningEngi
         for _ in range(3):
             result = await warm_run(engine, "open('/tmp/scratch', 'w').write('x')")
             assert result.status == "success", result.stderr
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 3  # restored each time, never replaced
         engine.pool.give_back(warm, reusable=True)
 
@@ -323,7 +323,7 @@ async def test_a_run_cannot_signal_its_zygote_through_a_proc_directory_descripto
     async with warm_engine(running_engine) as engine:
         first = await warm_run(engine, attack)
         second = await warm_run(engine, "print('still warm')")
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 2  # the same zygote served both
         engine.pool.give_back(warm, reusable=True)
 
@@ -392,7 +392,7 @@ async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_th
         fresh = await warm_run(engine, _FRESH_STATE)
         attack = await warm_run(engine, _SCHEDULING_ATTACK)
         after = await warm_run(engine, _FRESH_STATE)
-        warm = engine.pool.take()
+        warm = await engine.pool.take()
         assert warm is not None and warm.runs == 3  # one zygote: restored, not replaced
         engine.pool.give_back(warm, reusable=True)
 
@@ -405,3 +405,19 @@ async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_th
     assert fresh.status == after.status == "success", after.stderr
     assert eval(after.stdout) == eval(fresh.stdout)
     assert eval(fresh.stdout)["xattrs"] == [[], [], []]
+
+
+async def test_a_run_that_hides_its_exit_status_from_the_zygote_still_gets_its_own(
+    running_engine: RunningEngine,
+) -> None:
+    # The zygote reads a run's exit status from the kernel as the child starts to exit; a child
+    # that made itself not dumpable hides it from the zygote's uid, which must then wait for it.
+    hide = "import ctypes, sys\nassert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0\nsys.exit(3)"
+    async with warm_engine(running_engine) as engine:
+        hidden = await warm_run(engine, hide)
+        plain = await warm_run(engine, "import sys; sys.exit(5)")
+        killed = await warm_run(engine, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+
+    assert (hidden.status, hidden.exit_code) == ("error", 3), hidden.stderr
+    assert (plain.status, plain.exit_code) == ("error", 5), plain.stderr
+    assert (killed.status, killed.exit_code) == ("error", 128 + 15), killed.stderr

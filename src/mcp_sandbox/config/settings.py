@@ -218,6 +218,9 @@ class Settings:
     pool_min: int = 1  # kept while idle
     pool_idle: float = 300.0  # a warm sandbox unused this long is stopped (down to pool_min)
     pool_preload: tuple[str, ...] = ("numpy", "pandas")  # imported once, in every warm sandbox
+    # Pre-started single-use sandboxes per language, for runs that cannot fork from a zygote
+    # (TypeScript/JavaScript; Python on a container backend); started on the language's first run.
+    prestart_size: int = 2
 
     # Admission control: runs at once (all kinds), and how many may wait, for how long.
     max_concurrent_runs: int = 4
@@ -304,7 +307,7 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
-        for name in ("pool_size", "pool_min", "max_queued_runs"):
+        for name in ("pool_size", "pool_min", "prestart_size", "max_queued_runs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):

@@ -6,6 +6,9 @@ Every run first takes a slot of the admission control (:mod:`.admission`). Then:
   idle: the sandbox's zygote forks a fresh interpreter for it and reports the child's exit
   code, and the run is judged like a fresh sandbox's (exit code, memory and pids counters of
   the sandbox's cgroup over the run);
+- a run that cannot fork from a zygote (JavaScript; Python on a container backend) takes a
+  pre-started single-use sandbox when one is ready and the run is :func:`.prestart.eligible`:
+  it serves this one run like a fresh sandbox and is destroyed (see :mod:`.prestart`);
 - otherwise it runs in a fresh sandbox: an interpreter that serves one run and exits (judged
   by its process's exit code, memory and process counts, as a one-shot sandbox);
 - a session run is one of many runs of a session's interpreter (judged by the exit code its
@@ -54,6 +57,7 @@ from mcp_sandbox.egress import (
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.disk import DiskBound, disk_bound
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
+from mcp_sandbox.engine.prestart import Prestarted, PrestartPool, eligible
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, with_egress, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
@@ -68,6 +72,7 @@ from mcp_sandbox.engine.verdict import (
     timed_out,
 )
 from mcp_sandbox.engine.warm import Warm, WarmPool
+from mcp_sandbox.engine.warm import eligible as warm_eligible
 from mcp_sandbox.errors import ConfigError, SandboxStartError
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend, SandboxOutcome
@@ -110,6 +115,7 @@ class Engine:
         self._layout = StateLayout.of(settings)
         self._sessions = SessionManager(settings, self._session_sandbox)
         self._pool = WarmPool(settings, self._warm_sandbox)
+        self._prestart = PrestartPool(settings, self._prestarted_sandbox)
         self._admission = Admission(
             settings.max_concurrent_runs,
             settings.max_queued_runs,
@@ -154,6 +160,7 @@ class Engine:
             await stack.enter_async_context(self._sessions.running())
             if self.backend.warm_pool:
                 await stack.enter_async_context(self._pool.running())
+            await stack.enter_async_context(self._prestart.running())
             yield self
 
     @property
@@ -165,6 +172,11 @@ class Engine:
     def pool(self) -> WarmPool:
         """The warm sandboxes (for status and benchmarks)."""
         return self._pool
+
+    @property
+    def prestart(self) -> PrestartPool:
+        """The pre-started single-use sandboxes (for status and benchmarks)."""
+        return self._prestart
 
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
@@ -200,13 +212,14 @@ class Engine:
                     return await self._execute_in_session(request, request.session, started)
             if request.egress is not None:  # never a warm sandbox
                 return await self._execute_fresh(request, started)
-            if (
-                request.workspace is None
-                and request.language == "python"
-                and self.backend.warm_pool
-                and (warm := self._pool.take()) is not None
-            ):
+            if self.backend.warm_pool and warm_eligible(request) and (warm := await self._pool.take()) is not None:
                 return await self._execute_warm(request, warm, started)
+            if (
+                (request.language != "python" or not self.backend.warm_pool)
+                and eligible(self.settings, request)
+                and (sandbox := await self._prestart.take(request.language)) is not None
+            ):
+                return await self._execute_prestarted(request, sandbox, started)
             return await self._execute_fresh(request, started)
 
     async def _execute_fresh(self, request: ExecutionRequest, started: float) -> ExecutionResult:
@@ -242,6 +255,7 @@ class Engine:
         return judge_fresh(self.settings, interpreter.outcome, record, result)
 
     async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
+        """Run in ``warm``: answered on the zygote's EXITED; the restore after it is the pool's, off this path."""
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         before = interpreter.sandbox.limit_events()
@@ -250,7 +264,7 @@ class Engine:
         reusable = False
         try:
             with anyio.move_on_after(request.timeout) as deadline:
-                await anyio.to_thread.run_sync(warm.tools.bind, _tool_mounts(request))
+                await warm.tools.show(_tool_mounts(request))
                 interpreter.take_own_output()  # what came between runs is no run's
                 exited = await interpreter.run_forked(
                     record,
@@ -289,6 +303,29 @@ class Engine:
         )
         return judge_fresh(self.settings, outcome, record, result)
 
+    async def _execute_prestarted(
+        self, request: ExecutionRequest, sandbox: Prestarted, started: float
+    ) -> ExecutionResult:
+        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it."""
+        record = RunRecord.capped(self.settings.max_output, request.on_output)
+        interpreter = sandbox.interpreter
+        try:
+            with anyio.move_on_after(request.timeout) as deadline:
+                async with disk_bound(sandbox.workspace, DiskBound.scratch(self.settings)) as overrun:
+                    await sandbox.tools.show(_tool_mounts(request))
+                    interpreter.take_own_output()  # what it said while it waited is no run's
+                    await self._run(interpreter, record, request, last=True)
+            if deadline.cancelled_caught or overrun.reason is not None:
+                await interpreter.kill()
+        finally:
+            sandbox.used.set()
+        result = dataclasses.replace(captured(record, interpreter, started), warm=True)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, overrun.reason)
+        if deadline.cancelled_caught or interpreter.outcome is None:
+            return timed_out(result, request, "the sandbox and all its processes were killed")
+        return judge_fresh(self.settings, interpreter.outcome, record, result)
+
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
@@ -300,7 +337,7 @@ class Engine:
                 ) as lease,
             ):
                 try:
-                    await anyio.to_thread.run_sync(lease.tools.bind, _tool_mounts(request))
+                    await lease.tools.show(_tool_mounts(request))
                     lease.interpreter.take_own_output()  # what came between runs is no run's
                     async with contextlib.AsyncExitStack() as network:
                         run = request
@@ -379,11 +416,27 @@ class Engine:
                 )
                 return made if sockets is None else with_egress(made, sockets, for_life=False)
 
-            interpreter, tools = await stack.enter_async_context(self._long_lived_sandbox(workspace, policy))
+            interpreter, tools, _ = await stack.enter_async_context(self._long_lived_sandbox(workspace, policy))
             if sockets is not None:
                 self._session_sockets[id(interpreter)] = sockets
                 stack.callback(self._session_sockets.pop, id(interpreter), None)
             yield interpreter, tools
+
+    @contextlib.asynccontextmanager
+    async def _prestarted_sandbox(self, language: str) -> AsyncIterator[Prestarted]:
+        """A pre-started sandbox for ``language``: as a fresh run's, with a /tools view; READY, waiting for EXEC.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return policy_for(
+                self.settings, language, workspace=workspace, timeout=self.settings.timeout, mounts=mounts
+            )
+
+        async with self._long_lived_sandbox(None, policy) as (interpreter, tools, workspace):
+            yield Prestarted(language, interpreter, tools, workspace)
 
     @contextlib.asynccontextmanager
     async def _warm_sandbox(self) -> AsyncIterator[Warm]:
@@ -396,7 +449,7 @@ class Engine:
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
 
-        async with self._long_lived_sandbox(None, policy) as (interpreter, tools):
+        async with self._long_lived_sandbox(None, policy) as (interpreter, tools, _):
             ready = interpreter.ready
             pid = ready.get("pid")
             if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid < 1:
@@ -409,8 +462,11 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _long_lived_sandbox(
         self, workspace: Path | None, make_policy: Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
-    ) -> AsyncIterator[tuple[Interpreter, ToolsView]]:
-        """A sandbox serving many runs: its workspace (a scratch one when None), its /tools view, its interpreter."""
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A sandbox with a /tools view: its interpreter, that view, its workspace (a scratch one when None).
+
+        The workspace is None when the backend gives the sandbox a sized scratch space of its own.
+        """
         async with contextlib.AsyncExitStack() as stack:
             if workspace is None and not self.backend.sized_scratch:
                 workspace = await stack.enter_async_context(scratch_workspace(self.settings))
@@ -419,4 +475,4 @@ class Engine:
             stack.push_async_callback(remove_shielded, tools.directory)
             policy = make_policy(workspace, tools.mounts())
             interpreter = await stack.enter_async_context(open_interpreter(self.backend, policy, self.settings))
-            yield interpreter, tools
+            yield interpreter, tools, workspace

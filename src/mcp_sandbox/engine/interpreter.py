@@ -230,9 +230,11 @@ class Interpreter:
         """Run ``code`` in a child the zygote forks for it; how the child ended, None if the zygote died.
 
         The child speaks on a socket of its own (its CALL, DISPLAY and DONE frames); the zygote
-        answers on this interpreter's channel with EXITED once the child is gone and the sandbox
-        is restored. ``guard`` is the seccomp filter the child stacks on its own before the code
-        runs (see :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
+        answers on this interpreter's channel with EXITED once the child is gone, then restores
+        the sandbox and says READY (see :meth:`restored`). The run is judged by EXITED, not by
+        DONE, which the code could forge.
+        ``guard`` is the seccomp filter the child stacks on its own before the code runs (see
+        :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
         """
         frame = self._exec(code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard)
@@ -264,6 +266,23 @@ class Interpreter:
         if not isinstance(frame, Exited) or frame.run != run_id:
             return None
         return frame
+
+    async def restored(self) -> str | None:
+        """Wait for a zygote's READY after a run (it restored the sandbox); why it cannot serve again, or None.
+
+        Bounded by the caller. The zygote restores the sandbox after it reported the run's end,
+        so this is off the run's critical path: the warm pool awaits it before offering the
+        sandbox again.
+        """
+        try:
+            frame = await self.channel.receive()
+        except ChannelError as exc:
+            return f"the zygote broke its channel: {exc}"
+        if frame is None:
+            return "the zygote ended"
+        if not isinstance(frame, Ready):
+            return f"the zygote sent {frame.KIND.name} instead of READY"
+        return frame.problem
 
     async def _send_exec(self, record: RunRecord, frame: Exec, fds: Sequence[int]) -> bool:
         """Send an EXEC frame with ``fds``; False (and ``record.channel_ended``) if the sandbox is gone."""

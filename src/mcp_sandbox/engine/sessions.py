@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
@@ -64,6 +65,7 @@ class ToolsView:
     def __init__(self, directory: Path, stub_root: Path) -> None:
         self.directory = directory
         self.stub_root = stub_root
+        self.empty = True  # it shows no stubs (new, or its last bind had none): binding none is a no-op
 
     @classmethod
     def create(cls, layout: StateLayout) -> ToolsView:
@@ -108,6 +110,17 @@ class ToolsView:
             scratch = self.directory / f".{alias}-{uuid.uuid4().hex}"
             os.symlink(target, scratch)
             os.rename(scratch, link)
+        self.empty = not wanted
+
+    async def show(self, mounts: Sequence[Mount]) -> None:
+        """:meth:`bind` in a worker thread, or nothing at all when there is nothing to change (a run without tools).
+
+        Raises:
+            ValueError: a mount's target is not a directory directly under ``/tools``.
+            OSError: the directory cannot be written.
+        """
+        if mounts or not self.empty:
+            await anyio.to_thread.run_sync(self.bind, mounts)
 
     def _inside(self, source: Path) -> str:
         """Where ``source`` is seen inside the session's sandbox."""

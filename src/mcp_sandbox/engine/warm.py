@@ -1,15 +1,18 @@
 """Warm sandboxes: a pool of zygotes, each a fully isolated sandbox that forks a fresh interpreter per run.
 
 A warm sandbox is started once (the runtime and ``pool_preload`` modules imported, its cgroup
-joined) and then serves one run at a time: its zygote forks a child for the run, and after the
-child exits it kills every process the run left, empties ``/tmp``, ``/dev/shm`` and
-``/workspace`` and removes its IPC objects (see the runner's ``zygote.py``). A run never sees
-another run's state, and the per-run cost is a fork instead of a sandbox start.
+joined) and then serves one run at a time: its zygote has forked the child for the next run in
+advance, and after the child exits it reports the exit, then kills every process the run left,
+empties ``/tmp``, ``/dev/shm`` and ``/workspace``, removes its IPC objects, forks the next child
+and says READY (see the runner's ``zygote.py``). The sandbox's owner task waits for the READY
+(at most ``RESTORE_SECONDS``) before it offers it again. A run never sees another run's state,
+and the per-run cost is neither a sandbox start nor a fork nor a restore.
 
 The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes. A run takes an idle one
-if there is one; if not, it runs in a sandbox of its own (the cold path) while the pool grows
-by one in the background. A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one
-whose run timed out, whose zygote died or could not restore it, or that served
+if there is one; if not, the pool grows by one in the background and the run waits (at most
+``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
+path). A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one whose run timed out,
+whose zygote died or could not restore it, or that served
 ``RUNS_PER_SANDBOX`` runs is replaced. Each sandbox is owned by one task of the pool's task
 group, which enters and exits its context; a sandbox that cannot start stops the pool's growth
 for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
@@ -29,15 +32,37 @@ from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.sessions import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 
-__all__ = ["RETRY_SECONDS", "RUNS_PER_SANDBOX", "Warm", "WarmOpener", "WarmPool"]
+__all__ = [
+    "RESTORE_SECONDS",
+    "RESTORE_WAIT_SECONDS",
+    "RETRY_SECONDS",
+    "RUNS_PER_SANDBOX",
+    "Warm",
+    "WarmOpener",
+    "WarmPool",
+    "eligible",
+]
 
 logger = logging.getLogger(__name__)
 
 RUNS_PER_SANDBOX = 1000  # then a fresh zygote: its own CPU time (forks, restores) adds up
 RETRY_SECONDS = 30.0
+# A run that finds no idle sandbox but one being restored (a few ms) waits this long for it, not a cold start.
+RESTORE_WAIT_SECONDS = 0.2
+RESTORE_SECONDS = 60.0  # a run may leave a million files to remove; past this the sandbox is replaced
+
+
+def eligible(request: ExecutionRequest) -> bool:
+    """Whether ``request`` may run in a warm sandbox: a Python run on a scratch workspace, without network.
+
+    The zygote's sandbox has no network and a scratch workspace; each run's CPU limit comes with
+    its EXEC frame, so its timeout does not matter. A run granted network never takes one.
+    """
+    return request.language == "python" and request.workspace is None and request.egress is None
 
 
 @dataclass(eq=False)
@@ -49,7 +74,8 @@ class Warm:
     guard: bytes
     runs: int = 0
     idle_since: float = field(default_factory=time.monotonic)
-    retired: anyio.Event = field(default_factory=anyio.Event)
+    back: anyio.Event = field(default_factory=anyio.Event)  # it came back from a run, or was retired
+    reusable: bool = False  # when back: the run left it able to serve again (once restored)
     shrunk: bool = False  # retired for being idle: its owner does not start another
 
 
@@ -68,6 +94,8 @@ class WarmPool:
         self._up = 0  # sandboxes started (READY), idle or running
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
+        self._restoring = 0  # sandboxes back from a run, not yet restored
+        self._offered = anyio.Event()  # set (and replaced) whenever a sandbox is offered or retired
 
     @property
     def size(self) -> int:
@@ -99,24 +127,28 @@ class WarmPool:
                 self._idle.clear()
                 group.cancel_scope.cancel()
 
-    def take(self) -> Warm | None:
-        """An idle warm sandbox, now, or None (then the pool grows if it may)."""
+    async def take(self) -> Warm | None:
+        """An idle warm sandbox, or None; with none idle the pool grows if it may.
+
+        With none idle but some being restored, waits at most ``RESTORE_WAIT_SECONDS`` for one.
+        """
         if self._group is None:
             return None
         if self._idle:
             return self._idle.pop()
         if self._owners < self.settings.pool_size and time.monotonic() >= self._retry_at:
             self._grow()
-        return None
+        with anyio.move_on_after(RESTORE_WAIT_SECONDS):
+            while not self._idle and self._restoring:
+                await self._offered.wait()
+        return self._idle.pop() if self._idle else None
 
     def give_back(self, warm: Warm, *, reusable: bool) -> None:
-        """Return ``warm`` after a run; it is replaced unless ``reusable`` (and young enough)."""
+        """Return ``warm`` after a run: offered again once restored if ``reusable`` (and young enough)."""
         warm.runs += 1
-        if reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None:
-            warm.idle_since = time.monotonic()
-            self._idle.append(warm)
-        else:
-            warm.retired.set()
+        warm.reusable = reusable and warm.runs < RUNS_PER_SANDBOX and self._group is not None
+        self._restoring += warm.reusable  # counted now: a run may ask for it before its owner wakes
+        warm.back.set()
 
     def _grow(self) -> None:
         assert self._group is not None
@@ -131,8 +163,7 @@ class WarmPool:
                     async with self._opener() as warm:
                         self._up += 1
                         try:
-                            self._idle.append(warm)
-                            await warm.retired.wait()
+                            await self._serve(warm)
                         finally:
                             self._up -= 1
                 except (SandboxStartError, BackendUnavailableError) as exc:
@@ -143,6 +174,33 @@ class WarmPool:
                     return
         finally:
             self._owners -= 1
+
+    async def _serve(self, warm: Warm) -> None:
+        """Offer ``warm``, and again after each run once its zygote has restored it; return when it is retired."""
+        while True:
+            warm.back = anyio.Event()
+            warm.idle_since = time.monotonic()
+            self._idle.append(warm)
+            self._announce()
+            await warm.back.wait()
+            reusable = warm.reusable
+            problem: str | None = "retired"
+            if reusable:
+                problem = "it did not restore the sandbox in time"
+                try:
+                    with anyio.move_on_after(RESTORE_SECONDS):
+                        problem = await warm.interpreter.restored()
+                finally:
+                    self._restoring -= 1
+            if problem is not None:
+                if reusable:
+                    logger.info("a warm sandbox is replaced: %s", problem)
+                self._announce()  # whoever waits for a restore goes on without this one
+                return
+
+    def _announce(self) -> None:
+        self._offered.set()
+        self._offered = anyio.Event()
 
     async def _shrink_when_idle(self) -> None:
         idle_for = self.settings.pool_idle
@@ -156,5 +214,6 @@ class WarmPool:
                     break
                 self._idle.remove(warm)
                 warm.shrunk = True
-                warm.retired.set()
+                warm.reusable = False
+                warm.back.set()
                 remaining -= 1

@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import anyio.from_thread
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.bridge.discovery import Discovery, discover
@@ -67,6 +68,8 @@ class Service:
     metrics: Metrics | None = None
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    # Where history writes run after their call has been answered (open_service waits for them).
+    writes: TaskGroup | None = None
 
     @contextlib.contextmanager
     def using(self, key: str | None) -> Iterator[None]:
@@ -138,6 +141,18 @@ class Service:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
         fresh = await anyio.to_thread.run_sync(discover, self.settings)
         return self.bridge.reload_policies(fresh)
+
+    def record_soon(self, record: ExecutionRecord) -> None:
+        """Add ``record`` to the history after the call is answered (off its path); a failure is logged."""
+        if self.writes is None:
+            raise RuntimeError("the service is not open (see open_service)")
+        self.writes.start_soon(self._record_logged, record)
+
+    async def _record_logged(self, record: ExecutionRecord) -> None:
+        try:
+            await self.record(record)
+        except Exception:  # losing a metadata row must not lose the run's result
+            logger.exception("could not record an execution in the metadata database")
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
@@ -223,8 +238,9 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
             open_mediator(settings, discovery, events) as bridge,
             engine.running(),
             anyio.create_task_group() as group,
+            anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events)
+            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events, writes=writes)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             service.lifecycle.on_reload("servers", service.reload_servers)

@@ -218,7 +218,7 @@ class ToolHandlers:
             data["files"] = [self._file(key, entry) for entry in entries]
             if (warning := self._over_quota(entries)) is not None:
                 data["warning"] = warning
-        await self._record(tenant, key, language, started, result, files_bytes)
+        self._record(tenant, key, language, started, result, files_bytes)
         self._emit_run(tenant, key, language, clock, result, files_bytes, busy=busy)
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
         content += [
@@ -240,7 +240,7 @@ class ToolHandlers:
             f"{len(entries)} of {settings.quota_files} files): uploads are refused until files are deleted"
         )
 
-    async def _record(
+    def _record(
         self, tenant: str, key: str | None, language: str, started: float, result: ExecutionResult, files_bytes: int
     ) -> None:
         record = ExecutionRecord(
@@ -255,10 +255,7 @@ class ToolHandlers:
             stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
             files_bytes=files_bytes,
         )
-        try:
-            await self._service.record(record)
-        except Exception:  # losing a metadata row must not lose the run's result
-            logger.exception("could not record an execution in the metadata database")
+        self._service.record_soon(record)  # after the answer: the history is not the caller's wait
 
     async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         service = self._service

@@ -86,6 +86,11 @@ class ProcessSandbox:
         self._cgroup = cgroup
         self._outcome: SandboxOutcome | None = None
 
+    @property
+    def pid(self) -> int:
+        """The host pid of the sandbox's outer process (bwrap's; for memory accounting in benchmarks)."""
+        return self._process.pid
+
     async def wait(self) -> SandboxOutcome:
         return self._judge(await self._process.wait())
 

@@ -116,9 +116,7 @@ class RunCgroup:
                 memory += int((directory / "memory.failcnt").read_text())
                 memory += _counter(directory / "memory.oom_control", "oom_kill")
             elif directory is not None:
-                memory += _counter(directory / "memory.events", "oom_kill") + _counter(
-                    directory / "memory.events", "max"
-                )
+                memory += sum(_counters(directory / "memory.events", ("oom_kill", "max")))
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("pids")
             if directory is not None:
@@ -217,8 +215,14 @@ class RunCgroup:
 
 def _counter(path: Path, key: str) -> int:
     """The value of ``key`` in a flat-keyed cgroup file (0 when absent)."""
+    return _counters(path, (key,))[0]
+
+
+def _counters(path: Path, keys: tuple[str, ...]) -> list[int]:
+    """The values of ``keys`` in a flat-keyed cgroup file (0 when absent), from one read of it."""
+    found = dict.fromkeys(keys, 0)
     for line in path.read_text().splitlines():
         name, _, value = line.partition(" ")
-        if name == key:
-            return int(value)
-    return 0
+        if name in found:
+            found[name] = int(value)
+    return [found[key] for key in keys]

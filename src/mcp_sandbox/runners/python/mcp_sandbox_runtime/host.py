@@ -89,6 +89,10 @@ class HostConnection:
         """Why the channel is no longer usable, or None while it is."""
         return self._broken
 
+    def fileno(self) -> int:
+        """The descriptor of the channel socket."""
+        return self._sock.fileno()
+
     def start(self) -> None:
         """Start the reader thread (idempotent; the first request also starts it)."""
         with self._lock:

@@ -288,6 +288,12 @@ class Server:
 
     def serve(self, frame: Exec, fds: list[int]) -> int:
         """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
+        done = self.run(frame, fds)
+        self.connection.send(done)
+        return done.exit_code
+
+    def run(self, frame: Exec, fds: list[int]) -> Done:
+        """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
         saved_env = dict(os.environ)
         self.connection.max_call_bytes = frame.max_call_bytes
         if fds:
@@ -306,8 +312,7 @@ class Server:
                 self.stdio.detach()
             else:
                 _flush(sys.stdout, sys.stderr)
-        self.connection.send(Done(frame.run, exit_code, exception))
-        return exit_code
+        return Done(frame.run, exit_code, exception)
 
 
 def _cpu_limit_signals_first() -> None:

@@ -2,13 +2,19 @@
 
 ``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed
 modules once, freezes what it imported (``gc.freeze``, so children do not dirty those pages),
-announces READY and then, for every EXEC frame, forks a child that serves that one run and
-exits. The zygote itself never runs user code. A run's frames (CALL, REPLY, DISPLAY, DONE)
+forks the child for the first run, announces READY and waits for that child. The child (forked
+before its run is asked for, so a run costs no fork) reads the EXEC frame from the channel
+itself, tells the zygote the run's number on a pipe, lets go of the channel and serves that one
+run and exits; the zygote does not read the channel while a child waits. The zygote itself
+never runs user code. A run's frames (CALL, REPLY, DISPLAY, DONE)
 travel on a socket of its own, the third descriptor of its EXEC frame, so a child can neither
 read nor forge what the zygote tells the host.
 
-After the child exits the zygote restores the sandbox to the state it had before the run, or
-says it could not (the host then throws the sandbox away):
+After the child exits the zygote reports it (EXITED) at once, then restores the sandbox to the
+state it had before the run, forks the next child and says READY again, or says in that READY
+why it could not restore it (the host then throws the sandbox away). The host answers its
+caller on EXITED and offers the sandbox again only on the READY: the restore and the next fork
+happen off every run's critical path. Restoring means:
 
 - every other process in the sandbox's pid namespace is killed and reaped (the zygote is a
   child subreaper, so orphans of the run are its children);
@@ -26,29 +32,40 @@ A child starts with descriptors of its own: ``/dev/null`` opened afresh on 0, it
 The zygote is not dumpable (``PR_SET_DUMPABLE`` 0), so a child cannot open its
 ``/proc/<pid>/mem`` or file descriptors; ptrace and process_vm_writev are refused by seccomp.
 It reports each run with an EXITED frame: the child's exit code (128 + signal when a signal
-ended it) and, if the sandbox could not be restored, why.
+ended it); then READY (``problem``: why the sandbox could not be restored).
 """
 
 from __future__ import annotations
 
 import _socket
 import base64
+import contextlib
+import functools
 import gc
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import stat
+import struct
 import sys
+import time
 from typing import Any
 
 from . import host, run
-from .frames import DEFAULT_MAX_FRAME, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
+from .frames import DEFAULT_MAX_FRAME, Done, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
 
 __all__ = ["EXIT_DIRTY", "main"]
 
 EXIT_DIRTY = 75  # the zygote could not restore the sandbox and stopped
+# What a pre-forked child tells the zygote before it lets go of the channel: status, run number.
+_REPORT = struct.Struct("=iQ")
+_RUNNING, _HUNG_UP, _REFUSED, _BROKEN = range(4)
+_PF_EXITING = 0x4
+_ENDING_SECONDS = 0.05  # how long a child that let go of its ending pipe may take to be seen exiting
+_ENDING = -1  # in a run's child: the write end of its ending pipe
 _WIPED = ("/tmp", "/dev/shm", "/workspace")
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
@@ -62,12 +79,30 @@ _RLIMITS = tuple(
 )
 
 
+@functools.cache
+def _libc() -> Any:
+    """libc through ctypes, loaded once in the zygote (its children inherit it: no dlopen per run)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _prctl(option: int, value: int) -> None:
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
+    if _libc().prctl(option, value, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+@functools.cache
+def _program_type() -> Any:
+    """``struct sock_fprog``, defined once in the zygote."""
+    import ctypes
+
+    class _Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    return _Program
 
 
 def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -93,22 +128,15 @@ def _install_guard(bpf: bytes) -> None:
     if not bpf or len(bpf) % 8:
         raise ValueError("the guard filter is not a BPF program")
 
-    class _Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
     code = ctypes.create_string_buffer(bpf, len(bpf))
-    program = _Program(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
+    program = _program_type()(len(bpf) // 8, ctypes.cast(code, ctypes.c_void_p))
+    if _libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
 
 
 def _ioprio() -> int:
     """This process's I/O priority (ioprio_get; -1 where the call is unknown)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    return int(libc.syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, 0))
+    return int(_libc().syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, 0))
 
 
 def _fingerprint() -> tuple[Any, ...]:
@@ -135,10 +163,11 @@ def _directories() -> dict[str, tuple[int, int, int]]:
     return found
 
 
-def _fresh_stdio(stdout: int, stderr: int, keep: list[int]) -> None:
+def _fresh_stdio(stdout: int | None, stderr: int | None, keep: list[int]) -> None:
     """Give this process descriptors of its own: 0 a fresh ``/dev/null``, 1 and 2 the run's pipes.
 
-    Every other descriptor the zygote held is closed, but ``keep`` (the run's).
+    Every other descriptor the zygote held is closed, but ``keep`` (the run's). Without pipes
+    (a child waiting for its EXEC) 0 is set and the rest closed; 1 and 2 stay for now.
     """
     others = [int(name) for name in os.listdir("/proc/self/fd") if int(name) > 2 and int(name) not in keep]
     for fd in others:
@@ -146,10 +175,12 @@ def _fresh_stdio(stdout: int, stderr: int, keep: list[int]) -> None:
             os.close(fd)
         except OSError:  # the listing's own descriptor, closed already
             continue
-    null = os.open(os.devnull, os.O_RDONLY)
-    if null != 0:
-        os.dup2(null, 0)
-        os.close(null)
+    if stdout is None or stderr is None:
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+        return
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
 
@@ -310,11 +341,71 @@ def _restore(baseline: tuple[Any, ...], mounts: set[str], directories: dict[str,
     return problem
 
 
-def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
-    """The forked child: serve this one run on its own socket, then exit with its code."""
-    control.sock.close()
-    _fresh_stdio(fds[0], fds[1], keep=fds)
+def _prefork(control: _Control) -> tuple[int, int, int]:
+    """Fork the child for the next run before its EXEC comes: (its pid, its report pipe, its ending pipe).
+
+    The child waits for the EXEC frame on the control channel itself (the zygote does not read
+    it while a child is waiting), so a run costs no fork. It reports the run's number on the
+    report pipe before it lets go of the channel, and closes the ending pipe as its last act
+    (see :func:`_ending`); it never returns here.
+    """
+    global _ENDING
+    report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    ending_read, ending_write = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid != 0:
+        os.close(report_write)
+        os.close(ending_write)
+        return pid, report_read, ending_read
+    os.close(report_read)
+    os.close(ending_read)
+    _ENDING = ending_write
+    try:
+        code = _waiting_child(control, report_write)
+    except BaseException:  # nothing of a waiting child may reach the zygote's code
+        code = run.EXIT_PROTOCOL
+    _exit(code)
+    return code, -1, -1  # not reached
+
+
+def _report(fd: int, status: int, run_id: int = 0) -> None:
+    os.write(fd, _REPORT.pack(status, run_id))
+    os.close(fd)
+
+
+def _waiting_child(control: _Control, report: int) -> int:
+    """A pre-forked child: wait for the EXEC frame, then serve that one run and exit with its code."""
+    _fresh_stdio(None, None, keep=[control.sock.fileno(), report, _ENDING])
     os.setpgid(0, 0)  # a group of its own: kill(0) in the run reaches the run's processes only
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
+    try:
+        command = control.receive()
+    except (OSError, FrameError):
+        _report(report, _BROKEN)
+        return run.EXIT_PROTOCOL
+    if command is None:
+        _report(report, _HUNG_UP)
+        return 0
+    frame, fds = command
+    accepted = run.accept_exec(frame, fds, descriptors=3)
+    if isinstance(accepted, str):
+        host.close_fds(fds)
+        with contextlib.suppress(OSError):
+            control.send(Error(accepted))
+        _report(report, _REFUSED)
+        return run.EXIT_PROTOCOL
+    _report(report, _RUNNING, accepted.run)
+    control.sock.close()  # the run never holds the zygote's channel
+    return _child(accepted, fds)
+
+
+def _child(frame: Exec, fds: list[int]) -> int:
+    """The forked child, its EXEC received: serve this one run on its own socket, then exit with its code."""
+    # Nothing of the zygote's is open any more (see _waiting_child): the run's pipes go on 1 and 2.
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
     try:
         _install_guard(base64.b64decode(frame.guard or ""))
     except (OSError, ValueError) as error:
@@ -328,28 +419,86 @@ def _child(control: _Control, frame: Exec, fds: list[int]) -> int:
         if hard == resource.RLIM_INFINITY or hard > cpu_seconds:
             hard = cpu_seconds
         resource.setrlimit(resource.RLIMIT_CPU, (max(hard - 1, 1), hard))
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
     connection = host.connect(fds[2])
     os.close(fds[2])
     server = run.Server(connection)
-    exit_code = run.EXIT_PROTOCOL
+    done = Done(frame.run, run.EXIT_PROTOCOL, None)
     try:
-        exit_code = server.serve(frame, fds[:2])
+        done = server.run(frame, fds[:2])
         server.interpreter.close()
-        if connection.failed:
-            exit_code = run.EXIT_PROTOCOL
     finally:
-        _exit(exit_code)
-    return exit_code  # not reached
+        _exit(done.exit_code, connection, done)
+    return done.exit_code  # not reached
 
 
-def _exit(code: int) -> None:
+def _ending(child: int, ending: int) -> int | None:
+    """The exit code of ``child`` as soon as it is exiting, before the kernel has torn it down; None if not seen.
+
+    The child writes to its ending pipe as its last act before ``_exit``; the code could write
+    to it earlier, so the pipe only says when to look: the child's exit code is
+    read from the kernel (``/proc/<pid>/stat``: exiting, its exit status set and its address
+    space let go of, but not yet torn down, which takes milliseconds with pandas mapped).
+    When the child is not that far within a moment, None: the zygote waits for it.
+
+    The kernel shows the status only while the child is dumpable (else 0), so the runtime makes
+    it dumpable again as its last act. A thread of the code that races to undo that in the
+    instant between can make its run's status read as 0: the code misreporting its own exit,
+    which ``os._exit(0)`` does anyway; nothing of the host's bounds depends on it.
+    """
+    try:
+        pidfd = os.pidfd_open(child)
+    except OSError:
+        os.close(ending)
+        return None
+    try:
+        # Processes the run left hold the pipe too: a byte says it, not the pipe's end. The
+        # pidfd says the child is gone (died, or exited without the runtime's last act).
+        poller = select.poll()
+        poller.register(ending, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        ready = {fd for fd, _ in poller.poll()}
+    finally:
+        os.close(pidfd)
+        os.close(ending)
+    if pidfd in ready:
+        return None
+    deadline = time.monotonic() + _ENDING_SECONDS
+    while True:
+        try:
+            with open(f"/proc/{child}/stat", "rb") as stat_file:
+                fields = stat_file.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return None
+        # Field 9 is the flags, 52 the exit status, 26 the start of the code: 0 once the exiting
+        # child has let go of its address space, which the kernel does after it set the exit
+        # status and before it tears that space down.
+        if int(fields[6]) & _PF_EXITING and len(fields) >= 50 and int(fields[23]) == 0:
+            return _exit_code(int(fields[49]))
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.0001)
+
+
+def _outcome(report: int) -> tuple[int, int]:
+    """What a child reported before it ended: (status, run number); (_BROKEN, 0) if nothing."""
+    try:
+        data = os.read(report, _REPORT.size)
+    finally:
+        os.close(report)
+    if len(data) != _REPORT.size:
+        return _BROKEN, 0
+    status, run_id = _REPORT.unpack(data)
+    return status, run_id
+
+
+def _exit(code: int, connection: host.HostConnection | None = None, done: Done | None = None) -> None:
     """Exit as ``sys.exit`` would, but without tearing down every preloaded module (~80 ms for pandas).
 
     What a program may rely on at exit still happens: non-daemon threads are waited for, atexit
-    handlers run, the standard streams are flushed.
+    handlers run, the standard streams are flushed. Then a run's child lets go of its output
+    pipes (so the host sees their end before the kernel has torn the process down, milliseconds
+    with pandas mapped) and sends ``done`` on ``connection``: what the code printed from a thread
+    or an atexit handler is the run's. The host still judges the run by the zygote's EXITED.
     """
     import atexit
     import threading
@@ -364,13 +513,32 @@ def _exit(code: int) -> None:
                 stream.flush()
     except BaseException:  # the exit code is the run's whatever a handler did
         pass
+    if connection is not None and done is not None:
+        try:
+            # Every copy of the run's pipes this process holds (the runtime's, the code's) goes now.
+            _fresh_stdio(None, None, keep=[connection.fileno(), _ENDING])
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            if connection.failed:
+                done = Done(done.run, run.EXIT_PROTOCOL, done.exception)
+            connection.send(done)
+            code = done.exit_code
+        except BaseException:  # the channel broke: the host goes by the zygote's EXITED
+            code = run.EXIT_PROTOCOL
+    if _ENDING >= 0:
+        with contextlib.suppress(OSError):
+            # The code may have made this process not dumpable, which hides its exit status
+            # from the zygote (see _ending): the runtime's last act makes it inspectable again.
+            _prctl(_PR_SET_DUMPABLE, 1)
+        os.write(_ENDING, b".")  # the zygote looks now, and sees this process exiting
     os._exit(code)
 
 
 def main(channel_fd: int, preload: list[str]) -> int:
-    """Announce READY, then fork a child per EXEC frame until the host hangs up.
+    """Fork the first run's child, announce READY; per run EXITED, restore, fork the next, READY.
 
-    Returns in the zygote (its exit code) and in every child (the run's exit code).
+    Returns the zygote's exit code when the host hangs up (every child exits on its own).
     """
     control = _Control(channel_fd)
     _prctl(_PR_SET_DUMPABLE, 0)
@@ -378,6 +546,8 @@ def main(channel_fd: int, preload: list[str]) -> int:
     run.prepare_process()
     loaded, failed = _preload(preload)
     import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
+
+    _program_type()  # defined here once, not in every run's child
 
     threads = len(os.listdir("/proc/self/task"))
     baseline = _fingerprint()
@@ -387,28 +557,35 @@ def main(channel_fd: int, preload: list[str]) -> int:
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
     # A fork copies only the forking thread: whatever the others held stays held.
     problem = f"the preloaded modules started {threads - 1} threads; cannot fork safely" if threads != 1 else None
-    ready = Ready("python", sys.version.split()[0], None, True, os.getpid(), tuple(loaded), failed, problem)
-    try:
+    version = sys.version.split()[0]
+    ready = Ready("python", version, None, True, os.getpid(), tuple(loaded), failed, problem)
+    if threads != 1:
         control.send(ready)
-        if threads != 1:
-            return EXIT_DIRTY
-        while (command := control.receive()) is not None:
-            frame, fds = command
-            accepted = run.accept_exec(frame, fds, descriptors=3)
-            if isinstance(accepted, str):
-                host.close_fds(fds)
-                control.send(Error(accepted))
-                return run.EXIT_PROTOCOL
-            pid = os.fork()
-            if pid == 0:
-                return _child(control, accepted, fds)
-            host.close_fds(fds)
-            _, status = os.waitpid(pid, 0)
-            exit_code = _exit_code(status)
+        return EXIT_DIRTY
+    try:
+        child, report, ending = _prefork(control)
+        control.send(ready)
+        while True:
+            kind, run_id = _outcome(report)
+            if kind != _RUNNING:
+                os.close(ending)
+                os.waitpid(child, 0)
+                return 0 if kind == _HUNG_UP else run.EXIT_PROTOCOL
+            # The run's end goes out first (as soon as the child is exiting); the rest of its
+            # exit and the restore happen while the host answers its caller, and the next
+            # READY says the sandbox may serve again.
+            exit_code = _ending(child, ending)
+            if exit_code is not None:
+                control.send(Exited(run_id, exit_code, None))
+                os.kill(child, signal.SIGKILL)  # a thread of the run that outlives its main thread
+            _, status = os.waitpid(child, 0)
+            if exit_code is None:
+                control.send(Exited(run_id, _exit_code(status), None))
             problem = _restore(baseline, mounts, directories)
-            control.send(Exited(accepted.run, exit_code, problem))
+            if problem is None:
+                child, report, ending = _prefork(control)
+            control.send(Ready("python", version, None, True, os.getpid(), None, None, problem))
             if problem is not None:
                 return EXIT_DIRTY
     except (OSError, FrameError):  # the channel broke
         return run.EXIT_PROTOCOL
-    return 0

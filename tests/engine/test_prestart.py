@@ -1,0 +1,144 @@
+"""Pre-started single-use sandboxes (TypeScript here, on bun): one run each, fresh state, refilled, sized by config."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import anyio
+import pytest
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.engine.prestart import eligible
+from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.engine.warm import eligible as warm_eligible
+
+from .conftest import RunningEngine
+from .helpers import execute, poll
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+# The helpers' runs ask for 10 s: the pool's sandboxes have the limits of the default timeout.
+_FLAGS: dict[str, Any] = {"timeout": 10.0, "js_runtime": "bun", "prestart_size": 2}
+
+
+@pytest.fixture(autouse=True)
+def _bun() -> None:
+    binary = js_binary(load_settings(env={}, flags={"js_runtime": "bun"}))
+    if not os.access(binary, os.X_OK):
+        pytest.skip(f"bun is not installed at {binary}: run `make runtime`")
+
+
+@contextlib.asynccontextmanager
+async def prestarted(running_engine: RunningEngine, **flags: Any) -> AsyncIterator[Engine]:
+    """A running engine whose TypeScript sandboxes have started (after a first run asked for them)."""
+    async with running_engine(**{**_FLAGS, **flags}) as engine:
+        await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.timeout)
+        await wait_ready(engine, engine.settings.prestart_size)
+        yield engine
+
+
+async def wait_ready(engine: Engine, count: int) -> None:
+    with anyio.fail_after(60):
+        await poll(lambda: engine.prestart.ready("typescript") >= count)
+
+
+async def test_a_prestarted_sandbox_serves_one_run_and_the_next_sees_none_of_its_state(
+    running_engine: RunningEngine,
+) -> None:
+    leave = """
+        import { writeFileSync } from "node:fs";
+        writeFileSync("/tmp/left", "x");
+        writeFileSync("/workspace/left", "x");
+        (globalThis as any).leftBehind = 42;
+        console.log(process.pid);
+    """
+    look = """
+        import { existsSync } from "node:fs";
+        console.log(existsSync("/tmp/left"), existsSync("/workspace/left"), (globalThis as any).leftBehind);
+    """
+    async with prestarted(running_engine) as engine:
+        first = await execute(engine, leave, language="typescript")
+        second = await execute(engine, look, language="typescript")
+
+    assert (first.status, first.warm) == ("success", True), first.stderr
+    assert (second.status, second.warm) == ("success", True), second.stderr
+    assert second.stdout == "false false undefined\n"
+
+
+async def test_a_used_sandbox_is_destroyed_and_the_pool_refills(running_engine: RunningEngine) -> None:
+    async with prestarted(running_engine) as engine:
+        taken = await engine.prestart.take("typescript")
+        assert taken is not None and engine.prestart.ready("typescript") == 1
+        result = await execute(engine, "console.log('a')", language="typescript")
+        assert result.warm  # the other one, which is then replaced
+        await wait_ready(engine, 1)
+        assert engine.prestart.size("typescript") == 2  # the one taken by hand is still there, unused
+        taken.used.set()
+        with anyio.fail_after(30):
+            await taken.interpreter.exited.wait()  # destroyed by its owner once used
+        await wait_ready(engine, 2)
+        assert engine.prestart.size("typescript") == 2
+
+
+@pytest.mark.parametrize("size", [1, 3])
+async def test_the_number_of_sandboxes_is_prestart_size(running_engine: RunningEngine, size: int) -> None:
+    async with prestarted(running_engine, prestart_size=size) as engine:
+        await anyio.sleep(0.5)  # none more than asked for come up meanwhile
+        assert engine.prestart.ready("typescript") == engine.prestart.size("typescript") == size
+
+
+async def test_prestart_size_0_starts_none(running_engine: RunningEngine) -> None:
+    async with running_engine(**{**_FLAGS, "prestart_size": 0}) as engine:
+        result = await execute(engine, "console.log(1)", language="typescript")
+        assert (result.stdout, result.warm) == ("1\n", False)
+        assert engine.prestart.size("typescript") == 0
+
+
+async def test_runs_with_other_limits_or_a_workspace_start_their_own(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    workspace = state_dir.parent / "conversation"
+    workspace.mkdir(mode=0o700)
+    async with prestarted(running_engine) as engine:
+        if os.geteuid() == 0:
+            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+        longer = await execute(engine, "console.log(1)", language="typescript", time_limit=20.0)
+        with_files = await execute(engine, "console.log(1)", language="typescript", workspace=workspace)
+        assert engine.prestart.ready("typescript") == 2  # neither took one
+
+    assert (longer.status, longer.warm) == ("success", False), longer.stderr
+    assert (with_files.status, with_files.warm) == ("success", False), with_files.stderr
+
+
+def test_only_a_run_shaped_like_the_pools_sandboxes_is_eligible(tmp_path: Any) -> None:
+    settings = load_settings(env={}, flags={"timeout": 10.0})
+    plain = ExecutionRequest(code="1", timeout=10.0, language="typescript")
+    assert eligible(settings, plain)
+    assert not eligible(settings, dataclasses.replace(plain, timeout=30.0))
+    assert not eligible(settings, dataclasses.replace(plain, workspace=tmp_path))
+    assert warm_eligible(dataclasses.replace(plain, language="python"))
+    assert not warm_eligible(plain)
+    assert not warm_eligible(dataclasses.replace(plain, language="python", workspace=tmp_path))
+    # A run with network (a field of requests where egress exists) takes neither kind of sandbox.
+    networked = SimpleNamespace(**{**vars_of(plain), "network": True})
+    assert not eligible(settings, cast(Any, networked))
+    assert not warm_eligible(cast(Any, SimpleNamespace(**{**vars_of(plain), "language": "python", "network": True})))
+
+
+def vars_of(request: ExecutionRequest) -> dict[str, Any]:
+    return {field.name: getattr(request, field.name) for field in dataclasses.fields(request)}
+
+
+async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine: RunningEngine) -> None:
+    async with prestarted(running_engine, timeout=2.0) as engine:
+        result = await execute(engine, "while (true) {}", language="typescript", time_limit=2.0)
+        await wait_ready(engine, 2)
+
+    assert (result.status, result.warm) == ("timeout", True)
