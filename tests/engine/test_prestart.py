@@ -7,13 +7,13 @@ import dataclasses
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import pytest
 
 from mcp_sandbox.config import load_settings
+from mcp_sandbox.egress import EgressGrant, EgressRules
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.prestart import eligible
 from mcp_sandbox.engine.runtimes import js_binary
@@ -126,14 +126,10 @@ def test_only_a_run_shaped_like_the_pools_sandboxes_is_eligible(tmp_path: Any) -
     assert warm_eligible(dataclasses.replace(plain, language="python"))
     assert not warm_eligible(plain)
     assert not warm_eligible(dataclasses.replace(plain, language="python", workspace=tmp_path))
-    # A run with network (a field of requests where egress exists) takes neither kind of sandbox.
-    networked = SimpleNamespace(**{**vars_of(plain), "network": True})
-    assert not eligible(settings, cast(Any, networked))
-    assert not warm_eligible(cast(Any, SimpleNamespace(**{**vars_of(plain), "language": "python", "network": True})))
-
-
-def vars_of(request: ExecutionRequest) -> dict[str, Any]:
-    return {field.name: getattr(request, field.name) for field in dataclasses.fields(request)}
+    # A run granted network takes neither kind of sandbox.
+    grant = EgressGrant(EgressRules.build(["example.com"], [], [443], [], "test"), tenant="default")
+    assert not eligible(settings, dataclasses.replace(plain, egress=grant))
+    assert not warm_eligible(dataclasses.replace(plain, language="python", egress=grant))
 
 
 async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine: RunningEngine) -> None:
