@@ -191,7 +191,7 @@ class RunArguments(ToolArguments):
         bool | list[str],
         AfterValidator(_network),
         WithJsonSchema({"type": ["boolean", "array"], "items": {"type": "string"}}),
-    ] = Field(False, description="true or domain patterns")
+    ] = False  # true or domain patterns; the tool description says whether network can be granted
 
     @field_validator("reset")
     @classmethod

@@ -48,12 +48,13 @@ RUN_OUTPUT_SCHEMA: dict[str, Any] = {
         "durationMs": {"type": "integer"},
         "truncated": {"type": "boolean"},
     },
+    "required": ["status", "exitCode", "stdout", "stderr", "durationMs", "truncated"],
 }
 
 # The description names servers by alias (ASCII identifiers, what code writes after `mcp_`),
 # within a character budget, so that tools/list stays under 1,000 tokens however many servers
 # are configured and whatever their names.
-_NAMES_BUDGET = 28
+_NAMES_BUDGET = 20
 _MAX_NAME = 20
 
 
@@ -152,10 +153,9 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
         name="run_python",
         description=(
             "Run Python 3 in a sandbox: "
-            + ("network if granted (see list_runners)" if context.network else "no network")
+            + ("network if granted" if context.network else "no network")
             + ", only /workspace writable, limited memory/CPU/time. "
-            "Top-level await works; numpy, pandas, matplotlib installed; plots return as images."
-            + _servers_line(servers)
+            "Top-level await; numpy, pandas, matplotlib installed; plots return as images." + _servers_line(servers)
         ),
         input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
