@@ -126,11 +126,16 @@ def test_setup_explains_the_system_interpreter_and_stamps_the_runtime(installed:
 
 
 def test_the_installed_package_runs_pandas_in_a_sandbox(installed: Installed) -> None:
-    code = "import pandas, sys, tabulate; print(pandas.__version__, sys.prefix, tabulate.__version__)"
+    code = (
+        "import os, pandas, sys, tabulate; "
+        f"print(pandas.__version__, sys.prefix, tabulate.__version__, os.path.exists({str(installed.data_dir)!r}))"
+    )
     done = installed.run("run", "-c", code)
     assert done.returncode == 0, done.stderr
-    version, prefix, added = done.stdout.split()
-    assert prefix == str(installed.data_dir / "python") and version.startswith(("2.", "3."))
+    version, prefix, added, host_path_seen = done.stdout.split()
+    # The data dir's runtime, seen at its fixed place inside: the host's path (a home) is not shown.
+    assert prefix == "/opt/mcp-sandbox/venv" and version.startswith(("2.", "3."))
+    assert host_path_seen == "False"
     assert added == "0.9.0"  # runtime_packages
     assert "runtime_packages" not in done.stderr  # the stamp says they are installed: no warning
 
