@@ -36,7 +36,7 @@ HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 2.0
 PER_ADDRESS = 12
 HTTP_SESSIONS = 4
-SESSION_TTL = 4
+SESSION_TTL = 8  # long enough that a loaded machine opens the quota's sessions before any expires
 INIT = {
     "jsonrpc": "2.0",
     "id": 1,
