@@ -58,7 +58,15 @@ CLAUDE_CODE_LIKE = initialize(
     clientInfo={"name": "claude-code", "version": "2.1.0", "title": "Claude Code"},
 )
 
+# The first line of the official TypeScript SDK's client, as the MCP Inspector CLI 2.12.0 sends it.
+INSPECTOR_CLI = (
+    b'{"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"roots":{"listChanged":true},'
+    b'"extensions":{"io.modelcontextprotocol/tasks":{},"io.modelcontextprotocol/skills":{}}},'
+    b'"clientInfo":{"name":"inspector-cli","version":"2.12.0"}},"jsonrpc":"2.0","id":0}'
+)
+
 ANSWERED = {
+    "the TypeScript SDK's client": INSPECTOR_CLI,
     **{f"version {v}": line(initialize(protocolVersion=v)) for v in HANDSHAKE_PROTOCOL_VERSIONS},
     "the stateless revision, answered with the latest handshake": line(initialize(protocolVersion="2026-07-28")),
     "an unknown version": line(initialize(protocolVersion="1999-01-01")),
