@@ -104,10 +104,28 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(flags=flags, config_file=getattr(args, "config", None))
 
 
+def _check_stdio_conversation(settings: Settings) -> None:
+    from mcp_sandbox.errors import ConfigError, ValidationError
+    from mcp_sandbox.workspace import check_conversation_id
+
+    if settings.stdio_conversation is not None:
+        try:
+            check_conversation_id(settings.stdio_conversation)
+        except ValidationError as exc:
+            raise ConfigError(f"stdio_conversation: {exc.message}") from exc
+
+
 def _cmd_serve(settings: Settings, transport: str) -> int:
+    early = None
+    if transport == "stdio":
+        # Answer the client's initialize while the MCP SDK is imported (server/stdio_early.py).
+        from mcp_sandbox.server.stdio_early import begin
+
+        _check_stdio_conversation(settings)
+        early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, settings, transport)
+    anyio.run(serve, settings, transport, early)
     return 0
 
 

@@ -3,33 +3,42 @@
 Over stdio the server answers ``initialize`` while its service is still opening: clients start
 their servers on every launch and wait for that answer, and opening the service (importing the
 engine, probing the backend, the metadata database, discovering downstream servers) takes longer
-than everything before it. The rest of the package is imported in a worker thread meanwhile, so
-the event loop stays free to answer; ``tools/list`` and ``tools/call`` wait until the service is
-open. A service that cannot open ends the process at once with its error and exit status 2, as
-the CLI does for a refused host (bench/startup.py).
+than everything before it. The CLI has given that answer before even the SDK was imported
+(``stdio_early``); the server's own answer to it is dropped here (:class:`_WithoutEarlyAnswer`).
+The rest of the package is imported in a worker thread meanwhile, so the event loop stays free;
+``tools/list`` and ``tools/call`` wait until the service is open. A service that cannot open ends
+the process at once with its error and exit status 2, as the CLI does for a refused host
+(bench/startup.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
+import logging
 import os
 import sys
 import traceback
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import anyio.to_thread
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp.types import JSONRPCError, JSONRPCResponse
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.server.resources import list_resources, read_resource
+from mcp_sandbox.server.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
 
 if TYPE_CHECKING:
     import mcp_types as types
+    from mcp.shared._stream_protocols import WriteStream
 
     from mcp_sandbox.server.auth import TokenTable
     from mcp_sandbox.server.service import Service
@@ -37,16 +46,12 @@ if TYPE_CHECKING:
 
 __all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
 
-INSTRUCTIONS = (
-    "mcp-sandbox runs untrusted code in an OS-level sandbox. Use run_python (or run_code) to compute, "
-    "parse, or transform data; print what you need to read back. Pass a conversationId to keep files "
-    "in /workspace and variables between runs."
-)
+logger = logging.getLogger(__name__)
 
 
 def _server(handlers: ToolHandlers | _Opening) -> Server:
     return Server(
-        "mcp-sandbox",
+        SERVER_NAME,
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=handlers.list_tools,
@@ -86,10 +91,67 @@ class _Opening:
         return await (await self._ready()).call_tool(ctx, params)
 
 
-async def serve_stdio(server: Server) -> None:
-    """Serve MCP over this process's stdin/stdout until the client closes them."""
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+class _WithoutEarlyAnswer:
+    """The stream to the client, less the server's own answer to the ``initialize`` answered early.
+
+    That request reaches the server like any other, so its session is initialized as before; its
+    answer (the first one with that id) is dropped, after checking it is the one already given.
+    What was answered early is known before the server reads anything (``EarlyStdio.stdin``).
+    """
+
+    def __init__(self, inner: WriteStream[SessionMessage], early: EarlyStdio) -> None:
+        self._inner = inner
+        self._early = early
+        self._dropped = False
+
+    async def send(self, item: SessionMessage, /) -> None:
+        message, answered = item.message, self._early.answered
+        if (
+            not self._dropped
+            and answered is not None
+            and isinstance(message, JSONRPCResponse | JSONRPCError)
+            and type(message.id) is type(answered[0])
+            and message.id == answered[0]
+        ):
+            self._dropped = True
+            # The wire form stdio_server writes.
+            own = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+            if own != answered[1]:
+                logger.error("the early answer to initialize was %r, the SDK's is %r", answered[1], own)
+            return
+        await self._inner.send(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _WithoutEarlyAnswer:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+async def serve_stdio(server: Server, early: EarlyStdio | None = None) -> None:
+    """Serve MCP over this process's stdin/stdout until the client closes them.
+
+    With ``early`` (:func:`~mcp_sandbox.server.stdio_early.begin` took the wire at start), the
+    SDK's transport reads and writes the wire ``early`` holds, from the client's first byte.
+    """
+    if early is None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        return
+    # Text layers as the SDK's own stdio_server() builds them over fd 0 and 1.
+    stdin = anyio.wrap_file(io.TextIOWrapper(early.stdin(), encoding="utf-8", errors="replace"))
+    stdout = anyio.wrap_file(io.TextIOWrapper(early.stdout(), encoding="utf-8"))
+    try:
+        async with stdio_server(stdin, stdout) as (read_stream, write_stream):
+            out = _WithoutEarlyAnswer(write_stream, early)
+            await server.run(read_stream, out, server.create_initialization_options())
+    finally:
+        early.release()
 
 
 def with_tenants(settings: Settings, tenants: int) -> Settings:
@@ -108,17 +170,6 @@ def with_tenants(settings: Settings, tenants: int) -> Settings:
     return dataclasses.replace(settings, **chosen)
 
 
-def _check_stdio_conversation(settings: Settings) -> None:
-    from mcp_sandbox.errors import ConfigError, ValidationError
-    from mcp_sandbox.workspace import check_conversation_id
-
-    if settings.stdio_conversation is not None:
-        try:
-            check_conversation_id(settings.stdio_conversation)
-        except ValidationError as exc:
-            raise ConfigError(f"stdio_conversation: {exc.message}") from exc
-
-
 def _end_process(exc: Exception) -> NoReturn:
     """End the process now, saying why: the stdio reader waits in a thread no cancellation reaches
     (reading stdin, which the client keeps open), so returning would hang until the client quits."""
@@ -132,7 +183,7 @@ def _end_process(exc: Exception) -> NoReturn:
     os._exit(status)
 
 
-async def _serve_stdio_opening(settings: Settings) -> None:
+async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> None:
     """Serve stdio at once, opening the service alongside (see the module docstring)."""
     opening = _Opening()
     closing = anyio.Event()
@@ -151,20 +202,22 @@ async def _serve_stdio_opening(settings: Settings) -> None:
 
     async with anyio.create_task_group() as group:
         group.start_soon(hold_service)
-        await serve_stdio(_server(opening))
+        await serve_stdio(_server(opening), early)
         closing.set()  # the client is gone: close the service normally (running executions finish)
 
 
-async def serve(settings: Settings, transport: str) -> None:
+async def serve(settings: Settings, transport: str, early: EarlyStdio | None = None) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
+
+    ``early``: over stdio, the wire :func:`~mcp_sandbox.server.stdio_early.begin` took at start
+    (the CLI's ``serve``, which also checks ``stdio_conversation`` before that).
 
     Raises:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
         BackendUnavailableError: the backend cannot serve here (see :func:`~mcp_sandbox.engine.startup.open_engine`).
     """
     if transport == "stdio":
-        _check_stdio_conversation(settings)
-        await _serve_stdio_opening(settings)
+        await _serve_stdio_opening(settings, early)
         return
     from mcp_sandbox.server.auth import TokenTable, load_tokens
     from mcp_sandbox.server.files import file_routes
