@@ -346,12 +346,21 @@ def _limit_file_size(size: int, *, for_good: bool) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (size, size if for_good else hard))
 
 
+def _end_for_file_size(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)
+
+
 def prepare_process() -> None:
     """What every runner process sets up once, before its first run."""
     faulthandler.enable()  # a crash of the interpreter still leaves a trace on stderr
     # Python ignores SIGXFSZ (a write past RLIMIT_FSIZE then fails with EFBIG, which code can
     # catch and go on writing other files); the default action ends the run, and the host
-    # says which limit it hit, as other runtimes' processes are ended.
-    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    # says which limit it hit, as other runtimes' processes are ended. A container's first
+    # process is its PID namespace's init, which the kernel spares from default actions: there
+    # a handler ends it the same way, at the interpreter's next instruction.
+    if os.getpid() == 1:
+        signal.signal(signal.SIGXFSZ, _end_for_file_size)
+    else:
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     _cpu_limit_signals_first()
     display.install()
