@@ -13,9 +13,10 @@ image per conversation needs root and a loop device each. So the bound is enforc
   is killed by ``SIGXFSZ`` (the runtimes leave the signal's default action);
 - :func:`watch_disk`: while the run lives, the workspace is measured (bytes and directory
   entries, files and directories alike, so inodes are counted) every :data:`WATCH_SECONDS`, or
-  every :data:`GROWING_SECONDS` while it grows, and never more often than a fifth of a core
-  allows (see :data:`WALK_SHARE`); a run that takes it over its quota is stopped and the run's
-  error says so.
+  every :data:`GROWING_SECONDS` while it grows, at once (at most every :data:`WRITE_GAP`) when
+  inotify says the run writes into its top directories (:mod:`.inotify`), and never more often
+  than a fifth of a core allows (see :data:`WALK_SHARE`); a run that takes it over its quota is
+  stopped and the run's error says so.
 
 A run's overshoot is what it can write, in many files, in one interval (the walk itself is
 bounded). A workspace already over its quota (a quota lowered since) may not grow, but the run is
@@ -36,12 +37,14 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.inotify import open_writes
 
 __all__ = [
     "FILE_SIZE_FLOOR",
     "GROWING_SECONDS",
     "WALK_SHARE",
     "WATCH_SECONDS",
+    "WRITE_GAP",
     "DiskBound",
     "DiskUse",
     "Overrun",
@@ -52,6 +55,7 @@ __all__ = [
 
 WATCH_SECONDS = 0.25
 GROWING_SECONDS = 0.05  # the pause while the last walk saw the workspace grow
+WRITE_GAP = 0.01  # woken by writes: the shortest time between two walks
 FILE_SIZE_FLOOR = 64 << 10  # the smallest RLIMIT_FSIZE a run gets, however full its conversation
 WALK_SHARE = 4  # pause at least this many times as long as the last walk took
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -139,20 +143,33 @@ async def watch_disk(directory: Path, bound: DiskBound, before: DiskUse | None =
     limit = _walk_limit(bound)
     if before is None:
         before = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
-    last = before
-    pause = GROWING_SECONDS  # a run that writes at once is looked at soon
-    while True:
-        await anyio.sleep(pause)
-        started = time.perf_counter()
-        use = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
-        reason = bound.exceeded(use, before)
-        if reason is not None:
-            return reason
-        growing = use.bytes > last.bytes or use.entries > last.entries
-        last = use
-        # A big workspace takes a while to walk (~15 ms per 1,000 entries on a busy 2-core
-        # host): the watch spends at most a fifth of a core on it.
-        pause = max(GROWING_SECONDS if growing else WATCH_SECONDS, WALK_SHARE * (time.perf_counter() - started))
+    writes = open_writes(directory)
+    try:
+        last = before
+        pause = GROWING_SECONDS  # a run that writes at once is looked at soon
+        earliest = 0.0  # no walk starts before this (time.monotonic())
+        while True:
+            if writes is None:
+                await anyio.sleep(pause)
+            else:  # woken by a write into the top directories, else after the pause
+                await writes.wait(pause)
+                if (delay := earliest - time.monotonic()) > 0:
+                    await anyio.sleep(delay)
+            started = time.monotonic()
+            use = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
+            reason = bound.exceeded(use, before)
+            if reason is not None:
+                return reason
+            growing = use.bytes > last.bytes or use.entries > last.entries
+            last = use
+            # A big workspace takes a while to walk (~15 ms per 1,000 entries on a busy 2-core
+            # host): the watch spends at most a fifth of a core on it.
+            walked = time.monotonic() - started
+            earliest = time.monotonic() + max(WRITE_GAP, WALK_SHARE * walked)
+            pause = max(GROWING_SECONDS if growing else WATCH_SECONDS, WALK_SHARE * walked)
+    finally:
+        if writes is not None:
+            writes.close()
 
 
 def _walk_limit(bound: DiskBound) -> int:
