@@ -237,7 +237,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; progress; containers; startup)
+bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; progress; containers; startup; disk overshoot)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
@@ -245,6 +245,7 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/disk_overshoot.py
 
 # A real systemd host to prove the product for an ordinary user (tests/vm/run.sh): a Debian 12
 # guest (systemd, pure cgroup v2, a lingering user manager) built once into .vm/ by mmdebstrap,

@@ -16,6 +16,7 @@ from mcp_sandbox.bridge.discovery import discover
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import EgressGrant, EgressRules, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.engine.disk import GROWING_SECONDS, WATCH_SECONDS, WRITE_GAP
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.errors import ConfigError, SandboxError
 from mcp_sandbox.provision import js_status, python_status
@@ -163,6 +164,21 @@ def _report_tenancy(settings: Settings, out: TextIO) -> None:
         out.write(f"  {alias}: {who}; {how}\n")
 
 
+def _report_disk_quota(settings: Settings, out: TextIO) -> None:
+    """Say how a conversation's quota is enforced here, and why not by a kernel quota (see engine/disk.py)."""
+    out.write(
+        f"conversation quota ({settings.quota_bytes} bytes, {settings.quota_files} entries): each file by the"
+        " kernel (a run's RLIMIT_FSIZE is what the quota has left); in total by measuring the workspace when"
+        f" inotify reports writes (at most every {WRITE_GAP:g} s), else every {GROWING_SECONDS:g} s while it"
+        f" grows ({WATCH_SECONDS:g} s otherwise), and stopping the run: a run writing many files fast can pass"
+        " it by what it writes between two measures (see README, security model)\n"
+    )
+    out.write(
+        "  no kernel quota is used: project quotas need root, a filesystem mounted with them and a kernel"
+        " built with quota formats (the development hosts' kernel refuses prjquota and XFS pquota mounts)\n"
+    )
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -178,6 +194,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
         return 1
     runtime_ok = _check_runtime(settings, out)
     _report_tenancy(settings, out)
+    _report_disk_quota(settings, out)
     memory = next((c for c in configured.capabilities if c.name.startswith("memory")), None)
     _check_js_runtime(settings, memory is not None and memory.enforced, out)
     _check_egress(settings, out)

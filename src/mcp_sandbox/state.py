@@ -12,7 +12,8 @@
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
       runs/                     0711  one directory per run or long-lived sandbox, named after the
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
-        <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views
+        <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;
+        <pid>-alias-<hex>/      0700    a container's bind sources as symlinks (container/aliases.py)
       workspaces/               0711  conversation directories (workspace/store.py)
         <key>/                  0700    the sandbox uid's
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)

@@ -421,3 +421,21 @@ async def test_a_run_that_hides_its_exit_status_from_the_zygote_still_gets_its_o
     assert (hidden.status, hidden.exit_code) == ("error", 3), hidden.stderr
     assert (plain.status, plain.exit_code) == ("error", 5), plain.stderr
     assert (killed.status, killed.exit_code) == ("error", 128 + 15), killed.stderr
+
+
+async def test_a_warm_runs_child_lowers_its_own_file_size_limit_before_the_code_runs(
+    running_engine: RunningEngine,
+) -> None:
+    # The zygote keeps max_file_size; the child of each run takes the run's own limit (here the
+    # scratch workspace's size) as its hard limit, which the code cannot raise again.
+    code = """
+        import resource
+        print(*resource.getrlimit(resource.RLIMIT_FSIZE))
+        try:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
+        except (ValueError, OSError) as error:
+            print(type(error).__name__)
+    """
+    async with running_engine(pool_size=1, scratch_size="8m", max_file_size="64m") as engine:
+        result = await warm_run(engine, code)
+    assert result.stdout == f"{8 << 20} {8 << 20}\nValueError\n", result.error

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 import anyio
 import pytest
@@ -14,6 +16,8 @@ from .conftest import RunningEngine
 from .helpers import HOST_BOUND, execute, host_processes, poll, spawn_marked, wait_until_gone
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+MiB = 1 << 20
 
 
 async def test_an_idle_session_is_stopped_after_its_ttl_and_the_next_run_starts_fresh(
@@ -101,3 +105,38 @@ async def test_a_runs_cpu_limit_is_the_per_run_one_without_a_session(running_eng
         )
 
     assert fresh.status == "success", fresh.error
+
+
+async def test_a_session_runs_file_size_limit_is_what_its_conversations_quota_has_left(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    # A session's interpreter serves many runs: each lowers its own soft RLIMIT_FSIZE to what the
+    # quota has left; the hard limit, which the code could raise its soft limit to, is the quota.
+    workspace = state_dir / "conversation"
+    limits = "import resource; print(*resource.getrlimit(resource.RLIMIT_FSIZE), flush=True)"
+    async with running_engine(quota_bytes="8m") as engine:
+        workspace.mkdir(mode=0o700)
+        if os.geteuid() == 0:
+            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+        first = await execute(
+            engine, f"open('/workspace/a', 'wb').write(b'x' * {3 * MiB})\n{limits}", session="s", workspace=workspace
+        )
+        huge = await execute(
+            engine,
+            f"""
+            {limits}
+            chunk = b"x" * {MiB}
+            with open("/workspace/huge", "wb") as out:
+                for _ in range(64):
+                    out.write(chunk)
+            print("all written")
+            """,
+            session="s",
+            workspace=workspace,
+        )
+
+    assert (first.status, first.stdout) == ("success", f"{8 * MiB} {8 * MiB}\n"), first.error
+    assert huge.stdout == f"{5 * MiB} {8 * MiB}\n"
+    assert huge.status == "error" and "file_size" in huge.limits
+    assert huge.error is not None and "quota of 8 MiB" in huge.error and "state is lost" in huge.error
+    assert (workspace / "huge").stat().st_size <= 5 * MiB

@@ -65,11 +65,15 @@ _SCAN = """
 async def test_the_host_process_list_names_no_state_or_workspace_path(
     sandbox: SandboxRunner, backend_name: str, state_root: Path
 ) -> None:
+    # Every local user reads every /proc/<pid>/cmdline while a run lasts: bwrap's options come
+    # through --args, a container's binds through per-run aliases (no workspace key in them).
     if os.geteuid() != 0:
         pytest.skip("reading the process list as another uid needs root to switch to it")
-    if backend_name != "bwrap":
-        pytest.skip("podman and docker take their mounts on the command line (see README, security model)")
-    workspace = _workspace_under(state_root, sandbox)
+    layout = StateLayout.of(sandbox.settings)
+    key = f"key{uuid.uuid4().hex}"
+    workspace = layout.prepare_workspaces() / key
+    workspace.mkdir(mode=0o700)
+    os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
     marker = f"host-view-{uuid.uuid4().hex}"
     code = f"""
         import subprocess
@@ -84,11 +88,16 @@ async def test_the_host_process_list_names_no_state_or_workspace_path(
 
     async with anyio.create_task_group() as group:
         group.start_soon(look)
-        result = await sandbox.run(code, workspace=workspace, time_limit=20)
+        result = await sandbox.run(code, workspace=workspace, time_limit=30)
     assert result.status == "success", result.error
     assert marker in seen  # the other user did read the sandbox's command lines
-    assert "--args" in seen  # bwrap's own, with its options elsewhere
-    assert str(state_root) not in seen
+    assert key not in seen
+    assert str(layout.workspaces) not in seen
+    if backend_name == "bwrap":
+        assert "--args" in seen  # bwrap's own, with its options elsewhere
+        assert str(state_root) not in seen
+    else:
+        assert "-alias-" in seen  # the container CLI's command line, its binds aliased
 
 
 async def test_proc_1_cmdline_inside_names_no_host_path(sandbox: SandboxRunner, state_root: Path) -> None:

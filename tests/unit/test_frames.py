@@ -289,6 +289,11 @@ TYPED = [
         b'"cpuSeconds":9,"guard":"AAAA"}',
         id="exec-to-a-zygote",
     ),
+    pytest.param(
+        frames.Exec(3, "1", (), {}, 0, 0, False, file_size=65536),
+        b'{"run":3,"code":"1","servers":[],"env":{},"maxImages":0,"maxImageBytes":0,"last":false,"fileSize":65536}',
+        id="exec-with-the-quota-left",
+    ),
     pytest.param(frames.Done(3, 1, "KeyError"), b'{"run":3,"exitCode":1,"exception":"KeyError"}', id="done"),
     pytest.param(
         frames.Call(2, {"server": "time", "op": "list_tools"}),

@@ -2,19 +2,25 @@
 
 Where the backend can size a scratch workspace (bwrap: a tmpfs of ``scratch_size``), the kernel
 bounds it and nothing here is needed. A conversation's workspace is a host directory that must
-persist, and no kernel quota is available to an unprivileged server on an ordinary filesystem
-(project quotas need root and a filesystem mounted with them; a loop-mounted image per
-conversation needs root too), so the bound is enforced in two parts:
+persist, and no kernel quota is available to the server here: project quotas need root and a
+filesystem mounted with them (this host's kernel has no quota support at all), and a loop-mounted
+image per conversation needs root and a loop device each. So the bound is enforced in two parts:
 
-- ``RLIMIT_FSIZE`` (``max_file_size``, set on every sandbox): the kernel stops any one file;
-- :func:`watch_disk`: while the run lives, the workspace is measured every
-  :data:`WATCH_SECONDS` (longer for a workspace whose walk takes long, see :data:`WALK_SHARE`;
-  bytes and directory entries, files and directories alike, so inodes are counted); a run
-  that takes it over its quota is stopped and the run's error says so.
+- ``RLIMIT_FSIZE``, set by the kernel on every run: the smaller of ``max_file_size`` and what the
+  workspace's quota had left when the run started (at least :data:`FILE_SIZE_FLOOR`, so a full
+  conversation still runs code that writes nothing), see :meth:`Overrun.file_size`. One file
+  cannot take a conversation past its quota: the write that would is refused, and the process
+  is killed by ``SIGXFSZ`` (the runtimes leave the signal's default action);
+- :func:`watch_disk`: while the run lives, the workspace is measured (bytes and directory
+  entries, files and directories alike, so inodes are counted) every :data:`WATCH_SECONDS`, or
+  every :data:`GROWING_SECONDS` while it grows, at once (at most every :data:`WRITE_GAP`) when
+  inotify says the run writes into its top directories (:mod:`.inotify`), and never more often
+  than a fifth of a core allows (see :data:`WALK_SHARE`); a run that takes it over its quota is
+  stopped and the run's error says so.
 
-A run's overshoot is what it can write in one interval (the walk itself is bounded). A
-workspace already over its quota (a quota lowered since) may not grow, but the run is not
-stopped for what was there before it.
+A run's overshoot is what it can write, in many files, in one interval (the walk itself is
+bounded). A workspace already over its quota (a quota lowered since) may not grow, but the run is
+not stopped for what was there before it.
 """
 
 from __future__ import annotations
@@ -31,10 +37,26 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.inotify import open_writes
 
-__all__ = ["WALK_SHARE", "WATCH_SECONDS", "DiskBound", "DiskUse", "Overrun", "disk_bound", "measure", "watch_disk"]
+__all__ = [
+    "FILE_SIZE_FLOOR",
+    "GROWING_SECONDS",
+    "WALK_SHARE",
+    "WATCH_SECONDS",
+    "WRITE_GAP",
+    "DiskBound",
+    "DiskUse",
+    "Overrun",
+    "disk_bound",
+    "measure",
+    "watch_disk",
+]
 
 WATCH_SECONDS = 0.25
+GROWING_SECONDS = 0.05  # the pause while the last walk saw the workspace grow
+WRITE_GAP = 0.01  # woken by writes: the shortest time between two walks
+FILE_SIZE_FLOOR = 64 << 10  # the smallest RLIMIT_FSIZE a run gets, however full its conversation
 WALK_SHARE = 4  # pause at least this many times as long as the last walk took
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -111,25 +133,47 @@ def measure(directory: Path, max_entries: int) -> DiskUse:
     return DiskUse(total, entries)
 
 
-async def watch_disk(directory: Path, bound: DiskBound) -> str:
+async def watch_disk(directory: Path, bound: DiskBound, before: DiskUse | None = None) -> str:
     """Measure ``directory`` until the run takes it over ``bound``; return why (run this beside the run).
 
+    ``before`` is what the workspace held when the run started (measured here when None).
     Returns only when the bound is crossed: the caller cancels it when the run ends, and stops
     the run when it returns.
     """
-    limit = 2 * bound.entries + 1  # enough to see a crossing, bounded whatever the run made
-    before = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
-    pause = WATCH_SECONDS
-    while True:
-        await anyio.sleep(pause)
-        started = time.perf_counter()
-        use = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
-        reason = bound.exceeded(use, before)
-        if reason is not None:
-            return reason
-        # A big workspace takes a while to walk (~15 ms per 1,000 entries on a busy 2-core
-        # host): the watch spends at most a fifth of a core on it.
-        pause = max(WATCH_SECONDS, WALK_SHARE * (time.perf_counter() - started))
+    limit = _walk_limit(bound)
+    if before is None:
+        before = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
+    writes = open_writes(directory)
+    try:
+        last = before
+        pause = GROWING_SECONDS  # a run that writes at once is looked at soon
+        earliest = 0.0  # no walk starts before this (time.monotonic())
+        while True:
+            if writes is None:
+                await anyio.sleep(pause)
+            else:  # woken by a write into the top directories, else after the pause
+                await writes.wait(pause)
+                if (delay := earliest - time.monotonic()) > 0:
+                    await anyio.sleep(delay)
+            started = time.monotonic()
+            use = await anyio.to_thread.run_sync(_measure_or_empty, directory, limit)
+            reason = bound.exceeded(use, before)
+            if reason is not None:
+                return reason
+            growing = use.bytes > last.bytes or use.entries > last.entries
+            last = use
+            # A big workspace takes a while to walk (~15 ms per 1,000 entries on a busy 2-core
+            # host): the watch spends at most a fifth of a core on it.
+            walked = time.monotonic() - started
+            earliest = time.monotonic() + max(WRITE_GAP, WALK_SHARE * walked)
+            pause = max(GROWING_SECONDS if growing else WATCH_SECONDS, WALK_SHARE * walked)
+    finally:
+        if writes is not None:
+            writes.close()
+
+
+def _walk_limit(bound: DiskBound) -> int:
+    return 2 * bound.entries + 1  # enough to see a crossing, bounded whatever the run made
 
 
 def _measure_or_empty(directory: Path, limit: int) -> DiskUse:
@@ -141,27 +185,40 @@ def _measure_or_empty(directory: Path, limit: int) -> DiskUse:
 
 @dataclass
 class Overrun:
-    """Why :func:`disk_bound` stopped its block (None: it did not)."""
+    """What :func:`disk_bound` saw: the workspace ``before`` the run, and why it stopped the block (None: not)."""
 
+    bound: DiskBound
+    before: DiskUse = DiskUse(0, 0)
     reason: str | None = None
+    stopped: bool = False  # the block was cancelled for it (else: seen over the bound as the block ended)
+
+    def file_size(self, max_file_size: int) -> int:
+        """The run's ``RLIMIT_FSIZE``: ``max_file_size``, lowered to what the quota had left (see the module)."""
+        left = self.bound.bytes - self.before.bytes
+        return max(FILE_SIZE_FLOOR, min(max_file_size, left))
 
 
 @contextlib.asynccontextmanager
 async def disk_bound(directory: Path | None, bound: DiskBound) -> AsyncIterator[Overrun]:
     """Run the block while :func:`watch_disk` watches ``directory``; cancel the block if it crosses ``bound``.
 
-    The block is cancelled like a timeout (its sandbox is killed on the way out); the yielded
-    :class:`Overrun` then says why. ``directory`` None: nothing to watch.
+    The workspace is measured before the block starts (``Overrun.before``: a run's file size
+    limit depends on it) and once more after it ends. The block is cancelled like a timeout (its
+    sandbox is killed on the way out); the yielded :class:`Overrun` then says why (``stopped``),
+    or why the workspace was over its bound when the block ended. ``directory`` None: nothing
+    to watch.
     """
-    overrun = Overrun()
+    overrun = Overrun(bound)
     if directory is None:
         yield overrun
         return
+    overrun.before = await anyio.to_thread.run_sync(_measure_or_empty, directory, _walk_limit(bound))
     failure: Exception | None = None
     async with anyio.create_task_group() as group:
 
         async def watch() -> None:
-            overrun.reason = await watch_disk(directory, bound)
+            overrun.reason = await watch_disk(directory, bound, overrun.before)
+            overrun.stopped = True
             group.cancel_scope.cancel()
 
         group.start_soon(watch)
@@ -173,3 +230,8 @@ async def disk_bound(directory: Path | None, bound: DiskBound) -> AsyncIterator[
             group.cancel_scope.cancel()
     if failure is not None:
         raise failure
+    if overrun.reason is None:
+        # A run that writes fast and ends within one pause was never seen: look once more.
+        with anyio.CancelScope(shield=True):
+            use = await anyio.to_thread.run_sync(_measure_or_empty, directory, _walk_limit(bound))
+        overrun.reason = bound.exceeded(use, overrun.before)

@@ -55,17 +55,25 @@ from mcp_sandbox.egress import (
     system_resolver,
 )
 from mcp_sandbox.engine.admission import Admission
-from mcp_sandbox.engine.disk import DiskBound, disk_bound
+from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Exited, Interpreter, RunRecord, open_interpreter
 from mcp_sandbox.engine.prestart import Prestarted, PrestartPool, eligible
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
-from mcp_sandbox.engine.runtimes import limits_for, policy_for, python_policy, with_egress, zygote_policy
+from mcp_sandbox.engine.runtimes import (
+    limits_for,
+    policy_for,
+    python_policy,
+    with_egress,
+    with_file_size,
+    zygote_policy,
+)
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace, sweep_scratch
 from mcp_sandbox.engine.sessions import Lease, SessionManager, ToolsView
 from mcp_sandbox.engine.verdict import (
     STATE_LOST,
     captured,
     death,
+    explain_file_size,
     judge_fresh,
     judge_session,
     stopped_for_disk,
@@ -241,23 +249,27 @@ class Engine:
             if request.egress is not None:
                 directory = await stack.enter_async_context(self._serve_egress(request, None))
                 policy = with_egress(policy, directory)
+            overrun = Overrun(bound)
             with anyio.move_on_after(request.timeout) as deadline:
-                async with (
-                    disk_bound(workspace, bound) as overrun,
-                    open_interpreter(self.backend, policy, self.settings) as interpreter,
-                ):
-                    await self._run(interpreter, record, request, last=True)
+                async with disk_bound(workspace, bound) as overrun:
+                    file_size = overrun.file_size(self.settings.max_file_size)
+                    async with open_interpreter(self.backend, with_file_size(policy, file_size), self.settings) as (
+                        interpreter
+                    ):
+                        await self._run(interpreter, record, request, last=True)
         result = captured(record, interpreter, started)
         if overrun.reason is not None:
-            return stopped_for_disk(result, overrun.reason)
+            return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
         if deadline.cancelled_caught or interpreter is None or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        return judge_fresh(self.settings, interpreter.outcome, record, result)
+        judged = judge_fresh(self.settings, interpreter.outcome, record, result)
+        return explain_file_size(self.settings, overrun, judged)
 
     async def _execute_warm(self, request: ExecutionRequest, warm: Warm, started: float) -> ExecutionResult:
         """Run in ``warm``: answered on the zygote's EXITED; the restore after it is the pool's, off this path."""
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
+        scratch = Overrun(DiskBound.scratch(self.settings))  # a wiped scratch workspace: all of it is left
         before = interpreter.sandbox.limit_events()
         after = before
         exited: Exited | None = None
@@ -274,6 +286,7 @@ class Engine:
                     tools=request.tools,
                     cpu_seconds=limits_for(self.settings, request.timeout).cpu_seconds,
                     guard=warm.guard,
+                    file_size=scratch.file_size(self.settings.max_file_size),
                 )
                 after = interpreter.sandbox.limit_events()
             reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
@@ -301,7 +314,7 @@ class Engine:
             memory_exceeded=after.memory > before.memory,
             pids_exhausted=after.pids > before.pids,
         )
-        return judge_fresh(self.settings, outcome, record, result)
+        return explain_file_size(self.settings, scratch, judge_fresh(self.settings, outcome, record, result))
 
     async def _execute_prestarted(
         self, request: ExecutionRequest, sandbox: Prestarted, started: float
@@ -309,29 +322,33 @@ class Engine:
         """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it."""
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = sandbox.interpreter
+        overrun = Overrun(DiskBound.scratch(self.settings))
         try:
             with anyio.move_on_after(request.timeout) as deadline:
-                async with disk_bound(sandbox.workspace, DiskBound.scratch(self.settings)) as overrun:
+                async with disk_bound(sandbox.workspace, overrun.bound) as overrun:
                     await sandbox.tools.show(_tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
-                    await self._run(interpreter, record, request, last=True)
-            if deadline.cancelled_caught or overrun.reason is not None:
+                    file_size = overrun.file_size(self.settings.max_file_size)
+                    await self._run(interpreter, record, request, last=True, file_size=file_size)
+            if deadline.cancelled_caught or overrun.stopped:
                 await interpreter.kill()
         finally:
             sandbox.used.set()
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if overrun.reason is not None:
-            return stopped_for_disk(result, overrun.reason)
+            return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
         if deadline.cancelled_caught or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        return judge_fresh(self.settings, interpreter.outcome, record, result)
+        judged = judge_fresh(self.settings, interpreter.outcome, record, result)
+        return explain_file_size(self.settings, overrun, judged)
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         lease: Lease | None = None
+        overrun = Overrun(DiskBound.conversation(self.settings))
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
-                disk_bound(request.workspace, DiskBound.conversation(self.settings)) as overrun,
+                disk_bound(request.workspace, overrun.bound) as overrun,
                 self._sessions.lease(
                     key, workspace=request.workspace, reset=request.reset, tenant=request.tenant
                 ) as lease,
@@ -346,7 +363,8 @@ class Engine:
                             await network.enter_async_context(self._serve_egress(request, sockets))
                             environment = {**sandbox_environment(request.language), **request.environment}
                             run = dataclasses.replace(request, environment=environment)
-                        await self._run(lease.interpreter, record, run, last=False)
+                        file_size = overrun.file_size(self.settings.max_file_size) if request.workspace else None
+                        await self._run(lease.interpreter, record, run, last=False, file_size=file_size)
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
@@ -358,15 +376,26 @@ class Engine:
             )
         state: SessionState = "new" if lease.new else "kept"
         result = dataclasses.replace(captured(record, lease.interpreter, started), session=state)
-        if overrun.reason is not None:
+        if overrun.reason is not None and overrun.stopped:
             return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
         if deadline.cancelled_caught:
             return timed_out(
                 result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
             )
-        return judge_session(self.settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
+        judged = judge_session(self.settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
+        if overrun.reason is not None:
+            return stopped_for_disk(judged, overrun.reason, state, stopped=False)
+        return explain_file_size(self.settings, overrun, judged)
 
-    async def _run(self, interpreter: Interpreter, record: RunRecord, request: ExecutionRequest, *, last: bool) -> None:
+    async def _run(
+        self,
+        interpreter: Interpreter,
+        record: RunRecord,
+        request: ExecutionRequest,
+        *,
+        last: bool,
+        file_size: int | None = None,
+    ) -> None:
         await interpreter.run(
             record,
             code=request.code,
@@ -374,6 +403,7 @@ class Engine:
             environment=request.environment,
             tools=request.tools,
             last=last,
+            file_size=file_size,
         )
 
     def _sandbox_group(self) -> int | None:
@@ -414,6 +444,8 @@ class Engine:
                 made = python_policy(
                     self.settings, workspace=workspace, timeout=self.settings.max_timeout, mounts=mounts, session=True
                 )
+                if workspace is not None:  # no file of its may outgrow the quota (each run lowers its own limit)
+                    made = with_file_size(made, min(made.limits.file_size, self.settings.quota_bytes))
                 return made if sockets is None else with_egress(made, sockets, for_life=False)
 
             interpreter, tools, _ = await stack.enter_async_context(self._long_lived_sandbox(workspace, policy))

@@ -169,6 +169,7 @@ class Interpreter:
         last: bool,
         cpu_seconds: int | None = None,
         guard: bytes | None = None,
+        file_size: int | None = None,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -181,6 +182,7 @@ class Interpreter:
             cpu_seconds=cpu_seconds,
             guard=None if guard is None else base64.b64encode(guard).decode(),
             max_call_bytes=self.settings.max_call_bytes,
+            file_size=file_size,
         )
 
     async def run(
@@ -192,13 +194,15 @@ class Interpreter:
         environment: Mapping[str, str],
         tools: ToolAccess | None,
         last: bool,
+        file_size: int | None = None,
     ) -> None:
         """Run ``code`` once; ``record`` gets its output, images and end as they come.
 
         With ``last`` the runner exits after the run, and this waits for the sandbox to end.
+        ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(code, servers, environment, last=last)
+        frame = self._exec(code, servers, environment, last=last, file_size=file_size)
         async with _run_pipes(record) as pipes:
             sent = await self._send_exec(record, frame, pipes.ends)
             pipes.close()
@@ -226,6 +230,7 @@ class Interpreter:
         tools: ToolAccess | None,
         cpu_seconds: int,
         guard: bytes,
+        file_size: int | None = None,
     ) -> Exited | None:
         """Run ``code`` in a child the zygote forks for it; how the child ended, None if the zygote died.
 
@@ -237,7 +242,9 @@ class Interpreter:
         :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard)
+        frame = self._exec(
+            code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size
+        )
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         run_channel = Channel(host_end, _MAX_FRAME, frame_limits(self.settings))
         exited: Exited | None = None

@@ -21,6 +21,7 @@ __all__ = [
     "policy_for",
     "python_policy",
     "with_egress",
+    "with_file_size",
     "zygote_policy",
 ]
 
@@ -217,6 +218,11 @@ def policy_for(
     if language in JS_LANGUAGES:
         return js_policy(settings, language=language, workspace=workspace, timeout=timeout, mounts=mounts)
     return python_policy(settings, workspace=workspace, timeout=timeout, mounts=mounts)
+
+
+def with_file_size(policy: SandboxPolicy, file_size: int) -> SandboxPolicy:
+    """``policy`` with RLIMIT_FSIZE ``file_size`` (what a conversation's quota has left, see :mod:`.disk`)."""
+    return dataclasses.replace(policy, limits=dataclasses.replace(policy.limits, file_size=file_size))
 
 
 def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True) -> SandboxPolicy:

@@ -12,6 +12,7 @@ import signal
 import time
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.disk import Overrun
 from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
 from mcp_sandbox.sandbox.backends import SandboxOutcome
@@ -20,6 +21,7 @@ __all__ = [
     "STATE_LOST",
     "captured",
     "death",
+    "explain_file_size",
     "human_bytes",
     "judge_fresh",
     "judge_session",
@@ -79,6 +81,8 @@ def limits_hit(outcome: SandboxOutcome | None) -> tuple[str, ...]:
         hit.append("pids")
     if outcome.returncode == 128 + signal.SIGXCPU:
         hit.append("cpu")
+    if outcome.returncode == 128 + signal.SIGXFSZ:
+        hit.append("file_size")
     return tuple(hit)
 
 
@@ -95,6 +99,8 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
             limit = settings.session_cpu_seconds if session else None
             counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
             return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
+        if sig is signal.SIGXFSZ:
+            return "the interpreter was killed by SIGXFSZ: it wrote a file past the run's file size limit"
         return f"the interpreter was killed by {sig.name}"
     if code != 0 or session:
         return f"the interpreter exited with {code} before reporting a result"
@@ -146,8 +152,25 @@ def judge_session(
     return dataclasses.replace(result, status="error", exit_code=code, error=error, limits=limits_hit(outcome))
 
 
-def stopped_for_disk(result: ExecutionResult, reason: str, session: SessionState | None = None) -> ExecutionResult:
-    """A run the host stopped for what it wrote to its workspace (see :mod:`.disk`)."""
-    return dataclasses.replace(
-        result, status="error", exit_code=None, error=f"the run was stopped: {reason}", session=session
-    )
+def stopped_for_disk(
+    result: ExecutionResult, reason: str, session: SessionState | None = None, *, stopped: bool = True
+) -> ExecutionResult:
+    """A run the host stopped for what it wrote to its workspace (see :mod:`.disk`).
+
+    ``stopped`` False: the run ended on its own, its workspace over the bound (seen as it ended).
+    """
+    what = "the run was stopped" if stopped else "the run ended with its workspace over its bound"
+    return dataclasses.replace(result, status="error", exit_code=None, error=f"{what}: {reason}", session=session)
+
+
+def explain_file_size(settings: Settings, overrun: Overrun, result: ExecutionResult) -> ExecutionResult:
+    """``result``, its error naming the run's file size limit and where it came from, if the run hit it."""
+    if "file_size" not in result.limits or result.error is None:
+        return result
+    limit = overrun.file_size(settings.max_file_size)
+    if limit < settings.max_file_size:
+        left = max(0, overrun.bound.bytes - overrun.before.bytes)
+        source = f"what the workspace's quota of {human_bytes(overrun.bound.bytes)} had left ({human_bytes(left)})"
+    else:
+        source = "max_file_size"
+    return dataclasses.replace(result, error=f"{result.error} of {human_bytes(limit)}: {source}")

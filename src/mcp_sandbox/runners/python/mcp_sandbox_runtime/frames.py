@@ -172,6 +172,8 @@ class Exec:
     ``last`` run the runtime exits. To a zygote it also carries the run's channel socket, the run's
     ``cpu_seconds`` and its seccomp ``guard`` (base64 BPF). ``max_call_bytes`` is the host's limit
     on a CALL body: the runtime fails a larger request itself (a larger frame would end the run).
+    ``file_size`` is the run's ``RLIMIT_FSIZE`` (what its conversation's quota has left): a
+    ``last`` run lowers its hard limit to it, a session's run its soft limit.
     A field absent on the wire is its default.
     """
 
@@ -186,6 +188,7 @@ class Exec:
     cpu_seconds: int | None = None
     guard: str | None = None
     max_call_bytes: int | None = None  # the host's limit on a CALL body: a larger request fails here
+    file_size: int | None = None
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -203,6 +206,8 @@ class Exec:
             body["guard"] = self.guard
         if self.max_call_bytes is not None:
             body["maxCallBytes"] = self.max_call_bytes
+        if self.file_size is not None:
+            body["fileSize"] = self.file_size
         return body
 
     @classmethod
@@ -234,6 +239,7 @@ class Exec:
             cpu_seconds=_int(body, "cpuSeconds") if "cpuSeconds" in body else None,
             guard=_str(body, "guard") if "guard" in body else None,
             max_call_bytes=_int(body, "maxCallBytes") if "maxCallBytes" in body else None,
+            file_size=_int(body, "fileSize") if "fileSize" in body else None,
         )
 
 

@@ -17,6 +17,7 @@ import builtins
 import faulthandler
 import linecache
 import os
+import signal
 import sys
 from types import CodeType, ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
@@ -296,6 +297,8 @@ class Server:
         """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
         saved_env = dict(os.environ)
         self.connection.max_call_bytes = frame.max_call_bytes
+        if frame.file_size is not None:
+            _limit_file_size(frame.file_size, for_good=frame.last)
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
@@ -328,8 +331,36 @@ def _cpu_limit_signals_first() -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (hard - 1, hard))
 
 
+def _limit_file_size(size: int, *, for_good: bool) -> None:
+    """Lower RLIMIT_FSIZE to ``size`` for this run: the hard limit too when no run follows.
+
+    A session's interpreter serves later runs that may be given more (files removed meanwhile),
+    and a hard limit cannot be raised again: there only the soft one is lowered (the session's
+    sandbox starts with a hard limit no larger than the conversation's quota).
+    """
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY:
+        size = min(size, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size if for_good else hard))
+
+
+def _end_for_file_size(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)
+
+
 def prepare_process() -> None:
     """What every runner process sets up once, before its first run."""
     faulthandler.enable()  # a crash of the interpreter still leaves a trace on stderr
+    # Python ignores SIGXFSZ (a write past RLIMIT_FSIZE then fails with EFBIG, which code can
+    # catch and go on writing other files); the default action ends the run, and the host
+    # says which limit it hit, as other runtimes' processes are ended. A container's first
+    # process is its PID namespace's init, which the kernel spares from default actions: there
+    # a handler ends it the same way, at the interpreter's next instruction.
+    if os.getpid() == 1:
+        signal.signal(signal.SIGXFSZ, _end_for_file_size)
+    else:
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     _cpu_limit_signals_first()
     display.install()

@@ -41,6 +41,7 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability, SandboxOutcome
+from mcp_sandbox.sandbox.backends.container.aliases import alias_binds, remove_aliases
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_FD,
     ContainerRun,
@@ -90,12 +91,14 @@ class ContainerSandbox(ProcessSandbox):
         name: str,
         limits: Limits,
         channel_dir: Path | None,
+        aliases: Path,
     ) -> None:
         super().__init__(process, channel, cgroup)
         self.name = name
         self._engine = engine
         self._limits = limits
         self._channel_dir = channel_dir
+        self._aliases = aliases
 
     async def _kill(self) -> None:
         # By name: the container outlives its client (and the client may be gone already).
@@ -105,6 +108,7 @@ class ContainerSandbox(ProcessSandbox):
     def _release(self) -> None:
         if self._channel_dir is not None:
             shutil.rmtree(self._channel_dir, ignore_errors=True)
+        remove_aliases(self._aliases)
 
     def _judge(self, returncode: int) -> SandboxOutcome:
         # The container's own cgroup, where the kernel counts its kills, is gone: ours (its
@@ -253,7 +257,12 @@ class ContainerBackend:
                 listener = listen(channel_dir, self.user()[0])
                 undo.callback(listener.close)
             try:
-                command = container_argv(policy, self.run_spec(policy, name, channel_dir, parent))
+                aliased, aliases = alias_binds(policy, StateLayout.of(self._settings))
+            except OSError as exc:
+                raise SandboxStartError(f"cannot alias the container's bind sources: {exc}") from exc
+            undo.callback(remove_aliases, aliases)
+            try:
+                command = container_argv(aliased, self.run_spec(policy, name, channel_dir, parent))
             except ValueError as exc:
                 raise SandboxStartError(str(exc)) from exc
             passed = sandbox_end.fileno() if sandbox_end is not None else None
@@ -268,7 +277,14 @@ class ContainerBackend:
                 sandbox_end.close()
             channel = host_end or socket.socket(socket.AF_UNIX)  # a placeholder until the container connects
             sandbox = ContainerSandbox(
-                process, channel, cgroup, engine=self.engine, name=name, limits=policy.limits, channel_dir=channel_dir
+                process,
+                channel,
+                cgroup,
+                engine=self.engine,
+                name=name,
+                limits=policy.limits,
+                channel_dir=channel_dir,
+                aliases=aliases,
             )
             undo.pop_all()  # the sandbox holds them now and releases them when it closes
             undo.push_async_callback(sandbox.aclose)  # cancelled while it connects: the container must not outlive it
