@@ -43,6 +43,14 @@ class _JsonLines(logging.Formatter):
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating file whose every new file (after each rotation too) is made 0600, whatever the umask."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        # The handler formats each record twice (to decide on rotation, then to write it): once is enough.
+        line: str | None = getattr(record, "audit_line", None)
+        if line is None:
+            line = super().format(record)
+            record.audit_line = line
+        return line
+
     def _open(self) -> Any:
         return open(  # the handler owns the stream and closes it
             self.baseFilename,

@@ -226,7 +226,8 @@ def _auditor(log: AuditLog) -> Callable[[Event], None]:
     def record(event: Event) -> None:
         name = _AUDITED.get(type(event))
         if name is not None:
-            log.record(name, **dataclasses.asdict(event))
+            # The fields as they are (strings, numbers, tuples of strings): asdict's deep copy is not needed.
+            log.record(name, **{field.name: getattr(event, field.name) for field in dataclasses.fields(event)})
 
     return record
 
