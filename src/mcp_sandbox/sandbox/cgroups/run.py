@@ -109,18 +109,19 @@ class RunCgroup:
     def events(self) -> tuple[int, int]:
         """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork
         was refused, so far (counters only grow)."""
+        # Read twice a warm run, on the event loop: string paths and plain reads (see _read).
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")
             if directory is not None and self._support.version == 1:
-                memory += int((directory / "memory.failcnt").read_text())
-                memory += _counter(directory / "memory.oom_control", "oom_kill")
+                memory += int(_read(f"{directory}/memory.failcnt"))
+                memory += _counter(f"{directory}/memory.oom_control", "oom_kill")
             elif directory is not None:
-                memory += sum(_counters(directory / "memory.events", ("oom_kill", "max")))
+                memory += sum(_counters(f"{directory}/memory.events", ("oom_kill", "max")))
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("pids")
             if directory is not None:
-                pids = _counter(directory / "pids.events", "max")
+                pids = _counter(f"{directory}/pids.events", "max")
         return memory, pids
 
     def pids_exhausted(self) -> bool:
@@ -213,22 +214,24 @@ class RunCgroup:
         logger.warning("cgroup %s still busy after %.1f s; left for the next sweep", self.directories, bound)
 
 
-def _counter(path: Path, key: str) -> int:
+def _read(path: str) -> bytes:
+    """A small cgroup file's bytes: one open, one read (the text layer of ``read_text`` costs more)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _counter(path: str, key: str) -> int:
     """The value of ``key`` in a flat-keyed cgroup file (0 when absent)."""
     return _counters(path, (key,))[0]
 
 
-def _counters(path: Path, keys: tuple[str, ...]) -> list[int]:
+def _counters(path: str, keys: tuple[str, ...]) -> list[int]:
     """The values of ``keys`` in a flat-keyed cgroup file (0 when absent), from one read of it."""
     found = dict.fromkeys(keys, 0)
-    # os.read rather than Path.read_text: a run reads these twice, on the event loop, and the
-    # text layer costs more than the read.
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        text = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    for line in text.splitlines():
+    for line in _read(path).splitlines():
         name, _, value = line.partition(b" ")
         key = name.decode("ascii", errors="replace")
         if key in found:
