@@ -81,7 +81,8 @@ class _Opening:
         self._open.set()
 
     async def _ready(self) -> ToolHandlers:
-        await self._open.wait()
+        if self._handlers is None:  # once open, no wait (Event.wait would still yield to the loop)
+            await self._open.wait()
         assert self._handlers is not None
         return self._handlers
 
