@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
@@ -281,9 +282,14 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
             events.subscribe(service.metrics.observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
             group.start_soon(_sweep_periodically, service)
+            # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
+            # service: the cyclic GC stops walking it. Its full collections took ~70 ms of a run
+            # every few hundred runs here, and each younger one less.
+            gc.freeze()
             try:
                 yield service
             finally:
+                gc.unfreeze()
                 group.cancel_scope.cancel()
     finally:
         audit.close()
