@@ -306,25 +306,45 @@ class Engine:
     async def _execute_prestarted(
         self, request: ExecutionRequest, sandbox: Prestarted, started: float
     ) -> ExecutionResult:
-        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it."""
+        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it.
+
+        A Python run is answered on its runner's DONE, which comes once the program, its
+        threads and its exit handlers are done (see ``Interpreter.run``): the process's
+        teardown and the engine's end of the container happen after the answer, as the
+        sandbox's destruction. Its exit code is the one DONE reports, its limits are read from
+        the sandbox's counters then. Only a program that forges its own DONE can misreport,
+        and only its own run: the sandbox serves no other.
+        """
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = sandbox.interpreter
+        ends_on_done = request.language == "python"
         try:
             with anyio.move_on_after(request.timeout) as deadline:
                 async with disk_bound(sandbox.workspace, DiskBound.scratch(self.settings)) as overrun:
                     await sandbox.tools.show(_tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
-                    await self._run(interpreter, record, request, last=True)
+                    await interpreter.run(
+                        record,
+                        code=request.code,
+                        servers=request.tools.servers if request.tools is not None else (),
+                        environment=request.environment,
+                        tools=request.tools,
+                        last=True,
+                        ends_on_done=ends_on_done,
+                    )
             if deadline.cancelled_caught or overrun.reason is not None:
                 await interpreter.kill()
+            outcome = interpreter.outcome
+            if outcome is None and ends_on_done and record.done and record.exit_code is not None:
+                outcome = interpreter.sandbox.judge(record.exit_code)
         finally:
             sandbox.used.set()
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if overrun.reason is not None:
             return stopped_for_disk(result, overrun.reason)
-        if deadline.cancelled_caught or interpreter.outcome is None:
+        if deadline.cancelled_caught or outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        return judge_fresh(self.settings, interpreter.outcome, record, result)
+        return judge_fresh(self.settings, outcome, record, result)
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)

@@ -547,6 +547,8 @@ def main(channel_fd: int, preload: list[str]) -> int:
     loaded, failed = _preload(preload)
     import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
 
+    from . import library  # noqa: F401  (every run binds its names: imported once here, not per child)
+
     _program_type()  # defined here once, not in every run's child
 
     threads = len(os.listdir("/proc/self/task"))
