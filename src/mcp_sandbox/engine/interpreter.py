@@ -192,14 +192,10 @@ class Interpreter:
         environment: Mapping[str, str],
         tools: ToolAccess | None,
         last: bool,
-        ends_on_done: bool = False,
     ) -> None:
         """Run ``code`` once; ``record`` gets its output, images and end as they come.
 
-        With ``last`` the runner exits after the run, and this waits for the sandbox to end,
-        unless ``ends_on_done`` and the runner said DONE: the caller destroys the sandbox
-        anyway, and the Python runner's DONE after a last run comes once the program's threads
-        and exit handlers are done (the process's teardown is all that is left).
+        With ``last`` the runner exits after the run, and this waits for the sandbox to end.
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
         frame = self._exec(code, servers, environment, last=last)
@@ -212,8 +208,6 @@ class Interpreter:
                 # The runner broke the protocol (an oversized or malformed frame): it cannot be
                 # trusted to end the run, and what it still writes is not read. The run ends now.
                 await self.kill()
-                return
-            if last and ends_on_done and record.done:
                 return
             if last or (record.channel_ended and record.protocol_error is None):
                 # The runner is exiting: wait for the whole sandbox, then its own output.

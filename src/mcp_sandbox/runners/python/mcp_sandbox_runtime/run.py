@@ -286,24 +286,14 @@ class Server:
         self.interpreter = Interpreter()
         self.stdio = _Stdio()
 
-    def serve(self, frame: Exec, fds: list[int], *, ending: bool = False) -> int:
-        """Run one EXEC frame's code with its pipes, environment and servers; send DONE.
-
-        ``ending``: the process exits after this run (see :meth:`run`).
-        """
-        done = self.run(frame, fds, ending=ending)
+    def serve(self, frame: Exec, fds: list[int]) -> int:
+        """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
+        done = self.run(frame, fds)
         self.connection.send(done)
         return done.exit_code
 
-    def run(self, frame: Exec, fds: list[int], *, ending: bool = False) -> Done:
-        """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send.
-
-        ``ending``: the process exits after this run, so what a program may rely on at exit
-        happens before DONE, the run's pipes still attached: its event loop is closed, its
-        non-daemon threads are waited for, its atexit handlers run. Whatever they print is the
-        run's, and DONE is the run's end: a host that destroys the sandbox right after its run
-        need not wait for the process to end.
-        """
+    def run(self, frame: Exec, fds: list[int]) -> Done:
+        """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
         saved_env = dict(os.environ)
         self.connection.max_call_bytes = frame.max_call_bytes
         if fds:
@@ -313,9 +303,6 @@ class Server:
             os.environ.update(frame.env)
             relay.add_packages()
             exit_code, exception = self.interpreter.run(frame.code, list(frame.servers))
-            if ending:
-                self.interpreter.close()
-                _exit_handlers()
         finally:
             display.end()
             # Restored, not kept: a session does not carry one run's secrets into the next.
@@ -326,24 +313,6 @@ class Server:
             else:
                 _flush(sys.stdout, sys.stderr)
         return Done(frame.run, exit_code, exception)
-
-
-def _exit_handlers() -> None:
-    """What ``sys.exit`` does before the interpreter's teardown: wait for non-daemon threads, run atexit handlers.
-
-    Both happen once: at the real exit there are no threads left to wait for, and the handlers
-    that ran are gone.
-    """
-    import atexit
-    import threading
-
-    try:
-        shutdown = getattr(threading, "_shutdown", None)
-        if shutdown is not None:
-            shutdown()
-        atexit._run_exitfuncs()
-    except BaseException:  # the exit code is the run's whatever a handler did
-        pass
 
 
 def _cpu_limit_signals_first() -> None:

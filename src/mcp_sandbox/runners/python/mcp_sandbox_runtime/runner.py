@@ -7,8 +7,7 @@ keeps serving. All runs share one ``__main__`` namespace and one asyncio event l
 
 What a run is (its stdio, environment, servers, DONE) is ``run.py``'s; after any run the runner
 goes on serving. The process's own stdout/stderr are for the runtime's own failures. The process
-exits with the last run's exit code; after a ``last`` run its threads and atexit handlers are done
-before DONE (see ``Server.run``), so DONE is the program's end.
+exits with the last run's exit code.
 """
 
 from __future__ import annotations
@@ -48,10 +47,6 @@ def main(argv: list[str]) -> int:
     connection = host.connect(channel)
     os.close(channel)  # the connection holds its own, non-inheritable duplicate
     prepare_process()
-    # Every run binds the library's names: imported now, before READY, so that a pre-started
-    # sandbox's run does not wait for it (a fresh run waits the same either way).
-    from . import library  # noqa: F401
-
     if (problem := relay.start()) is not None:
         sys.stderr.write(f"mcp-sandbox runner: {problem}\n")
     connection.send(Ready("python", sys.version.split()[0]))
@@ -65,7 +60,7 @@ def main(argv: list[str]) -> int:
                 close_fds(fds)
                 connection.send(Error(accepted))
                 return EXIT_PROTOCOL
-            exit_code = server.serve(accepted, fds, ending=accepted.last)
+            exit_code = server.serve(accepted, fds)
             if accepted.last:
                 break  # a fresh run: the sandbox serves this one EXEC only
     except OSError:  # the channel broke while we wrote to it
