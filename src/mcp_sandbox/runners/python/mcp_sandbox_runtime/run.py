@@ -32,6 +32,7 @@ __all__ = [
     "Server",
     "accept_exec",
     "prepare_process",
+    "prepare_single",
 ]
 
 if TYPE_CHECKING:
