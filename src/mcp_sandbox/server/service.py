@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
@@ -70,6 +71,9 @@ class Service:
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     # Where history writes run after their call has been answered (open_service waits for them).
     writes: TaskGroup | None = None
+    # Records waiting for the writer task, which takes all there are at each turn (see record_soon).
+    _unwritten: list[ExecutionRecord] = dataclasses.field(default_factory=list)
+    _writing: bool = False
 
     @contextlib.contextmanager
     def using(self, key: str | None) -> Iterator[None]:
@@ -143,16 +147,33 @@ class Service:
         return self.bridge.reload_policies(fresh)
 
     def record_soon(self, record: ExecutionRecord) -> None:
-        """Add ``record`` to the history after the call is answered (off its path); a failure is logged."""
+        """Add ``record`` to the history after the call is answered (off its path); a failure is logged.
+
+        One writer task at a time takes every record waiting and writes them in one worker-thread
+        call: under many callers, one thread hand-off per batch rather than per run.
+        """
         if self.writes is None:
             raise RuntimeError("the service is not open (see open_service)")
-        self.writes.start_soon(self._record_logged, record)
+        self._unwritten.append(record)
+        if not self._writing:
+            self._writing = True
+            self.writes.start_soon(self._write_unwritten)
 
-    async def _record_logged(self, record: ExecutionRecord) -> None:
+    async def _write_unwritten(self) -> None:
         try:
-            await self.record(record)
-        except Exception:  # losing a metadata row must not lose the run's result
-            logger.exception("could not record an execution in the metadata database")
+            while self._unwritten:
+                await anyio.lowlevel.checkpoint()  # the records of calls answered meanwhile join this batch
+                batch, self._unwritten = self._unwritten, []
+                await anyio.to_thread.run_sync(self._record_logged, batch)
+        finally:
+            self._writing = False
+
+    def _record_logged(self, batch: list[ExecutionRecord]) -> None:
+        for record in batch:
+            try:
+                self.metadata.record_execution(record)
+            except Exception:  # losing a metadata row must not lose the run's result
+                logger.exception("could not record an execution in the metadata database")
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""

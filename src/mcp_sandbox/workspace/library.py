@@ -145,6 +145,11 @@ class Library:
         found = [self.tool(tenant, path.stem) for path in sorted((self._dir(tenant) / "tools").glob("*.json"))]
         return [tool for tool in found if tool is not None]
 
+    def empty(self, tenant: str) -> bool:
+        """Whether the tenant has neither tools nor memories (two directory scans, no reads)."""
+        base = self._dir(tenant)
+        return not any(next((base / kind).glob("*.json"), None) for kind in ("tools", "memories"))
+
     def view(self, tenant: str) -> Path | None:
         """A read-only snapshot of the tenant's library for a run (None when it is empty).
 
