@@ -10,8 +10,8 @@ Rows (medians and p95 over N runs, milliseconds):
 - ``fresh run``: the engine's whole fresh run (container start, runner ready, EXEC, DONE,
   removal by name) printing one line, a cold container each time;
 - ``warm run``: the same run on a running engine: a pre-started single-use container (bwrap: a
-  zygote's fork), runs 0.3 s apart so the pool refills in the background (a container's start
-  and removal take a few hundred ms);
+  zygote's fork), runs at least 0.3 s apart and each once one is ready (untimed: the pool
+  refills in the background; a container's start and removal take a few hundred ms);
 - ``session run``: the same code as the runs of one session, served by one warm container
   over the channel;
 - the same two rows on bwrap, for comparison.
@@ -100,6 +100,9 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
 
         async def warm() -> None:
             await anyio.sleep(0.3)  # not timed: the refill's head start
+            with anyio.move_on_after(10):  # and, on a loaded machine, until one is ready
+                while not (engine.pool.idle if backend.warm_pool else engine.prestart.ready("python")):  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
             started = time.perf_counter()
             result = await engine.execute(ExecutionRequest(code=CODE, timeout=settings.timeout))
             timings.append(time.perf_counter() - started)

@@ -7,6 +7,7 @@ comparable outcome such as ``"ok"``, ``"PermissionError:EPERM"`` or ``"EPERM"`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Callable
@@ -88,7 +89,8 @@ _POSTLUDE = "\nprint(json.dumps(report), flush=True)\n"
 class SandboxRunner:
     """One engine on one backend, with the settings it was built from.
 
-    ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready).
+    ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready);
+    on a container backend, by a pre-started single-use container.
     """
 
     settings: Settings
@@ -102,8 +104,14 @@ class SandboxRunner:
             if not self.warm or workspace is not None:  # a conversation's workspace is never a warm sandbox's
                 return await self.engine.execute(request)
             # An engine per run: runs of one test may overlap, and each needs its own warm sandbox.
-            async with Engine(self.settings, self.engine.backend).running() as engine:
-                while engine.pool.idle == 0:  # noqa: ASYNC110 - the pool has no event to wait on
+            zygotes = self.engine.backend.warm_pool
+            # A pre-started container has the limits of the default timeout: this run's.
+            settings = self.settings if zygotes else dataclasses.replace(self.settings, timeout=time_limit)
+            async with Engine(settings, self.engine.backend).running() as engine:
+                # The pools have no event to wait on.
+                while (engine.pool.idle if zygotes else engine.prestart.ready("python")) == 0:
+                    if not zygotes:
+                        engine.prestart.fill("python")
                     await anyio.sleep(_POLL)
                 result = await engine.execute(request)
                 assert result.warm, "the run did not go to a warm sandbox"

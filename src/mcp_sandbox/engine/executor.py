@@ -8,7 +8,8 @@ Every run first takes a slot of the admission control (:mod:`.admission`). Then:
   the sandbox's cgroup over the run);
 - a run that cannot fork from a zygote (JavaScript; Python on a container backend) takes a
   pre-started single-use sandbox when one is ready and the run is :func:`.prestart.eligible`:
-  it serves this one run like a fresh sandbox and is destroyed (see :mod:`.prestart`);
+  it serves this one run like a fresh sandbox and is destroyed (see :mod:`.prestart`); a
+  Python one's zygote forks the run's child and reports its exit, as a warm sandbox's does;
 - otherwise it runs in a fresh sandbox: an interpreter that serves one run and exits (judged
   by its process's exit code, memory and process counts, as a one-shot sandbox);
 - a session run is one of many runs of a session's interpreter (judged by the exit code its
@@ -270,7 +271,7 @@ class Engine:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = warm.interpreter
         scratch = Overrun(DiskBound.scratch(self.settings))  # a wiped scratch workspace: all of it is left
-        before = interpreter.sandbox.limit_events()
+        before = warm.limits
         after = before
         exited: Exited | None = None
         reusable = False
@@ -319,17 +320,27 @@ class Engine:
     async def _execute_prestarted(
         self, request: ExecutionRequest, sandbox: Prestarted, started: float
     ) -> ExecutionResult:
-        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it."""
+        """Run in a pre-started sandbox, judged as a fresh one; it serves this run only, then its owner destroys it.
+
+        With a zygote (Python) the run is its forked child's, judged by the zygote's EXITED and
+        the sandbox's counters then (they are this run's alone), and answered before the
+        sandbox is torn down.
+        """
         record = RunRecord.capped(self.settings.max_output, request.on_output)
         interpreter = sandbox.interpreter
         overrun = Overrun(DiskBound.scratch(self.settings))
+        outcome: SandboxOutcome | None = None
         try:
             with anyio.move_on_after(request.timeout) as deadline:
                 async with disk_bound(sandbox.workspace, overrun.bound) as overrun:
                     await sandbox.tools.show(_tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
                     file_size = overrun.file_size(self.settings.max_file_size)
-                    await self._run(interpreter, record, request, last=True, file_size=file_size)
+                    if sandbox.guard is None:
+                        await self._run(interpreter, record, request, last=True, file_size=file_size)
+                        outcome = interpreter.outcome
+                    else:
+                        outcome = await self._run_forked_once(interpreter, record, request, sandbox.guard, file_size)
             if deadline.cancelled_caught or overrun.stopped:
                 await interpreter.kill()
         finally:
@@ -337,10 +348,41 @@ class Engine:
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if overrun.reason is not None:
             return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
-        if deadline.cancelled_caught or interpreter.outcome is None:
+        if deadline.cancelled_caught or (outcome is None and sandbox.guard is None):
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        judged = judge_fresh(self.settings, interpreter.outcome, record, result)
-        return explain_file_size(self.settings, overrun, judged)
+        if outcome is None:
+            return dataclasses.replace(
+                result, status="error", exit_code=None, error="the pre-started sandbox ended before reporting the run"
+            )
+        return explain_file_size(self.settings, overrun, judge_fresh(self.settings, outcome, record, result))
+
+    async def _run_forked_once(
+        self,
+        interpreter: Interpreter,
+        record: RunRecord,
+        request: ExecutionRequest,
+        guard: bytes,
+        file_size: int,
+    ) -> SandboxOutcome | None:
+        """Run in the child a single-use sandbox's zygote forked; how it ended (None: not known).
+
+        The sandbox serves no other run, so its counters now are this run's.
+        """
+        exited = await interpreter.run_forked(
+            record,
+            code=request.code,
+            servers=request.tools.servers if request.tools is not None else (),
+            environment=request.environment,
+            tools=request.tools,
+            cpu_seconds=limits_for(self.settings, request.timeout).cpu_seconds,
+            guard=guard,
+            file_size=file_size,
+        )
+        if exited is not None:
+            return interpreter.sandbox.judge(exited.exit_code)
+        with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+            await interpreter.exited.wait()
+        return interpreter.outcome
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
@@ -462,13 +504,18 @@ class Engine:
             SandboxStartError: it did not start.
         """
 
+        zygote = language == "python"
+
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            if zygote:  # nothing preloaded: a single-use sandbox would pay for it on every run
+                return zygote_policy(self.settings, workspace=workspace, mounts=mounts, preload=())
             return policy_for(
                 self.settings, language, workspace=workspace, timeout=self.settings.timeout, mounts=mounts
             )
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools, workspace):
-            yield Prestarted(language, interpreter, tools, workspace)
+            guard = self._zygote_guard(interpreter) if zygote else None
+            yield Prestarted(language, interpreter, tools, workspace, guard)
 
     @contextlib.asynccontextmanager
     async def _warm_sandbox(self) -> AsyncIterator[Warm]:
@@ -482,14 +529,26 @@ class Engine:
             return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools, _):
-            ready = interpreter.ready
-            pid = ready.get("pid")
-            if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid < 1:
-                raise SandboxStartError(f"the warm sandbox cannot serve runs: {ready.get('problem', ready)}")
-            if ready.get("failed") and not self._preload_reported:
+            guard = self._zygote_guard(interpreter)
+            if interpreter.ready.get("failed") and not self._preload_reported:
                 self._preload_reported = True
-                logger.warning("pool_preload: these modules did not import in the sandbox: %s", ready["failed"])
-            yield Warm(interpreter, tools, zygote_guard_bpf(pid))
+                logger.warning(
+                    "pool_preload: these modules did not import in the sandbox: %s", interpreter.ready["failed"]
+                )
+            yield Warm(interpreter, tools, guard)
+
+    @staticmethod
+    def _zygote_guard(interpreter: Interpreter) -> bytes:
+        """The seccomp guard of the runs of ``interpreter``'s zygote (see :func:`zygote_guard_bpf`).
+
+        Raises:
+            SandboxStartError: the zygote cannot serve runs (it says why in its READY).
+        """
+        ready = interpreter.ready
+        pid = ready.get("pid")
+        if not ready.get("zygote") or ready.get("problem") or not isinstance(pid, int) or pid < 1:
+            raise SandboxStartError(f"the warm sandbox cannot serve runs: {ready.get('problem', ready)}")
+        return zygote_guard_bpf(pid)
 
     @contextlib.asynccontextmanager
     async def _long_lived_sandbox(

@@ -6,7 +6,10 @@ container hundreds). Instead a few sandboxes per language are started in the bac
 has started its runtime, said READY and waits for its one EXEC frame on the channel (the code
 never travels on a command line). A run takes one, is served by it exactly as a fresh sandbox
 serves a run (the EXEC says ``last``: the runtime exits after it), and the sandbox is then
-destroyed, so fresh state holds by construction; its owner task starts the next one.
+destroyed, so fresh state holds by construction; its owner task starts the next one. A Python
+one runs a zygote (as a warm sandbox does, preloading nothing) that forks the run's child in
+advance and reports its exit: the run is answered then, and the sandbox's teardown (a
+container engine's takes tens of milliseconds) comes after the answer.
 
 A language's sandboxes start on its first run (a deployment that never runs TypeScript keeps
 no bun), ``prestart_size`` of them (0: none, every run starts its own). Only a run whose sandbox
@@ -46,12 +49,18 @@ START_WAIT_SECONDS = 5.0
 
 @dataclass(eq=False)
 class Prestarted:
-    """One pre-started sandbox: its runner (READY, waiting for EXEC), its ``/tools`` view, its scratch workspace."""
+    """One pre-started sandbox: its runner (READY, waiting for EXEC), its ``/tools`` view, its scratch workspace.
+
+    A Python one's runner is a zygote (``guard``: the seccomp filter of the child it forks for
+    the run), so the run is judged by the zygote's EXITED, which the code cannot forge, and is
+    answered as soon as the child has exited, before the sandbox is torn down.
+    """
 
     language: str
     interpreter: Interpreter
     tools: ToolsView
     workspace: Path | None  # None: the backend's own sized scratch space
+    guard: bytes | None = None  # the zygote's runs' seccomp guard; None: the runner serves the run itself
     used: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -115,9 +124,7 @@ class PrestartPool:
         if self._group is None or self.settings.prestart_size == 0:
             return None
         ready = self._ready.setdefault(language, [])
-        if time.monotonic() >= self._retry_at.get(language, 0.0):
-            for _ in range(self.settings.prestart_size - self._owners.get(language, 0)):
-                self._start(language)
+        self.fill(language)
         if not ready and self._starting.get(language, 0) > self._waiting.get(language, 0):
             self._waiting[language] = self._waiting.get(language, 0) + 1
             try:
@@ -127,6 +134,14 @@ class PrestartPool:
             finally:
                 self._waiting[language] -= 1
         return ready.pop(0) if ready else None
+
+    def fill(self, language: str) -> None:
+        """Start sandboxes of ``language`` up to ``prestart_size`` now, as its next run would."""
+        if self._group is None or time.monotonic() < self._retry_at.get(language, 0.0):
+            return
+        self._ready.setdefault(language, [])
+        for _ in range(self.settings.prestart_size - self._owners.get(language, 0)):
+            self._start(language)
 
     def _start(self, language: str) -> None:
         assert self._group is not None

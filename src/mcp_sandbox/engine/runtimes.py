@@ -111,14 +111,21 @@ def python_policy(
     )
 
 
-def zygote_policy(settings: Settings, *, workspace: Path | None, mounts: Sequence[Mount] = ()) -> SandboxPolicy:
+def zygote_policy(
+    settings: Settings,
+    *,
+    workspace: Path | None,
+    mounts: Sequence[Mount] = (),
+    preload: Sequence[str] | None = None,
+) -> SandboxPolicy:
     """The policy of a warm Python sandbox: a session's, running the runner as a zygote.
 
-    The zygote imports ``pool_preload`` once and forks a child per run; each child lowers its
-    CPU limit to its run's (the sandbox's own is the session budget, as for a session).
+    The zygote imports ``preload`` (default ``pool_preload``) once and forks a child per run;
+    each child lowers its CPU limit to its run's (the sandbox's own is the session budget, as
+    for a session).
     """
     policy = python_policy(settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True)
-    preload = ",".join(settings.pool_preload)
+    preload = ",".join(settings.pool_preload if preload is None else preload)
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
 
 

@@ -35,6 +35,7 @@ from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.sessions import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox.backends import LimitEvents
 
 __all__ = [
     "RESTORE_SECONDS",
@@ -75,6 +76,8 @@ class Warm:
     runs: int = 0
     idle_since: float = field(default_factory=time.monotonic)
     back: anyio.Event = field(default_factory=anyio.Event)  # it came back from a run, or was retired
+    # The sandbox's limit counters when it was last offered: a run's hits are the counters after it minus these.
+    limits: LimitEvents = field(default_factory=LimitEvents)
     reusable: bool = False  # when back: the run left it able to serve again (once restored)
     shrunk: bool = False  # retired for being idle: its owner does not start another
 
@@ -180,6 +183,8 @@ class WarmPool:
         while True:
             warm.back = anyio.Event()
             warm.idle_since = time.monotonic()
+            # Read now, off the next run's path: nothing runs in the sandbox until its EXEC.
+            warm.limits = warm.interpreter.sandbox.limit_events()
             self._idle.append(warm)
             self._announce()
             await warm.back.wait()

@@ -186,8 +186,8 @@ class ToolHandlers:
                 environment = {}
             if arguments.conversation is not None:
                 key = service.workspaces.key(tenant, arguments.conversation)
-            library = self._library
-            view = None if library.untouched(tenant) else await anyio.to_thread.run_sync(library.view, tenant)
+            # An empty library (the common case) has no view: known without a worker thread's round trip.
+            view = None if self._library.empty(tenant) else await anyio.to_thread.run_sync(self._library.view, tenant)
             aliases = service.bridge.aliases(arguments.servers, tenant)
             access = LibraryAccess(
                 await service.bridge.open_run(aliases, tenant=tenant, conversation=key), self._library, tenant, view

@@ -145,10 +145,10 @@ class Library:
         found = [self.tool(tenant, path.stem) for path in sorted((self._dir(tenant) / "tools").glob("*.json"))]
         return [tool for tool in found if tool is not None]
 
-    def untouched(self, tenant: str) -> bool:
-        """Whether the tenant never saved anything (no directory of its): one ``stat``, cheap enough
-        for the event loop, so a run of such a tenant needs no :meth:`view` (which would be None)."""
-        return not self._dir(tenant).is_dir()
+    def empty(self, tenant: str) -> bool:
+        """Whether the tenant has neither tools nor memories (two directory scans, no reads)."""
+        base = self._dir(tenant)
+        return not any(next((base / kind).glob("*.json"), None) for kind in ("tools", "memories"))
 
     def view(self, tenant: str) -> Path | None:
         """A read-only snapshot of the tenant's library for a run (None when it is empty).

@@ -79,6 +79,14 @@ class Sandbox(Protocol):
         """The limit counters now (zeros where the backend cannot tell)."""
         ...
 
+    def judge(self, returncode: int) -> SandboxOutcome:
+        """The outcome of a run that ended with ``returncode``, by the limit counters now.
+
+        For a single-use sandbox whose run's end is known before its processes are gone (its
+        runner's DONE): the counters are read as ``wait`` would read them once they were.
+        """
+        ...
+
     async def aclose(self) -> SandboxOutcome:
         """Kill the whole process tree (orphans included), release its resources, bounded.
 

@@ -100,6 +100,9 @@ class ProcessSandbox:
         memory, pids = self._cgroup.events()
         return LimitEvents(memory=memory, pids=pids)
 
+    def judge(self, returncode: int) -> SandboxOutcome:
+        return self._judge(returncode)
+
     async def aclose(self) -> SandboxOutcome:
         if self._outcome is not None:
             return self._outcome

@@ -108,20 +108,23 @@ class RunCgroup:
 
     def events(self) -> tuple[int, int]:
         """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork
-        was refused, so far (counters only grow)."""
-        # Read twice a warm run, on the event loop: string paths and plain reads (see _read).
+        was refused, so far (counters only grow).
+
+        Read before and after every warm run: the files are read with plain ``os`` calls on
+        paths made once, not through ``pathlib``.
+        """
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")
             if directory is not None and self._support.version == 1:
                 memory += int(_read(f"{directory}/memory.failcnt"))
-                memory += _counter(f"{directory}/memory.oom_control", "oom_kill")
+                memory += _parse_counters(_read(f"{directory}/memory.oom_control"), ("oom_kill",))[0]
             elif directory is not None:
-                memory += sum(_counters(f"{directory}/memory.events", ("oom_kill", "max")))
+                memory += sum(_parse_counters(_read(f"{directory}/memory.events"), ("oom_kill", "max")))
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("pids")
             if directory is not None:
-                pids = _counter(f"{directory}/pids.events", "max")
+                pids = _parse_counters(_read(f"{directory}/pids.events"), ("max",))[0]
         return memory, pids
 
     def pids_exhausted(self) -> bool:
@@ -214,26 +217,24 @@ class RunCgroup:
         logger.warning("cgroup %s still busy after %.1f s; left for the next sweep", self.directories, bound)
 
 
-def _read(path: str) -> bytes:
-    """A small cgroup file's bytes: one open, one read (the text layer of ``read_text`` costs more)."""
+def _parse_counters(text: str, keys: tuple[str, ...]) -> list[int]:
+    """The values of ``keys`` in the text of a flat-keyed cgroup file (0 when absent)."""
+    found = dict.fromkeys(keys, 0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in found:
+            found[name] = int(value)
+    return [found[key] for key in keys]
+
+
+def _read(path: str) -> str:
+    """A small cgroup file's text, with one open and one read.
+
+    Raises:
+        OSError: it cannot be read.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.read(fd, 4096)
+        return os.read(fd, 1 << 16).decode()
     finally:
         os.close(fd)
-
-
-def _counter(path: str, key: str) -> int:
-    """The value of ``key`` in a flat-keyed cgroup file (0 when absent)."""
-    return _counters(path, (key,))[0]
-
-
-def _counters(path: str, keys: tuple[str, ...]) -> list[int]:
-    """The values of ``keys`` in a flat-keyed cgroup file (0 when absent), from one read of it."""
-    found = dict.fromkeys(keys, 0)
-    for line in _read(path).splitlines():
-        name, _, value = line.partition(b" ")
-        key = name.decode("ascii", errors="replace")
-        if key in found:
-            found[key] = int(value)
-    return [found[key] for key in keys]

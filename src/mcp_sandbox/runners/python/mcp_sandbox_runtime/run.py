@@ -33,6 +33,7 @@ __all__ = [
     "Server",
     "accept_exec",
     "prepare_process",
+    "prepare_single",
 ]
 
 if TYPE_CHECKING:
@@ -280,12 +281,20 @@ def accept_exec(frame: Frame, fds: list[int], *, descriptors: int = 2) -> Exec |
 
 
 class Server:
-    """Serves EXEC frames on the connection with one interpreter."""
+    """Serves EXEC frames on the connection with one interpreter.
 
-    def __init__(self, connection: host.HostConnection) -> None:
+    ``single``: a zygote's child, made ready before its EXEC came (``interpreter`` made and the
+    import caches invalidated then, see :func:`prepare_single`), which serves one run and exits:
+    its environment is not restored after the run.
+    """
+
+    def __init__(
+        self, connection: host.HostConnection, *, interpreter: Interpreter | None = None, single: bool = False
+    ) -> None:
         self.connection = connection
-        self.interpreter = Interpreter()
+        self.interpreter = interpreter or Interpreter()
         self.stdio = _Stdio()
+        self._single = single
 
     def serve(self, frame: Exec, fds: list[int]) -> int:
         """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
@@ -304,18 +313,28 @@ class Server:
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
         try:
             os.environ.update(frame.env)
-            relay.add_packages()
+            if not self._single:
+                relay.add_packages()
             exit_code, exception = self.interpreter.run(frame.code, list(frame.servers))
         finally:
             display.end()
-            # Restored, not kept: a session does not carry one run's secrets into the next.
-            os.environ.clear()
-            os.environ.update(saved_env)
+            if not self._single:
+                # Restored, not kept: a session does not carry one run's secrets into the next.
+                os.environ.clear()
+                os.environ.update(saved_env)
             if fds:
                 self.stdio.detach()
             else:
                 _flush(sys.stdout, sys.stderr)
         return Done(frame.run, exit_code, exception)
+
+
+def prepare_single() -> Interpreter:
+    """What a zygote's child does before its EXEC comes, off the run's path: the run's interpreter
+    state, and :func:`relay.add_packages` (as every run does first). The child is this run's only,
+    so doing it earlier changes nothing the code can see; its copy-on-write page faults happen now."""
+    relay.add_packages()
+    return Interpreter()
 
 
 def _cpu_limit_signals_first() -> None:

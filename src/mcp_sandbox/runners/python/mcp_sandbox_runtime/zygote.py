@@ -380,6 +380,7 @@ def _waiting_child(control: _Control, report: int) -> int:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()  # `random` reseeds itself after a fork; numpy's global generator does not
+    interpreter = run.prepare_single()
     try:
         command = control.receive()
     except (OSError, FrameError):
@@ -398,10 +399,10 @@ def _waiting_child(control: _Control, report: int) -> int:
         return run.EXIT_PROTOCOL
     _report(report, _RUNNING, accepted.run)
     control.sock.close()  # the run never holds the zygote's channel
-    return _child(accepted, fds)
+    return _child(accepted, fds, interpreter)
 
 
-def _child(frame: Exec, fds: list[int]) -> int:
+def _child(frame: Exec, fds: list[int], interpreter: run.Interpreter) -> int:
     """The forked child, its EXEC received: serve this one run on its own socket, then exit with its code."""
     # Nothing of the zygote's is open any more (see _waiting_child): the run's pipes go on 1 and 2.
     os.dup2(fds[0], 1)
@@ -421,7 +422,7 @@ def _child(frame: Exec, fds: list[int]) -> int:
         resource.setrlimit(resource.RLIMIT_CPU, (max(hard - 1, 1), hard))
     connection = host.connect(fds[2])
     os.close(fds[2])
-    server = run.Server(connection)
+    server = run.Server(connection, interpreter=interpreter, single=True)
     done = Done(frame.run, run.EXIT_PROTOCOL, None)
     try:
         done = server.run(frame, fds[:2])
@@ -546,6 +547,8 @@ def main(channel_fd: int, preload: list[str]) -> int:
     run.prepare_process()
     loaded, failed = _preload(preload)
     import asyncio  # noqa: F401  (top-level await in a run would import it: ~25 ms)
+
+    from . import library  # noqa: F401  (every run binds its names: imported once here, not per child)
 
     _program_type()  # defined here once, not in every run's child
 
