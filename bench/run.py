@@ -8,6 +8,7 @@ See bench/README.md for what each line measures.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -158,11 +159,43 @@ print(statistics.median(times), sorted(times)[int(0.95 * COUNT)], sorted(times)[
     print(f"  {'1,000 sequential tool calls in one run':<44} {total:8.0f} ms in all")
 
 
+def server_pid() -> int | None:
+    """The pid of the ``mcp-sandbox serve`` child of this process (the stdio client started it)."""
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"serve" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                    return int(child)
+    return None
+
+
+def cpu_ms(pid: int) -> tuple[float, float]:
+    """CPU time (user + system, ms) of process ``pid``, and of its descendants (the sandboxes,
+    with the children they have reaped), so far."""
+    tick = 1000 / os.sysconf("SC_CLK_TCK")
+    own = descendants = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
+            if current == pid:
+                own = (int(fields[11]) + int(fields[12])) * tick
+            else:
+                descendants += sum(int(value) for value in fields[11:15]) * tick
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending.extend(int(child) for child in (task / "children").read_text().split())
+    return own, descendants
+
+
 async def throughput(client: Client) -> None:
-    """Fresh-state runs per second with 1, 4 and 16 concurrent callers on one stdio session."""
+    """Fresh-state runs per second with 1, 4 and 16 concurrent callers on one stdio session,
+    and the CPU time each run took in the server process and in the sandboxes (what bounds it)."""
+    pid = server_pid()
     for callers in (1, 4, 16):
         done = 0
         stop = time.monotonic() + 5
+        before = cpu_ms(pid) if pid is not None else (0.0, 0.0)
 
         async def caller(stop: float) -> None:
             nonlocal done
@@ -175,7 +208,12 @@ async def throughput(client: Client) -> None:
             for _ in range(callers):
                 group.start_soon(caller, stop)
         rate = done / (time.monotonic() - started)
-        print(f"  {f'throughput, {callers} concurrent callers':<44} {rate:8.1f} runs/s")
+        cpu = ""
+        if pid is not None and done:
+            after = cpu_ms(pid)
+            server, sandboxes = ((now - then) / done for now, then in zip(after, before, strict=True))
+            cpu = f"  CPU per run: server {server:.1f} ms, sandboxes {sandboxes:.1f} ms"
+        print(f"  {f'throughput, {callers} concurrent callers':<44} {rate:8.1f} runs/s{cpu}")
 
 
 def memory_of(pid: int) -> tuple[int, int]:

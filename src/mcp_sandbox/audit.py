@@ -20,7 +20,6 @@ import json
 import logging
 import logging.handlers
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,14 @@ class _JsonLines(logging.Formatter):
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating file whose every new file (after each rotation too) is made 0600, whatever the umask."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        # The handler formats each record twice (to decide on rotation, then to write it): once is enough.
+        line: str | None = getattr(record, "audit_line", None)
+        if line is None:
+            line = super().format(record)
+            record.audit_line = line
+        return line
+
     def _open(self) -> Any:
         return open(  # the handler owns the stream and closes it
             self.baseFilename,
@@ -56,20 +63,11 @@ class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 class AuditLog:
     """An append-only JSON-lines log at ``path``; see the module docstring."""
 
-    _counter = 0
-    _counter_lock = threading.Lock()
-
     def __init__(self, path: Path, handler: logging.Handler) -> None:
         self.path = path
+        # Records go straight to the handler, through no logger: audit lines never reach the
+        # console log, and a line costs no logger's work (levels, the caller's frame, propagation).
         self._handler = handler
-        with AuditLog._counter_lock:
-            AuditLog._counter += 1
-            name = f"mcp_sandbox.audit.{AuditLog._counter}"
-        # A logger of its own, detached from the root: audit lines never reach the console log.
-        self._logger = logging.getLogger(name)
-        self._logger.propagate = False
-        self._logger.setLevel(logging.INFO)
-        self._logger.addHandler(handler)
 
     @classmethod
     def open(cls, path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS) -> AuditLog:
@@ -87,8 +85,9 @@ class AuditLog:
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one line: ``event`` and ``fields``. Never raises for a failing disk."""
-        self._logger.info(event, extra={"audit": {"event": event, **fields}})
+        record = logging.LogRecord("mcp_sandbox.audit", logging.INFO, "", 0, event, None, None)
+        record.audit = {"event": event, **fields}
+        self._handler.handle(record)  # its lock, rotation and errors (reported, never raised) as before
 
     def close(self) -> None:
-        self._logger.removeHandler(self._handler)
         self._handler.close()

@@ -143,6 +143,19 @@ def test_a_duplicate_execution_id_is_refused(metadata: Metadata) -> None:
         metadata.record_execution(_record(1))
 
 
+def test_executions_recorded_together_are_all_kept_or_none(metadata: Metadata, tmp_path: Path) -> None:
+    metadata.record_executions([_record(1), _record(2, tenant="bob"), _record(3)])
+    with pytest.raises(WorkspaceError):
+        metadata.record_executions([_record(4), _record(2)])  # run-2 is there: run-4 is not kept either
+
+    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
+        rows = db.execute("SELECT id, tenant FROM executions ORDER BY id").fetchall()
+        tenants = db.execute("SELECT name FROM tenants ORDER BY name").fetchall()
+    db.close()
+    assert rows == [("run-1", "alice"), ("run-2", "bob"), ("run-3", "alice")]
+    assert tenants == [("alice",), ("bob",)]
+
+
 def test_threads_can_share_one_metadata_object(metadata: Metadata) -> None:
     failures: list[BaseException] = []
 

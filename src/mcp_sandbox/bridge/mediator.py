@@ -224,6 +224,8 @@ class Mediator:
         says why; calling it raises ``MCPError`` inside the sandbox.
         """
         allowed = {alias: self.servers[alias] for alias in servers}
+        if not allowed:  # most runs: nothing to prepare
+            return RunAccess(self, allowed, (), tenant=tenant, conversation=conversation)
         directories: dict[str, Path] = {}
 
         async def prepare(spec: ServerSpec) -> None:

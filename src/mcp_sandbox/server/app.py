@@ -21,7 +21,7 @@ import os
 import sys
 import traceback
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import anyio
 import anyio.to_thread
@@ -35,6 +35,7 @@ from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.server.resources import list_resources, read_resource
 from mcp_sandbox.server.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
+from mcp_sandbox.server.stdio_wire import WireLines, WireWriter, loop_native
 
 if TYPE_CHECKING:
     import mcp_types as types
@@ -80,7 +81,8 @@ class _Opening:
         self._open.set()
 
     async def _ready(self) -> ToolHandlers:
-        await self._open.wait()
+        if self._handlers is None:  # once open, no wait (Event.wait would still yield to the loop)
+            await self._open.wait()
         assert self._handlers is not None
         return self._handlers
 
@@ -143,9 +145,17 @@ async def serve_stdio(server: Server, early: EarlyStdio | None = None) -> None:
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
         return
-    # Text layers as the SDK's own stdio_server() builds them over fd 0 and 1.
-    stdin = anyio.wrap_file(io.TextIOWrapper(early.stdin(), encoding="utf-8", errors="replace"))
-    stdout = anyio.wrap_file(io.TextIOWrapper(early.stdout(), encoding="utf-8"))
+    stdin: anyio.AsyncFile[str]
+    stdout: anyio.AsyncFile[str]
+    wire_in, wire_out = early.wire
+    if loop_native(wire_in) and loop_native(wire_out):
+        # Read and written on the event loop: no worker thread per line (see stdio_wire).
+        stdin = cast("anyio.AsyncFile[str]", WireLines(wire_in, early.taken))
+        stdout = cast("anyio.AsyncFile[str]", WireWriter(wire_out))
+    else:
+        # Text layers as the SDK's own stdio_server() builds them over fd 0 and 1.
+        stdin = anyio.wrap_file(io.TextIOWrapper(early.stdin(), encoding="utf-8", errors="replace"))
+        stdout = anyio.wrap_file(io.TextIOWrapper(early.stdout(), encoding="utf-8"))
     try:
         async with stdio_server(stdin, stdout) as (read_stream, write_stream):
             out = _WithoutEarlyAnswer(write_stream, early)

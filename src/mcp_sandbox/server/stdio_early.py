@@ -232,6 +232,21 @@ class EarlyStdio:
         """Block until the first line is read and answered (or left to the SDK)."""
         self._done.wait()
 
+    @property
+    def wire(self) -> tuple[int, int]:
+        """The private descriptors of the wire: from the client, to the client."""
+        return self._in, self._out
+
+    def taken(self) -> bytes:
+        """Block until the first line is read and answered; return (once) what was read of the wire.
+
+        For a reader of the wire itself, which then reads on from there (instead of :meth:`stdin`).
+        """
+        self._done.wait()
+        read = bytes(self._read)
+        self._read.clear()
+        return read
+
     def stdin(self) -> io.BufferedReader:
         """The client's bytes from the first: what was read here, then the rest of the wire."""
         return io.BufferedReader(_Replay(self._done, self._read, self._in))

@@ -52,6 +52,14 @@ __all__ = ["ToolHandlers"]
 logger = logging.getLogger(__name__)
 
 
+def _output_bytes(result: ExecutionResult) -> tuple[int, int]:
+    """The sizes of the run's stdout and stderr in bytes (for the history and the events)."""
+    return (
+        len(result.stdout.encode("utf-8", errors="surrogatepass")),
+        len(result.stderr.encode("utf-8", errors="surrogatepass")),
+    )
+
+
 def _error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
 
@@ -132,6 +140,7 @@ class ToolHandlers:
         started: float,
         result: ExecutionResult,
         files_bytes: int,
+        output_bytes: tuple[int, int],
         *,
         busy: bool,
     ) -> None:
@@ -146,8 +155,8 @@ class ToolHandlers:
                 warm=result.warm,
                 limits=result.limits,
                 exit_code=result.exit_code,
-                stdout_bytes=len(result.stdout.encode("utf-8", errors="surrogatepass")),
-                stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
+                stdout_bytes=output_bytes[0],
+                stderr_bytes=output_bytes[1],
                 files_bytes=files_bytes,
             )
         )
@@ -219,8 +228,9 @@ class ToolHandlers:
             data["files"] = [self._file(key, entry) for entry in entries]
             if (warning := self._over_quota(entries)) is not None:
                 data["warning"] = warning
-        self._record(tenant, key, language, started, result, files_bytes)
-        self._emit_run(tenant, key, language, clock, result, files_bytes, busy=busy)
+        output_bytes = _output_bytes(result)  # 1 MiB of output is worth encoding once
+        self._record(tenant, key, language, started, result, files_bytes, output_bytes)
+        self._emit_run(tenant, key, language, clock, result, files_bytes, output_bytes, busy=busy)
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
@@ -242,7 +252,14 @@ class ToolHandlers:
         )
 
     def _record(
-        self, tenant: str, key: str | None, language: str, started: float, result: ExecutionResult, files_bytes: int
+        self,
+        tenant: str,
+        key: str | None,
+        language: str,
+        started: float,
+        result: ExecutionResult,
+        files_bytes: int,
+        output_bytes: tuple[int, int],
     ) -> None:
         record = ExecutionRecord(
             tenant=tenant,
@@ -252,8 +269,8 @@ class ToolHandlers:
             duration_ms=result.duration_ms,
             status=result.status,
             exit_code=result.exit_code,
-            stdout_bytes=len(result.stdout.encode("utf-8", errors="surrogatepass")),
-            stderr_bytes=len(result.stderr.encode("utf-8", errors="surrogatepass")),
+            stdout_bytes=output_bytes[0],
+            stderr_bytes=output_bytes[1],
             files_bytes=files_bytes,
         )
         self._service.record_soon(record)  # after the answer: the history is not the caller's wait

@@ -146,8 +146,11 @@ class Library:
         return [tool for tool in found if tool is not None]
 
     def empty(self, tenant: str) -> bool:
-        """Whether the tenant has neither tools nor memories (two directory scans, no reads)."""
+        """Whether the tenant has neither tools nor memories (two directory scans, no reads; one
+        ``stat`` for a tenant that never saved anything, the most common case)."""
         base = self._dir(tenant)
+        if not base.is_dir():
+            return True
         return not any(next((base / kind).glob("*.json"), None) for kind in ("tools", "memories"))
 
     def view(self, tenant: str) -> Path | None:

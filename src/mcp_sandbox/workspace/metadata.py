@@ -249,26 +249,38 @@ class Metadata:
         Raises:
             WorkspaceError: the database refused the write (e.g. a duplicate id).
         """
+        self.record_executions((record,))
+
+    def record_executions(self, records: Iterable[ExecutionRecord]) -> None:
+        """Add executions to the history in one transaction: all of them, or none.
+
+        Raises:
+            WorkspaceError: the database refused the write (e.g. a duplicate id).
+        """
+        records = list(records)
         with self._transaction():
-            self._db.execute(
+            self._db.executemany(
                 "INSERT INTO tenants (name, created) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                (record.tenant, record.started_at),
+                ((record.tenant, record.started_at) for record in records),
             )
-            self._db.execute(
+            self._db.executemany(
                 "INSERT INTO executions (id, tenant, conversation, language, started_at, duration_ms, status, "
                 "exit_code, stdout_bytes, stderr_bytes, files_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    record.id,
-                    record.tenant,
-                    record.conversation,
-                    record.language,
-                    record.started_at,
-                    record.duration_ms,
-                    record.status,
-                    record.exit_code,
-                    record.stdout_bytes,
-                    record.stderr_bytes,
-                    record.files_bytes,
+                    (
+                        record.id,
+                        record.tenant,
+                        record.conversation,
+                        record.language,
+                        record.started_at,
+                        record.duration_ms,
+                        record.status,
+                        record.exit_code,
+                        record.stdout_bytes,
+                        record.stderr_bytes,
+                        record.files_bytes,
+                    )
+                    for record in records
                 ),
             )
 
