@@ -25,6 +25,7 @@ echo "user manager: $(systemctl is-active user@$uid.service) at $(cut -d' ' -f1 
 # One step: STEP BOUND_SECONDS. The bound is the service's RuntimeMaxSec (emulated CPU: roomy).
 step() {
     local name=$1 bound=$2 started rc status
+    if [ -s "$ctl/steps" ] && ! grep -qx "$name" "$ctl/steps"; then return; fi  # VM_STEPS (run.sh)
     started=$(date +%s.%N)
     runuser -u "$user" -- env XDG_RUNTIME_DIR=/run/user/$uid DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/$uid/bus \
         systemd-run --user --quiet --wait --pipe --collect -p RuntimeMaxSec="$bound" \

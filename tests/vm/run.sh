@@ -50,6 +50,12 @@ ctl=$vm/run
 rm -rf "$ctl"
 mkdir -p "$ctl"
 cp tests/vm/guest-job.sh "$ctl/job.sh"
+# VM_STEPS="install runtime-fallback podman-rootless": only those steps (while working on one;
+# `make vm-test` runs them all).
+if [ -n "${VM_STEPS:-}" ]; then
+    tr ' ,' '\n\n' <<< "$VM_STEPS" > "$ctl/steps"
+    log "only the steps: $VM_STEPS"
+fi
 log "booting the guest (image $(( t1 - t0 )) s, wheelhouse and podman image $(( t2 - t1 )) s)"
 set +e
 timeout "$boot_bound" nice qemu-system-x86_64 \
