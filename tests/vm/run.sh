@@ -50,7 +50,7 @@ ctl=$vm/run
 rm -rf "$ctl"
 mkdir -p "$ctl"
 cp tests/vm/guest-job.sh "$ctl/job.sh"
-# VM_STEPS="install runtime-fallback podman-rootless": only those steps (while working on one;
+# VM_STEPS="install setup podman-rootless": only those steps (while working on one;
 # `make vm-test` runs them all).
 if [ -n "${VM_STEPS:-}" ]; then
     tr ' ,' '\n\n' <<< "$VM_STEPS" > "$ctl/steps"
