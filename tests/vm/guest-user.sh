@@ -146,8 +146,8 @@ result = json.load(open(sys.argv[1]))
 assert result["status"] == "error" and "memory" in (result.get("error") or ""), result
 print("the memory bomb was stopped and reported:", result["error"])
 PY
-    left=$(podman ps --all --quiet --filter label=io.mcp-sandbox=1)
-    [ -z "$left" ] || { echo "FAIL: containers left behind: $left"; exit 1; }
+    left=$(podman ps --all --filter label=io.mcp-sandbox=1 --format '{{.Names}} {{.Status}} (created {{.CreatedHuman}})')
+    [ -z "$left" ] || { echo "FAIL: containers left behind:"; echo "$left"; exit 1; }
     ;;
 *)
     echo "unknown step $step" >&2
