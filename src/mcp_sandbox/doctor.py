@@ -24,6 +24,10 @@ from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_b
 
 __all__ = ["doctor"]
 
+# A check run's timeout, the sandbox's start included: roomy, so a slow host is not reported as a
+# broken runtime (a container starts in 10-30 s under emulation, `make vm-test`'s guest).
+_CHECK_SECONDS = 180
+
 _RUNTIME_CHECK = """
 import importlib, sys
 print("python", sys.version.split()[0])
@@ -57,7 +61,7 @@ def _check_runtime(settings: Settings, out: TextIO) -> bool:
         out.write(f"  OUT OF DATE: {status.advice()}\n")
     engine = Engine(settings, get_backend(settings.backend, settings))
     try:
-        result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=60))
+        result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=_CHECK_SECONDS))
     except SandboxError as exc:
         out.write(f"  FAILED to start a sandbox: {exc}\n")
         return False
@@ -82,7 +86,9 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
     if not memory_cgroup:
         out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
     engine = Engine(settings, get_backend(settings.backend, settings))
-    request = ExecutionRequest(code="const n: number = 6 * 7;\nconsole.log(n);", timeout=60, language="typescript")
+    request = ExecutionRequest(
+        code="const n: number = 6 * 7;\nconsole.log(n);", timeout=_CHECK_SECONDS, language="typescript"
+    )
     try:
         result = anyio.run(engine.execute, request)
     except SandboxError as exc:
@@ -135,7 +141,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
                 egress_resolver=hosts_resolver({_EGRESS_NAME: ["127.0.0.1"]}),
             )
             code = _EGRESS_CHECK.format(name=_EGRESS_NAME, port=port)
-            request = ExecutionRequest(code=code, timeout=60, egress=grant)
+            request = ExecutionRequest(code=code, timeout=_CHECK_SECONDS, egress=grant)
             result = anyio.run(engine.execute, request)
         except SandboxError as exc:
             out.write(f"  FAILED to start a sandbox with network: {exc}\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ __all__ = [
 
 # Added to a run's own timeout to bound the test's wait for execute(): start-up, teardown, a busy host.
 HOST_BOUND = 15.0
+# A run's timeout unless the test gives its own. The timeout counts the sandbox's start too: under
+# emulation (`make vm-test`'s guest) a container takes 10-15 s to start, so its podman step sets
+# MCP_SANDBOX_TEST_RUN_SECONDS. Tests that bound a timeout's precision pass their own.
+RUN_SECONDS = float(os.environ.get("MCP_SANDBOX_TEST_RUN_SECONDS", "5"))
 # How long a process the sandbox left behind may take to disappear after execute() returned.
 GONE_BOUND = 5.0
 _POLL = 0.05
@@ -97,7 +102,9 @@ class SandboxRunner:
     engine: Engine
     warm: bool = False
 
-    async def run(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> ExecutionResult:
+    async def run(
+        self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
+    ) -> ExecutionResult:
         """Run ``code`` (dedented, after the prelude); the wait is bounded."""
         request = ExecutionRequest(code=PRELUDE + textwrap.dedent(code), timeout=time_limit, workspace=workspace)
         with anyio.fail_after(time_limit + HOST_BOUND):
@@ -117,14 +124,16 @@ class SandboxRunner:
                 assert result.warm, "the run did not go to a warm sandbox"
                 return result
 
-    async def report(self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None) -> dict[str, Any]:
+    async def report(
+        self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
+    ) -> dict[str, Any]:
         """Run attack code that fills ``report``; it must finish successfully. Return the report."""
         result = await self.run_reporting(code, time_limit=time_limit, workspace=workspace)
         assert result.status == "success", f"{result.status}: {result.error}\n{result.stderr}"
         return report_of(result)
 
     async def run_reporting(
-        self, code: str, *, time_limit: float = 5.0, workspace: Path | None = None
+        self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
     ) -> ExecutionResult:
         """Run attack code that fills ``report``, whatever the status; see :func:`report_of`."""
         return await self.run(textwrap.dedent(code) + _POSTLUDE, time_limit=time_limit, workspace=workspace)

@@ -160,6 +160,16 @@ def test_rootless_podman_maps_the_servers_uid_to_65534() -> None:
     assert ("--userns", "keep-id:uid=65534,gid=65534") in pairs(argv)
 
 
+def test_a_nested_rootless_podman_container_names_its_cgroup_manager_before_run() -> None:
+    parent = "/user.slice/user-1000.slice/user@1000.service/app.slice/run-x.scope/mcp-sandbox-4242-0123456789ab"
+    argv = container_argv(make_policy(), make_run(cgroup_parent=parent, cgroup_manager="cgroupfs"))
+
+    assert argv[:4] == ["/usr/bin/podman", "--cgroup-manager", "cgroupfs", "run"]
+    assert ("--cgroup-parent", parent) in pairs(argv)
+    assert "--cgroup-manager" not in container_argv(make_policy(), make_run())
+    assert "--cgroup-manager" not in container_argv(make_policy(), make_run("docker", cgroup_manager="cgroupfs"))
+
+
 def test_a_command_that_looks_like_options_cannot_add_options() -> None:
     policy = SandboxPolicy(command=("/bin/echo", "--privileged", "--network", "host"))
 

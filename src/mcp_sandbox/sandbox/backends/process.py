@@ -26,16 +26,24 @@ __all__ = ["ProcessSandbox", "launch", "run_cgroup"]
 _STREAM_LIMIT = 1 << 20
 
 
-def run_cgroup(support: CgroupSupport, limits: Limits) -> RunCgroup:
-    """A new cgroup for one sandbox, with its limits written; the caller removes it.
+def run_cgroup(support: CgroupSupport, limits: Limits, *, nested: bool = False) -> RunCgroup:
+    """A new cgroup for one sandbox, with its limits written; the caller removes it. ``nested``:
+    a container runtime puts its own cgroup in it (the controllers are enabled for children).
 
     Raises:
         SandboxStartError: the cgroup filesystem refused.
     """
     try:
-        return RunCgroup.create(support, limits)
+        group = RunCgroup.create(support, limits)
     except OSError as exc:
         raise SandboxStartError(f"cannot create the sandbox's cgroup: {exc}") from exc
+    if nested:
+        try:
+            group.enable_for_children()
+        except OSError as exc:
+            group.remove()
+            raise SandboxStartError(f"cannot enable the sandbox cgroup's controllers for a container: {exc}") from exc
+    return group
 
 
 async def launch(

@@ -81,6 +81,20 @@ class RunCgroup:
             else:
                 self._write("cpu", "cpu.max", f"{quota} {_CPU_PERIOD_US}")
 
+    def enable_for_children(self) -> None:
+        """On cgroup v2, make the controllers available to child cgroups (a container runtime's
+        nested one, which sets its own limits in them); nothing to do on v1. Only while the
+        cgroup holds no process (v2's no-internal-processes rule).
+
+        Raises:
+            OSError: the cgroup filesystem refused (the caller reports it).
+        """
+        if self._support.version != 2:
+            return
+        for directory in {*self.directories.values()}:
+            controllers = sorted(c for c, d in self.directories.items() if d == directory)
+            (directory / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in controllers))
+
     @property
     def procs_files(self) -> tuple[str, ...]:
         """The ``cgroup.procs`` files a process writes its pid into to join."""

@@ -83,6 +83,9 @@ class ContainerRun:
         channel: ``fd`` or ``socket`` (see the module docstring), or ``none`` (a probe).
         channel_dir: the host directory holding the channel socket (``socket`` only).
         cgroup_parent: a cgroup (path from the hierarchy's root) to nest the container in.
+        cgroup_manager: podman's ``--cgroup-manager`` for this container, when not the engine's
+            own (``cgroupfs``: rootless podman nested in our delegated cgroup v2, which a
+            systemd-managed container could not be placed under).
     """
 
     cli: str
@@ -96,6 +99,7 @@ class ContainerRun:
     channel: Literal["fd", "socket", "none"] = "fd"
     channel_dir: str | None = None
     cgroup_parent: str | None = None
+    cgroup_manager: Literal["cgroupfs"] | None = None
 
 
 def _bind(source: str, target: str, *, writable: bool, podman: bool) -> list[str]:
@@ -117,8 +121,10 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     """
     limits = policy.limits
     podman = run.flavour == "podman"
+    # A global option of podman's, before the subcommand.
+    manager = ["--cgroup-manager", run.cgroup_manager] if podman and run.cgroup_manager else []
     argv = [
-        run.cli, "run",
+        run.cli, *manager, "run",
         "--name", run.name,
         "--label", f"{LABEL}=1",
         "--label", f"{OWNER_LABEL}={run.owner}",

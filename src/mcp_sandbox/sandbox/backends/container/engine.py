@@ -28,7 +28,9 @@ __all__ = ["ContainerEngine", "detect_runtime", "flavour_of"]
 logger = logging.getLogger(__name__)
 
 _CLI_SECONDS = 30.0
-_REMOVE_SECONDS = 10.0
+# Roomy: cut short, `rm` leaves the container behind (stopped, its storage kept) until a later
+# server's sweep. On a slow host (emulation, the vfs storage driver) it took past 10 s.
+_REMOVE_SECONDS = 60.0
 
 
 def detect_runtime(settings: Settings) -> tuple[str, Flavour]:

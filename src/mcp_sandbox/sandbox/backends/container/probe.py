@@ -8,10 +8,12 @@ import subprocess
 from pathlib import Path
 from typing import Protocol
 
-from mcp_sandbox.errors import BackendUnavailableError
+from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
 from mcp_sandbox.sandbox.backends.container.argv import ContainerRun, container_argv, container_name, server_env
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
+from mcp_sandbox.sandbox.backends.process import run_cgroup
+from mcp_sandbox.sandbox.cgroups import CgroupSupport
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available
 
@@ -29,6 +31,9 @@ class Probed(Protocol):
     @property
     def nests_cgroups(self) -> bool: ...
 
+    @property
+    def cgroups(self) -> CgroupSupport: ...
+
     def image_for(self, language: str) -> str: ...
 
     def user(self) -> tuple[tuple[int, int], bool]: ...
@@ -41,7 +46,14 @@ class Probed(Protocol):
 def _try_container(backend: Probed) -> str | None:
     """Start a container of the Python image with the full policy; None on success, else why not."""
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), cwd="/")
-    run = dataclasses.replace(backend.run_spec(policy, container_name(os.getpid()), None, None), channel="none")
+    cgroup = None
+    if backend.nests_cgroups:  # nested as a run's container is, so that placement is tried too
+        try:
+            cgroup = run_cgroup(backend.cgroups, policy.limits, nested=True)
+        except SandboxStartError as exc:
+            return str(exc)
+    parent = cgroup.hierarchy_path() if cgroup is not None else None
+    run = dataclasses.replace(backend.run_spec(policy, container_name(os.getpid()), None, parent), channel="none")
     argv = container_argv(policy, run)
     try:
         done = subprocess.run(
@@ -57,6 +69,8 @@ def _try_container(backend: Probed) -> str | None:
         return f"{run.cli} could not be started: {exc}"
     finally:
         backend.engine.remove_now(run.name)
+        if cgroup is not None:
+            cgroup.remove()
     if done.returncode != 0:
         message = (done.stderr.strip() or "no message").splitlines()[-1]
         return f"a container of {run.image} failed (exit {done.returncode}): {message}"
@@ -79,8 +93,9 @@ def probe_container(backend: Probed, cli: str, facts: dict[str, str]) -> Backend
     who = f"uid {uid} inside, {host}"
     if backend.engine.rootless and not keep_id:
         who = f"uid {uid} inside, a subordinate uid on the host (rootless docker)"
-    told = "; per-run cgroup tells when it was hit"
     nested = backend.nests_cgroups
+    origin = backend.cgroups.origin if nested else ""
+    told = f"; per-run cgroup{f' in {origin}' if origin else ''} tells when it was hit"
     capabilities = (
         Capability("network", True, "--network none; seccomp allows only AF_UNIX sockets"),
         Capability("read-only root", True, "--read-only image root; workspace and runtime bound, /tmp a tmpfs"),

@@ -10,6 +10,11 @@ paths, each container is nested in a per-run cgroup of ours at the hierarchies' 
 (``--cgroup-parent``), with the same limits: the engine's monitor (conmon) sits in it too, so
 ours is the one that binds, and its counters tell the engine a run hit its memory or pids
 limit (the container's own cgroup, where the kernel counts that, is gone when it exits).
+Rootless podman on cgroup v2 nests the same way in the cgroup systemd delegated to the server
+(the ``Delegate=yes`` scope bwrap's cgroups use, see ``cgroups/support.py``), driven with
+``--cgroup-manager cgroupfs`` for those containers: under its default systemd manager podman
+would place them in transient units of the user's manager, beyond our reach and gone when they
+end, so a run's memory or pids limit hit could not be told.
 
 Which ids the container runs as:
 
@@ -34,6 +39,7 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import anyio
 import anyio.to_thread
@@ -58,6 +64,7 @@ from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgr
 from mcp_sandbox.sandbox.cgroups import (
     CgroupSupport,
     RunCgroup,
+    detect_cgroups,
     detect_root_cgroups,
     sweep_stale,
     sweep_stale_everywhere,
@@ -149,15 +156,30 @@ class ContainerBackend:
         """Where per-run cgroups can nest containers here (found, and stale ones swept, once)."""
         if self._cgroups is None:
             self._cgroups = detect_root_cgroups()
+            if self._cgroups.version is None and self._rootless_podman:
+                delegated = detect_cgroups()
+                if delegated.version == 2 and all(map(delegated.enforces, ("memory", "pids", "cpu"))):
+                    self._cgroups = delegated
             swept = sweep_stale(self._cgroups) + sweep_stale_everywhere()
             if swept:
                 logger.info("removed %d cgroups left behind by servers that are gone", swept)
         return self._cgroups
 
     @property
+    def _rootless_podman(self) -> bool:
+        return self.flavour == "podman" and os.geteuid() != 0
+
+    @property
+    def _cgroup_manager(self) -> Literal["cgroupfs"] | None:
+        """The ``--cgroup-manager`` a nested container needs, when not the engine's own."""
+        return "cgroupfs" if self._rootless_podman and self.cgroups.version == 2 else None
+
+    @property
     def nests_cgroups(self) -> bool:
         """Whether each container is nested in a per-run cgroup of ours (see the module docstring)."""
-        return self.cgroups.version is not None and self.engine.facts.get("cgroup_manager") == "cgroupfs"
+        if self.cgroups.version is None:
+            return False
+        return self._cgroup_manager is not None or self.engine.facts.get("cgroup_manager") == "cgroupfs"
 
     def image_for(self, language: str) -> str:
         """The image for ``language``: ``images`` by language, else ``image``, else the default."""
@@ -219,6 +241,7 @@ class ContainerBackend:
             channel="fd" if self.flavour == "podman" else "socket",
             channel_dir=str(channel_dir) if channel_dir is not None else None,
             cgroup_parent=parent,
+            cgroup_manager=self._cgroup_manager if parent is not None else None,
         )
 
     async def _sweep_once(self) -> None:
@@ -240,7 +263,7 @@ class ContainerBackend:
             cgroup: RunCgroup | None = None
             parent: str | None = None
             if self.nests_cgroups:
-                cgroup = run_cgroup(self.cgroups, policy.limits)
+                cgroup = run_cgroup(self.cgroups, policy.limits, nested=True)
                 undo.callback(cgroup.remove)
                 parent = cgroup.hierarchy_path()
             channel_dir: Path | None = None
