@@ -279,15 +279,8 @@ class Engine:
             with anyio.move_on_after(request.timeout) as deadline:
                 await warm.tools.show(_tool_mounts(request))
                 interpreter.take_own_output()  # what came between runs is no run's
-                exited = await interpreter.run_forked(
-                    record,
-                    code=request.code,
-                    servers=request.tools.servers if request.tools is not None else (),
-                    environment=request.environment,
-                    tools=request.tools,
-                    cpu_seconds=limits_for(self.settings, request.timeout).cpu_seconds,
-                    guard=warm.guard,
-                    file_size=scratch.file_size(self.settings.max_file_size),
+                exited = await self._run_forked(
+                    interpreter, record, request, warm.guard, scratch.file_size(self.settings.max_file_size)
                 )
                 after = interpreter.sandbox.limit_events()
             reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
@@ -368,7 +361,18 @@ class Engine:
 
         The sandbox serves no other run, so its counters now are this run's.
         """
-        exited = await interpreter.run_forked(
+        exited = await self._run_forked(interpreter, record, request, guard, file_size)
+        if exited is not None:
+            return interpreter.sandbox.judge(exited.exit_code)
+        with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+            await interpreter.exited.wait()
+        return interpreter.outcome
+
+    async def _run_forked(
+        self, interpreter: Interpreter, record: RunRecord, request: ExecutionRequest, guard: bytes, file_size: int
+    ) -> Exited | None:
+        """``request`` in a child ``interpreter``'s zygote forks for it (see :meth:`Interpreter.run_forked`)."""
+        return await interpreter.run_forked(
             record,
             code=request.code,
             servers=request.tools.servers if request.tools is not None else (),
@@ -378,11 +382,6 @@ class Engine:
             guard=guard,
             file_size=file_size,
         )
-        if exited is not None:
-            return interpreter.sandbox.judge(exited.exit_code)
-        with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
-            await interpreter.exited.wait()
-        return interpreter.outcome
 
     async def _execute_in_session(self, request: ExecutionRequest, key: str, started: float) -> ExecutionResult:
         record = RunRecord.capped(self.settings.max_output, request.on_output)
