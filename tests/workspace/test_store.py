@@ -14,6 +14,8 @@ import pytest
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.workspace import RESERVED_PREFIX, WorkspaceStore, load_secret
+from mcp_sandbox.workspace.files import Usage
+from mcp_sandbox.workspace.reservations import QuotaBook
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="ownership is only handed to the sandbox uid by root")
 
@@ -332,3 +334,18 @@ def test_concurrent_writes_into_one_conversation_cannot_pass_its_quota_together(
     assert sorted(outcomes) == ["refused"] * 15 + ["stored"]
     assert store.usage(key).bytes == 900 << 10
     assert _temporaries(store.directory(key)) == []
+
+
+def test_the_last_two_writes_contending_for_the_room_are_not_both_refused() -> None:
+    """The race the test above lost in CI once: the refused write held its room until it unwound."""
+    book = QuotaBook(1 << 20, 100, lambda key: Usage(0, 0))
+    first = book.open("k", "first.bin", Usage(0, 0), None)
+    second = book.open("k", "second.bin", Usage(0, 0), None)
+    first.reserve(500 << 10)
+    second.reserve(500 << 10)
+
+    with pytest.raises(QuotaExceededError):
+        first.reserve(100 << 10)  # 1100 KiB together: refused ...
+    second.reserve(100 << 10)  # ... and its 500 KiB are free again before it is released
+    with pytest.raises(QuotaExceededError):
+        second.reserve(500 << 10)  # the quota itself still holds

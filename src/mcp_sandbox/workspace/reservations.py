@@ -7,6 +7,7 @@ reserved, and the quota is *checked again at commit*, under the conversation's l
 what is on disk then, less what the writes in progress are known to have written there (a count
 updated only after the bytes are written, so the estimate of what is committed never falls
 short); the rename happens under that lock, so two commits never both take the last room.
+A write refused a reservation holds no room from that moment (it is being aborted).
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ class QuotaBook:
             others = sum(write.reserved for write in self._open[reservation.key] if write is not reservation)
             total = reservation.base_bytes + others + reservation.reserved + size
             if total > self.quota_bytes:
+                # The refused write gives its room back in the same step, not when it has
+                # unwound: two writes contending for the last room cannot then both be refused,
+                # so of concurrent writes that each fit alone, one always goes on.
+                reservation.reserved = 0
                 raise self._bytes_exceeded(reservation, reservation.used_bytes + others)
             reservation.reserved += size
 
