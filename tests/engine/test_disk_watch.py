@@ -29,6 +29,32 @@ async def test_a_write_into_the_workspace_or_a_directory_made_there_wakes_the_wa
         writes.close()
 
 
+async def test_a_closed_watch_hands_its_descriptor_on_without_what_it_saw(tmp_path: Path) -> None:
+    # Closing an inotify descriptor with watches blocks for a kernel grace period (~17 ms here),
+    # on the event loop after every run: a closed watch keeps its descriptor for the next one.
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    writes = open_writes(first)
+    assert writes is not None
+    (first / "unread").write_bytes(b"x")  # seen by nobody before the close
+    fd = writes._fd
+    writes.close()
+    writes.close()  # twice is harmless
+    again = open_writes(second)
+    assert again is not None
+    try:
+        assert again._fd == fd
+        assert not await again.wait(0.01)  # nothing of the first workspace's
+        (first / "later").write_bytes(b"x")  # the first workspace is not watched any more
+        assert not await again.wait(0.01)
+        (second / "f").write_bytes(b"x")
+        with anyio.fail_after(5):
+            assert await again.wait(60)
+    finally:
+        again.close()
+
+
 def test_a_runs_file_size_limit_is_what_the_quota_has_left_within_a_floor_and_max_file_size() -> None:
     bound = DiskBound(bytes=100 << 20, entries=10)
     assert Overrun(bound, DiskUse(30 << 20, 1)).file_size(256 << 20) == 70 << 20

@@ -7,6 +7,11 @@ most :data:`MAX_WATCHES` directories: deeper writes are seen by the timer alone)
 no binding in the standard library: ``inotify_init1`` and ``inotify_add_watch`` through ctypes,
 the events read with ``os.read``. Where it is unavailable (no inotify, the per-user limit on
 instances reached) :func:`open_writes` gives None and the timer alone watches.
+
+Closing an inotify descriptor that had watches waits for the kernel's SRCU grace period (~17 ms
+here), and the watch ends on the event loop after every run: a closed :class:`Writes` removes its
+watches (microseconds), reads what is left and keeps its descriptor for the next run (at most
+:data:`SPARE_INSTANCES` of them; a descriptor beyond that is closed by a thread of its own).
 """
 
 from __future__ import annotations
@@ -14,13 +19,15 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import threading
 from pathlib import Path
 
 import anyio
 
-__all__ = ["MAX_WATCHES", "Writes", "open_writes"]
+__all__ = ["MAX_WATCHES", "SPARE_INSTANCES", "Writes", "open_writes"]
 
 MAX_WATCHES = 64
+SPARE_INSTANCES = 8  # idle inotify descriptors kept for the next runs (the per-user limit is 128)
 
 _IN_MODIFY = 0x2
 _IN_MOVED_TO = 0x80
@@ -76,12 +83,35 @@ class Writes:
                     self._add(parent + b"/" + name)
 
     def close(self) -> None:
-        os.close(self._fd)
+        """Stop watching; the descriptor is kept for another workspace (see the module docstring)."""
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        for wd in self._directories:
+            _libc.inotify_rm_watch(fd, wd)
+        self._directories.clear()
+        try:
+            while os.read(fd, 64 * 1024):  # the removals' IN_IGNORED, and writes not read yet
+                pass
+        except BlockingIOError:
+            pass
+        with _spare_lock:
+            if len(_spare) < SPARE_INSTANCES:
+                _spare.append(fd)
+                return
+        threading.Thread(target=os.close, args=(fd,), name="inotify-close", daemon=True).start()
+
+
+_spare: list[int] = []  # inotify descriptors without watches, for the next open_writes()
+_spare_lock = threading.Lock()
 
 
 def open_writes(top: Path) -> Writes | None:
     """Watch ``top`` (a workspace) for writes; None where inotify is unavailable (the timer alone watches)."""
-    fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    with _spare_lock:
+        fd = _spare.pop() if _spare else -1
+    if fd < 0:
+        fd = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
     if fd < 0:  # EMFILE (the per-user limit on instances), ENOSYS, ENOMEM
         return None
     return Writes(fd, top)
