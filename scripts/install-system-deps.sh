@@ -10,6 +10,7 @@ set -euo pipefail
 
 packages=(
     bubblewrap       # bwrap, the sandbox itself
+    util-linux       # setpriv: a root server's sandboxes drop to the sandbox uid (essential on Debian)
     libseccomp2      # loaded by pyseccomp to build the syscall filter
     python3-venv     # venv/ensurepip for Debian's /usr/bin/python3 (the sandbox's interpreter)
     ca-certificates  # TLS to the package index

@@ -87,6 +87,18 @@ class Sandbox(Protocol):
         """
         ...
 
+    def watch_runner(self) -> None:
+        """Note which process is the runner (called at its READY, before any code ran); see :meth:`runner_ended`."""
+        ...
+
+    def runner_ended(self) -> SandboxOutcome | None:
+        """The outcome, if the runner has ended and nothing else runs, before the sandbox is torn down; else None.
+
+        Judged by what the code cannot forge (the kernel's view of the runner), as :meth:`judge`
+        judges. None where the backend cannot tell: then :meth:`wait` says.
+        """
+        ...
+
     async def aclose(self) -> SandboxOutcome:
         """Kill the whole process tree (orphans included), release its resources, bounded.
 

@@ -1,8 +1,9 @@
 """The bubblewrap backend: unprivileged namespaces + seccomp + cgroups + rlimits, no daemon.
 
 ``argv.py`` turns a policy into bwrap's command line (pure, snapshot-tested) and finds the
-binary; ``sandbox.py`` starts and closes sandboxes; ``probe.py`` starts a real one to say what
-this host enforces.
+binary; ``sandbox.py`` starts and closes sandboxes; ``runner.py`` reads from /proc how a
+sandbox's runner ended, before the sandbox is torn down; ``probe.py`` starts a real one to say
+what this host enforces.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ import os
 import subprocess
 from typing import Protocol
 
+from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
 from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup
 from mcp_sandbox.sandbox.hostfs import system_mounts
-from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
+from mcp_sandbox.sandbox.launcher import GATE_CLOSED, LaunchSpec, admit, gated, open_gate
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 
@@ -44,24 +45,44 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     """Start a minimal sandbox with the full policy; return None on success, else why not."""
     mounts, links = system_mounts()
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
+    spec = backend.launch_spec(policy, None)
     seccomp_fd = write_bpf()
+    gate_read, gate = os.pipe()
     try:
-        done = subprocess.run(
-            bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd),
-            capture_output=True,
+        # Started as every sandbox is (see mcp_sandbox.sandbox.launcher): behind the gate.
+        with subprocess.Popen(
+            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd)),
+            stdin=gate_read,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=_PROBE_SECONDS,
             pass_fds=(seccomp_fd,),
             env={},
-            preexec_fn=make_preexec(backend.launch_spec(policy, None)),
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
+        ) as process:
+            os.close(gate_read)
+            gate_read = -1
+            try:
+                admit(spec, process.pid)
+            except OSError:
+                open_gate(gate, admitted=False)
+                raise
+            open_gate(gate, admitted=True)
+            try:
+                _, stderr = process.communicate(timeout=_PROBE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise
+    except (OSError, subprocess.SubprocessError, SandboxStartError) as exc:
         return f"bwrap could not be started: {exc}"
     finally:
         os.close(seccomp_fd)
-    if done.returncode != 0:
-        return f"bwrap failed (exit {done.returncode}): {done.stderr.strip() or 'no message'}"
+        if gate_read >= 0:
+            os.close(gate_read)
+            os.close(gate)
+    if process.returncode == GATE_CLOSED:
+        return f"bwrap could not be started: the sandbox's first process did not pass its gate: {stderr.strip()}"
+    if process.returncode != 0:
+        return f"bwrap failed (exit {process.returncode}): {stderr.strip() or 'no message'}"
     return None
 
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import resource
 import socket
 
+import anyio
+
 from mcp_sandbox.config import Settings
-from mcp_sandbox.errors import BackendUnavailableError
-from mcp_sandbox.sandbox.backends.base import BackendProbe
+from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, find_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.probe import probe_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.runner import Runner, find_runner
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
-from mcp_sandbox.sandbox.launcher import LaunchSpec, make_preexec
+from mcp_sandbox.sandbox.launcher import LaunchSpec, admit, gated, open_gate
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import write_bpf
 
@@ -27,12 +31,40 @@ logger = logging.getLogger(__name__)
 class BwrapSandbox(ProcessSandbox):
     """A running bwrap sandbox (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
 
+    _runner: Runner | None = None
+
+    def watch_runner(self) -> None:
+        self._runner = find_runner(self.pid)
+
+    def runner_ended(self) -> SandboxOutcome | None:
+        """See :mod:`.runner`: needs the cgroup (to see that nothing else runs in the sandbox)."""
+        if self._runner is None or self._cgroup is None:
+            return None
+        returncode = self._runner.ended(self._cgroup.procs_files[0])
+        return None if returncode is None else self._judge(returncode)
+
     async def _kill(self) -> None:
         # The outer bwrap leads its own session; its death takes the sandbox's pid namespace
         # (and every orphan in it) with it through --die-with-parent. The cgroup is the backstop.
         self._kill_session()
         if self._cgroup is not None:
             self._cgroup.kill()
+
+
+async def _let_in(process: asyncio.subprocess.Process, spec: LaunchSpec, gate: int) -> None:
+    """Admit the process waiting at ``gate`` to its cgroups and limits and open the gate (see the launcher).
+
+    Raises:
+        SandboxStartError: it could not be admitted (it ends at the closed gate, reaped here).
+    """
+    try:
+        admit(spec, process.pid)
+    except OSError as exc:
+        open_gate(gate, admitted=False)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            await process.wait()
+        raise SandboxStartError(f"cannot put the sandbox's process in its cgroup and limits: {exc}") from exc
+    open_gate(gate, admitted=True)
 
 
 class BwrapBackend:
@@ -63,7 +95,7 @@ class BwrapBackend:
         return self._settings.sandbox_uid, self._settings.sandbox_gid
 
     def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec:
-        """What bwrap's process applies to itself before it execs (see ``sandbox/launcher.py``)."""
+        """What bwrap's process is given before it execs bwrap (see ``sandbox/launcher.py``)."""
         limits = policy.limits
         rlimits = [
             (resource.RLIMIT_CPU, limits.cpu_seconds),
@@ -103,13 +135,22 @@ class BwrapBackend:
                 argv, options = args_file(full, options_fd)
                 os.write(options_fd, options)
                 os.lseek(options_fd, 0, os.SEEK_SET)
-                process = await launch(
-                    argv,
-                    what=f"bwrap ({bwrap})",
-                    env={},  # bwrap's own environment is visible in /proc/1/environ inside
-                    pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
-                    preexec_fn=make_preexec(self.launch_spec(policy, cgroup)),
-                )
+                spec = self.launch_spec(policy, cgroup)
+                command = gated(spec, argv)
+                gate_read, gate = os.pipe()
+                fds.callback(os.close, gate_read)
+                try:
+                    process = await launch(
+                        command,
+                        what=f"bwrap ({bwrap})",
+                        env={},  # bwrap's own environment is visible in /proc/1/environ inside
+                        pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
+                        stdin=gate_read,
+                    )
+                except BaseException:
+                    os.close(gate)
+                    raise
+            await _let_in(process, spec, gate)
             undo.pop_all()
         return BwrapSandbox(process, host_end, cgroup)
 
