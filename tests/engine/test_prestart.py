@@ -15,6 +15,7 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, EgressRules
 from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.engine.interpreter import RunRecord
 from mcp_sandbox.engine.prestart import eligible
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.engine.warm import eligible as warm_eligible
@@ -138,3 +139,64 @@ async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine:
         await wait_ready(engine, 2)
 
     assert (result.status, result.warm) == ("timeout", True)
+
+
+async def test_a_run_is_answered_once_its_runner_has_ended_with_the_kernels_exit_status(
+    running_engine: RunningEngine,
+) -> None:
+    # 150 MiB touched: the kernel takes a while to tear the address space down after the runner
+    # entered its exit, and bwrap ends only after that; the run's end is known before.
+    code = """
+        const block = new Uint8Array(150 << 20);
+        block.fill(1);
+        console.log(block[7]);
+        process.exitCode = 3;
+    """
+    async with prestarted(running_engine) as engine:
+        sandbox = await engine.prestart.take("typescript")
+        assert sandbox is not None
+        record = RunRecord.capped(1 << 20)
+        try:
+            with anyio.fail_after(30):
+                outcome = await sandbox.interpreter.run(
+                    record, code=code, servers=(), environment={}, tools=None, last=True, early=True
+                )
+        finally:
+            sandbox.used.set()
+
+    assert outcome is not None, "answered only once the whole sandbox had ended"
+    assert (outcome.returncode, outcome.memory_exceeded) == (3, False)
+    assert (record.stdout.text(), record.exit_code) == ("1\n", 3)
+
+
+async def test_an_early_answer_has_all_the_output_even_what_exit_handlers_write(
+    running_engine: RunningEngine,
+) -> None:
+    code = """
+        process.on("exit", () => { for (let i = 0; i < 2000; i++) console.log("late " + i); });
+        console.log("x".repeat(100000));
+        process.exitCode = 5;
+    """
+    async with prestarted(running_engine) as engine:
+        results = [await execute(engine, code, language="typescript") for _ in range(3)]
+
+    for result in results:
+        assert (result.status, result.exit_code, result.warm) == ("error", 5, True), result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == "x" * 100000 and lines[1:] == [f"late {i}" for i in range(2000)]
+
+
+async def test_a_run_that_leaves_a_process_behind_is_answered_when_its_sandbox_ends(
+    running_engine: RunningEngine,
+) -> None:
+    # The child holds the run's stdout: the runner's end is not the run's, so no early answer.
+    code = """
+        import { spawn } from "node:child_process";
+        spawn("/bin/sh", ["-c", "sleep 0.1; echo from-child"], { stdio: ["ignore", "inherit", "inherit"] }).unref();
+        console.log("parent");
+    """
+    async with prestarted(running_engine) as engine:
+        result = await execute(engine, code, language="typescript")
+
+    assert (result.status, result.warm) == ("success", True), result.stderr
+    assert result.stdout.startswith("parent\n")

@@ -60,6 +60,10 @@ DRAIN_SECONDS = 0.25
 # How long a sandbox that is exiting anyway may take to end and flush its own output.
 _SETTLE_SECONDS = 5.0
 _OWN_OUTPUT_CAP = 64 << 10
+# How often a run answered before its sandbox ends looks whether its runner has ended (x1.5 each
+# time; a look costs ~50 us).
+_FIRST_POLL_SECONDS = 0.0002
+_LAST_POLL_SECONDS = 0.005
 _IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 # Frames whose bodies are a few fields (DONE, EXITED, ERROR; EXEC and REPLY never come from the sandbox).
 _SMALL_FRAME = 64 << 10
@@ -117,6 +121,7 @@ class Interpreter:
         self.ready: dict[str, Any] = {}  # what the runner said in its READY frame (checked: a Ready's body)
         self._ids = itertools.count(1)
         self._own_ended = (anyio.Event(), anyio.Event())
+        self._limits = frame_limits(settings)  # for each forked run's channel: built once, not per run
 
     async def _watch(self) -> None:
         self.outcome = await self.sandbox.wait()
@@ -180,7 +185,7 @@ class Interpreter:
             max_image_bytes=self.settings.max_image_bytes,
             last=last,
             cpu_seconds=cpu_seconds,
-            guard=None if guard is None else base64.b64encode(guard).decode(),
+            guard=None if guard is None else _base64(guard),
             max_call_bytes=self.settings.max_call_bytes,
             file_size=file_size,
         )
@@ -195,10 +200,14 @@ class Interpreter:
         tools: ToolAccess | None,
         last: bool,
         file_size: int | None = None,
-    ) -> None:
+        early: bool = False,
+    ) -> SandboxOutcome | None:
         """Run ``code`` once; ``record`` gets its output, images and end as they come.
 
-        With ``last`` the runner exits after the run, and this waits for the sandbox to end.
+        With ``last`` the runner exits after the run, and this waits for the sandbox to end;
+        with ``early`` too, after DONE it waits only until the runner has ended and nothing else
+        runs, as the backend judges (:meth:`Sandbox.runner_ended`), and returns that outcome
+        (the sandbox is torn down after the answer). None: the outcome is the sandbox's.
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
@@ -212,13 +221,28 @@ class Interpreter:
                 # The runner broke the protocol (an oversized or malformed frame): it cannot be
                 # trusted to end the run, and what it still writes is not read. The run ends now.
                 await self.kill()
-                return
+                return None
+            if last and early and record.done and (outcome := await self._runner_end()) is not None:
+                pipes.ended = True  # nothing can write to them any more: what they hold is all
+                return outcome
             if last or (record.channel_ended and record.protocol_error is None):
                 # The runner is exiting: wait for the whole sandbox, then its own output.
                 await self.exited.wait()
                 with anyio.move_on_after(_SETTLE_SECONDS):
                     for own in self._own_ended:
                         await own.wait()
+        return None
+
+    async def _runner_end(self) -> SandboxOutcome | None:
+        """The runner's outcome once the sandbox can tell it has ended (polled); None if the sandbox ended first."""
+        delay = _FIRST_POLL_SECONDS
+        while not self.exited.is_set():
+            if (outcome := self.sandbox.runner_ended()) is not None:
+                return outcome
+            with anyio.move_on_after(delay):
+                await self.exited.wait()
+            delay = min(1.5 * delay, _LAST_POLL_SECONDS)
+        return None
 
     async def run_forked(
         self,
@@ -246,7 +270,7 @@ class Interpreter:
             code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size
         )
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        run_channel = Channel(host_end, _MAX_FRAME, frame_limits(self.settings))
+        run_channel = Channel(host_end, _MAX_FRAME, self._limits)
         exited: Exited | None = None
         try:
             async with _run_pipes(record) as pipes:
@@ -392,6 +416,12 @@ class Interpreter:
         return outcome
 
 
+@functools.lru_cache(maxsize=16)
+def _base64(guard: bytes) -> str:
+    """``guard`` in base64; a warm sandbox sends the same one with every run, encoded once."""
+    return base64.b64encode(guard).decode()
+
+
 def _b64decode(data: str) -> bytes | None:
     try:
         return base64.b64decode(data, validate=True)
@@ -404,6 +434,7 @@ class _Pipes:
 
     def __init__(self, stdout: int, stderr: int) -> None:
         self.ends = (stdout, stderr)
+        self.ended = False  # no process can write to them any more: read what they hold, then stop
         self._open = True
 
     def close(self) -> None:
@@ -433,13 +464,26 @@ async def _run_pipes(record: RunRecord) -> AsyncIterator[_Pipes]:
                 yield pipes
             finally:
                 pipes.close()
-            with anyio.move_on_after(DRAIN_SECONDS):
-                for end in ended:
-                    await end.wait()
+            if not pipes.ended:
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    for end in ended:
+                        if not end.is_set():  # (wait() on a set event still yields to the loop)
+                            await end.wait()
             pumps.cancel_scope.cancel()
+        if pipes.ended:
+            _read_left(out_read, record.stdout)
+            _read_left(err_read, record.stderr)
     finally:
         os.close(out_read)
         os.close(err_read)
+
+
+def _read_left(fd: int, sink: CappedOutput) -> None:
+    """Read what the pipe ``fd`` holds now (its writers are gone or cannot write) without waiting."""
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 1 << 16):
+            sink.feed(chunk)
 
 
 async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:

@@ -171,6 +171,9 @@ class PrestartPool:
                         await sandbox.used.wait()
                     finally:
                         self._starting[language] += 1  # counted as starting again from here
+                # The next one starts once this one is torn down: not beside its run (on two
+                # cores a start beside the run slows it several times over), nor right after its
+                # answer (a start's fork on the event loop would hold the answer back).
             except (SandboxStartError, BackendUnavailableError) as exc:
                 # Its owner stops; a run of the language after RETRY_SECONDS starts it again.
                 self._starting[language] -= 1
