@@ -164,12 +164,26 @@ async def test_a_run_cannot_signal_its_zygote_or_join_its_process_group(running_
         print(results)
     """
     async with warm_engine(running_engine) as engine:
-        first = await warm_run(engine, attack)
-        second = await warm_run(engine, "print('still warm')")
+        # The first run's child installs the guard its EXEC brings; the children forked after it
+        # install it before their EXEC comes (the zygote learned it): all are attacked.
+        attacks = [await warm_run(engine, attack) for _ in range(3)]
+        last = await warm_run(engine, "print('still warm')")
+        warm = await engine.pool.take()
+        assert warm is not None and warm.runs == 4  # one zygote served them all
+        engine.pool.give_back(warm, reusable=True)
 
-    assert first.status == "success", first.stderr
-    assert eval(first.stdout) == {"kill": 1, "stop": 1, "group": 1, "everyone": 1, "join": 1, "pidfd": 1, "raw": -1}
-    assert second.stdout == "still warm\n"
+    for result in attacks:
+        assert result.status == "success", result.stderr
+        assert eval(result.stdout) == {
+            "kill": 1,
+            "stop": 1,
+            "group": 1,
+            "everyone": 1,
+            "join": 1,
+            "pidfd": 1,
+            "raw": -1,
+        }
+    assert last.stdout == "still warm\n"
 
 
 async def test_a_run_cannot_write_the_zygotes_memory(running_engine: RunningEngine) -> None:
@@ -439,3 +453,87 @@ async def test_a_warm_runs_child_lowers_its_own_file_size_limit_before_the_code_
     async with running_engine(pool_size=1, scratch_size="8m", max_file_size="64m") as engine:
         result = await warm_run(engine, code)
     assert result.stdout == f"{8 << 20} {8 << 20}\nValueError\n", result.error
+
+
+# Code that looks for numpy without naming it: it takes a light sandbox.
+_SEES_NUMPY = "import sys; print(('num' + 'py') in sys.modules)"
+
+
+async def test_runs_that_name_no_preloaded_module_take_a_light_sandbox(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine, pool_size=2, pool_min=2, pool_preload="numpy") as engine:
+        await wait_warm(engine, 2)
+        light = await warm_run(engine, _SEES_NUMPY)
+        preloaded = await warm_run(engine, "import sys; print('numpy' in sys.modules)")
+        computed = await warm_run(engine, "import importlib; print(importlib.import_module('num' + 'py').pi > 3)")
+
+    assert (light.status, light.stdout) == ("success", "False\n"), light.stderr
+    assert (preloaded.status, preloaded.stdout) == ("success", "True\n"), preloaded.stderr
+    assert (computed.status, computed.stdout) == ("success", "True\n"), computed.stderr  # imported, only slower
+
+
+async def test_a_light_run_takes_a_preloading_sandbox_when_no_light_one_is_idle(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine, pool_size=1, pool_min=1, pool_preload="numpy") as engine:
+        result = await warm_run(engine, _SEES_NUMPY)
+
+    assert (result.status, result.stdout) == ("success", "True\n"), result.stderr
+
+
+async def test_a_full_pool_retires_an_idle_light_sandbox_for_a_preloading_one(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine, pool_size=2, pool_min=2, pool_preload="numpy") as engine:
+        await wait_warm(engine, 2)
+        # The preloading sandbox is busy: the next numpy run finds only the light one idle.
+        async with anyio.create_task_group() as runs:
+            runs.start_soon(warm_run, engine, "import numpy, time; time.sleep(1)")
+            await poll(lambda: engine.pool.idle == 1)
+            await execute(engine, "import numpy")  # a sandbox of its own; the light one is replaced
+        await wait_warm(engine, 2)
+        async with anyio.create_task_group() as runs:
+            results: list[Any] = []
+
+            async def numpy_run() -> None:
+                results.append(
+                    await warm_run(engine, "import sys, time; time.sleep(0.5); print('numpy' in sys.modules)")
+                )
+
+            for _ in range(2):
+                runs.start_soon(numpy_run)
+        assert engine.pool.size == 2
+
+    assert [(r.status, r.stdout) for r in results] == [("success", "True\n")] * 2
+
+
+async def test_a_full_pool_of_preloading_sandboxes_retires_one_for_a_light_one(running_engine: RunningEngine) -> None:
+    async with warm_engine(running_engine, pool_size=2, pool_min=1, pool_preload="numpy") as engine:
+        # Two numpy runs at once: the pool grows a second preloading sandbox and is full.
+        async with anyio.create_task_group() as runs:
+            for _ in range(2):
+                runs.start_soon(execute, engine, "import numpy, time; time.sleep(0.5)")
+        await wait_warm(engine, 2)
+        first = await warm_run(engine, _SEES_NUMPY)  # takes a preloading one; the other is replaced
+        seen = [first.stdout]
+        with anyio.fail_after(60):
+            while seen[-1] != "False\n":
+                await anyio.sleep(0.2)
+                seen.append((await warm_run(engine, _SEES_NUMPY)).stdout)
+        assert engine.pool.size == 2
+        numpy_run = await warm_run(engine, "import sys; print('numpy' in sys.modules)")
+
+    assert first.stdout == "True\n"  # no light sandbox yet: the idle preloading one served it
+    assert numpy_run.stdout == "True\n"  # the last preloading sandbox stays
+
+
+async def test_shrinking_keeps_the_last_preloading_sandbox(running_engine: RunningEngine) -> None:
+    flags = {"pool_size": 2, "pool_min": 1, "pool_preload": "numpy", "pool_idle": "1s"}
+    async with warm_engine(running_engine, **flags) as engine:
+        # Two light runs at once: one takes the preloading sandbox, the other makes the pool grow a light one.
+        async with anyio.create_task_group() as runs:
+            for _ in range(2):
+                runs.start_soon(execute, engine, "import time; time.sleep(0.5)")
+        await wait_warm(engine, 2)
+        light = await warm_run(engine, _SEES_NUMPY)  # the light one is now the most recently used
+        with anyio.fail_after(30):
+            await poll(lambda: engine.pool.size == 1)
+        preloaded = await warm_run(engine, "import sys; print('numpy' in sys.modules)")
+
+    assert (light.status, light.stdout) == ("success", "False\n"), light.stderr
+    assert (preloaded.status, preloaded.stdout) == ("success", "True\n"), preloaded.stderr

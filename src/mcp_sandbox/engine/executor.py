@@ -221,7 +221,11 @@ class Engine:
                     return await self._execute_in_session(request, request.session, started)
             if request.egress is not None:  # never a warm sandbox
                 return await self._execute_fresh(request, started)
-            if self.backend.warm_pool and warm_eligible(request) and (warm := await self._pool.take()) is not None:
+            if (
+                self.backend.warm_pool
+                and warm_eligible(request)
+                and (warm := await self._pool.take(preloaded=self._pool.needs_preload(request.code))) is not None
+            ):
                 return await self._execute_warm(request, warm, started)
             if (
                 (request.language != "python" or not self.backend.warm_pool)
@@ -329,9 +333,11 @@ class Engine:
                     await sandbox.tools.show(_tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
                     file_size = overrun.file_size(self.settings.max_file_size)
-                    if sandbox.guard is None:
-                        await self._run(interpreter, record, request, last=True, file_size=file_size)
-                        outcome = interpreter.outcome
+                    if sandbox.guard is None:  # answered once the runner has ended, before the teardown
+                        ended = await self._run(
+                            interpreter, record, request, last=True, file_size=file_size, early=True
+                        )
+                        outcome = ended or interpreter.outcome
                     else:
                         outcome = await self._run_forked_once(interpreter, record, request, sandbox.guard, file_size)
             if deadline.cancelled_caught or overrun.stopped:
@@ -436,8 +442,9 @@ class Engine:
         *,
         last: bool,
         file_size: int | None = None,
-    ) -> None:
-        await interpreter.run(
+        early: bool = False,
+    ) -> SandboxOutcome | None:
+        return await interpreter.run(
             record,
             code=request.code,
             servers=request.tools.servers if request.tools is not None else (),
@@ -445,6 +452,7 @@ class Engine:
             tools=request.tools,
             last=last,
             file_size=file_size,
+            early=early,
         )
 
     def _sandbox_group(self) -> int | None:
@@ -514,18 +522,22 @@ class Engine:
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools, workspace):
             guard = self._zygote_guard(interpreter) if zygote else None
+            if not zygote:
+                interpreter.sandbox.watch_runner()  # READY: no code has run in it yet
             yield Prestarted(language, interpreter, tools, workspace, guard)
 
     @contextlib.asynccontextmanager
-    async def _warm_sandbox(self) -> AsyncIterator[Warm]:
+    async def _warm_sandbox(self, preloaded: bool) -> AsyncIterator[Warm]:
         """A warm sandbox for the pool: a scratch workspace, a /tools view and a zygote that is READY.
+
+        Its zygote imports ``pool_preload`` if ``preloaded``, else nothing (a light sandbox).
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
 
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
-            return zygote_policy(self.settings, workspace=workspace, mounts=mounts)
+            return zygote_policy(self.settings, workspace=workspace, mounts=mounts, preload=None if preloaded else ())
 
         async with self._long_lived_sandbox(None, policy) as (interpreter, tools, _):
             guard = self._zygote_guard(interpreter)
@@ -534,7 +546,7 @@ class Engine:
                 logger.warning(
                     "pool_preload: these modules did not import in the sandbox: %s", interpreter.ready["failed"]
                 )
-            yield Warm(interpreter, tools, guard)
+            yield Warm(interpreter, tools, guard, preloaded=preloaded)
 
     @staticmethod
     def _zygote_guard(interpreter: Interpreter) -> bytes:
