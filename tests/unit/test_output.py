@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from mcp_sandbox.engine.output import CappedOutput, pump_stream
+from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
 
 
 def test_the_first_cap_bytes_are_kept_across_chunks() -> None:
@@ -107,3 +110,31 @@ async def test_pump_reads_a_stream_to_its_end_past_the_cap() -> None:
     assert output.total == 300_004
     assert output.text().startswith("x" * 10)
     assert output.truncated
+
+
+@pytest.mark.anyio
+async def test_a_descriptor_that_never_runs_dry_does_not_starve_the_event_loop(tmp_path: Path) -> None:
+    # A regular file is always readable, like a pipe a writer never lets run empty: the pump
+    # must still give other tasks turns before it reaches the end.
+    path = tmp_path / "endless"
+    path.write_bytes(b"x" * (4 << 20))
+    output = CappedOutput(cap=10)
+    seen: list[int] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tasks:
+
+                async def watch() -> None:
+                    while True:
+                        seen.append(output.total)
+                        await anyio.lowlevel.checkpoint()
+
+                tasks.start_soon(watch)
+                await pump_fd(fd, output.feed)
+                tasks.cancel_scope.cancel()
+    finally:
+        os.close(fd)
+
+    assert output.total == 4 << 20
+    assert any(0 < total < 4 << 20 for total in seen), seen

@@ -44,7 +44,9 @@ class Channel:
         sock.setblocking(False)
         self._sock = sock
         self._parser = frames.FrameParser(max_frame, limits)
-        self._sending = anyio.Lock()
+        # Uncontended (nearly always: one EXEC per run, one REPLY per call), taking it does not
+        # yield to the event loop: a frame sent is one loop iteration fewer per run.
+        self._sending = anyio.Lock(fast_acquire=True)
         self._ended = False
 
     async def send(self, frame: Frame, fds: Sequence[int] = ()) -> None:

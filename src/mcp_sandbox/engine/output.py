@@ -16,6 +16,7 @@ import anyio.lowlevel
 __all__ = ["CappedOutput", "pump_fd", "pump_stream"]
 
 _CHUNK = 64 << 10
+_READS_PER_TURN = 8  # at most 512 KiB read between two turns of the event loop
 
 
 class CappedOutput:
@@ -67,14 +68,20 @@ async def pump_fd(fd: int, feed: Callable[[bytes], None]) -> None:
     ``fd`` is made non-blocking; the caller closes it, after this returned or was cancelled.
     """
     os.set_blocking(fd, False)
+    reads = 0  # since this task last gave the loop a turn
     while True:
         try:
             chunk = os.read(fd, _CHUNK)
         except BlockingIOError:
+            reads = 0
             await anyio.wait_readable(fd)
             continue
         if not chunk:
             return
         feed(chunk)
-        # A writer that never pauses keeps the pipe readable: yield, or the loop starves.
-        await anyio.lowlevel.checkpoint()
+        reads += 1
+        if reads == _READS_PER_TURN:
+            # A writer that never pauses keeps the pipe readable: yield now and then, or the loop
+            # starves. (Not after every read: a run's few lines and its end come without a turn.)
+            reads = 0
+            await anyio.lowlevel.checkpoint()

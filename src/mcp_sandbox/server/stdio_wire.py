@@ -11,7 +11,8 @@ wait for it on the event loop instead and then read or write without blocking:
   invalid bytes replaced, ``\\r\\n`` and a lone ``\\r`` end a line too, read as ``\\n``);
 - :class:`WireWriter` writes a message of at most :data:`DIRECT_BYTES` once the wire is
   writable (a writable pipe has a free page, a writable Unix socket three quarters of its send
-  buffer, so the write cannot block) and hands a longer one to a worker thread, as before, so a
+  buffer, so the write cannot block; it asks with ``poll`` first and waits on the loop only when
+  the wire is full) and hands a longer one to a worker thread, as before, so a
   client slow to read never stalls the loop.
 
 Neither changes the descriptor's flags (it may be shared with the process that started us).
@@ -23,11 +24,11 @@ from __future__ import annotations
 import codecs
 import io
 import os
+import select
 import stat
 from collections.abc import AsyncIterator, Callable
 
 import anyio
-import anyio.lowlevel
 import anyio.to_thread
 
 __all__ = ["DIRECT_BYTES", "WireLines", "WireWriter", "loop_native"]
@@ -87,11 +88,15 @@ class WireWriter:
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
+        # Asked first, without a trip through the event loop: the wire is nearly always writable.
+        self._writable = select.poll()
+        self._writable.register(fd, select.POLLOUT)
 
     async def write(self, text: str) -> int:
         data = text.encode("utf-8")
         if len(data) <= DIRECT_BYTES:
-            await anyio.wait_writable(self._fd)
+            if not self._writable.poll(0):  # full: wait on the loop (a POLLERR or POLLHUP is an answer too)
+                await anyio.wait_writable(self._fd)
             self._write_all(data)
         else:
             await anyio.to_thread.run_sync(self._write_all, data)
@@ -103,4 +108,4 @@ class WireWriter:
             view = view[os.write(self._fd, view) :]
 
     async def flush(self) -> None:
-        await anyio.lowlevel.checkpoint()
+        """Nothing to flush, and no turn of the loop given: the writer's next receive gives one."""

@@ -19,6 +19,7 @@ nothing. Writes are atomic (a temporary file renamed into place).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -82,8 +83,10 @@ class Library:
         self._max_bytes = max_bytes
         self._max_entries = max_entries
         self._lock = threading.Lock()  # quota check and write as one step
+        # Every run asks (see empty()): the HMAC and the path are made once per tenant.
+        self._dir = functools.lru_cache(maxsize=1024)(self._directory)
 
-    def _dir(self, tenant: str) -> Path:
+    def _directory(self, tenant: str) -> Path:
         return self._root / hmac.new(self._key, tenant.encode("utf-8"), hashlib.sha256).hexdigest()
 
     def _files(self, tenant: str) -> list[Path]:
