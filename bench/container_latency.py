@@ -18,21 +18,23 @@ Rows (medians and p95 over N runs, milliseconds):
 
 On these machines podman runs only with the test suite's workarounds, so the podman rows use
 ``tests/containers/podman-wrapper`` when this runs as root and the wrapper exists (the wrapper's
-own ``unshare`` costs about 2 ms); docker rows appear when a docker engine answers (the test
-suite's, on its private socket, through ``tests/containers/docker-wrapper``, if one is running).
+own ``unshare`` costs about 2 ms); the docker rows use the test suite's docker engine on its
+private socket, through ``tests/containers/docker-wrapper``: started here (as the tests start
+it, ``tests/container_helpers.docker_daemon``) when none answers, and stopped afterwards.
 Absolute values drift by ±30% between runs on a shared 2-core machine; nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -53,6 +55,19 @@ def _cli(name: str) -> str | None:
     if os.geteuid() == 0 and wrapper.exists():
         return str(wrapper)
     return name
+
+
+@contextlib.contextmanager
+def _engine(name: str) -> Iterator[str | None]:
+    """The test suite's docker engine for this block when run as root (why not, or None); podman has no daemon."""
+    if name != "docker" or os.geteuid() != 0:
+        yield None
+        return
+    sys.path.insert(0, str(REPO / "tests"))
+    from container_helpers import docker_daemon
+
+    with docker_daemon() as why:
+        yield why
 
 
 def _answers(cli: str) -> bool:
@@ -141,11 +156,12 @@ async def main(runs: int) -> None:
         await _bench_backend("bwrap", {}, runs, state)
         for name in ("podman", "docker"):
             cli = _cli(name)
-            if cli is None or not _answers(cli):
-                print(f"{name:<8} unavailable: `{cli} info` does not answer")
-                continue
-            await _bench_cli(cli, name, runs)
-            await _bench_backend(name, {"container_runtime": cli}, runs, state)
+            with _engine(name) as why:
+                if why is not None or cli is None or not _answers(cli):
+                    print(f"{name:<8} unavailable: {why or f'`{cli} info` does not answer'}")
+                    continue
+                await _bench_cli(cli, name, runs)
+                await _bench_backend(name, {"container_runtime": cli}, runs, state)
     finally:
         remove_tree(state)
 

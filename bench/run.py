@@ -157,6 +157,14 @@ print(statistics.median(times), sorted(times)[int(0.95 * COUNT)], sorted(times)[
     median, p95, p99, total = (float(value) for value in data["stdout"].split())
     print(f"  {'tool call round trip (fixture server, stdio)':<44} {median:8.2f} {p95:8.2f} {p99:8.2f}  n=1000")
     print(f"  {'1,000 sequential tool calls in one run':<44} {total:8.0f} ms in all")
+    # The peer: the official SDK client calling the same server itself, with no sandbox between.
+    fixture = StdioServerParameters(command=sys.executable, args=[str(FIXTURE_SERVER)])
+    async with Client(fixture) as direct:
+        for index in range(50):
+            await direct.call_tool("add", {"a": index, "b": 1})
+        samples = await timed(lambda: direct.call_tool("add", {"a": 1, "b": 1}), 1000)
+    peer = line("  peer: SDK client straight to the server", samples)
+    print(f"  {'  ours over the peer':<44} {median / peer:8.2f}x  (+{median - peer:.2f} ms)")
 
 
 def server_pid() -> int | None:
@@ -170,22 +178,39 @@ def server_pid() -> int | None:
 
 
 def cpu_ms(pid: int) -> tuple[float, float]:
-    """CPU time (user + system, ms) of process ``pid``, and of its descendants (the sandboxes,
-    with the children they have reaped), so far."""
+    """CPU time (user + system, ms) of process ``pid``, and of its descendants (the sandboxes), so far.
+
+    A process that ended took its time out of ``/proc``: its parent got it (cutime, cstime)
+    when it reaped it. So the descendants' share is the server's reaped children's time plus
+    each live descendant's own and reaped children's. Each process is read after its children
+    (its list of children first, then their stats, then its own): a child reaped in between is
+    then counted twice, never missed, and a sample never loses a run that ended while it was read.
+    """
     tick = 1000 / os.sysconf("SC_CLK_TCK")
-    own = descendants = 0.0
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{current}/stat").read_text().rpartition(")")[2].split()
-            if current == pid:
-                own = (int(fields[11]) + int(fields[12])) * tick
-            else:
-                descendants += sum(int(value) for value in fields[11:15]) * tick
-            for task in Path(f"/proc/{current}/task").iterdir():
-                pending.extend(int(child) for child in (task / "children").read_text().split())
-    return own, descendants
+
+    def stat(process: int) -> list[int]:
+        return [int(value) for value in Path(f"/proc/{process}/stat").read_text().rpartition(")")[2].split()[11:15]]
+
+    def subtree(process: int) -> int:
+        """The time of ``process``'s descendants, with the children they reaped (0 if it is gone)."""
+        try:
+            children = [
+                int(child)
+                for task in Path(f"/proc/{process}/task").iterdir()
+                for child in (task / "children").read_text().split()
+            ]
+        except OSError:
+            return 0
+        total = 0
+        for child in children:
+            total += subtree(child)
+            with contextlib.suppress(OSError):
+                total += sum(stat(child))
+        return total
+
+    descendants = subtree(pid)
+    utime, stime, cutime, cstime = stat(pid)
+    return (utime + stime) * tick, (descendants + cutime + cstime) * tick
 
 
 async def throughput(client: Client) -> None:
@@ -245,13 +270,15 @@ async def in_process(state_dir: Path) -> None:
         with anyio.fail_after(60):
             while engine.pool.idle < 2:  # noqa: ASYNC110 - the pool has no event to wait on
                 await anyio.sleep(0.05)
-        sandboxes = [await engine.pool.take() for _ in range(2)]
+        # pool_min 2: a preloading sandbox and a light one (nothing preloaded).
+        sandboxes = [await engine.pool.take(preloaded=kind) for kind in (True, False)]
         for warm in sandboxes:
             assert warm is not None
             uss, pss = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
             # Its zygote's child waiting for the next run is one of these processes: counted.
+            preloaded = "+".join(config.pool_preload) if warm.preloaded else ""
             print(
-                f"  warm sandbox ({'+'.join(config.pool_preload) or 'nothing'} preloaded): "
+                f"  warm sandbox ({preloaded or 'nothing'} preloaded): "
                 f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS)"
             )
             engine.pool.give_back(warm, reusable=True)
