@@ -70,3 +70,11 @@ def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
     assert resource.RLIMIT_AS not in js_limits
     assert python_limits[resource.RLIMIT_AS] == settings.memory
     assert js_limits[resource.RLIMIT_CPU] == python_limits[resource.RLIMIT_CPU]
+
+
+@pytest.mark.parametrize(("cpus", "timeout"), [(1.0, 2.0), (1.0, 30.0), (2.0, 5.0), (0.5, 1.5)])
+def test_the_cpu_rlimit_leaves_the_wall_clock_timeout_to_end_a_spin(cpus: float, timeout: float) -> None:
+    """A spin's SIGXCPU (at the soft limit, one second below the hard one) must not race the timeout's kill."""
+    settings = load_settings(env={}, flags={"cpus": cpus})
+    hard = python_policy(settings, workspace=_WORKSPACE, timeout=timeout).limits.cpu_seconds
+    assert hard - 1 >= timeout * max(1.0, cpus) + 1

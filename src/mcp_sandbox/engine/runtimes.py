@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -57,8 +58,11 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
     ``session_cpu_seconds`` in all; each of its runs stays bounded by its wall-clock timeout.
     """
     # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
-    # timeout is the real bound, this one catches a spin that outlives a lost host.
-    per_run = int(timeout * max(1.0, settings.cpus)) + 1
+    # timeout is the real bound, this one catches a spin that outlives a lost host. The soft
+    # limit (one below, see the runtime's run.py) stays a second above what the timeout lets a
+    # run spend: equal to it, a spin's SIGXCPU raced the host's kill and was reported instead
+    # of the timeout.
+    per_run = math.ceil(timeout * max(1.0, settings.cpus)) + 2
     return Limits(
         memory=settings.memory,
         pids=settings.pids,
