@@ -177,22 +177,25 @@ def server_pid() -> int | None:
     return None
 
 
-def cpu_ms(pid: int) -> tuple[float, float]:
-    """CPU time (user + system, ms) of process ``pid``, and of its descendants (the sandboxes), so far.
+def cpu_ms(pid: int) -> tuple[float, dict[tuple[int, int], float]]:
+    """CPU time (user + system, ms) of process ``pid`` so far, and of each of its descendants.
 
-    A process that ended took its time out of ``/proc``: its parent got it (cutime, cstime)
-    when it reaped it. So the descendants' share is the server's reaped children's time plus
-    each live descendant's own and reaped children's. Each process is read after its children
-    (its list of children first, then their stats, then its own): a child reaped in between is
-    then counted twice, never missed, and a sample never loses a run that ended while it was read.
+    The descendants' times are keyed by (pid, start time) and each includes the children that
+    process reaped: a process that ended took its time out of ``/proc`` into its parent's
+    cutime/cstime (the server's own children too, under the key ``(pid, 0)``). Compare two
+    samples with :func:`spent`. Each process is read after its children (its list of children
+    first, then their stats, then its own): a child reaped in between is then counted twice,
+    never missed.
     """
     tick = 1000 / os.sysconf("SC_CLK_TCK")
 
     def stat(process: int) -> list[int]:
-        return [int(value) for value in Path(f"/proc/{process}/stat").read_text().rpartition(")")[2].split()[11:15]]
+        fields = Path(f"/proc/{process}/stat").read_text().rpartition(")")[2].split()
+        return [int(value) for value in fields[11:15]] + [int(fields[19])]  # utime..cstime, starttime
 
-    def subtree(process: int) -> int:
-        """The time of ``process``'s descendants, with the children they reaped (0 if it is gone)."""
+    times: dict[tuple[int, int], float] = {}
+
+    def subtree(process: int) -> None:
         try:
             children = [
                 int(child)
@@ -200,17 +203,27 @@ def cpu_ms(pid: int) -> tuple[float, float]:
                 for child in (task / "children").read_text().split()
             ]
         except OSError:
-            return 0
-        total = 0
+            return
         for child in children:
-            total += subtree(child)
+            subtree(child)
             with contextlib.suppress(OSError):
-                total += sum(stat(child))
-        return total
+                *used, started = stat(child)
+                times[child, started] = sum(used) * tick
 
-    descendants = subtree(pid)
-    utime, stime, cutime, cstime = stat(pid)
-    return (utime + stime) * tick, (descendants + cutime + cstime) * tick
+    subtree(pid)
+    utime, stime, cutime, cstime, _ = stat(pid)
+    times[pid, 0] = (cutime + cstime) * tick
+    return (utime + stime) * tick, times
+
+
+def spent(before: dict[tuple[int, int], float], after: dict[tuple[int, int], float]) -> float:
+    """What the descendants spent between two samples of :func:`cpu_ms`: a lower bound.
+
+    A sandbox torn down meanwhile (the pool retires one after 1,000 runs, or swaps one of the
+    other kind) takes its processes' time since the first sample with it (nothing reaps them:
+    its pid namespace ends with them); what they had spent before it is not subtracted either.
+    """
+    return sum(time - before.get(key, 0.0) for key, time in after.items())
 
 
 async def throughput(client: Client) -> None:
@@ -220,7 +233,7 @@ async def throughput(client: Client) -> None:
     for callers in (1, 4, 16):
         done = 0
         stop = time.monotonic() + 5
-        before = cpu_ms(pid) if pid is not None else (0.0, 0.0)
+        before = cpu_ms(pid) if pid is not None else (0.0, {})
 
         async def caller(stop: float) -> None:
             nonlocal done
@@ -236,7 +249,7 @@ async def throughput(client: Client) -> None:
         cpu = ""
         if pid is not None and done:
             after = cpu_ms(pid)
-            server, sandboxes = ((now - then) / done for now, then in zip(after, before, strict=True))
+            server, sandboxes = (after[0] - before[0]) / done, spent(before[1], after[1]) / done
             cpu = f"  CPU per run: server {server:.1f} ms, sandboxes {sandboxes:.1f} ms"
         print(f"  {f'throughput, {callers} concurrent callers':<44} {rate:8.1f} runs/s{cpu}")
 
