@@ -610,6 +610,11 @@ def main(channel_fd: int, preload: list[str]) -> int:
     directories = _directories()
     gc.collect()
     gc.freeze()  # kept frozen in the children too: a collection there would copy every page it touches
+    # The heap the imports freed goes back to the kernel: ~0.8 MiB less PSS per preloading sandbox
+    # (the memory its waiting child's rehearsal costs), and a child's allocation there then
+    # takes a zero page instead of copying one.
+    with contextlib.suppress(AttributeError):  # glibc's; another libc keeps the heap as it is
+        _libc().malloc_trim(0)
     # A fork copies only the forking thread: whatever the others held stays held.
     problem = f"the preloaded modules started {threads - 1} threads; cannot fork safely" if threads != 1 else None
     version = sys.version.split()[0]
