@@ -114,3 +114,7 @@ def docker_daemon() -> Iterator[str | None]:
             daemon.kill()
             daemon.wait(timeout=30)
         log.close()
+        # dockerd leaves its default network namespace bind-mounted in the exec root when it stops.
+        netns = DOCKER_RUN / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", "--lazy", str(netns)], capture_output=True, check=False)

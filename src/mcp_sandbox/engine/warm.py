@@ -19,7 +19,9 @@ The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes of both kin
 the first of the ``pool_min`` is a preloading one, the others light (shrinking keeps one
 preloading sandbox while ``pool_min`` > 0), and the pool grows with the kind its runs ask for.
 A run that asks for a preloading sandbox when the pool is full and one of its light ones idle
-retires that one for a preloading one. A run takes an idle one
+retires that one for a preloading one; a light run that finds no light sandbox at all retires an
+idle preloading one (never the last) for a light one; at most one such swap every
+``CONVERT_SECONDS``, since each starts a sandbox. A run takes an idle one
 if there is one; if not, the pool grows by one in the background and the run waits (at most
 ``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
 path). A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one whose run timed out,

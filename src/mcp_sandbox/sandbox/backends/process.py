@@ -64,7 +64,7 @@ async def launch(
         SandboxStartError: it could not be started (``what`` names it in the message).
     """
     try:
-        # asyncio under anyio: anyio.open_process has no preexec_fn, and both backends need one.
+        # asyncio under anyio: anyio.open_process has no preexec_fn, and the container backend needs one.
         return await asyncio.create_subprocess_exec(
             *command,
             stdin=stdin,
