@@ -254,9 +254,13 @@ async def throughput(client: Client) -> None:
         print(f"  {f'throughput, {callers} concurrent callers':<44} {rate:8.1f} runs/s{cpu}")
 
 
-def memory_of(pid: int) -> tuple[int, int]:
-    """(USS, PSS) in KiB of process ``pid`` and its descendants."""
-    uss = pss = 0
+def memory_of(pid: int) -> tuple[int, int, int]:
+    """(USS, PSS, anonymous PSS) in KiB of process ``pid`` and its descendants.
+
+    The rest of the PSS is file pages (the interpreter's and the modules' code), which every
+    sandbox mapping them shares: one sandbox alone is charged all of them.
+    """
+    uss = pss = anon = 0
     pending = [pid]
     while pending:
         current = pending.pop()
@@ -267,11 +271,13 @@ def memory_of(pid: int) -> tuple[int, int]:
                     uss += int(value.split()[0])
                 elif key == "Pss":
                     pss += int(value.split()[0])
+                elif key == "Pss_Anon":
+                    anon += int(value.split()[0])
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending.extend(int(child) for child in (task / "children").read_text().split())
         except OSError:
             continue
-    return uss, pss
+    return uss, pss, anon
 
 
 async def in_process(state_dir: Path) -> None:
@@ -287,12 +293,13 @@ async def in_process(state_dir: Path) -> None:
         sandboxes = [await engine.pool.take(preloaded=kind) for kind in (True, False)]
         for warm in sandboxes:
             assert warm is not None
-            uss, pss = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
+            uss, pss, anon = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
             # Its zygote's child waiting for the next run is one of these processes: counted.
             preloaded = "+".join(config.pool_preload) if warm.preloaded else ""
             print(
                 f"  warm sandbox ({preloaded or 'nothing'} preloaded): "
-                f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS)"
+                f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS), "
+                f"{anon / 1024:.1f} MiB of it anonymous"
             )
             engine.pool.give_back(warm, reusable=True)
     cold = settings(state_dir, pool_size=0, pool_min=0)
