@@ -140,6 +140,22 @@ async def test_the_default_preload_is_imported_before_the_run(running_engine: Ru
     assert result.stdout == "True True\n"
 
 
+async def test_a_preloading_zygote_has_exercised_its_modules_before_the_run(running_engine: RunningEngine) -> None:
+    # What the first repr of a DataFrame imports; and every exercise runs as written (the zygote skips a failing one).
+    code = (
+        "import sys\n"
+        "from mcp_sandbox_runtime import zygote\n"
+        "print('pandas.io.formats.string' in sys.modules)\n"
+        "for exercise in zygote._EXERCISES.values():\n"
+        "    exec(exercise, {})\n"
+        "print(sorted(zygote._EXERCISES))"
+    )
+    async with warm_engine(running_engine, pool_preload="numpy,pandas") as engine:
+        result = await warm_run(engine, code)
+
+    assert (result.status, result.stdout) == ("success", "True\n['numpy', 'pandas']\n"), result.stderr
+
+
 async def test_a_run_cannot_signal_its_zygote_or_join_its_process_group(running_engine: RunningEngine) -> None:
     attack = """
         import ctypes, os, signal
