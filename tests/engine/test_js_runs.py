@@ -99,6 +99,10 @@ async def test_process_exit_gives_its_code_and_keeps_the_output_before_it(js_eng
     assert (result.status, result.exit_code, result.stdout) == ("error", 7, "before\n")
     zero = await execute(js_engine, "process.exitCode = 0; console.log('fine')", language="javascript")
     assert (zero.status, zero.exit_code) == ("success", 0)
+    set_code = await execute(js_engine, "process.exitCode = 5; console.log('ends')", language="javascript")
+    assert (set_code.status, set_code.exit_code, set_code.stdout) == ("error", 5, "ends\n")
+    imported = await execute(js_engine, "import process from 'node:process';\nprocess.exit(3);", language="typescript")
+    assert (imported.status, imported.exit_code) == ("error", 3)
 
 
 async def test_a_syntax_error_is_an_error(js_engine: Engine) -> None:
