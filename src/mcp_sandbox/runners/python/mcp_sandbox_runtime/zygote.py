@@ -3,16 +3,16 @@
 ``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed
 modules once, exercises those it knows (``_EXERCISES``), freezes what it imported
 (``gc.freeze``, so children do not dirty those pages), forks the child for the first run,
-announces READY and waits for that child. The child (forked
-before its run is asked for, so a run costs no fork) reads the EXEC frame from the channel
-itself, tells the zygote the run's number on a pipe, lets go of the channel and serves that one
-run and exits; the zygote does not read the channel while a child waits. The zygote itself
-never runs user code. A run's seccomp guard (the filter that keeps it off the zygote) comes with
-its EXEC; the first run's child also passes it to the zygote on that pipe, before any code of
-the run, and every child forked after that installs it before it waits, with what every run
-does first (see ``_rehearse``): the copy-on-write faults and the filter's cost are off the path.
-A run's frames (CALL, REPLY, DISPLAY, DONE) travel on a socket of its own, the third descriptor
-of its EXEC frame, so a child can neither read nor forge what the zygote tells the host.
+announces READY and waits for that child. The child (forked before its run is asked for, so a
+run costs no fork) reads the EXEC frame from the channel itself, tells the zygote the run's
+number on a pipe, lets go of the channel and serves that one run and exits; the zygote does not
+read the channel while a child waits. The zygote itself never runs user code. A run's seccomp
+guard (the filter that keeps it off the zygote) comes with its EXEC; the first run's child also
+passes it to the zygote on that pipe, before any code of the run, and every child forked after
+that installs it before it waits, with what every run does first (see ``_rehearse``): the
+copy-on-write faults and the filter's cost are off the path. A run's frames (CALL, REPLY,
+DISPLAY, DONE) travel on a socket of its own, the third descriptor of its EXEC frame, so a child
+can neither read nor forge what the zygote tells the host.
 
 After the child exits the zygote reports it (EXITED) at once, then restores the sandbox to the
 state it had before the run, forks the next child and says READY again, or says in that READY
@@ -131,7 +131,7 @@ def _preload(modules: list[str]) -> tuple[list[str], dict[str, str]]:
 
 # What the zygote does once with each preloaded module it knows, so that what a run's first use
 # would do lazily (a submodule imported, a cache filled, a repr's formatting set up) is the
-# zygote's, shared by every child: a pandas run's first DataFrame costs ~0.5 ms less, its first
+# zygote's, shared by every child: a pandas run's first DataFrame costs ~0.4 ms less, its first
 # repr ~1.2 ms less. Only computations that leave no state a run could see, start no thread (no
 # BLAS) and touch no file. Each path taken maps more of the modules' compiled code (these ~1.5 MiB
 # of page cache, shared by every sandbox that maps it), so rarer paths are left to the runs.
