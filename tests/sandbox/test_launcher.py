@@ -85,3 +85,30 @@ def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path) -> None:
     open_gate(gate, admitted=False)
     process.communicate(timeout=30)
     assert process.returncode == GATE_CLOSED
+
+
+def test_arguments_through_the_gate_complete_the_command_line_verbatim() -> None:
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
+    then = ["two  spaces", "", "$HOME `id` $(id)", "back\\slash 'quote' \"double\"", " *", "-n"]
+    gate_read, gate = os.pipe()
+    try:
+        process = subprocess.Popen(
+            gated(spec, ["/usr/bin/printf", "[%s]\\n"]), stdin=gate_read, stdout=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(gate_read)
+    open_gate(gate, admitted=True, then=then)
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert out.splitlines() == [f"[{argument}]" for argument in then]
+
+
+def test_an_argument_with_a_newline_is_refused_and_the_process_ends_at_the_gate(tmp_path: Path) -> None:
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
+    marker = tmp_path / "ran"
+    process, gate = _start(spec, marker)
+    with pytest.raises(ValueError, match="newline"):
+        open_gate(gate, admitted=True, then=["first\nsecond"])
+    process.communicate(timeout=30)
+    assert process.returncode == GATE_CLOSED
+    assert not marker.exists()

@@ -7,13 +7,19 @@ would map the sandbox uid to host root, and the files it writes would be root's)
 page tables copied, 15-25 ms here during which the event loop, every tenant's, stands still, for
 every sandbox started. Without a ``preexec_fn`` the spawn is a vfork (~1 ms). So:
 
-1. the process starts as ``/bin/sh`` (:func:`gated`), waiting for one line on its stdin, a pipe
+1. the process starts as ``/bin/sh`` (:func:`gated`), waiting for a line on its stdin, a pipe
    from the server;
 2. the server puts it in its cgroups (``cgroup.procs``) and sets its rlimits (``prlimit``) from
-   outside (:func:`admit`), then writes the line (:func:`open_gate`);
+   outside (:func:`admit`), then writes the line (:func:`open_gate`): how many more arguments
+   follow, and those, one per line;
 3. the shell execs ``setpriv`` (util-linux), which drops to the sandbox uid/gid and clears the
-   supplementary groups (as root only), which execs bwrap; every process of the sandbox is a
-   descendant, so all of it is in the cgroups, under the limits and the uid.
+   supplementary groups (as root only), which execs bwrap, with its command line completed by
+   those arguments; every process of the sandbox is a descendant, so all of it is in the
+   cgroups, under the limits and the uid.
+
+The arguments that come through the gate let a process be started and admitted before its
+command is known: moving a process into a cgroup waits for an RCU grace period (5-13 ms here),
+which a backend can thus spend ahead of a start (see ``backends/bwrap/sandbox.py``).
 
 When the server cannot do its part it closes the gate without the line: the shell exits with
 :data:`GATE_CLOSED` and nothing of the sandbox ran. A server that dies meanwhile closes it too.
@@ -34,8 +40,13 @@ __all__ = ["GATE_CLOSED", "SHELL", "LaunchSpec", "admit", "gated", "open_gate"]
 
 SHELL = "/bin/sh"
 GATE_CLOSED = 125  # the shell's exit code when the server closed the gate without the line
-# $0 names the process in ps; "$@" is setpriv's command line (or bwrap's), run with /dev/null on stdin.
-_GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
+# $0 names the process in ps; "$@" is setpriv's command line (or bwrap's), completed by the
+# arguments read from the gate (a count, then one per line), run with /dev/null on stdin.
+_GATE = (
+    'read -r n || exit 125; case $n in ""|*[!0-9]*) exit 125;; esac; '
+    'while [ "$n" -gt 0 ]; do IFS= read -r a || exit 125; set -- "$@" "$a"; n=$((n - 1)); done; '
+    'exec "$@" </dev/null'
+)
 _NAME = "mcp-sandbox-gate"
 
 
@@ -85,10 +96,21 @@ def admit(spec: LaunchSpec, pid: int) -> None:
         resource.prlimit(pid, which, (limit, limit))
 
 
-def open_gate(gate: int, *, admitted: bool) -> None:
-    """Let the process waiting on ``gate`` (the pipe's write end, closed here) go on, or end it."""
+def open_gate(gate: int, *, admitted: bool, then: Sequence[str] = ()) -> None:
+    """Let the process waiting on ``gate`` (the pipe's write end, closed here) go on, or end it.
+
+    ``then``: arguments that complete its command line (none may hold a newline).
+
+    Raises:
+        ValueError: an argument holds a newline (the gate is closed: the process ends there).
+        OSError: the process is gone (its end of the gate is closed).
+    """
     try:
         if admitted:
-            os.write(gate, b"\n")
+            if any("\n" in argument for argument in then):
+                raise ValueError(f"an argument through the gate holds a newline: {then!r}")
+            data = "".join(f"{argument}\n" for argument in (str(len(then)), *then)).encode()
+            while data:
+                data = data[os.write(gate, data) :]
     finally:
         os.close(gate)
