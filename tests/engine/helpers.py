@@ -63,10 +63,12 @@ async def wait_until_gone(marker: str, bound: float = GONE_BOUND) -> list[int]:
 
 
 def our_cgroups(engine: Engine) -> list[str]:
-    """The cgroups of this server's sandboxes that exist now."""
+    """The cgroups of this server's sandboxes that exist now (not those of first processes kept
+    ahead of the starts by a running bwrap backend: no sandbox has run in them)."""
     cgroups = getattr(engine.backend, "cgroups", None)
     if cgroups is None:
         return []
     prefix = f"mcp-sandbox-{os.getpid()}-"
     bases: list[Path] = list(cgroups.bases.values())
-    return [p.name for base in bases for p in base.iterdir() if p.name.startswith(prefix)]
+    spare: frozenset[Path] = getattr(engine.backend, "spare_cgroups", frozenset())
+    return [p.name for base in bases for p in base.iterdir() if p.name.startswith(prefix) and p not in spare]

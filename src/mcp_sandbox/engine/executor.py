@@ -166,6 +166,7 @@ class Engine:
             RuntimeError: the engine is already running.
         """
         async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.backend.running())
             await stack.enter_async_context(self._sessions.running())
             if self.backend.warm_pool:
                 await stack.enter_async_context(self._pool.running())

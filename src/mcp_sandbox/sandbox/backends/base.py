@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -120,6 +121,11 @@ class Backend(Protocol):
 
     def probe(self) -> BackendProbe:
         """Say whether this backend works here and which parts of the policy it enforces."""
+        ...
+
+    def running(self) -> AbstractAsyncContextManager[object]:
+        """Do the backend's background work for this block (bwrap: first processes admitted ahead
+        of the starts); whatever it keeps is released on the way out. Starts work without it."""
         ...
 
     async def start(self, policy: SandboxPolicy) -> Sandbox:

@@ -49,7 +49,7 @@ class RunCgroup:
                 if directory not in directories.values():
                     directory.mkdir()
                 directories[controller] = directory
-            group._write_limits(limits)
+            group.write_limits(limits)
         except BaseException:
             group.remove()
             raise
@@ -61,13 +61,22 @@ class RunCgroup:
             return
         path.write_text(value)
 
-    def _write_limits(self, limits: Limits) -> None:
+    def write_limits(self, limits: Limits) -> None:
+        """Write ``limits`` (memory, pids, CPU quota) into the cgroup(s).
+
+        Raises:
+            OSError: the cgroup filesystem refused.
+        """
         v1 = self._support.version == 1
         if "memory" in self.directories:
             if v1:
-                self._write("memory", "memory.limit_in_bytes", str(limits.memory))
-                # No swap beyond the limit (the file exists only with swap accounting on).
-                self._write("memory", "memory.memsw.limit_in_bytes", str(limits.memory), required=False)
+                # No swap beyond the limit (the file exists only with swap accounting on). The
+                # kernel keeps memsw >= memory at every step: a raise writes memsw first.
+                order = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+                if limits.memory > int((self.directories["memory"] / order[0]).read_text()):
+                    order.reverse()
+                for name in order:
+                    self._write("memory", name, str(limits.memory), required=name == "memory.limit_in_bytes")
             else:
                 self._write("memory", "memory.max", str(limits.memory))
                 self._write("memory", "memory.swap.max", "0", required=False)

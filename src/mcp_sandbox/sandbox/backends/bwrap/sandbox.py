@@ -8,8 +8,12 @@ import logging
 import os
 import resource
 import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
@@ -20,8 +24,8 @@ from mcp_sandbox.sandbox.backends.bwrap.runner import Runner, find_runner
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
 from mcp_sandbox.sandbox.launcher import LaunchSpec, admit, gated, open_gate
-from mcp_sandbox.sandbox.policy import SandboxPolicy
-from mcp_sandbox.sandbox.seccomp import write_bpf
+from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import compiled_bpf
 
 __all__ = ["BwrapBackend", "BwrapSandbox"]
 
@@ -51,20 +55,57 @@ class BwrapSandbox(ProcessSandbox):
             self._cgroup.kill()
 
 
-async def _let_in(process: asyncio.subprocess.Process, spec: LaunchSpec, gate: int) -> None:
-    """Admit the process waiting at ``gate`` to its cgroups and limits and open the gate (see the launcher).
+# First processes kept admitted ahead of the starts by a running backend (see BwrapBackend.running).
+SPARES = 2
 
-    Raises:
-        SandboxStartError: it could not be admitted (it ends at the closed gate, reaped here).
+
+def _fill(fd: int, data: bytes) -> None:
+    """Write ``data`` to the empty memfd ``fd`` and rewind it for the reader that shares its offset."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+
+
+@dataclass(eq=False)
+class _Gate:
+    """A sandbox's first process, started and admitted to its cgroups before its policy is known.
+
+    It waits at its gate (see ``sandbox/launcher.py``) as ``sh``, about to exec ``setpriv`` and
+    ``bwrap --args <options> --``, holding the sandbox's end of the channel and two empty memfds
+    (the seccomp filter, bwrap's options) that :meth:`BwrapBackend._go` fills from the policy.
     """
-    try:
-        admit(spec, process.pid)
-    except OSError as exc:
-        open_gate(gate, admitted=False)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            await process.wait()
-        raise SandboxStartError(f"cannot put the sandbox's process in its cgroup and limits: {exc}") from exc
-    open_gate(gate, admitted=True)
+
+    process: asyncio.subprocess.Process
+    gate: int  # the gate pipe's write end; -1 once opened or closed
+    cgroup: RunCgroup | None
+    limits: Limits  # what the cgroup holds now
+    host_end: socket.socket
+    sandbox_end: socket.socket
+    seccomp_fd: int
+    options_fd: int
+
+    def release_fds(self) -> None:
+        """Close what only the sandbox's process needs (it holds its own copies). Idempotent."""
+        self.sandbox_end.close()
+        for fd in (self.seccomp_fd, self.options_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.seccomp_fd = self.options_fd = -1
+
+    async def discard(self) -> None:
+        """End the process at its closed gate (if it is still there), reap it, release everything. Never raises."""
+        with anyio.CancelScope(shield=True):
+            if self.gate >= 0:
+                gate, self.gate = self.gate, -1
+                with contextlib.suppress(OSError):
+                    open_gate(gate, admitted=False)
+            with anyio.move_on_after(5):
+                await self.process.wait()
+            self.release_fds()
+            self.host_end.close()
+            if self.cgroup is not None:
+                await self.cgroup.aremove()
 
 
 class BwrapBackend:
@@ -77,6 +118,9 @@ class BwrapBackend:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._cgroups: CgroupSupport | None = None
+        self._spares: list[_Gate] = []
+        self._wanted: anyio.Event | None = None  # set by a start: prepare spares; None: not running
+        self._last_limits: Limits | None = None
 
     @property
     def cgroups(self) -> CgroupSupport:
@@ -116,43 +160,138 @@ class BwrapBackend:
             gid=gid,
         )
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[BwrapBackend]:
+        """Keep :data:`SPARES` first processes admitted ahead of the starts, for this block.
+
+        A start takes one that is ready (else it starts its own) and a replacement is prepared
+        behind it: what a start waits for in the kernel to move a process into its cgroups
+        (5-13 ms here) is then spent beforehand, with no CPU, and a start goes straight from the
+        policy to bwrap. Each costs an idle ``sh`` and empty cgroups; all are discarded on the
+        way out.
+        """
+        try:
+            async with anyio.create_task_group() as group:
+                self._wanted = anyio.Event()
+                group.start_soon(self._keep_spares)
+                try:
+                    yield self
+                finally:
+                    group.cancel_scope.cancel()
+        finally:
+            self._wanted = None
+            spares, self._spares = self._spares, []
+            for spare in spares:
+                await spare.discard()
+
+    @property
+    def spare_cgroups(self) -> frozenset[Path]:
+        """The cgroup directories the first processes kept ahead of the starts are in now."""
+        return frozenset(d for spare in self._spares if spare.cgroup for d in spare.cgroup.directories.values())
+
+    async def _keep_spares(self) -> None:
+        assert self._wanted is not None
+        await self._wanted.wait()  # the first start says which limits its cgroups hold
+        while True:
+            self._wanted = anyio.Event()
+            while len(self._spares) < SPARES:
+                assert self._last_limits is not None
+                try:
+                    self._spares.append(await self._open(self._last_limits))
+                except (SandboxStartError, BackendUnavailableError) as exc:
+                    logger.warning("cannot start a sandbox's first process ahead of its start: %s", exc)
+                    break
+            await self._wanted.wait()
+
     async def start(self, policy: SandboxPolicy) -> BwrapSandbox:
+        self._last_limits = policy.limits
+        if self._wanted is not None:
+            self._wanted.set()
+        while self._spares:
+            spare = self._spares.pop(0)
+            if spare.process.returncode is None:
+                try:
+                    return await self._go(spare, policy)
+                except SandboxStartError as exc:  # gone meanwhile: start one of its own
+                    logger.warning("a sandbox's first process started ahead failed: %s", exc)
+            else:
+                await spare.discard()
+        return await self._go(await self._open(policy.limits), policy)
+
+    async def _open(self, limits: Limits) -> _Gate:
+        """Start a sandbox's first process behind its gate and admit it to cgroups holding ``limits``.
+
+        Raises:
+            BackendUnavailableError: no bwrap.
+            SandboxStartError: it could not be started or admitted.
+        """
         bwrap = find_bwrap(self._settings.bwrap_path)
         with contextlib.ExitStack() as undo:
-            cgroup = run_cgroup(self.cgroups, policy.limits) if self.cgroups.version is not None else None
+            cgroup = run_cgroup(self.cgroups, limits) if self.cgroups.version is not None else None
             if cgroup is not None:
                 undo.callback(cgroup.remove)
             host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             undo.callback(host_end.close)
-            # The sandbox's own end: once it is started, only bwrap holds it; the filter and the
-            # options are read by bwrap and closed here either way.
-            with sandbox_end, contextlib.ExitStack() as fds:
-                seccomp_fd = write_bpf(egress=policy.egress)
-                fds.callback(os.close, seccomp_fd)
-                options_fd = os.memfd_create("mcp-sandbox-bwrap-args", os.MFD_CLOEXEC)
-                fds.callback(os.close, options_fd)
-                full = [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), str(sandbox_end.fileno())]
-                argv, options = args_file(full, options_fd)
-                os.write(options_fd, options)
-                os.lseek(options_fd, 0, os.SEEK_SET)
-                spec = self.launch_spec(policy, cgroup)
-                command = gated(spec, argv)
-                gate_read, gate = os.pipe()
-                fds.callback(os.close, gate_read)
-                try:
-                    process = await launch(
-                        command,
-                        what=f"bwrap ({bwrap})",
-                        env={},  # bwrap's own environment is visible in /proc/1/environ inside
-                        pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
-                        stdin=gate_read,
-                    )
-                except BaseException:
-                    os.close(gate)
-                    raise
-            await _let_in(process, spec, gate)
+            undo.callback(sandbox_end.close)
+            seccomp_fd = os.memfd_create("mcp-sandbox-seccomp", os.MFD_CLOEXEC)
+            undo.callback(os.close, seccomp_fd)
+            options_fd = os.memfd_create("mcp-sandbox-bwrap-args", os.MFD_CLOEXEC)
+            undo.callback(os.close, options_fd)
+            uid, gid = self.host_ids()
+            spec = LaunchSpec(cgroup_procs=cgroup.procs_files if cgroup else (), rlimits=(), uid=uid, gid=gid)
+            command = gated(spec, [bwrap, "--args", str(options_fd), "--"])
+            gate_read, gate = os.pipe()
+            try:
+                process = await launch(
+                    command,
+                    what=f"bwrap ({bwrap})",
+                    env={},  # bwrap's own environment is visible in /proc/1/environ inside
+                    pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
+                    stdin=gate_read,
+                )
+            except BaseException:
+                os.close(gate)
+                raise
+            finally:
+                os.close(gate_read)
             undo.pop_all()
-        return BwrapSandbox(process, host_end, cgroup)
+        opened = _Gate(process, gate, cgroup, limits, host_end, sandbox_end, seccomp_fd, options_fd)
+        try:
+            # In a worker thread: the move into a cgroup sleeps through an RCU grace period
+            # (the kernel's cgroup_threadgroup_rwsem taken for writing), which on the event loop
+            # would hold every other run's frames and answers back that long.
+            await anyio.to_thread.run_sync(admit, spec, process.pid)
+        except BaseException as exc:  # refused, or the start cancelled while it waited
+            await opened.discard()
+            if isinstance(exc, OSError):
+                raise SandboxStartError(f"cannot put the sandbox's process in its cgroup: {exc}") from exc
+            raise
+        return opened
+
+    async def _go(self, opened: _Gate, policy: SandboxPolicy) -> BwrapSandbox:
+        """Give ``opened`` the policy (limits, seccomp filter, options, command) and let it exec bwrap.
+
+        Raises:
+            SandboxStartError: its limits or the policy's command could not be given to it.
+        """
+        try:
+            if opened.cgroup is not None and opened.limits != policy.limits:
+                opened.cgroup.write_limits(policy.limits)
+                opened.limits = policy.limits
+            _fill(opened.seccomp_fd, compiled_bpf(egress=policy.egress))
+            bwrap = find_bwrap(self._settings.bwrap_path)
+            full = [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd), str(opened.sandbox_end.fileno())]
+            argv, options = args_file(full, opened.options_fd)
+            _fill(opened.options_fd, options)
+            for which, limit in self.launch_spec(policy, opened.cgroup).rlimits:
+                resource.prlimit(opened.process.pid, which, (limit, limit))
+            gate, opened.gate = opened.gate, -1
+            open_gate(gate, admitted=True, then=argv[4:])  # argv: bwrap --args <fd> -- <command>
+        except (OSError, ValueError) as exc:
+            await opened.discard()
+            raise SandboxStartError(f"cannot give the sandbox's first process its limits and command: {exc}") from exc
+        opened.release_fds()
+        return BwrapSandbox(opened.process, opened.host_end, opened.cgroup)
 
     def probe(self) -> BackendProbe:
         try:

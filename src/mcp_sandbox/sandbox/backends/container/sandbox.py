@@ -38,6 +38,7 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Literal
 
@@ -249,6 +250,11 @@ class ContainerBackend:
             if not self._swept:
                 self._swept = True
                 await anyio.to_thread.run_sync(self.engine.sweep)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ContainerBackend]:
+        """Nothing to keep in the background (whole containers are started ahead by ``engine/prestart.py``)."""
+        yield self
 
     async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
         if policy.language != "python":
