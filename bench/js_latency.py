@@ -7,7 +7,10 @@ For each installed runtime, with a small TypeScript program (`const n: number = 
 - fresh: later runs of the same engine, not running its pools: a fresh bwrap sandbox per run;
 - warm: runs of a running engine, each in a pre-started single-use sandbox (`prestart_size`,
   see `engine/prestart.py`), back to back and 0.1 s apart (the pool refills in the background;
-  back to back, a run may wait for a sandbox still starting).
+  back to back, a run may wait for a sandbox still starting);
+- on a workspace: runs of a running engine on a conversation's workspace, 0.1 s apart: no
+  pre-started sandbox serves them, so each starts a fresh sandbox, from a first process the
+  running backend admitted to its cgroups ahead (see ``BwrapBackend.running``).
 
 Python is measured the same way for comparison (its warm runs fork from a zygote). Medians and
 p95 in milliseconds, then ratios. Nothing is asserted; absolute numbers drift +-30% between runs
@@ -82,9 +85,26 @@ async def _warm_runs(settings: Settings, language: str, code: str, runs: int, pa
         return samples
 
 
-async def _timed(engine: Engine, language: str, code: str, *, warm: bool = False) -> float:
+async def _workspace_runs(settings: Settings, language: str, code: str, runs: int) -> list[float]:
+    """``runs`` runs of a running engine on a conversation's workspace, 0.1 s apart, after a few."""
+    async with Engine(settings, get_backend(settings.backend, settings)).running() as engine:
+        with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-workspace-") as workspace:
+            os.chmod(workspace, 0o777)  # the sandbox's uid writes there
+            samples = []
+            for index in range(runs + 3):
+                took = await _timed(engine, language, code, workspace=Path(workspace))
+                if index >= 3:
+                    samples.append(took)
+                await anyio.sleep(0.1)
+    return samples
+
+
+async def _timed(
+    engine: Engine, language: str, code: str, *, warm: bool = False, workspace: Path | None = None
+) -> float:
     started = time.perf_counter()
-    result = await engine.execute(ExecutionRequest(code=code, timeout=engine.settings.timeout, language=language))
+    request = ExecutionRequest(code=code, timeout=engine.settings.timeout, language=language, workspace=workspace)
+    result = await engine.execute(request)
     elapsed = (time.perf_counter() - started) * 1000
     if result.status != "success" or result.stdout != "42\n":
         raise SystemExit(f"{language} run failed: {result.status} {result.error} {result.stderr}")
@@ -113,6 +133,7 @@ def main(runs: int) -> None:
         print(_row("python, cold sandbox", cold))
         print(_row("python, fresh sandbox", fresh))
         print(_row("python, warm (zygote)", anyio.run(_warm_runs, base, "python", _PY, runs, 0.1)))
+        print(_row("python, on a workspace", anyio.run(_workspace_runs, base, "python", _PY, runs)))
         medians["python"] = statistics.median(fresh)
         for runtime in JS_RUNTIMES:
             settings = load_settings(env={}, flags={**flags, "js_runtime": runtime})
@@ -123,11 +144,13 @@ def main(runs: int) -> None:
             cold, fresh = anyio.run(_engine_runs, settings, "typescript", _TS, runs)
             warm = anyio.run(_warm_runs, settings, "typescript", _TS, runs, 0.1)
             back_to_back = anyio.run(_warm_runs, settings, "typescript", _TS, runs, 0.0)
+            on_workspace = anyio.run(_workspace_runs, settings, "typescript", _TS, runs)
             print(_row(f"{runtime}, bare (no sandbox)", bare))
             print(_row(f"{runtime}, cold sandbox", cold))
             print(_row(f"{runtime}, fresh sandbox", fresh))
             print(_row(f"{runtime}, warm, 0.1 s apart", warm))
             print(_row(f"{runtime}, warm, back to back", back_to_back))
+            print(_row(f"{runtime}, on a workspace", on_workspace))
             medians[runtime] = statistics.median(fresh)
             medians[f"{runtime}-warm"] = statistics.median(warm)
             medians[f"{runtime}-bare"] = statistics.median(bare)
