@@ -38,6 +38,7 @@ def run_cgroup(support: CgroupSupport, limits: Limits, *, nested: bool = False) 
     except OSError as exc:
         raise SandboxStartError(f"cannot create the sandbox's cgroup: {exc}") from exc
     if nested:
+        group.nested = True
         try:
             group.enable_for_children()
         except OSError as exc:

@@ -31,6 +31,8 @@ class RunCgroup:
     def __init__(self, support: CgroupSupport, directories: dict[str, Path]) -> None:
         self._support = support
         self.directories = directories
+        # A container runtime puts cgroups of its own in it (see ``backends.process.run_cgroup``).
+        self.nested = False
 
     @classmethod
     def create(cls, support: CgroupSupport, limits: Limits) -> RunCgroup:
@@ -216,7 +218,7 @@ class RunCgroup:
         behind the death of the sandbox's outer process: see :meth:`aremove`.
         """
         gone = True
-        relative = self.hierarchy_path()
+        relative = self.hierarchy_path() if self.nested else None
         if relative is not None:
             # A container runtime nests its own cgroups under ours in *every* hierarchy it uses
             # (cpuset, blkio, ...), creating our directory there too: remove those as well.
