@@ -82,6 +82,11 @@ DEFAULT_IMAGE = "localhost/mcp-sandbox-python:latest"  # what scripts/build-cont
 _INSIDE_ID = 65534
 # The limits rootless podman enforces only through controllers systemd delegated to the user.
 _CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
+# Our cgroup, the container's parent, also holds podman's conmon: its memory limit leaves room
+# above the container's own, so that a run that fills its limit meets its own cgroup's OOM killer,
+# which picks among the container's processes, and never ours, which could pick conmon (the run
+# would then hang to its timeout). The container's cgroup still enforces the run's limit.
+_RUNTIME_HEADROOM = 32 << 20
 
 
 class ContainerSandbox(ProcessSandbox):
@@ -269,7 +274,8 @@ class ContainerBackend:
             cgroup: RunCgroup | None = None
             parent: str | None = None
             if self.nests_cgroups:
-                cgroup = run_cgroup(self.cgroups, policy.limits, nested=True)
+                room = dataclasses.replace(policy.limits, memory=policy.limits.memory + _RUNTIME_HEADROOM)
+                cgroup = run_cgroup(self.cgroups, room, nested=True)
                 undo.callback(cgroup.remove)
                 parent = cgroup.hierarchy_path()
             channel_dir: Path | None = None
