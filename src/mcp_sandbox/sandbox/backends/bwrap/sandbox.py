@@ -283,8 +283,7 @@ class BwrapBackend:
             full = [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd), str(opened.sandbox_end.fileno())]
             argv, options = args_file(full, opened.options_fd)
             _fill(opened.options_fd, options)
-            for which, limit in self.launch_spec(policy, opened.cgroup).rlimits:
-                resource.prlimit(opened.process.pid, which, (limit, limit))
+            admit(self.launch_spec(policy, None), opened.process.pid)  # its rlimits (it is in its cgroups)
             gate, opened.gate = opened.gate, -1
             open_gate(gate, admitted=True, then=argv[4:])  # argv: bwrap --args <fd> -- <command>
         except (OSError, ValueError) as exc:
