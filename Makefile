@@ -41,6 +41,7 @@ WEB_BUNDLE    := src/mcp_sandbox/server/static/playground.js
 VENV_STAMP    := $(VENV)/.installed
 RUNTIME_STAMP := $(RUNTIME_PY)/.installed
 RUNTIME_JS_STAMP := $(RUNTIME_JS)/.installed
+RUNNER_BUNDLES_STAMP := $(RUNTIME_JS)/runners/.built
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
@@ -70,7 +71,7 @@ sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 
 venv: $(VENV_STAMP) ## Create .venv and install the server with its dev tools
 
-runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) ## Build .runtime/python and .runtime/js, the sandbox's runtimes
+runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP) ## Build .runtime/python and .runtime/js, the sandbox's runtimes
 
 sandbox-user: ## As root: create the unprivileged system user the sandboxes run as
 	@bash scripts/create-sandbox-user.sh
@@ -107,6 +108,13 @@ $(RUNTIME_JS_STAMP): runtime/js/package.json runtime/js/package-lock.json | $(VE
 	    cd $(RUNTIME_JS) && PATH="$$node_root/bin:$$PATH" \
 	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
 	chmod -R a+rX,go-w $(RUNTIME_JS)
+	@touch $@
+
+# The TypeScript runner bundled into one file per runtime (src/mcp_sandbox/provision/bundles.py):
+# rebuilt whenever the runner or the runtimes change. Without a current one, sandboxes run the
+# runner from its sources, only slower to start.
+$(RUNNER_BUNDLES_STAMP): $(RUNTIME_JS_STAMP) $(wildcard $(JS_RUNNER)/*) src/mcp_sandbox/provision/bundles.py | $(VENV_STAMP)
+	$(BIN)/python -m mcp_sandbox.provision.bundles
 	@touch $@
 
 web: $(WEB_BUNDLE) ## Build the web playground (web/: CodeMirror 6, bundled by esbuild) into src/mcp_sandbox/server/static
@@ -190,7 +198,7 @@ image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp
 
 # The runtimes are order-only: the image is rebuilt when their pins change (inputs above), not
 # whenever a runtime's stamp is touched.
-$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP)
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP)
 	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
 	@touch $@

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_sandbox.config import load_settings
+
 pytestmark = pytest.mark.e2e
 
 COMMAND_BOUND = 120.0
@@ -72,3 +74,23 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bwrap" in done.stdout
     assert "memory limit" in done.stdout
+    # `make runtime` bundled the TypeScript runner (provision/bundles.py): no slower start to report.
+    assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
+
+
+def test_doctor_says_when_the_typescript_runner_is_not_bundled(state_dir: Path, packaged_runtime: Path) -> None:
+    installed = load_settings(env={}, flags={}).js_runtime_dir
+    runtime_dir = state_dir.parent / "js"  # the runtimes without setup's bundles
+    runtime_dir.mkdir()
+    runtime_dir.chmod(0o755)
+    (runtime_dir / "node_modules").symlink_to(installed / "node_modules")
+    environment = {**_environment(packaged_runtime), "MCP_SANDBOX_JS_RUNTIME_DIR": str(runtime_dir)}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(state_dir)],
+        env=environment, capture_output=True, text=True, timeout=COMMAND_BOUND, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SLOWER start: the runner is not bundled" in done.stdout and "`mcp-sandbox setup`" in done.stdout
+    assert "ok: ran TypeScript in a sandbox" in done.stdout, done.stdout  # from its sources

@@ -14,7 +14,9 @@ import pytest
 from mcp_sandbox.config import JS_RUNTIMES, load_settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.result import EXIT_TIMEOUT
-from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.engine.runtimes import js_binary, js_policy
+from mcp_sandbox.provision.bundles import BUNDLES, ENTRIES, build_bundles, current_bundle
+from mcp_sandbox.runners import RUNTIME_MOUNT, runner_dir
 
 from .conftest import EngineFactory
 from .helpers import HOST_BOUND, execute
@@ -84,6 +86,38 @@ async def test_an_uncaught_exception_is_exit_code_1_with_the_users_line_numbers(
     # The submitted source starts with a newline: the throw is on its line 4.
     assert "main.ts:4:" in result.stderr, result.stderr
     assert "/opt/mcp-sandbox/typescript" not in result.stderr  # the runner's own frames are trimmed
+
+
+async def test_the_runner_runs_the_same_bundled_by_setup_and_from_its_sources(
+    make_engine: EngineFactory, js_runtime: str, state_dir: Path
+) -> None:
+    """Setup bundles the runner into one file per runtime; without a current bundle a sandbox runs its sources."""
+    installed = load_settings(env={}, flags={"js_runtime": js_runtime}).js_runtime_dir
+    runtime_dir = state_dir.parent / "js"  # the same runtimes, without the bundles setup built
+    runtime_dir.mkdir()
+    runtime_dir.chmod(0o755)
+    (runtime_dir / "node_modules").symlink_to(installed / "node_modules")
+    code = "const n: number = 6 * 7; console.log(n); await import('node:fs'); throw new Error('line 1');"
+    entries = []
+    for bundled in (False, True):
+        engine = make_engine(js_runtime=js_runtime, js_runtime_dir=str(runtime_dir))
+        if bundled:
+            (built,) = [path for path in build_bundles(engine.settings, log=lambda _: None) if js_runtime in path.name]
+            assert current_bundle(engine.settings) == built
+        else:
+            assert current_bundle(engine.settings) is None
+        policy = js_policy(engine.settings, language="typescript", workspace=None, timeout=5)
+        entries.append(policy.command[-2])
+        source = {mount.target: mount.source for mount in policy.mounts}[RUNTIME_MOUNT + "/typescript"]
+        assert source == (built if bundled else runner_dir("typescript"))
+        result = await execute(engine, code, language="typescript")
+        assert (result.status, result.exit_code, result.stdout) == ("error", 1, "42\n"), result
+        assert "Error: line 1" in result.stderr and "main.ts:1:" in result.stderr, result.stderr
+        assert "/opt/mcp-sandbox/typescript" not in result.stderr  # the runner's frames are trimmed, bundled too
+    assert entries == [
+        f"{RUNTIME_MOUNT}/typescript/{ENTRIES[js_runtime]}",
+        f"{RUNTIME_MOUNT}/typescript/{BUNDLES[js_runtime]}",
+    ]
 
 
 async def test_an_unhandled_rejection_is_an_error(js_engine: Engine) -> None:

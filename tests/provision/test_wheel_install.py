@@ -182,5 +182,14 @@ def test_setup_installs_the_javascript_runtimes_with_npm_and_typescript_runs(ins
     print(f"mcp-sandbox setup --no-python: {time.monotonic() - started:.1f} s")
     assert setup.returncode == 0, f"{setup.stdout}\n{setup.stderr}"
     assert (installed.data_dir / "js" / ".mcp-sandbox-setup.json").exists()
+    # The runner bundled for each runtime, from the sources the wheel shipped (provision/bundles.py).
+    bundles = sorted(
+        path.relative_to(installed.data_dir / "js" / "runners").parts
+        for path in (installed.data_dir / "js" / "runners").glob("*/*.js")
+    )
+    assert [(directory.partition("-")[0], name) for directory, name in bundles] == [
+        ("bun", "bun.js"),
+        ("deno", "deno.js"),
+    ]
     done = installed.run("run", "--language", "typescript", "-c", "const n: number = 6 * 7; console.log(n)")
     assert (done.returncode, done.stdout) == (0, "42\n"), done.stderr

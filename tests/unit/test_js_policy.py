@@ -17,8 +17,10 @@ _WORKSPACE = Path("/srv/ws")
 
 
 @pytest.mark.parametrize("runtime", ["bun", "deno"])
-def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str) -> None:
-    settings = load_settings(env={}, flags={"js_runtime": runtime, "memory": "400m"})
+def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str, tmp_path: Path) -> None:
+    # A runtime directory without setup's bundle of the runner: the runner's sources run (see
+    # tests/engine/test_js_runs.py for the bundle).
+    settings = load_settings(env={}, flags={"js_runtime": runtime, "memory": "400m", "js_runtime_dir": str(tmp_path)})
     js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
     python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment
+from mcp_sandbox.provision.bundles import BUNDLES, ENTRIES, current_bundle
+from mcp_sandbox.provision.pins import JS_BINARIES
 from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import SANDBOX_HOME, Limits, Mount, SandboxPolicy
@@ -26,11 +28,6 @@ __all__ = [
     "zygote_policy",
 ]
 
-# Where each runtime's npm package (runtime/js/package.json, installed by `make`) keeps its binary.
-_JS_BINARIES: Mapping[str, str] = {
-    "bun": "node_modules/@oven/bun-linux-x64/bin/bun",
-    "deno": "node_modules/@deno/linux-x64-glibc/deno",
-}
 # Headroom left under the memory limit for what is not the JavaScript heap (code, stacks, buffers).
 _JS_HEAP_SHARE = 0.75
 
@@ -138,10 +135,10 @@ JS_PACKAGES_MOUNT = "/node_modules"
 
 def js_binary(settings: Settings, runtime: str | None = None) -> Path:
     """The host path of the binary of the JavaScript runtime ``runtime`` (default: the configured one)."""
-    return settings.js_runtime_dir / _JS_BINARIES[runtime or settings.js_runtime]
+    return settings.js_runtime_dir / JS_BINARIES[runtime or settings.js_runtime]
 
 
-def _js_command(settings: Settings, language: str, binary: str, heap_mib: int) -> tuple[str, ...]:
+def _js_command(settings: Settings, language: str, binary: str, heap_mib: int, entry: str) -> tuple[str, ...]:
     runner = f"{RUNTIME_MOUNT}/typescript"
     if settings.js_runtime == "deno":
         # Deno's own permissions mirror the sandbox's (which enforces them in any case): no network,
@@ -151,12 +148,12 @@ def _js_command(settings: Settings, language: str, binary: str, heap_mib: int) -
             binary, "run", "--quiet", "--no-config", "--no-lock", "--no-remote", "--no-npm", "--no-prompt",
             "--allow-read", "--allow-write=/workspace,/data,/tmp", "--allow-env", "--allow-run", "--allow-sys",
             "--allow-ffi", f"--v8-flags=--max-old-space-size={heap_mib}",
-            f"{runner}/deno.ts", language,
+            f"{runner}/{entry}", language,
         )  # fmt: skip
     # bun: nothing of the workspace configures the runtime (bunfig.toml, .env, tsconfig.json).
     return (
         binary, "run", "--no-install", "--no-env-file", f"--config={runner}/bunfig.toml",
-        f"--tsconfig-override={runner}/tsconfig.json", f"{runner}/bun.ts", language,
+        f"--tsconfig-override={runner}/tsconfig.json", f"{runner}/{entry}", language,
     )  # fmt: skip
 
 
@@ -183,8 +180,11 @@ def js_policy(
     system, links = system_mounts()
     package = js_binary(settings).parent
     inside = f"{RUNTIME_MOUNT}/{settings.js_runtime}"
+    # The runner bundled into one file when setup built it for these sources (see provision.bundles).
+    bundle = current_bundle(settings)
+    entry = BUNDLES[settings.js_runtime] if bundle is not None else ENTRIES[settings.js_runtime]
     extra = [
-        Mount(runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),
+        Mount(bundle or runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),
         Mount(package, inside),
         # The runtime's packages (pg, postgres, papaparse, ...): a bare import from any file
         # (the code is /tmp/.mcp-sandbox/main.ts) walks up to /node_modules.
@@ -207,7 +207,7 @@ def js_policy(
         )
     binary = f"{inside}/{js_binary(settings).name}"
     return SandboxPolicy(
-        command=_js_command(settings, language, binary, heap_mib),
+        command=_js_command(settings, language, binary, heap_mib, entry),
         mounts=(*system, *extra),
         symlinks=links,
         workspace=workspace,

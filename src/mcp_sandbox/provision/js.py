@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.provision.bundles import build_bundles
 from mcp_sandbox.provision.pins import JS_FILES
 from mcp_sandbox.provision.python import SetupError
 from mcp_sandbox.provision.status import js_digest, write_stamp
@@ -57,8 +58,11 @@ def build_js_runtime(
 
     ``offline``: npm installs from its cache only (``--offline``), as pip's ``--no-index`` does.
 
+    Then bundles the TypeScript runner for each runtime (see :mod:`.bundles`).
+
     Raises:
-        SetupError: no npm (the message says what to install), or ``npm ci`` failed.
+        SetupError: no npm (the message says what to install), ``npm ci`` failed, or bun could not
+            bundle the runner.
     """
     found = find_npm()
     if found is None:
@@ -88,5 +92,6 @@ def build_js_runtime(
             path = os.path.join(directory, name)
             if not os.path.islink(path):
                 os.chmod(path, (os.stat(path).st_mode | 0o444) & ~0o022)
+    build_bundles(settings, log=log)
     write_stamp(runtime, {"digest": js_digest()})
     return runtime

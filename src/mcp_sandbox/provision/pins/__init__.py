@@ -8,13 +8,20 @@ The checkout's ``runtime/`` links here, for ``make``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["JS_FILES", "PINS_DIR", "PYTHON_REQUIREMENTS", "digest"]
+__all__ = ["JS_BINARIES", "JS_FILES", "JS_PACKAGES", "PINS_DIR", "PYTHON_REQUIREMENTS", "digest"]
 
 PINS_DIR = Path(__file__).resolve().parent
 PYTHON_REQUIREMENTS = PINS_DIR / "python-requirements.txt"
 JS_FILES = (PINS_DIR / "js" / "package.json", PINS_DIR / "js" / "package-lock.json")
+# Each JavaScript runtime's npm package, relative to the runtime directory, and its binary inside.
+JS_PACKAGES: Mapping[str, str] = {
+    "bun": "node_modules/@oven/bun-linux-x64",
+    "deno": "node_modules/@deno/linux-x64-glibc",
+}
+JS_BINARIES: Mapping[str, str] = {"bun": f"{JS_PACKAGES['bun']}/bin/bun", "deno": f"{JS_PACKAGES['deno']}/deno"}
 
 
 def digest(*paths: Path, extra: tuple[str, ...] = ()) -> str:
