@@ -16,7 +16,7 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, EgressRules
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.interpreter import RunRecord
-from mcp_sandbox.engine.prestart import eligible
+from mcp_sandbox.engine.prestart import DEFAULT_SIZES, eligible, prestart_size
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.engine.warm import eligible as warm_eligible
 
@@ -41,7 +41,7 @@ async def prestarted(running_engine: RunningEngine, **flags: Any) -> AsyncIterat
     """A running engine whose TypeScript sandboxes have started (after a first run asked for them)."""
     async with running_engine(**{**_FLAGS, **flags}) as engine:
         await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.timeout)
-        await wait_ready(engine, engine.settings.prestart_size)
+        await wait_ready(engine, prestart_size(engine.settings, "typescript"))
         yield engine
 
 
@@ -93,6 +93,14 @@ async def test_the_number_of_sandboxes_is_prestart_size(running_engine: RunningE
     async with prestarted(running_engine, prestart_size=size) as engine:
         await anyio.sleep(0.5)  # none more than asked for come up meanwhile
         assert engine.prestart.ready("typescript") == engine.prestart.size("typescript") == size
+
+
+async def test_by_default_a_language_keeps_its_own_number_of_sandboxes(running_engine: RunningEngine) -> None:
+    async with prestarted(running_engine, prestart_size=None) as engine:
+        await anyio.sleep(0.5)  # none more than asked for come up meanwhile
+        assert engine.prestart.ready("typescript") == engine.prestart.size("typescript") == 4
+    assert DEFAULT_SIZES == {"typescript": 4, "javascript": 4, "python": 2}
+    assert prestart_size(load_settings(env={"MCP_SANDBOX_PRESTART_SIZE": "1"}, flags={}), "python") == 1
 
 
 async def test_prestart_size_0_starts_none(running_engine: RunningEngine) -> None:

@@ -220,7 +220,8 @@ class Settings:
     pool_preload: tuple[str, ...] = ("numpy", "pandas")  # imported once, in every warm sandbox
     # Pre-started single-use sandboxes per language, for runs that cannot fork from a zygote
     # (TypeScript/JavaScript; Python on a container backend); started on the language's first run.
-    prestart_size: int = 2
+    # None: each language's own default (engine/prestart.py, DEFAULT_SIZES).
+    prestart_size: int | None = None
 
     # Admission control: runs at once (all kinds), and how many may wait, for how long.
     max_concurrent_runs: int = 4
@@ -308,7 +309,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive")
         for name in ("pool_size", "pool_min", "prestart_size", "max_queued_runs"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must not be negative")
         for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
