@@ -86,7 +86,7 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
         out.write(f"  OUT OF DATE: {status.advice()}\n")
     if current_bundle(settings) is None:
         out.write(
-            f"  SLOWER start: the runner is not bundled for these sources (1-5 ms more CPU per sandbox); "
+            f"  SLOWER start: the runner is not bundled for these sources (2-3.5 ms more CPU per sandbox); "
             f"run `{FIX_COMMAND}` (in a checkout: `make runtime`)\n"
         )
     if not memory_cgroup:

@@ -4,8 +4,8 @@ A sandbox's runtime loads the runner (``runners/typescript``: nine TypeScript mo
 start, before READY. From sources, bun and deno each resolve and transpile every module anew: a
 sandbox's caches live in its own fresh ``/tmp``. One pre-built JavaScript file per runtime
 (``bun build``; for bun, its ``// @bun`` header tells bun the file needs no transpiling) takes
-that work off every start: measured here, 1-3 ms of CPU per bun sandbox and 3-5 ms per deno
-sandbox, which is what bounds TypeScript runs back to back.
+that work off every start: measured here, 2-2.5 ms of CPU per bun sandbox and 2.5-3.5 ms per
+deno sandbox, the CPU that bounds TypeScript runs back to back.
 
 bun's bundler builds both (no build tool of ours), at setup: ``make`` (``make runtime``) and
 ``mcp-sandbox setup`` run :func:`build_bundles`. Each bundle lives in
@@ -53,9 +53,8 @@ _BUILD_TIMEOUT = 120.0
 def _bundler_version(runtime_dir: Path) -> str:
     """bun's version in ``runtime_dir``, or "" when it is not installed."""
     try:
-        version = json.loads((runtime_dir / JS_PACKAGES[_BUNDLER] / "package.json").read_text(encoding="utf-8"))[
-            "version"
-        ]
+        package = json.loads((runtime_dir / JS_PACKAGES[_BUNDLER] / "package.json").read_text(encoding="utf-8"))
+        version = package["version"]
     except (OSError, ValueError, KeyError, TypeError):
         return ""
     return str(version)
@@ -118,6 +117,7 @@ def _build_one(settings: Settings, runtime: str, log: Callable[[str], None]) -> 
             os.chmod(directory, 0o755)
             for name in files:
                 os.chmod(os.path.join(directory, name), 0o644)
+        shutil.rmtree(final, ignore_errors=True)  # a directory of that name without its bundle: broken
         try:
             building.rename(final)
         except OSError:
