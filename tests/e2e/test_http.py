@@ -411,14 +411,20 @@ def _exited(pid: int) -> bool:
 
 
 def _server_pids(state_dir: Path) -> list[int]:
-    """The `mcp-sandbox serve` processes using ``state_dir`` (not their sandboxes)."""
+    """The `mcp-sandbox serve` processes this test started on ``state_dir`` (not their sandboxes).
+
+    Only our own children count: a child the server is forking (a pre-started sandbox, right after
+    start-up) shows the server's command line until it execs.
+    """
     found = []
     for pid in host_processes(str(state_dir)):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
-        if b"mcp_sandbox" in argv and b"serve" in argv:
+        parent = int(stat.rpartition(")")[2].split()[1])
+        if b"mcp_sandbox" in argv and b"serve" in argv and parent == os.getpid():
             found.append(pid)
     return found
 

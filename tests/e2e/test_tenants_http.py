@@ -197,9 +197,14 @@ def _server_open_files_limits(state_dir: Path) -> list[tuple[str, str]]:
     """(soft, hard) RLIMIT_NOFILE of each `serve` process using ``state_dir``."""
     found = []
     for pid in host_processes(str(state_dir)):
-        if b"serve" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+        try:  # a child the server forks shows its command line until it execs, then may be gone
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            limits = Path(f"/proc/{pid}/limits").read_text().splitlines()
+        except OSError:
             continue
-        line = next(x for x in Path(f"/proc/{pid}/limits").read_text().splitlines() if x.startswith("Max open files"))
+        if b"serve" not in argv:
+            continue
+        line = next(x for x in limits if x.startswith("Max open files"))
         soft, hard = line.split()[3:5]
         found.append((soft, hard))
     return found
