@@ -180,6 +180,16 @@ async def test_a_memory_hog_is_stopped_by_the_limit(make_engine: EngineFactory, 
     assert "survived" not in result.stdout
 
 
+async def test_code_that_does_not_fit_in_tmp_fails_saying_why(make_engine: EngineFactory, js_runtime: str) -> None:
+    engine = make_engine(js_runtime=js_runtime, tmp_size="1m")
+    code = "// " + "x" * (2 << 20) + "\nconsole.log('ran')\n"
+    result = await execute(engine, code, language="typescript")
+    assert result.status == "error", result
+    assert "ran" not in result.stdout
+    assert "cannot write the code to /tmp/.mcp-sandbox/main.ts" in result.stderr
+    assert ("ENOSPC" if js_runtime == "bun" else "No space left on device") in result.stderr
+
+
 async def test_environment_and_workspace_reach_the_code(js_engine: Engine, state_dir: Path) -> None:
     workspace = state_dir.parent / "ws"
     workspace.mkdir(mode=0o700)

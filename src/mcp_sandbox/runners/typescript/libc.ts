@@ -28,13 +28,28 @@ const MAX_FDS = 8; // the host sends two; room for more so that extras are seen 
 const CMSG_HEADER = 16; // size_t cmsg_len; int cmsg_level; int cmsg_type
 const CONTROL_SIZE = CMSG_HEADER + MAX_FDS * 4;
 
+// The errors a user can cause or meet (a full /tmp, a read-only path), named as Node.js names them.
+const ERRNO_NAMES: Record<number, string> = {
+  2: "ENOENT",
+  9: "EBADF",
+  13: "EACCES",
+  17: "EEXIST",
+  20: "ENOTDIR",
+  24: "EMFILE",
+  28: "ENOSPC",
+  30: "EROFS",
+  32: "EPIPE",
+  122: "EDQUOT",
+};
+
 export class SyscallError extends Error {
   override name = "SyscallError";
   constructor(
     readonly call: string,
     readonly errno: number,
   ) {
-    super(`${call} failed with errno ${errno}`);
+    const known = ERRNO_NAMES[errno];
+    super(`${call} failed with ${known === undefined ? "" : `${known}, `}errno ${errno}`);
   }
 }
 
