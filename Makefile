@@ -245,10 +245,11 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; progress; containers; startup; disk overshoot)
+bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; runner_cpu; progress; containers; startup; disk overshoot)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
+	$(BIN)/python bench/runner_cpu.py
 	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
