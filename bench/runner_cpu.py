@@ -25,7 +25,6 @@ import resource
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -140,7 +139,6 @@ def main() -> None:
         hello_cpu = _row(f"peer: {runtime} run hello.ts", samples["hello"])
         print(f"  runner / empty {runner / empty_cpu:.2f}x (+{runner - empty_cpu:.2f} ms), "
               f"runner / hello {runner / hello_cpu:.2f}x (+{runner - hello_cpu:.2f} ms)")  # fmt: skip
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -72,8 +72,10 @@ def test_setup_builds_a_readable_bundle_per_runtime_keeps_a_current_one_and_prun
 
     bundle = built[0] / BUNDLES["bun"]
     before = bundle.stat().st_mtime_ns
+    stale.mkdir()  # left by an earlier setup whose prune failed
     assert build_bundles(_settings(runtime_dir), log=lambda _: None) == built
     assert bundle.stat().st_mtime_ns == before  # current: not built again
+    assert not stale.exists()  # but the stale one is pruned all the same
 
 
 def test_without_an_installed_runtime_there_is_no_bundle_and_the_sources_run(tmp_path: Path) -> None:

@@ -94,6 +94,7 @@ def _build_one(settings: Settings, runtime: str, log: Callable[[str], None]) -> 
     sources = runner_dir("typescript")
     final = runtime_dir / "runners" / bundle_digest(sources, runtime, version)
     if (final / BUNDLES[runtime]).is_file():
+        _prune(final, runtime)
         log(f"  {runtime}: {final} is current")
         return final
     final.parent.mkdir(exist_ok=True)
@@ -125,11 +126,16 @@ def _build_one(settings: Settings, runtime: str, log: Callable[[str], None]) -> 
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    for stale in final.parent.glob(f"{runtime}-*"):  # bundles of earlier sources or versions
-        if stale != final:
-            shutil.rmtree(stale, ignore_errors=True)
+    _prune(final, runtime)
     log(f"  {runtime}: built {final}")
     return final
+
+
+def _prune(current: Path, runtime: str) -> None:
+    """Remove ``runtime``'s bundles other than ``current`` (of earlier sources or versions)."""
+    for stale in current.parent.glob(f"{runtime}-*"):
+        if stale != current:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> list[Path]:

@@ -11,7 +11,7 @@
  */
 
 import { dlopen, FFIType, ptr, read } from "bun:ffi";
-import { type Libc, SyscallError, writeAll } from "./libc.ts";
+import { EEXIST, type Libc, SyscallError, writeAll } from "./libc.ts";
 import type { AsyncReader, Platform } from "./platform.ts";
 import { startRelay } from "./relay.ts";
 import { main } from "./runner.ts";
@@ -30,7 +30,6 @@ const lib = dlopen("libc.so.6", {
   symlink: { args: [pointer, pointer], returns: i32 },
 });
 const calls = lib.symbols;
-const EEXIST = 17;
 const encoder = new TextEncoder();
 const cString = (text: string): Uint8Array => encoder.encode(`${text}\0`);
 

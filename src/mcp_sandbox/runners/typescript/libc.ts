@@ -20,6 +20,7 @@ export interface Libc {
 }
 
 export const EINTR = 4;
+export const EEXIST = 17;
 const SOL_SOCKET = 1;
 const SCM_RIGHTS = 1;
 const MSG_CMSG_CLOEXEC = 0x40000000;
