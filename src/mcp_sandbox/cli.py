@@ -146,8 +146,9 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.engine.startup import open_engine
 
     code = _read_source(args)
-    # One run: warm sandboxes would only start (numpy, pandas) beside it and be thrown away.
-    settings = dataclasses.replace(settings, pool_size=0, pool_min=0)
+    # One run: warm and pre-started sandboxes would only start (numpy, pandas; bun, containers)
+    # beside it and be thrown away.
+    settings = dataclasses.replace(settings, pool_size=0, pool_min=0, prestart_size=0)
     engine = open_engine(settings)
 
     async def run() -> ExecutionResult:

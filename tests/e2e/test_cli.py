@@ -6,11 +6,14 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine.runtimes import js_binary
+from mcp_test_helpers import own_processes
 
 pytestmark = pytest.mark.e2e
 
@@ -66,6 +69,38 @@ def test_run_exits_with_the_codes_exit_code(state_dir: Path, sandbox_runtime: Pa
     done = _mcp_sandbox("run", "-c", "import sys; sys.exit(5)", state_dir=state_dir, runtime=sandbox_runtime)
 
     assert done.returncode == 5, done.stderr
+
+
+def _bun_processes() -> list[int]:
+    found = []
+    for pid in own_processes("bun"):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "bun":
+                found.append(pid)
+        except OSError:  # exited while we looked
+            continue
+    return found
+
+
+def test_run_starts_no_sandbox_beyond_its_own(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    # A server pre-starts TypeScript sandboxes on the first TypeScript run; one `run` would only
+    # throw them away.
+    if not os.access(js_binary(load_settings(env={}, flags={"js_runtime": "bun"})), os.X_OK):
+        pytest.skip("bun is not installed: run `make runtime`")
+    code = "await new Promise((done) => setTimeout(done, 3000)); console.log('waited');"
+    command = [sys.executable, "-m", "mcp_sandbox", "run", "--language", "typescript", "-c", code]
+    with subprocess.Popen(
+        [*command, "--state-dir", str(state_dir)], env=_environment(sandbox_runtime),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as cli:  # fmt: skip
+        seen = []
+        deadline = time.monotonic() + COMMAND_BOUND
+        while cli.poll() is None and time.monotonic() < deadline:
+            seen.append(len(_bun_processes()))
+            time.sleep(0.05)
+        stdout, stderr = cli.communicate(timeout=COMMAND_BOUND)
+    assert (cli.returncode, stdout) == (0, "waited\n"), stderr
+    assert max(seen) == 1, seen  # the run's own bun, for seconds, and never another
 
 
 def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Path, packaged_runtime: Path) -> None:
