@@ -69,6 +69,10 @@ async def accept(listener: socket.socket, ended: Callable[[], Awaitable[object]]
 
                 group.start_soon(connect)
                 group.start_soon(end)
+    except BaseException:  # cancelled, perhaps just after the container connected
+        if connected is not None:
+            connected.close()
+        raise
     finally:
         listener.close()
     if connected is not None:

@@ -114,9 +114,13 @@ class ContainerSandbox(ProcessSandbox):
         self._aliases = aliases
 
     async def _kill(self) -> None:
-        # By name: the container outlives its client (and the client may be gone already).
-        await self._engine.remove([self.name])
+        # The client first, and gone: one still creating the container when a removal found
+        # nothing yet would leave it created, never started. Then by name: the container outlives
+        # its client (and the client may be gone already).
         self._kill_session()
+        with anyio.move_on_after(self.teardown_seconds):
+            await self._process.wait()
+        await self._engine.remove([self.name])
 
     def _release(self) -> None:
         if self._channel_dir is not None:
