@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import anyio
 import pytest
@@ -15,6 +16,7 @@ from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
+from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
 
 from .conftest import EngineFactory
 
@@ -68,6 +70,26 @@ async def test_a_timed_out_run_kills_its_container_by_name(
 
     assert result.status == "timeout"
     assert _ours(container_kind) == []  # killing the client alone would have left it running
+
+
+def _our_cgroups() -> list[Path]:
+    """This process's per-run cgroups left in any hierarchy (container runtimes nest theirs in them)."""
+    prefix = f"{PREFIX}{os.getpid()}-"
+    return [d for point, _, _ in mounts() for d in Path(point).glob(f"**/{prefix}*") if d.is_dir()]
+
+
+async def test_a_start_cancelled_at_any_moment_leaves_no_container_process_or_cgroup(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    # Cancelled while the client is still creating the container, a start once left the container
+    # created, or podman's conmon and `crun create` waiting forever in our cgroup (cgroup v1).
+    engine = make_container_engine()
+    for step in range(30):
+        with anyio.move_on_after(0.02 * (step % 15)):
+            await engine.execute(ExecutionRequest(code="print(1)", timeout=10))
+
+    assert _ours(container_kind) == []
+    assert _our_cgroups() == []  # a cgroup still holding a process cannot be removed
 
 
 async def test_the_channel_survives_the_container_boundary_with_fd_passing(

@@ -41,14 +41,23 @@ def writable_dir(path: Path) -> bool:
 
 
 def kill_members(directory: Path) -> None:
-    """SIGKILL every process listed in the cgroup's ``cgroup.procs``.
+    """SIGKILL every process in the cgroup and in its child cgroups (a container runtime's).
+
+    The children matter on cgroup v1, which has no ``cgroup.kill``: a container start cancelled
+    while podman was creating the container leaves its conmon and ``crun create`` there, waiting
+    forever, and the cgroup busy.
 
     Raises:
-        OSError: the list cannot be read.
+        OSError: the cgroup's own list cannot be read.
     """
     for pid in (directory / "cgroup.procs").read_text().split():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(pid), signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        for child in directory.iterdir():
+            if child.is_dir():
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    kill_members(child)
 
 
 def rmdir_tree(directory: Path) -> bool:
