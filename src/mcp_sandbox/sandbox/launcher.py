@@ -28,6 +28,7 @@ bwrap's ``--die-with-parent`` asks for SIGKILL when the server dies, from then o
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -68,16 +69,21 @@ def gated(spec: LaunchSpec, command: Sequence[str]) -> list[str]:
     """
     drop: list[str] = []
     if spec.uid is not None or spec.gid is not None:
-        setpriv = shutil.which("setpriv", path=os.defpath)
-        if setpriv is None:
-            raise SandboxStartError("setpriv (util-linux) is needed to start sandboxes as root: install util-linux")
-        drop = [setpriv]
+        drop = [_setpriv()]
         if spec.gid is not None:
             drop += [f"--regid={spec.gid}", "--clear-groups"]
         if spec.uid is not None:
             drop.append(f"--reuid={spec.uid}")
         drop.append("--")
     return [SHELL, "-c", _GATE, _NAME, *drop, *command]
+
+
+@functools.cache  # looked up once found (every sandbox started as root needs it); not while missing
+def _setpriv() -> str:
+    setpriv = shutil.which("setpriv", path=os.defpath)
+    if setpriv is None:
+        raise SandboxStartError("setpriv (util-linux) is needed to start sandboxes as root: install util-linux")
+    return setpriv
 
 
 def admit(spec: LaunchSpec, pid: int) -> None:

@@ -7,6 +7,8 @@ import os
 import signal
 from pathlib import Path
 
+from mcp_sandbox.sandbox import kernfs
+
 __all__ = ["PREFIX", "kill_members", "mounts", "own_paths", "remove_everywhere", "rmdir_tree", "writable_dir"]
 
 # Every cgroup we make is named ``mcp-sandbox-<server pid>-<hex>``: a later server sweeps by it.
@@ -40,7 +42,7 @@ def writable_dir(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK | os.X_OK)
 
 
-def kill_members(directory: Path) -> None:
+def kill_members(directory: str | os.PathLike[str]) -> None:
     """SIGKILL every process in the cgroup and in its child cgroups (a container runtime's).
 
     The children matter on cgroup v1, which has no ``cgroup.kill``: a container start cancelled
@@ -50,24 +52,24 @@ def kill_members(directory: Path) -> None:
     Raises:
         OSError: the cgroup's own list cannot be read.
     """
-    for pid in (directory / "cgroup.procs").read_text().split():
+    for pid in kernfs.read(f"{directory}/cgroup.procs").split():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(pid), signal.SIGKILL)
+    children: list[str] = []
     with contextlib.suppress(OSError):
-        for child in directory.iterdir():
-            if child.is_dir():
-                with contextlib.suppress(OSError):  # gone meanwhile
-                    kill_members(child)
+        children = kernfs.subdirectories(directory)
+    for child in children:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            kill_members(child)
 
 
-def rmdir_tree(directory: Path) -> bool:
+def rmdir_tree(directory: str | os.PathLike[str]) -> bool:
     """rmdir a cgroup and its child cgroups, deepest first; True when it is gone. Never raises."""
     with contextlib.suppress(OSError):
-        for child in directory.iterdir():
-            if child.is_dir():
-                rmdir_tree(child)
+        for child in kernfs.subdirectories(directory):
+            rmdir_tree(child)
     try:
-        directory.rmdir()
+        os.rmdir(directory)
     except FileNotFoundError:
         return True
     except OSError:

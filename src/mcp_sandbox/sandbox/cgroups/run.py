@@ -10,6 +10,7 @@ from pathlib import Path
 
 import anyio
 
+from mcp_sandbox.sandbox import kernfs
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, kill_members, mounts, remove_everywhere
 from mcp_sandbox.sandbox.cgroups.support import CgroupSupport
 from mcp_sandbox.sandbox.policy import Limits
@@ -58,10 +59,10 @@ class RunCgroup:
         return group
 
     def _write(self, controller: str, filename: str, value: str, required: bool = True) -> None:
-        path = self.directories[controller] / filename
-        if not required and not path.exists():
+        path = f"{self.directories[controller]}/{filename}"
+        if not required and not os.path.exists(path):
             return
-        path.write_text(value)
+        kernfs.write(path, value)
 
     def write_limits(self, limits: Limits) -> None:
         """Write ``limits`` (memory, pids, CPU quota) into the cgroup(s).
@@ -75,7 +76,7 @@ class RunCgroup:
                 # No swap beyond the limit (the file exists only with swap accounting on). The
                 # kernel keeps memsw >= memory at every step: a raise writes memsw first.
                 order = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
-                if limits.memory > int((self.directories["memory"] / order[0]).read_text()):
+                if limits.memory > int(kernfs.read(f"{self.directories['memory']}/{order[0]}")):
                     order.reverse()
                 for name in order:
                     self._write("memory", name, str(limits.memory), required=name == "memory.limit_in_bytes")
@@ -118,38 +119,30 @@ class RunCgroup:
             return False
         try:
             if self._support.version == 1:
-                for line in (directory / "memory.oom_control").read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill" and int(value) > 0:
-                        return True
-                return int((directory / "memory.failcnt").read_text()) > 0
-            for line in (directory / "memory.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key in ("oom_kill", "max") and int(value) > 0:
-                    return True
+                (oom_kills,) = _parse_counters(kernfs.read(f"{directory}/memory.oom_control"), ("oom_kill",))
+                return oom_kills > 0 or int(kernfs.read(f"{directory}/memory.failcnt")) > 0
+            return sum(_parse_counters(kernfs.read(f"{directory}/memory.events"), ("oom_kill", "max"))) > 0
         except (OSError, ValueError):
             return False
-        return False
 
     def events(self) -> tuple[int, int]:
         """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork
         was refused, so far (counters only grow).
 
-        Read before and after every warm run: the files are read with plain ``os`` calls on
-        paths made once, not through ``pathlib``.
+        Read before and after every warm run.
         """
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")
             if directory is not None and self._support.version == 1:
-                memory += int(_read(f"{directory}/memory.failcnt"))
-                memory += _parse_counters(_read(f"{directory}/memory.oom_control"), ("oom_kill",))[0]
+                memory += int(kernfs.read(f"{directory}/memory.failcnt"))
+                memory += _parse_counters(kernfs.read(f"{directory}/memory.oom_control"), ("oom_kill",))[0]
             elif directory is not None:
-                memory += sum(_parse_counters(_read(f"{directory}/memory.events"), ("oom_kill", "max")))
+                memory += sum(_parse_counters(kernfs.read(f"{directory}/memory.events"), ("oom_kill", "max")))
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("pids")
             if directory is not None:
-                pids = _parse_counters(_read(f"{directory}/pids.events"), ("max",))[0]
+                pids = _parse_counters(kernfs.read(f"{directory}/pids.events"), ("max",))[0]
         return memory, pids
 
     def pids_exhausted(self) -> bool:
@@ -158,10 +151,7 @@ class RunCgroup:
         if directory is None:
             return False
         with contextlib.suppress(OSError, ValueError):
-            for line in (directory / "pids.events").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "max" and int(value) > 0:
-                    return True
+            return _parse_counters(kernfs.read(f"{directory}/pids.events"), ("max",))[0] > 0
         return False
 
     def hierarchy_path(self) -> str | None:
@@ -188,7 +178,7 @@ class RunCgroup:
             return False
         name = "memory.max_usage_in_bytes" if self._support.version == 1 else "memory.peak"
         with contextlib.suppress(OSError, ValueError):
-            return int((directory / name).read_text()) >= limit - _PEAK_SLACK
+            return int(kernfs.read(f"{directory}/{name}")) >= limit - _PEAK_SLACK
         return False
 
     def pids_peaked(self, limit: int) -> bool:
@@ -197,16 +187,16 @@ class RunCgroup:
         if directory is None:
             return False
         with contextlib.suppress(OSError, ValueError):
-            return int((directory / "pids.peak").read_text()) >= limit
+            return int(kernfs.read(f"{directory}/pids.peak")) >= limit
         return False
 
     def kill(self) -> None:
         """SIGKILL every process still in the cgroup."""
         for directory in {*self.directories.values()}:
-            kill_file = directory / "cgroup.kill"
-            if kill_file.exists():
+            kill_file = f"{directory}/cgroup.kill"  # cgroup v2, Linux 5.14 and later
+            if self._support.version == 2 and os.path.exists(kill_file):
                 with contextlib.suppress(OSError):
-                    kill_file.write_text("1")
+                    kernfs.write(kill_file, "1")
                 continue
             with contextlib.suppress(OSError):
                 kill_members(directory)
@@ -250,16 +240,3 @@ def _parse_counters(text: str, keys: tuple[str, ...]) -> list[int]:
         if name in found:
             found[name] = int(value)
     return [found[key] for key in keys]
-
-
-def _read(path: str) -> str:
-    """A small cgroup file's text, with one open and one read.
-
-    Raises:
-        OSError: it cannot be read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 1 << 16).decode()
-    finally:
-        os.close(fd)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
+
+from mcp_sandbox.sandbox import kernfs
 
 __all__ = ["Runner", "find_runner"]
 
@@ -55,10 +56,10 @@ class Runner:
                 return None
             if not _exiting(leader) or int(leader[_VSIZE]) != 0:
                 return None  # the common case while it runs: one small read
-            if not {int(pid) for pid in Path(procs_file).read_text().split()} <= {*self.bwrap, self.pid}:
+            if not {int(pid) for pid in kernfs.read(procs_file).split()} <= {*self.bwrap, self.pid}:
                 return None
-            for task in Path(f"/proc/{self.pid}/task").iterdir():
-                tid = int(task.name)
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                tid = int(task)
                 fields = _stat(self.pid, tid)
                 if fields is not None and not _exiting(fields) and not _killed(self.pid, tid):
                     return None
@@ -74,7 +75,7 @@ def find_runner(bwrap_pid: int) -> Runner | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         for _ in range(_BWRAP_PROCESSES):
             bwrap.add(pid)
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            children = kernfs.read(f"/proc/{pid}/task/{pid}/children").split()
             if len(children) != 1:
                 return None
             pid = int(children[0])
@@ -104,7 +105,7 @@ def _exiting(fields: list[str]) -> bool:
 def _killed(pid: int, tid: int) -> bool:
     """Whether the thread has a SIGKILL pending (it will not run user code again); False if it is gone."""
     try:
-        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        status = kernfs.read(f"/proc/{pid}/task/{tid}/status")
     except FileNotFoundError:
         return True
     for line in status.splitlines():
