@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mcp_sandbox.errors import SandboxStartError
+from mcp_sandbox.sandbox import kernfs
 
 __all__ = ["GATE_CLOSED", "SHELL", "LaunchSpec", "admit", "gated", "open_gate"]
 
@@ -93,11 +94,7 @@ def admit(spec: LaunchSpec, pid: int) -> None:
         OSError: a cgroup or a limit refused it.
     """
     for procs in spec.cgroup_procs:
-        fd = os.open(procs, os.O_WRONLY)
-        try:
-            os.write(fd, str(pid).encode())
-        finally:
-            os.close(fd)
+        kernfs.write(procs, str(pid))
     for which, limit in spec.rlimits:
         resource.prlimit(pid, which, (limit, limit))
 
