@@ -84,8 +84,8 @@ async def test_a_start_cancelled_at_any_moment_leaves_no_container_process_or_cg
     # Cancelled while the client is still creating the container, a start once left the container
     # created, or podman's conmon and `crun create` waiting forever in our cgroup (cgroup v1).
     engine = make_container_engine()
-    for step in range(30):
-        with anyio.move_on_after(0.02 * (step % 15)):
+    for step in range(120):  # twice at every 5 ms of the first 0.3 s of a start
+        with anyio.move_on_after(0.005 * (step % 60)):
             await engine.execute(ExecutionRequest(code="print(1)", timeout=10))
 
     assert _ours(container_kind) == []

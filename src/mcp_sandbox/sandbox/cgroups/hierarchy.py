@@ -77,10 +77,13 @@ def rmdir_tree(directory: str | os.PathLike[str]) -> bool:
     return True
 
 
-def remove_everywhere(relative: str) -> None:
-    """Remove the cgroup ``relative`` with its (empty) children in every hierarchy; never raises.
+def remove_everywhere(relative: str) -> bool:
+    """Remove the cgroup ``relative`` with its (empty) children in every hierarchy; True when it is
+    gone from all. Never raises.
 
     The children are a container runtime's: its container's and its monitor's (podman's conmon).
     """
+    gone = True
     for point, _, _ in mounts():
-        rmdir_tree(Path(point) / relative.lstrip("/"))
+        gone = rmdir_tree(Path(point) / relative.lstrip("/")) and gone
+    return gone

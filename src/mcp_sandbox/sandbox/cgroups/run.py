@@ -211,8 +211,9 @@ class RunCgroup:
         relative = self.hierarchy_path() if self.nested else None
         if relative is not None:
             # A container runtime nests its own cgroups under ours in *every* hierarchy it uses
-            # (cpuset, blkio, ...), creating our directory there too: remove those as well.
-            remove_everywhere(relative)
+            # (cpuset, blkio, ...), creating our directory there too: remove those as well, and
+            # try again (see aremove) while one is busy.
+            gone = remove_everywhere(relative)
         for directory in {*self.directories.values()}:
             try:
                 directory.rmdir()
