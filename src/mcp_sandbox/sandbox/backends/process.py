@@ -64,21 +64,27 @@ async def launch(
     Raises:
         SandboxStartError: it could not be started (``what`` names it in the message).
     """
-    try:
-        # asyncio under anyio: anyio.open_process has no preexec_fn, and the container backend needs one.
-        return await asyncio.create_subprocess_exec(
-            *command,
-            stdin=stdin,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=pass_fds,
-            env=env,
-            start_new_session=True,
-            preexec_fn=preexec_fn,
-            limit=_STREAM_LIMIT,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise SandboxStartError(f"cannot start {what}: {exc}") from exc
+    # Shielded: cancelled once the process exists, asyncio kills only that process (not its
+    # session: a container CLI's children, a container half created) and loses it, so the caller
+    # could not undo the start. Spawning takes milliseconds; the caller's next await sees the
+    # cancellation, with the process in hand.
+    with anyio.CancelScope(shield=True):
+        try:
+            # asyncio under anyio: anyio.open_process has no preexec_fn, and the container backend needs one.
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=pass_fds,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preexec_fn,
+                limit=_STREAM_LIMIT,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxStartError(f"cannot start {what}: {exc}") from exc
+    return process
 
 
 class ProcessSandbox:
