@@ -139,11 +139,16 @@ class ContainerEngine:
         """Kill and remove containers by name, bounded; failures are logged, not raised."""
         try:
             with anyio.move_on_after(_REMOVE_SECONDS):
-                done = await anyio.run_process(
-                    [self.cli, *self._remove_args(names)], env=server_env(), check=False, stdin=subprocess.DEVNULL
-                )
-                if done.returncode != 0 and b"no such container" not in done.stderr.lower():
-                    logger.warning("removing %s failed: %s", names, done.stderr.decode(errors="replace").strip())
+                # Twice at most: podman's removal fails when the container's process exits under it
+                # ("open pidfd: No such process", seen when a start is cancelled).
+                for attempt in range(2):
+                    done = await anyio.run_process(
+                        [self.cli, *self._remove_args(names)], env=server_env(), check=False, stdin=subprocess.DEVNULL
+                    )
+                    if done.returncode == 0 or b"no such container" in done.stderr.lower():
+                        return
+                    if attempt:
+                        logger.warning("removing %s failed: %s", names, done.stderr.decode(errors="replace").strip())
         except (OSError, BackendUnavailableError) as exc:
             logger.warning("removing %s failed: %s", names, exc)
 
