@@ -14,6 +14,8 @@
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
         <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;
         <pid>-alias-<hex>/      0700    a container's bind sources as symlinks (container/aliases.py)
+        <pid>-etc-<hex>/        0755    the host's /etc entries sandboxes see, copied to be bound
+                                        at once (sandbox/backends/bwrap/etc.py)
       workspaces/               0711  conversation directories (workspace/store.py)
         <key>/                  0700    the sandbox uid's
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
@@ -166,6 +168,16 @@ class StateLayout:
             OSError: it cannot be created (call :meth:`prepare_runs` first).
         """
         directory = self.runs / f"{os.getpid()}-{uuid.uuid4().hex}"
+        directory.mkdir(mode=0o700)
+        return directory
+
+    def new_etc_copy(self) -> Path:
+        """Create a new, empty directory for a copy of host ``/etc`` entries in ``runs/`` (0700 until filled).
+
+        Raises:
+            OSError: it cannot be created (``runs/`` is made if missing).
+        """
+        directory = self.prepare_runs() / f"{os.getpid()}-etc-{uuid.uuid4().hex}"
         directory.mkdir(mode=0o700)
         return directory
 

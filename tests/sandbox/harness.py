@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "RunnerFactory",
     "SandboxRunner",
     "host_processes",
+    "left_in_runs",
     "report_of",
     "wait_until_gone",
     "wait_until_running",
@@ -42,6 +44,18 @@ RUN_SECONDS = float(os.environ.get("MCP_SANDBOX_TEST_RUN_SECONDS", "5"))
 # How long a process the sandbox left behind may take to disappear after execute() returned.
 GONE_BOUND = 5.0
 _POLL = 0.05
+
+
+def left_in_runs(settings: Settings) -> list[Path]:
+    """What runs left in ``runs/`` (scratch workspaces of backends that bind a host directory for one).
+
+    A running bwrap backend's copy of the host's ``/etc`` entries (``sandbox/backends/bwrap/etc.py``,
+    ``<pid>-etc-<hex>``) is not a run's: it stays until the backend stops.
+    """
+    runs = settings.state_dir / "runs"
+    entries = list(runs.iterdir()) if runs.exists() else []
+    return [entry for entry in entries if not re.fullmatch(r"\d+-etc-[0-9a-f]{32}", entry.name)]
+
 
 # Runs inside the sandbox before each attack. Stdlib only; every helper reports, never raises.
 PRELUDE = '''\

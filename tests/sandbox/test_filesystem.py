@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .harness import RunnerFactory, SandboxRunner
+from .harness import RunnerFactory, SandboxRunner, left_in_runs
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
@@ -246,12 +246,6 @@ async def test_symlinks_to_host_paths_lead_nowhere(sandbox: SandboxRunner, state
     assert report == dict.fromkeys(targets, "FileNotFoundError:ENOENT")
 
 
-def _left_in_runs(sandbox: SandboxRunner) -> list[Path]:
-    """What is in ``runs/`` (scratch workspaces on backends that bind a host directory for one)."""
-    runs = sandbox.settings.state_dir / "runs"
-    return list(runs.iterdir()) if runs.exists() else []
-
-
 async def test_cleanup_does_not_follow_symlinks_planted_in_the_workspace(
     sandbox: SandboxRunner, state_root: Path
 ) -> None:
@@ -273,7 +267,7 @@ async def test_cleanup_does_not_follow_symlinks_planted_in_the_workspace(
     assert result.status == "success", result.stderr
     assert precious.read_text() == "keep me"
     assert sorted(p.name for p in outside.rglob("*")) == before
-    assert _left_in_runs(sandbox) == []  # the scratch workspace is gone (or was a tmpfs, never on the host)
+    assert left_in_runs(sandbox.settings) == []  # the scratch workspace is gone (or was a tmpfs, never on the host)
 
 
 async def test_deep_directory_tree_does_not_break_cleanup(sandbox: SandboxRunner) -> None:
@@ -284,7 +278,7 @@ async def test_deep_directory_tree_does_not_break_cleanup(sandbox: SandboxRunner
             os.chdir("d")
     """)
     assert result.status == "success", result.stderr
-    assert _left_in_runs(sandbox) == []
+    assert left_in_runs(sandbox.settings) == []
 
 
 async def test_hard_links_to_files_outside_the_workspace_fail(sandbox: SandboxRunner) -> None:

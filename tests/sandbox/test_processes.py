@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .harness import SandboxRunner, report_of, wait_until_gone, wait_until_running
+from .harness import SandboxRunner, left_in_runs, report_of, wait_until_gone, wait_until_running
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
@@ -69,8 +69,7 @@ async def test_cancelled_execution_kills_the_sandbox(sandbox: SandboxRunner) -> 
         await wait_until_running(marker)
         group.cancel_scope.cancel()
     assert await wait_until_gone(marker) == []
-    runs = sandbox.settings.state_dir / "runs"
-    assert not runs.exists() or list(runs.iterdir()) == []  # its workspace went too (if it was on the host)
+    assert left_in_runs(sandbox.settings) == []  # its workspace went too (if it was on the host)
     after = await sandbox.run("print('next')")
     assert after.stdout == "next\n"
 

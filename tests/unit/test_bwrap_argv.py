@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
-from mcp_sandbox.sandbox.backends.bwrap.argv import args_file
+from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, etc_entries
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
 BWRAP = "/usr/bin/bwrap"
@@ -258,3 +258,54 @@ def test_an_empty_environment_sets_no_variables() -> None:
 
     assert [flag for flag, _ in options if flag == "--setenv"] == []
     assert ("--clearenv", ()) in options
+
+
+def _with_host_etc(*extra: Mount) -> SandboxPolicy:
+    """The snapshot's policy, its /etc entry marked as the host system's, plus a second one and ``extra``."""
+    policy = make_policy()
+    system = [dataclasses.replace(m, system=True) if m.target.startswith("/etc/") else m for m in policy.mounts]
+    system.insert(1, Mount(Path("/etc/localtime"), "/etc/localtime", system=True))
+    return dataclasses.replace(policy, mounts=(*system, *extra))
+
+
+def test_a_copy_of_the_host_etc_entries_is_bound_once_in_their_place() -> None:
+    policy = _with_host_etc()
+    copy = Path("/srv/state/runs/1-etc-ab")
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD, etc=copy))
+    without = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+
+    ro_binds = [args for flag, args in options if flag == "--ro-bind"]
+    assert ro_binds == [("/usr", "/usr"), (str(copy), "/etc"), ("/opt/mcp-sandbox", "/opt/mcp-sandbox")]
+    # Nothing else changes: the same options, the two entries' binds replaced by the copy's.
+    etc_binds = [
+        ("--ro-bind", ("/etc/localtime", "/etc/localtime")),
+        ("--ro-bind", ("/etc/ssl/certs", "/etc/ssl/certs")),
+    ]
+    assert [o for o in without if o not in etc_binds] == [o for o in options if o != ("--ro-bind", (str(copy), "/etc"))]
+    assert etc_entries(policy) == (("/etc/localtime", "/etc/localtime"), ("/etc/ssl/certs", "/etc/ssl/certs"))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        Mount(Path("/srv/pip.conf"), "/etc/pip.conf"),  # an operator's: not the host system's
+        Mount(Path("/srv/etc"), "/etc/app", writable=True),
+    ],
+    ids=["read-only", "writable"],
+)
+def test_nothing_is_copied_when_something_else_is_mounted_under_etc(extra: Mount) -> None:
+    # The copy is bound read-only: bwrap could not make a mount point in it for what follows.
+    policy = _with_host_etc(extra)
+
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD, etc=Path("/srv/copy")))
+
+    assert etc_entries(policy) == ()
+    assert ("--ro-bind", ("/srv/copy", "/etc")) not in options
+    assert ("--ro-bind", ("/etc/localtime", "/etc/localtime")) in options
+
+
+def test_nothing_is_copied_when_a_symlink_is_made_under_etc() -> None:
+    policy = dataclasses.replace(_with_host_etc(), symlinks=(("/proc/self/mounts", "/etc/mtab"),))
+
+    assert etc_entries(policy) == ()

@@ -14,13 +14,34 @@ import subprocess
 from pathlib import Path
 
 from mcp_sandbox.errors import BackendUnavailableError
-from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, SandboxPolicy
+from mcp_sandbox.sandbox.policy import WORKSPACE, WORKSPACE_ALIAS, Mount, SandboxPolicy
 
-__all__ = ["args_file", "bwrap_argv", "find_bwrap"]
+__all__ = ["args_file", "bwrap_argv", "etc_entries", "find_bwrap"]
+
+_ETC = "/etc"
 
 
-def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[str]:
-    """Turn a policy into a bwrap command line. Pure: same policy, same argv."""
+def _host_etc_entry(mount: Mount) -> bool:
+    return mount.system and not mount.writable and mount.target.startswith(f"{_ETC}/")
+
+
+def etc_entries(policy: SandboxPolicy) -> tuple[tuple[str, str], ...]:
+    """The host ``/etc`` entries of ``policy`` that one copy bound at ``/etc`` may stand for (see :mod:`.etc`).
+
+    Its read-only system mounts under ``/etc``; none when anything else is mounted or linked
+    there (the copy is bound read-only, so nothing could be mounted on it afterwards).
+    """
+    others = [m.target for m in policy.mounts if not _host_etc_entry(m)] + [link for _, link in policy.symlinks]
+    if any(target == _ETC or target.startswith(f"{_ETC}/") for target in others):
+        return ()
+    return tuple((str(m.source), m.target) for m in policy.mounts if _host_etc_entry(m))
+
+
+def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int, etc: Path | None = None) -> list[str]:
+    """Turn a policy into a bwrap command line. Pure: same policy (and ``etc``), same argv.
+
+    ``etc``: a copy of the policy's :func:`etc_entries`, bound at ``/etc`` in their place.
+    """
     argv = [
         bwrap,
         "--unshare-all",
@@ -45,7 +66,12 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int) -> list[st
     argv += ["--dev-bind", "/dev/null", "/proc/diskstats", "--size", "4096", "--tmpfs", "/proc/pressure"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/dev/shm"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
+    copied = etc_entries(policy) if etc is not None else ()
     for mount in policy.mounts:
+        if copied and _host_etc_entry(mount):
+            if (str(mount.source), mount.target) == copied[0]:  # in the place of the first
+                argv += ["--ro-bind", str(etc), _ETC]
+            continue
         argv += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.target]
     for target, link in policy.symlinks:
         argv += ["--symlink", target, link]

@@ -18,7 +18,8 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
-from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, find_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, etc_entries, find_bwrap
+from mcp_sandbox.sandbox.backends.bwrap.etc import EtcCopies
 from mcp_sandbox.sandbox.backends.bwrap.probe import probe_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.runner import Runner, find_runner
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
@@ -26,6 +27,7 @@ from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups
 from mcp_sandbox.sandbox.launcher import LaunchSpec, admit, gated, open_gate
 from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import compiled_bpf
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["BwrapBackend", "BwrapSandbox"]
 
@@ -121,6 +123,7 @@ class BwrapBackend:
         self._spares: list[_Gate] = []
         self._wanted: anyio.Event | None = None  # set by a start: prepare spares; None: not running
         self._last_limits: Limits | None = None
+        self._etc = EtcCopies(StateLayout.of(settings))
 
     @property
     def cgroups(self) -> CgroupSupport:
@@ -183,6 +186,7 @@ class BwrapBackend:
             spares, self._spares = self._spares, []
             for spare in spares:
                 await spare.discard()
+            self._etc.remove()
 
     @property
     def spare_cgroups(self) -> frozenset[Path]:
@@ -204,6 +208,8 @@ class BwrapBackend:
             await self._wanted.wait()
 
     async def start(self, policy: SandboxPolicy) -> BwrapSandbox:
+        entries = etc_entries(policy)
+        etc = await self._etc.directory(entries) if entries else None
         self._last_limits = policy.limits
         if self._wanted is not None:
             self._wanted.set()
@@ -211,12 +217,12 @@ class BwrapBackend:
             spare = self._spares.pop(0)
             if spare.process.returncode is None:
                 try:
-                    return await self._go(spare, policy)
+                    return await self._go(spare, policy, etc)
                 except SandboxStartError as exc:  # gone meanwhile: start one of its own
                     logger.warning("a sandbox's first process started ahead failed: %s", exc)
             else:
                 await spare.discard()
-        return await self._go(await self._open(policy.limits), policy)
+        return await self._go(await self._open(policy.limits), policy, etc)
 
     async def _open(self, limits: Limits) -> _Gate:
         """Start a sandbox's first process behind its gate and admit it to cgroups holding ``limits``.
@@ -268,8 +274,10 @@ class BwrapBackend:
             raise
         return opened
 
-    async def _go(self, opened: _Gate, policy: SandboxPolicy) -> BwrapSandbox:
+    async def _go(self, opened: _Gate, policy: SandboxPolicy, etc: Path | None) -> BwrapSandbox:
         """Give ``opened`` the policy (limits, seccomp filter, options, command) and let it exec bwrap.
+
+        ``etc``: a copy of the policy's host ``/etc`` entries to bind instead of them (see :mod:`.etc`).
 
         Raises:
             SandboxStartError: its limits or the policy's command could not be given to it.
@@ -280,7 +288,10 @@ class BwrapBackend:
                 opened.limits = policy.limits
             _fill(opened.seccomp_fd, compiled_bpf(egress=policy.egress))
             bwrap = find_bwrap(self._settings.bwrap_path)
-            full = [*bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd), str(opened.sandbox_end.fileno())]
+            full = [
+                *bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd, etc=etc),
+                str(opened.sandbox_end.fileno()),
+            ]
             argv, options = args_file(full, opened.options_fd)
             _fill(opened.options_fd, options)
             admit(self.launch_spec(policy, None), opened.process.pid)  # its rlimits (it is in its cgroups)
