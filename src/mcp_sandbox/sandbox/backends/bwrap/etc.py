@@ -6,7 +6,7 @@ bwrap (0.8 to 0.11) prints and parses the whole mount table to remount what it b
 ``nosuid`` and ``nodev`` -- about 30% of its CPU per start here (``perf``). So the backend copies
 the entries into one directory, ``runs/<pid>-etc-<hex>/`` in the state directory (a new server
 removes a dead one's with its other entries), and binds that at ``/etc``: one read instead of
-eight, about 0.6 ms of CPU less per start (see bench/README.md).
+eight, 0.7-0.8 ms of bwrap's CPU less per start (see bench/README.md).
 
 The sandbox sees what the binds showed: an entry that is a symlink on the host is followed (a
 bind mounts its target: ``/etc/localtime``), a symlink inside a directory stays a symlink, modes
