@@ -78,6 +78,23 @@ def _split(entries: list[tuple[Path, str]]) -> tuple[list[str], list[str]]:
     return directories, files
 
 
+async def _from_a_copy(
+    backend: BwrapBackend, script: str, mounts: tuple[Mount, ...] | None = None, workspace: Path | None = None
+) -> str:
+    """What ``script`` prints in the first sandbox started that binds a copy at /etc.
+
+    The copy is made in the background (from the second start on): until it is, starts bind
+    the entries one by one.
+    """
+    with anyio.fail_after(HOST_BOUND):
+        while True:
+            out = await _output(await backend.start(_policy(f"{script}; echo ---; {_ETC_MOUNTS}", mounts, workspace)))
+            seen, _, etc_mounts = out.rpartition("---\n")
+            if etc_mounts == "/etc\n":
+                return seen
+            await anyio.sleep(0.02)
+
+
 async def test_a_sandbox_sees_the_host_etc_entries_as_they_are_on_the_host_through_one_mount(
     make_engine: EngineFactory,
 ) -> None:
@@ -89,53 +106,59 @@ async def test_a_sandbox_sees_the_host_etc_entries_as_they_are_on_the_host_throu
     listing = _LISTING.format(roots=" ".join(directories), files=" ".join(files))
 
     async with _backend(engine).running() as backend:
-        script = f"{listing}; echo ---; ls -A /etc; echo ---; {_ETC_MOUNTS}"
-        seen, names, mounts = (await _output(await backend.start(_policy(script)))).split("---\n")
+        first = await _output(await backend.start(_policy(_ETC_MOUNTS)))
+        seen, names = (await _from_a_copy(backend, f"{listing}; echo ---; ls -A /etc")).split("---\n")
+        copies = _etc_copies(engine)
 
+    assert sorted(first.split()) == sorted(target for _, target in entries)  # the first start: binds
     # find -H: the paths named are followed, as a bind follows them (/etc/localtime is a link).
     host = await anyio.run_process(["/bin/sh", "-c", listing.replace("find ", "find -H ")])
     assert seen == host.stdout.decode()
     assert names.split() == sorted({target.split("/")[2] for _, target in entries})
-    assert mounts.split() == ["/etc"]  # one mount, not one per entry
-    assert len(_etc_copies(engine)) == 0  # gone with the backend
+    assert len(copies) == 1
+    assert _etc_copies(engine) == []  # gone with the backend
 
 
 async def test_a_host_change_shows_in_sandboxes_started_after_it_not_in_one_already_running(
-    make_engine: EngineFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(etc, "CHECK_INTERVAL", 0.0)  # every start looks (else: once every 2 s)
     engine = make_engine()
-    certs = tmp_path / "certs"
-    certs.mkdir()
+    reachable = StateLayout.of(engine.settings).prepare_workspaces()  # by the sandbox uid (binds)
+    certs = reachable / "certs"
+    certs.mkdir(mode=0o755)
     (certs / "a.pem").write_text("first\n")
-    workspace = StateLayout.of(engine.settings).prepare_workspaces() / "etc-test"  # reachable by the sandbox uid
+    workspace = reachable / "workspace"
     workspace.mkdir()
     if os.geteuid() == 0:
         os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
     # This test's directory stands for the host's certificates.
     mounts = (*(m for m in system_mounts()[0] if m.target != _CERTS), Mount(certs, _CERTS, system=True))
     show = f"cat {_CERTS}/a.pem; ls {_CERTS}"
+    wait = "while [ ! -e /workspace/go ]; do sleep 0.02; done"
 
     async with _backend(engine).running() as backend:
-        before = await backend.start(
-            _policy(f"{show}; while [ ! -e /workspace/go ]; do sleep 0.02; done; {show}", mounts, workspace)
-        )
+        assert await _from_a_copy(backend, show, mounts) == "first\na.pem\n"
+        # Started from that copy (its last look was just now: CHECK_INTERVAL is 2 s).
+        before = await backend.start(_policy(f"{show}; {_ETC_MOUNTS}; {wait}; {show}", mounts, workspace))
         (certs / "a.pem").write_text("second, longer\n")  # in place: same inode
         (certs / "b.pem").write_text("new\n")
         os.mkfifo(certs / "c.fifo")  # neither copied nor waited on
         (certs / "d.pem").symlink_to("b.pem")
-        after = await _output(await backend.start(_policy(show, mounts)))
+        # Every copy bound from CHECK_INTERVAL after the change on shows it.
+        monkeypatch.setattr(etc, "CHECK_INTERVAL", 0.2)
+        await anyio.sleep(etc.CHECK_INTERVAL)
+        after = await _from_a_copy(backend, show, mounts)
         copies = _etc_copies(engine)
         (workspace / "go").touch()
         running = await _output(before)
 
     assert after == "second, longer\na.pem\nb.pem\nd.pem\n"
-    assert running == "first\na.pem\n" * 2
+    assert running == "first\na.pem\n/etc\nfirst\na.pem\n"
     assert len(copies) == 2  # the first stays while its sandbox runs
     assert _etc_copies(engine) == []
 
 
-async def test_without_a_copy_the_entries_are_bound_one_by_one(
+async def test_without_a_copy_the_entries_are_bound_one_by_one_with_one_warning(
     make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = make_engine()
@@ -145,11 +168,28 @@ async def test_without_a_copy_the_entries_are_bound_one_by_one(
     entries = sorted(m.target for m in system_mounts()[0] if m.target.startswith("/etc/"))
     conf = await anyio.Path("/etc/ld.so.conf").read_text()
 
-    async with _backend(engine).running() as backend:
-        mounts = await _output(await backend.start(_policy(f"cat /etc/ld.so.conf; {_ETC_MOUNTS}")))
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
-    assert mounts.startswith(conf)  # the sandbox sees the entries
-    assert sorted(mounts.removeprefix(conf).split()) == entries  # each bound on its own
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+    async with _backend(engine).running() as backend:
+        with anyio.fail_after(HOST_BOUND):
+            while not warnings():  # the second start has a copy tried, in the background
+                await _output(await backend.start(_policy("true")))
+                await anyio.sleep(0.02)
+        seen = [await _output(await backend.start(_policy(f"cat /etc/ld.so.conf; {_ETC_MOUNTS}"))) for _ in range(3)]
+
+    for mounts in seen:
+        assert mounts.startswith(conf)  # the sandbox sees the entries
+        assert sorted(mounts.removeprefix(conf).split()) == entries  # each bound on its own
+    assert warnings() == [
         f"binding the host's /etc entries one by one: they could not be copied: [Errno 17] File exists: '{runs}'"
     ]
+
+
+async def test_a_backend_that_stops_while_a_copy_is_being_made_leaves_none(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    async with _backend(engine).running() as backend:
+        for _ in range(2):  # the second start has a copy made, in the background
+            await _output(await backend.start(_policy("true")))
+
+    assert _etc_copies(engine) == []

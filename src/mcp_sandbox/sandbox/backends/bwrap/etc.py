@@ -14,13 +14,18 @@ are kept (less setuid, setgid and sticky bits: the mount is ``nosuid`` anyway). 
 directories, regular files and symlinks are copied; a missing entry is left out (a bind of it
 would have failed every start).
 
-The copy follows the host. On a start, at most every :data:`CHECK_INTERVAL` seconds, the
-entries are walked again in a worker thread (an ``lstat`` of each of about 350 on Debian, ~1 ms);
-when anything differs (inode, mode, size, mtime or ctime), a new copy is made, checked against
-the host once more (a copy taken while the host was changing is made again), and bound by the
-starts from then on. A copy stays until the backend stops, since sandboxes started from it may
-still run. A sandbox started ahead of its run (a warm or pre-started one) keeps what it was
-started with, as it kept the inode of a file bound when it started.
+The copy follows the host, and no start waits for it. A copy is bound only while the host's
+entries were walked less than :data:`CHECK_INTERVAL` seconds ago and found as copied; a start
+after that binds the entries one by one (they show the host as it is) and has a walk start in
+the background, in a worker thread (an ``lstat`` of each of about 350 on Debian, ~1 ms). When
+anything differs (inode, mode, size, mtime or ctime), a new copy is made (10-300 ms here: ext4
+is slow to make many symlinks in a row), checked against the host once more (a copy taken
+while the host was changing is made again), and bound by the starts from then on. The first
+start of a backend makes no copy: one that starts a single sandbox (``mcp-sandbox run``) would
+only throw it away. A copy stays until the backend stops, since sandboxes started from it may
+still run; a copy being made then gives up at its next entry. A sandbox started ahead of its
+run (a warm or pre-started one) keeps what it was started with, as it kept the inode of a file
+bound when it started.
 
 When no copy can be made (a full disk, ...), the entries are bound one by one, as before, with a
 warning (once, until a copy is made again).
@@ -28,17 +33,21 @@ warning (once, until a copy is made again).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
 import stat
+import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from mcp_sandbox.state import StateLayout
 
@@ -62,8 +71,12 @@ class _Copy:
     directory: Path
 
 
+class _Stopped(Exception):
+    """The backend is stopping: a copy in progress gives up."""
+
+
 class EtcCopies:
-    """The current copy of a policy's host ``/etc`` entries, made and refreshed on demand."""
+    """The current copy of a policy's host ``/etc`` entries, made and refreshed in the background."""
 
     def __init__(self, layout: StateLayout) -> None:
         self._layout = layout
@@ -71,22 +84,61 @@ class EtcCopies:
         self._checked = -math.inf
         self._checking = False
         self._failing = False
+        self._asked = 0
         self._made: list[Path] = []
+        self._group: TaskGroup | None = None
+        self._stop = threading.Event()
 
-    async def directory(self, entries: Entries) -> Path | None:
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Make and refresh copies during this block; on the way out, stop and remove them all.
+
+        No sandbox started from a copy may run past the block.
+        """
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                try:
+                    yield
+                finally:
+                    self._stop.set()  # a copy being made gives up at its next entry
+                    group.cancel_scope.cancel()
+        finally:
+            self._group, self._stop = None, threading.Event()
+            made, self._made, self._current = self._made, [], None
+            self._checked, self._asked = -math.inf, 0
+            for directory in made:
+                shutil.rmtree(directory, ignore_errors=True)  # ours: nothing else writes there
+
+    def directory(self, entries: Entries) -> Path | None:
         """The directory to bind at ``/etc`` for ``entries``, or None: bind them one by one.
 
-        Walks the host's entries (in a worker thread) when the last walk is older than
-        :data:`CHECK_INTERVAL`; a start that comes meanwhile takes the copy there is.
+        The copy, if it was made for ``entries`` and the host's entries were walked less than
+        :data:`CHECK_INTERVAL` ago. Otherwise the entries are bound one by one, which shows
+        them as they are, and a walk (and a copy, if they changed) starts in the background
+        -- from the second start on: a backend that starts one sandbox (``mcp-sandbox run``)
+        never copies.
         """
         current = self._current
-        fits = current is not None and current.entries == entries
-        if self._checking or (fits and time.monotonic() - self._checked < CHECK_INTERVAL):
-            return current.directory if fits and current is not None else None
-        self._checking = True
+        if (
+            current is not None
+            and current.entries == entries
+            and not self._checking
+            and time.monotonic() - self._checked < CHECK_INTERVAL
+        ):
+            return current.directory
+        self._asked += 1
+        if self._group is not None and not self._checking and self._asked > 1:
+            self._checking = True
+            self._group.start_soon(self._check, entries, current)
+        return None
+
+    async def _check(self, entries: Entries, current: _Copy | None) -> None:
+        started = time.monotonic()  # what the copy shows is the host as of then, or later
         try:
-            self._checked = time.monotonic()
             self._current = await anyio.to_thread.run_sync(self._refreshed, entries, current)
+        except _Stopped:
+            return
         except OSError as exc:
             if not self._failing:  # once, not on every look while it lasts
                 logger.warning("binding the host's /etc entries one by one: they could not be copied: %s", exc)
@@ -95,21 +147,14 @@ class EtcCopies:
         else:
             self._failing = False
         finally:
-            self._checking = False
-        return self._current.directory if self._current is not None else None
-
-    def remove(self) -> None:
-        """Remove every copy made (no sandbox started from one may still run)."""
-        made, self._made, self._current = self._made, [], None
-        self._checked = -math.inf
-        for directory in made:
-            shutil.rmtree(directory, ignore_errors=True)  # ours: nothing else writes there
+            self._checked, self._checking = started, False
 
     def _refreshed(self, entries: Entries, current: _Copy | None) -> _Copy:
         """``current`` if the host's entries are as it saw them, else a new copy (in a worker thread).
 
         Raises:
             OSError: no copy could be made, or the host kept changing while it was copied.
+            _Stopped: the backend is stopping.
         """
         for _ in range(_ATTEMPTS):
             seen = _walk(entries)
@@ -118,7 +163,7 @@ class EtcCopies:
             directory = self._layout.new_etc_copy()
             self._made.append(directory)
             for source, target in entries:
-                _copy_entry(source, directory / target.removeprefix("/etc/"))
+                _copy_entry(source, directory / target.removeprefix("/etc/"), self._stop)
             directory.chmod(0o755)  # open to the sandbox only once complete
             if _walk(entries) == seen:
                 return _Copy(entries, seen, directory)
@@ -143,18 +188,24 @@ def _walk(entries: Entries) -> _Fingerprint:
     return tuple(seen)
 
 
-def _copy_entry(source: str, target: Path) -> None:
-    """Copy host entry ``source`` (followed if a symlink) to ``target``; a missing one is left out."""
+def _copy_entry(source: str, target: Path, stop: threading.Event) -> None:
+    """Copy host entry ``source`` (followed if a symlink) to ``target``; a missing one is left out.
+
+    Raises:
+        _Stopped: ``stop`` was set (checked before each entry).
+    """
     resolved = os.path.realpath(source)
     try:
         info = os.stat(resolved)
     except FileNotFoundError:
         return
     target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    _copy(resolved, target, info)
+    _copy(resolved, target, info, stop)
 
 
-def _copy(source: str, target: Path, info: os.stat_result) -> None:
+def _copy(source: str, target: Path, info: os.stat_result, stop: threading.Event) -> None:
+    if stop.is_set():
+        raise _Stopped
     mode = stat.S_IMODE(info.st_mode) & 0o777
     if stat.S_ISLNK(info.st_mode):
         os.symlink(os.readlink(source), target)
@@ -162,7 +213,7 @@ def _copy(source: str, target: Path, info: os.stat_result) -> None:
         target.mkdir(mode=0o700)
         with os.scandir(source) as listing:
             for entry in listing:
-                _copy(entry.path, target / entry.name, entry.stat(follow_symlinks=False))
+                _copy(entry.path, target / entry.name, entry.stat(follow_symlinks=False), stop)
         target.chmod(mode)
     elif stat.S_ISREG(info.st_mode):
         _copy_file(source, target, mode)

@@ -171,10 +171,11 @@ class BwrapBackend:
         behind it: what a start waits for in the kernel to move a process into its cgroups
         (5-13 ms here) is then spent beforehand, with no CPU, and a start goes straight from the
         policy to bwrap. Each costs an idle ``sh`` and empty cgroups; all are discarded on the
-        way out.
+        way out. The copies of the host's ``/etc`` entries (:mod:`.etc`) are made during the
+        block too, and removed after it.
         """
         try:
-            async with anyio.create_task_group() as group:
+            async with self._etc.running(), anyio.create_task_group() as group:
                 self._wanted = anyio.Event()
                 group.start_soon(self._keep_spares)
                 try:
@@ -186,7 +187,6 @@ class BwrapBackend:
             spares, self._spares = self._spares, []
             for spare in spares:
                 await spare.discard()
-            self._etc.remove()
 
     @property
     def spare_cgroups(self) -> frozenset[Path]:
@@ -209,7 +209,7 @@ class BwrapBackend:
 
     async def start(self, policy: SandboxPolicy) -> BwrapSandbox:
         entries = etc_entries(policy)
-        etc = await self._etc.directory(entries) if entries else None
+        etc = self._etc.directory(entries) if entries else None
         self._last_limits = policy.limits
         if self._wanted is not None:
             self._wanted.set()
