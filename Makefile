@@ -42,6 +42,9 @@ VENV_STAMP    := $(VENV)/.installed
 RUNTIME_STAMP := $(RUNTIME_PY)/.installed
 RUNTIME_JS_STAMP := $(RUNTIME_JS)/.installed
 RUNNER_BUNDLES_STAMP := $(RUNTIME_JS)/runners/.built
+# The sandbox's gate (src/mcp_sandbox/sandbox/gate.c), compiled statically by provision/gate.py.
+GATE_DIR      := $(RUNTIME)/gate
+GATE_STAMP    := $(GATE_DIR)/.built
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
@@ -71,7 +74,7 @@ sysdeps: ## Install missing Debian packages (apt-get, via sudo when not root)
 
 venv: $(VENV_STAMP) ## Create .venv and install the server with its dev tools
 
-runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP) ## Build .runtime/python and .runtime/js, the sandbox's runtimes
+runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP) $(GATE_STAMP) ## Build .runtime/python and .runtime/js, the sandbox's runtimes, and its gate
 
 sandbox-user: ## As root: create the unprivileged system user the sandboxes run as
 	@bash scripts/create-sandbox-user.sh
@@ -115,6 +118,12 @@ $(RUNTIME_JS_STAMP): runtime/js/package.json runtime/js/package-lock.json | $(VE
 # runner from its sources, only slower to start.
 $(RUNNER_BUNDLES_STAMP): $(RUNTIME_JS_STAMP) $(wildcard $(JS_RUNNER)/*) src/mcp_sandbox/provision/bundles.py | $(VENV_STAMP)
 	$(BIN)/python -m mcp_sandbox.provision.bundles
+	@touch $@
+
+# The program each sandbox's first process runs (it waits for the server, drops to the sandbox's
+# uid, execs bwrap): one static exec instead of sh and setpriv. Rebuilt when its source changes.
+$(GATE_STAMP): src/mcp_sandbox/sandbox/gate.c src/mcp_sandbox/sandbox/gate.py src/mcp_sandbox/provision/gate.py | sysdeps $(VENV_STAMP)
+	$(BIN)/python -m mcp_sandbox.provision.gate $(GATE_DIR)
 	@touch $@
 
 web: $(WEB_BUNDLE) ## Build the web playground (web/: CodeMirror 6, bundled by esbuild) into src/mcp_sandbox/server/static
@@ -185,7 +194,7 @@ $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
 	@mkdir -p $(@D) && touch $@
 
 # The server's own image (deploy/compose.yaml runs it), built offline like the one above, with the
-# wheel, .runtime/python, .runtime/js and bubblewrap inside (scripts/build-server-image.sh).
+# wheel, .runtime/python, .runtime/js, .runtime/gate and bubblewrap inside (scripts/build-server-image.sh).
 # Rebuilt when the source, the pins or the scripts change. tests/deploy/test_image.py builds it
 # in the tests' docker engine itself when missing or stale (its label carries the same digest).
 SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
@@ -198,7 +207,7 @@ image: $(SERVER_IMAGE_STAMP) ## Build the server's container image localhost/mcp
 
 # The runtimes are order-only: the image is rebuilt when their pins change (inputs above), not
 # whenever a runtime's stamp is touched.
-$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP)
+$(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP) $(GATE_STAMP)
 	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) nice bash scripts/build-server-image.sh $(SERVER_IMAGE)
 	@touch $@

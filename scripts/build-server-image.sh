@@ -13,6 +13,7 @@
 #                                    (pip, from the package index pip is configured with)
 #   /opt/mcp-sandbox/.runtime/python the sandbox's Python runtime (a copy of .runtime/python)
 #   /opt/mcp-sandbox/.runtime/js     bun and deno (a copy of .runtime/js)
+#   /opt/mcp-sandbox/.runtime/gate   the sandbox's gate, static (a copy of .runtime/gate, if built)
 #   /var/lib/mcp-sandbox             the state directory (a volume), owned by the server's user
 # and `<cli> import` turns its tarball into an image whose default command serves HTTP on
 # 0.0.0.0:8765 as the unprivileged user mcp-sandbox (uid 10001). deploy/compose.yaml runs it.
@@ -80,6 +81,10 @@ mkdir -p "$rootfs$prefix/.runtime"
 # (Links are kept: the runtime venv's interpreter links point at Debian's python3, in the image too.)
 cp -a .runtime/python/. "$rootfs$prefix/.runtime/python"
 cp -a .runtime/js/. "$rootfs$prefix/.runtime/js"
+# The sandbox's gate (static, so it runs in the image as built here), when setup built it.
+if [ -d .runtime/gate ]; then
+    cp -a .runtime/gate/. "$rootfs$prefix/.runtime/gate"
+fi
 chmod -R a+rX,go-w "$rootfs$prefix"
 
 # The unprivileged user the server runs as, its home and the state directory (a volume).

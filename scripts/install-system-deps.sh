@@ -11,6 +11,8 @@ set -euo pipefail
 packages=(
     bubblewrap       # bwrap, the sandbox itself
     util-linux       # setpriv: a root server's sandboxes drop to the sandbox uid (essential on Debian)
+    gcc              # compiles the sandbox's gate (src/mcp_sandbox/sandbox/gate.c) at setup
+    libc6-dev        # ... statically: the C library's static archive
     libseccomp2      # loaded by pyseccomp to build the syscall filter
     python3-venv     # venv/ensurepip for Debian's /usr/bin/python3 (the sandbox's interpreter)
     ca-certificates  # TLS to the package index

@@ -21,6 +21,7 @@ from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.errors import ConfigError, SandboxError
 from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
+from mcp_sandbox.sandbox import gate
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
 
 __all__ = ["doctor"]
@@ -50,6 +51,18 @@ def _report_backend(probe: BackendProbe, out: TextIO) -> None:
     for capability in probe.capabilities:
         mark = "ok  " if capability.enforced else "WEAK"
         out.write(f"  {mark} {capability.name:<18} {capability.detail}\n")
+
+
+def _report_gate(settings: Settings, out: TextIO) -> None:
+    """Which program a bwrap sandbox's first process is (see ``sandbox/gate.py``)."""
+    problem = gate.refusal(settings.gate_dir)
+    if problem is None:
+        out.write(f"\nsandbox gate: {gate.built_path(settings.gate_dir)}\n")
+        return
+    out.write(
+        f"\nsandbox gate: sh and setpriv\n  SLOWER start: no gate of ours to run ({problem}), about 1.2 ms more "
+        f"CPU per sandbox; run `{FIX_COMMAND}` (in a checkout: `make runtime`), with a C compiler installed\n"
+    )
 
 
 def _check_runtime(settings: Settings, out: TextIO) -> bool:
@@ -204,6 +217,8 @@ def doctor(settings: Settings, out: TextIO) -> int:
     if configured is None or not configured.available:
         out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
         return 1
+    if settings.backend == "bwrap":
+        _report_gate(settings, out)
     runtime_ok = _check_runtime(settings, out)
     _report_tenancy(settings, out)
     _report_disk_quota(settings, out)

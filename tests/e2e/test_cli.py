@@ -111,6 +111,22 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     assert "memory limit" in done.stdout
     # `make runtime` bundled the TypeScript runner (provision/bundles.py): no slower start to report.
     assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
+    # ... and built the sandbox's gate (provision/gate.py), which every sandbox started through.
+    assert f"sandbox gate: {load_settings(env={}, flags={}).gate_dir}/" in done.stdout, done.stdout
+
+
+def test_doctor_says_when_the_sandbox_gate_is_not_built(state_dir: Path, packaged_runtime: Path) -> None:
+    environment = {**_environment(packaged_runtime), "MCP_SANDBOX_GATE_DIR": str(state_dir.parent / "gate")}
+
+    done = subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(state_dir)],
+        env=environment, capture_output=True, text=True, timeout=COMMAND_BOUND, check=False,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr  # sandboxes start through sh and setpriv
+    assert "sandbox gate: sh and setpriv" in done.stdout, done.stdout
+    assert "SLOWER start: no gate of ours to run (not built for this version" in done.stdout
+    assert "`mcp-sandbox setup`" in done.stdout and "python 3." in done.stdout
 
 
 def test_doctor_says_when_the_typescript_runner_is_not_bundled(state_dir: Path, packaged_runtime: Path) -> None:

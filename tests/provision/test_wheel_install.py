@@ -115,6 +115,7 @@ def test_the_wheel_ships_the_pins_and_the_runners(installed: Installed) -> None:
         "mcp_sandbox/provision/pins/js/package-lock.json",
         "mcp_sandbox/runners/python/boot.py",
         "mcp_sandbox/runners/typescript/bun.ts",
+        "mcp_sandbox/sandbox/gate.c",
     ):
         assert name in names
 
@@ -123,6 +124,8 @@ def test_setup_explains_the_system_interpreter_and_stamps_the_runtime(installed:
     assert "/usr/bin/python3" in installed.setup_output and "sees only the host's /usr" in installed.setup_output
     assert (installed.data_dir / "python" / ".mcp-sandbox-setup.json").exists()
     assert (installed.data_dir / "python" / "bin" / "python3").resolve().is_relative_to("/usr")
+    # and the sandbox's gate, from the wheel's gate.c, with the host's compiler (`make sysdeps` installs gcc)
+    assert f"sandbox gate: built {installed.data_dir / 'gate'}/" in installed.setup_output, installed.setup_output
 
 
 def test_the_installed_package_runs_pandas_in_a_sandbox(installed: Installed) -> None:

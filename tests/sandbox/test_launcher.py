@@ -1,4 +1,8 @@
-"""The gate in front of a sandbox's first process: it gets its limits and uid before anything of it runs."""
+"""The gate in front of a sandbox's first process: it gets its limits and uid before anything of it runs.
+
+Every test runs on both gates (``sandbox/launcher.py``): ``sh`` with ``setpriv``, and the static
+program ``gate.c`` as ``make runtime`` built it; they must behave alike.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.sandbox import gate as gate_program
 from mcp_sandbox.sandbox.launcher import GATE_CLOSED, LaunchSpec, admit, gated, open_gate
 
 # Soft limits in bytes and counts (a shell's ulimit would count in blocks of its own), the ids, a mark.
@@ -21,11 +27,23 @@ _SHOW = (
 )
 
 
-def _start(spec: LaunchSpec, marker: Path) -> tuple[subprocess.Popen[str], int]:
+@pytest.fixture(params=["sh", "static"])
+def program(request: pytest.FixtureRequest) -> Path | None:
+    """The gate to start through: None (sh and setpriv) or the static one ``make runtime`` built."""
+    if request.param == "sh":
+        return None
+    directory = load_settings(env={}, flags={}).gate_dir
+    built = gate_program.current(directory)
+    if built is None:
+        pytest.fail(f"no static gate to test: {gate_program.refusal(directory)}; run `make runtime`")
+    return built
+
+
+def _start(spec: LaunchSpec, marker: Path, program: Path | None) -> tuple[subprocess.Popen[str], int]:
     gate_read, gate = os.pipe()
     try:
         process = subprocess.Popen(
-            gated(spec, ["/bin/sh", "-c", _SHOW.format(marker=marker)]),
+            gated(spec, ["/bin/sh", "-c", _SHOW.format(marker=marker)], program),
             stdin=gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -36,7 +54,7 @@ def _start(spec: LaunchSpec, marker: Path) -> tuple[subprocess.Popen[str], int]:
     return process, gate
 
 
-def test_the_process_runs_with_its_limits_and_uid_only_once_let_through() -> None:
+def test_the_process_runs_with_its_limits_and_uid_only_once_let_through(program: Path | None) -> None:
     root = os.geteuid() == 0
     uid = gid = 65534 if root else None
     shared = Path(tempfile.mkdtemp(prefix="mcp-sandbox-gate-"))  # /tmp: reachable by the sandbox uid
@@ -49,7 +67,7 @@ def test_the_process_runs_with_its_limits_and_uid_only_once_let_through() -> Non
     )
     marker = shared / "ran"
     try:
-        process, gate = _start(spec, marker)
+        process, gate = _start(spec, marker, program)
         try:
             admit(spec, process.pid)
             time.sleep(0.1)
@@ -67,19 +85,21 @@ def test_the_process_runs_with_its_limits_and_uid_only_once_let_through() -> Non
         shutil.rmtree(shared)
 
 
-def test_a_gate_closed_without_the_line_ends_the_process_before_the_command(tmp_path: Path) -> None:
+def test_a_gate_closed_without_the_line_ends_the_process_before_the_command(
+    tmp_path: Path, program: Path | None
+) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     marker = tmp_path / "ran"
-    process, gate = _start(spec, marker)
+    process, gate = _start(spec, marker, program)
     open_gate(gate, admitted=False)  # what the server does when it cannot admit it, or dies
     process.communicate(timeout=30)
     assert process.returncode == GATE_CLOSED
     assert not marker.exists()
 
 
-def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path) -> None:
+def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path, program: Path | None) -> None:
     spec = LaunchSpec(cgroup_procs=(str(tmp_path / "no-such-cgroup" / "cgroup.procs"),), rlimits=(), uid=None, gid=None)
-    process, gate = _start(spec, tmp_path / "ran")
+    process, gate = _start(spec, tmp_path / "ran", program)
     with pytest.raises(OSError):
         admit(spec, process.pid)
     open_gate(gate, admitted=False)
@@ -87,13 +107,13 @@ def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path) -> None:
     assert process.returncode == GATE_CLOSED
 
 
-def test_arguments_through_the_gate_complete_the_command_line_verbatim() -> None:
+def test_arguments_through_the_gate_complete_the_command_line_verbatim(program: Path | None) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     then = ["two  spaces", "", "$HOME `id` $(id)", "back\\slash 'quote' \"double\"", " *", "-n"]
     gate_read, gate = os.pipe()
     try:
         process = subprocess.Popen(
-            gated(spec, ["/usr/bin/printf", "[%s]\\n"]), stdin=gate_read, stdout=subprocess.PIPE, text=True
+            gated(spec, ["/usr/bin/printf", "[%s]\\n"], program), stdin=gate_read, stdout=subprocess.PIPE, text=True
         )
     finally:
         os.close(gate_read)
@@ -103,12 +123,91 @@ def test_arguments_through_the_gate_complete_the_command_line_verbatim() -> None
     assert out.splitlines() == [f"[{argument}]" for argument in then]
 
 
-def test_an_argument_with_a_newline_is_refused_and_the_process_ends_at_the_gate(tmp_path: Path) -> None:
+def test_an_argument_with_a_newline_is_refused_and_the_process_ends_at_the_gate(
+    tmp_path: Path, program: Path | None
+) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     marker = tmp_path / "ran"
-    process, gate = _start(spec, marker)
+    process, gate = _start(spec, marker, program)
     with pytest.raises(ValueError, match="newline"):
         open_gate(gate, admitted=True, then=["first\nsecond"])
     process.communicate(timeout=30)
     assert process.returncode == GATE_CLOSED
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "written",
+    [b"", b"\n", b"x\n", b"-1\n", b"1x\nA\n", b"2\nonly one\n", b"1\nno newline", b"99999999999\n"],
+    ids=["nothing", "empty count", "not a number", "negative", "trailing letter", "too few", "unended", "huge"],
+)
+def test_a_malformed_or_cut_short_line_ends_the_process_at_the_gate(
+    tmp_path: Path, program: Path | None, written: bytes
+) -> None:
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
+    marker = tmp_path / "ran"
+    process, gate = _start(spec, marker, program)
+    try:
+        os.write(gate, written)
+    finally:
+        os.close(gate)
+    process.communicate(timeout=30)
+    assert process.returncode == GATE_CLOSED
+    assert not marker.exists()
+
+
+_PRIVILEGES = """
+import os
+print(os.getresuid(), os.getresgid(), os.getgroups())
+print([line.split()[1] for line in open("/proc/self/status") if line.startswith(("CapEff", "CapPrm", "CapBnd"))][:2])
+try:
+    os.setresuid(0, 0, 0)
+except PermissionError:
+    print("no way back")
+"""
+
+
+def test_a_root_started_process_keeps_nothing_of_root(program: Path | None) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: only a root server drops to the sandbox's uid")
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=65534, gid=65534)
+    gate_read, gate = os.pipe()
+    try:
+        process = subprocess.Popen(
+            gated(spec, ["/usr/bin/python3", "-I", "-c", _PRIVILEGES], program),
+            stdin=gate_read, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+            extra_groups=[0, 4],  # a server with supplementary groups (root, adm): none must reach the sandbox
+        )  # fmt: skip
+    finally:
+        os.close(gate_read)
+    open_gate(gate, admitted=True)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    assert out.splitlines() == [
+        "(65534, 65534, 65534) (65534, 65534, 65534) []",
+        "['0000000000000000', '0000000000000000']",  # no effective or permitted capability
+        "no way back",
+    ]
+
+
+def test_a_drop_that_fails_runs_nothing(tmp_path: Path, program: Path | None) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to start the gate as another unprivileged user")
+    shared = Path(tempfile.mkdtemp(prefix="mcp-sandbox-gate-"))
+    os.chmod(shared, 0o777)
+    marker = shared / "ran"
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=0, gid=0)  # asked of a gate that is not root
+    gate_read, gate = os.pipe()
+    try:
+        process = subprocess.Popen(
+            gated(spec, ["/bin/sh", "-c", f": > {marker}"], program),
+            stdin=gate_read, stderr=subprocess.PIPE, text=True, cwd="/", user=65534, group=65534, extra_groups=[],
+        )  # fmt: skip
+        os.close(gate_read)
+        open_gate(gate, admitted=True)
+        _, err = process.communicate(timeout=30)
+        assert process.returncode not in (0, GATE_CLOSED), err
+        assert err.strip()  # it says why
+        assert not marker.exists()
+    finally:
+        shutil.rmtree(shared)

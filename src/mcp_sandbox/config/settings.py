@@ -28,6 +28,7 @@ __all__ = [
     "OutputMode",
     "Settings",
     "default_data_dir",
+    "default_gate_dir",
     "default_js_runtime_dir",
     "default_python_runtime",
     "default_sandbox_ids",
@@ -90,6 +91,12 @@ def default_js_runtime_dir(data_dir: Path, *, checkout: bool = True) -> Path:
     """The checkout's ``.runtime/js`` when ``make`` built one (and ``checkout``), else ``data_dir/js``."""
     built = _checkout_runtime() / "js"
     return built if checkout and (built / "node_modules").is_dir() else data_dir / "js"
+
+
+def default_gate_dir(data_dir: Path, *, checkout: bool = True) -> Path:
+    """The checkout's ``.runtime/gate`` when ``make`` built the gate (and ``checkout``), else ``data_dir/gate``."""
+    built = _checkout_runtime() / "gate"
+    return built if checkout and built.is_dir() else data_dir / "gate"
 
 
 def _check_requirement(text: str) -> None:
@@ -158,6 +165,8 @@ class Settings:
     # TypeScript/JavaScript: which runtime (bun or deno), and where `make` or `setup` installed them.
     js_runtime: str = "bun"
     js_runtime_dir: Path = field(default_factory=lambda: default_js_runtime_dir(default_data_dir(os.environ)))
+    # Where `make` or `setup` built the sandbox's gate (sandbox/gate.c), a static program.
+    gate_dir: Path = field(default_factory=lambda: default_gate_dir(default_data_dir(os.environ)))
     accept_weaker_isolation: bool = False
 
     # Container backends (podman/docker); the earlier bridge's names. container_runtime: the CLI

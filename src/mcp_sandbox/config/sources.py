@@ -16,6 +16,7 @@ from typing import Any
 from mcp_sandbox.config.settings import (
     Settings,
     default_data_dir,
+    default_gate_dir,
     default_js_runtime_dir,
     default_python_runtime,
     default_state_dir,
@@ -132,6 +133,7 @@ def load_settings(
     values.setdefault("data_dir", default_data_dir(env))
     values.setdefault("python_runtime", default_python_runtime(values["data_dir"], checkout=checkout))
     values.setdefault("js_runtime_dir", default_js_runtime_dir(values["data_dir"], checkout=checkout))
+    values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
     if config_file is not None:
         values["config_file"] = config_file
     try:

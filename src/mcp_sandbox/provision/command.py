@@ -16,7 +16,8 @@ Build the sandbox's runtimes where the settings point (a wheel install: the user
 $XDG_DATA_HOME/mcp-sandbox or ~/.local/share/mcp-sandbox; root: /usr/local/lib/mcp-sandbox; a
 checkout: the .runtime that `make` builds): the pinned Python data stack (numpy, pandas,
 matplotlib, requests) plus `runtime_packages`, on the system's Python, and the TypeScript/JavaScript
-runtimes (bun, deno) through npm. Run it again after an upgrade or a change of runtime_packages."""
+runtimes (bun, deno) through npm, and the sandbox's gate (a small static C program that starts each
+sandbox, when a C compiler is installed). Run it again after an upgrade or a change of runtime_packages."""
 
 
 def add_setup_parser(
@@ -73,6 +74,15 @@ def run_setup(settings: Settings, args: argparse.Namespace) -> int:
             print(f"mcp-sandbox setup: {exc}", file=sys.stderr)
             return 1
         print("  javascript runtimes ready")
+    from mcp_sandbox.provision.gate import NO_COMPILER, build_gate, find_compiler
+
+    if find_compiler() is None:
+        print(f"sandbox gate: SKIPPED: {NO_COMPILER}")
+    else:
+        try:
+            build_gate(settings.gate_dir)
+        except SetupError as exc:  # sandboxes start without it, only slower
+            print(f"sandbox gate: NOT BUILT: {exc}; sandboxes start through sh and setpriv")
     print(
         "done. Next: `mcp-sandbox doctor`, then `mcp-sandbox install claude-code` (or claude-desktop, cursor, vscode)"
     )

@@ -7,21 +7,24 @@ would map the sandbox uid to host root, and the files it writes would be root's)
 page tables copied, 15-25 ms here during which the event loop, every tenant's, stands still, for
 every sandbox started. Without a ``preexec_fn`` the spawn is a vfork (~1 ms). So:
 
-1. the process starts as ``/bin/sh`` (:func:`gated`), waiting for a line on its stdin, a pipe
-   from the server;
+1. the process starts as the gate (:func:`gated`), waiting for a line on its stdin, a pipe from
+   the server;
 2. the server puts it in its cgroups (``cgroup.procs``) and sets its rlimits (``prlimit``) from
    outside (:func:`admit`), then writes the line (:func:`open_gate`): how many more arguments
    follow, and those, one per line;
-3. the shell execs ``setpriv`` (util-linux), which drops to the sandbox uid/gid and clears the
-   supplementary groups (as root only), which execs bwrap, with its command line completed by
-   those arguments; every process of the sandbox is a descendant, so all of it is in the
-   cgroups, under the limits and the uid.
+3. the gate drops to the sandbox uid/gid and clears the supplementary groups (as root only), then
+   execs bwrap, with its command line completed by those arguments; every process of the sandbox
+   is a descendant, so all of it is in the cgroups, under the limits and the uid.
+
+The gate is our static program (``gate.c``, see :mod:`.gate`) when setup built it, else
+``/bin/sh`` running a few lines of shell that exec ``setpriv`` (util-linux) for the drop: the same
+protocol and exit codes, one exec instead of two dynamically linked ones.
 
 The arguments that come through the gate let a process be started and admitted before its
 command is known: moving a process into a cgroup waits for an RCU grace period (5-13 ms here),
 which a backend can thus spend ahead of a start (see ``backends/bwrap/sandbox.py``).
 
-When the server cannot do its part it closes the gate without the line: the shell exits with
+When the server cannot do its part it closes the gate without the line: the gate exits with
 :data:`GATE_CLOSED` and nothing of the sandbox ran. A server that dies meanwhile closes it too.
 bwrap's ``--die-with-parent`` asks for SIGKILL when the server dies, from then on.
 """
@@ -34,6 +37,7 @@ import resource
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox import kernfs
@@ -41,7 +45,7 @@ from mcp_sandbox.sandbox import kernfs
 __all__ = ["GATE_CLOSED", "SHELL", "LaunchSpec", "admit", "gated", "open_gate"]
 
 SHELL = "/bin/sh"
-GATE_CLOSED = 125  # the shell's exit code when the server closed the gate without the line
+GATE_CLOSED = 125  # the gate's exit code when the server closed it without the line (gate.c's too)
 # $0 names the process in ps; "$@" is setpriv's command line (or bwrap's), completed by the
 # arguments read from the gate (a count, then one per line), run with /dev/null on stdin.
 _GATE = (
@@ -62,12 +66,22 @@ class LaunchSpec:
     gid: int | None
 
 
-def gated(spec: LaunchSpec, command: Sequence[str]) -> list[str]:
+def gated(spec: LaunchSpec, command: Sequence[str], gate: Path | None = None) -> list[str]:
     """The command line that runs ``command`` once the gate opens, as ``spec``'s uid and gid.
 
+    ``gate``: the static gate program (:func:`.gate.current`), or None for ``sh`` and ``setpriv``.
+
     Raises:
-        SandboxStartError: a uid or gid is to be dropped and ``setpriv`` is not installed.
+        SandboxStartError: a uid or gid is to be dropped, there is no ``gate`` and ``setpriv`` is
+            not installed.
     """
+    if gate is not None:
+        ids: list[str] = []
+        if spec.gid is not None:
+            ids += ["--gid", str(spec.gid)]
+        if spec.uid is not None:
+            ids += ["--uid", str(spec.uid)]
+        return [str(gate), *ids, "--", *command]
     drop: list[str] = []
     if spec.uid is not None or spec.gid is not None:
         drop = [_setpriv()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Protocol
 
 from mcp_sandbox.errors import SandboxStartError
@@ -28,6 +29,9 @@ class Probed(Protocol):
     @property
     def cgroups(self) -> CgroupSupport: ...
 
+    @property
+    def gate(self) -> Path | None: ...
+
     def host_ids(self) -> tuple[int | None, int | None]: ...
 
     def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec: ...
@@ -51,7 +55,7 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     try:
         # Started as every sandbox is (see mcp_sandbox.sandbox.launcher): behind the gate.
         with subprocess.Popen(
-            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd)),
+            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), backend.gate),
             stdin=gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -17,6 +18,7 @@ import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox import gate as gate_program
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, etc_entries, find_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.etc import EtcCopies
@@ -73,7 +75,7 @@ def _fill(fd: int, data: bytes) -> None:
 class _Gate:
     """A sandbox's first process, started and admitted to its cgroups before its policy is known.
 
-    It waits at its gate (see ``sandbox/launcher.py``) as ``sh``, about to exec ``setpriv`` and
+    It waits at its gate (see ``sandbox/launcher.py``), about to drop to the sandbox's uid and exec
     ``bwrap --args <options> --``, holding the sandbox's end of the channel and two empty memfds
     (the seccomp filter, bwrap's options) that :meth:`BwrapBackend._go` fills from the policy.
     """
@@ -134,6 +136,17 @@ class BwrapBackend:
             if swept:
                 logger.info("removed %d cgroups left behind by servers that are gone", swept)
         return self._cgroups
+
+    @functools.cached_property
+    def gate(self) -> Path | None:
+        """The static gate program sandboxes start through, or None: ``sh`` and ``setpriv`` (see :mod:`.gate`)."""
+        directory = self._settings.gate_dir
+        problem = gate_program.refusal(directory)
+        if problem is not None and os.path.lexists(gate_program.built_path(directory)):
+            logger.warning(
+                "not running the sandbox's gate built in %s: %s; starting through sh and setpriv", directory, problem
+            )
+        return None if problem is not None else gate_program.built_path(directory)
 
     def host_ids(self) -> tuple[int | None, int | None]:
         """The host uid/gid bwrap runs as: the sandbox's when the server is root, else (None, None): ours."""
@@ -245,7 +258,7 @@ class BwrapBackend:
             undo.callback(os.close, options_fd)
             uid, gid = self.host_ids()
             spec = LaunchSpec(cgroup_procs=cgroup.procs_files if cgroup else (), rlimits=(), uid=uid, gid=gid)
-            command = gated(spec, [bwrap, "--args", str(options_fd), "--"])
+            command = gated(spec, [bwrap, "--args", str(options_fd), "--"], self.gate)
             gate_read, gate = os.pipe()
             try:
                 process = await launch(

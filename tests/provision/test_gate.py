@@ -1,0 +1,137 @@
+"""Setup's build of the sandbox's gate (``sandbox/gate.c``), and when the server runs it or not.
+
+What the gate does once started is tests/sandbox/test_launcher.py's (on both gates).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.provision.gate import build_gate, find_compiler
+from mcp_sandbox.provision.python import SetupError
+from mcp_sandbox.sandbox import gate
+from mcp_sandbox.sandbox.backends.bwrap.sandbox import SPARES, BwrapBackend
+from mcp_sandbox.sandbox.hostfs import system_mounts
+from mcp_sandbox.sandbox.policy import SandboxPolicy
+from mcp_test_helpers import own_processes, poll
+
+_NOBODY = 65534
+_BOUND = 20.0  # a sandbox's start and end, and its spares' start, on a busy 2-core host
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> Path:
+    """A gate directory with the gate built in it, whatever the umask."""
+    if find_compiler() is None:
+        pytest.fail("no C compiler: `make sysdeps` installs gcc and libc6-dev")
+    old = os.umask(0o000)  # setup must not leave it writable by others
+    try:
+        build_gate(tmp_path / "gate", log=lambda _: None)
+    finally:
+        os.umask(old)
+    return tmp_path / "gate"
+
+
+def test_setup_builds_a_static_gate_writable_by_nobody_else_keeps_it_and_prunes_other_builds(built: Path) -> None:
+    path = gate.built_path(built)
+    assert gate.current(built) == path
+    assert b"\x7fELF" == path.read_bytes()[:4]
+    assert b"/lib64/ld-linux" not in path.read_bytes()  # static: no program interpreter to run
+    for part in (built, path.parent, path):
+        assert part.stat().st_mode & 0o022 == 0, part
+    stale, other = built / "0123456789abcdef", built / "notes"
+    stale.mkdir()
+    other.mkdir()
+    inode = path.stat().st_ino
+
+    assert build_gate(built, log=lambda _: None) == path
+
+    assert path.stat().st_ino == inode  # current: not built again
+    assert not stale.exists() and other.exists()
+
+
+def test_a_build_of_other_sources_is_not_run(built: Path) -> None:
+    path = gate.built_path(built)
+    elsewhere = built / "fedcba9876543210"
+    path.parent.rename(elsewhere)  # what an upgrade leaves: the build of the earlier gate.c
+
+    assert gate.current(built) is None
+    assert "not built for this version" in (gate.refusal(built) or "")
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["file group-writable", "directory writable by others", "gate_dir writable by others", "file owned by nobody",
+     "not a file"],
+)  # fmt: skip
+def test_a_gate_someone_else_could_have_written_is_not_run(built: Path, tamper: str) -> None:
+    path = gate.built_path(built)
+    if tamper == "file group-writable":
+        path.chmod(0o775)
+    elif tamper == "directory writable by others":
+        path.parent.chmod(0o757)
+    elif tamper == "gate_dir writable by others":
+        built.chmod(0o1777)
+    elif tamper == "file owned by nobody":
+        if os.geteuid() != 0:
+            pytest.skip("needs root, to give the file away")
+        os.chown(path, _NOBODY, _NOBODY)
+    else:
+        path.unlink()
+        path.symlink_to("/bin/true")
+
+    assert gate.current(built) is None
+    assert gate.refusal(built)
+
+
+def test_without_a_compiler_setup_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+
+    with pytest.raises(SetupError, match=r"no C compiler.*gcc libc6-dev"):
+        build_gate(tmp_path / "gate", log=lambda _: None)
+    assert not (tmp_path / "gate").exists()
+
+
+def _policy() -> SandboxPolicy:
+    mounts, links = system_mounts()
+    return SandboxPolicy(command=("/bin/sh", "-c", "echo ran"), mounts=mounts, symlinks=links, cwd="/")
+
+
+async def _waiting_at_the_gate(backend: BwrapBackend) -> list[str]:
+    """Run one sandbox on a running ``backend``, then the programs its spares wait at the gate as."""
+    sandbox = await backend.start(_policy())
+    with anyio.fail_after(_BOUND):
+        out = await sandbox.stdout.read()
+        await sandbox.wait()
+    await sandbox.aclose()
+    assert out == b"ran\n"
+    with anyio.fail_after(_BOUND):  # the spares the start asked for: first processes at their gate
+        await poll(lambda: len(own_processes("mcp-sandbox-gate")) == SPARES)
+    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in own_processes("mcp-sandbox-gate")]  # noqa: ASYNC240
+    return [cmdline.split(b"\0")[0].decode() for cmdline in cmdlines]
+
+
+@pytest.mark.sandbox
+@pytest.mark.anyio
+async def test_the_backend_starts_sandboxes_through_the_gate_and_falls_back_loudly_when_it_is_not_trusted(
+    built: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = load_settings(env={}, flags={"gate_dir": str(built)})
+    backend = BwrapBackend(settings)
+    if backend.cgroups.version is None:
+        pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
+    async with backend.running():
+        assert await _waiting_at_the_gate(backend) == [str(gate.built_path(built))] * SPARES
+
+    gate.built_path(built).chmod(0o777)
+    with caplog.at_level(logging.WARNING):
+        backend = BwrapBackend(settings)
+        async with backend.running():
+            assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES
+    assert "not running the sandbox's gate" in caplog.text and "writable" in caplog.text
