@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import anyio
@@ -135,3 +136,18 @@ async def test_the_backend_starts_sandboxes_through_the_gate_and_falls_back_loud
         async with backend.running():
             assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES
     assert "not running the sandbox's gate" in caplog.text and "writable" in caplog.text
+
+
+@pytest.mark.sandbox
+@pytest.mark.anyio
+async def test_a_gate_removed_under_a_running_backend_is_not_run_again(built: Path) -> None:
+    # What setup of another version does (it prunes the builds of other sources) while a server runs.
+    backend = BwrapBackend(load_settings(env={}, flags={"gate_dir": str(built)}))
+    if backend.cgroups.version is None:
+        pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
+    async with backend.running():
+        assert await _waiting_at_the_gate(backend) == [str(gate.built_path(built))] * SPARES
+        shutil.rmtree(gate.built_path(built).parent)
+        for _ in range(SPARES):  # the spares started before: already running it, they start as well
+            await _waiting_at_the_gate(backend)
+        assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import resource
@@ -126,6 +125,7 @@ class BwrapBackend:
         self._wanted: anyio.Event | None = None  # set by a start: prepare spares; None: not running
         self._last_limits: Limits | None = None
         self._etc = EtcCopies(StateLayout.of(settings))
+        self._gate_refused = False  # a gate was found built but not to be run, and that was said
 
     @property
     def cgroups(self) -> CgroupSupport:
@@ -137,16 +137,24 @@ class BwrapBackend:
                 logger.info("removed %d cgroups left behind by servers that are gone", swept)
         return self._cgroups
 
-    @functools.cached_property
+    @property
     def gate(self) -> Path | None:
-        """The static gate program sandboxes start through, or None: ``sh`` and ``setpriv`` (see :mod:`.gate`)."""
+        """The static gate program sandboxes start through, or None: ``sh`` and ``setpriv`` (see :mod:`.gate`).
+
+        Looked up at every start (three ``lstat``): a setup run meanwhile (an upgrade) may have
+        replaced the build, and a start must not exec one that is gone.
+        """
         directory = self._settings.gate_dir
         problem = gate_program.refusal(directory)
-        if problem is not None and os.path.lexists(gate_program.built_path(directory)):
+        if problem is None:
+            self._gate_refused = False
+            return gate_program.built_path(directory)
+        if not self._gate_refused and os.path.lexists(gate_program.built_path(directory)):
+            self._gate_refused = True  # said once, until a usable one is found again
             logger.warning(
                 "not running the sandbox's gate built in %s: %s; starting through sh and setpriv", directory, problem
             )
-        return None if problem is not None else gate_program.built_path(directory)
+        return None
 
     def host_ids(self) -> tuple[int | None, int | None]:
         """The host uid/gid bwrap runs as: the sandbox's when the server is root, else (None, None): ours."""
