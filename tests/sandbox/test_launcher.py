@@ -33,10 +33,10 @@ def program(request: pytest.FixtureRequest) -> Path | None:
     if request.param == "sh":
         return None
     directory = load_settings(env={}, flags={}).gate_dir
-    built = gate_program.current(directory)
-    if built is None:
-        pytest.fail(f"no static gate to test: {gate_program.refusal(directory)}; run `make runtime`")
-    return built
+    problem = gate_program.refusal(directory)
+    if problem is not None:
+        pytest.fail(f"no static gate to test: {problem}; run `make runtime`")
+    return gate_program.built_path(directory)
 
 
 def _start(spec: LaunchSpec, marker: Path, program: Path | None) -> tuple[subprocess.Popen[str], int]:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import JS_RUNTIMES, Settings, load_settings
 from mcp_sandbox.provision.pins import JS_BINARIES, JS_PACKAGES
-from mcp_sandbox.provision.python import SetupError
+from mcp_sandbox.provision.python import SetupError, run_step
 from mcp_sandbox.runners import runner_dir
 
 __all__ = ["BUNDLES", "ENTRIES", "build_bundles", "bundle_digest", "current_bundle"]
@@ -160,12 +160,7 @@ def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> 
 
 def main() -> int:
     """``python -m mcp_sandbox.provision.bundles`` (``make runtime``): build the configured directory's bundles."""
-    try:
-        build_bundles(load_settings())
-    except SetupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_step(lambda: build_bundles(load_settings()))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.provision.python import SetupError
+from mcp_sandbox.provision.python import SetupError, run_step
 from mcp_sandbox.sandbox import gate
 
 __all__ = ["NO_COMPILER", "build_gate", "find_compiler"]
@@ -100,12 +100,7 @@ def _prune(directory: Path, keep: Path) -> None:
 def main() -> int:
     """``python -m mcp_sandbox.provision.gate [DIR]`` (``make runtime``): build the gate in DIR (default: gate_dir)."""
     directory = Path(sys.argv[1]) if len(sys.argv) > 1 else load_settings().gate_dir
-    try:
-        build_gate(directory)
-    except SetupError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_step(lambda: build_gate(directory))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.provision.pins import PYTHON_REQUIREMENTS
 from mcp_sandbox.provision.status import SYSTEM_PYTHON, is_system_prefix, python_digest, write_stamp
 
-__all__ = ["SYSTEM_PYTHON", "build_python_runtime", "check_base_interpreter"]
+__all__ = ["SYSTEM_PYTHON", "SetupError", "build_python_runtime", "check_base_interpreter", "run_step"]
 
 # What the pinned stack must give the sandbox's code (the import check after the build).
 _IMPORTS = "import numpy, pandas, matplotlib, requests"
@@ -39,6 +39,16 @@ Log = Callable[[str], None]
 
 class SetupError(ConfigError):
     """A step of ``setup`` failed (the message says which, and why)."""
+
+
+def run_step(build: Callable[[], object]) -> int:
+    """A setup step as a ``python -m`` command (``make runtime``): 0, or 1 with its error on stderr."""
+    try:
+        build()
+    except SetupError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def check_base_interpreter(base: Path) -> str:

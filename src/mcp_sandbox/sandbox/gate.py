@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["CFLAGS", "NAME", "SOURCE", "built_path", "current", "refusal"]
+__all__ = ["CFLAGS", "NAME", "SOURCE", "built_path", "refusal"]
 
 SOURCE = Path(__file__).with_name("gate.c")
 NAME = "mcp-sandbox-gate"
@@ -62,8 +62,3 @@ def refusal(directory: Path) -> str | None:
     if not stat.S_ISREG(info.st_mode) or not os.access(path, os.X_OK):
         return f"{path} is not an executable file"
     return None
-
-
-def current(directory: Path) -> Path | None:
-    """The gate to run from ``directory``, or None: start through ``sh`` and ``setpriv``."""
-    return None if refusal(directory) is not None else built_path(directory)

@@ -69,7 +69,8 @@ class LaunchSpec:
 def gated(spec: LaunchSpec, command: Sequence[str], gate: Path | None = None) -> list[str]:
     """The command line that runs ``command`` once the gate opens, as ``spec``'s uid and gid.
 
-    ``gate``: the static gate program (:func:`.gate.current`), or None for ``sh`` and ``setpriv``.
+    ``gate``: the static gate program (:func:`.gate.built_path`, when :func:`.gate.refusal` has
+    no objection), or None for ``sh`` and ``setpriv``.
 
     Raises:
         SandboxStartError: a uid or gid is to be dropped, there is no ``gate`` and ``setpriv`` is
