@@ -196,7 +196,7 @@ def _report_disk_quota(settings: Settings, out: TextIO) -> None:
         " kernel (a run's RLIMIT_FSIZE is what the quota has left); in total by measuring the workspace when"
         f" inotify reports writes (at most every {WRITE_GAP:g} s), else every {GROWING_SECONDS:g} s while it"
         f" grows ({WATCH_SECONDS:g} s otherwise), and stopping the run: a run writing many files fast can pass"
-        " it by what it writes between two measures (see README, security model)\n"
+        " it by what it writes between two measures (see docs/security.md, limits of the model)\n"
     )
     out.write(
         "  no kernel quota is used: project quotas need root, a filesystem mounted with them and a kernel"

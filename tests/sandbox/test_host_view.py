@@ -143,5 +143,5 @@ async def test_host_wide_counters_are_masked(sandbox: SandboxRunner, backend_nam
     """)
     assert report["diskstats"] in (0, "PermissionError:EACCES")
     if backend_name == "docker":
-        pytest.xfail("docker's runc refuses a mount over /proc/pressure (README, security model)")
+        pytest.xfail("docker's runc refuses a mount over /proc/pressure (docs/security.md, limits of the model)")
     assert report["pressure"] == []

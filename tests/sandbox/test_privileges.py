@@ -177,7 +177,7 @@ async def test_every_mount_is_nosuid(sandbox: SandboxRunner, backend_name: str) 
         assert set(exempt) <= set(report["read_only"]) | {"/dev/null"}, exempt
         suid = [m for m in suid if m not in exempt]
     if backend_name == "docker" and suid:
-        # Known docker gap, in the README: its --mount has no nosuid, so binds from the host
+        # Known docker gap, in docs/containers.md: its --mount has no nosuid, so binds from the host
         # (workspace, runtime, runner) are not nosuid either; no_new_privs still holds.
         pytest.xfail(f"docker binds cannot be nosuid: {suid}")
     assert suid == []

@@ -1,4 +1,4 @@
-"""No import cycles among the modules of the engine and of the in-sandbox runtimes (STYLE 17)."""
+"""No import cycles among the modules of the engine and of the in-sandbox runtimes."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ client-config)
     # The entry `install --print` wrote starts the server, which enforces its limits per run.
     entry="$HOME/client-entry.json"
     if ! [ -s "$entry" ]; then
-        echo "no entry from \`install claude-code --print\`: using the README's form"
+        echo "no entry from \`install claude-code --print\`: using the form docs/clients.md gives"
         printf '{"mcpServers": {"sandbox": {"command": "%s", "args": ["serve"]}}}\n' "$(command -v mcp-sandbox)" > "$entry"
     fi
     "$tool_python" "$src/tests/vm/client_check.py" "$entry"

@@ -1,61 +1,10 @@
 """Which downstream MCP servers exist: the explicit file, our ``[servers]``, the user's MCP clients.
 
-Sources, in order. The first entry of a server name wins; a later entry of the same name is
-*shadowed* and listed in :attr:`Discovery.skipped`. ``~`` is the home directory, ``./`` the
-current directory, ``~/.config`` is ``$XDG_CONFIG_HOME`` when that is set::
-
-    1. servers_config (--servers-config, MCP_SANDBOX_SERVERS_CONFIG, MCP_SERVERS_CONFIG)
-                                     a JSON file; a problem when it is set but missing
-    2. [servers.<name>] tables of our TOML config file (--config, MCP_SANDBOX_CONFIG)
-       -- with discover_servers = false, nothing below is read --
-    3. ~/MCPs/*.json
-    4. ~/.config/mcp/servers/*.json
-    5. ./mcp-servers/*.json
-    6. Claude Code     ~/.claude.json projects["<cwd>"].mcpServers   (local scope)
-                       ./.mcp.json                                   (project scope)
-                       ~/.claude.json mcpServers                     (user scope)
-    7. Claude Desktop  ~/.config/Claude/claude_desktop_config.json
-                       (macOS: ~/Library/Application Support/Claude/claude_desktop_config.json)
-                       ./claude_code_config.json, ./claude_desktop_config.json
-                       (the earlier bridge's files next to where it ran)
-    8. Cursor          ./.cursor/mcp.json, then ~/.cursor/mcp.json
-    9. VS Code         ./.vscode/mcp.json, then the user's ~/.config/Code/User/mcp.json, then
-                       "mcp": {"servers": ...} in ~/.config/Code/User/settings.json
-                       (macOS: ~/Library/Application Support/Code/User/)
-   10. Windsurf        ~/.codeium/windsurf/mcp_config.json
-
-Directories are read in file-name order, ``*.json`` only, skipping names that start with a dot.
-A file is read once even when two sources name it. Every JSON file may hold comments and trailing
-commas (VS Code's JSONC).
-
-Entries live under ``mcpServers`` (Claude, Cursor, Windsurf) or ``servers`` (VS Code); the generic
-files of 1, 3, 4 and 5 may use either. An entry is either stdio (``command``, ``args``, ``env``,
-``cwd``, the latter relative to the file's directory) or HTTP (``url``, Windsurf's ``serverUrl``,
-``headers``), optionally with ``type`` (``stdio``, ``http``, ``sse``, ``streamable-http``: all
-but ``stdio`` mean HTTP at the given URL). ``disabled: true`` skips an entry. ``allowTools`` and
-``denyTools`` (``allow_tools``/``deny_tools`` in TOML) list the tools sandboxed code may call.
-
-``${VAR}``, ``${env:VAR}`` and ``${VAR:-default}`` expand from the environment in command, args,
-env values, cwd, url and header values (``${workspaceFolder}`` and ``${userHome}`` as in VS Code);
-an entry with a variable that does not resolve (VS Code's ``${input:...}`` included) is not loaded.
-
-A ``[servers.<name>]`` table with no ``command`` or ``url``, only ``allow_tools``, ``deny_tools``,
-``disabled``, ``tenants`` or ``per_tenant``, is a policy for the server of that name, whichever
-source defines it. Allow lists (of tools, of tenants) intersect and deny lists add up; ``tenants``
-and ``per_tenant`` (see ``ServerSpec``) are read from our TOML file only.
-
-An entry that would start mcp-sandbox itself (a command named ``mcp-sandbox``; an argument
-``mcp-sandbox``, ``mcp_sandbox``, ``.../mcp-sandbox``, ``mcp-sandbox@<version>``, or ``-m
-mcp_sandbox...``) is skipped. The first entry of a name claims it even when it is disabled,
-malformed or mcp-sandbox itself: a later entry never stands in for it silently.
-
-Each server gets an *alias*, the Python identifier by which sandboxed code knows it: the name in
-lower case, each run of characters outside ``[a-z0-9_]`` turned into ``_``, ``_`` stripped from
-both ends, ``s_`` before a leading digit, ``server`` if nothing is left, ``_`` after a keyword, and
-``_2``, ``_3``, ... after an alias already given.
-
-Nothing here raises for a bad user file: malformed files and entries become problems (:class:`Problem`),
-and the other files and entries still load.
+The sources are read in a fixed order and the first entry of a server name wins; a later one is
+shadowed and listed in :attr:`Discovery.skipped`. Malformed files and entries become problems
+(:class:`Problem`) and never stop the others loading. Each server gets an alias, the identifier
+sandboxed code knows it by. The user's specification (every source, entry formats, variable
+expansion, policy-only tables, aliases) is docs/code-mode.md, "Discovery in detail".
 
 This module holds the order of the sources and :func:`discover`; :mod:`.config_files` reads the
 files, :mod:`.server_entries` checks each entry, and :mod:`.server_spec` holds :class:`ServerSpec`

@@ -35,7 +35,8 @@ __all__ = [
     "zygote_guard_bpf",
 ]
 
-# Denied with EPERM. Grouped as in DESIGN.md; names unknown to this libseccomp are skipped.
+# Denied with EPERM, grouped by what they reach (docs/security.md); names unknown to this
+# libseccomp are skipped.
 DENIED_SYSCALLS: tuple[str, ...] = (
     # debugging / cross-process memory
     "ptrace",
