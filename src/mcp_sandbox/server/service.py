@@ -283,8 +283,8 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
             service.lifecycle.on_reload("servers", service.reload_servers)
             group.start_soon(_sweep_periodically, service)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
-            # service: the cyclic GC stops walking it. Its full collections took ~70 ms of a run
-            # every few hundred runs here, and each younger one less.
+            # service: the cyclic GC stops walking it, whose full collections otherwise stall a
+            # run now and then.
             gc.freeze()
             try:
                 yield service

@@ -19,7 +19,9 @@ from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored, RunFinished
 from mcp_sandbox.runners import LANGUAGES
-from mcp_sandbox.server.arguments import (
+from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
     RunArguments,
@@ -30,19 +32,17 @@ from mcp_sandbox.server.arguments import (
     output_mode,
     parse,
 )
-from mcp_sandbox.server.auth import tenant_of
-from mcp_sandbox.server.library_access import LibraryAccess
-from mcp_sandbox.server.progress import progress_listener
-from mcp_sandbox.server.render import render
-from mcp_sandbox.server.runner_info import describe_runners
-from mcp_sandbox.server.schemas import (
+from mcp_sandbox.server.tools.library_access import LibraryAccess
+from mcp_sandbox.server.tools.progress import progress_listener
+from mcp_sandbox.server.tools.render import render
+from mcp_sandbox.server.tools.runner_info import describe_runners
+from mcp_sandbox.server.tools.schemas import (
     list_runners_tool,
     run_code_tool,
     run_python_tool,
     search_tools_tool,
     upload_file_tool,
 )
-from mcp_sandbox.server.service import Service
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import ExecutionRecord, FileEntry, derive_key, load_secret
 from mcp_sandbox.workspace.library import Library
