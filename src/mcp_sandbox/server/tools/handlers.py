@@ -1,10 +1,11 @@
-"""The MCP tools' handlers, and the one place where errors become tool results."""
+"""``tools/list`` and ``tools/call``: the tools this server lists, each call sent to its handler.
+
+Running code is :mod:`.run`'s (``run_python``, ``run_code``); the other tools are answered here.
+Errors become tool results in these two modules only.
+"""
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import logging
 import time
 from typing import Any
 
@@ -15,26 +16,20 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from mcp_sandbox.egress import TenantEgress
-from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
-from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
-from mcp_sandbox.events import FileStored, RunFinished
+from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileStored
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
-    RunArguments,
-    RunCodeArguments,
-    RunPythonArguments,
     SearchToolsArguments,
     UploadFileArguments,
-    output_mode,
     parse,
 )
-from mcp_sandbox.server.tools.library_access import LibraryAccess
 from mcp_sandbox.server.tools.progress import progress_listener
-from mcp_sandbox.server.tools.render import render
+from mcp_sandbox.server.tools.run import RunTool, listed_file
 from mcp_sandbox.server.tools.runner_info import describe_runners
 from mcp_sandbox.server.tools.schemas import (
     list_runners_tool,
@@ -44,20 +39,10 @@ from mcp_sandbox.server.tools.schemas import (
     upload_file_tool,
 )
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import ExecutionRecord, FileEntry, derive_key, load_secret
+from mcp_sandbox.workspace import derive_key, load_secret
 from mcp_sandbox.workspace.library import Library
 
 __all__ = ["ToolHandlers"]
-
-logger = logging.getLogger(__name__)
-
-
-def _output_bytes(result: ExecutionResult) -> tuple[int, int]:
-    """The sizes of the run's stdout and stderr in bytes (for the history and the events)."""
-    return (
-        len(result.stdout.encode("utf-8", errors="surrogatepass")),
-        len(result.stderr.encode("utf-8", errors="surrogatepass")),
-    )
 
 
 def _error_result(message: str) -> types.CallToolResult:
@@ -93,6 +78,7 @@ class ToolHandlers:
             settings.library_entries,
             StateLayout.of(settings).root / "library-views",
         )
+        self._run = RunTool(service, context, self._egress, self._library)
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -124,157 +110,6 @@ class ToolHandlers:
             return raw
         return {**raw, "conversationId": default}
 
-    async def _run(
-        self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
-    ) -> types.CallToolResult:
-        # The conversation is marked in use from its first touch to its last listing: retention
-        # never deletes a workspace between the two.
-        with contextlib.ExitStack() as held:
-            return await self._run_holding(raw, tool, tenant, listener, held)
-
-    def _emit_run(
-        self,
-        tenant: str,
-        key: str | None,
-        language: str,
-        started: float,
-        result: ExecutionResult,
-        files_bytes: int,
-        output_bytes: tuple[int, int],
-        *,
-        busy: bool,
-    ) -> None:
-        self._service.events.emit(
-            RunFinished(
-                tenant=tenant,
-                conversation=key,
-                language=language,
-                backend=self._service.engine.backend.name,
-                status="busy" if busy else result.status,
-                duration=time.perf_counter() - started,
-                warm=result.warm,
-                limits=result.limits,
-                exit_code=result.exit_code,
-                stdout_bytes=output_bytes[0],
-                stderr_bytes=output_bytes[1],
-                files_bytes=files_bytes,
-            )
-        )
-
-    async def _run_holding(
-        self,
-        raw: dict[str, Any] | None,
-        tool: str,
-        tenant: str,
-        listener: OutputListener | None,
-        held: contextlib.ExitStack,
-    ) -> types.CallToolResult:
-        service = self._service
-        mode = output_mode(raw, service.settings)
-        started = time.time()
-        clock = time.perf_counter()
-        key: str | None = None
-        language = "python"
-        busy = False
-        try:
-            held.enter_context(service.lifecycle.run())
-            model = RunCodeArguments if tool == "run_code" else RunPythonArguments
-            arguments: RunArguments = parse(model, raw, self._context)
-            if isinstance(arguments, RunCodeArguments):
-                language, environment = arguments.language, arguments.variables()
-            else:
-                environment = {}
-            if arguments.conversation is not None:
-                key = service.workspaces.key(tenant, arguments.conversation)
-            # An empty library (the common case) has no view: known without a worker thread's round trip.
-            view = None if self._library.empty(tenant) else await anyio.to_thread.run_sync(self._library.view, tenant)
-            aliases = service.bridge.aliases(arguments.servers, tenant)
-            access = LibraryAccess(
-                await service.bridge.open_run(aliases, tenant=tenant, conversation=key), self._library, tenant, view
-            )
-            workspace = None
-            if key is not None:
-                held.enter_context(service.using(key))
-                workspace = await service.touch(key, tenant)
-                if (base := service.file_base_url(key)) is not None:
-                    environment["FILE_BASE_URL"] = base
-            request = ExecutionRequest(
-                code=arguments.code,
-                timeout=service.settings.timeout if arguments.timeout is None else arguments.timeout,
-                language=language,
-                environment=environment,
-                workspace=workspace,
-                tools=access,
-                session=key,
-                reset=arguments.reset,
-                on_output=listener,
-                egress=self._egress.grant(tenant, arguments.network, arguments.conversation),
-                tenant=tenant,
-            )
-            result = await service.engine.execute(request)
-        except ValidationError as exc:
-            result = ExecutionResult.invalid(str(exc))
-        except BusyError as exc:
-            busy = True
-            result = ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
-        except SandboxError as exc:
-            logger.error("%s failed in the sandbox layer: %s", tool, exc)
-            result = ExecutionResult(status="error", exit_code=None, error=f"sandbox failure: {exc}")
-        data = result.structured()
-        files_bytes = 0
-        if key is not None:
-            entries = await service.refresh_files(key)
-            files_bytes = sum(entry.size for entry in entries)
-            data["files"] = [self._file(key, entry) for entry in entries]
-            if (warning := self._over_quota(entries)) is not None:
-                data["warning"] = warning
-        output_bytes = _output_bytes(result)  # 1 MiB of output is worth encoding once
-        self._record(tenant, key, language, started, result, files_bytes, output_bytes)
-        self._emit_run(tenant, key, language, clock, result, files_bytes, output_bytes, busy=busy)
-        content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, mode, data))]
-        content += [
-            types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
-            for image in result.images
-        ]
-        return types.CallToolResult(content=content, structured_content=data, is_error=result.status != "success")
-
-    def _file(self, key: str, entry: FileEntry) -> dict[str, Any]:
-        return {"name": entry.name, "size": entry.size, "url": self._service.file_url(key, entry.name)}
-
-    def _over_quota(self, entries: list[FileEntry]) -> str | None:
-        settings = self._service.settings
-        used = sum(entry.size for entry in entries)
-        if used <= settings.quota_bytes and len(entries) <= settings.quota_files:
-            return None
-        return (
-            f"the conversation's workspace is over its quota ({used} of {settings.quota_bytes} bytes, "
-            f"{len(entries)} of {settings.quota_files} files): uploads are refused until files are deleted"
-        )
-
-    def _record(
-        self,
-        tenant: str,
-        key: str | None,
-        language: str,
-        started: float,
-        result: ExecutionResult,
-        files_bytes: int,
-        output_bytes: tuple[int, int],
-    ) -> None:
-        record = ExecutionRecord(
-            tenant=tenant,
-            conversation=key,
-            language=language,
-            started_at=started,
-            duration_ms=result.duration_ms,
-            status=result.status,
-            exit_code=result.exit_code,
-            stdout_bytes=output_bytes[0],
-            stderr_bytes=output_bytes[1],
-            files_bytes=files_bytes,
-        )
-        self._service.record_soon(record)  # after the answer: the history is not the caller's wait
-
     async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         service = self._service
         started = time.perf_counter()
@@ -293,7 +128,7 @@ class ToolHandlers:
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
             return _error_result(str(exc))
         service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
-        data = self._file(key, entry)
+        data = listed_file(service, key, entry)
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
         if data["url"] is not None:
             text += f"; download: {data['url']}"
