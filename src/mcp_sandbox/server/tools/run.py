@@ -4,9 +4,9 @@ A call goes through three steps: :meth:`RunTool.request` turns the arguments int
 :class:`~mcp_sandbox.engine.ExecutionRequest` the engine runs (the conversation's workspace,
 code mode's servers and the tenant's library, the network granted); :func:`refused` turns an
 error raised on the way into the result a model reads (the one place errors become run
-results); :meth:`RunTool.answer` lists the workspace's files, warns over quota, records the
-run in the history, emits its :class:`~mcp_sandbox.events.RunFinished` (metrics and audit log
-follow it) and renders the result.
+results); :meth:`RunTool.answer` lists the workspace's files, warns over quota, emits the run's
+one :class:`~mcp_sandbox.events.RunFinished` (metrics, audit log and history follow it) and
+renders the result.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from mcp_sandbox.server.tools.arguments import (
 )
 from mcp_sandbox.server.tools.library_access import LibraryAccess
 from mcp_sandbox.server.tools.render import render
-from mcp_sandbox.workspace import ExecutionRecord, FileEntry
+from mcp_sandbox.workspace import FileEntry
 from mcp_sandbox.workspace.library import Library
 
 __all__ = ["RunTool", "listed_file", "over_quota", "refused"]
@@ -168,7 +168,7 @@ class RunTool:
         return LibraryAccess(access, self._library, tenant, view)
 
     async def answer(self, call: RunCall, result: ExecutionResult) -> types.CallToolResult:
-        """The tool result for ``result``, after listing the workspace and recording the run."""
+        """The tool result for ``result``, after listing the workspace and emitting the run's event."""
         service = self._service
         data = result.structured()
         files_bytes = 0
@@ -178,9 +178,7 @@ class RunTool:
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
             if (warning := over_quota(service.settings, entries)) is not None:
                 data["warning"] = warning
-        output_bytes = _output_bytes(result)  # 1 MiB of output is worth encoding once
-        service.record_soon(self._record(call, result, files_bytes, output_bytes))  # after the answer
-        service.events.emit(self._finished(call, result, files_bytes, output_bytes))
+        service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
@@ -188,27 +186,9 @@ class RunTool:
         ]
         return types.CallToolResult(content=content, structured_content=data, is_error=result.status != "success")
 
-    def _record(
-        self, call: RunCall, result: ExecutionResult, files_bytes: int, output_bytes: tuple[int, int]
-    ) -> ExecutionRecord:
-        """The run's row in the history."""
-        return ExecutionRecord(
-            tenant=call.tenant,
-            conversation=call.key,
-            language=call.language,
-            started_at=call.started_at,
-            duration_ms=result.duration_ms,
-            status=result.status,
-            exit_code=result.exit_code,
-            stdout_bytes=output_bytes[0],
-            stderr_bytes=output_bytes[1],
-            files_bytes=files_bytes,
-        )
-
-    def _finished(
-        self, call: RunCall, result: ExecutionResult, files_bytes: int, output_bytes: tuple[int, int]
-    ) -> RunFinished:
-        """The run's event (metrics and the audit log follow it)."""
+    def _finished(self, call: RunCall, result: ExecutionResult, files_bytes: int) -> RunFinished:
+        """The run, described once for everyone who follows runs (metrics, audit log, history)."""
+        stdout_bytes, stderr_bytes = _output_bytes(result)
         return RunFinished(
             tenant=call.tenant,
             conversation=call.key,
@@ -219,7 +199,9 @@ class RunTool:
             warm=result.warm,
             limits=result.limits,
             exit_code=result.exit_code,
-            stdout_bytes=output_bytes[0],
-            stderr_bytes=output_bytes[1],
+            stdout_bytes=stdout_bytes,
+            stderr_bytes=stderr_bytes,
             files_bytes=files_bytes,
+            started_at=call.started_at,
+            run_ms=result.duration_ms,
         )
