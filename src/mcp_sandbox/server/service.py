@@ -1,4 +1,4 @@
-"""The running service: engine, bridge, workspaces, metadata and URL signing, opened together.
+"""The running service: engine, code mode's mediator, workspaces, metadata and URL signing, opened together.
 
 :func:`open_service` owns them all for the server's lifetime (stdio or HTTP): it checks the
 backend, opens the metadata database, loads (or creates) the server secret, sweeps retention
@@ -59,7 +59,7 @@ class Service:
 
     settings: Settings
     engine: Engine
-    bridge: Mediator
+    mediator: Mediator
     workspaces: WorkspaceStore
     metadata: Metadata
     urls: UrlSigner
@@ -136,7 +136,7 @@ class Service:
     async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
         fresh = await anyio.to_thread.run_sync(discover, self.settings)
-        return self.bridge.reload_policies(fresh)
+        return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
@@ -223,12 +223,12 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
         async with (
-            open_mediator(settings, discovery, events) as bridge,
+            open_mediator(settings, discovery, events) as mediator,
             engine.running(),
             anyio.create_task_group() as group,
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events)
+            service = Service(settings, engine, mediator, workspaces, metadata, urls, http, events)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)

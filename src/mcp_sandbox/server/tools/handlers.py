@@ -60,14 +60,14 @@ class ToolHandlers:
         self._context = context = CallContext(
             max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
         )
-        names = [spec.alias for spec in service.bridge.servers.values()]
+        names = [spec.alias for spec in service.mediator.servers.values()]
         self._tools = [
             run_python_tool(context, names),
             run_code_tool(context),
             upload_file_tool(context),
             list_runners_tool(context),
         ]
-        if service.bridge.servers:
+        if service.mediator.servers:
             self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
         settings = service.settings
@@ -156,14 +156,14 @@ class ToolHandlers:
         )
 
     async def _search_tools(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
-        bridge = self._service.bridge
+        mediator = self._service.mediator
         try:
             arguments = parse(SearchToolsArguments, raw, self._context)
         except ValidationError as exc:
             return _error_result(str(exc))
         query, detail = arguments.query, arguments.detail
-        hits, unavailable = await bridge.search(query, detail, arguments.limit)
-        servers = bridge.servers
+        hits, unavailable = await mediator.search(query, detail, arguments.limit)
+        servers = mediator.servers
         # A server not open to this tenant does not exist for it.
         hits = [(doc, text) for doc, text in hits if servers[doc.server].serves(tenant)]
         open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}

@@ -162,9 +162,9 @@ class RunTool:
         """What the run may call: the code-mode servers it names, and its tenant's library."""
         # An empty library (the common case) has no view: known without a worker thread's round trip.
         view = None if self._library.empty(tenant) else await anyio.to_thread.run_sync(self._library.view, tenant)
-        bridge = self._service.bridge
-        aliases = bridge.aliases(servers, tenant)
-        access = await bridge.open_run(aliases, tenant=tenant, conversation=key)
+        mediator = self._service.mediator
+        aliases = mediator.aliases(servers, tenant)
+        access = await mediator.open_run(aliases, tenant=tenant, conversation=key)
         return LibraryAccess(access, self._library, tenant, view)
 
     async def answer(self, call: RunCall, result: ExecutionResult) -> types.CallToolResult:
