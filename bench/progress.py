@@ -1,7 +1,7 @@
 """What progress notifications cost a run: the same programs with and without an output listener.
 
 Each program runs in a fresh sandbox on one engine, alternately without a listener and with the
-server's :class:`~mcp_sandbox.server.progress.ProgressLines` (its notifications sent to a no-op,
+server's :class:`~mcp_sandbox.server.tools.progress.ProgressLines` (its notifications sent to a no-op,
 as a client that reads fast would take them):
 
 - quiet: one line, then 0.5 s of sleep (the cost when there is little to report);
@@ -27,7 +27,7 @@ import anyio
 from mcp_sandbox import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.sandbox.backends import get_backend
-from mcp_sandbox.server.progress import ProgressLines
+from mcp_sandbox.server.tools.progress import ProgressLines
 from mcp_sandbox.workspace import remove_tree
 
 _REPO = Path(__file__).resolve().parents[1]

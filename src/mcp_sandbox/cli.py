@@ -118,8 +118,8 @@ def _check_stdio_conversation(settings: Settings) -> None:
 def _cmd_serve(settings: Settings, transport: str) -> int:
     early = None
     if transport == "stdio":
-        # Answer the client's initialize while the MCP SDK is imported (server/stdio_early.py).
-        from mcp_sandbox.server.stdio_early import begin
+        # Answer the client's initialize while the MCP SDK is imported (server/transport/stdio_early.py).
+        from mcp_sandbox.server.transport.stdio_early import begin
 
         _check_stdio_conversation(settings)
         early = begin(__version__)

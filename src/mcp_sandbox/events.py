@@ -1,9 +1,9 @@
 """What happened in the server, as typed events, and the hub that hands them to observers.
 
 The engine, the bridge and the server's routes *emit* events (a run finished, a run waited for
-its slot, a tool was called, a file was stored or served); observers (the metrics and the audit
-log, see ``server/metrics.py`` and :mod:`mcp_sandbox.audit`) *subscribe*. Emitting code knows
-nothing of Prometheus or log files, and an observer that fails is logged, never felt by the run.
+its slot, a tool was called, a file was stored or served); observers (the metrics, the audit
+log and the run history, see ``server/service.py``) *subscribe*. Emitting code knows nothing of
+Prometheus, log files or databases, and an observer that fails is logged, never felt by the run.
 
 Events carry sizes, times, names and outcomes only: never code, output, environment values or
 tokens. ``conversation`` is always the workspace key (a keyed hash), never the client's id.
@@ -42,6 +42,8 @@ class RunFinished:
 
     ``limits`` names the limits the run hit: ``memory``, ``pids``, ``timeout``, ``cpu``.
     ``warm``: a warm sandbox served it. ``status`` is the result's, or ``busy`` when refused.
+    ``duration``: seconds the call took; ``run_ms``: the run's own time, as its result says it.
+    ``started_at``: when the call began, in seconds since the epoch.
     """
 
     tenant: str
@@ -56,6 +58,8 @@ class RunFinished:
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     files_bytes: int = 0
+    started_at: float = 0.0
+    run_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

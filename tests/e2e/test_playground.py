@@ -24,7 +24,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from downstream import FIXTURE_SERVER
-from mcp_sandbox.server.playground import STATIC_DIR
+from mcp_sandbox.server.routes.playground import STATIC_DIR
 from mcp_test_helpers import http_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]

@@ -15,7 +15,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import TextResourceContents
 
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.manual import CAPABILITIES, CAPABILITIES_URI
-from mcp_sandbox.server.resources import RESOURCE_NOT_FOUND
+from mcp_sandbox.server.tools.resources import RESOURCE_NOT_FOUND
 from mcp_test_helpers import run_python, stdio_client, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]

@@ -23,7 +23,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from mcp_sandbox import __version__
-from mcp_sandbox.server.stdio_early import early_answer
+from mcp_sandbox.server.transport.stdio_early import early_answer
 from mcp_test_helpers import _server_env, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]

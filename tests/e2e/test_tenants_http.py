@@ -226,7 +226,7 @@ def test_raising_the_open_files_limit_lifts_a_low_soft_limit_to_the_hard_one() -
 
     code = (
         "import resource\n"
-        "from mcp_sandbox.server.limits import raise_open_files_limit\n"
+        "from mcp_sandbox.server.transport.limits import raise_open_files_limit\n"
         "soft = raise_open_files_limit()\n"
         "print(soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1])\n"
     )

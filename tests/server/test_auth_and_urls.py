@@ -9,8 +9,8 @@ import pytest
 
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth import TokenTable, load_tokens
-from mcp_sandbox.server.http import check_exposure, is_loopback, transport_security
+from mcp_sandbox.server.auth.tokens import TokenTable, load_tokens
+from mcp_sandbox.server.transport.http import check_exposure, is_loopback, transport_security
 from mcp_sandbox.server.urls import UrlSigner
 
 ALICE = "alice-token-0123456789abcdef"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.server.app import with_tenants
-from mcp_sandbox.server.limits import RateLimitedLog
+from mcp_sandbox.server.transport.limits import RateLimitedLog
 
 
 def _record(message: str) -> logging.LogRecord:

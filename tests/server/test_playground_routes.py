@@ -9,7 +9,7 @@ import httpx2
 import pytest
 from starlette.applications import Starlette
 
-from mcp_sandbox.server.playground import page_policy, playground_routes
+from mcp_sandbox.server.routes.playground import page_policy, playground_routes
 
 pytestmark = pytest.mark.anyio
 

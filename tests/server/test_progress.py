@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mcp_sandbox.server.progress import BATCH, MAX_LINE, ProgressLines
+from mcp_sandbox.server.tools.progress import BATCH, MAX_LINE, ProgressLines
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ import pytest
 import toon_format
 
 from mcp_sandbox.engine import ExecutionResult
-from mcp_sandbox.server.render import render
+from mcp_sandbox.server.tools.render import render
 
 SUCCESS = ExecutionResult(status="success", exit_code=0, stdout="4\n", duration_ms=12)
 EMPTY = ExecutionResult(status="success", exit_code=0, duration_ms=3)

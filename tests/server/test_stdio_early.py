@@ -1,6 +1,6 @@
 """The early answer to ``initialize`` is the SDK's very answer, byte for byte, or none at all.
 
-``server/stdio_early.py`` answers a stdio client's first ``initialize`` before the SDK is
+``server/transport/stdio_early.py`` answers a stdio client's first ``initialize`` before the SDK is
 imported, from constants written in it. Here every answer it gives is compared with what the SDK
 itself writes for the same line, through the SDK's own stdio transport and our real server
 object; the lines it must leave to the SDK (which refuses or reads them differently) get none.
@@ -19,7 +19,7 @@ from mcp.server.stdio import stdio_server
 
 from mcp_sandbox import __version__
 from mcp_sandbox.server.app import _Opening, _server
-from mcp_sandbox.server.stdio_early import (
+from mcp_sandbox.server.transport.stdio_early import (
     CAPABILITIES,
     HANDSHAKE_PROTOCOL_VERSIONS,
     INSTRUCTIONS,

@@ -10,7 +10,7 @@ import threading
 import anyio
 import pytest
 
-from mcp_sandbox.server.stdio_wire import DIRECT_BYTES, WireLines, WireWriter, loop_native
+from mcp_sandbox.server.transport.stdio_wire import DIRECT_BYTES, WireLines, WireWriter, loop_native
 
 # Split across reads anywhere, including inside a CRLF and inside a multi-byte character.
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ from typing import Any
 import mcp_types as types
 
 from mcp_sandbox.runners import LANGUAGES
-from mcp_sandbox.server.arguments import (
+from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
     RunCodeArguments,
@@ -16,7 +16,7 @@ from mcp_sandbox.server.arguments import (
     ToolArguments,
     UploadFileArguments,
 )
-from mcp_sandbox.server.schemas import (
+from mcp_sandbox.server.tools.schemas import (
     list_runners_tool,
     run_code_tool,
     run_python_tool,

@@ -1,7 +1,11 @@
-"""The MCP face of mcp-sandbox: tools, rendering, transports (stdio, HTTP), file routes.
+"""The MCP face of mcp-sandbox: the tools, the transports (stdio, HTTP), the HTTP routes, auth.
 
-The names are imported on first use: ``serve`` over stdio imports ``server.stdio_early`` before
-the MCP SDK, which ``server.app`` imports (see ``stdio_early``).
+Start at :mod:`.app` (what ties them together) and :mod:`.service` (what they share). By role:
+``tools/`` (the MCP tools and what a model reads back), ``transport/`` (stdio, HTTP and their
+bounds), ``routes/`` (files, link renewal, health, metrics, the playground), ``auth/`` (tokens).
+
+The names are imported on first use: ``serve`` over stdio imports ``transport.stdio_early``
+before the MCP SDK, which ``server.app`` imports (see ``stdio_early``).
 """
 
 from __future__ import annotations

@@ -1,49 +1,42 @@
-"""The MCP server object and its transports.
+"""What ties the server together: the MCP server over the tools, served over stdio or HTTP.
 
 Over stdio the server answers ``initialize`` while its service is still opening: clients start
 their servers on every launch and wait for that answer, and opening the service (importing the
 engine, probing the backend, the metadata database, discovering downstream servers) takes longer
 than everything before it. The CLI has given that answer before even the SDK was imported
-(``stdio_early``); the server's own answer to it is dropped here (:class:`_WithoutEarlyAnswer`).
-The rest of the package is imported in a worker thread meanwhile, so the event loop stays free;
-``tools/list`` and ``tools/call`` wait until the service is open. A service that cannot open ends
-the process at once with its error and exit status 2, as the CLI does for a refused host
-(bench/startup.py).
+(:mod:`.transport.stdio_early`). The tools are imported in a worker thread meanwhile, so the event
+loop stays free; ``tools/list`` and ``tools/call`` wait until the service is open. A service that
+cannot open ends the process at once with its error and exit status 2, as the CLI does for a
+refused host. Over HTTP, :func:`serve` gathers the MCP app and the routes beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import io
 import logging
 import os
 import sys
 import traceback
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 import anyio.to_thread
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.shared.message import SessionMessage
-from mcp.types import JSONRPCError, JSONRPCResponse
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import TENANT_DEFAULTS, Settings
 from mcp_sandbox.errors import SandboxError
-from mcp_sandbox.server.resources import list_resources, read_resource
-from mcp_sandbox.server.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
-from mcp_sandbox.server.stdio_wire import WireLines, WireWriter, loop_native
+from mcp_sandbox.server.tools.resources import list_resources, read_resource
+from mcp_sandbox.server.transport.stdio import serve_stdio
+from mcp_sandbox.server.transport.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
 
 if TYPE_CHECKING:
     import mcp_types as types
-    from mcp.shared._stream_protocols import WriteStream
 
-    from mcp_sandbox.server.auth import TokenTable
+    from mcp_sandbox.server.auth.tokens import TokenTable
     from mcp_sandbox.server.service import Service
-    from mcp_sandbox.server.tools import ToolHandlers
+    from mcp_sandbox.server.tools.handlers import ToolHandlers
 
 __all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
 
@@ -64,7 +57,7 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
 
 def build_server(service: Service) -> Server:
     """Build the MCP server over ``service`` (engine, bridge, workspaces)."""
-    from mcp_sandbox.server.tools import ToolHandlers
+    from mcp_sandbox.server.tools.handlers import ToolHandlers
 
     return _server(ToolHandlers(service))
 
@@ -91,77 +84,6 @@ class _Opening:
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await (await self._ready()).call_tool(ctx, params)
-
-
-class _WithoutEarlyAnswer:
-    """The stream to the client, less the server's own answer to the ``initialize`` answered early.
-
-    That request reaches the server like any other, so its session is initialized as before; its
-    answer (the first one with that id) is dropped, after checking it is the one already given.
-    What was answered early is known before the server reads anything (``EarlyStdio.stdin``).
-    """
-
-    def __init__(self, inner: WriteStream[SessionMessage], early: EarlyStdio) -> None:
-        self._inner = inner
-        self._early = early
-        self._dropped = False
-
-    async def send(self, item: SessionMessage, /) -> None:
-        message, answered = item.message, self._early.answered
-        if (
-            not self._dropped
-            and answered is not None
-            and isinstance(message, JSONRPCResponse | JSONRPCError)
-            and type(message.id) is type(answered[0])
-            and message.id == answered[0]
-        ):
-            self._dropped = True
-            # The wire form stdio_server writes.
-            own = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-            if own != answered[1]:
-                logger.error("the early answer to initialize was %r, the SDK's is %r", answered[1], own)
-            return
-        await self._inner.send(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _WithoutEarlyAnswer:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-async def serve_stdio(server: Server, early: EarlyStdio | None = None) -> None:
-    """Serve MCP over this process's stdin/stdout until the client closes them.
-
-    With ``early`` (:func:`~mcp_sandbox.server.stdio_early.begin` took the wire at start), the
-    SDK's transport reads and writes the wire ``early`` holds, from the client's first byte.
-    """
-    if early is None:
-        async with stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
-        return
-    stdin: anyio.AsyncFile[str]
-    stdout: anyio.AsyncFile[str]
-    wire_in, wire_out = early.wire
-    if loop_native(wire_in) and loop_native(wire_out):
-        # Read and written on the event loop: no worker thread per line (see stdio_wire).
-        stdin = cast("anyio.AsyncFile[str]", WireLines(wire_in, early.taken))
-        stdout = cast("anyio.AsyncFile[str]", WireWriter(wire_out))
-    else:
-        # Text layers as the SDK's own stdio_server() builds them over fd 0 and 1.
-        stdin = anyio.wrap_file(io.TextIOWrapper(early.stdin(), encoding="utf-8", errors="replace"))
-        stdout = anyio.wrap_file(io.TextIOWrapper(early.stdout(), encoding="utf-8"))
-    try:
-        async with stdio_server(stdin, stdout) as (read_stream, write_stream):
-            out = _WithoutEarlyAnswer(write_stream, early)
-            await server.run(read_stream, out, server.create_initialization_options())
-    finally:
-        early.release()
 
 
 def with_tenants(settings: Settings, tenants: int) -> Settings:
@@ -200,9 +122,9 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
 
     async def hold_service() -> None:
         try:
-            await anyio.to_thread.run_sync(importlib.import_module, "mcp_sandbox.server.tools")
+            await anyio.to_thread.run_sync(importlib.import_module, "mcp_sandbox.server.tools.handlers")
             from mcp_sandbox.server.service import open_service
-            from mcp_sandbox.server.tools import ToolHandlers
+            from mcp_sandbox.server.tools.handlers import ToolHandlers
 
             async with open_service(with_tenants(settings, 1), http=False) as service:
                 opening.opened(ToolHandlers(service))
@@ -219,7 +141,7 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
 async def serve(settings: Settings, transport: str, early: EarlyStdio | None = None) -> None:
     """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
 
-    ``early``: over stdio, the wire :func:`~mcp_sandbox.server.stdio_early.begin` took at start
+    ``early``: over stdio, the wire :func:`~mcp_sandbox.server.transport.stdio_early.begin` took at start
     (the CLI's ``serve``, which also checks ``stdio_conversation`` before that).
 
     Raises:
@@ -229,13 +151,20 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
     if transport == "stdio":
         await _serve_stdio_opening(settings, early)
         return
-    from mcp_sandbox.server.auth import TokenTable, load_tokens
-    from mcp_sandbox.server.files import file_routes
-    from mcp_sandbox.server.health import health_routes
-    from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
-    from mcp_sandbox.server.metrics import metrics_route
-    from mcp_sandbox.server.renew import renew_routes
+    from mcp_sandbox.server.auth.tokens import TokenTable, load_tokens
+    from mcp_sandbox.server.routes.files import file_routes
+    from mcp_sandbox.server.routes.health import health_routes
+    from mcp_sandbox.server.routes.metrics import metrics_route
+    from mcp_sandbox.server.routes.playground import playground_routes
+    from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.service import open_service
+    from mcp_sandbox.server.transport.http import (
+        auth_guard,
+        build_http_app,
+        check_exposure,
+        serve_http,
+        transport_security,
+    )
 
     loaded = load_tokens(settings)
     tokens = TokenTable(loaded)
@@ -243,11 +172,13 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
     settings = with_tenants(settings, len({token.tenant for token in loaded}))
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
+        guard = auth_guard(settings, tokens)
         routes = [
-            *file_routes(service, auth_guard(settings, tokens)),
-            *renew_routes(service, auth_guard(settings, tokens)),
+            *file_routes(service, guard, transport_security(settings)),
+            *renew_routes(service, guard),
             *health_routes(service.ready),
             metrics_route(lambda: settings.metrics_token, service.metrics_or_fail()),
+            *playground_routes(),
         ]
         app = build_http_app(settings, build_server(service), tokens, routes)
         await serve_http(settings, app, service.lifecycle)
@@ -255,7 +186,7 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
 
 async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:
     """Re-read the tokens (config file's [auth], token_file) into ``tokens``; say which tenants changed."""
-    from mcp_sandbox.server.auth import load_tokens
+    from mcp_sandbox.server.auth.tokens import load_tokens
 
     if not tokens:
         return ["authentication was off at start; restart the server to turn it on"]

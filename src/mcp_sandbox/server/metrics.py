@@ -1,32 +1,26 @@
-"""``GET /metrics``: Prometheus text, behind a bearer token of its own (``metrics_token``).
+"""The server's Prometheus metrics: counters from the events, gauges read at each scrape.
 
 Counters and histograms follow the events the engine, the bridge and the routes emit (see
 :mod:`mcp_sandbox.events`); gauges (queue, running runs, warm pool, sessions, bytes stored per
 tenant) are read when scraped. Every server has its own :class:`CollectorRegistry`, never the
-global one, so several servers (tests) live in one process. Without ``metrics_token`` the
-route answers 404, as if it did not exist.
+global one, so several servers (tests) live in one process. The route that serves them is
+:mod:`.routes.metrics`.
 """
 
 from __future__ import annotations
 
 import collections
-import hmac
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
-import anyio.to_thread
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from mcp_sandbox.events import Event, FileServed, FileStored, RunAdmitted, RunFinished, ToolCalled
 
-__all__ = ["METRICS_PATH", "Metrics", "metrics_route"]
+__all__ = ["Metrics", "stored_per_tenant"]
 
-METRICS_PATH = "/metrics"
 _PREFIX = "mcp_sandbox"
 _RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
@@ -123,29 +117,6 @@ class _Gauges(Collector):
         for tenant, size in sorted(self._stored().items()):
             stored.add_metric([tenant], size)
         yield stored
-
-
-def _bearer(request: Request) -> str | None:
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    return credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
-
-
-def metrics_route(token: Callable[[], str | None], metrics: Metrics) -> Route:
-    """``GET /metrics``: 404 while ``token()`` is None; 401 without it; the text format with it."""
-
-    async def endpoint(request: Request) -> Response:
-        expected = token()
-        if expected is None:
-            return Response("Not Found", status_code=404, media_type="text/plain")
-        given = _bearer(request)
-        if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-            return Response(
-                "unauthorized", status_code=401, headers={"WWW-Authenticate": "Bearer"}, media_type="text/plain"
-            )
-        body = await anyio.to_thread.run_sync(metrics.render)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-    return Route(METRICS_PATH, endpoint=endpoint, methods=["GET"])
 
 
 def stored_per_tenant(rows: Iterator[tuple[str, int]]) -> dict[str, int]:

@@ -1,10 +1,11 @@
-"""The running service: engine, bridge, workspaces, metadata and URL signing, opened together.
+"""The running service: engine, code mode's mediator, workspaces, metadata and URL signing, opened together.
 
 :func:`open_service` owns them all for the server's lifetime (stdio or HTTP): it checks the
 backend, opens the metadata database, loads (or creates) the server secret, sweeps retention
 at start and then periodically, and closes sessions and downstream servers on the way out.
 It also owns what watches the service: the event hub the engine, the bridge and the routes
-emit to, the metrics and the audit log subscribed to it, and the lifecycle (drain, reload).
+emit to, the metrics, the audit log and the run history subscribed to it, and the lifecycle
+(drain, reload).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pathlib import Path
 import anyio
 import anyio.from_thread
 import anyio.to_thread
-from anyio.abc import TaskGroup
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.bridge.discovery import Discovery, discover
@@ -30,15 +30,14 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
-from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import (
-    ExecutionRecord,
     FileEntry,
     Metadata,
     WorkspaceStore,
@@ -52,9 +51,6 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 logger = logging.getLogger(__name__)
 
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
-# How long the history waits before writing a run's record: past its answer, and gathering the
-# records of the runs that end meanwhile into the same transaction.
-HISTORY_DELAY = 0.05
 
 
 @dataclass
@@ -63,7 +59,7 @@ class Service:
 
     settings: Settings
     engine: Engine
-    bridge: Mediator
+    mediator: Mediator
     workspaces: WorkspaceStore
     metadata: Metadata
     urls: UrlSigner
@@ -73,10 +69,6 @@ class Service:
     metrics: Metrics | None = None
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    # Where history writes run after their call has been answered (open_service waits for them).
-    writes: TaskGroup | None = None
-    _history: list[ExecutionRecord] = dataclasses.field(default_factory=list, init=False, repr=False)  # unwritten
-    _writing: bool = dataclasses.field(default=False, init=False, repr=False)  # a task of writes is at it
 
     @contextlib.contextmanager
     def using(self, key: str | None) -> Iterator[None]:
@@ -109,9 +101,6 @@ class Service:
         listing = await anyio.to_thread.run_sync(self.workspaces.list_files, key)
         await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
         return list(listing)
-
-    async def record(self, record: ExecutionRecord) -> None:
-        await anyio.to_thread.run_sync(self.metadata.record_execution, record)
 
     def metrics_or_fail(self) -> Metrics:
         """The metrics :func:`open_service` made (a Service built by hand has none)."""
@@ -147,48 +136,7 @@ class Service:
     async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
         fresh = await anyio.to_thread.run_sync(discover, self.settings)
-        return self.bridge.reload_policies(fresh)
-
-    def record_soon(self, record: ExecutionRecord) -> None:
-        """Add ``record`` to the history after the call is answered (off its path); a failure is logged.
-
-        It is written :data:`HISTORY_DELAY` later, with the records that came meanwhile, in one
-        transaction (one worker thread hop for them all): the write never competes with the
-        answer it follows, and under load the history costs a fraction of a run. Closing the
-        service waits for the last ones.
-        """
-        if self.writes is None:
-            raise RuntimeError("the service is not open (see open_service)")
-        self._history.append(record)
-        if not self._writing:
-            self._writing = True
-            self.writes.start_soon(self._write_history)
-
-    async def _write_history(self) -> None:
-        try:
-            with anyio.CancelScope(shield=True):  # bounded: a short wait, then writes that always end
-                await anyio.sleep(HISTORY_DELAY)
-                while self._history:
-                    batch = list(self._history)
-                    self._history.clear()
-                    try:
-                        await anyio.to_thread.run_sync(self._record_all, batch)
-                    except Exception:  # losing metadata rows must not lose the runs' results
-                        logger.exception("could not record %d executions in the metadata database", len(batch))
-        finally:
-            self._writing = False
-
-    def _record_all(self, batch: list[ExecutionRecord]) -> None:
-        try:
-            self.metadata.record_executions(batch)
-        except WorkspaceError:
-            if len(batch) == 1:
-                raise
-            for record in batch:  # one bad row spoils only itself
-                try:
-                    self.metadata.record_execution(record)
-                except WorkspaceError:
-                    logger.exception("could not record an execution in the metadata database")
+        return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
@@ -225,8 +173,10 @@ class _Busy(Collection[str]):
         return len(self._keys())
 
 
-# Audit lines: event name and the event's own fields (sizes, times, names, outcomes; see events.py).
+# Audit lines: event name and the event's own fields (sizes, times, names, outcomes; see events.py),
+# less those only the run history reads (the line has its own time).
 _AUDITED: dict[type, str] = {RunFinished: "run", ToolCalled: "tool_call", FileStored: "upload", FileServed: "download"}
+_NOT_AUDITED = frozenset({"started_at", "run_ms"})
 
 
 def _auditor(log: AuditLog) -> Callable[[Event], None]:
@@ -234,7 +184,8 @@ def _auditor(log: AuditLog) -> Callable[[Event], None]:
         name = _AUDITED.get(type(event))
         if name is not None:
             # The fields as they are (strings, numbers, tuples of strings): asdict's deep copy is not needed.
-            log.record(name, **{field.name: getattr(event, field.name) for field in dataclasses.fields(event)})
+            fields = (field.name for field in dataclasses.fields(event) if field.name not in _NOT_AUDITED)
+            log.record(name, **{field: getattr(event, field) for field in fields})
 
     return record
 
@@ -272,19 +223,20 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
         async with (
-            open_mediator(settings, discovery, events) as bridge,
+            open_mediator(settings, discovery, events) as mediator,
             engine.running(),
             anyio.create_task_group() as group,
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events, writes=writes)
+            service = Service(settings, engine, mediator, workspaces, metadata, urls, http, events)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
+            events.subscribe(History(metadata, writes).observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
             group.start_soon(_sweep_periodically, service)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
-            # service: the cyclic GC stops walking it. Its full collections took ~70 ms of a run
-            # every few hundred runs here, and each younger one less.
+            # service: the cyclic GC stops walking it, whose full collections otherwise stall a
+            # run now and then.
             gc.freeze()
             try:
                 yield service

@@ -27,7 +27,7 @@ __all__ = ["STATIC_DIR", "page_policy", "playground_routes"]
 
 logger = logging.getLogger(__name__)
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"  # server/static: the Makefile and package-data name it
 STATIC_PATH = "/static"
 
 _NONCE_PLACEHOLDER = "__CSP_NONCE__"

@@ -1,20 +1,11 @@
 """The HTTP server's own bounds against slow or greedy clients: connections, headers, bodies, logs.
 
 uvicorn closes an idle keep-alive connection (``keep_alive_timeout``) but has no deadline for a
-request's headers, no cap per client address, and keeps reading a body nobody will use. Here:
-
-- :func:`protocol_class`: uvicorn's h11 protocol with a header deadline (``header_timeout``: a
-  client that sends its headers a byte at a time is cut), a cap of ``max_connections_per_address``
-  open connections per client address (past it a connection is answered ``429`` and closed), at
-  most half the process's descriptors for connections in all (past it ``503`` and closed: the
-  rest stay for sandboxes, workspaces and downstream servers),
-  and a connection closed ``header_timeout`` after its response while the client still sends a body;
-- :class:`SlowBodyGuard`: a request body must send a chunk every ``read_timeout`` seconds and
-  average ``min_rate`` bytes/s after its first ``read_timeout`` seconds, else ``408`` and the
-  connection is closed;
-- :func:`raise_open_files_limit`: RLIMIT_NOFILE soft limit raised to the hard one at start;
-- :class:`RateLimitedLog`: a logging filter that lets one record of a kind through per interval
-  (accept errors under descriptor exhaustion once logged millions of lines).
+request's headers, no cap per client address, and keeps reading a body nobody will use. Here
+:func:`protocol_class` bounds headers and connections, :class:`SlowBodyGuard` bodies,
+:func:`raise_open_files_limit` raises RLIMIT_NOFILE's soft limit to the hard one at start, and
+:class:`RateLimitedLog` lets one log record of a kind through per interval (accept errors under
+descriptor exhaustion once logged millions of lines).
 """
 
 from __future__ import annotations
@@ -97,7 +88,15 @@ def raise_open_files_limit() -> int:
 
 
 def protocol_class(settings: Settings) -> type[H11Protocol]:
-    """uvicorn's h11 protocol bounded by ``settings`` (see the module docstring); one class per server."""
+    """uvicorn's h11 protocol bounded by ``settings``; one class per server.
+
+    A header deadline (``header_timeout``: a client that sends its headers a byte at a time is
+    cut), a cap of ``max_connections_per_address`` open connections per client address (past it a
+    connection is answered ``429`` and closed), at most half the process's descriptors for
+    connections in all (past it ``503`` and closed: the rest stay for sandboxes, workspaces and
+    downstream servers), and a connection closed ``header_timeout`` after its response while the
+    client still sends a body.
+    """
     per_address: collections.Counter[str] = collections.Counter()
     header_timeout = settings.header_timeout
     cap = settings.max_connections_per_address
@@ -181,13 +180,15 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
 
 
 def uvicorn_limits(settings: Settings) -> dict[str, Any]:
-    """The keyword arguments of ``uvicorn.Config`` that bound connections (see the module docstring)."""
+    """The keyword arguments of ``uvicorn.Config`` that bound connections (see :func:`protocol_class`)."""
     return {"http": protocol_class(settings), "timeout_keep_alive": max(1, math.ceil(settings.keep_alive_timeout))}
 
 
 class SlowBodyGuard:
     """ASGI middleware: ``408`` (and the connection closed) for a request body that is too slow.
 
+    A body must send a chunk every ``read_timeout`` seconds and average ``min_rate`` bytes/s after
+    its first ``read_timeout`` seconds.
     Only while the body is still coming: a long-lived response (an SSE stream) that waits on
     ``receive`` for the client's disconnect is not bounded here.
     """

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp
 
 from mcp_sandbox.errors import ValidationError, WorkspaceError
-from mcp_sandbox.server.auth import tenant_of
+from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
 from mcp_sandbox.workspace import check_conversation_id, check_filename

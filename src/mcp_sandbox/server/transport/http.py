@@ -1,7 +1,7 @@
-"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, file routes, the playground at ``/``.
+"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, beside the routes given (files, ``/``).
 
 Security at this layer: static bearer tokens per tenant (401 with ``WWW-Authenticate: Bearer``
-and no OAuth discovery, see :mod:`.bearer`), Host/Origin validation against DNS rebinding (the
+and no OAuth discovery, see :mod:`~mcp_sandbox.server.auth.bearer`), Host/Origin validation against DNS rebinding (the
 SDK's, on every MCP route and on uploads), request body limits, and a refusal to listen beyond
 loopback without a token. Which session manager serves a ``/mcp`` request (sessions and SSE for
 MCP clients, stateless plain JSON for curl) is :mod:`.mcp_route`'s business. Against slow or
@@ -35,13 +35,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth import TokenTable, tenant_of
-from mcp_sandbox.server.bearer import RequireBearer, oauth_discovery_routes
-from mcp_sandbox.server.http_sessions import SessionQuota, SseIdle
+from mcp_sandbox.server.auth.bearer import RequireBearer, oauth_discovery_routes
+from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
 from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
-from mcp_sandbox.server.limits import SlowBodyGuard, install_log_limits, raise_open_files_limit, uvicorn_limits
-from mcp_sandbox.server.mcp_route import McpRoute
-from mcp_sandbox.server.playground import playground_routes
+from mcp_sandbox.server.transport.http_sessions import SessionQuota, SseIdle
+from mcp_sandbox.server.transport.limits import (
+    SlowBodyGuard,
+    install_log_limits,
+    raise_open_files_limit,
+    uvicorn_limits,
+)
+from mcp_sandbox.server.transport.mcp_route import McpRoute
 
 __all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
 
@@ -158,7 +162,7 @@ def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], AS
 def build_http_app(
     settings: Settings, server: Server, tokens: TokenTable, extra_routes: Sequence[BaseRoute] = ()
 ) -> Starlette:
-    """The ASGI app: MCP (Streamable HTTP and SSE), ``extra_routes`` (files), the playground (``/``).
+    """The ASGI app: MCP (Streamable HTTP and SSE) and ``extra_routes`` (files, health, the playground...).
 
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
@@ -186,7 +190,6 @@ def build_http_app(
         *_sse_routes(settings, server, guard, quota),
         *extra_routes,
         *oauth_discovery_routes(),
-        *playground_routes(),
     ]
     return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
@@ -210,7 +213,7 @@ def _quiet_signals() -> Iterator[None]:
 async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | None = None) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
 
-    With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see ``server/lifecycle.py``).
+    With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see :mod:`~mcp_sandbox.server.lifecycle`).
     Connections, headers and bodies are bounded (see :mod:`.limits`).
     """
     raise_open_files_limit()

@@ -15,7 +15,7 @@ import mcp_types as types
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, core_schema
 
-from mcp_sandbox.server.arguments import (
+from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
     RunCodeArguments,

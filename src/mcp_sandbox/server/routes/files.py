@@ -8,7 +8,7 @@ atomically and within its quota (reserved as it streams, checked again at commit
 A slow upload must not freeze anyone else: the body is read on the event loop, and only the
 disk writes go to threads, ``upload_workers`` of them kept for uploads alone (runs never wait
 for them); each tenant streams at most ``tenant_uploads`` uploads at once (more are answered
-``429``); the server's :class:`~mcp_sandbox.server.limits.SlowBodyGuard` cuts a body that is too slow.
+``429``); the server's :class:`~mcp_sandbox.server.transport.limits.SlowBodyGuard` cuts a body that is too slow.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
-from mcp.server.transport_security import TransportSecurityMiddleware
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
@@ -33,8 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed, FileStored
-from mcp_sandbox.server.auth import tenant_of
-from mcp_sandbox.server.http import transport_security
+from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
 from mcp_sandbox.workspace import OpenFile, check_conversation_id, check_filename
@@ -233,8 +232,8 @@ async def _batched(stream: AsyncIterator[bytes], size: int = _CHUNK) -> AsyncIte
         yield bytes(buffer)
 
 
-def _upload(service: Service) -> Callable[[Request], Any]:
-    security = TransportSecurityMiddleware(transport_security(service.settings))
+def _upload(service: Service, hosts: TransportSecuritySettings) -> Callable[[Request], Any]:
+    security = TransportSecurityMiddleware(hosts)
     uploads = _Uploads(service.settings.tenant_uploads, service.settings.upload_workers)
 
     async def store(
@@ -317,9 +316,12 @@ async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -
     return JSONResponse({"files": stored}, status_code=201)
 
 
-def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
-    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check)."""
-    upload_app = request_response(_upload(service))
+def file_routes(
+    service: Service, guard: Callable[[ASGIApp], ASGIApp], hosts: TransportSecuritySettings
+) -> list[BaseRoute]:
+    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check;
+    its Host and Origin checked against ``hosts``, as the MCP routes' are)."""
+    upload_app = request_response(_upload(service, hosts))
 
     def limit() -> int:
         # Slack for multipart framing; the store enforces the quota byte by byte.

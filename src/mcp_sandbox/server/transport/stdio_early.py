@@ -2,26 +2,14 @@
 
 Clients start their servers on every launch and wait for this answer, and importing the SDK (its
 pydantic models) takes longer than the whole budget for it (bench/startup.py). So ``serve`` over
-stdio starts here, on the standard library alone:
+stdio starts here, on the standard library alone: :func:`begin` takes stdin and stdout; a
+thread reads the client's first line while the main thread imports the SDK and, when it is an
+``initialize`` the SDK would accept, writes the SDK's own answer at once (:func:`early_answer`);
+the SDK's stdio transport then serves the wire from its first byte, and the server's own answer
+to that request is dropped (``transport/stdio.py``).
 
-1. :func:`begin` takes this process's stdin and stdout as the SDK's stdio transport does: the
-   wire moves to private descriptors, fd 0 then reads ``/dev/null`` and fd 1 writes to stderr,
-   so nothing a child process prints can corrupt the protocol stream;
-2. a thread reads the client's first line while the main thread imports the SDK, and when that
-   line is an ``initialize`` the SDK would accept, writes the SDK's own answer at once
-   (:func:`early_answer`);
-3. the SDK's stdio transport then serves the wire from its first byte: :meth:`EarlyStdio.stdin`
-   replays what the thread read, so the SDK parses the ``initialize`` itself and its session
-   reaches its initialized state exactly as before; the server's own answer to that request is
-   dropped on its way out (``server/app.py``).
-
-Why not the SDK's pieces for steps 1 and 2: they import pydantic (the cost this saves), and the
-SDK's own claim of fd 0 reads through a fresh buffer, which would lose the bytes read here.
-
-Whatever this module is not sure the SDK answers the same way (another method first, malformed or
-unusual JSON, params the SDK might refuse or read differently) it leaves alone: the SDK answers or
-refuses it as before. The constants below are the SDK's and our server's; the tests pin them and
-every early answer against what the SDK itself answers (tests/server/test_stdio_early.py).
+Not the SDK's pieces: they import pydantic (the cost this saves), and the SDK's own claim of
+fd 0 reads through a fresh buffer, which would lose the bytes read here.
 """
 
 from __future__ import annotations
@@ -144,6 +132,11 @@ def early_answer(line: bytes, version: str) -> tuple[int | str, bytes] | None:
 
     ``version`` is the server's (serverInfo.version). The protocol version is negotiated the SDK's
     way: the client's when the handshake supports it, else the latest handshake version.
+
+    Whatever this is not sure the SDK answers the same way (another method first, malformed or
+    unusual JSON, params the SDK might refuse or read differently) it leaves alone: the SDK
+    answers or refuses it as before. The constants are the SDK's and our server's; the tests pin
+    them and every early answer against what the SDK itself answers (tests/server/test_stdio_early.py).
     """
     if line.endswith(b"\r"):
         line = line[:-1]
@@ -289,6 +282,12 @@ class _Replay(io.RawIOBase):
 
 def begin(version: str) -> EarlyStdio | None:
     """Take stdin and stdout and answer the client's ``initialize`` as soon as it arrives.
+
+    The wire is taken as the SDK's stdio transport takes it: it moves to private descriptors,
+    fd 0 then reads ``/dev/null`` and fd 1 writes to stderr, so nothing a child process prints
+    can corrupt the protocol stream. :meth:`EarlyStdio.stdin` later replays what the thread read,
+    so the SDK parses the ``initialize`` itself and its session reaches its initialized state
+    exactly as before.
 
     ``version`` is the server's (serverInfo.version). None when the descriptors cannot be taken
     (then the SDK's stdio transport serves as it would without this module).

@@ -2,21 +2,11 @@
 
 The SDK's stdio transport reads and writes through ``anyio.wrap_file``: every line read, every
 message written and every flush is a hop to a worker thread and back, three per request and
-its answer (about a tenth of a millisecond each on these machines, more under load). When the
-wire is a pipe or a socket (what clients spawn their servers with), these readers and writers
-wait for it on the event loop instead and then read or write without blocking:
-
-- :class:`WireLines` reads whatever is there once the wire is readable (a read of a readable
-  pipe or socket returns at once) and cuts it into lines as ``TextIOWrapper`` does (UTF-8,
-  invalid bytes replaced, ``\\r\\n`` and a lone ``\\r`` end a line too, read as ``\\n``);
-- :class:`WireWriter` writes a message of at most :data:`DIRECT_BYTES` once the wire is
-  writable (a writable pipe has a free page, a writable Unix socket three quarters of its send
-  buffer, so the write cannot block; it asks with ``poll`` first and waits on the loop only when
-  the wire is full) and hands a longer one to a worker thread, as before, so a
-  client slow to read never stalls the loop.
-
-Neither changes the descriptor's flags (it may be shared with the process that started us).
-Anything else (a regular file, a terminal) is served through ``anyio.wrap_file`` as the SDK does.
+its answer. When the wire is a pipe or a socket (what clients spawn their servers with), these
+readers and writers (:class:`WireLines`, :class:`WireWriter`) wait for it on the event loop
+instead and then read or write without blocking. Neither changes the descriptor's flags (it may
+be shared with the process that started us). Anything else (a regular file, a terminal) is
+served through ``anyio.wrap_file`` as the SDK does.
 """
 
 from __future__ import annotations
@@ -49,6 +39,9 @@ def loop_native(fd: int) -> bool:
 class WireLines:
     """The client's lines (each ending with ``\\n`` but the last) on ``fd``.
 
+    It reads whatever is there once the wire is readable (a read of a readable pipe or socket
+    returns at once) and cuts it into lines as ``TextIOWrapper`` does (UTF-8, invalid bytes
+    replaced, ``\\r\\n`` and a lone ``\\r`` end a line too, read as ``\\n``).
     ``before``, when given, is called (in a worker thread) before ``fd`` is first read: it may
     block until another reader is done with ``fd`` and returns what that reader read of it.
     """
@@ -84,7 +77,14 @@ class WireLines:
 
 
 class WireWriter:
-    """Writes the server's messages to ``fd`` (see the module docstring); ``flush`` has nothing to do."""
+    """Writes the server's messages to ``fd``; ``flush`` has nothing to do.
+
+    A message of at most :data:`DIRECT_BYTES` is written once the wire is writable (a writable
+    pipe has a free page, a writable Unix socket three quarters of its send buffer, so the write
+    cannot block; it asks with ``poll`` first and waits on the loop only when the wire is full);
+    a longer one goes to a worker thread, as the SDK does, so a client slow to read never stalls
+    the loop.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd

@@ -8,11 +8,6 @@ open one more is answered ``429`` with a JSON-RPC error that says so, and the se
 
 An SSE session has the same idle life: :class:`SseIdle` ends its stream once no message was
 posted to it for ``http_session_ttl``.
-
-The SDK binds each session to the credential that opened it (a request for another tenant's
-session, Streamable HTTP or SSE, is answered ``404``); the live Streamable HTTP sessions and
-their owners are read from its session manager (``mcp`` 2.3: ``_server_instances``,
-``_session_owners``; ``tests/e2e/test_tenants_http.py`` breaks if that changes).
 """
 
 from __future__ import annotations
@@ -32,7 +27,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_sandbox.server.auth import DEFAULT_TENANT
+from mcp_sandbox.server.auth.tokens import DEFAULT_TENANT
 
 __all__ = ["SessionQuota", "SseIdle"]
 
@@ -47,7 +42,13 @@ def _tenant(scope: Scope) -> str:
 
 
 class SessionQuota:
-    """Sessions per tenant: see the module docstring."""
+    """Sessions per tenant: see the module docstring.
+
+    The SDK binds each session to the credential that opened it (a request for another tenant's
+    session, Streamable HTTP or SSE, is answered ``404``); the live Streamable HTTP sessions and
+    their owners are read from its session manager (``mcp`` 2.3: ``_server_instances``,
+    ``_session_owners``; ``tests/e2e/test_tenants_http.py`` breaks if that changes).
+    """
 
     def __init__(self, per_tenant: int) -> None:
         self.per_tenant = per_tenant
@@ -68,7 +69,7 @@ class SessionQuota:
         manager = self._manager
         if manager is None:
             return 0
-        owners: dict[str, Any] = manager._session_owners  # private in the SDK: see the module docstring
+        owners: dict[str, Any] = manager._session_owners  # private in the SDK: see the class docstring
         return sum(
             1
             for session in list(manager._server_instances)

@@ -1,20 +1,10 @@
 """The ``/mcp`` endpoint: Streamable HTTP for MCP clients, plain JSON-RPC for curl, n8n and scripts.
 
-One SDK session manager cannot serve both kinds of client, so requests are routed among three:
-
-- a request that carries ``Mcp-Session-Id``, a GET (the standalone stream), a DELETE, and an
-  ``initialize`` from a client that accepts ``text/event-stream`` go to the *stateful* manager
-  (sessions, SSE-framed replies) — what every MCP SDK client does;
-- any other POST without a session is served *statelessly*: SSE-framed when the client names
-  ``text/event-stream`` in ``Accept``, plain ``application/json`` otherwise (``*/*``, curl's
-  default, and a missing ``Accept`` included). So the earlier code runner's users can ``POST`` a
-  ``tools/call`` without ever initializing, and no reply to them carries a session id that the
-  server has already thrown away.
-
-``initialize`` without ``capabilities`` (the earlier runner's README sent none) is completed
-with ``{}``; other missing or malformed fields are refused with -32602 naming them.
-Error replies to requests that carried no session never carry ``Mcp-Session-Id``: the SDK mints
-one for the request, then discards it when the request fails.
+One SDK session manager cannot serve both kinds of client, so :class:`McpRoute` routes each
+request among three (see there). ``initialize`` without ``capabilities`` (the earlier runner's
+README sent none) is completed with ``{}``; other missing or malformed fields are refused with
+-32602 naming them. Error replies to requests that carried no session never carry
+``Mcp-Session-Id``: the SDK mints one for the request, then discards it when the request fails.
 """
 
 from __future__ import annotations
@@ -108,6 +98,15 @@ def _with_headers(scope: Scope, **replace: bytes) -> Scope:
 
 class McpRoute:
     """The ASGI app behind ``/mcp``: routes each request to the stateful or a stateless session manager.
+
+    - a request that carries ``Mcp-Session-Id``, a GET (the standalone stream), a DELETE, and an
+      ``initialize`` from a client that accepts ``text/event-stream`` go to the *stateful* manager
+      (sessions, SSE-framed replies) — what every MCP SDK client does;
+    - any other POST without a session is served *statelessly*: SSE-framed when the client names
+      ``text/event-stream`` in ``Accept``, plain ``application/json`` otherwise (``*/*``, curl's
+      default, and a missing ``Accept`` included). So the earlier code runner's users can
+      ``POST`` a ``tools/call`` without ever initializing, and no reply to them carries a session
+      id that the server has already thrown away.
 
     ``stateful`` is the manager MCP clients keep sessions with (its options, such as the idle
     timeout and the session cap, are the caller's); the two stateless ones are built here.

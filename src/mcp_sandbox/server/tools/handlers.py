@@ -1,0 +1,182 @@
+"""``tools/list`` and ``tools/call``: the tools this server lists, each call sent to its handler.
+
+Running code is :mod:`.run`'s (``run_python``, ``run_code``); the other tools are answered here.
+Errors become tool results in these two modules only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.events import FileStored
+from mcp_sandbox.runners import LANGUAGES
+from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tools.arguments import (
+    CallContext,
+    ListRunnersArguments,
+    SearchToolsArguments,
+    UploadFileArguments,
+    parse,
+)
+from mcp_sandbox.server.tools.progress import progress_listener
+from mcp_sandbox.server.tools.run import RunTool, listed_file
+from mcp_sandbox.server.tools.runner_info import describe_runners
+from mcp_sandbox.server.tools.schemas import (
+    list_runners_tool,
+    run_code_tool,
+    run_python_tool,
+    search_tools_tool,
+    upload_file_tool,
+)
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import derive_key, load_secret
+from mcp_sandbox.workspace.library import Library
+
+__all__ = ["ToolHandlers"]
+
+
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+class ToolHandlers:
+    """``tools/list`` and ``tools/call`` for the server."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        # One context for the schemas listed and the calls validated: they cannot disagree.
+        # Raises ConfigError at start-up when an egress setting (global or a tenant's) is malformed.
+        self._egress = TenantEgress(service.settings)
+        self._context = context = CallContext(
+            max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
+        )
+        names = [spec.alias for spec in service.mediator.servers.values()]
+        self._tools = [
+            run_python_tool(context, names),
+            run_code_tool(context),
+            upload_file_tool(context),
+            list_runners_tool(context),
+        ]
+        if service.mediator.servers:
+            self._tools.append(search_tools_tool(context))
+        self._runners: list[dict[str, Any]] | None = None
+        settings = service.settings
+        self._library = Library(
+            StateLayout.of(settings).root / "library",
+            derive_key(load_secret(settings.state_dir), "library"),
+            settings.library_bytes,
+            settings.library_entries,
+            StateLayout.of(settings).root / "library-views",
+        )
+        self._run = RunTool(service, context, self._egress, self._library)
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        return list(self._tools)
+
+    async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools)
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        tenant = tenant_of(getattr(ctx, "request", None))
+        name = params.name
+        if name in ("run_python", "run_code"):
+            async with progress_listener(ctx) as listener:
+                return await self._run(self._default_conversation(params.arguments), name, tenant, listener)
+        if name == "upload_file":
+            return await self._upload(self._default_conversation(params.arguments), tenant)
+        if name == "list_runners":
+            return await self._list_runners(params.arguments, tenant)
+        if name == "search_tools" and any(tool.name == name for tool in self._tools):
+            return await self._search_tools(params.arguments, tenant)
+        # A protocol error, as the spec has it: the model asked for a tool that is not listed.
+        available = ", ".join(tool.name for tool in self._tools)
+        raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")
+
+    def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
+        default = self._service.settings.stdio_conversation
+        if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
+            return raw
+        return {**raw, "conversationId": default}
+
+    async def _upload(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+        service = self._service
+        started = time.perf_counter()
+        key: str | None = None
+        try:
+            arguments = parse(UploadFileArguments, raw, self._context)
+            key = service.workspaces.key(tenant, arguments.conversation)
+            with service.using(key):
+                await service.touch(key, tenant)
+                entry = await anyio.to_thread.run_sync(
+                    service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
+                )
+                await service.refresh_files(key)
+        except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
+            outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
+            service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
+            return _error_result(str(exc))
+        service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
+        data = listed_file(service, key, entry)
+        text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
+        if data["url"] is not None:
+            text += f"; download: {data['url']}"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
+
+    async def _list_runners(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+        try:
+            parse(ListRunnersArguments, raw, self._context)
+        except ValidationError as exc:
+            return _error_result(str(exc))
+        if self._runners is None:
+            self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.settings)
+        lines = []
+        for runner in self._runners:
+            packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"
+            lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
+        network = self._egress.summary(tenant)
+        lines.append(f"network (run with network: true or a list of these): {network}")
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="\n".join(lines))],
+            structured_content={
+                "runners": self._runners,
+                "network": {"available": self._egress.available(tenant), "reaches": network},
+            },
+        )
+
+    async def _search_tools(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+        mediator = self._service.mediator
+        try:
+            arguments = parse(SearchToolsArguments, raw, self._context)
+        except ValidationError as exc:
+            return _error_result(str(exc))
+        query, detail = arguments.query, arguments.detail
+        hits, unavailable = await mediator.search(query, detail, arguments.limit)
+        servers = mediator.servers
+        # A server not open to this tenant does not exist for it.
+        hits = [(doc, text) for doc, text in hits if servers[doc.server].serves(tenant)]
+        open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
+        unavailable = {name: why for name, why in unavailable.items() if name in open_names}
+        results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
+        results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
+        lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
+        lines.extend(f"(server {name} is unavailable: {reason})" for name, reason in unavailable.items())
+        structured: dict[str, Any] = {"results": results}
+        if unavailable:
+            structured["unavailable"] = unavailable
+        separator = "\n\n" if detail == "full" else "\n"
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=separator.join(lines))], structured_content=structured
+        )

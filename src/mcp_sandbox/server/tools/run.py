@@ -1,0 +1,207 @@
+"""``run_python`` and ``run_code``: from the call's arguments to a run, and from the run to the tool result.
+
+A call goes through three steps: :meth:`RunTool.request` turns the arguments into the
+:class:`~mcp_sandbox.engine.ExecutionRequest` the engine runs (the conversation's workspace,
+code mode's servers and the tenant's library, the network granted); :func:`refused` turns an
+error raised on the way into the result a model reads (the one place errors become run
+results); :meth:`RunTool.answer` lists the workspace's files, warns over quota, emits the run's
+one :class:`~mcp_sandbox.events.RunFinished` (metrics, audit log and history follow it) and
+renders the result.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+import mcp_types as types
+
+from mcp_sandbox.config import OutputMode, Settings
+from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
+from mcp_sandbox.errors import BusyError, SandboxError, ValidationError
+from mcp_sandbox.events import RunFinished
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tools.arguments import (
+    CallContext,
+    RunArguments,
+    RunCodeArguments,
+    RunPythonArguments,
+    output_mode,
+    parse,
+)
+from mcp_sandbox.server.tools.library_access import LibraryAccess
+from mcp_sandbox.server.tools.render import render
+from mcp_sandbox.workspace import FileEntry
+from mcp_sandbox.workspace.library import Library
+
+__all__ = ["RunTool", "listed_file", "over_quota", "refused"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunCall:
+    """One run call as it goes: who asked, with which tool, since when, and what its request named."""
+
+    tool: str
+    tenant: str
+    mode: OutputMode
+    started_at: float = field(default_factory=time.time)
+    clock: float = field(default_factory=time.perf_counter)
+    key: str | None = None  # the conversation's workspace key, once the arguments name one
+    language: str = "python"
+    busy: bool = False  # refused for capacity (or draining)
+
+
+def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
+    """The result of a run that could not run: invalid arguments, no capacity, a sandbox failure."""
+    if isinstance(exc, ValidationError):
+        return ExecutionResult.invalid(str(exc))
+    if isinstance(exc, BusyError):
+        call.busy = True
+        return ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
+    logger.error("%s failed in the sandbox layer: %s", call.tool, exc)
+    return ExecutionResult(status="error", exit_code=None, error=f"sandbox failure: {exc}")
+
+
+def listed_file(service: Service, key: str, entry: FileEntry) -> dict[str, Any]:
+    """A file of the conversation as a result lists it: name, size and download URL (HTTP only)."""
+    return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
+
+
+def over_quota(settings: Settings, entries: list[FileEntry]) -> str | None:
+    """The warning for a workspace over its quota (``entries`` are its files), or None."""
+    used = sum(entry.size for entry in entries)
+    if used <= settings.quota_bytes and len(entries) <= settings.quota_files:
+        return None
+    return (
+        f"the conversation's workspace is over its quota ({used} of {settings.quota_bytes} bytes, "
+        f"{len(entries)} of {settings.quota_files} files): uploads are refused until files are deleted"
+    )
+
+
+def _output_bytes(result: ExecutionResult) -> tuple[int, int]:
+    """The sizes of the run's stdout and stderr in bytes."""
+    return (
+        len(result.stdout.encode("utf-8", errors="surrogatepass")),
+        len(result.stderr.encode("utf-8", errors="surrogatepass")),
+    )
+
+
+class RunTool:
+    """Runs code for ``run_python`` and ``run_code`` calls."""
+
+    def __init__(self, service: Service, context: CallContext, egress: TenantEgress, library: Library) -> None:
+        self._service = service
+        self._context = context
+        self._egress = egress
+        self._library = library
+
+    async def __call__(
+        self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
+    ) -> types.CallToolResult:
+        service = self._service
+        call = RunCall(tool, tenant, output_mode(raw, service.settings))
+        # The conversation is marked in use from its first touch to its last listing: retention
+        # never deletes a workspace between the two.
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(service.lifecycle.run())
+                request = await self.request(call, raw, listener, held)
+                result = await service.engine.execute(request)
+            except (ValidationError, BusyError, SandboxError) as exc:
+                result = refused(call, exc)
+            return await self.answer(call, result)
+
+    async def request(
+        self, call: RunCall, raw: dict[str, Any] | None, listener: OutputListener | None, held: contextlib.ExitStack
+    ) -> ExecutionRequest:
+        """The request for ``raw``, the call's arguments; the conversation is held in use on ``held``.
+
+        Raises:
+            ValidationError: the arguments are wrong (or name a server the tenant has not).
+            SandboxError: a workspace or code mode's servers cannot serve the run.
+        """
+        service = self._service
+        model = RunCodeArguments if call.tool == "run_code" else RunPythonArguments
+        arguments: RunArguments = parse(model, raw, self._context)
+        environment: dict[str, str] = {}
+        if isinstance(arguments, RunCodeArguments):
+            call.language, environment = arguments.language, arguments.variables()
+        if arguments.conversation is not None:
+            call.key = service.workspaces.key(call.tenant, arguments.conversation)
+        tools = await self._tool_access(arguments.servers, call.tenant, call.key)
+        workspace = None
+        if call.key is not None:
+            held.enter_context(service.using(call.key))
+            workspace = await service.touch(call.key, call.tenant)
+            if (base := service.file_base_url(call.key)) is not None:
+                environment["FILE_BASE_URL"] = base
+        return ExecutionRequest(
+            code=arguments.code,
+            timeout=service.settings.timeout if arguments.timeout is None else arguments.timeout,
+            language=call.language,
+            environment=environment,
+            workspace=workspace,
+            tools=tools,
+            session=call.key,
+            reset=arguments.reset,
+            on_output=listener,
+            egress=self._egress.grant(call.tenant, arguments.network, arguments.conversation),
+            tenant=call.tenant,
+        )
+
+    async def _tool_access(self, servers: Sequence[str], tenant: str, key: str | None) -> LibraryAccess:
+        """What the run may call: the code-mode servers it names, and its tenant's library."""
+        # An empty library (the common case) has no view: known without a worker thread's round trip.
+        view = None if self._library.empty(tenant) else await anyio.to_thread.run_sync(self._library.view, tenant)
+        mediator = self._service.mediator
+        aliases = mediator.aliases(servers, tenant)
+        access = await mediator.open_run(aliases, tenant=tenant, conversation=key)
+        return LibraryAccess(access, self._library, tenant, view)
+
+    async def answer(self, call: RunCall, result: ExecutionResult) -> types.CallToolResult:
+        """The tool result for ``result``, after listing the workspace and emitting the run's event."""
+        service = self._service
+        data = result.structured()
+        files_bytes = 0
+        if call.key is not None:
+            entries = await service.refresh_files(call.key)
+            files_bytes = sum(entry.size for entry in entries)
+            data["files"] = [listed_file(service, call.key, entry) for entry in entries]
+            if (warning := over_quota(service.settings, entries)) is not None:
+                data["warning"] = warning
+        service.events.emit(self._finished(call, result, files_bytes))
+        content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
+        content += [
+            types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
+            for image in result.images
+        ]
+        return types.CallToolResult(content=content, structured_content=data, is_error=result.status != "success")
+
+    def _finished(self, call: RunCall, result: ExecutionResult, files_bytes: int) -> RunFinished:
+        """The run, described once for everyone who follows runs (metrics, audit log, history)."""
+        stdout_bytes, stderr_bytes = _output_bytes(result)
+        return RunFinished(
+            tenant=call.tenant,
+            conversation=call.key,
+            language=call.language,
+            backend=self._service.engine.backend.name,
+            status="busy" if call.busy else result.status,
+            duration=time.perf_counter() - call.clock,
+            warm=result.warm,
+            limits=result.limits,
+            exit_code=result.exit_code,
+            stdout_bytes=stdout_bytes,
+            stderr_bytes=stderr_bytes,
+            files_bytes=files_bytes,
+            started_at=call.started_at,
+            run_ms=result.duration_ms,
+        )
