@@ -15,10 +15,10 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, EgressRules
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.interpreter import RunRecord
-from mcp_sandbox.engine.prestart import DEFAULT_SIZES, eligible, prestart_size
+from mcp_sandbox.engine.prestart import DEFAULT_SIZES, fits_prestarted_sandbox, prestart_size
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.engine.warm import eligible as warm_eligible
+from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.warm import fits_warm_sandbox
 
 from .conftest import RunningEngine
 from .helpers import execute, poll
@@ -129,16 +129,16 @@ async def test_runs_with_other_limits_or_a_workspace_start_their_own(
 def test_only_a_run_shaped_like_the_pools_sandboxes_is_eligible(tmp_path: Any) -> None:
     settings = load_settings(env={}, flags={"timeout": 10.0})
     plain = ExecutionRequest(code="1", timeout=10.0, language="typescript")
-    assert eligible(settings, plain)
-    assert not eligible(settings, dataclasses.replace(plain, timeout=30.0))
-    assert not eligible(settings, dataclasses.replace(plain, workspace=tmp_path))
-    assert warm_eligible(dataclasses.replace(plain, language="python"))
-    assert not warm_eligible(plain)
-    assert not warm_eligible(dataclasses.replace(plain, language="python", workspace=tmp_path))
+    assert fits_prestarted_sandbox(settings, plain)
+    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, timeout=30.0))
+    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, workspace=tmp_path))
+    assert fits_warm_sandbox(dataclasses.replace(plain, language="python"))
+    assert not fits_warm_sandbox(plain)
+    assert not fits_warm_sandbox(dataclasses.replace(plain, language="python", workspace=tmp_path))
     # A run granted network takes neither kind of sandbox.
     grant = EgressGrant(EgressRules.build(["example.com"], [], [443], [], "test"), tenant="default")
-    assert not eligible(settings, dataclasses.replace(plain, egress=grant))
-    assert not warm_eligible(dataclasses.replace(plain, language="python", egress=grant))
+    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, egress=grant))
+    assert not fits_warm_sandbox(dataclasses.replace(plain, language="python", egress=grant))
 
 
 async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine: RunningEngine) -> None:
@@ -166,9 +166,8 @@ async def test_a_run_is_answered_once_its_runner_has_ended_with_the_kernels_exit
         record = RunRecord.capped(1 << 20)
         try:
             with anyio.fail_after(30):
-                outcome = await sandbox.interpreter.run(
-                    record, code=code, servers=(), environment={}, tools=None, last=True, early=True
-                )
+                request = ExecutionRequest(code=code, timeout=30.0, language="typescript")
+                outcome = await sandbox.interpreter.run(record, request, last=True, early=True)
         finally:
             sandbox.used.set()
 

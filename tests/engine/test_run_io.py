@@ -9,7 +9,7 @@ from functools import partial
 import anyio
 import pytest
 
-from mcp_sandbox.engine.interpreter import DRAIN_SECONDS
+from mcp_sandbox.engine.output import DRAIN_SECONDS
 
 from .conftest import RunningEngine
 from .helpers import HOST_BOUND, execute, host_processes, poll, spawn_marked

@@ -27,7 +27,7 @@ from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Frame, Kind
 
 __all__ = ["OFF_LOOP_BYTES", "Channel"]
 
-# Bodies larger than this are parsed in a worker thread (a 1 MiB JSON body takes ~5 ms here).
+# Bodies larger than this are parsed in a worker thread (parsing one would hold up the event loop).
 OFF_LOOP_BYTES = 256 << 10
 
 _MIN_READ = 64 << 10

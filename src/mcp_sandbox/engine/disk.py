@@ -2,25 +2,13 @@
 
 Where the backend can size a scratch workspace (bwrap: a tmpfs of ``scratch_size``), the kernel
 bounds it and nothing here is needed. A conversation's workspace is a host directory that must
-persist, and no kernel quota is available to the server here: project quotas need root and a
-filesystem mounted with them (this host's kernel has no quota support at all), and a loop-mounted
-image per conversation needs root and a loop device each. So the bound is enforced in two parts:
-
-- ``RLIMIT_FSIZE``, set by the kernel on every run: the smaller of ``max_file_size`` and what the
-  workspace's quota had left when the run started (at least :data:`FILE_SIZE_FLOOR`, so a full
-  conversation still runs code that writes nothing), see :meth:`Overrun.file_size`. One file
-  cannot take a conversation past its quota: the write that would is refused, and the process
-  is killed by ``SIGXFSZ`` (the runtimes leave the signal's default action);
-- :func:`watch_disk`: while the run lives, the workspace is measured (bytes and directory
-  entries, files and directories alike, so inodes are counted) every :data:`WATCH_SECONDS`, or
-  every :data:`GROWING_SECONDS` while it grows, at once (at most every :data:`WRITE_GAP`) when
-  inotify says the run writes into its top directories (:mod:`.inotify`), and never more often
-  than a fifth of a core allows (see :data:`WALK_SHARE`); a run that takes it over its quota is
-  stopped and the run's error says so.
-
-A run's overshoot is what it can write, in many files, in one interval (the walk itself is
-bounded). A workspace already over its quota (a quota lowered since) may not grow, but the run is
-not stopped for what was there before it.
+persist, and no kernel quota is available to the server (project quotas need root and a
+filesystem mounted with them; a loop-mounted image per conversation needs root and a loop
+device each). So the bound is enforced in two parts: ``RLIMIT_FSIZE`` on every run, the smaller
+of ``max_file_size`` and what the quota has left (:meth:`Overrun.file_size`: one file cannot
+take a conversation past its quota), and :func:`watch_disk`, which measures the workspace while
+the run lives and stops a run that takes it over its quota. A workspace already over its quota
+(a quota lowered since) may not grow, but the run is not stopped for what was there before it.
 """
 
 from __future__ import annotations
@@ -136,6 +124,13 @@ def measure(directory: Path, max_entries: int) -> DiskUse:
 async def watch_disk(directory: Path, bound: DiskBound, before: DiskUse | None = None) -> str:
     """Measure ``directory`` until the run takes it over ``bound``; return why (run this beside the run).
 
+    The workspace is measured (bytes and directory entries, files and directories alike, so
+    inodes are counted) every :data:`WATCH_SECONDS`, or every :data:`GROWING_SECONDS` while it
+    grows, at once (at most every :data:`WRITE_GAP`) when inotify says the run writes into its
+    top directories (:mod:`.inotify`), and never more often than a fifth of a core allows (see
+    :data:`WALK_SHARE`). A run's overshoot is what it can write, in many files, in one interval
+    (the walk itself is bounded). The runtimes leave ``SIGXFSZ``'s default action, so a write
+    past ``RLIMIT_FSIZE`` kills the process.
     ``before`` is what the workspace held when the run started (measured here when None).
     Returns only when the bound is crossed: the caller cancels it when the run ends, and stops
     the run when it returns.
@@ -162,8 +157,7 @@ async def watch_disk(directory: Path, bound: DiskBound, before: DiskUse | None =
                 return reason
             growing = use.bytes > last.bytes or use.entries > last.entries
             last = use
-            # A big workspace takes a while to walk (~15 ms per 1,000 entries on a busy 2-core
-            # host): the watch spends at most a fifth of a core on it.
+            # A big workspace takes a while to walk: the watch spends at most a fifth of a core on it.
             walked = time.monotonic() - started
             earliest = time.monotonic() + max(WRITE_GAP, WALK_SHARE * walked)
             pause = max(GROWING_SECONDS if growing else WATCH_SECONDS, WALK_SHARE * walked)

@@ -3,15 +3,12 @@
 The disk watch measures a workspace on a timer; a run that writes a burst right after a pause
 would have the whole pause to itself. :class:`Writes` wakes the watch as soon as something is
 created, written, or moved into the workspace's top directory or a directory made there (at
-most :data:`MAX_WATCHES` directories: deeper writes are seen by the timer alone). inotify has
-no binding in the standard library: ``inotify_init1`` and ``inotify_add_watch`` through ctypes,
-the events read with ``os.read``. Where it is unavailable (no inotify, the per-user limit on
-instances reached) :func:`open_writes` gives None and the timer alone watches.
-
-Closing an inotify descriptor that had watches waits for the kernel's SRCU grace period (~17 ms
-here), and the watch ends on the event loop after every run: a closed :class:`Writes` removes its
-watches (microseconds), reads what is left and keeps its descriptor for the next run (at most
-:data:`SPARE_INSTANCES` of them; a descriptor beyond that is closed by a thread of its own).
+most :data:`MAX_WATCHES` directories: deeper writes are seen by the timer alone), through ctypes
+(no binding in the standard library). Where it is unavailable (no inotify, the per-user limit on
+instances reached) :func:`open_writes` gives None and the timer alone watches. Closing a
+descriptor that had watches waits for the kernel's SRCU grace period, so a closed
+:class:`Writes` removes its watches, reads what is left and keeps its descriptor for the next run
+(at most :data:`SPARE_INSTANCES`; a descriptor beyond that is closed by a thread of its own).
 """
 
 from __future__ import annotations

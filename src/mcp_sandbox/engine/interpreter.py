@@ -2,9 +2,9 @@
 
 A fresh run is an interpreter that serves one run (its EXEC frame says ``last``) and exits; a
 session keeps one interpreter for many runs. Either way each run gets its own stdout/stderr
-pipes, created here and passed to the runner with the EXEC frame, so the host sees the end of
-a run's output when the run is over (or, when code left a background process holding the
-pipes, stops reading a short while after DONE). The process's own stdout/stderr carry only
+pipes (:func:`.output.run_pipes`), passed to the runner with the EXEC frame, so the host sees
+the end of a run's output when the run is over (or, when code left a background process
+holding the pipes, stops reading a short while after DONE). The process's own stdout/stderr carry only
 the runtime's own failures (bootstrap errors, a crash trace written outside a run).
 """
 
@@ -12,116 +12,82 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import functools
 import itertools
-import logging
-import os
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
-import anyio.to_thread
-from anyio.abc import TaskGroup
 
-from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
-from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
-from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
+from mcp_sandbox.engine.channel import Channel
+from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
+from mcp_sandbox.engine.result import ExecutionRequest
+from mcp_sandbox.engine.serving import RunCaps, RunRecord, serve_run
 from mcp_sandbox.errors import ChannelError, SandboxStartError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
-    HEADER,
-    Call,
-    Display,
-    Done,
-    Error,
-    Exec,
-    Exited,
-    Failure,
-    Kind,
-    Ready,
-    Reply,
-)
-from mcp_sandbox.sandbox.backends import Backend, Sandbox, SandboxOutcome
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import HEADER, Exec, Exited, Kind, Ready
+from mcp_sandbox.sandbox.backends import Backend, LimitEvents, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
 # Exited: how a zygote's child ended (its EXITED frame), as run_forked() returns it.
-__all__ = ["DRAIN_SECONDS", "Exited", "Interpreter", "RunRecord", "frame_limits", "open_interpreter"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Exited", "Interpreter", "frame_limits", "open_interpreter"]
 
 _MAX_FRAME = 64 << 20
-# After DONE, how long the host still reads a run's pipes that have not ended (a background
-# process of the run holds them); then it stops, and that process's later output is lost.
-DRAIN_SECONDS = 0.25
 # How long a sandbox that is exiting anyway may take to end and flush its own output.
 _SETTLE_SECONDS = 5.0
 _OWN_OUTPUT_CAP = 64 << 10
 # How often a run answered before its sandbox ends looks whether its runner has ended (x1.5 each
-# time; a look costs ~50 us).
+# time; a look is cheap next to a sandbox's teardown).
 _FIRST_POLL_SECONDS = 0.0002
 _LAST_POLL_SECONDS = 0.005
-_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 # Frames whose bodies are a few fields (DONE, EXITED, ERROR; EXEC and REPLY never come from the sandbox).
 _SMALL_FRAME = 64 << 10
 # A DISPLAY frame's fields besides its base64 data.
 _DISPLAY_ROOM = 4 << 10
 
 
-def frame_limits(settings: Settings) -> dict[Kind, int]:
+def frame_limits(caps: RunCaps) -> dict[Kind, int]:
     """How large a frame of each kind from the sandbox may be; a larger one ends the run (FrameError).
 
     A CALL is ``max_call_bytes``, a DISPLAY the image cap in base64, a READY (a zygote's list of
     preloaded modules) 1 MiB, everything else 64 KiB.
     """
-    display = 4 * ((settings.max_image_bytes + 2) // 3) + _DISPLAY_ROOM
+    display = 4 * ((caps.max_image_bytes + 2) // 3) + _DISPLAY_ROOM
     limits = dict.fromkeys(Kind, _SMALL_FRAME)
-    limits.update({Kind.CALL: settings.max_call_bytes, Kind.DISPLAY: display, Kind.READY: 1 << 20})
+    limits.update({Kind.CALL: caps.max_call_bytes, Kind.DISPLAY: display, Kind.READY: 1 << 20})
     return {kind: min(limit, _MAX_FRAME - HEADER.size) for kind, limit in limits.items()}
-
-
-@dataclass
-class RunRecord:
-    """What one run produced; filled while it runs, so a run cut short still has its output so far."""
-
-    stdout: CappedOutput
-    stderr: CappedOutput
-    images: list[Image] = field(default_factory=list)
-    images_dropped: int = 0
-    done: bool = False  # the runner reported the run's end (DONE)
-    exit_code: int | None = None  # the exit code DONE reported
-    channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
-    protocol_error: str | None = None
-
-    @classmethod
-    def capped(cls, cap: int, listener: OutputListener | None = None) -> RunRecord:
-        """A record keeping ``cap`` bytes of each stream; ``listener`` sees every chunk as it comes."""
-        if listener is None:
-            return cls(CappedOutput(cap), CappedOutput(cap))
-        return cls(
-            CappedOutput(cap, functools.partial(listener, "stdout")),
-            CappedOutput(cap, functools.partial(listener, "stderr")),
-        )
 
 
 class Interpreter:
     """One sandbox running the runner (or a zygote); see :func:`open_interpreter`."""
 
-    def __init__(self, sandbox: Sandbox, channel: Channel, settings: Settings) -> None:
+    def __init__(self, sandbox: Sandbox, channel: Channel, caps: RunCaps, frames: dict[Kind, int]) -> None:
         self.sandbox = sandbox
         self.channel = channel
-        self.settings = settings
+        self.caps = caps
         self.own_stdout = CappedOutput(_OWN_OUTPUT_CAP)
         self.own_stderr = CappedOutput(_OWN_OUTPUT_CAP)
         self.exited = anyio.Event()  # the sandbox's process tree ended
         self.outcome: SandboxOutcome | None = None
-        self.ready: dict[str, Any] = {}  # what the runner said in its READY frame (checked: a Ready's body)
+        self._ready: Ready | None = None
         self._ids = itertools.count(1)
         self._own_ended = (anyio.Event(), anyio.Event())
-        self._limits = frame_limits(settings)  # for each forked run's channel: built once, not per run
+        self._frames = frames  # for each forked run's channel: built once, not per run
+
+    @property
+    def ready(self) -> Ready:
+        """What the runner said in its READY frame when it came up.
+
+        Raises:
+            RuntimeError: it has not said READY yet (only :func:`open_interpreter` sees that).
+        """
+        if self._ready is None:
+            raise RuntimeError("the interpreter has not said READY")
+        return self._ready
+
+    def limit_events(self) -> LimitEvents:
+        """How often the sandbox hit its memory and pids limits so far (counters; a run's are a difference)."""
+        return self.sandbox.limit_events()
 
     async def _watch(self) -> None:
         self.outcome = await self.sandbox.wait()
@@ -148,7 +114,7 @@ class Interpreter:
         except ChannelError:
             frame = None
         if isinstance(frame, Ready):
-            self.ready = frame.encode()
+            self._ready = frame
             return
         with anyio.move_on_after(_SETTLE_SECONDS):
             await self.exited.wait()
@@ -167,9 +133,7 @@ class Interpreter:
 
     def _exec(
         self,
-        code: str,
-        servers: Sequence[str],
-        environment: Mapping[str, str],
+        request: ExecutionRequest,
         *,
         last: bool,
         cpu_seconds: int | None = None,
@@ -178,31 +142,28 @@ class Interpreter:
     ) -> Exec:
         return Exec(
             run=next(self._ids),
-            code=code,
-            servers=tuple(servers),
-            env=dict(environment),
-            max_images=self.settings.max_images,
-            max_image_bytes=self.settings.max_image_bytes,
+            code=request.code,
+            servers=tuple(request.tools.servers) if request.tools is not None else (),
+            env=dict(request.environment),
+            max_images=self.caps.max_images,
+            max_image_bytes=self.caps.max_image_bytes,
             last=last,
             cpu_seconds=cpu_seconds,
             guard=None if guard is None else _base64(guard),
-            max_call_bytes=self.settings.max_call_bytes,
+            max_call_bytes=self.caps.max_call_bytes,
             file_size=file_size,
         )
 
     async def run(
         self,
         record: RunRecord,
+        request: ExecutionRequest,
         *,
-        code: str,
-        servers: Sequence[str],
-        environment: Mapping[str, str],
-        tools: ToolAccess | None,
         last: bool,
         file_size: int | None = None,
         early: bool = False,
     ) -> SandboxOutcome | None:
-        """Run ``code`` once; ``record`` gets its output, images and end as they come.
+        """Run ``request``'s code once; ``record`` gets its output, images and end as they come.
 
         With ``last`` the runner exits after the run, and this waits for the sandbox to end;
         with ``early`` too, after DONE it waits only until the runner has ended and nothing else
@@ -211,12 +172,12 @@ class Interpreter:
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(code, servers, environment, last=last, file_size=file_size)
-        async with _run_pipes(record) as pipes:
+        frame = self._exec(request, last=last, file_size=file_size)
+        async with run_pipes(record.stdout, record.stderr) as pipes:
             sent = await self._send_exec(record, frame, pipes.ends)
             pipes.close()
             if sent:
-                await self._serve_run(record, frame.run, tools, self.channel)
+                await serve_run(record, frame.run, request.tools, self.channel, self.caps)
             if record.protocol_error is not None:
                 # The runner broke the protocol (an oversized or malformed frame): it cannot be
                 # trusted to end the run, and what it still writes is not read. The run ends now.
@@ -247,16 +208,13 @@ class Interpreter:
     async def run_forked(
         self,
         record: RunRecord,
+        request: ExecutionRequest,
         *,
-        code: str,
-        servers: Sequence[str],
-        environment: Mapping[str, str],
-        tools: ToolAccess | None,
         cpu_seconds: int,
         guard: bytes,
         file_size: int | None = None,
     ) -> Exited | None:
-        """Run ``code`` in a child the zygote forks for it; how the child ended, None if the zygote died.
+        """Run ``request``'s code in a child the zygote forks for it; how the child ended, None if the zygote died.
 
         The child speaks on a socket of its own (its CALL, DISPLAY and DONE frames); the zygote
         answers on this interpreter's channel with EXITED once the child is gone, then restores
@@ -266,19 +224,17 @@ class Interpreter:
         :func:`~mcp_sandbox.sandbox.seccomp.zygote_guard_bpf`). Bounded by the caller
         (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(
-            code, servers, environment, last=True, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size
-        )
+        frame = self._exec(request, last=True, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size)
         host_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        run_channel = Channel(host_end, _MAX_FRAME, self._limits)
+        run_channel = Channel(host_end, _MAX_FRAME, self._frames)
         exited: Exited | None = None
         try:
-            async with _run_pipes(record) as pipes:
+            async with run_pipes(record.stdout, record.stderr) as pipes:
                 sent = await self._send_exec(record, frame, (*pipes.ends, child_end.fileno()))
                 pipes.close()
                 child_end.close()  # the child's copy is the only one: its end is the channel's end
                 if sent:
-                    await self._serve_run(record, frame.run, tools, run_channel)
+                    await serve_run(record, frame.run, request.tools, run_channel, self.caps)
                     if record.protocol_error is not None:
                         await self.kill()  # as in run(): the run ends now, and with it this sandbox
                         return None
@@ -324,87 +280,6 @@ class Interpreter:
             return False
         return True
 
-    async def _serve_run(self, record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel) -> None:
-        async with anyio.create_task_group() as calls:
-            try:
-                await self._serve(record, run_id, tools, calls, channel)
-            finally:
-                calls.cancel_scope.cancel()
-
-    async def _serve(
-        self, record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup, channel: Channel
-    ) -> None:
-        """Serve the runner's frames until this run's DONE, an ERROR or the end of the channel.
-
-        At most ``max_calls_in_flight`` CALLs are answered at once: at the cap the channel is not
-        read until one finishes (the sandbox's writes block), so a run cannot queue up work or
-        memory on the host.
-        """
-        in_flight = anyio.Semaphore(self.settings.max_calls_in_flight)
-        try:
-            while (frame := await channel.receive()) is not None:
-                if isinstance(frame, Call):
-                    await in_flight.acquire()
-                    calls.start_soon(self._answer, tools, frame, channel, in_flight)
-                elif isinstance(frame, Done):
-                    if frame.run != run_id:
-                        continue  # a previous run's, or forged by the code: not this run's end
-                    record.done = True
-                    record.exit_code = frame.exit_code
-                    return
-                elif isinstance(frame, Display):
-                    if frame.run == run_id:
-                        await self._collect_image(record, frame)
-                elif isinstance(frame, Error):
-                    record.protocol_error = frame.message
-                    return
-                else:
-                    record.protocol_error = f"unexpected frame {frame.KIND.name} from the sandbox"
-                    with contextlib.suppress(ChannelError):
-                        await channel.send(Error(record.protocol_error))
-                    return
-            record.channel_ended = True
-        except ChannelError as exc:
-            # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
-            record.protocol_error = str(exc)
-
-    async def _collect_image(self, record: RunRecord, frame: Display) -> None:
-        """Keep one DISPLAY image if it is well-formed and within the caps (the runner checks them too)."""
-        if frame.mime not in _IMAGE_TYPES or len(record.images) >= self.settings.max_images:
-            record.images_dropped += 1
-            return
-        if len(frame.data) > OFF_LOOP_BYTES:
-            decoded = await anyio.to_thread.run_sync(_b64decode, frame.data)
-        else:
-            decoded = _b64decode(frame.data)
-        if (
-            decoded is None
-            or len(decoded) > self.settings.max_image_bytes
-            or len(record.images) >= self.settings.max_images
-        ):
-            record.images_dropped += 1
-            return
-        record.images.append(Image(frame.mime, decoded))
-
-    async def _answer(self, tools: ToolAccess | None, call: Call, channel: Channel, slot: anyio.Semaphore) -> None:
-        """Answer one CALL frame with a REPLY carrying the same id; give back its ``slot``."""
-        try:
-            await self._reply(tools, call, channel)
-        finally:
-            slot.release()
-
-    async def _reply(self, tools: ToolAccess | None, call: Call, channel: Channel) -> None:
-        if tools is None:
-            reply = Reply(call.id, error=Failure("denied", "this run may not call any MCP server: pass `servers`"))
-        else:
-            try:
-                reply = await tools.handle(call)
-            except Exception as exc:  # a bug in one request must not end the run, let alone the server
-                logger.exception("answering a request from the sandbox failed")
-                reply = Reply(call.id, error=Failure("unavailable", f"internal error: {exc}"))
-        with contextlib.suppress(ChannelError):  # the sandbox is gone; the run's outcome says why
-            await channel.send(reply)
-
     async def kill(self) -> SandboxOutcome:
         """Kill the whole sandbox (bounded, shielded); its outcome. Safe to call more than once."""
         with anyio.CancelScope(shield=True):
@@ -422,79 +297,8 @@ def _base64(guard: bytes) -> str:
     return base64.b64encode(guard).decode()
 
 
-def _b64decode(data: str) -> bytes | None:
-    try:
-        return base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        return None
-
-
-class _Pipes:
-    """The write ends of a run's stdout and stderr pipes, until they are sent."""
-
-    def __init__(self, stdout: int, stderr: int) -> None:
-        self.ends = (stdout, stderr)
-        self.ended = False  # no process can write to them any more: read what they hold, then stop
-        self._open = True
-
-    def close(self) -> None:
-        """Close ours: the pipes end when the runner (and what it started) closes its copies."""
-        if self._open:
-            self._open = False
-            for fd in self.ends:
-                os.close(fd)
-
-
 @contextlib.asynccontextmanager
-async def _run_pipes(record: RunRecord) -> AsyncIterator[_Pipes]:
-    """A run's stdout and stderr pipes, pumped into ``record`` while the block runs.
-
-    On the way out the write ends are closed (if the block did not) and the pipes are read for
-    at most :data:`DRAIN_SECONDS` more (a background process of the run may hold them).
-    """
-    out_read, out_write = os.pipe()
-    err_read, err_write = os.pipe()
-    pipes = _Pipes(out_write, err_write)
-    try:
-        async with anyio.create_task_group() as pumps:
-            ended = (anyio.Event(), anyio.Event())
-            pumps.start_soon(_pump_pipe, out_read, record.stdout, ended[0])
-            pumps.start_soon(_pump_pipe, err_read, record.stderr, ended[1])
-            try:
-                yield pipes
-            finally:
-                pipes.close()
-            if not pipes.ended:
-                with anyio.move_on_after(DRAIN_SECONDS):
-                    for end in ended:
-                        if not end.is_set():  # (wait() on a set event still yields to the loop)
-                            await end.wait()
-            pumps.cancel_scope.cancel()
-        if pipes.ended:
-            _read_left(out_read, record.stdout)
-            _read_left(err_read, record.stderr)
-    finally:
-        os.close(out_read)
-        os.close(err_read)
-
-
-def _read_left(fd: int, sink: CappedOutput) -> None:
-    """Read what the pipe ``fd`` holds now (its writers are gone or cannot write) without waiting."""
-    os.set_blocking(fd, False)
-    with contextlib.suppress(BlockingIOError):
-        while chunk := os.read(fd, 1 << 16):
-            sink.feed(chunk)
-
-
-async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:
-    try:
-        await pump_fd(fd, sink.feed)
-    finally:
-        ended.set()
-
-
-@contextlib.asynccontextmanager
-async def open_interpreter(backend: Backend, policy: SandboxPolicy, settings: Settings) -> AsyncIterator[Interpreter]:
+async def open_interpreter(backend: Backend, policy: SandboxPolicy, caps: RunCaps) -> AsyncIterator[Interpreter]:
     """Start a sandbox with ``policy`` running the runner, wait for READY; kill it on the way out.
 
     Raises:
@@ -502,7 +306,8 @@ async def open_interpreter(backend: Backend, policy: SandboxPolicy, settings: Se
         BackendUnavailableError: the backend cannot run here.
     """
     sandbox = await backend.start(policy)
-    interpreter = Interpreter(sandbox, Channel(sandbox.channel, _MAX_FRAME, frame_limits(settings)), settings)
+    frames = frame_limits(caps)
+    interpreter = Interpreter(sandbox, Channel(sandbox.channel, _MAX_FRAME, frames), caps, frames)
     failure: Exception | None = None
     try:
         async with anyio.create_task_group() as tasks:

@@ -1,22 +1,27 @@
 """Capped capture of a sandbox's stdout/stderr: its process's pipes and each run's own pipes.
 
 The two pumps are the only readers of output: :func:`pump_stream` for the sandbox process's own
-stdout/stderr (the backend's stream readers), :func:`pump_fd` for a run's pipes.
+stdout/stderr (the backend's stream readers), :func:`pump_fd` for a run's pipes, which
+:func:`run_pipes` creates and drains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.lowlevel
 
-__all__ = ["CappedOutput", "pump_fd", "pump_stream"]
+__all__ = ["DRAIN_SECONDS", "CappedOutput", "RunPipes", "pump_fd", "pump_stream", "run_pipes"]
 
 _CHUNK = 64 << 10
 _READS_PER_TURN = 8  # at most 512 KiB read between two turns of the event loop
+# After DONE, how long the host still reads a run's pipes that have not ended (a background
+# process of the run holds them); then it stops, and that process's later output is lost.
+DRAIN_SECONDS = 0.25
 
 
 class CappedOutput:
@@ -85,3 +90,67 @@ async def pump_fd(fd: int, feed: Callable[[bytes], None]) -> None:
             # starves. (Not after every read: a run's few lines and its end come without a turn.)
             reads = 0
             await anyio.lowlevel.checkpoint()
+
+
+class RunPipes:
+    """The write ends of a run's stdout and stderr pipes, until they are sent."""
+
+    def __init__(self, stdout: int, stderr: int) -> None:
+        self.ends = (stdout, stderr)
+        self.ended = False  # no process can write to them any more: read what they hold, then stop
+        self._open = True
+
+    def close(self) -> None:
+        """Close ours: the pipes end when the runner (and what it started) closes its copies."""
+        if self._open:
+            self._open = False
+            for fd in self.ends:
+                os.close(fd)
+
+
+@contextlib.asynccontextmanager
+async def run_pipes(stdout: CappedOutput, stderr: CappedOutput) -> AsyncIterator[RunPipes]:
+    """A run's stdout and stderr pipes, pumped into ``stdout`` and ``stderr`` while the block runs.
+
+    On the way out the write ends are closed (if the block did not) and the pipes are read for
+    at most :data:`DRAIN_SECONDS` more (a background process of the run may hold them).
+    """
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    pipes = RunPipes(out_write, err_write)
+    try:
+        async with anyio.create_task_group() as pumps:
+            ended = (anyio.Event(), anyio.Event())
+            pumps.start_soon(_pump_pipe, out_read, stdout, ended[0])
+            pumps.start_soon(_pump_pipe, err_read, stderr, ended[1])
+            try:
+                yield pipes
+            finally:
+                pipes.close()
+            if not pipes.ended:
+                with anyio.move_on_after(DRAIN_SECONDS):
+                    for end in ended:
+                        if not end.is_set():  # (wait() on a set event still yields to the loop)
+                            await end.wait()
+            pumps.cancel_scope.cancel()
+        if pipes.ended:
+            _read_left(out_read, stdout)
+            _read_left(err_read, stderr)
+    finally:
+        os.close(out_read)
+        os.close(err_read)
+
+
+def _read_left(fd: int, sink: CappedOutput) -> None:
+    """Read what the pipe ``fd`` holds now (its writers are gone or cannot write) without waiting."""
+    os.set_blocking(fd, False)
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 1 << 16):
+            sink.feed(chunk)
+
+
+async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:
+    try:
+        await pump_fd(fd, sink.feed)
+    finally:
+        ended.set()

@@ -1,31 +1,23 @@
-"""Pre-started single-use sandboxes: for runs that cannot fork from a zygote.
+"""Pre-started single-use sandboxes, and the placement of runs that cannot fork from a zygote.
 
 JavaScript runtimes do not fork, and a container backend has no zygote (see ``warm.py``), so
-their runs would each wait for a whole sandbox to start (bun ~40 ms, a podman or docker
-container hundreds). Instead a few sandboxes per language are started in the background: each
-has started its runtime, said READY and waits for its one EXEC frame on the channel (the code
-never travels on a command line). A run takes one, is served by it exactly as a fresh sandbox
-serves a run (the EXEC says ``last``: the runtime exits after it), and the sandbox is then
-destroyed, so fresh state holds by construction; its owner task starts the next one. A Python
-one runs a zygote (as a warm sandbox does, preloading nothing) that forks the run's child in
-advance and reports its exit: the run is answered then, and the sandbox's teardown (a
-container engine's takes tens of milliseconds) comes after the answer.
-
-A language's sandboxes start on its first run (a deployment that never runs TypeScript keeps
-no bun), ``prestart_size`` of them (0: none, every run starts its own), by default
-:data:`DEFAULT_SIZES`. Only a run whose sandbox
-would be the same as theirs may take one: see :func:`eligible`. A sandbox that cannot start
-(a container backend refuses TypeScript, say) is logged and its owner stops; the language's
-next run after ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
+their runs would each wait for a whole sandbox to start. Instead a few sandboxes per language
+are started in the background, each READY and waiting for its one EXEC frame on the channel (the
+code never travels on a command line). A run takes one, is served by it exactly as a fresh
+sandbox serves a run (the EXEC says ``last``), and the sandbox is then destroyed, so fresh state
+holds by construction; its owner task starts the next one. A Python one runs a zygote (as a warm
+sandbox does, preloading nothing) that forks the run's child in advance and reports its exit:
+the run is answered then, and the sandbox's teardown comes after the answer. Sizes, retries and
+which runs may take one: :class:`PrestartPool` and :func:`fits_prestarted_sandbox`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,19 +25,25 @@ import anyio
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.result import ExecutionRequest
+from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
+from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.runtimes import limits_for
-from mcp_sandbox.engine.sessions import ToolsView
+from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.engine.verdict import captured, explain_file_size, judge_fresh, stopped_for_disk, timed_out
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox.backends import SandboxOutcome
 
 __all__ = [
     "DEFAULT_SIZES",
     "START_WAIT_SECONDS",
-    "PrestartOpener",
+    "PrestartPlacement",
     "PrestartPool",
     "Prestarted",
-    "eligible",
+    "fits_prestarted_sandbox",
     "prestart_size",
 ]
 
@@ -53,10 +51,9 @@ logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = 30.0
 # Sandboxes per language when ``prestart_size`` is not set. Back to back, TypeScript runs are bound
-# by how many bun starts overlap (each waits for a sandbox still starting): over stdio here, 12-14
-# ms per run with 2, 9-11 with 4, for 7 MiB more PSS in all (4 idle bun sandboxes 10.3 MiB each, 2
-# of them 17 MiB each: they share bun's pages). Python's are containers (podman, docker: bwrap's
-# Python forks from a zygote), each start a few hundred ms of CPU.
+# by how many bun starts overlap (each waits for a sandbox still starting): 4 serve them faster
+# than 2 for little more memory (idle bun sandboxes share bun's pages). Python's are containers
+# (podman, docker: bwrap's Python forks from a zygote), each start costly in CPU.
 DEFAULT_SIZES: Mapping[str, int] = {"typescript": 4, "javascript": 4, "python": 2}
 # A run that finds none ready but one starting waits this long for it before starting its own.
 START_WAIT_SECONDS = 5.0
@@ -79,11 +76,7 @@ class Prestarted:
     used: anyio.Event = field(default_factory=anyio.Event)
 
 
-# Starts one pre-started sandbox for a language (READY received) and destroys it on the way out.
-PrestartOpener = Callable[[str], AbstractAsyncContextManager[Prestarted]]
-
-
-def eligible(settings: Settings, request: ExecutionRequest) -> bool:
+def fits_prestarted_sandbox(settings: Settings, request: ExecutionRequest) -> bool:
     """Whether ``request`` may run in a pre-started sandbox: its sandbox would be the pool's.
 
     The pool's sandboxes have a scratch workspace, the limits of the default ``timeout``, no
@@ -102,9 +95,17 @@ def prestart_size(settings: Settings, language: str) -> int:
 
 
 class PrestartPool:
-    """Pre-started single-use sandboxes per language; see the module docstring."""
+    """Pre-started single-use sandboxes per language.
 
-    def __init__(self, settings: Settings, opener: PrestartOpener) -> None:
+    A language's sandboxes start on its first run (a deployment that never runs TypeScript keeps
+    no bun), ``prestart_size`` of them (0: none, every run starts its own), by default
+    :data:`DEFAULT_SIZES`. Only a run whose sandbox would be the same as theirs may take one (see
+    :func:`fits_prestarted_sandbox`). A sandbox that cannot start (a container backend refuses
+    TypeScript, say) is logged and its owner stops; the language's next run after
+    ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
+    """
+
+    def __init__(self, settings: Settings, opener: Opener) -> None:
         self.settings = settings
         self._opener = opener
         self._ready: dict[str, list[Prestarted]] = {}
@@ -163,6 +164,20 @@ class PrestartPool:
         for _ in range(prestart_size(self.settings, language) - self._owners.get(language, 0)):
             self._start(language)
 
+    @contextlib.asynccontextmanager
+    async def _open(self, language: str) -> AsyncIterator[Prestarted]:
+        """A pre-started sandbox for ``language``: as a fresh run's, with a /tools view; READY, waiting for EXEC.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+        if language == "python":  # nothing preloaded: a single-use sandbox would pay for it on every run
+            async with self._opener.zygote(preload=()) as (interpreter, tools, workspace, guard):
+                yield Prestarted(language, interpreter, tools, workspace, guard)
+        else:
+            async with self._opener.single_use(language) as (interpreter, tools, workspace):
+                yield Prestarted(language, interpreter, tools, workspace)
+
     def _start(self, language: str) -> None:
         assert self._group is not None
         self._starting[language] = self._starting.get(language, 0) + 1
@@ -183,7 +198,7 @@ class PrestartPool:
     async def _serve(self, language: str) -> None:
         while True:
             try:
-                async with self._opener(language) as sandbox:
+                async with self._open(language) as sandbox:
                     self._starting[language] -= 1
                     self._ready[language].append(sandbox)
                     self._announce()
@@ -203,3 +218,74 @@ class PrestartPool:
                 return
             if self._group is None:
                 return
+
+
+class PrestartPlacement:
+    """Runs a request in a pre-started sandbox (a :class:`~.placement.Placement`), judged as a fresh one.
+
+    The sandbox serves this run only, then its owner destroys it. With a zygote (Python) the run
+    is its forked child's, judged by the zygote's EXITED and the sandbox's counters then (they are
+    this run's alone), and answered before the sandbox is torn down.
+    """
+
+    def __init__(self, settings: Settings, pool: PrestartPool, *, zygotes: bool) -> None:
+        """``zygotes``: the backend keeps warm sandboxes (then Python runs never come here)."""
+        self._settings = settings
+        self._pool = pool
+        self._zygotes = zygotes
+
+    def accepts(self, request: ExecutionRequest) -> bool:
+        """A run that cannot fork from a zygote, shaped like the pool's sandboxes."""
+        return (request.language != "python" or not self._zygotes) and fits_prestarted_sandbox(self._settings, request)
+
+    async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult | None:
+        """Run ``request`` in a ready sandbox of its language; None if none came (see :meth:`PrestartPool.take`)."""
+        sandbox = await self._pool.take(request.language)
+        if sandbox is None:
+            return None
+        settings = self._settings
+        record = RunRecord.capped(settings.max_output, request.on_output)
+        interpreter = sandbox.interpreter
+        overrun = Overrun(DiskBound.scratch(settings))
+        outcome: SandboxOutcome | None = None
+        try:
+            with anyio.move_on_after(request.timeout) as deadline:
+                async with disk_bound(sandbox.workspace, overrun.bound) as overrun:
+                    await sandbox.tools.show(tool_mounts(request))
+                    interpreter.take_own_output()  # what it said while it waited is no run's
+                    file_size = overrun.file_size(settings.max_file_size)
+                    if sandbox.guard is None:  # answered once the runner has ended, before the teardown
+                        ended = await interpreter.run(record, request, last=True, file_size=file_size, early=True)
+                        outcome = ended or interpreter.outcome
+                    else:
+                        outcome = await self._run_forked(interpreter, record, request, sandbox.guard, file_size)
+            if deadline.cancelled_caught or overrun.stopped:
+                await interpreter.kill()
+        finally:
+            sandbox.used.set()
+        result = dataclasses.replace(captured(record, interpreter, started), warm=True)
+        if overrun.reason is not None:
+            return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
+        if deadline.cancelled_caught or (outcome is None and sandbox.guard is None):
+            return timed_out(result, request, "the sandbox and all its processes were killed")
+        if outcome is None:
+            error = "the pre-started sandbox ended before reporting the run"
+            return dataclasses.replace(result, status="error", exit_code=None, error=error)
+        return explain_file_size(settings, overrun, judge_fresh(settings, outcome, record, result))
+
+    async def _run_forked(
+        self, interpreter: Interpreter, record: RunRecord, request: ExecutionRequest, guard: bytes, file_size: int
+    ) -> SandboxOutcome | None:
+        """Run in the child the zygote forked; how it ended (None: not known).
+
+        The sandbox serves no other run, so its counters now are this run's.
+        """
+        cpu_seconds = limits_for(self._settings, request.timeout).cpu_seconds
+        exited = await interpreter.run_forked(
+            record, request, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size
+        )
+        if exited is not None:
+            return interpreter.sandbox.judge(exited.exit_code)
+        with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+            await interpreter.exited.wait()
+        return interpreter.outcome

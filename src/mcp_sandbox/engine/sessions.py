@@ -1,145 +1,49 @@
-"""Stateful sessions: one live interpreter per session key, kept between runs.
+"""Stateful sessions: one live interpreter per session key, kept between runs, and the placement of their runs.
 
 A session is a long-lived sandbox (the same policy as a fresh run's: limits, seccomp, its
-workspace) whose runner keeps its ``__main__`` namespace and event loop between runs. The
-:class:`SessionManager` keeps them by key:
-
-- one run at a time per session: a second run waits for the first (within its own timeout);
-- at most ``tenant_sessions`` live per tenant: a tenant's new one evicts that tenant's least
-  recently used idle one (never another tenant's), and when all of its own are busy the run is
-  refused with :class:`~mcp_sandbox.errors.BusyError`;
-- at most ``max_sessions`` live in all: a new one evicts the least recently used idle session of
-  the tenant holding the most, and when every one is busy the run is refused the same way;
-- a session idle for ``session_ttl`` is stopped by a reaper task (its files stay);
-- a session ends early when its interpreter dies or a run times out; the next run starts a new one.
-
-Every interpreter has one owner task in the manager's task group (see :meth:`SessionManager.running`):
-it starts the sandbox, keeps it until told to stop or until it dies, then closes it.
-
-Code mode: a session's sandbox cannot get new bind mounts, so it binds the stub root
-(``StateLayout.stubs``) at ``/.stubs`` and a per-session host directory at ``/tools``, in which
-the host points ``/tools/<alias>`` at the stubs of the current run's servers before each run.
+workspace) whose runner keeps its ``__main__`` namespace and event loop between runs. A run is
+judged by the exit code its DONE frame reports; if the interpreter dies, the session's state is
+gone and the next run starts a new one. Where some tenant may be granted network, a session's
+sandbox holds a relay and an (empty) directory for the egress proxy's socket for life; the socket
+exists only during its runs granted network, and only those runs get the proxy variables.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
-import logging
-import os
-import shutil
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+import dataclasses
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import sandbox_environment
+from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.placement import tool_mounts
+from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
+from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.engine.verdict import (
+    STATE_LOST,
+    captured,
+    explain_file_size,
+    judge_session,
+    stopped_for_disk,
+    timed_out,
+)
 from mcp_sandbox.errors import BusyError
-from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
-from mcp_sandbox.state import StateLayout
 
-__all__ = ["STUBS_MOUNT", "Lease", "SessionManager", "ToolsView"]
+__all__ = ["Lease", "SessionManager", "SessionPlacement"]
 
-logger = logging.getLogger(__name__)
-
-STUBS_MOUNT = "/.stubs"
 # How long closing a session (kill, then remove its scratch files) may hold up whoever waits for it.
 _CLOSE_SECONDS = 10.0
 _REAP_MAX_INTERVAL = 5.0
-
-
-class ToolsView:
-    """A session's ``/tools``: a host directory of symlinks to the stubs of the current run's servers.
-
-    The directory is the server's own (0755, bound read-only). A stub tree under the stub root
-    is reached through ``/.stubs``; one elsewhere is copied into the directory once.
-    """
-
-    def __init__(self, directory: Path, stub_root: Path) -> None:
-        self.directory = directory
-        self.stub_root = stub_root
-        self.empty = True  # it shows no stubs (new, or its last bind had none): binding none is a no-op
-
-    @classmethod
-    def create(cls, layout: StateLayout) -> ToolsView:
-        """A new, empty view in ``layout.runs`` (named after this server's pid, so a sweep finds it).
-
-        Raises:
-            OSError: it cannot be created (``runs/`` must exist).
-        """
-        stub_root = layout.prepare_stubs()
-        return cls(layout.new_tools_view(), stub_root)
-
-    def mounts(self) -> tuple[Mount, ...]:
-        """What the session's sandbox binds: the stub root and this directory."""
-        return (Mount(self.stub_root, STUBS_MOUNT), Mount(self.directory, TOOLS_MOUNT))
-
-    def bind(self, mounts: Sequence[Mount]) -> None:
-        """Make ``/tools/<alias>`` show each of ``mounts`` (targets ``/tools/<alias>``), and nothing else.
-
-        Raises:
-            ValueError: a mount's target is not a directory directly under ``/tools``.
-            OSError: the directory cannot be written.
-        """
-        wanted: dict[str, str] = {}
-        for mount in mounts:
-            alias = mount.target.removeprefix(TOOLS_MOUNT + "/")
-            if alias == mount.target or not alias or "/" in alias or alias.startswith("."):
-                raise ValueError(f"a session can only show stubs under {TOOLS_MOUNT}/<alias>, not at {mount.target}")
-            wanted[alias] = self._inside(mount.source)
-        in_use = {target.removeprefix(TOOLS_MOUNT + "/") for target in wanted.values()}
-        for entry in os.listdir(self.directory):
-            if not entry.startswith(".") and entry not in wanted:
-                os.unlink(self.directory / entry)
-            elif entry.startswith(".copy-") and entry not in in_use:
-                # A copy an earlier run wanted: gone before this run, which may be another
-                # tenant's (a warm sandbox serves any), can see it.
-                shutil.rmtree(self.directory / entry)
-        for alias, target in wanted.items():
-            link = self.directory / alias
-            if os.path.islink(link) and os.readlink(link) == target:
-                continue
-            # A new symlink renamed over the old one: a run never sees /tools/<alias> missing.
-            scratch = self.directory / f".{alias}-{uuid.uuid4().hex}"
-            os.symlink(target, scratch)
-            os.rename(scratch, link)
-        self.empty = not wanted
-
-    async def show(self, mounts: Sequence[Mount]) -> None:
-        """:meth:`bind` in a worker thread, or nothing at all when there is nothing to change (a run without tools).
-
-        Raises:
-            ValueError: a mount's target is not a directory directly under ``/tools``.
-            OSError: the directory cannot be written.
-        """
-        if mounts or not self.empty:
-            await anyio.to_thread.run_sync(self.bind, mounts)
-
-    def _inside(self, source: Path) -> str:
-        """Where ``source`` is seen inside the session's sandbox."""
-        resolved, root = source.resolve(), self.stub_root.resolve()
-        if resolved.is_relative_to(root) and resolved != root:
-            return f"{STUBS_MOUNT}/{resolved.relative_to(root)}"
-        copy = self.directory / f".copy-{hashlib.sha256(str(resolved).encode()).hexdigest()[:16]}"
-        if not copy.exists():
-            shutil.copytree(resolved, copy, symlinks=True)
-            for directory, _, files in os.walk(copy):
-                os.chmod(directory, 0o755)
-                for name in files:
-                    os.chmod(os.path.join(directory, name), 0o644)
-        return f"{TOOLS_MOUNT}/{copy.name}"
-
-
-# Opens a session's sandbox for a workspace (None: a scratch one it owns); yields its interpreter
-# and its /tools view.
-SessionOpener = Callable[[Path | None], AbstractAsyncContextManager[tuple[Interpreter, ToolsView]]]
 
 
 @dataclass(eq=False)
@@ -148,6 +52,7 @@ class _Live:
 
     interpreter: Interpreter
     tools: ToolsView
+    sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     workspace: Path | None  # as requested (None: a scratch workspace of its own)
     stop: anyio.Event = field(default_factory=anyio.Event)  # ask the owner task to close it
     closed: anyio.Event = field(default_factory=anyio.Event)  # the owner task has closed it
@@ -174,6 +79,11 @@ class Lease:
     _live: _Live
 
     @property
+    def sockets(self) -> Path | None:
+        """The directory the sandbox's relay reaches the egress proxy's socket in; None without a relay."""
+        return self._live.sockets
+
+    @property
     def ended(self) -> str | None:
         """Why the session was ended from outside during the run (``end_session``, shutdown), or None."""
         return self._live.ended
@@ -185,11 +95,24 @@ class Lease:
 
 
 class SessionManager:
-    """Live sessions by key; see the module docstring."""
+    """Live sessions by key.
 
-    def __init__(self, settings: Settings, opener: SessionOpener) -> None:
+    - one run at a time per session: a second run waits for the first (within its own timeout);
+    - at most ``tenant_sessions`` live per tenant: a tenant's new one evicts that tenant's least
+      recently used idle one (never another tenant's), and when all of its own are busy the run is
+      refused with :class:`~mcp_sandbox.errors.BusyError`;
+    - at most ``max_sessions`` live in all: a new one evicts the least recently used idle session of
+      the tenant holding the most, and when every one is busy the run is refused the same way;
+    - a session idle for ``session_ttl`` is stopped by a reaper task (its files stay);
+    - a session ends early when its interpreter dies or a run times out; the next run starts a new one.
+
+    Every interpreter has one owner task in the manager's task group (see :meth:`running`): it
+    starts the sandbox, keeps it until told to stop or until it dies, then closes it.
+    """
+
+    def __init__(self, settings: Settings, opener: Opener) -> None:
         self._settings = settings
-        self._open = opener
+        self._opener = opener
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
 
@@ -349,8 +272,8 @@ class SessionManager:
         """The owner task of one interpreter of ``session``: open it, keep it until stopped or dead, close it."""
         live: _Live | None = None
         try:
-            async with self._open(workspace) as (interpreter, tools):
-                live = _Live(interpreter, tools, workspace)
+            async with self._opener.session(workspace) as (interpreter, tools, sockets):
+                live = _Live(interpreter, tools, sockets, workspace)
                 session.live = live
                 task_status.started(live)
                 async with anyio.create_task_group() as watch:
@@ -390,3 +313,68 @@ class SessionManager:
 async def _stop_on_exit(live: _Live) -> None:
     await live.interpreter.exited.wait()
     live.stop.set()
+
+
+class SessionPlacement:
+    """Runs a request in its session's interpreter (a :class:`~.placement.Placement`)."""
+
+    def __init__(self, settings: Settings, sessions: SessionManager, opener: Opener) -> None:
+        self._settings = settings
+        self._sessions = sessions
+        self._opener = opener
+
+    def accepts(self, request: ExecutionRequest) -> bool:
+        """A Python run naming a session, where sessions are on; granted network only if sessions hold a relay.
+
+        JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
+        """
+        if request.session is None or not self._settings.sessions or request.language != "python":
+            return False
+        return request.egress is None or self._opener.session_relay
+
+    async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult:
+        """Run ``request`` in its session, starting the session's interpreter if it has none."""
+        assert request.session is not None
+        settings = self._settings
+        record = RunRecord.capped(settings.max_output, request.on_output)
+        lease: Lease | None = None
+        overrun = Overrun(DiskBound.conversation(settings))
+        with anyio.move_on_after(request.timeout) as deadline:
+            async with (
+                disk_bound(request.workspace, overrun.bound) as overrun,
+                self._sessions.lease(
+                    request.session, workspace=request.workspace, reset=request.reset, tenant=request.tenant
+                ) as lease,
+            ):
+                try:
+                    await lease.tools.show(tool_mounts(request))
+                    lease.interpreter.take_own_output()  # what came between runs is no run's
+                    async with contextlib.AsyncExitStack() as network:
+                        run = request
+                        if request.egress is not None:
+                            await network.enter_async_context(self._opener.egress(request, lease.sockets))
+                            environment = {**sandbox_environment(request.language), **request.environment}
+                            run = dataclasses.replace(request, environment=environment)
+                        file_size = overrun.file_size(settings.max_file_size) if request.workspace else None
+                        await lease.interpreter.run(record, run, last=False, file_size=file_size)
+                finally:
+                    if not record.done or record.protocol_error is not None:
+                        # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
+                        await lease.discard()
+        if lease is None:  # the deadline passed while waiting for the session's previous run
+            result = captured(record, None, started)
+            return timed_out(
+                result, request, "it was still waiting for the session's previous run to finish; nothing ran", None
+            )
+        state: SessionState = "new" if lease.new else "kept"
+        result = dataclasses.replace(captured(record, lease.interpreter, started), session=state)
+        if overrun.reason is not None and overrun.stopped:
+            return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
+        if deadline.cancelled_caught:
+            return timed_out(
+                result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
+            )
+        judged = judge_session(settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
+        if overrun.reason is not None:
+            return stopped_for_disk(judged, overrun.reason, state, stopped=False)
+        return explain_file_size(settings, overrun, judged)

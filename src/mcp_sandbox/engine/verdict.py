@@ -2,7 +2,7 @@
 
 A fresh (or warm) run is judged by its process's exit code and the sandbox's memory and pids
 counters; a session run by the exit code its DONE frame reports, unless its interpreter died,
-which also loses the session's state. The executor decides how a run went; this module says so.
+which also loses the session's state. The placements decide how a run went; this module says so.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import time
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.disk import Overrun
-from mcp_sandbox.engine.interpreter import Interpreter, RunRecord
+from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
+from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
 __all__ = [

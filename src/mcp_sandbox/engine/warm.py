@@ -1,54 +1,38 @@
-"""Warm sandboxes: a pool of zygotes, each a fully isolated sandbox that forks a fresh interpreter per run.
+"""Warm sandboxes: a pool of zygotes, and the placement of runs that fork a fresh interpreter from one.
 
 A warm sandbox is started once (the runtime and ``pool_preload`` modules imported, its cgroup
 joined) and then serves one run at a time: its zygote has forked the child for the next run in
 advance, and after the child exits it reports the exit, then kills every process the run left,
 empties ``/tmp``, ``/dev/shm`` and ``/workspace``, removes its IPC objects, forks the next child
-and says READY (see the runner's ``zygote.py``). The sandbox's owner task waits for the READY
-(at most ``RESTORE_SECONDS``) before it offers it again. A run never sees another run's state,
-and the per-run cost is neither a sandbox start nor a fork nor a restore.
-
-A warm sandbox is of one of two kinds: a preloading one (its zygote imported ``pool_preload``)
-or a light one (nothing imported: its fork, its child's page faults and exit cost a third as
-much). A run whose code names a ``pool_preload`` module (a plain substring test: code that
-imports one by a computed name still works, only slower) takes a preloading one; any other run
-takes a light one, or a preloading one if no light one comes back within
-``RESTORE_WAIT_SECONDS``. With ``pool_preload`` empty every sandbox is light.
-
-The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes of both kinds together;
-the first of the ``pool_min`` is a preloading one, the others light (shrinking keeps one
-preloading sandbox while ``pool_min`` > 0), and the pool grows with the kind its runs ask for.
-A run that asks for a preloading sandbox when the pool is full and one of its light ones idle
-retires that one for a preloading one; a light run that finds no light sandbox at all retires an
-idle preloading one (never the last) for a light one; at most one such swap every
-``CONVERT_SECONDS``, since each starts a sandbox. A run takes an idle one
-if there is one; if not, the pool grows by one in the background and the run waits (at most
-``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
-path). A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one whose run timed out,
-whose zygote died or could not restore it, or that served
-``RUNS_PER_SANDBOX`` runs is replaced. Each sandbox is owned by one task of the pool's task
-group, which enters and exits its context; a sandbox that cannot start stops the pool's growth
-for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
+and says READY (see the runner's ``zygote.py``). A run never sees another run's state, and the
+per-run cost is neither a sandbox start nor a fork nor a restore. How the pool grows, shrinks
+and chooses between preloading and light sandboxes: :class:`WarmPool`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.result import ExecutionRequest
-from mcp_sandbox.engine.sessions import ToolsView
+from mcp_sandbox.engine.disk import DiskBound, Overrun
+from mcp_sandbox.engine.interpreter import Exited, Interpreter
+from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
+from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.runtimes import limits_for
+from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.engine.verdict import captured, death, explain_file_size, judge_fresh, timed_out
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
-from mcp_sandbox.sandbox.backends import LimitEvents
+from mcp_sandbox.sandbox.backends import LimitEvents, SandboxOutcome
 
 __all__ = [
     "CONVERT_SECONDS",
@@ -57,23 +41,23 @@ __all__ = [
     "RETRY_SECONDS",
     "RUNS_PER_SANDBOX",
     "Warm",
-    "WarmOpener",
+    "WarmPlacement",
     "WarmPool",
-    "eligible",
+    "fits_warm_sandbox",
 ]
 
 logger = logging.getLogger(__name__)
 
 RUNS_PER_SANDBOX = 1000  # then a fresh zygote: its own CPU time (forks, restores) adds up
 RETRY_SECONDS = 30.0
-# A run that finds no idle sandbox but one being restored (a few ms) waits this long for it, not a cold start.
+# A run that finds no idle sandbox but one being restored (that is quick) waits this long for it, not a cold start.
 RESTORE_WAIT_SECONDS = 0.2
 # A full pool retires a sandbox for one of the other kind at most this often (each is a start).
 CONVERT_SECONDS = 5.0
 RESTORE_SECONDS = 60.0  # a run may leave a million files to remove; past this the sandbox is replaced
 
 
-def eligible(request: ExecutionRequest) -> bool:
+def fits_warm_sandbox(request: ExecutionRequest) -> bool:
     """Whether ``request`` may run in a warm sandbox: a Python run on a scratch workspace, without network.
 
     The zygote's sandbox has no network and a scratch workspace; each run's CPU limit comes with
@@ -100,16 +84,37 @@ class Warm:
     successor: bool | None = None  # retired for a sandbox of the other kind: whether that one preloads
 
 
-# Starts one warm sandbox (READY received; preloading ``pool_preload`` if asked) and stops it on the way out.
-WarmOpener = Callable[[bool], AbstractAsyncContextManager[Warm]]
-
-
 class WarmPool:
-    """Warm sandboxes for runs without a conversation; see the module docstring."""
+    """Warm sandboxes for runs without a conversation.
 
-    def __init__(self, settings: Settings, opener: WarmOpener) -> None:
+    A warm sandbox is of one of two kinds: a preloading one (its zygote imported ``pool_preload``)
+    or a light one (nothing imported: its fork, its child's page faults and exit cost far
+    less). A run whose code names a ``pool_preload`` module (a plain substring test: code that
+    imports one by a computed name still works, only slower) takes a preloading one; any other run
+    takes a light one, or a preloading one if no light one comes back within
+    ``RESTORE_WAIT_SECONDS``. With ``pool_preload`` empty every sandbox is light.
+
+    The pool keeps between ``pool_min`` and ``pool_size`` warm sandboxes of both kinds together;
+    the first of the ``pool_min`` is a preloading one, the others light (shrinking keeps one
+    preloading sandbox while ``pool_min`` > 0), and the pool grows with the kind its runs ask for.
+    A run that asks for a preloading sandbox when the pool is full and one of its light ones idle
+    retires that one for a preloading one; a light run that finds no light sandbox at all retires an
+    idle preloading one (never the last) for a light one; at most one such swap every
+    ``CONVERT_SECONDS``, since each starts a sandbox. A run takes an idle one
+    if there is one; if not, the pool grows by one in the background and the run waits (at most
+    ``RESTORE_WAIT_SECONDS``) for one being restored, or else runs in a sandbox of its own (the cold
+    path). A sandbox unused for ``pool_idle`` goes (down to ``pool_min``); one whose run timed out,
+    whose zygote died or could not restore it, or that served ``RUNS_PER_SANDBOX`` runs is
+    replaced; after a run its owner waits for the zygote's READY (at most ``RESTORE_SECONDS``)
+    before it offers it again. Each sandbox is owned by one task of the pool's task
+    group, which enters and exits its context; a sandbox that cannot start stops the pool's growth
+    for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
+    """
+
+    def __init__(self, settings: Settings, opener: Opener) -> None:
         self.settings = settings
         self._opener = opener
+        self._preload_reported = False
         self._idle: list[Warm] = []  # the most recently used last: it is taken first
         self._owners = 0  # sandboxes starting, idle or running
         self._up = 0  # sandboxes started (READY), idle or running
@@ -222,6 +227,20 @@ class WarmPool:
         self._restoring[warm.preloaded] += warm.reusable  # counted now: a run may ask for it before its owner wakes
         warm.back.set()
 
+    @contextlib.asynccontextmanager
+    async def _open(self, preloaded: bool) -> AsyncIterator[Warm]:
+        """A warm sandbox (see :meth:`.opening.Opener.zygote`), preloading ``pool_preload`` if ``preloaded``.
+
+        Raises:
+            SandboxStartError: it did not start, or its zygote cannot fork safely.
+        """
+        async with self._opener.zygote(preload=None if preloaded else ()) as (interpreter, tools, _, guard):
+            failed = interpreter.ready.failed
+            if failed and not self._preload_reported:
+                self._preload_reported = True
+                logger.warning("pool_preload: these modules did not import in the sandbox: %s", failed)
+            yield Warm(interpreter, tools, guard, preloaded=preloaded)
+
     def _grow(self, *, preloaded: bool) -> None:
         assert self._group is not None
         self._owners += 1
@@ -236,7 +255,7 @@ class WarmPool:
             while True:
                 self._preloading += preloaded
                 try:
-                    async with self._opener(preloaded) as warm:
+                    async with self._open(preloaded) as warm:
                         self._up += 1
                         self._light_up += not preloaded
                         try:
@@ -263,7 +282,7 @@ class WarmPool:
             warm.back = anyio.Event()
             warm.idle_since = time.monotonic()
             # Read now, off the next run's path: nothing runs in the sandbox until its EXEC.
-            warm.limits = warm.interpreter.sandbox.limit_events()
+            warm.limits = warm.interpreter.limit_events()
             self._idle.append(warm)
             self._announce()
             await warm.back.wait()
@@ -305,3 +324,69 @@ class WarmPool:
                 warm.reusable = False
                 warm.back.set()
                 remaining -= 1
+
+
+class WarmPlacement:
+    """Runs a request in a warm sandbox's forked child (a :class:`~.placement.Placement`), judged as a fresh run.
+
+    It is answered on the zygote's EXITED; the restore after it is the pool's, off the run's path.
+    """
+
+    def __init__(self, settings: Settings, pool: WarmPool, *, zygotes: bool) -> None:
+        """``zygotes``: the backend keeps warm sandboxes (else this placement takes no run)."""
+        self._settings = settings
+        self._pool = pool
+        self._zygotes = zygotes
+
+    def accepts(self, request: ExecutionRequest) -> bool:
+        """A Python run without a conversation or network, on a backend with warm sandboxes."""
+        return self._zygotes and fits_warm_sandbox(request)
+
+    async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult | None:
+        """Run ``request`` in an idle warm sandbox; None if none came (see :meth:`WarmPool.take`)."""
+        warm = await self._pool.take(preloaded=self._pool.needs_preload(request.code))
+        if warm is None:
+            return None
+        settings = self._settings
+        record = RunRecord.capped(settings.max_output, request.on_output)
+        interpreter = warm.interpreter
+        scratch = Overrun(DiskBound.scratch(settings))  # a wiped scratch workspace: all of it is left
+        before = warm.limits
+        after = before
+        exited: Exited | None = None
+        reusable = False
+        try:
+            with anyio.move_on_after(request.timeout) as deadline:
+                await warm.tools.show(tool_mounts(request))
+                interpreter.take_own_output()  # what came between runs is no run's
+                exited = await interpreter.run_forked(
+                    record,
+                    request,
+                    cpu_seconds=limits_for(settings, request.timeout).cpu_seconds,
+                    guard=warm.guard,
+                    file_size=scratch.file_size(settings.max_file_size),
+                )
+                after = interpreter.limit_events()
+            reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
+            if exited is not None and exited.problem is not None:
+                logger.info("a warm sandbox is replaced: %s", exited.problem)
+        finally:
+            if not reusable:
+                if exited is None and not deadline.cancelled_caught:
+                    with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+                        await interpreter.exited.wait()
+                await interpreter.kill()
+            self._pool.give_back(warm, reusable=reusable)
+        result = dataclasses.replace(captured(record, interpreter, started), warm=True)
+        if deadline.cancelled_caught:
+            return timed_out(result, request, "the sandbox and all its processes were killed")
+        if exited is None:
+            outcome = interpreter.outcome or SandboxOutcome(returncode=-1)
+            error = death(settings, outcome, record, session=False) or "the warm sandbox ended before reporting the run"
+            return dataclasses.replace(result, status="error", exit_code=None, error=error)
+        outcome = SandboxOutcome(
+            returncode=exited.exit_code,
+            memory_exceeded=after.memory > before.memory,
+            pids_exhausted=after.pids > before.pids,
+        )
+        return explain_file_size(settings, scratch, judge_fresh(settings, outcome, record, result))

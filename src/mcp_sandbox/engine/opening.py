@@ -1,0 +1,186 @@
+"""Opening sandboxes: their policies, a run's egress proxy, long-lived sandboxes with a ``/tools`` view.
+
+Every placement and pool opens its sandboxes through one :class:`Opener`: a fresh run's
+interpreter, a zygote (a warm or pre-started Python sandbox), a pre-started single-use sandbox,
+a session's sandbox. It holds the backend, the state directory's layout, what a run may send the
+host (:class:`.serving.RunCaps`, built from the settings by :func:`run_caps`) and the egress
+audit log, opened on the first run granted network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import AuditLog, Resolver, TenantEgress, serve_egress, socket_directory, system_resolver
+from mcp_sandbox.engine.interpreter import Interpreter, open_interpreter
+from mcp_sandbox.engine.result import ExecutionRequest
+from mcp_sandbox.engine.runtimes import policy_for, python_policy, with_egress, with_file_size, zygote_policy
+from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace
+from mcp_sandbox.engine.serving import RunCaps
+from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.errors import ConfigError, SandboxStartError
+from mcp_sandbox.sandbox.backends import Backend
+from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
+from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
+from mcp_sandbox.state import StateLayout
+
+__all__ = ["MakePolicy", "Opener", "run_caps", "zygote_guard"]
+
+# A long-lived sandbox's policy for its workspace (None: the backend's sized scratch) and its /tools mounts.
+MakePolicy = Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
+
+
+def run_caps(settings: Settings) -> RunCaps:
+    """What a run may send the host, from the settings: the one place an interpreter's limits come from."""
+    return RunCaps(
+        max_images=settings.max_images,
+        max_image_bytes=settings.max_image_bytes,
+        max_call_bytes=settings.max_call_bytes,
+        max_calls_in_flight=settings.max_calls_in_flight,
+    )
+
+
+def zygote_guard(interpreter: Interpreter) -> bytes:
+    """The seccomp guard of the runs of ``interpreter``'s zygote (see :func:`zygote_guard_bpf`).
+
+    Raises:
+        SandboxStartError: the zygote cannot serve runs (it says why in its READY).
+    """
+    ready = interpreter.ready
+    if not ready.zygote or ready.problem or ready.pid is None or ready.pid < 1:
+        said = ready.problem if ready.problem is not None else ready.encode()
+        raise SandboxStartError(f"the warm sandbox cannot serve runs: {said}")
+    return zygote_guard_bpf(ready.pid)
+
+
+class Opener:
+    """Opens the engine's sandboxes on ``backend``; see the module docstring."""
+
+    def __init__(self, settings: Settings, backend: Backend, *, egress_resolver: Resolver = system_resolver) -> None:
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
+        self.settings = settings
+        self.backend = backend
+        self.layout = StateLayout.of(settings)
+        self.caps = run_caps(settings)
+        self._egress_resolver = egress_resolver
+        self._audit: AuditLog | None = None
+        try:
+            # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
+            self.session_relay = TenantEgress(settings).anywhere()
+        except ConfigError:
+            self.session_relay = False  # the server refuses to start with these settings anyway
+
+    def interpreter(self, policy: SandboxPolicy) -> AbstractAsyncContextManager[Interpreter]:
+        """A sandbox of ``policy`` running the runner, READY (see :func:`.interpreter.open_interpreter`)."""
+        return open_interpreter(self.backend, policy, self.caps)
+
+    def sandbox_group(self) -> int | None:
+        """The host gid given the proxy's socket: the sandbox's when the server runs as root, else None."""
+        return self.settings.sandbox_gid if os.geteuid() == 0 else None
+
+    @contextlib.asynccontextmanager
+    async def egress(self, request: ExecutionRequest, directory: Path | None) -> AsyncIterator[Path]:
+        """The run's egress proxy for this block (in ``directory``, else a new one); yield the socket's directory."""
+        assert request.egress is not None
+        if self._audit is None:
+            self._audit = AuditLog(self.layout.egress_log)
+        served = serve_egress(
+            self.layout.prepare_runs(),
+            request.egress,
+            self._audit,
+            resolver=self._egress_resolver,
+            group=self.sandbox_group(),
+            directory=directory,
+        )
+        async with served as (_proxy, used):
+            yield used
+
+    @contextlib.asynccontextmanager
+    async def long_lived(
+        self, workspace: Path | None, make_policy: MakePolicy
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A sandbox with a /tools view: its interpreter, that view, its workspace (a scratch one when None).
+
+        The workspace is None when the backend gives the sandbox a sized scratch space of its own.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            if workspace is None and not self.backend.sized_scratch:
+                workspace = await stack.enter_async_context(scratch_workspace(self.settings))
+            self.layout.prepare_runs()
+            tools = ToolsView.create(self.layout)
+            stack.push_async_callback(remove_shielded, tools.directory)
+            policy = make_policy(workspace, tools.mounts())
+            interpreter = await stack.enter_async_context(self.interpreter(policy))
+            yield interpreter, tools, workspace
+
+    @contextlib.asynccontextmanager
+    async def zygote(
+        self, *, preload: Sequence[str] | None
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None, bytes]]:
+        """A Python sandbox whose zygote is READY: its interpreter, /tools view, workspace and runs' seccomp guard.
+
+        The zygote imports ``preload`` (None: ``pool_preload``); its scratch workspace is as
+        :meth:`long_lived` gives it.
+
+        Raises:
+            SandboxStartError: it did not start, or its zygote cannot fork safely.
+        """
+        settings = self.settings
+
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return zygote_policy(settings, workspace=workspace, mounts=mounts, preload=preload)
+
+        async with self.long_lived(None, policy) as (interpreter, tools, workspace):
+            yield interpreter, tools, workspace, zygote_guard(interpreter)
+
+    @contextlib.asynccontextmanager
+    async def single_use(self, language: str) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A sandbox for one run of ``language`` with the default timeout's limits, READY, waiting for its EXEC.
+
+        Raises:
+            SandboxStartError: it did not start.
+        """
+        settings = self.settings
+
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            return policy_for(settings, language, workspace=workspace, timeout=settings.timeout, mounts=mounts)
+
+        async with self.long_lived(None, policy) as (interpreter, tools, workspace):
+            interpreter.sandbox.watch_runner()  # READY: no code has run in it yet
+            yield interpreter, tools, workspace
+
+    @contextlib.asynccontextmanager
+    async def session(self, workspace: Path | None) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A session's sandbox on ``workspace`` (None: a scratch one): interpreter, /tools, relay's socket directory.
+
+        Where network may be granted (:attr:`session_relay`), it holds the relay and an (empty)
+        directory for the proxy's socket for life (None otherwise); the socket itself exists only
+        during its runs granted network (see :meth:`egress`).
+        """
+        settings = self.settings
+        async with contextlib.AsyncExitStack() as stack:
+            sockets: Path | None = None
+            if self.session_relay:
+                sockets = socket_directory(self.layout.prepare_runs(), self.sandbox_group())
+                stack.callback(_remove_directory, sockets)
+
+            def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+                made = python_policy(
+                    settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True
+                )
+                if workspace is not None:  # no file of its may outgrow the quota (each run lowers its own limit)
+                    made = with_file_size(made, min(made.limits.file_size, settings.quota_bytes))
+                return made if sockets is None else with_egress(made, sockets, for_life=False)
+
+            interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy))
+            yield interpreter, tools, sockets
+
+
+def _remove_directory(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()

@@ -1,0 +1,154 @@
+"""Serving one run: the sandbox's frames until its DONE, recorded in a :class:`RunRecord`.
+
+CALL frames are answered concurrently (at most ``max_calls_in_flight`` at once), DISPLAY images
+are kept within the caps, and an ERROR, a malformed frame or an unexpected kind ends the run.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import functools
+import logging
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
+from mcp_sandbox.engine.output import CappedOutput
+from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
+from mcp_sandbox.errors import ChannelError
+from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Display, Done, Error, Failure, Reply
+
+__all__ = ["RunCaps", "RunRecord", "serve_run"]
+
+logger = logging.getLogger(__name__)
+
+_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunCaps:
+    """What a run may send the host: images, the size of a CALL, CALLs answered at once."""
+
+    max_images: int
+    max_image_bytes: int
+    max_call_bytes: int
+    max_calls_in_flight: int
+
+
+@dataclass
+class RunRecord:
+    """What one run produced; filled while it runs, so a run cut short still has its output so far."""
+
+    stdout: CappedOutput
+    stderr: CappedOutput
+    images: list[Image] = field(default_factory=list)
+    images_dropped: int = 0
+    done: bool = False  # the runner reported the run's end (DONE)
+    exit_code: int | None = None  # the exit code DONE reported
+    channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
+    protocol_error: str | None = None
+
+    @classmethod
+    def capped(cls, cap: int, listener: OutputListener | None = None) -> RunRecord:
+        """A record keeping ``cap`` bytes of each stream; ``listener`` sees every chunk as it comes."""
+        if listener is None:
+            return cls(CappedOutput(cap), CappedOutput(cap))
+        return cls(
+            CappedOutput(cap, functools.partial(listener, "stdout")),
+            CappedOutput(cap, functools.partial(listener, "stderr")),
+        )
+
+
+async def serve_run(record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel, caps: RunCaps) -> None:
+    """Serve the runner's frames on ``channel`` until run ``run_id``'s DONE, an ERROR or the channel's end."""
+    async with anyio.create_task_group() as calls:
+        try:
+            await _serve(record, run_id, tools, calls, channel, caps)
+        finally:
+            calls.cancel_scope.cancel()
+
+
+async def _serve(
+    record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup, channel: Channel, caps: RunCaps
+) -> None:
+    """Serve frames until this run's DONE, an ERROR or the end of the channel.
+
+    At most ``max_calls_in_flight`` CALLs are answered at once: at the cap the channel is not
+    read until one finishes (the sandbox's writes block), so a run cannot queue up work or
+    memory on the host.
+    """
+    in_flight = anyio.Semaphore(caps.max_calls_in_flight)
+    try:
+        while (frame := await channel.receive()) is not None:
+            if isinstance(frame, Call):
+                await in_flight.acquire()
+                calls.start_soon(_answer, tools, frame, channel, in_flight)
+            elif isinstance(frame, Done):
+                if frame.run != run_id:
+                    continue  # a previous run's, or forged by the code: not this run's end
+                record.done = True
+                record.exit_code = frame.exit_code
+                return
+            elif isinstance(frame, Display):
+                if frame.run == run_id:
+                    await _collect_image(record, frame, caps)
+            elif isinstance(frame, Error):
+                record.protocol_error = frame.message
+                return
+            else:
+                record.protocol_error = f"unexpected frame {frame.KIND.name} from the sandbox"
+                with contextlib.suppress(ChannelError):
+                    await channel.send(Error(record.protocol_error))
+                return
+        record.channel_ended = True
+    except ChannelError as exc:
+        # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
+        record.protocol_error = str(exc)
+
+
+async def _collect_image(record: RunRecord, frame: Display, caps: RunCaps) -> None:
+    """Keep one DISPLAY image if it is well-formed and within the caps (the runner checks them too)."""
+    if frame.mime not in _IMAGE_TYPES or len(record.images) >= caps.max_images:
+        record.images_dropped += 1
+        return
+    if len(frame.data) > OFF_LOOP_BYTES:
+        decoded = await anyio.to_thread.run_sync(_b64decode, frame.data)
+    else:
+        decoded = _b64decode(frame.data)
+    if decoded is None or len(decoded) > caps.max_image_bytes or len(record.images) >= caps.max_images:
+        record.images_dropped += 1
+        return
+    record.images.append(Image(frame.mime, decoded))
+
+
+async def _answer(tools: ToolAccess | None, call: Call, channel: Channel, slot: anyio.Semaphore) -> None:
+    """Answer one CALL frame with a REPLY carrying the same id; give back its ``slot``."""
+    try:
+        await _reply(tools, call, channel)
+    finally:
+        slot.release()
+
+
+async def _reply(tools: ToolAccess | None, call: Call, channel: Channel) -> None:
+    if tools is None:
+        reply = Reply(call.id, error=Failure("denied", "this run may not call any MCP server: pass `servers`"))
+    else:
+        try:
+            reply = await tools.handle(call)
+        except Exception as exc:  # a bug in one request must not end the run, let alone the server
+            logger.exception("answering a request from the sandbox failed")
+            reply = Reply(call.id, error=Failure("unavailable", f"internal error: {exc}"))
+    with contextlib.suppress(ChannelError):  # the sandbox is gone; the run's outcome says why
+        await channel.send(reply)
+
+
+def _b64decode(data: str) -> bytes | None:
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return None
