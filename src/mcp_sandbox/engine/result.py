@@ -52,7 +52,7 @@ class ToolAccess(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ExecutionRequest:
-    """One piece of code to run. Validated by the caller (see ``server/arguments.py``).
+    """One piece of code to run. Validated by the caller (see ``server/tools/arguments.py``).
 
     ``environment`` is this run's own (plus the sandbox's base environment); it travels to the
     runner in the EXEC frame, never on a command line. ``session`` is an opaque key chosen by the
