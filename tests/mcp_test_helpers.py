@@ -21,6 +21,11 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.sandbox.backends.base import Backend
+from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
+
 CALL_BOUND = 60.0
 
 
@@ -53,6 +58,27 @@ def stdio_client(
     )
     # read_timeout_seconds bounds every request, the connection handshake included.
     return Client(params, read_timeout_seconds=CALL_BOUND)
+
+
+@asynccontextmanager
+async def memory_client(
+    state_dir: Path, runtime: Path | None, *, backend: Backend | None = None, **flags: Any
+) -> AsyncIterator[Client]:
+    """A client of the whole service in this process over the SDK's in-memory pairing.
+
+    Settings ``flags`` over the state directory and ``runtime``; no MCP client configs are
+    discovered. ``backend`` replaces the configured one (tests/doubles/sandbox.py).
+    """
+    values: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
+    if runtime is not None:
+        values["python_runtime"] = str(runtime)
+    values.update(flags)
+    settings = load_settings(env={}, flags=values)
+    async with (
+        open_service(settings, http=False, backend=backend) as service,
+        Client(build_server(service), read_timeout_seconds=CALL_BOUND) as client,
+    ):
+        yield client
 
 
 async def run_python(client: Client, arguments: dict[str, Any] | None, bound: float = CALL_BOUND) -> CallToolResult:
