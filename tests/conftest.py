@@ -76,3 +76,32 @@ def plain_settings(state_dir: Path) -> Callable[..., Settings]:
         return load_settings(env={}, flags={"state_dir": str(state_dir), "prestart_size": 0, **flags})
 
     return make
+
+
+# Fixtures that start real sandboxes (or the networks and engines around them), or take a tool
+# from the built runtime: a test that uses one needs bwrap (or podman, docker) and `make runtime`,
+# whatever folder it is in.
+_REAL_SANDBOX_FIXTURES = frozenset(
+    {
+        "bwrap_probe",  # tests/engine
+        "make_engine",
+        "running_engine",
+        "backend_probes",  # tests/sandbox
+        "make_sandbox",
+        "container_probes",  # tests/containers
+        "make_container_engine",
+        "docker_engine",
+        "packaged_runtime",
+        "test_net",  # tests/egress
+        "egress_engine",
+        "typescript",  # tests/bridge/test_typings.py: tsc from `make runtime`
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``sandbox`` every test that uses a fixture starting a real sandbox (see above)."""
+    for item in items:
+        if _REAL_SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sandbox)
