@@ -110,6 +110,7 @@ async def test_fifty_calls_gathered_in_the_sandbox_run_concurrently(client: Clie
     assert ok(data).split() == ["50", "50"]
 
 
+@pytest.mark.slow
 async def test_calls_in_flight_of_one_run_are_capped_at_max_calls_in_flight(
     state_dir: Path, sandbox_runtime: Path | None, downstream_dir: Path
 ) -> None:
@@ -153,6 +154,7 @@ async def test_a_request_over_max_call_bytes_raises_mcperror_and_the_run_goes_on
     assert ok(data).split() == ["invalid", "small"]
 
 
+@pytest.mark.slow
 async def test_a_20_mib_tool_result_arrives_whole(client: Client) -> None:
     data = await run(
         client,

@@ -340,6 +340,7 @@ async def test_images_shown_with_matplotlib_come_back_as_image_content(base: str
 # --- the service's own state ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_restart_keeps_files_and_metadata_and_retention_evicts_the_least_recently_used(
     state_dir: Path, sandbox_runtime: Path | None, config: Path
 ) -> None:
@@ -395,6 +396,7 @@ def _server_pids(state_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_sigterm_stops_the_server_and_kills_a_running_sandbox(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:

@@ -351,6 +351,7 @@ async def test_concurrent_opening_requests_cannot_pass_the_session_quota_togethe
     assert set(statuses) <= {200, 429}, statuses
 
 
+@pytest.mark.slow
 async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> None:
     async with bearer_web(ALICE, "127.0.0.52") as alice:
         opened = await _open_quota(alice, base)
@@ -368,6 +369,7 @@ async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> Non
         await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": reopened.headers["mcp-session-id"]})
 
 
+@pytest.mark.slow
 async def test_an_idle_sse_session_is_ended_after_the_session_ttl(base: str) -> None:
     started = time.monotonic()
     async with bearer_web(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
@@ -378,6 +380,7 @@ async def test_an_idle_sse_session_is_ended_after_the_session_ttl(base: str) -> 
     assert time.monotonic() - started >= SESSION_TTL - 1
 
 
+@pytest.mark.slow
 async def test_an_sse_session_that_posts_messages_outlives_the_session_ttl(base: str) -> None:
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
     async with bearer_web(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
@@ -415,6 +418,7 @@ async def test_a_tenant_cannot_use_another_tenants_sse_or_streamable_http_sessio
 # --- 11. fairness: caps per tenant, a round-robin queue --------------------------------------
 
 
+@pytest.mark.slow
 async def test_one_tenants_long_runs_neither_make_the_other_busy_nor_queue_without_bound(base: str) -> None:
     results: list[dict[str, Any]] = []
 

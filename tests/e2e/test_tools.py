@@ -343,6 +343,7 @@ async def test_a_validation_error_is_rendered_in_the_requested_output_mode(clien
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
     transport: str, state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
