@@ -58,7 +58,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
-        lint format typecheck typecheck-ts pytest bench doctor vm-test clean
+        check lint format typecheck typecheck-ts pytest bench doctor vm-test clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -232,6 +232,15 @@ test: setup browser downstream conformance-tools containers ## Set up, then run 
 	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
+
+# The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
+# tests that need a real sandbox are marked `sandbox` (tests/conftest.py marks them by fixture).
+check: venv ## Fast lane: ruff, ruff format --check, mypy, lint-imports, pytest -m "not sandbox and not e2e and not slow"
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q -m "not sandbox and not e2e and not slow" $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check and lint-imports (the layers contract in pyproject.toml)
 	$(BIN)/ruff check src tests bench

@@ -1,14 +1,16 @@
-"""Fixtures shared by every suite: the anyio backend, the sandbox's runtime, reachable state directories."""
+"""Fixtures shared by every suite: the anyio backend, the sandbox's runtime, reachable state directories,
+settings for the sandbox test double; and the hook that marks the tests that need a real sandbox."""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from container_helpers import docker_daemon
+from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import remove_tree
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -61,3 +63,45 @@ def state_dir() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def module_state_dir() -> Iterator[Path]:
     yield from _reachable_state_dir()
+
+
+@pytest.fixture
+def plain_settings(state_dir: Path) -> Callable[..., Settings]:
+    """``plain_settings(**flags)``: settings for an engine on the test double (tests/doubles/sandbox.py).
+
+    Nothing pre-started: a pre-started Python sandbox is a zygote, which the double refuses.
+    """
+
+    def make(**flags: object) -> Settings:
+        return load_settings(env={}, flags={"state_dir": str(state_dir), "prestart_size": 0, **flags})
+
+    return make
+
+
+# Fixtures that start real sandboxes (or the networks and engines around them), or take a tool
+# from the built runtime: a test that uses one needs bwrap (or podman, docker) and `make runtime`,
+# whatever folder it is in.
+_REAL_SANDBOX_FIXTURES = frozenset(
+    {
+        "bwrap_probe",  # tests/engine
+        "make_engine",
+        "running_engine",
+        "backend_probes",  # tests/sandbox
+        "make_sandbox",
+        "container_probes",  # tests/containers
+        "make_container_engine",
+        "docker_engine",
+        "packaged_runtime",
+        "test_net",  # tests/egress
+        "egress_engine",
+        "typescript",  # tests/bridge/test_typings.py: tsc from `make runtime`
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``sandbox`` every test that uses a fixture starting a real sandbox (see above)."""
+    for item in items:
+        if _REAL_SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.sandbox)

@@ -1,7 +1,8 @@
-"""Helpers shared by the suites that drive the MCP tools (in memory, over real stdio and real HTTP)."""
+"""Helpers shared by the suites that drive the server: in memory, over real stdio and real HTTP, and the CLI."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import signal
@@ -9,6 +10,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,10 +21,17 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.sandbox.backends.base import Backend
+from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
+
 CALL_BOUND = 60.0
+COMMAND_BOUND = 120.0
 
 
 def _child_pythonpath() -> str | None:
@@ -53,6 +63,63 @@ def stdio_client(
     )
     # read_timeout_seconds bounds every request, the connection handshake included.
     return Client(params, read_timeout_seconds=CALL_BOUND)
+
+
+@asynccontextmanager
+async def memory_client(
+    state_dir: Path,
+    runtime: Path | None,
+    *,
+    backend: Backend | None = None,
+    read_timeout: float | None = CALL_BOUND,
+    **flags: Any,
+) -> AsyncIterator[Client]:
+    """A client of the whole service in this process over the SDK's in-memory pairing.
+
+    Settings ``flags`` over the state directory and ``runtime``; no MCP client configs are
+    discovered. ``backend`` replaces the configured one (tests/doubles/sandbox.py);
+    ``read_timeout`` bounds each request (None: the caller bounds its calls).
+    """
+    values: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
+    if runtime is not None:
+        values["python_runtime"] = str(runtime)
+    values.update(flags)
+    settings = load_settings(env={}, flags=values)
+    async with (
+        open_service(settings, http=False, backend=backend) as service,
+        Client(build_server(service), read_timeout_seconds=read_timeout) as client,
+    ):
+        yield client
+
+
+def cli_environment(runtime: Path | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A clean environment (no stray MCP_SANDBOX_* settings) in which ``python -m mcp_sandbox`` imports this package."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    if (pythonpath := _child_pythonpath()) is not None:
+        env["PYTHONPATH"] = pythonpath
+    if runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    env.update(extra or {})
+    return env
+
+
+def mcp_sandbox_cli(
+    *args: str,
+    state_dir: Path,
+    runtime: Path | None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``mcp-sandbox ARGS --state-dir STATE_DIR`` as a real process in :func:`cli_environment` (plus ``env``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "mcp_sandbox", *args, "--state-dir", str(state_dir)],
+        env=cli_environment(runtime, env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_BOUND,
+        check=False,
+    )
 
 
 async def run_python(client: Client, arguments: dict[str, Any] | None, bound: float = CALL_BOUND) -> CallToolResult:
@@ -249,14 +316,58 @@ async def http_server(
 
 
 @asynccontextmanager
-async def http_client(base_url: str, token: str | None) -> AsyncIterator[Client]:
-    """A client of the server at ``base_url`` over Streamable HTTP (``/mcp``), with ``token`` as its bearer."""
+async def http_client(base_url: str, token: str | None, transport: str = "http") -> AsyncIterator[Client]:
+    """A client of the server at ``base_url`` with ``token`` as its bearer, over Streamable HTTP
+    (``/mcp``) or, with ``transport="sse"``, the SSE transport (``/sse``)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=CALL_BOUND) as web,
-        Client(streamable_http_client(f"{base_url}/mcp", http_client=web), read_timeout_seconds=CALL_BOUND) as client,
-    ):
-        yield client
+    async with httpx2.AsyncClient(headers=headers, timeout=CALL_BOUND) as web:
+        target: Any = (
+            sse_client(f"{base_url}/sse", headers=headers)
+            if transport == "sse"
+            else streamable_http_client(f"{base_url}/mcp", http_client=web)
+        )
+        async with Client(target, read_timeout_seconds=CALL_BOUND) as client:
+            yield client
+
+
+def bearer_web(token: str | None, address: str | None = None) -> httpx2.AsyncClient:
+    """An HTTP client sending ``token`` as its bearer, its connections from local ``address`` if given."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    transport = httpx2.AsyncHTTPTransport(local_address=address) if address is not None else None
+    return httpx2.AsyncClient(headers=headers, timeout=CALL_BOUND, transport=transport)
+
+
+async def run_over_http(base_url: str, token: str, code: str, **arguments: Any) -> dict[str, Any]:
+    """Call ``run_python`` with dedented ``code`` over Streamable HTTP as ``token``'s tenant; its structured result."""
+    async with http_client(base_url, token) as client:
+        with anyio.fail_after(CALL_BOUND * 2):
+            result = await client.call_tool("run_python", {"code": textwrap.dedent(code), **arguments})
+    return structured(result)
+
+
+async def upload(
+    base_url: str, token: str, conversation: str, name: str, data: bytes, address: str | None = None
+) -> httpx2.Response:
+    """POST ``data`` to ``/upload`` as file ``name`` of ``conversation``."""
+    async with bearer_web(token, address) as web:
+        return await web.post(
+            f"{base_url}/upload", params={"conversationId": conversation, "filename": name}, content=data
+        )
+
+
+def new_conversation() -> str:
+    """A conversation id no other test uses."""
+    return f"conv-{uuid.uuid4().hex}"
+
+
+def auth_tokens(plain: Mapping[str, str], hashed: Mapping[str, str] = {}) -> str:
+    """The config file's ``[auth]`` table: ``plain`` {tenant: token} as given, ``hashed`` as their sha256."""
+    entries = [f'{{ tenant = "{tenant}", token = "{token}" }}' for tenant, token in plain.items()]
+    entries += [
+        f'{{ tenant = "{tenant}", token = "sha256:{hashlib.sha256(token.encode()).hexdigest()}" }}'
+        for tenant, token in hashed.items()
+    ]
+    return "[auth]\ntokens = [" + ", ".join(entries) + "]\n"
 
 
 class _ExitedEarly(Exception):

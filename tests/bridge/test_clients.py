@@ -92,6 +92,7 @@ async def server_pid(pool: ClientPool, alias: str) -> int:
     return pid
 
 
+@pytest.mark.slow
 async def test_a_server_starts_on_first_use_only() -> None:
     lazy_mark, first_mark = marker(), marker()
     servers = {"lazy": fixture_spec("lazy", lazy_mark), "first": fixture_spec("first", first_mark)}
@@ -107,6 +108,7 @@ async def test_a_server_starts_on_first_use_only() -> None:
             assert len(marked_pids(lazy_mark)) == 1
 
 
+@pytest.mark.slow
 async def test_the_tool_list_is_cached_while_the_connection_lives() -> None:
     with anyio.fail_after(BOUND):
         async with open_client_pool({"fixture": fixture_spec()}) as pool:
@@ -117,6 +119,7 @@ async def test_the_tool_list_is_cached_while_the_connection_lives() -> None:
             assert await server_pid(pool, "fixture") == pid
 
 
+@pytest.mark.slow
 async def test_a_crashed_server_fails_that_call_and_the_next_call_starts_it_again() -> None:
     with anyio.fail_after(BOUND):
         async with open_client_pool({"fixture": fixture_spec()}) as pool:
@@ -153,6 +156,7 @@ async def test_a_command_that_does_not_exist_is_a_downstream_error_naming_it() -
     assert command in caught.value.message
 
 
+@pytest.mark.slow
 async def test_a_server_that_never_speaks_mcp_fails_after_the_connect_timeout_and_is_stopped() -> None:
     mark = marker()
     spec = command_spec("silent", "sleep", "60", env=mark)
@@ -182,6 +186,7 @@ async def test_a_server_that_never_speaks_mcp_fails_after_the_connect_timeout_an
     assert marked_pids(mark) == set()
 
 
+@pytest.mark.slow
 async def test_all_tools_starts_every_server_at_once_and_reports_the_broken_one() -> None:
     silent_a, silent_b = marker(), marker()
     servers = {
@@ -219,6 +224,7 @@ async def test_all_tools_starts_every_server_at_once_and_reports_the_broken_one(
         assert failure.server == alias
 
 
+@pytest.mark.slow
 async def test_leaving_the_pool_stops_its_servers_within_the_bound() -> None:
     servers = {"one": fixture_spec("one"), "two": fixture_spec("two")}
     with anyio.fail_after(BOUND):

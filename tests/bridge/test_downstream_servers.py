@@ -30,7 +30,8 @@ from downstream import (
 )
 from downstream.fixture_server import RESOURCE_TEXT, RESOURCE_URI, tiny_png
 
-pytestmark = pytest.mark.anyio
+# slow: starts the pinned downstream servers (`make downstream`), each in seconds.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 # Generous: a cold start of node or Python on a small, busy machine; 20 MiB through JSON-RPC.
 CONNECT_BOUND = 30.0

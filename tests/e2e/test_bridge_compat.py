@@ -18,10 +18,7 @@ import pytest
 from mcp import Client
 
 from downstream import make_git_repo, require_installed, servers_config, write_servers_config
-from mcp_sandbox import load_settings
-from mcp_sandbox.server import build_server
-from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import run_python, structured
+from mcp_test_helpers import memory_client, run_python, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -35,15 +32,8 @@ async def client(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncI
     keep = {"time", "memory", "fixture"}
     config["mcpServers"] = {name: entry for name, entry in config["mcpServers"].items() if name in keep}
     write_servers_config(directory / "servers.json", config)
-    flags: dict[str, Any] = {
-        "state_dir": str(module_state_dir),
-        "servers_config": str(directory / "servers.json"),
-        "discover_servers": False,
-    }
-    if sandbox_runtime is not None:
-        flags["python_runtime"] = str(sandbox_runtime)
-    settings = load_settings(env={}, flags=flags)
-    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+    servers = str(directory / "servers.json")
+    async with memory_client(module_state_dir, sandbox_runtime, read_timeout=None, servers_config=servers) as client:
         yield client
 
 

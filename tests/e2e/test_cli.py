@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,43 +12,13 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_test_helpers import own_processes
+from mcp_test_helpers import COMMAND_BOUND, cli_environment, mcp_sandbox_cli, own_processes
 
 pytestmark = pytest.mark.e2e
 
-COMMAND_BOUND = 120.0
-
-
-def _environment(runtime: Path | None) -> dict[str, str]:
-    """A clean environment (no stray MCP_SANDBOX_* settings) in which the package imports."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
-    spec = importlib.util.find_spec("mcp_sandbox")
-    assert spec is not None and spec.origin is not None
-    source_root = Path(spec.origin).resolve().parents[1]
-    on_pythonpath = {Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
-    if source_root in on_pythonpath:
-        env["PYTHONPATH"] = str(source_root)
-    if runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
-    return env
-
-
-def _mcp_sandbox(
-    *args: str, state_dir: Path, runtime: Path | None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mcp_sandbox", *args, "--state-dir", str(state_dir)],
-        env=_environment(runtime),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_BOUND,
-        check=False,
-    )
-
 
 def test_run_dash_c_prints_the_output_and_exits_zero(state_dir: Path, sandbox_runtime: Path | None) -> None:
-    done = _mcp_sandbox("run", "-c", "print(1)", state_dir=state_dir, runtime=sandbox_runtime)
+    done = mcp_sandbox_cli("run", "-c", "print(1)", state_dir=state_dir, runtime=sandbox_runtime)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "1\n"
@@ -59,14 +28,14 @@ def test_run_file_runs_the_file(state_dir: Path, sandbox_runtime: Path | None, t
     script = tmp_path / "script.py"
     script.write_text("print('from a file')\n", encoding="utf-8")
 
-    done = _mcp_sandbox("run", str(script), state_dir=state_dir, runtime=sandbox_runtime)
+    done = mcp_sandbox_cli("run", str(script), state_dir=state_dir, runtime=sandbox_runtime)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "from a file\n"
 
 
 def test_run_exits_with_the_codes_exit_code(state_dir: Path, sandbox_runtime: Path | None) -> None:
-    done = _mcp_sandbox("run", "-c", "import sys; sys.exit(5)", state_dir=state_dir, runtime=sandbox_runtime)
+    done = mcp_sandbox_cli("run", "-c", "import sys; sys.exit(5)", state_dir=state_dir, runtime=sandbox_runtime)
 
     assert done.returncode == 5, done.stderr
 
@@ -90,7 +59,7 @@ def test_run_starts_no_sandbox_beyond_its_own(state_dir: Path, sandbox_runtime: 
     code = "await new Promise((done) => setTimeout(done, 3000)); console.log('waited');"
     command = [sys.executable, "-m", "mcp_sandbox", "run", "--language", "typescript", "-c", code]
     with subprocess.Popen(
-        [*command, "--state-dir", str(state_dir)], env=_environment(sandbox_runtime),
+        [*command, "--state-dir", str(state_dir)], env=cli_environment(sandbox_runtime),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as cli:  # fmt: skip
         seen = []
@@ -104,7 +73,7 @@ def test_run_starts_no_sandbox_beyond_its_own(state_dir: Path, sandbox_runtime: 
 
 
 def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Path, packaged_runtime: Path) -> None:
-    done = _mcp_sandbox("doctor", state_dir=state_dir, runtime=packaged_runtime)
+    done = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=packaged_runtime)
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bwrap" in done.stdout
@@ -116,7 +85,7 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
 
 
 def test_doctor_says_when_the_sandbox_gate_is_not_built(state_dir: Path, packaged_runtime: Path) -> None:
-    environment = {**_environment(packaged_runtime), "MCP_SANDBOX_GATE_DIR": str(state_dir.parent / "gate")}
+    environment = {**cli_environment(packaged_runtime), "MCP_SANDBOX_GATE_DIR": str(state_dir.parent / "gate")}
 
     done = subprocess.run(
         [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(state_dir)],
@@ -135,7 +104,7 @@ def test_doctor_says_when_the_typescript_runner_is_not_bundled(state_dir: Path, 
     runtime_dir.mkdir()
     runtime_dir.chmod(0o755)
     (runtime_dir / "node_modules").symlink_to(installed / "node_modules")
-    environment = {**_environment(packaged_runtime), "MCP_SANDBOX_JS_RUNTIME_DIR": str(runtime_dir)}
+    environment = {**cli_environment(packaged_runtime), "MCP_SANDBOX_JS_RUNTIME_DIR": str(runtime_dir)}
 
     done = subprocess.run(
         [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(state_dir)],

@@ -27,7 +27,7 @@ from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
 from mcp_sandbox.cli import main
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import run_python, stdio_client, structured, text
+from mcp_test_helpers import memory_client, run_python, stdio_client, structured, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -49,15 +49,8 @@ def downstream_dir(module_state_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 async def client(module_state_dir: Path, sandbox_runtime: Path | None, downstream_dir: Path) -> AsyncIterator[Client]:
-    flags: dict[str, Any] = {
-        "state_dir": str(module_state_dir),
-        "servers_config": str(downstream_dir / "servers.json"),
-        "discover_servers": False,  # never the developer's own client configs
-    }
-    if sandbox_runtime is not None:
-        flags["python_runtime"] = str(sandbox_runtime)
-    settings = load_settings(env={}, flags=flags)
-    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+    servers = str(downstream_dir / "servers.json")
+    async with memory_client(module_state_dir, sandbox_runtime, read_timeout=None, servers_config=servers) as client:
         yield client
 
 
@@ -117,6 +110,7 @@ async def test_fifty_calls_gathered_in_the_sandbox_run_concurrently(client: Clie
     assert ok(data).split() == ["50", "50"]
 
 
+@pytest.mark.slow
 async def test_calls_in_flight_of_one_run_are_capped_at_max_calls_in_flight(
     state_dir: Path, sandbox_runtime: Path | None, downstream_dir: Path
 ) -> None:
@@ -160,6 +154,7 @@ async def test_a_request_over_max_call_bytes_raises_mcperror_and_the_run_goes_on
     assert ok(data).split() == ["invalid", "small"]
 
 
+@pytest.mark.slow
 async def test_a_20_mib_tool_result_arrives_whole(client: Client) -> None:
     data = await run(
         client,

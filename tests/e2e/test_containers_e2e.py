@@ -5,18 +5,14 @@ from __future__ import annotations
 
 import base64
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from container_helpers import backend_flags
-from mcp_test_helpers import run_python, stdio_client, structured
+from mcp_test_helpers import cli_environment, mcp_sandbox_cli, run_python, stdio_client, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
-
-COMMAND_BOUND = 120.0
 
 
 @pytest.fixture(params=["podman", "docker"])
@@ -33,35 +29,20 @@ def container_backend(request: pytest.FixtureRequest, docker_engine: str | None)
     return name
 
 
-def _environment(backend: str, runtime: Path | None) -> dict[str, str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
-    env["MCP_SANDBOX_BACKEND"] = backend
-    env["MCP_SANDBOX_CONTAINER_RUNTIME"] = str(backend_flags(backend)["container_runtime"])
-    env["MCP_SANDBOX_DISCOVER_SERVERS"] = "false"
-    if runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    return env
-
-
-def _mcp_sandbox(*args: str, backend: str, state_dir: Path, runtime: Path | None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mcp_sandbox", *args, "--state-dir", str(state_dir)],
-        env=_environment(backend, runtime),
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_BOUND,
-        check=False,
-    )
+def _backend_env(backend: str) -> dict[str, str]:
+    return {
+        "MCP_SANDBOX_BACKEND": backend,
+        "MCP_SANDBOX_CONTAINER_RUNTIME": str(backend_flags(backend)["container_runtime"]),
+        "MCP_SANDBOX_DISCOVER_SERVERS": "false",
+    }
 
 
 def test_run_prints_the_output_from_a_container(
     container_backend: str, state_dir: Path, packaged_runtime: Path
 ) -> None:
-    done = _mcp_sandbox(
+    done = mcp_sandbox_cli(
         "run", "-c", "import pandas; print(pandas.DataFrame({'a': [1, 2]}).a.sum())",
-        backend=container_backend, state_dir=state_dir, runtime=packaged_runtime,
+        state_dir=state_dir, runtime=packaged_runtime, env=_backend_env(container_backend),
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr
@@ -71,7 +52,7 @@ def test_run_prints_the_output_from_a_container(
 def test_doctor_reports_the_container_backend_and_what_it_enforces(
     container_backend: str, state_dir: Path, packaged_runtime: Path
 ) -> None:
-    done = _mcp_sandbox("doctor", backend=container_backend, state_dir=state_dir, runtime=packaged_runtime)
+    done = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=packaged_runtime, env=_backend_env(container_backend))
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"backend {container_backend}: available" in done.stdout
@@ -83,7 +64,7 @@ def test_doctor_reports_the_container_backend_and_what_it_enforces(
 async def test_a_conversation_keeps_its_state_and_files_in_a_warm_container(
     container_backend: str, state_dir: Path, packaged_runtime: Path
 ) -> None:
-    environment = _environment(container_backend, packaged_runtime)
+    environment = cli_environment(packaged_runtime, _backend_env(container_backend))
     async with stdio_client(state_dir, packaged_runtime, environment=environment) as client:
         upload = await client.call_tool(
             "upload_file",

@@ -13,25 +13,33 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, ImageContent
 
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.workspace import derive_key, load_secret
-from mcp_test_helpers import CALL_BOUND, host_processes, http_server, poll, structured, text
+from mcp_test_helpers import (
+    CALL_BOUND,
+    auth_tokens,
+    bearer_web,
+    host_processes,
+    http_client,
+    http_server,
+    new_conversation,
+    poll,
+    run_over_http,
+    structured,
+    text,
+    upload,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -43,18 +51,7 @@ QUOTA = 256 << 10
 @pytest.fixture(scope="module")
 def config(module_state_dir: Path) -> Path:
     path = module_state_dir.parent / f"http-{uuid.uuid4().hex[:8]}.toml"
-    bob_digest = hashlib.sha256(BOB.encode()).hexdigest()
-    path.write_text(
-        textwrap.dedent(f"""
-        quota_bytes = {QUOTA}
-        quota_files = 50
-        [auth]
-        tokens = [
-          {{ tenant = "alice", token = "{ALICE}" }},
-          {{ tenant = "bob", token = "sha256:{bob_digest}" }},
-        ]
-        """)
-    )
+    path.write_text(f"quota_bytes = {QUOTA}\nquota_files = 50\n" + auth_tokens({"alice": ALICE}, {"bob": BOB}))
     return path
 
 
@@ -64,36 +61,9 @@ async def base(module_state_dir: Path, sandbox_runtime: Path | None, config: Pat
         yield url
 
 
-@asynccontextmanager
-async def mcp_client(base: str, token: str | None, transport: str = "http") -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with httpx2.AsyncClient(headers=headers, timeout=60) as web:
-        if transport == "sse":
-            target: Any = sse_client(f"{base}/sse", headers=headers)
-        else:
-            target = streamable_http_client(f"{base}/mcp", http_client=web)
-        async with Client(target, read_timeout_seconds=CALL_BOUND) as client:
-            yield client
-
-
 async def call(client: Client, tool: str, arguments: dict[str, Any]) -> CallToolResult:
     with anyio.fail_after(CALL_BOUND * 2):
         return await client.call_tool(tool, arguments)
-
-
-async def run(base: str, token: str, code: str, **arguments: Any) -> dict[str, Any]:
-    async with mcp_client(base, token) as client:
-        return structured(await call(client, "run_python", {"code": textwrap.dedent(code), **arguments}))
-
-
-def http(token: str | None = None) -> httpx2.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx2.AsyncClient(headers=headers, timeout=60)
-
-
-async def upload(base: str, token: str, conversation: str, name: str, data: bytes) -> httpx2.Response:
-    async with http(token) as web:
-        return await web.post(f"{base}/upload", params={"conversationId": conversation, "filename": name}, content=data)
 
 
 PASSWD = Path("/etc/passwd")
@@ -107,15 +77,11 @@ def _exists(path: str) -> bool:
     return os.path.lexists(path)
 
 
-def conversation() -> str:
-    return f"conv-{uuid.uuid4().hex}"
-
-
 # --- auth ----------------------------------------------------------------------------------
 
 
 async def test_a_request_without_a_token_gets_401_saying_a_bearer_token_is_required(base: str) -> None:
-    async with http() as web:
+    async with bearer_web(None) as web:
         refused = await web.post(f"{base}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert refused.status_code == 401
     challenge = refused.headers["www-authenticate"]
@@ -127,14 +93,14 @@ async def test_a_request_without_a_token_gets_401_saying_a_bearer_token_is_requi
 
 @pytest.mark.parametrize("path", ["/mcp", "/sse", "/messages/?session_id=0", "/upload"])
 async def test_every_authenticated_route_refuses_a_wrong_token(base: str, path: str) -> None:
-    async with http("not-a-valid-token-at-all-000") as web:
+    async with bearer_web("not-a-valid-token-at-all-000") as web:
         response = await web.request("GET" if path == "/sse" else "POST", f"{base}{path}", content=b"{}")
     assert response.status_code == 401
 
 
 async def test_both_tenants_run_code_with_their_tokens_over_streamable_http_and_sse(base: str) -> None:
     for token, transport in ((ALICE, "http"), (BOB, "sse")):
-        async with mcp_client(base, token, transport) as client:
+        async with http_client(base, token, transport) as client:
             tools = {tool.name for tool in (await client.list_tools()).tools}
             assert {"run_python", "run_code", "upload_file", "list_runners"} <= tools
             result = await call(client, "run_python", {"code": "print(6 * 7)"})
@@ -157,7 +123,7 @@ def test_the_server_refuses_to_listen_beyond_loopback_without_a_token(module_sta
 
 async def test_a_foreign_origin_or_host_is_refused_against_dns_rebinding(base: str) -> None:
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    async with http(ALICE) as web:
+    async with bearer_web(ALICE) as web:
         origin = await web.post(f"{base}/mcp", json=body, headers={"Origin": "http://evil.example"})
         host = await web.post(f"{base}/mcp", json=body, headers={"Host": "evil.example"})
         upload_origin = await web.post(
@@ -172,7 +138,7 @@ async def test_an_oversized_mcp_request_is_refused_with_413(base: str) -> None:
     code = "x = 1\n" + "#" * (5 << 20)
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_python", "arguments": {}}}
     body["params"]["arguments"] = {"code": code}  # type: ignore[index]
-    async with http(ALICE) as web:
+    async with bearer_web(ALICE) as web:
         response = await web.post(f"{base}/mcp", json=body, headers={"Accept": "application/json, text/event-stream"})
     assert response.status_code == 413
 
@@ -181,10 +147,10 @@ async def test_an_oversized_mcp_request_is_refused_with_413(base: str) -> None:
 
 
 async def test_upload_then_run_then_download_round_trip(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     uploaded = await upload(base, ALICE, conv, "input/data.csv", b"region,amount\nnorth,3\nsouth,4\n")
     assert uploaded.status_code == 201
-    data = await run(
+    data = await run_over_http(
         base,
         ALICE,
         """
@@ -200,7 +166,7 @@ async def test_upload_then_run_then_download_round_trip(base: str) -> None:
     assert data["stdout"] == "True\n"
     files = {f["name"]: f for f in data["files"]}
     assert set(files) == {"input/data.csv", "total.txt"}
-    async with http() as web:  # a signed URL needs no token
+    async with bearer_web(None) as web:  # a signed URL needs no token
         download = await web.get(files["total.txt"]["url"])
         ranged = await web.get(files["input/data.csv"]["url"], headers={"Range": "bytes=7-12"})
         head = await web.head(files["total.txt"]["url"])
@@ -216,8 +182,8 @@ async def test_upload_then_run_then_download_round_trip(base: str) -> None:
 
 
 async def test_a_multipart_upload_stores_every_file_part(base: str) -> None:
-    conv = conversation()
-    async with http(ALICE) as web:
+    conv = new_conversation()
+    async with bearer_web(ALICE) as web:
         response = await web.post(
             f"{base}/upload",
             data={"conversationId": conv},
@@ -225,13 +191,13 @@ async def test_a_multipart_upload_stores_every_file_part(base: str) -> None:
         )
     assert response.status_code == 201, response.text
     assert sorted(f["name"] for f in response.json()["files"]) == ["a.txt", "b.bin"]
-    data = await run(base, ALICE, "print(open('/workspace/a.txt').read())", conversationId=conv)
+    data = await run_over_http(base, ALICE, "print(open('/workspace/a.txt').read())", conversationId=conv)
     assert data["stdout"] == "alpha\n"
 
 
 async def test_upload_file_tool_stores_base64_content_for_the_next_run(base: str) -> None:
-    conv = conversation()
-    async with mcp_client(base, ALICE) as client:
+    conv = new_conversation()
+    async with http_client(base, ALICE) as client:
         stored = await call(
             client,
             "upload_file",
@@ -246,9 +212,9 @@ async def test_upload_file_tool_stores_base64_content_for_the_next_run(base: str
 
 
 async def test_a_tenant_never_reaches_another_tenants_conversation_with_the_same_id(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     assert (await upload(base, ALICE, conv, "secret.txt", b"alice only")).status_code == 201
-    data = await run(
+    data = await run_over_http(
         base,
         BOB,
         """
@@ -260,12 +226,12 @@ async def test_a_tenant_never_reaches_another_tenants_conversation_with_the_same
     )
     listed, bob_base = data["stdout"].splitlines()
     assert listed == "[]"
-    async with http() as web:
+    async with bearer_web(None) as web:
         assert (await web.get(f"{bob_base}/secret.txt")).status_code == 404
 
 
 async def test_expired_and_tampered_download_urls_are_refused(base: str, module_state_dir: Path) -> None:
-    conv = conversation()
+    conv = new_conversation()
     url = (await upload(base, ALICE, conv, "f.txt", b"content")).json()["files"][0]["url"]
     prefix, _, name = url.rpartition("/")
     key, expires, signature = prefix.split("/")[-3:]
@@ -273,7 +239,7 @@ async def test_expired_and_tampered_download_urls_are_refused(base: str, module_
     signer = UrlSigner(derive_key(load_secret(module_state_dir), "download-url"), base, ttl=-60)
     expired = signer.file_url(key, "f.txt", now=time.time())
     flipped = signature[:-1] + ("0" if signature[-1] != "0" else "1")
-    async with http() as web:
+    async with bearer_web(None) as web:
         assert (await web.get(url)).status_code == 200
         assert (await web.get(expired)).status_code == 410
         assert (await web.get(f"{prefix.rsplit('/', 1)[0]}/{flipped}/{name}")).status_code == 403
@@ -283,9 +249,9 @@ async def test_expired_and_tampered_download_urls_are_refused(base: str, module_
 
 
 async def test_symlinks_fifos_and_traversal_made_by_sandboxed_code_are_never_followed(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     before = _digest(PASSWD)
-    data = await run(
+    data = await run_over_http(
         base,
         ALICE,
         """
@@ -301,7 +267,7 @@ async def test_symlinks_fifos_and_traversal_made_by_sandboxed_code_are_never_fol
     assert data["status"] == "success", data
     assert [f["name"] for f in data["files"]] == ["plain.txt"]
     file_base = data["stdout"].strip()
-    async with http() as web:
+    async with bearer_web(None) as web:
         with anyio.fail_after(30):  # a FIFO must not block the server
             for name in ("link.txt", "etcdir/passwd", "fifo.csv", "../../secret", "%2e%2e/%2e%2e/etc/passwd"):
                 assert (await web.get(f"{file_base}/{name}")).status_code in (403, 404), name
@@ -316,12 +282,12 @@ async def test_symlinks_fifos_and_traversal_made_by_sandboxed_code_are_never_fol
 
 
 async def test_a_full_quota_refuses_the_upload_and_keeps_what_was_stored(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     assert (await upload(base, ALICE, conv, "keep.bin", b"k" * (QUOTA // 2))).status_code == 201
     too_big = await upload(base, ALICE, conv, "big.bin", b"b" * (QUOTA // 2 + 1024))
     assert too_big.status_code == 413
     assert (await upload(base, ALICE, conv, "keep.bin", b"x" * (QUOTA + 1))).status_code == 413
-    async with mcp_client(base, ALICE) as client:
+    async with http_client(base, ALICE) as client:
         refused = await call(
             client,
             "upload_file",
@@ -342,8 +308,8 @@ async def test_a_full_quota_refuses_the_upload_and_keeps_what_was_stored(base: s
 
 
 async def test_a_conversation_keeps_its_variables_between_runs_until_reset(base: str) -> None:
-    conv = conversation()
-    async with mcp_client(base, ALICE) as client:
+    conv = new_conversation()
+    async with http_client(base, ALICE) as client:
         first = structured(await call(client, "run_python", {"code": "import math\nx = 41", "conversationId": conv}))
         second = structured(
             await call(client, "run_python", {"code": "print(x + 1, math.pi > 3)", "conversationId": conv})
@@ -359,7 +325,7 @@ async def test_a_conversation_keeps_its_variables_between_runs_until_reset(base:
 
 
 async def test_images_shown_with_matplotlib_come_back_as_image_content(base: str) -> None:
-    async with mcp_client(base, ALICE) as client:
+    async with http_client(base, ALICE) as client:
         result = await call(
             client,
             "run_python",
@@ -374,6 +340,7 @@ async def test_images_shown_with_matplotlib_come_back_as_image_content(base: str
 # --- the service's own state ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_restart_keeps_files_and_metadata_and_retention_evicts_the_least_recently_used(
     state_dir: Path, sandbox_runtime: Path | None, config: Path
 ) -> None:
@@ -381,16 +348,16 @@ async def test_restart_keeps_files_and_metadata_and_retention_evicts_the_least_r
         assert (await upload(url, ALICE, "old", "a.bin", b"a" * 100_000)).status_code == 201
         assert (await upload(url, ALICE, "new", "b.bin", b"b" * 100_000)).status_code == 201
         secret_env = {"environment": {"API_KEY": "sk-live-do-not-store"}}
-        async with mcp_client(url, ALICE) as client:
+        async with http_client(url, ALICE) as client:
             await call(client, "run_code", {"code": "print('SECRET-CODE-MARKER')", "language": "python", **secret_env})
     async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
-        data = await run(url, ALICE, "import os; print(os.listdir())", conversationId="new")
+        data = await run_over_http(url, ALICE, "import os; print(os.listdir())", conversationId="new")
         assert data["stdout"] == "['b.bin']\n"
     # Both conversations now hold 100 kB; a total of 150 kB leaves room for the newest only.
     env = {"MCP_SANDBOX_MAX_WORKSPACES_BYTES": "150000"}
     async with http_server(state_dir, "--config", str(config), env=env, runtime=sandbox_runtime) as url:
-        old = await run(url, ALICE, "import os; print(os.listdir())", conversationId="old")
-        new = await run(url, ALICE, "import os; print(os.listdir())", conversationId="new")
+        old = await run_over_http(url, ALICE, "import os; print(os.listdir())", conversationId="old")
+        new = await run_over_http(url, ALICE, "import os; print(os.listdir())", conversationId="new")
     assert old["stdout"] == "[]\n"
     assert new["stdout"] == "['b.bin']\n"
     with sqlite3.connect(state_dir / "metadata.sqlite3") as db:
@@ -429,6 +396,7 @@ def _server_pids(state_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 async def test_sigterm_stops_the_server_and_kills_a_running_sandbox(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
@@ -447,7 +415,7 @@ async def test_sigterm_stops_the_server_and_kills_a_running_sandbox(
         async def long_run() -> None:
             code = f"import subprocess\nsubprocess.run([{marker!r}, '300'], executable='/bin/sleep')"
             try:
-                async with mcp_client(url, None) as client:
+                async with http_client(url, None) as client:
                     await call(client, "run_python", {"code": code})
                 outcome.append("returned")
             except Exception as exc:  # the connection drops with the server; the SDK decides how it says so

@@ -21,9 +21,7 @@ from downstream import make_git_repo, require_installed, servers_config, write_s
 from mcp_sandbox import load_settings
 from mcp_sandbox.config import JS_RUNTIMES
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.server import build_server
-from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import CALL_BOUND, structured
+from mcp_test_helpers import CALL_BOUND, memory_client, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -46,16 +44,13 @@ async def client(module_state_dir: Path, sandbox_runtime: Path | None, js_runtim
         directory, git_repo=make_git_repo(directory / "repo"), include=("time", "everything", "fixture")
     )
     write_servers_config(directory / "servers.json", config)
-    flags: dict[str, Any] = {
-        "state_dir": str(module_state_dir / js_runtime),
-        "servers_config": str(directory / "servers.json"),
-        "discover_servers": False,
-        "js_runtime": js_runtime,
-    }
-    if sandbox_runtime is not None:
-        flags["python_runtime"] = str(sandbox_runtime)
-    settings = load_settings(env={}, flags=flags)
-    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+    async with memory_client(
+        module_state_dir / js_runtime,
+        sandbox_runtime,
+        read_timeout=None,
+        servers_config=str(directory / "servers.json"),
+        js_runtime=js_runtime,
+    ) as client:
         yield client
 
 

@@ -7,15 +7,13 @@ directory to show the library persists.
 
 from __future__ import annotations
 
-import hashlib
 import textwrap
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 
-from mcp_test_helpers import CALL_BOUND, http_server
+from mcp_test_helpers import auth_tokens, bearer_web, http_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -25,11 +23,7 @@ BOB = "bob-token-0123456789abcdef0000"
 
 def config(state_dir: Path) -> Path:
     path = state_dir.parent / "library.toml"
-    bob = hashlib.sha256(BOB.encode()).hexdigest()
-    path.write_text(
-        "library_bytes = 4096\nlibrary_entries = 5\n"
-        f'[auth]\ntokens = [{{ tenant = "alice", token = "{ALICE}" }}, {{ tenant = "bob", token = "sha256:{bob}" }}]\n'
-    )
+    path.write_text("library_bytes = 4096\nlibrary_entries = 5\n" + auth_tokens({"alice": ALICE}, {"bob": BOB}))
     return path
 
 
@@ -38,7 +32,7 @@ async def run(base: str, token: str, code: str, conversation: str | None = None)
     if conversation is not None:
         arguments["conversationId"] = conversation
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_python", "arguments": arguments}}
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=CALL_BOUND) as web:
+    async with bearer_web(token) as web:
         reply = await web.post(f"{base}/mcp", json=body)
     assert reply.status_code == 200, reply.text
     result = reply.json()["result"]
@@ -139,7 +133,7 @@ async def run_ts(base: str, token: str, code: str) -> dict[str, Any]:
         "method": "tools/call",
         "params": {"name": "run_code", "arguments": {"code": code, "language": "typescript"}},
     }
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=CALL_BOUND) as web:
+    async with bearer_web(token) as web:
         reply = await web.post(f"{base}/mcp", json=body)
     assert reply.status_code == 200, reply.text
     result = reply.json()["result"]

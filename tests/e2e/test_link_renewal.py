@@ -6,19 +6,17 @@ A real ``serve --transport http`` with two tenants; links are made as the owner 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx2
 import pytest
 
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.workspace import derive_key, load_secret
-from mcp_test_helpers import CALL_BOUND, http_server
+from mcp_test_helpers import auth_tokens, bearer_web, http_server, upload
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -30,24 +28,14 @@ TTL = 3600
 @pytest.fixture(scope="module")
 async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[str]:
     config = module_state_dir.parent / "renew.toml"
-    bob_digest = hashlib.sha256(BOB.encode()).hexdigest()
-    config.write_text(
-        f'url_ttl = {TTL}\n[auth]\ntokens = [{{ tenant = "alice", token = "{ALICE}" }}, '
-        f'{{ tenant = "bob", token = "sha256:{bob_digest}" }}]\n'
-    )
+    config.write_text(f"url_ttl = {TTL}\n" + auth_tokens({"alice": ALICE}, {"bob": BOB}))
     async with http_server(module_state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
         yield url
 
 
-def web(token: str | None = None) -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=CALL_BOUND)
-
-
-async def upload(base: str, conversation: str, name: str, data: bytes) -> str:
-    async with web(ALICE) as client:
-        stored = await client.post(
-            f"{base}/upload", params={"conversationId": conversation, "filename": name}, content=data
-        )
+async def upload_url(base: str, conversation: str, name: str, data: bytes) -> str:
+    """Upload as Alice; the stored file's download link."""
+    stored = await upload(base, ALICE, conversation, name, data)
     assert stored.status_code == 201, stored.text
     url: str = stored.json()["files"][0]["url"]
     return url
@@ -55,15 +43,15 @@ async def upload(base: str, conversation: str, name: str, data: bytes) -> str:
 
 async def test_the_owner_renews_one_files_link_and_it_downloads(base: str) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
-    await upload(base, conversation, "report.csv", b"a,b\n1,2\n")
+    await upload_url(base, conversation, "report.csv", b"a,b\n1,2\n")
     before = time.time()
-    async with web(ALICE) as client:
+    async with bearer_web(ALICE) as client:
         renewed = await client.get(f"{base}/files/renew", params={"conversationId": conversation, "name": "report.csv"})
     assert renewed.status_code == 200, renewed.text
     (entry,) = renewed.json()["files"]
     assert (entry["name"], entry["size"]) == ("report.csv", 8)
     assert math.ceil(before + TTL) <= entry["expires"] <= math.ceil(time.time() + TTL)
-    async with web() as anonymous:  # the renewed link is a signed link: no token needed
+    async with bearer_web(None) as anonymous:  # the renewed link is a signed link: no token needed
         download = await anonymous.get(entry["url"])
     assert download.status_code == 200
     assert download.content == b"a,b\n1,2\n"
@@ -71,21 +59,21 @@ async def test_the_owner_renews_one_files_link_and_it_downloads(base: str) -> No
 
 async def test_without_a_name_every_file_of_the_conversation_is_renewed(base: str) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
-    await upload(base, conversation, "a.txt", b"a")
-    await upload(base, conversation, "sub/b.txt", b"bb")
-    async with web(ALICE) as client:
+    await upload_url(base, conversation, "a.txt", b"a")
+    await upload_url(base, conversation, "sub/b.txt", b"bb")
+    async with bearer_web(ALICE) as client:
         renewed = await client.get(f"{base}/files/renew", params={"conversationId": conversation})
     assert [(f["name"], f["size"]) for f in renewed.json()["files"]] == [("a.txt", 1), ("sub/b.txt", 2)]
 
 
 async def test_an_expired_link_says_how_to_renew_it(base: str, module_state_dir: Path) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
-    url = await upload(base, conversation, "old.txt", b"old")
+    url = await upload_url(base, conversation, "old.txt", b"old")
     key = url.split("/files/")[1].split("/")[0]
     expired = UrlSigner(derive_key(load_secret(module_state_dir), "download-url"), base, ttl=-60).file_url(
         key, "old.txt", now=time.time()
     )
-    async with web() as anonymous:
+    async with bearer_web(None) as anonymous:
         gone = await anonymous.get(expired)
     assert gone.status_code == 410
     assert "/files/renew" in gone.json()["error"]
@@ -93,8 +81,8 @@ async def test_an_expired_link_says_how_to_renew_it(base: str, module_state_dir:
 
 async def test_another_tenant_cannot_renew_a_conversation_it_does_not_own(base: str) -> None:
     conversation = f"c-{uuid.uuid4().hex}"
-    await upload(base, conversation, "secret.txt", b"alice only")
-    async with web(BOB) as bob:
+    await upload_url(base, conversation, "secret.txt", b"alice only")
+    async with bearer_web(BOB) as bob:
         one = await bob.get(f"{base}/files/renew", params={"conversationId": conversation, "name": "secret.txt"})
         every = await bob.get(f"{base}/files/renew", params={"conversationId": conversation})
     assert one.status_code == 404
@@ -103,7 +91,7 @@ async def test_another_tenant_cannot_renew_a_conversation_it_does_not_own(base: 
 
 @pytest.mark.parametrize("token", [None, "not-a-valid-token-at-all-000"])
 async def test_renewal_needs_a_valid_token(base: str, token: str | None) -> None:
-    async with web(token) as client:
+    async with bearer_web(token) as client:
         refused = await client.get(f"{base}/files/renew", params={"conversationId": "x"})
     assert refused.status_code == 401
 
@@ -113,7 +101,7 @@ async def test_renewal_needs_a_valid_token(base: str, token: str | None) -> None
     [{}, {"conversationId": ""}, {"conversationId": "x", "name": "../etc/passwd"}, {"conversationId": "x", "name": ""}],
 )
 async def test_bad_parameters_are_refused_naming_them(base: str, params: dict[str, str]) -> None:
-    async with web(ALICE) as client:
+    async with bearer_web(ALICE) as client:
         refused = await client.get(f"{base}/files/renew", params=params)
     assert refused.status_code == 400
     assert ("name" if "name" in params else "conversationId") in refused.json()["error"]

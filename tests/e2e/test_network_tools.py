@@ -19,10 +19,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_sandbox import load_settings
-from mcp_sandbox.server import build_server
-from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import CALL_BOUND, structured, text
+from mcp_test_helpers import CALL_BOUND, memory_client, structured, text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -54,17 +51,14 @@ def web_port() -> Iterator[int]:
 async def client(module_state_dir: Path, sandbox_runtime: Path | None, web_port: int) -> AsyncIterator[Client]:
     if os.geteuid() != 0 and sandbox_runtime is None:
         pytest.skip("needs the built runtime")
-    flags: dict[str, object] = {
-        "state_dir": str(module_state_dir),
-        "discover_servers": False,
-        "egress_allow": NAME,
-        "egress_allow_private": f"{socket.gethostbyname(NAME)}/32",
-        "egress_ports": f"80,443,{web_port}",
-    }
-    if sandbox_runtime is not None:
-        flags["python_runtime"] = str(sandbox_runtime)
-    settings = load_settings(env={}, flags=flags)
-    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+    async with memory_client(
+        module_state_dir,
+        sandbox_runtime,
+        read_timeout=None,
+        egress_allow=NAME,
+        egress_allow_private=f"{socket.gethostbyname(NAME)}/32",
+        egress_ports=f"80,443,{web_port}",
+    ) as client:
         yield client
 
 

@@ -8,7 +8,6 @@ open to alice alone.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from downstream import make_git_repo, require_installed, servers_config, write_servers_config
-from mcp_test_helpers import CALL_BOUND, http_server, structured
+from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server, run_over_http, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -48,12 +47,8 @@ def config(module_state_dir: Path) -> Path:
         per_tenant = true
         [servers.fixture]
         tenants = ["alice"]
-        [auth]
-        tokens = [
-          {{ tenant = "alice", token = "{ALICE}" }},
-          {{ tenant = "bob", token = "sha256:{hashlib.sha256(BOB.encode()).hexdigest()}" }},
-        ]
         """)
+        + auth_tokens({"alice": ALICE}, {"bob": BOB})
     )
     return toml
 
@@ -84,12 +79,7 @@ def test_doctor_says_which_downstream_servers_tenants_share(
 
 
 async def run(base: str, token: str, code: str, servers: list[str]) -> dict[str, Any]:
-    async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as web,
-        Client(streamable_http_client(f"{base}/mcp", http_client=web), read_timeout_seconds=CALL_BOUND) as client,
-    ):
-        result = await client.call_tool("run_python", {"code": textwrap.dedent(code), "servers": servers})
-    return structured(result)
+    return await run_over_http(base, token, code, servers=servers)
 
 
 async def test_a_tenant_can_neither_read_nor_delete_what_another_stored_in_a_per_tenant_server(base: str) -> None:

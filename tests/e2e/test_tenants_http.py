@@ -9,12 +9,10 @@ their own in 127.0.0.0/8 (the per-address connection cap counts them apart from 
 
 from __future__ import annotations
 
-import hashlib
 import textwrap
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +20,16 @@ import anyio
 import anyio.abc
 import httpx2
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
-from mcp_test_helpers import CALL_BOUND, host_processes, http_server, structured
+from mcp_test_helpers import (
+    auth_tokens,
+    bearer_web,
+    host_processes,
+    http_server,
+    new_conversation,
+    run_over_http,
+    upload,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -49,7 +53,6 @@ MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": 
 @pytest.fixture(scope="module")
 def config(module_state_dir: Path) -> Path:
     path = module_state_dir.parent / f"tenants-{uuid.uuid4().hex[:8]}.toml"
-    bob_digest = hashlib.sha256(BOB.encode()).hexdigest()
     path.write_text(
         textwrap.dedent(f"""
         quota_bytes = {QUOTA}
@@ -73,12 +76,8 @@ def config(module_state_dir: Path) -> Path:
         body_timeout = "{BODY_TIMEOUT}s"
         tenant_uploads = 16
         upload_workers = 4
-        [auth]
-        tokens = [
-          {{ tenant = "alice", token = "{ALICE}" }},
-          {{ tenant = "bob", token = "sha256:{bob_digest}" }},
-        ]
         """)
+        + auth_tokens({"alice": ALICE}, {"bob": BOB})
     )
     return path
 
@@ -91,39 +90,6 @@ async def base(module_state_dir: Path, sandbox_runtime: Path | None, config: Pat
 
 def _port(base: str) -> int:
     return int(base.rsplit(":", 1)[1])
-
-
-def http(token: str, address: str | None = None) -> httpx2.AsyncClient:
-    """A client of ``token``'s tenant, its connections from local ``address`` (each address has its own cap)."""
-    transport = httpx2.AsyncHTTPTransport(local_address=address) if address is not None else None
-    return httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60, transport=transport)
-
-
-@asynccontextmanager
-async def mcp_client(base: str, token: str) -> AsyncIterator[Client]:
-    async with (
-        http(token) as web,
-        Client(streamable_http_client(f"{base}/mcp", http_client=web), read_timeout_seconds=CALL_BOUND) as client,
-    ):
-        yield client
-
-
-async def run(base: str, token: str, code: str, **arguments: Any) -> dict[str, Any]:
-    async with mcp_client(base, token) as client:
-        with anyio.fail_after(CALL_BOUND * 2):
-            result = await client.call_tool("run_python", {"code": textwrap.dedent(code), **arguments})
-    return structured(result)
-
-
-async def upload(
-    base: str, token: str, conversation: str, name: str, data: bytes, address: str | None = None
-) -> httpx2.Response:
-    async with http(token, address) as web:
-        return await web.post(f"{base}/upload", params={"conversationId": conversation, "filename": name}, content=data)
-
-
-def conversation() -> str:
-    return f"conv-{uuid.uuid4().hex}"
 
 
 async def connect_from(base: str, address: str) -> anyio.abc.SocketStream:
@@ -186,7 +152,7 @@ async def test_one_address_cannot_hold_more_than_its_connections_and_the_other_t
             with anyio.fail_after(10):
                 refused = await read_until_closed(extra)
         assert refused.startswith(b"HTTP/1.1 429 ")
-        data = await run(base, BOB, "print(6 * 7)")
+        data = await run_over_http(base, BOB, "print(6 * 7)")
         assert data["stdout"] == "42\n"
     finally:
         for stream in held:
@@ -268,7 +234,7 @@ async def _slow_upload(base: str, address: str, conv: str, results: list[bytes])
 
 
 async def test_forty_uploads_sent_a_byte_at_a_time_are_refused_or_cut_and_the_other_tenant_runs(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     results: list[bytes] = []
     started = time.monotonic()
     async with anyio.create_task_group() as group:
@@ -277,7 +243,7 @@ async def test_forty_uploads_sent_a_byte_at_a_time_are_refused_or_cut_and_the_ot
         await anyio.sleep(0.5)
         # The other tenant's runs get threads and slots while all of that goes on.
         with anyio.fail_after(30):
-            data = await run(base, BOB, "print(6 * 7)")
+            data = await run_over_http(base, BOB, "print(6 * 7)")
         assert data["status"] == "success", data
         assert data["stdout"] == "42\n"
     statuses = sorted(answer.split(b" ", 2)[1].decode() if answer else "closed" for answer in results)
@@ -288,7 +254,7 @@ async def test_forty_uploads_sent_a_byte_at_a_time_are_refused_or_cut_and_the_ot
     assert set(statuses) <= {"408", "429"}, statuses
     assert time.monotonic() - started < BODY_TIMEOUT + HEADER_TIMEOUT + 25
     # Nothing of the cut uploads was stored.
-    listing = await run(base, ALICE, "import os; print(os.listdir())", conversationId=conv)
+    listing = await run_over_http(base, ALICE, "import os; print(os.listdir())", conversationId=conv)
     assert listing["stdout"] == "[]\n"
 
 
@@ -296,7 +262,7 @@ async def test_forty_uploads_sent_a_byte_at_a_time_are_refused_or_cut_and_the_ot
 
 
 async def test_sixteen_concurrent_uploads_into_one_conversation_cannot_pass_its_quota(base: str) -> None:
-    conv = conversation()
+    conv = new_conversation()
     statuses: list[int] = []
 
     async def one(index: int) -> None:
@@ -309,7 +275,7 @@ async def test_sixteen_concurrent_uploads_into_one_conversation_cannot_pass_its_
             group.start_soon(one, index)
     assert statuses.count(201) == 1, statuses
     assert set(statuses) == {201, 413}, statuses
-    data = await run(base, ALICE, "print(1)", conversationId=conv)
+    data = await run_over_http(base, ALICE, "print(1)", conversationId=conv)
     assert sum(entry["size"] for entry in data["files"]) <= QUOTA
 
 
@@ -345,7 +311,7 @@ async def _open_quota(web: httpx2.AsyncClient, base: str) -> list[httpx2.Respons
 
 async def test_a_tenant_at_its_session_quota_is_refused_429_and_the_other_tenant_opens_sessions(base: str) -> None:
     # Addresses of their own: connections the attacks above left closing count against 127.0.0.1's cap.
-    async with http(ALICE, "127.0.0.50") as alice, http(BOB, "127.0.0.51") as bob:
+    async with bearer_web(ALICE, "127.0.0.50") as alice, bearer_web(BOB, "127.0.0.51") as bob:
         opened = await _open_quota(alice, base)
         refused = await _open_session(alice, base)
         assert refused.status_code == 429
@@ -368,7 +334,7 @@ async def test_a_tenant_at_its_session_quota_is_refused_429_and_the_other_tenant
 async def test_concurrent_opening_requests_cannot_pass_the_session_quota_together(base: str) -> None:
     statuses: list[int] = []
     sessions: list[str] = []
-    async with http(ALICE, "127.0.0.50") as alice:
+    async with bearer_web(ALICE, "127.0.0.50") as alice:
 
         async def one() -> None:
             response = await _open_session(alice, base)
@@ -385,8 +351,9 @@ async def test_concurrent_opening_requests_cannot_pass_the_session_quota_togethe
     assert set(statuses) <= {200, 429}, statuses
 
 
+@pytest.mark.slow
 async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> None:
-    async with http(ALICE, "127.0.0.52") as alice:
+    async with bearer_web(ALICE, "127.0.0.52") as alice:
         opened = await _open_quota(alice, base)
         assert (await _open_session(alice, base)).status_code == 429
         # Nothing touches the open sessions: after http_session_ttl they expire and make room.
@@ -402,9 +369,10 @@ async def test_an_idle_session_expires_and_gives_its_room_back(base: str) -> Non
         await alice.delete(f"{base}/mcp", headers={**MCP_HEADERS, "mcp-session-id": reopened.headers["mcp-session-id"]})
 
 
+@pytest.mark.slow
 async def test_an_idle_sse_session_is_ended_after_the_session_ttl(base: str) -> None:
     started = time.monotonic()
-    async with http(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
+    async with bearer_web(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
         assert events.status_code == 200
         with anyio.fail_after(SESSION_TTL + 20):
             async for _ in events.aiter_lines():  # the endpoint event, pings; then the server ends it
@@ -412,9 +380,10 @@ async def test_an_idle_sse_session_is_ended_after_the_session_ttl(base: str) -> 
     assert time.monotonic() - started >= SESSION_TTL - 1
 
 
+@pytest.mark.slow
 async def test_an_sse_session_that_posts_messages_outlives_the_session_ttl(base: str) -> None:
     ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
-    async with http(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
+    async with bearer_web(BOB) as bob, bob.stream("GET", f"{base}/sse") as events:
         lines = events.aiter_lines()
         endpoint = ""
         with anyio.fail_after(10):
@@ -429,7 +398,7 @@ async def test_an_sse_session_that_posts_messages_outlives_the_session_ttl(base:
 
 
 async def test_a_tenant_cannot_use_another_tenants_sse_or_streamable_http_session(base: str) -> None:
-    async with http(BOB) as bob, http(ALICE) as alice:
+    async with bearer_web(BOB) as bob, bearer_web(ALICE) as alice:
         session = (await _open_session(bob, base)).headers["mcp-session-id"]
         ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
         stolen = await alice.post(f"{base}/mcp", json=ping, headers={**MCP_HEADERS, "mcp-session-id": session})
@@ -449,18 +418,19 @@ async def test_a_tenant_cannot_use_another_tenants_sse_or_streamable_http_sessio
 # --- 11. fairness: caps per tenant, a round-robin queue --------------------------------------
 
 
+@pytest.mark.slow
 async def test_one_tenants_long_runs_neither_make_the_other_busy_nor_queue_without_bound(base: str) -> None:
     results: list[dict[str, Any]] = []
 
     async def long_run() -> None:
-        results.append(await run(base, ALICE, "import time; time.sleep(6); print('slept')"))
+        results.append(await run_over_http(base, ALICE, "import time; time.sleep(6); print('slept')"))
 
     async with anyio.create_task_group() as group:
         for _ in range(4):  # one runs (tenant_concurrent_runs), two wait (tenant_queued_runs), one is refused
             group.start_soon(long_run)
         await anyio.sleep(1.5)
         started = time.monotonic()
-        data = await run(base, BOB, "print(6 * 7)")
+        data = await run_over_http(base, BOB, "print(6 * 7)")
         bob_seconds = time.monotonic() - started
         assert data["status"] == "success", data
     busy = [result for result in results if result["status"] == "error" and result["error"].startswith("busy:")]
@@ -472,13 +442,13 @@ async def test_one_tenants_long_runs_neither_make_the_other_busy_nor_queue_witho
 
 
 async def test_one_tenant_opening_many_conversations_never_evicts_another_tenants_session(base: str) -> None:
-    bobs = conversation()
-    first = await run(base, BOB, "x = 41", conversationId=bobs)
+    bobs = new_conversation()
+    first = await run_over_http(base, BOB, "x = 41", conversationId=bobs)
     assert first["session"] == "new"
     for _ in range(5):  # more than tenant_sessions (2) and max_sessions (4)
-        data = await run(base, ALICE, "y = 1", conversationId=conversation())
+        data = await run_over_http(base, ALICE, "y = 1", conversationId=new_conversation())
         assert data["status"] == "success", data
-    again = await run(base, BOB, "print(x + 1)", conversationId=bobs)
+    again = await run_over_http(base, BOB, "print(x + 1)", conversationId=bobs)
     assert again["session"] == "kept", again
     assert again["stdout"] == "42\n"
 
@@ -487,11 +457,11 @@ async def test_one_tenant_opening_many_conversations_never_evicts_another_tenant
 
 
 async def test_a_tenant_filling_its_conversations_has_its_own_evicted_never_another_tenants(base: str) -> None:
-    bobs = await upload(base, BOB, conversation(), "keep.bin", b"b" * (512 << 10))
+    bobs = await upload(base, BOB, new_conversation(), "keep.bin", b"b" * (512 << 10))
     assert bobs.status_code == 201
     urls = []
     for _ in range(5):  # 4.5 MiB, over alice's 3 MiB budget (each conversation within its quota)
-        response = await upload(base, ALICE, conversation(), "fill.bin", b"a" * (900 << 10))
+        response = await upload(base, ALICE, new_conversation(), "fill.bin", b"a" * (900 << 10))
         assert response.status_code == 201
         urls.append(response.json()["files"][0]["url"])
     bob_url = bobs.json()["files"][0]["url"]

@@ -20,14 +20,12 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, ImageContent, TextContent
 
-from mcp_sandbox import load_settings
-from mcp_sandbox.server import build_server
-from mcp_sandbox.server.service import open_service
 from mcp_test_helpers import (
     CALL_BOUND,
     host_processes,
     http_client,
     http_server,
+    memory_client,
     poll,
     run_python,
     stdio_client,
@@ -39,19 +37,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 # Generous bounds: the machines are small and may be busy; every wait below is bounded by one.
 RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
-
-
-@contextlib.asynccontextmanager
-async def _memory_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[Client]:
-    flags: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
-    if runtime is not None:
-        flags["python_runtime"] = str(runtime)
-    settings = load_settings(env={}, flags=flags)
-    async with (
-        open_service(settings, http=False) as service,
-        Client(build_server(service), read_timeout_seconds=CALL_BOUND) as client,
-    ):
-        yield client
 
 
 @contextlib.asynccontextmanager
@@ -76,7 +61,7 @@ async def _http_client(state_dir: Path, runtime: Path | None) -> AsyncIterator[C
 # a real `serve` over stdio, and a real `serve --transport http` (one server per module for each).
 TRANSPORTS: dict[str, Callable[[Path, Path | None], contextlib.AbstractAsyncContextManager[Client]]] = {
     "http": _http_client,
-    "memory": _memory_client,
+    "memory": memory_client,
     "stdio": _stdio_client,
 }
 
@@ -358,6 +343,7 @@ async def test_a_validation_error_is_rendered_in_the_requested_output_mode(clien
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
     transport: str, state_dir: Path, sandbox_runtime: Path | None
 ) -> None:

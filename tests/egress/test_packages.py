@@ -33,7 +33,7 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.sandbox.backends import get_backend
 
-pytestmark = [pytest.mark.anyio]
+pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
 PACKAGE = "tomli-w"  # small, pure Python, not in the sandbox's runtime
 MODULE = "tomli_w"

@@ -134,10 +134,12 @@ async def test_the_random_generators_differ_between_runs(running_engine: Running
 
 
 async def test_the_default_preload_is_imported_before_the_run(running_engine: RunningEngine) -> None:
-    async with warm_engine(running_engine, pool_preload="numpy,pandas") as engine:
-        result = await warm_run(engine, "import sys; print('pandas' in sys.modules, 'numpy' in sys.modules)")
+    async with running_engine(pool_size=1, pool_min=1) as engine:  # no pool_preload: the default's
+        preload = engine.settings.pool_preload
+        result = await warm_run(engine, f"import sys; print([m in sys.modules for m in {list(preload)!r}])")
 
-    assert result.stdout == "True True\n"
+    assert preload == ("numpy", "pandas")
+    assert result.stdout == "[True, True]\n"
 
 
 async def test_a_preloading_zygote_has_exercised_its_modules_before_the_run(running_engine: RunningEngine) -> None:

@@ -25,6 +25,9 @@ import pytest
 
 from mcp_sandbox.workspace import remove_tree
 
+# slow: builds the wheel and installs it into a venv of its own (a minute and more).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 RUNTIME_PACKAGE = "tabulate==0.9.0"

@@ -27,7 +27,7 @@ _SHOW = (
 )
 
 
-@pytest.fixture(params=["sh", "static"])
+@pytest.fixture(params=["sh", pytest.param("static", marks=pytest.mark.sandbox)])  # static: `make runtime` builds it
 def program(request: pytest.FixtureRequest) -> Path | None:
     """The gate to start through: None (sh and setpriv) or the static one ``make runtime`` built."""
     if request.param == "sh":

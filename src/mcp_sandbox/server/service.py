@@ -32,6 +32,7 @@ from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
@@ -200,10 +201,13 @@ async def _sweep_periodically(service: Service) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_service(settings: Settings, *, http: bool, discovery: Discovery | None = None) -> AsyncIterator[Service]:
+async def open_service(
+    settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
+) -> AsyncIterator[Service]:
     """Open the whole service; everything is closed (bounded) when the block exits.
 
-    ``discovery`` replaces the discovery of downstream servers (tests use it).
+    ``discovery`` replaces the discovery of downstream servers, ``backend`` the configured backend,
+    unprobed (tests use both).
 
     Raises:
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
@@ -211,7 +215,11 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
     layout = StateLayout.of(settings)
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
     events = EventHub()
-    engine = await anyio.to_thread.run_sync(open_engine, settings, events)
+    if backend is None:
+        engine = await anyio.to_thread.run_sync(open_engine, settings, events)
+    else:
+        engine = Engine(settings, backend, events)
+        engine.prepare()
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())

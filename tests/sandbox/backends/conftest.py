@@ -1,4 +1,4 @@
-"""Fixtures of the unit tests: argv/JSON snapshots."""
+"""Fixtures of the backends' argv tests: snapshots of argv/JSON, compared with the committed files."""
 
 from __future__ import annotations
 

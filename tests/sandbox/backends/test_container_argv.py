@@ -15,6 +15,8 @@ import pytest
 from mcp_sandbox.sandbox.backends.container import ContainerRun, container_argv, container_name, owner_of
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
+from .argv_processes import argv_in_other_processes
+
 Snapshot = Callable[[str, object], None]
 
 
@@ -65,7 +67,18 @@ def test_the_argv_matches_the_committed_snapshot(snapshot: Snapshot, flavour: st
 
 @pytest.mark.parametrize("flavour", ["podman", "docker"])
 def test_the_same_policy_always_gives_the_same_argv(flavour: str) -> None:
-    assert container_argv(make_policy(), make_run(flavour)) == container_argv(make_policy(), make_run(flavour))
+    """Equal policies give one argv: whatever order their environment was filled in, in any process."""
+    policy = make_policy()
+    refilled = dataclasses.replace(policy, environment=dict(reversed(list(policy.environment.items()))))
+    assert refilled == policy and list(refilled.environment) != list(policy.environment)
+    expected = container_argv(policy, make_run(flavour))
+
+    assert container_argv(refilled, make_run(flavour)) == expected
+    assert argv_in_other_processes(
+        "from mcp_sandbox.sandbox.backends.container import container_argv\n"
+        "from sandbox.backends.test_container_argv import make_policy, make_run\n"
+        f"print(json.dumps(container_argv(make_policy(), make_run({flavour!r}))))"
+    ) == [expected, expected]
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from mcp_sandbox.workspace import remove_tree
 
 
+@pytest.mark.slow  # thousands of nested directories: seconds on a busy machine
 def test_a_tree_deeper_than_path_max_and_the_recursion_limit_is_removed(tmp_path: Path) -> None:
     root = tmp_path / "ws"
     root.mkdir()

@@ -16,6 +16,8 @@ from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, etc_entries
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
+from .argv_processes import argv_in_other_processes
+
 BWRAP = "/usr/bin/bwrap"
 SECCOMP_FD = 9
 
@@ -97,10 +99,18 @@ def test_the_argv_matches_the_committed_snapshot(snapshot: Snapshot) -> None:
 
 
 def test_the_same_policy_always_gives_the_same_argv() -> None:
-    first = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
-    second = bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
+    """Equal policies give one argv: whatever order their environment was filled in, in any process."""
+    policy = make_policy()
+    refilled = dataclasses.replace(policy, environment=dict(reversed(list(policy.environment.items()))))
+    assert refilled == policy and list(refilled.environment) != list(policy.environment)
+    expected = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
 
-    assert first == second
+    assert bwrap_argv(refilled, bwrap=BWRAP, seccomp_fd=SECCOMP_FD) == expected
+    assert argv_in_other_processes(
+        "from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv\n"
+        "from sandbox.backends.test_bwrap_argv import BWRAP, SECCOMP_FD, make_policy\n"
+        "print(json.dumps(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)))"
+    ) == [expected, expected]
 
 
 @pytest.mark.parametrize(
