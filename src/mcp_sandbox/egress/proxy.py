@@ -36,7 +36,8 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from mcp_sandbox.egress.audit import AuditLog, AuditRecord, Verdict
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.audit import AuditRecord, Verdict
 from mcp_sandbox.egress.rules import EgressGrant, IPAddress, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 
@@ -299,7 +300,7 @@ class EgressProxy:
                 sent=c.sent,
                 received=c.received,
                 method=c.method,
-            )
+            ).line()
         )
 
 
