@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
+from mcp_sandbox.runners import LANGUAGES
 
-__all__ = ["LANGUAGES", "Library", "SavedTool"]
+__all__ = ["Library", "SavedTool"]
 
-LANGUAGES = ("python", "typescript", "javascript")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 _MAX_DESCRIPTION = 1000
