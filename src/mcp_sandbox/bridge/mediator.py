@@ -41,7 +41,7 @@ from mcp_sandbox.bridge.requests import (
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ToolCallDenied, ValidationError
 from mcp_sandbox.events import EventHub, ToolCalled
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
+from mcp_sandbox.protocol import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.state import StateLayout
 

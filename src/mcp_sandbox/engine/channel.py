@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.to_thread
 
+from mcp_sandbox import protocol as frames
 from mcp_sandbox.errors import ChannelError, FrameError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Frame, Kind
+from mcp_sandbox.protocol import Frame, Kind
 
 __all__ = ["OFF_LOOP_BYTES", "Channel"]
 

@@ -32,7 +32,7 @@ from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
 from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
 from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
 from mcp_sandbox.errors import ChannelError, SandboxStartError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
+from mcp_sandbox.protocol import (
     HEADER,
     Call,
     Display,

@@ -56,7 +56,7 @@ class Kind(enum.IntEnum):
 
 
 class FrameError(Exception):
-    """A frame broke the protocol. (The host re-raises it as ``mcp_sandbox.errors.FrameError``.)"""
+    """A frame broke the protocol (the host's ``mcp_sandbox.protocol`` translates it into its own FrameError)."""
 
 
 def encode(kind: Kind, body: dict[str, Any]) -> bytes:
