@@ -22,7 +22,7 @@ from downstream import FIXTURE_SERVER
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
 from mcp_sandbox.bridge.mediator import Mediator, RunAccess, open_mediator
 from mcp_sandbox.config import Settings
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
+from mcp_sandbox.protocol import Call, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT
 
 pytestmark = pytest.mark.anyio

@@ -193,7 +193,7 @@ def _request_sync(op: str, body: dict[str, Any], server: str | None = None, tool
 
 
 async def _request(op: str, body: dict[str, Any], server: str | None = None, tool: str | None = None) -> Any:
-    import asyncio  # here, not at the top: it costs ~25 ms and plain scripts never need it
+    import asyncio  # here, not at the top: it is costly to import and plain scripts never need it
 
     try:
         reply = await asyncio.wrap_future(connection().request(op, body))
