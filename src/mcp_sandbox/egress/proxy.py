@@ -1,22 +1,11 @@
 """The egress proxy of one run: HTTP CONNECT and plain HTTP forwarding on a Unix socket, enforcing the run's grant.
 
 The sandbox has no interface but loopback; a relay in it (the runner's) forwards each TCP
-connection made to the proxy address on its loopback to this socket, bound into the sandbox.
-For every connection the proxy:
-
-1. reads one request head (CONNECT ``host:port``, or a request with an absolute ``http://`` URL);
-2. checks the name and port against the rules *before* resolving it (a refused name is never
-   looked up, so made-up names cannot carry data to a DNS server), then resolves it on the host
-   and checks every address (no private, loopback, link-local, multicast or metadata address
-   unless allowed), and connects to the address it checked (no second lookup to rebind);
-3. for CONNECT, answers 200 and reads the TLS ClientHello: it must be TLS and name the same host
-   (SNI), or the tunnel is closed; for plain HTTP, forwards that one request with
-   ``Connection: close`` (a second request on the connection cannot name another host);
-4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
-
-A refusal before the tunnel is an HTTP 403 whose body names the rule. Each connection is one
-line in the audit log (:mod:`.audit`). Everything runs in the caller's event loop, on anyio;
-:mod:`.listener` serves the proxy on the run's socket.
+connection made to the proxy address on its loopback to this socket, bound into the sandbox
+(:mod:`.listener` serves it). What :class:`EgressProxy` checks of each connection, and in which
+order, is its docstring. A refusal before the tunnel is an HTTP 403 whose body names the rule.
+Each connection is one line in the egress log (:mod:`.audit`). Everything runs in the caller's
+event loop, on anyio.
 """
 
 from __future__ import annotations
@@ -96,7 +85,20 @@ class _Connection:
 
 
 class EgressProxy:
-    """The proxy of one run; serves connections handed to :meth:`handle`, counts against the grant's caps."""
+    """The proxy of one run; serves connections handed to :meth:`handle`, counts against the grant's caps.
+
+    For every connection the proxy:
+
+    1. reads one request head (CONNECT ``host:port``, or a request with an absolute ``http://`` URL);
+    2. checks the name and port against the rules *before* resolving it (a refused name is never
+       looked up, so made-up names cannot carry data to a DNS server), then resolves it on the host
+       and checks every address (no private, loopback, link-local, multicast or metadata address
+       unless allowed), and connects to the address it checked (no second lookup to rebind);
+    3. for CONNECT, answers 200 and reads the TLS ClientHello: it must be TLS and name the same host
+       (SNI), or the tunnel is closed; for plain HTTP, forwards that one request with
+       ``Connection: close`` (a second request on the connection cannot name another host);
+    4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
+    """
 
     def __init__(self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver) -> None:
         self.grant = grant

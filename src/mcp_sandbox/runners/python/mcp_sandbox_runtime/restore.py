@@ -1,16 +1,13 @@
 """Bringing a zygote's sandbox back to its state before a run, or saying why it cannot.
 
-After each run the zygote (``zygote.py``) calls :func:`restore`:
-
-- every other process in the sandbox's pid namespace is killed and reaped (the zygote is a
-  child subreaper, so orphans of the run are its children);
-- ``/tmp``, ``/dev/shm`` and ``/workspace`` are emptied, their extended attributes removed and
-  their modes given back (their owners checked); System V IPC objects are removed (POSIX
-  message queues are refused by the seccomp filter, as they could not be found here);
-- its own resource limits, nice value, scheduling policy, I/O priority and CPU affinity, which
-  a child of the same uid could change (``prlimit``, ``setpriority``, ``sched_setscheduler``,
-  ``ioprio_set``; the run's seccomp guard refuses all but the first), are checked against the
-  ones it started with (:func:`fingerprint`).
+After each run :func:`restore` kills and reaps every other process of the sandbox's pid namespace
+(the zygote is a child subreaper: the run's orphans are its children); empties ``/tmp``,
+``/dev/shm`` and ``/workspace``, removes their extended attributes and gives their modes back
+(their owners checked); removes System V IPC objects (POSIX message queues are refused by the
+seccomp filter, as they could not be found here); and checks the zygote's own resource limits,
+nice value, scheduling policy, I/O priority and CPU affinity against the ones it started with
+(:func:`fingerprint`): a child of the same uid could change them (``prlimit``, ``setpriority``,
+``sched_setscheduler``, ``ioprio_set``; the run's seccomp guard refuses all but the first).
 """
 
 from __future__ import annotations

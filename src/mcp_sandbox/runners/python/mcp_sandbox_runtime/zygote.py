@@ -1,17 +1,14 @@
 """A warm interpreter that forks a fresh one for every run: the zygote of a warm sandbox.
 
-``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed
-modules once (``preload.py``), freezes what it imported (``gc.freeze``, so children do not dirty
-those pages), forks the child for the next run before it is asked for (so a run costs no fork)
-and announces READY. The child reads the EXEC frame from the channel itself, tells the zygote the
-run's number (and, the first time, the run's seccomp guard, which later children install before
-they wait) on a pipe, lets go of the channel, serves that one run on a socket of its own (the
-EXEC's third descriptor) and exits. The zygote never runs user code and cannot be inspected by a
-child (not dumpable; ptrace refused by seccomp). It reports each run's end at once (EXITED: the
-exit code, 128 + signal), then restores the sandbox (``restore.py``), forks the next child and
-says READY again, or says in that READY why it could not restore it (the host then throws the
-sandbox away). A child starts with descriptors of its own: a fresh ``/dev/null`` on 0, its run's
-pipes on 1 and 2, nothing else of the zygote's.
+``boot.py --zygote=numpy,pandas CHANNEL_FD``: the zygote imports the runner and the listed modules
+once (``preload.py``), freezes them (``gc.freeze``), forks the next run's child before it is asked
+for and says READY. The child reads the EXEC frame itself, reports the run's number (and, the
+first time, the run's seccomp guard, which later children install before they wait) on a pipe
+(``reports.py``), lets go of the channel, serves that one run on the EXEC's own socket with
+descriptors of its own, and exits. The zygote never runs user code and cannot be inspected by a
+child (not dumpable; ptrace refused by seccomp). It sends EXITED at once (exit code, 128 + signal),
+restores the sandbox (``restore.py``), forks the next child and says READY again, or says in that
+READY why it could not restore it (the host then throws the sandbox away).
 """
 
 from __future__ import annotations
