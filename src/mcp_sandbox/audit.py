@@ -4,13 +4,12 @@
     log.record("run", tenant="alice", outcome="success", duration_ms=12)
     log.close()
 
-Each line is ``{"time": <ISO 8601 UTC>, "event": <name>, ...fields}``; fields are whatever the
-caller passes (JSON-serialisable: strings, numbers, booleans, None, lists, dicts). What to put
-in a line is the caller's choice and responsibility: this module adds no content of its own.
-Files rotate at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the
-standard library's :class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory.
-Writing is synchronous and small (one ``write`` of one line); a failing disk is reported by the
-logging module and never raises into the caller.
+:meth:`AuditLog.record` writes ``{"time": <ISO 8601 UTC>, "event": <name>, ...fields}``; a caller
+with its own line (the egress log, :mod:`mcp_sandbox.egress.audit`) hands it to :meth:`AuditLog.write`.
+What to put in a line is the caller's choice: this module adds no content of its own. Files rotate
+at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the standard library's
+:class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory. Writing is
+synchronous and small; a failing disk is reported by the logging module and never raises into the caller.
 """
 
 from __future__ import annotations
@@ -29,26 +28,11 @@ DEFAULT_MAX_BYTES = 10 << 20
 DEFAULT_BACKUPS = 5
 
 
-class _JsonLines(logging.Formatter):
-    """The record's ``audit`` dict as one JSON line, with its time first."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
-        line: dict[str, Any] = {"time": when.isoformat(timespec="milliseconds").replace("+00:00", "Z")}
-        line.update(getattr(record, "audit", {}))
-        return json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
-    """A rotating file whose every new file (after each rotation too) is made 0600, whatever the umask."""
+    """A rotating file of ready-made lines; every new file (after each rotation too) is 0600, whatever the umask."""
 
     def format(self, record: logging.LogRecord) -> str:
-        # The handler formats each record twice (to decide on rotation, then to write it): once is enough.
-        line: str | None = getattr(record, "audit_line", None)
-        if line is None:
-            line = super().format(record)
-            record.audit_line = line
-        return line
+        return str(record.msg)  # the line as the caller made it, never %-formatted
 
     def _open(self) -> Any:
         return open(  # the handler owns the stream and closes it
@@ -65,7 +49,7 @@ class AuditLog:
 
     def __init__(self, path: Path, handler: logging.Handler) -> None:
         self.path = path
-        # Records go straight to the handler, through no logger: audit lines never reach the
+        # Lines go straight to the handler, through no logger: audit lines never reach the
         # console log, and a line costs no logger's work (levels, the caller's frame, propagation).
         self._handler = handler
 
@@ -79,15 +63,29 @@ class AuditLog:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if path.exists():
             path.chmod(0o600)  # one made by an older version, or by hand
-        handler = _PrivateRotatingFile(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-        handler.setFormatter(_JsonLines())
+        else:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        handler = _PrivateRotatingFile(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8", delay=True)
         return cls(path, handler)
 
     def record(self, event: str, **fields: Any) -> None:
-        """Append one line: ``event`` and ``fields``. Never raises for a failing disk."""
-        record = logging.LogRecord("mcp_sandbox.audit", logging.INFO, "", 0, event, None, None)
-        record.audit = {"event": event, **fields}
-        self._handler.handle(record)  # its lock, rotation and errors (reported, never raised) as before
+        """Append one line: the time, ``event`` and ``fields``. Never raises for a failing disk."""
+        when = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        line = {"time": when, "event": event, **fields}
+        self.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str))
+
+    def write(self, line: str) -> None:
+        """Append ``line`` (one JSON object, no newline) as it is. Never raises for a failing disk."""
+        record = logging.LogRecord("mcp_sandbox.audit", logging.INFO, "", 0, line, None, None)
+        handler = self._handler
+        handler.acquire()
+        try:
+            handler.handle(record)  # its rotation and errors (reported, never raised)
+            # Closed after each line (the next one reopens it in append mode): no file is left
+            # open by an owner dropped without closing, and a rotation by another process is seen.
+            handler.close()
+        finally:
+            handler.release()
 
     def close(self) -> None:
         self._handler.close()

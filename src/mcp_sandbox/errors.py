@@ -10,6 +10,7 @@
     ├── SandboxStartError         a sandbox failed to start (bwrap refused, runtime missing)
     ├── ChannelError              the host <-> sandbox channel broke its protocol
     │   └── FrameError            a malformed, oversized, unknown or wrong-version frame
+    │                             (mcp_sandbox.protocol translates the runtime's own into it)
     ├── DownstreamError           a downstream MCP server cannot be reached, or refused a call
     │   └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
     ├── WorkspaceError            a conversation's files cannot be stored or read as asked

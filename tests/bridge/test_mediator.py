@@ -20,9 +20,10 @@ import pytest
 
 from downstream import FIXTURE_SERVER
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
-from mcp_sandbox.bridge.mediator import Mediator, RunAccess, open_mediator
+from mcp_sandbox.bridge.mediator import Mediator, open_mediator
+from mcp_sandbox.bridge.run_access import RunAccess
 from mcp_sandbox.config import Settings
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
+from mcp_sandbox.protocol import Call, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT
 
 pytestmark = pytest.mark.anyio

@@ -146,11 +146,11 @@ async def test_a_preloading_zygote_has_exercised_its_modules_before_the_run(runn
     # What the first repr of a DataFrame imports; and every exercise runs as written (the zygote skips a failing one).
     code = (
         "import sys\n"
-        "from mcp_sandbox_runtime import zygote\n"
+        "from mcp_sandbox_runtime import preload\n"
         "print('pandas.io.formats.string' in sys.modules)\n"
-        "for exercise in zygote._EXERCISES.values():\n"
+        "for exercise in preload._EXERCISES.values():\n"
         "    exec(exercise, {})\n"
-        "print(sorted(zygote._EXERCISES))"
+        "print(sorted(preload._EXERCISES))"
     )
     async with warm_engine(running_engine, pool_preload="numpy,pandas") as engine:
         result = await warm_run(engine, code)

@@ -7,5 +7,6 @@
 - ``stubs``: Python modules generated from each tool's schemas (types via ``schema_types``), readable
   under ``/tools`` in the sandbox;
 - ``search``: ranked search over every downstream tool;
-- ``mediator``: the host side of a run's tool calls, enforcing which servers and tools it may reach.
+- ``mediator``: the downstream servers, clients, stubs and search, for the server's life;
+- ``run_access``: the host side of a run's tool calls, enforcing which servers and tools it may reach.
 """

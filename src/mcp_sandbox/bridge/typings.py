@@ -2,15 +2,12 @@
 
 Each server's stub directory (``/tools/<alias>/``, next to its Python stubs) gets ``index.d.ts``:
 an ``<Tool>Args`` interface and a ``<Tool>Result`` type per tool, and the ``Server`` interface
-whose methods are what ``mcp.servers.<alias>.<tool>(args)`` calls. The model reads it before it
-writes code; nothing imports it at run time.
-
-Everything from the server is untrusted. Names reach the source only as ASCII JSON string
-literals (quoted property and method names), literal values only through ``json.dumps``, text only
-inside JSDoc comments through :func:`jsdoc` (which cannot close the comment), and types only from
-a fixed grammar: ``string``, ``number``, ``boolean``, ``null``, ``unknown``, literal unions,
-``Array<...>``, object literals and index signatures, plus the identifiers made here by
-:func:`~mcp_sandbox.bridge.schema_types.class_name` (letters and digits only).
+whose methods ``mcp.servers.<alias>.<tool>(args)`` calls; the model reads it, nothing imports it.
+Everything from the server is untrusted: names reach the source only as ASCII JSON string
+literals, literal values only through ``json.dumps``, text only inside JSDoc comments through
+:func:`jsdoc` (which cannot close the comment), and types only from a fixed grammar (``string``,
+``number``, ``boolean``, ``null``, ``unknown``, literal unions, ``Array<...>``, object literals,
+index signatures, and identifiers made by :func:`~mcp_sandbox.bridge.schema_types.class_name`).
 """
 
 from __future__ import annotations

@@ -2,26 +2,21 @@
 
 A sandbox keeps its own network namespace with nothing but loopback. A run granted network
 (``network: true`` or a list of domain patterns) gets, for its life, a proxy on the host
-(:mod:`.proxy`) listening on a Unix socket bound into the sandbox at :data:`SOCKET_INSIDE`; the
-runner inside relays TCP connections to :data:`RELAY_ADDRESS` on the sandbox's loopback to that
-socket, and :func:`sandbox_environment` points the usual proxy variables there. What a run may
-reach is decided by :mod:`.rules`; every connection is a line of :mod:`.audit`'s log.
+(:mod:`.proxy`) listening on a Unix socket (:mod:`.listener`) bound into the sandbox at
+:data:`SOCKET_INSIDE`; the runner inside relays TCP connections to :data:`RELAY_ADDRESS` on the
+sandbox's loopback to that socket, and :func:`sandbox_environment` points the usual proxy
+variables there. What a run may
+reach is decided by :mod:`.rules`; every connection is a line (:mod:`.audit`) of the egress log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mcp_sandbox.egress.audit import AuditLog, AuditRecord
-from mcp_sandbox.egress.proxy import (
-    SOCKET_NAME,
-    EgressProxy,
-    Resolver,
-    hosts_resolver,
-    serve_egress,
-    socket_directory,
-    system_resolver,
-)
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.audit import AuditRecord
+from mcp_sandbox.egress.listener import SOCKET_NAME, serve_egress, socket_directory
+from mcp_sandbox.egress.proxy import EgressProxy, Resolver, hosts_resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
 
 __all__ = [

@@ -1,21 +1,11 @@
 """The egress proxy of one run: HTTP CONNECT and plain HTTP forwarding on a Unix socket, enforcing the run's grant.
 
 The sandbox has no interface but loopback; a relay in it (the runner's) forwards each TCP
-connection made to the proxy address on its loopback to this socket, bound into the sandbox.
-For every connection the proxy:
-
-1. reads one request head (CONNECT ``host:port``, or a request with an absolute ``http://`` URL);
-2. checks the name and port against the rules *before* resolving it (a refused name is never
-   looked up, so made-up names cannot carry data to a DNS server), then resolves it on the host
-   and checks every address (no private, loopback, link-local, multicast or metadata address
-   unless allowed), and connects to the address it checked (no second lookup to rebind);
-3. for CONNECT, answers 200 and reads the TLS ClientHello: it must be TLS and name the same host
-   (SNI), or the tunnel is closed; for plain HTTP, forwards that one request with
-   ``Connection: close`` (a second request on the connection cannot name another host);
-4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
-
-A refusal before the tunnel is an HTTP 403 whose body names the rule. Each connection is one
-line in the audit log (:mod:`.audit`). Everything runs in the caller's event loop, on anyio.
+connection made to the proxy address on its loopback to this socket, bound into the sandbox
+(:mod:`.listener` serves it). What :class:`EgressProxy` checks of each connection, and in which
+order, is its docstring. A refusal before the tunnel is an HTTP 403 whose body names the rule.
+Each connection is one line in the egress log (:mod:`.audit`). Everything runs in the caller's
+event loop, on anyio.
 """
 
 from __future__ import annotations
@@ -23,42 +13,35 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import socket
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from mcp_sandbox.egress.audit import AuditLog, AuditRecord, Verdict
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.audit import AuditRecord, Verdict
 from mcp_sandbox.egress.rules import EgressGrant, IPAddress, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 
 __all__ = [
-    "SOCKET_NAME",
     "EgressProxy",
     "Resolver",
     "hosts_resolver",
-    "serve_egress",
-    "socket_directory",
     "system_resolver",
 ]
 
 logger = logging.getLogger(__name__)
 
-SOCKET_NAME = "proxy.sock"
 _MAX_HEAD = 16 << 10
 _HEAD_TIMEOUT = 30.0
 _CONNECT_TIMEOUT = 15.0
 _HELLO_TIMEOUT = 15.0
 _CHUNK = 64 << 10
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
 Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
 
@@ -102,7 +85,20 @@ class _Connection:
 
 
 class EgressProxy:
-    """The proxy of one run; serves connections handed to :meth:`handle`, counts against the grant's caps."""
+    """The proxy of one run; serves connections handed to :meth:`handle`, counts against the grant's caps.
+
+    For every connection the proxy:
+
+    1. reads one request head (CONNECT ``host:port``, or a request with an absolute ``http://`` URL);
+    2. checks the name and port against the rules *before* resolving it (a refused name is never
+       looked up, so made-up names cannot carry data to a DNS server), then resolves it on the host
+       and checks every address (no private, loopback, link-local, multicast or metadata address
+       unless allowed), and connects to the address it checked (no second lookup to rebind);
+    3. for CONNECT, answers 200 and reads the TLS ClientHello: it must be TLS and name the same host
+       (SNI), or the tunnel is closed; for plain HTTP, forwards that one request with
+       ``Connection: close`` (a second request on the connection cannot name another host);
+    4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
+    """
 
     def __init__(self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver) -> None:
         self.grant = grant
@@ -299,7 +295,7 @@ class EgressProxy:
                 sent=c.sent,
                 received=c.received,
                 method=c.method,
-            )
+            ).line()
         )
 
 
@@ -363,79 +359,3 @@ async def _answer(client: SocketStream, refused: _Refused, c: _Connection) -> No
     )
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await client.send(head.encode("ascii") + data)
-
-
-# --- one run's socket -----------------------------------------------------------------------------
-
-
-def _socket_directory(runs: Path, group: int | None) -> Path:
-    """A new directory for the socket: under ``runs`` unless that path is too long for a socket."""
-    name = f"{os.getpid()}-egress-{uuid.uuid4().hex[:12]}"
-    if len(str(runs / name / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
-        directory = runs / name
-        directory.mkdir(mode=0o700)
-    else:
-        directory = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-egress-"))
-    if group is not None:
-        os.chown(directory, -1, group)
-        directory.chmod(0o710)
-    return directory
-
-
-@contextlib.asynccontextmanager
-async def serve_egress(
-    runs: Path,
-    grant: EgressGrant,
-    audit: AuditLog | None,
-    *,
-    resolver: Resolver = system_resolver,
-    group: int | None = None,
-    directory: Path | None = None,
-) -> AsyncIterator[tuple[EgressProxy, Path]]:
-    """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
-
-    ``group``: the host gid the sandbox runs as, given the directory and socket (the server runs
-    as root and the sandbox as another uid); None when the sandbox runs as the server's own uid.
-    ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
-    comes and goes with each run), else a new one under ``runs``, removed afterwards.
-
-    Raises:
-        OSError: the directory or the socket cannot be made.
-    """
-    owned = directory is None
-    if directory is None:
-        directory = _socket_directory(runs, group)
-    proxy = EgressProxy(grant, audit, resolver)
-    try:
-        path = directory / SOCKET_NAME
-        listener = await anyio.create_unix_listener(path)
-        try:
-            if group is not None:
-                os.chown(path, -1, group)
-                path.chmod(0o660)
-            else:
-                path.chmod(0o600)
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(listener.serve, proxy.handle, tasks)
-                try:
-                    yield proxy, directory
-                finally:
-                    tasks.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await listener.aclose()
-    finally:
-        with contextlib.suppress(OSError):
-            (directory / SOCKET_NAME).unlink()
-        if owned:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-
-
-def socket_directory(runs: Path, group: int | None) -> Path:
-    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
-
-    Raises:
-        OSError: it cannot be made.
-    """
-    return _socket_directory(runs, group)

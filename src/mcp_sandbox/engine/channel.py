@@ -21,9 +21,9 @@ from collections.abc import Mapping, Sequence
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.errors import ChannelError, FrameError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime import frames
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Frame, Kind
+from mcp_sandbox import protocol as frames
+from mcp_sandbox.errors import ChannelError
+from mcp_sandbox.protocol import Frame, Kind
 
 __all__ = ["OFF_LOOP_BYTES", "Channel"]
 
@@ -83,20 +83,17 @@ class Channel:
         Raises:
             FrameError: the sandbox sent something that is not a valid frame (bytes or fields).
         """
-        try:
-            while (raw := self._parser.next_payload()) is None:
-                if self._ended or not await self._fill():
-                    self._ended = True
-                    self._parser.check_end()
-                    return None
-            kind, payload = raw
-            if len(payload) > OFF_LOOP_BYTES:
-                body = await anyio.to_thread.run_sync(frames.decode_body, payload)
-            else:
-                body = frames.decode_body(payload)
-            return frames.decode(kind, body)
-        except frames.FrameError as exc:
-            raise FrameError(str(exc)) from exc
+        while (raw := self._parser.next_payload()) is None:
+            if self._ended or not await self._fill():
+                self._ended = True
+                self._parser.check_end()
+                return None
+        kind, payload = raw
+        if len(payload) > OFF_LOOP_BYTES:
+            body = await anyio.to_thread.run_sync(frames.decode_body, payload)
+        else:
+            body = frames.decode_body(payload)
+        return frames.decode(kind, body)
 
     async def _fill(self) -> bool:
         """Read what the socket has into the parser; False at the end of the stream."""

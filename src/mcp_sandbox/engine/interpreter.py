@@ -25,7 +25,7 @@ from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.serving import RunCaps, RunRecord, serve_run
 from mcp_sandbox.errors import ChannelError, SandboxStartError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import HEADER, Exec, Exited, Kind, Ready
+from mcp_sandbox.protocol import HEADER, Exec, Exited, Kind, Ready
 from mcp_sandbox.sandbox.backends import Backend, LimitEvents, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 

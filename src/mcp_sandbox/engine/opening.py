@@ -88,7 +88,7 @@ class Opener:
         """The run's egress proxy for this block (in ``directory``, else a new one); yield the socket's directory."""
         assert request.egress is not None
         if self._audit is None:
-            self._audit = AuditLog(self.layout.egress_log)
+            self._audit = AuditLog.open(self.layout.egress_log)
         served = serve_egress(
             self.layout.prepare_runs(),
             request.egress,

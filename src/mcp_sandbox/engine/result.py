@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from mcp_sandbox.egress import EgressGrant
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Reply
+from mcp_sandbox.protocol import Call, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
 __all__ = [

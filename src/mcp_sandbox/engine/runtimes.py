@@ -56,7 +56,7 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
     """
     # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
     # timeout is the real bound, this one catches a spin that outlives a lost host. The soft
-    # limit (one below, see the runtime's run.py) stays a second above what the timeout lets a
+    # limit (one below, see the runtime's exec_server.py) stays a second above what the timeout lets a
     # run spend: equal to it, a spin's SIGXCPU raced the host's kill and was reported instead
     # of the timeout.
     per_run = math.ceil(timeout * max(1.0, settings.cpus)) + 2

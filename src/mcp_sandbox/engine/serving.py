@@ -21,7 +21,7 @@ from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
 from mcp_sandbox.engine.output import CappedOutput
 from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
 from mcp_sandbox.errors import ChannelError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Display, Done, Error, Failure, Reply
+from mcp_sandbox.protocol import Call, Display, Done, Error, Failure, Reply
 
 __all__ = ["RunCaps", "RunRecord", "serve_run"]
 

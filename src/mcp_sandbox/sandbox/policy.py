@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from mcp_sandbox.protocol import TOOLS_MOUNT
+
 __all__ = ["SANDBOX_HOME", "TOOLS_MOUNT", "WORKSPACE", "WORKSPACE_ALIAS", "Limits", "Mount", "SandboxPolicy"]
 
 WORKSPACE = "/workspace"
-# Where a run sees the generated stubs of its servers, one directory per alias (the runner's
-# mcp_sandbox_runtime.TOOLS_MOUNT says the same; a unit test keeps them equal).
-TOOLS_MOUNT = "/tools"
 WORKSPACE_ALIAS = "/data"  # the earlier code runner's name for the same directory
 SANDBOX_HOME = "/tmp"
 

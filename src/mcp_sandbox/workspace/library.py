@@ -2,19 +2,13 @@
 
 Sandboxed code asks the host to save or delete (``save_tool(func)``, ``save_memory(key, value)``,
 ...); only the host writes here, so one run cannot corrupt another's library or reach another
-tenant's. On disk, per tenant, ``<state_dir>/library/<HMAC(tenant)>/``::
-
-    tools/<name>.json      {"name", "language", "description", "source"}
-    memories/<key>.json    the value, as JSON
-
-Runs read it as files, read-only, at ``/tools/_library`` (``tools/<name>.py`` or ``.js``,
-``memories/<key>.json``): :meth:`Library.view` writes a snapshot of the tenant's library at the
-run's start into ``views_root`` (0711: no listing), named after the tenant's directory and a
-hash of the content, world-readable like the tool stubs, so the sandbox's uid can read it.
-
-Every tenant's library is bounded by ``library_bytes`` (the sum of its files' sizes) and
-``library_entries`` (tools and memories together); a write past either is refused and changes
-nothing. Writes are atomic (a temporary file renamed into place).
+tenant's. On disk, per tenant, ``<state_dir>/library/<HMAC(tenant)>/``: ``tools/<name>.json``
+(``{"name", "language", "description", "source"}``) and ``memories/<key>.json`` (the value).
+Runs read it, read-only, at ``/tools/_library`` (``tools/<name>.py`` or ``.js``, ``memories/``):
+:meth:`Library.view` writes a snapshot at the run's start into ``views_root`` (0711: no listing),
+named after the tenant's directory and a hash of the content, world-readable like the tool stubs. A library is
+bounded by ``library_bytes`` (its files' sizes) and ``library_entries`` (tools and memories); a
+write past either is refused and changes nothing. Writes are atomic (a file renamed into place).
 """
 
 from __future__ import annotations
@@ -33,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
+from mcp_sandbox.runners import LANGUAGES
 
-__all__ = ["LANGUAGES", "Library", "SavedTool"]
+__all__ = ["Library", "SavedTool"]
 
-LANGUAGES = ("python", "typescript", "javascript")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 _MAX_DESCRIPTION = 1000

@@ -18,7 +18,7 @@ import anyio.to_thread
 
 from mcp_sandbox.engine.result import ToolAccess
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
+from mcp_sandbox.protocol import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.workspace.library import Library
 

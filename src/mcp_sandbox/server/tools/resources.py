@@ -12,7 +12,7 @@ from typing import Any
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from mcp_sandbox.runners.python.mcp_sandbox_runtime.manual import CAPABILITIES, CAPABILITIES_URI
+from mcp_sandbox.protocol import CAPABILITIES, CAPABILITIES_URI
 
 __all__ = ["RESOURCE_NOT_FOUND", "list_resources", "read_resource"]
 

@@ -1,5 +1,5 @@
 """The runtime inside a Python sandbox: the frame protocol and the runner. Stdlib only."""
 
-# Where the stubs of a run's servers are, one directory per alias: the host's
-# mcp_sandbox.sandbox.policy.TOOLS_MOUNT (this side cannot import the host; a unit test keeps them equal).
+# Where the stubs of a run's servers are, one directory per alias (the host takes it from here,
+# through mcp_sandbox.protocol).
 TOOLS_MOUNT = "/tools"

@@ -1,19 +1,14 @@
 """Code mode inside the sandbox: call the tools of downstream MCP servers through the host.
 
-Sandboxed code sees this as ``mcp.runtime`` (and the generated stubs under ``/tools`` call
-it). Every request goes to the host, which decides what this run may reach: the servers
-passed in ``run_python``'s ``servers`` argument, minus the tools an operator denied. A call
-that fails, for whatever reason, raises :class:`MCPError`.
-
-A tool's result is its ``structuredContent`` when it has one; otherwise its content: text
-(parsed when it is a JSON object or array), or :class:`Media` / :class:`Resource` /
-:class:`ResourceLink` objects, one value for one block, a list for several.
-:func:`call_tool_raw` gives the whole result as the server sent it (the earlier bridge's form).
-
-Code written for the earlier bridge awaits ``list_servers()``, ``list_tools(server)`` and
-``query_tool_docs(...)``: their answers are also awaitable, and awaited they take that bridge's
-shapes (see :mod:`.dual`); its other names are in :mod:`.compat`. A server may be named by its
-name, its alias, or an entry of ``list_servers()``/``discovered_servers()``.
+Sandboxed code sees this as ``mcp.runtime`` (the generated stubs under ``/tools`` call it). Every
+request goes to the host, which decides what this run may reach: the servers passed in
+``run_python``'s ``servers`` argument, minus the tools an operator denied; a failed call raises
+:class:`MCPError`. A tool's result is its ``structuredContent`` when it has one, else its content:
+text (parsed when it is a JSON object or array) or :class:`Media` / :class:`Resource` /
+:class:`ResourceLink` objects, one value for one block, a list for several; :func:`call_tool_raw`
+gives the whole result as sent. The earlier bridge's ``list_servers()``, ``list_tools(server)``
+and ``query_tool_docs(...)`` answers are also awaitable in its shapes (:mod:`.dual`); its other
+names are in :mod:`.compat`. A server may be named by its name, its alias, or a listed entry.
 """
 
 from __future__ import annotations
@@ -193,7 +188,7 @@ def _request_sync(op: str, body: dict[str, Any], server: str | None = None, tool
 
 
 async def _request(op: str, body: dict[str, Any], server: str | None = None, tool: str | None = None) -> Any:
-    import asyncio  # here, not at the top: it costs ~25 ms and plain scripts never need it
+    import asyncio  # here, not at the top: it is costly to import and plain scripts never need it
 
     try:
         reply = await asyncio.wrap_future(connection().request(op, body))

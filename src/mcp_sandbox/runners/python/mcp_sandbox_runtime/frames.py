@@ -1,36 +1,21 @@
 """Typed frames between host and sandbox, shared by both sides (stdlib only).
 
-A frame is a 10-byte header and a JSON body::
-
-    magic  b"MSBX"   4 bytes
-    version          1 byte   (PROTOCOL_VERSION)
-    kind             1 byte   (Kind)
-    length           4 bytes  big-endian, body length in bytes
-    body             UTF-8 JSON object
-
-Frames travel on a dedicated socket, never on the user's stdout/stderr, so nothing the user
-prints can forge one. There is no line limit: a body may be as large as the reader's
-``max_size`` allows (the host sets it; frames of tens of MiB work). A reader rejects a wrong
-magic, another version, an unknown kind, an oversized or non-object body with FrameError.
-
-The socket is an ``AF_UNIX`` stream socketpair: an EXEC frame carries the write ends of the
-run's stdout and stderr pipes as ``SCM_RIGHTS`` on its first bytes (the host sends nothing else
-with descriptors). The runtime serves any number of EXEC frames, one at a time; ``run`` numbers
-them, and the DONE and DISPLAY frames of a run carry its number. A zygote (a warm sandbox, see
-``zygote.py``) forks a child per EXEC frame; that frame carries a third descriptor, the run's own
-channel socket, on which the child speaks (CALL, DISPLAY, DONE) while the zygote reports the
-child's end with EXITED on the first channel.
-
 Each kind's body is one typed class here (:class:`Ready`, :class:`Exec`, :class:`Done`,
 :class:`Call`, :class:`Reply`, :class:`Error`, :class:`Display`, :class:`Exited`): ``encode()``
-gives the wire body, ``decode(body)`` checks every field's type and raises FrameError. Both
-sides send and receive these objects; :func:`pack` and :func:`decode` join them to the raw codec.
+gives the wire body, ``decode(body)`` checks every field's type (``fields.py``) and raises
+FrameError. Both sides send and receive these objects; :func:`pack` and :func:`decode` join them
+to the codec (``wire.py``, which lays out a frame and its socket). The runtime serves any number
+of EXEC frames, one at a time; ``run`` numbers them, and the DONE and DISPLAY frames of a run
+carry its number. A zygote (``zygote.py``) forks a child per EXEC frame; that frame carries a
+third descriptor, the run's own channel socket, on which the child speaks (CALL, DISPLAY, DONE)
+while the zygote reports the child's end with EXITED on the first channel.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from .fields import code_of, int_of, optional_str_of, str_of, strings_of
 from .records import record
 from .wire import (
     DEFAULT_MAX_FRAME,
@@ -75,42 +60,6 @@ __all__ = [
 ]
 
 
-def _int(body: dict[str, Any], key: str, default: int | None = None) -> int:
-    """``body[key]``, a non-negative integer (``default`` when absent, if there is one)."""
-    value = body.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise FrameError(f"{key!r} must be a non-negative integer")
-    return value
-
-
-def _code(body: dict[str, Any], key: str) -> int:
-    """``body[key]``, an exit code (any integer)."""
-    value = body.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise FrameError(f"{key!r} must be an integer")
-    return value
-
-
-def _str(body: dict[str, Any], key: str, default: str | None = None) -> str:
-    value = body.get(key, default)
-    if not isinstance(value, str):
-        raise FrameError(f"{key!r} must be a string")
-    return value
-
-
-def _optional_str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise FrameError(f"{key!r} must be a string or null")
-    return value
-
-
-def _strings(value: Any, key: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise FrameError(f"{key!r} must be a list of strings")
-    return tuple(value)
-
-
 @record(frozen=True, slots=True)
 class Ready:
     """READY (sandbox to host): the runtime is up. A zygote adds what it preloaded, or why it cannot serve."""
@@ -152,14 +101,14 @@ class Ready:
         ):
             raise FrameError("'failed' must map module names to strings")
         return cls(
-            runtime=_str(body, "runtime"),
-            version=_str(body, "version"),
-            language=_optional_str(body, "language"),
+            runtime=str_of(body, "runtime"),
+            version=str_of(body, "version"),
+            language=optional_str_of(body, "language"),
             zygote=zygote,
-            pid=_int(body, "pid") if "pid" in body else None,
-            preloaded=None if preloaded is None else _strings(preloaded, "preloaded"),
+            pid=int_of(body, "pid") if "pid" in body else None,
+            preloaded=None if preloaded is None else strings_of(preloaded, "preloaded"),
             failed=failed,
-            problem=_optional_str(body, "problem"),
+            problem=optional_str_of(body, "problem"),
         )
 
 
@@ -229,17 +178,17 @@ class Exec:
         if not isinstance(last, bool):
             raise FrameError("EXEC last must be a boolean")
         return cls(
-            run=_int(body, "run", 0),
+            run=int_of(body, "run", 0),
             code=body["code"],
             servers=tuple(servers),
             env=env,
-            max_images=_int(body, "maxImages", 0),
-            max_image_bytes=_int(body, "maxImageBytes", 0),
+            max_images=int_of(body, "maxImages", 0),
+            max_image_bytes=int_of(body, "maxImageBytes", 0),
             last=last,
-            cpu_seconds=_int(body, "cpuSeconds") if "cpuSeconds" in body else None,
-            guard=_str(body, "guard") if "guard" in body else None,
-            max_call_bytes=_int(body, "maxCallBytes") if "maxCallBytes" in body else None,
-            file_size=_int(body, "fileSize") if "fileSize" in body else None,
+            cpu_seconds=int_of(body, "cpuSeconds") if "cpuSeconds" in body else None,
+            guard=str_of(body, "guard") if "guard" in body else None,
+            max_call_bytes=int_of(body, "maxCallBytes") if "maxCallBytes" in body else None,
+            file_size=int_of(body, "fileSize") if "fileSize" in body else None,
         )
 
 
@@ -257,7 +206,7 @@ class Done:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Done:
-        return cls(_int(body, "run"), _code(body, "exitCode"), _optional_str(body, "exception"))
+        return cls(int_of(body, "run"), code_of(body, "exitCode"), optional_str_of(body, "exception"))
 
 
 @record(frozen=True, slots=True)
@@ -303,7 +252,7 @@ class Failure:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Failure:
-        return cls(_str(body, "kind"), _str(body, "message"), _optional_str(body, "server"))
+        return cls(str_of(body, "kind"), str_of(body, "message"), optional_str_of(body, "server"))
 
 
 @record(frozen=True, slots=True)
@@ -326,7 +275,7 @@ class Reply:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Reply:
-        call_id, ok, error = _int(body, "id"), body.get("ok"), body.get("error")
+        call_id, ok, error = int_of(body, "id"), body.get("ok"), body.get("error")
         if not isinstance(ok, bool):
             raise FrameError("'ok' must be a boolean")
         if ok:
@@ -348,7 +297,7 @@ class Error:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Error:
-        return cls(_str(body, "message"))
+        return cls(str_of(body, "message"))
 
 
 @record(frozen=True, slots=True)
@@ -368,7 +317,7 @@ class Display:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Display:
-        return cls(_int(body, "run"), _str(body, "mime"), _str(body, "data"))
+        return cls(int_of(body, "run"), str_of(body, "mime"), str_of(body, "data"))
 
 
 @record(frozen=True, slots=True)
@@ -388,7 +337,7 @@ class Exited:
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Exited:
-        return cls(_int(body, "run"), _code(body, "exitCode"), _optional_str(body, "problem"))
+        return cls(int_of(body, "run"), code_of(body, "exitCode"), optional_str_of(body, "problem"))
 
 
 Frame = Ready | Exec | Done | Call | Reply | Error | Display | Exited

@@ -34,7 +34,7 @@ from .frames import (
 )
 
 if TYPE_CHECKING:
-    # Imported on the first request: concurrent.futures pulls in logging (~3 ms of every start).
+    # Imported on the first request: concurrent.futures pulls in logging, a cost every start would pay.
     from concurrent.futures import Future
 
 __all__ = ["Command", "HostConnection", "HostUnavailable", "close_fds", "connect", "connection", "fds_of"]

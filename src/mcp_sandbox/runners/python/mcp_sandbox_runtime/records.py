@@ -1,7 +1,7 @@
 """``record``: ``@dataclass(frozen=True, slots=True)`` for the frame classes, without importing ``dataclasses``.
 
-Why not the real one: ``dataclasses`` imports ``inspect`` and ``ast``, about 8 ms, half again the
-runner's own start-up in a fresh sandbox. The type checker sees the real decorator; at run time
+Why not the real one: ``dataclasses`` imports ``inspect`` and ``ast``, which would make the
+runner's start-up in a fresh sandbox half again as long. The type checker sees the real decorator; at run time
 this builds the same thing for the simple classes of ``frames.py`` (a test pins the behaviour).
 """
 
@@ -18,9 +18,9 @@ else:
     def record(*, frozen: bool, slots: bool) -> Any:
         """What ``@dataclass(frozen=True, slots=True)`` makes of a class, without importing ``dataclasses``.
 
-        ``dataclasses`` imports ``inspect`` and ``ast``: about 8 ms, half again the runner's own
-        start-up. The type checker sees the real decorator (above); this builds the same thing for
-        the simple classes of frames.py: fields are the annotations (``ClassVar`` ones excepted), in order;
+        ``dataclasses`` imports ``inspect`` and ``ast``, half again the runner's own start-up. The
+        type checker sees the real decorator (above); this builds the same thing for the simple
+        classes of frames.py: fields are the annotations (``ClassVar`` ones excepted), in order;
         a class attribute of a field's name is its default.
         """
         assert frozen and slots

@@ -5,7 +5,7 @@ host closes the channel: a fresh run is a sandbox that serves one EXEC and is cl
 keeps serving. All runs share one ``__main__`` namespace and one asyncio event loop (top-level
 ``await`` works; objects bound to the loop survive between runs).
 
-What a run is (its stdio, environment, servers, DONE) is ``run.py``'s; after any run the runner
+What a run is (its stdio, environment, servers, DONE) is ``exec_server.py``'s; after any run the runner
 goes on serving. The process's own stdout/stderr are for the runtime's own failures. The process
 exits with the last run's exit code.
 """
@@ -16,9 +16,9 @@ import os
 import sys
 
 from . import host, relay
+from .exec_server import EXIT_PROTOCOL, Server, accept_exec, prepare_process
 from .frames import Error, Ready
 from .host import close_fds
-from .run import EXIT_PROTOCOL, Server, accept_exec, prepare_process
 
 __all__ = ["EXIT_USAGE", "main"]
 
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     except OSError:  # the channel broke while we wrote to it
         return EXIT_PROTOCOL
     finally:
-        server.interpreter.close()
+        server.namespace.close()
     if connection.failed or exit_code is None:
         return EXIT_PROTOCOL
     return exit_code

@@ -1,7 +1,12 @@
 """The frame codec: a 10-byte header and a JSON body (stdlib only; see ``frames.py`` for the frames).
 
-A reader rejects a wrong magic, another version, an unknown kind, an oversized or non-object
-body with :class:`FrameError`.
+A frame is ``MAGIC`` (4 bytes), ``PROTOCOL_VERSION`` (1), its :class:`Kind` (1), the body's length
+(4, big-endian), then the body, a UTF-8 JSON object. Frames travel on a dedicated ``AF_UNIX``
+stream socket, never on the user's stdout/stderr, so nothing the user prints can forge one; an
+EXEC frame carries the run's stdout and stderr pipes as ``SCM_RIGHTS`` on its first bytes (the
+host sends nothing else with descriptors). There is no line limit: a body may be as large as the
+reader's ``max_size`` allows (the host sets it). A reader rejects a wrong magic, another version,
+an unknown kind, an oversized or non-object body with :class:`FrameError`.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class Kind(enum.IntEnum):
 
 
 class FrameError(Exception):
-    """A frame broke the protocol. (The host re-raises it as ``mcp_sandbox.errors.FrameError``.)"""
+    """A frame broke the protocol (the host's ``mcp_sandbox.protocol`` translates it into its own FrameError)."""
 
 
 def encode(kind: Kind, body: dict[str, Any]) -> bytes:

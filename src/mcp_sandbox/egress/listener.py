@@ -1,0 +1,101 @@
+"""Serving one run's egress proxy on a Unix socket, in a directory bound into its sandbox.
+
+:func:`serve_egress` listens for the block of a run and hands each connection to an
+:class:`~.proxy.EgressProxy`; :func:`socket_directory` makes a directory for a long-lived
+sandbox (a session's), whose socket comes and goes with each of its runs. The socket and its
+directory are the sandbox's uid's to reach when the server runs as root, the server's alone
+otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+
+from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
+from mcp_sandbox.egress.rules import EgressGrant
+
+__all__ = ["SOCKET_NAME", "serve_egress", "socket_directory"]
+
+SOCKET_NAME = "proxy.sock"
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+
+
+def _socket_directory(runs: Path, group: int | None) -> Path:
+    """A new directory for the socket: under ``runs`` unless that path is too long for a socket."""
+    name = f"{os.getpid()}-egress-{uuid.uuid4().hex[:12]}"
+    if len(str(runs / name / SOCKET_NAME)) <= _MAX_SOCKET_PATH:
+        directory = runs / name
+        directory.mkdir(mode=0o700)
+    else:
+        directory = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-egress-"))
+    if group is not None:
+        os.chown(directory, -1, group)
+        directory.chmod(0o710)
+    return directory
+
+
+@contextlib.asynccontextmanager
+async def serve_egress(
+    runs: Path,
+    grant: EgressGrant,
+    audit: AuditLog | None,
+    *,
+    resolver: Resolver = system_resolver,
+    group: int | None = None,
+    directory: Path | None = None,
+) -> AsyncIterator[tuple[EgressProxy, Path]]:
+    """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
+
+    ``group``: the host gid the sandbox runs as, given the directory and socket (the server runs
+    as root and the sandbox as another uid); None when the sandbox runs as the server's own uid.
+    ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
+    comes and goes with each run), else a new one under ``runs``, removed afterwards.
+
+    Raises:
+        OSError: the directory or the socket cannot be made.
+    """
+    owned = directory is None
+    if directory is None:
+        directory = _socket_directory(runs, group)
+    proxy = EgressProxy(grant, audit, resolver)
+    try:
+        path = directory / SOCKET_NAME
+        listener = await anyio.create_unix_listener(path)
+        try:
+            if group is not None:
+                os.chown(path, -1, group)
+                path.chmod(0o660)
+            else:
+                path.chmod(0o600)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(listener.serve, proxy.handle, tasks)
+                try:
+                    yield proxy, directory
+                finally:
+                    tasks.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+    finally:
+        with contextlib.suppress(OSError):
+            (directory / SOCKET_NAME).unlink()
+        if owned:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def socket_directory(runs: Path, group: int | None) -> Path:
+    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
+
+    Raises:
+        OSError: it cannot be made.
+    """
+    return _socket_directory(runs, group)

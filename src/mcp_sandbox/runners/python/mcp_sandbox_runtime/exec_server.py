@@ -1,0 +1,210 @@
+"""Serving EXEC frames inside the sandbox: one run's stdio, environment, limits, and its DONE.
+
+Shared by the runner (``runner.py``, which serves EXEC frames one after another in one process)
+and the zygote (``zygote.py``, which forks a child per EXEC frame); neither imports the other.
+
+For each run: its stdout/stderr are the two pipes attached to the EXEC frame (dup'ed onto fds
+1 and 2, so subprocesses write there too, and restored afterwards, which ends the pipes unless a
+background process still holds them); its environment is the process's plus the frame's
+``env`` (restored afterwards); its code runs in the :class:`~.namespace.MainNamespace`. DONE
+reports the run's exit code: ``sys.exit(n)`` gives ``n``, an uncaught exception 1.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+from typing import Any, TextIO
+
+from . import display, host, relay
+from .frames import Done, Exec, Frame
+from .host import close_fds
+from .namespace import COMPILE_FLAGS, MainNamespace
+
+__all__ = ["EXIT_PROTOCOL", "Server", "accept_exec", "prepare_process", "prepare_single"]
+
+EXIT_PROTOCOL = 76
+
+
+def _flush(*streams: Any) -> None:
+    for stream in streams:
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _own_fd(fd: int) -> int:
+    """A private duplicate of the process's own ``fd`` (``/dev/null`` if it is closed)."""
+    try:
+        return os.dup(fd)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+
+class _Stdio:
+    """Points fds 1 and 2 (and ``sys.stdout``/``sys.stderr``) at one run's pipes, and back."""
+
+    def __init__(self) -> None:
+        self._own = (_own_fd(1), _own_fd(2))
+        self._own_streams: tuple[TextIO, TextIO] = (sys.stdout, sys.stderr)
+        self._run_streams: tuple[TextIO, TextIO] | None = None
+
+    def attach(self, stdout_fd: int, stderr_fd: int) -> None:
+        _flush(sys.stdout, sys.stderr)
+        os.dup2(stdout_fd, 1)
+        os.dup2(stderr_fd, 2)
+        close_fds([stdout_fd, stderr_fd])
+        # New wrappers each run: code may have closed or replaced the previous ones.
+        out = open(1, "w", encoding="utf-8", errors="strict", closefd=False)
+        err = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False)
+        self._run_streams = (out, err)
+        sys.stdout, sys.stderr = out, err
+
+    def detach(self) -> None:
+        """Flush the run's output and give fds 1 and 2 back to the process: the run's pipes end here."""
+        _flush(sys.stdout, sys.stderr, *(self._run_streams or ()))
+        os.dup2(self._own[0], 1)
+        os.dup2(self._own[1], 2)
+        sys.stdout, sys.stderr = self._own_streams
+        self._run_streams = None
+
+
+def accept_exec(frame: Frame, fds: list[int], *, descriptors: int = 2) -> Exec | str:
+    """``frame`` if it is an EXEC frame with the descriptors it should carry; else why not.
+
+    A runner's EXEC frame carries the run's stdout and stderr pipes (or nothing: the process's
+    own); a zygote's carries those and the run's own channel socket (``descriptors`` = 3).
+    """
+    if not isinstance(frame, Exec):
+        return f"expected an EXEC frame, got {frame.KIND.name}"
+    if len(fds) != descriptors and (descriptors != 2 or fds):
+        return f"an EXEC frame here carries {descriptors} descriptors, not {len(fds)}"
+    return frame
+
+
+class Server:
+    """Serves EXEC frames on the connection in one :class:`MainNamespace`.
+
+    ``single``: a zygote's child, made ready before its EXEC came (``namespace`` made and the
+    import caches invalidated then, see :func:`prepare_single`), which serves one run and exits:
+    its environment is not restored after the run.
+    """
+
+    def __init__(
+        self, connection: host.HostConnection, *, namespace: MainNamespace | None = None, single: bool = False
+    ) -> None:
+        self.connection = connection
+        self.namespace = namespace or MainNamespace()
+        self.stdio = _Stdio()
+        self._single = single
+
+    def serve(self, frame: Exec, fds: list[int]) -> int:
+        """Run one EXEC frame's code with its pipes, environment and servers; send DONE."""
+        done = self.run(frame, fds)
+        self.connection.send(done)
+        return done.exit_code
+
+    def run(self, frame: Exec, fds: list[int]) -> Done:
+        """Run one EXEC frame's code with its pipes, environment and servers; the DONE frame to send."""
+        saved_env = None if self._single else dict(os.environ)  # a single run's is never restored
+        self.connection.max_call_bytes = frame.max_call_bytes
+        if frame.file_size is not None:
+            _limit_file_size(frame.file_size, for_good=frame.last)
+        if fds:
+            self.stdio.attach(fds[0], fds[1])
+        display.begin(frame.run, frame.max_images, frame.max_image_bytes)
+        try:
+            os.environ.update(frame.env)
+            if not self._single:
+                relay.add_packages()
+            exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
+        finally:
+            display.end()
+            if saved_env is not None:
+                # Restored, not kept: a session does not carry one run's secrets into the next.
+                os.environ.clear()
+                os.environ.update(saved_env)
+            if fds:
+                self.stdio.detach()
+            else:
+                _flush(sys.stdout, sys.stderr)
+        return Done(frame.run, exit_code, exception)
+
+
+# What prepare_single() compiles: a line of common constructs, so the compiler's pages are copied
+# (a longer program copies more of them: more memory per waiting child for little less per run).
+_REHEARSAL = "import os\nprint(os.sep, [i * 2 for i in range(3)], {'k': (1, 2.0)}, f'{os!r}')\n"
+_REHEARSAL_VARIABLE = "MCP_SANDBOX_REHEARSAL"
+
+
+def prepare_single() -> MainNamespace:
+    """What a zygote's child does before its EXEC comes, off the run's path: the run's interpreter
+    state, and :func:`relay.add_packages` (as every run does first). The child is this run's only,
+    so doing it earlier changes nothing the code can see; its copy-on-write page faults happen now.
+
+    The steps every run takes before its code (its output streams, the library's names, the
+    compiler) are taken once on throwaway objects, for the same reason: the pages they write
+    are copied now, not while the run waits.
+    """
+    relay.add_packages()
+    namespace = MainNamespace()
+    namespace.bind_library()
+    for fd in (1, 2):
+        open(fd, "w", encoding="utf-8", errors="strict", closefd=False)  # never written to
+    compile(_REHEARSAL, "<rehearsal>", "exec", flags=COMPILE_FLAGS, dont_inherit=True)
+    display.begin(0, 0, 0)
+    display.end()
+    os.environ[_REHEARSAL_VARIABLE] = "1"  # the run's variables are set the same way
+    del os.environ[_REHEARSAL_VARIABLE]
+    return namespace
+
+
+def _cpu_limit_signals_first() -> None:
+    """Lower the soft CPU limit one second below the hard one.
+
+    With soft == hard the kernel ends the process with SIGKILL, which the host cannot tell from
+    any other kill; a lower soft limit ends it with SIGXCPU first, so the host can say why.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY and hard >= 2 and (soft == resource.RLIM_INFINITY or soft >= hard):
+        resource.setrlimit(resource.RLIMIT_CPU, (hard - 1, hard))
+
+
+def _limit_file_size(size: int, *, for_good: bool) -> None:
+    """Lower RLIMIT_FSIZE to ``size`` for this run: the hard limit too when no run follows.
+
+    A session's interpreter serves later runs that may be given more (files removed meanwhile),
+    and a hard limit cannot be raised again: there only the soft one is lowered (the session's
+    sandbox starts with a hard limit no larger than the conversation's quota).
+    """
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY:
+        size = min(size, hard)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size if for_good else hard))
+
+
+def _end_for_file_size(signum: int, _frame: object) -> None:
+    os._exit(128 + signum)
+
+
+def prepare_process() -> None:
+    """What every runner process sets up once, before its first run."""
+    faulthandler.enable()  # a crash of the interpreter still leaves a trace on stderr
+    # Python ignores SIGXFSZ (a write past RLIMIT_FSIZE then fails with EFBIG, which code can
+    # catch and go on writing other files); the default action ends the run, and the host
+    # says which limit it hit, as other runtimes' processes are ended. A container's first
+    # process is its PID namespace's init, which the kernel spares from default actions: there
+    # a handler ends it the same way, at the interpreter's next instruction.
+    if os.getpid() == 1:
+        signal.signal(signal.SIGXFSZ, _end_for_file_size)
+    else:
+        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    _cpu_limit_signals_first()
+    display.install()
