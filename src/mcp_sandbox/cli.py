@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
+from mcp_sandbox.config import OUTPUT_MODES, Config, Settings, load_config, load_settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.runners import LANGUAGES
 
@@ -98,10 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _config(args: argparse.Namespace) -> Config | Settings:
+    """What ``args``, the environment and the TOML file configure: with the tokens to serve, else the settings."""
     flags = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"), None) for flag, _ in _SETTING_FLAGS}
     flags["accept_weaker_isolation"] = getattr(args, "accept_weaker_isolation", None)
-    return load_settings(flags=flags, config_file=getattr(args, "config", None))
+    load = load_config if args.command == "serve" else load_settings
+    return load(flags=flags, config_file=getattr(args, "config", None))
 
 
 def _check_stdio_conversation(settings: Settings) -> None:
@@ -115,7 +117,8 @@ def _check_stdio_conversation(settings: Settings) -> None:
             raise ConfigError(f"stdio_conversation: {exc.message}") from exc
 
 
-def _cmd_serve(settings: Settings, transport: str) -> int:
+def _cmd_serve(config: Config, transport: str) -> int:
+    settings = config.settings
     early = None
     if transport == "stdio":
         # Answer the client's initialize while the MCP SDK is imported (server/stdio_early.py).
@@ -125,7 +128,7 @@ def _cmd_serve(settings: Settings, transport: str) -> int:
         early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, settings, transport, early)
+    anyio.run(serve, config, transport, early)
     return 0
 
 
@@ -194,12 +197,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mcp-sandbox`` console script."""
     args = _parser().parse_args(argv)
     try:
-        settings = _settings(args)
+        config = _config(args)
+        settings = config.settings if isinstance(config, Config) else config
         logging.basicConfig(
             level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
         )
-        if args.command == "serve":
-            return _cmd_serve(settings, args.transport)
+        if isinstance(config, Config):
+            return _cmd_serve(config, args.transport)
         if args.command == "run":
             return _cmd_run(settings, args)
         if args.command == "servers":

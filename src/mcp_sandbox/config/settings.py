@@ -1,397 +1,316 @@
-"""The settings object: every setting, its default and the checks of its value.
+"""The settings object: every setting, declared once with its default, description and check.
 
-Built by :func:`mcp_sandbox.config.load_settings` from flags, environment and TOML file (see
-:mod:`.sources`); defaults that depend on the host (the state directory, the sandbox's ids,
-the runtimes ``make`` builds) are computed here, when a :class:`Settings` is made.
+Built by :func:`mcp_sandbox.config.load_settings` (or :func:`~mcp_sandbox.config.load_config`)
+from flags, environment and TOML file (see :mod:`.sources`). Each field is one
+:func:`~.fields.setting`: the settings table (:mod:`.reference`), the environment variables and
+the checks are all read from these declarations.
 """
+
+# ruff: noqa: RUF009 - each default is a dataclasses.field made by setting(), which declares the field.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
-import pwd
-import re
-import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
+from mcp_sandbox.config.defaults import (
+    JS_RUNTIMES,
+    OUTPUT_MODES,
+    OutputMode,
+    default_data_dir,
+    default_gate_dir,
+    default_js_runtime_dir,
+    default_python_runtime,
+    default_sandbox_ids,
+    default_state_dir,
+)
+from mcp_sandbox.config.fields import (
+    BYTES,
+    DURATION,
+    address_ranges,
+    check_fields,
+    computed,
+    duration,
+    duration_or_zero,
+    host_id,
+    http_url,
+    internal,
+    language_images,
+    module_names,
+    non_negative,
+    one_of,
+    port,
+    ports,
+    positive,
+    positive_number,
+    requirements,
+    seconds,
+    secret,
+    setting,
+    setting_fields,
+)
+from mcp_sandbox.config.tenants import Tenant
 from mcp_sandbox.errors import ConfigError
 
-__all__ = [
-    "JS_RUNTIMES",
-    "OUTPUT_MODES",
-    "SANDBOX_USER",
-    "TENANT_DEFAULTS",
-    "OutputMode",
-    "Settings",
-    "default_data_dir",
-    "default_gate_dir",
-    "default_js_runtime_dir",
-    "default_python_runtime",
-    "default_sandbox_ids",
-    "default_state_dir",
-]
+__all__ = ["Settings"]
 
-OutputMode = Literal["compact", "json", "toon"]
-OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
-
-
-def default_state_dir(env: Mapping[str, str]) -> Path:
-    """Where state lives unless configured: a system directory for root, XDG state otherwise."""
-    # Root's home is 0700, and the sandbox (run as an unprivileged uid) must reach workspaces.
-    if os.geteuid() == 0:
-        return Path("/var/lib/mcp-sandbox")
-    base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "mcp-sandbox"
-
-
-SANDBOX_USER = "mcp-sandbox"
-_NOBODY = 65534
-
-
-def default_sandbox_ids() -> tuple[int, int]:
-    """The dedicated ``mcp-sandbox`` system user's uid/gid (``make`` creates it), else nobody's."""
-    try:
-        entry = pwd.getpwnam(SANDBOX_USER)
-    except KeyError:
-        return _NOBODY, _NOBODY
-    return entry.pw_uid, entry.pw_gid
-
-
-# --- where the sandbox's runtimes live (issue 15: `mcp-sandbox setup`) -----------------------
-
-
-def default_data_dir(env: Mapping[str, str]) -> Path:
-    """Where ``mcp-sandbox setup`` builds the sandbox's runtimes unless configured.
-
-    Root: a system directory, since the sandbox's uid must read the runtime and root's home is
-    0700. Anyone else: ``$XDG_DATA_HOME/mcp-sandbox``, else ``~/.local/share/mcp-sandbox``.
-    """
-    if os.geteuid() == 0:
-        return Path("/usr/local/lib/mcp-sandbox")
-    base = env.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "mcp-sandbox"
-
-
-def _checkout_runtime() -> Path:
-    # `make` builds the sandbox's runtimes in the checkout, next to the server's venv.
-    return Path(sys.prefix).resolve().parent / ".runtime"
-
-
-def default_python_runtime(data_dir: Path, *, checkout: bool = True) -> Path:
-    """The checkout's ``.runtime/python`` when ``make`` built one (and ``checkout``), else ``data_dir/python``."""
-    built = _checkout_runtime() / "python"
-    return built if checkout and (built / "bin" / "python3").exists() else data_dir / "python"
-
-
-def default_js_runtime_dir(data_dir: Path, *, checkout: bool = True) -> Path:
-    """The checkout's ``.runtime/js`` when ``make`` built one (and ``checkout``), else ``data_dir/js``."""
-    built = _checkout_runtime() / "js"
-    return built if checkout and (built / "node_modules").is_dir() else data_dir / "js"
-
-
-def default_gate_dir(data_dir: Path, *, checkout: bool = True) -> Path:
-    """The checkout's ``.runtime/gate`` when ``make`` built the gate (and ``checkout``), else ``data_dir/gate``."""
-    built = _checkout_runtime() / "gate"
-    return built if checkout and built.is_dir() else data_dir / "gate"
-
-
-def _check_requirement(text: str) -> None:
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    # An option (`--index-url ...`, `-e ...`) would be one to pip, not a package.
-    if text.startswith("-"):
-        raise ConfigError(f"runtime_packages: {text!r} is an option, not a requirement (e.g. scipy==1.14.1)")
-    try:
-        Requirement(text)
-    except InvalidRequirement as exc:
-        raise ConfigError(f"runtime_packages: {text!r} is not a requirement: {exc}") from exc
-
-
-# --- end of the runtimes' defaults -----------------------------------------------------------
-
-
-JS_RUNTIMES = ("bun", "deno")
-
-# The per-tenant caps a server with several tenants applies where the settings give none.
-TENANT_DEFAULTS: Mapping[str, int] = {
-    "tenant_concurrent_runs": 2,
-    "tenant_queued_runs": 16,
-    "tenant_sessions": 8,
-    "tenant_workspaces_bytes": 5 << 30,
-    "tenant_http_sessions": 32,
-}
+_DATA = "`/usr/local/lib/mcp-sandbox` as root, else `$XDG_DATA_HOME/mcp-sandbox`"
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Every setting of mcp-sandbox. Build with :func:`load_settings`."""
+    """Every setting of mcp-sandbox. Build with :func:`~mcp_sandbox.config.load_settings`."""
 
-    state_dir: Path = field(default_factory=lambda: default_state_dir(os.environ))
-    backend: str = "bwrap"
-    servers_config: Path | None = None
-    output_mode: OutputMode = "compact"
-    log_level: str = "WARNING"
+    state_dir: Path = computed(
+        lambda: default_state_dir(os.environ),
+        "Workspaces, the metadata database and the server's secret.",
+        "`/var/lib/mcp-sandbox` as root, else `$XDG_STATE_HOME/mcp-sandbox`",
+        alias="MCP_BRIDGE_STATE_DIR",
+    )
+    backend: str = setting("bwrap", "The sandbox backend: `bwrap`, `podman`, `docker`, ...")
+    servers_config: Path | None = setting(
+        None, "A JSON file of downstream MCP servers (`mcpServers`/`servers`).", alias="MCP_SERVERS_CONFIG"
+    )
+    output_mode: OutputMode = setting(
+        "compact",
+        "How results are rendered as text: `compact`, `json` or `toon`.",
+        check=one_of(OUTPUT_MODES),
+        alias="MCP_BRIDGE_OUTPUT_MODE",
+    )
+    log_level: str = setting("WARNING", "The server's log level.", alias="MCP_BRIDGE_LOG_LEVEL")
 
-    # Time limits (seconds).
-    timeout: float = 30.0
-    max_timeout: float = 120.0
+    # Time limits.
+    timeout: float = setting(30.0, "A run's time limit when it names none, seconds.", alias="MCP_BRIDGE_TIMEOUT")
+    max_timeout: float = setting(
+        120.0, "The longest time limit a run may ask for, seconds.", alias="MCP_BRIDGE_MAX_TIMEOUT"
+    )
 
     # Resource limits, per run.
-    memory: int = 512 << 20
-    pids: int = 128
-    cpus: float = 1.0
-    tmp_size: int = 64 << 20
-    # A run without a conversation: its /workspace holds at most this (a tmpfs under bwrap).
-    scratch_size: int = 256 << 20
-    max_output: int = 1 << 20
-    max_file_size: int = 256 << 20
-    open_files: int = 256
+    memory: int = setting(512 << 20, "Memory of one run.", check=positive, unit=BYTES, alias="MCP_BRIDGE_MEMORY")
+    pids: int = setting(128, "Processes and threads of one run.", check=positive, alias="MCP_BRIDGE_PIDS")
+    cpus: float = setting(1.0, "CPUs of one run.", check=positive_number, alias="MCP_BRIDGE_CPUS")
+    tmp_size: int = setting(64 << 20, "The size of a run's /tmp.", check=positive, unit=BYTES)
+    scratch_size: int = setting(
+        256 << 20, "What a run without a conversation may write to /workspace.", check=positive, unit=BYTES
+    )
+    max_output: int = setting(1 << 20, "stdout and stderr kept of one run.", check=positive, unit=BYTES)
+    max_file_size: int = setting(256 << 20, "The largest file a run may write.", check=positive, unit=BYTES)
+    open_files: int = setting(256, "Open files of one run.", check=positive)
 
     # The unprivileged host uid/gid behind the sandbox when the server runs as root.
-    sandbox_uid: int = field(default_factory=lambda: default_sandbox_ids()[0])
-    sandbox_gid: int = field(default_factory=lambda: default_sandbox_ids()[1])
+    sandbox_uid: int = computed(
+        lambda: default_sandbox_ids()[0],
+        "The host uid the sandbox runs as when the server runs as root.",
+        "the `mcp-sandbox` user's, else 65534",
+        check=host_id,
+    )
+    sandbox_gid: int = computed(
+        lambda: default_sandbox_ids()[1],
+        "The host gid the sandbox runs as when the server runs as root.",
+        "the `mcp-sandbox` user's, else 65534",
+        check=host_id,
+    )
 
-    # Sandbox runtimes and binaries. data_dir: where `mcp-sandbox setup` builds them (python/,
-    # js/); a checkout's .runtime, built by `make`, is used instead when there is one.
-    data_dir: Path = field(default_factory=lambda: default_data_dir(os.environ))
-    python_runtime: Path = field(default_factory=lambda: default_python_runtime(default_data_dir(os.environ)))
-    # Requirement strings `mcp-sandbox setup` adds to the sandbox's Python runtime (host side).
-    runtime_packages: tuple[str, ...] = ()
-    bwrap_path: Path | None = None
-    # TypeScript/JavaScript: which runtime (bun or deno), and where `make` or `setup` installed them.
-    js_runtime: str = "bun"
-    js_runtime_dir: Path = field(default_factory=lambda: default_js_runtime_dir(default_data_dir(os.environ)))
-    # Where `make` or `setup` built the sandbox's gate (sandbox/gate.c), a static program.
-    gate_dir: Path = field(default_factory=lambda: default_gate_dir(default_data_dir(os.environ)))
-    accept_weaker_isolation: bool = False
+    # Sandbox runtimes and binaries; a checkout's .runtime, built by `make`, wins unless data_dir is given.
+    data_dir: Path = computed(
+        lambda: default_data_dir(os.environ), "Where `mcp-sandbox setup` builds the sandbox's runtimes.", _DATA
+    )
+    python_runtime: Path = computed(
+        lambda: default_python_runtime(default_data_dir(os.environ)),
+        "The sandbox's Python runtime.",
+        "the checkout's `.runtime/python`, else `data_dir/python`",
+    )
+    runtime_packages: tuple[str, ...] = setting(
+        (), "Requirements `mcp-sandbox setup` adds to the sandbox's Python runtime.", check=requirements
+    )
+    bwrap_path: Path | None = setting(None, "The bwrap binary (default: found on PATH).")
+    js_runtime: str = setting("bun", "The TypeScript/JavaScript runtime: `bun` or `deno`.", check=one_of(JS_RUNTIMES))
+    js_runtime_dir: Path = computed(
+        lambda: default_js_runtime_dir(default_data_dir(os.environ)),
+        "Where `make` or `setup` installed the JavaScript runtimes.",
+        "the checkout's `.runtime/js`, else `data_dir/js`",
+    )
+    gate_dir: Path = computed(
+        lambda: default_gate_dir(default_data_dir(os.environ)),
+        "Where `make` or `setup` built the sandbox's gate (a static program).",
+        "the checkout's `.runtime/gate`, else `data_dir/gate`",
+    )
+    accept_weaker_isolation: bool = setting(
+        False, "Start even where the backend cannot enforce part of the policy (it is logged)."
+    )
 
-    # Container backends (podman/docker); the earlier bridge's names. container_runtime: the CLI
-    # (a name on PATH or a path); image: the image of every language unless `images` names one
-    # ("python=localhost/mcp-sandbox-python:latest,typescript=...").
-    container_runtime: str | None = None
-    image: str | None = None
-    images: tuple[str, ...] = ()
+    # Container backends (podman/docker).
+    container_runtime: str | None = setting(
+        None, "The container CLI (a name on PATH or a path).", alias="MCP_BRIDGE_RUNTIME"
+    )
+    image: str | None = setting(
+        None, "The image of every language unless `images` names one.", alias="MCP_BRIDGE_IMAGE"
+    )
+    images: tuple[str, ...] = setting((), "Images by language: `python=IMAGE,typescript=IMAGE`.", check=language_images)
 
     # Code mode: downstream MCP servers called from sandboxed code.
-    # Discover servers in the MCP client configs of the user (Claude, Cursor, VS Code, ...) as
-    # well as in servers_config and [servers]; off, only those two are read.
-    discover_servers: bool = True
-    max_tool_calls: int = 200  # per run
-    max_calls_in_flight: int = 64  # requests of one run answered at once; more wait their turn
-    max_call_bytes: int = 1 << 20  # one request frame from the sandbox (a tool call's arguments)
-    max_tool_result_bytes: int = 64 << 20  # per run, the sum of all tool results
-    tool_timeout: float = 60.0  # per tool call, seconds
-    connect_timeout: float = 30.0  # starting a downstream server and listing its tools
+    discover_servers: bool = setting(
+        True, "Read the MCP client configs of the user (Claude, Cursor, VS Code, ...) for servers."
+    )
+    max_tool_calls: int = setting(200, "Tool calls of one run.", check=positive)
+    max_calls_in_flight: int = setting(
+        64, "Requests of one run answered at once; more wait their turn.", check=positive
+    )
+    max_call_bytes: int = setting(
+        1 << 20, "One request from the sandbox (a tool call's arguments).", check=positive, unit=BYTES
+    )
+    max_tool_result_bytes: int = setting(64 << 20, "All tool results of one run together.", check=positive, unit=BYTES)
+    tool_timeout: float = setting(60.0, "One tool call, seconds.", check=seconds)
+    connect_timeout: float = setting(
+        30.0, "Starting a downstream server and listing its tools, seconds.", check=seconds
+    )
 
     # The HTTP service (serve --transport http).
-    host: str = "127.0.0.1"
-    port: int = 8765
-    # The base URL clients reach this server at, for download links (default http://host:port).
-    public_url: str | None = None
-    # Host / Origin header values accepted besides the loopback ones (DNS-rebinding protection).
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    # One bearer token for tenant "default" (more tenants: [auth] tokens in the TOML file).
-    token: str | None = field(default=None, repr=False)
-    # A file holding tenant "default"'s token (a container secret, a systemd credential); re-read on SIGHUP.
-    token_file: Path | None = None
-    # The bearer token of GET /metrics (Prometheus text); without one /metrics is off.
-    metrics_token: str | None = field(default=None, repr=False)
-    max_request_size: int = 4 << 20  # one MCP request body
-    url_ttl: float = 3600.0  # lifetime of a signed download URL
-    shutdown_grace: float = 10.0  # how long running executions may finish when the server stops
+    host: str = setting("127.0.0.1", "The address the HTTP service listens on.")
+    port: int = setting(8765, "The port the HTTP service listens on.", check=port)
+    public_url: str | None = setting(
+        None,
+        "The base URL clients reach this server at (default `http://host:port`).",
+        check=http_url,
+        alias="PUBLIC_BASE_URL",
+    )
+    allowed_hosts: tuple[str, ...] = setting((), "Host header values accepted besides the loopback ones.")
+    allowed_origins: tuple[str, ...] = setting((), "Origin header values accepted besides the loopback ones.")
+    token: str | None = setting(
+        None,
+        "The bearer token of tenant `default` (more tenants: `[auth] tokens`).",
+        alias="MCP_API_TOKEN",
+        secret=True,
+    )
+    token_file: Path | None = setting(None, "A file holding tenant `default`'s token; re-read on SIGHUP.")
+    metrics_token: str | None = setting(
+        None, "The bearer token of `GET /metrics`; without one /metrics is off.", check=secret, secret=True
+    )
+    max_request_size: int = setting(4 << 20, "One MCP request body.", check=positive, unit=BYTES)
+    url_ttl: float = setting(3600.0, "The lifetime of a signed download URL.", check=duration, unit=DURATION)
+    shutdown_grace: float = setting(
+        10.0, "How long running executions may finish when the server stops.", check=duration_or_zero, unit=DURATION
+    )
 
     # Conversations: persistent workspaces, their quotas and retention.
-    quota_bytes: int = 1 << 30  # per conversation
-    quota_files: int = 10_000  # per conversation
-    conversation_ttl: float = 30 * 86400.0  # an idle conversation's files are deleted after this
-    max_workspaces_bytes: int = 20 << 30  # all conversations together; least recently used go first
-    # A tenant's library (saved tools and memories): bytes and entries.
-    library_bytes: int = 1 << 20
-    library_entries: int = 1000
+    quota_bytes: int = setting(1 << 30, "The files of one conversation.", check=positive, unit=BYTES)
+    quota_files: int = setting(10_000, "Files of one conversation.", check=positive)
+    conversation_ttl: float = setting(
+        30 * 86400.0, "An idle conversation's files are deleted after this.", check=duration, unit=DURATION
+    )
+    max_workspaces_bytes: int = setting(
+        20 << 30, "All conversations together; the least recently used go first.", check=positive, unit=BYTES
+    )
+    library_bytes: int = setting(1 << 20, "A tenant's library (saved tools and memories).", unit=BYTES)
+    library_entries: int = setting(1000, "Entries of a tenant's library.")
 
     # Stateful sessions: a conversation's interpreter kept between runs.
-    sessions: bool = True
-    session_ttl: float = 600.0  # an idle session's interpreter is stopped (its files stay)
-    max_sessions: int = 16  # live interpreters; the least recently used idle one makes room
-    session_cpu_seconds: int = 3600  # CPU seconds one session's interpreter may use in all
-    # Over stdio, the conversation a call that names none uses (the earlier bridge kept state by default).
-    stdio_conversation: str | None = None
+    sessions: bool = setting(True, "Keep a conversation's interpreter between runs.")
+    session_ttl: float = setting(
+        600.0, "An idle session's interpreter is stopped after this (its files stay).", check=duration, unit=DURATION
+    )
+    max_sessions: int = setting(16, "Live interpreters; the least recently used idle one makes room.", check=positive)
+    session_cpu_seconds: int = setting(3600, "CPU seconds one session's interpreter may use in all.", check=positive)
+    stdio_conversation: str | None = setting(None, "Over stdio, the conversation a call that names none uses.")
 
     # Warm sandboxes: zygotes that fork a fresh interpreter per run (runs without a conversation).
-    pool_size: int = 4  # warm sandboxes at most (0: every run starts a sandbox of its own)
-    pool_min: int = 1  # kept while idle
-    pool_idle: float = 300.0  # a warm sandbox unused this long is stopped (down to pool_min)
-    pool_preload: tuple[str, ...] = ("numpy", "pandas")  # imported once, in every warm sandbox
-    # Pre-started single-use sandboxes per language, for runs that cannot fork from a zygote
-    # (TypeScript/JavaScript; Python on a container backend); started on the language's first run.
-    # None: each language's own default (engine/prestart.py, DEFAULT_SIZES).
-    prestart_size: int | None = None
+    pool_size: int = setting(
+        4, "Warm sandboxes at most (0: every run starts a sandbox of its own).", check=non_negative
+    )
+    pool_min: int = setting(1, "Warm sandboxes kept while idle.", check=non_negative)
+    pool_idle: float = setting(
+        300.0, "A warm sandbox unused this long is stopped (down to `pool_min`).", check=duration, unit=DURATION
+    )
+    pool_preload: tuple[str, ...] = setting(
+        ("numpy", "pandas"), "Modules imported once, in every warm sandbox.", check=module_names
+    )
+    prestart_size: int | None = setting(
+        None, "Pre-started single-use sandboxes per language (default: each language's own).", check=non_negative
+    )
 
-    # Admission control: runs at once (all kinds), and how many may wait, for how long.
-    max_concurrent_runs: int = 4
-    max_queued_runs: int = 64
-    queue_timeout: float = 30.0
+    # Admission control.
+    max_concurrent_runs: int = setting(4, "Runs at once, of all kinds.", check=positive)
+    max_queued_runs: int = setting(64, "Runs waiting for a slot.", check=non_negative)
+    queue_timeout: float = setting(30.0, "How long a run may wait for a slot.", check=duration, unit=DURATION)
 
-    # --- Per-tenant limits and the HTTP server's own bounds (a hostile tenant, issue 21) ---
-    # Every tenant gets the same caps; one tenant at its caps never slows or evicts another.
-    # None: decided by the server (TENANT_DEFAULTS with several tenants; with one, and for the
-    # engine used on its own, the server-wide value: no cap of its own).
-    tenant_concurrent_runs: int | None = None  # runs of one tenant executing at once
-    tenant_queued_runs: int | None = None  # runs of one tenant waiting for a slot (the queue is round robin)
-    tenant_sessions: int | None = None  # live session interpreters of one tenant
-    tenant_workspaces_bytes: int | None = None  # all conversations of one tenant; its LRU go first
-    retention_interval: float = 300.0  # seconds between retention sweeps (also one at start)
-    # Downstream servers (code mode): tenants allowed on every server unless its entry names some.
-    # HTTP: MCP sessions (Streamable HTTP and SSE), per tenant and in all, and their idle life.
-    tenant_http_sessions: int | None = None
-    max_http_sessions: int = 1024
-    http_session_ttl: float = 600.0
-    # HTTP: connections. Headers must arrive within header_timeout; an idle keep-alive connection
-    # is closed after keep_alive_timeout; one client address holds at most this many connections.
-    header_timeout: float = 10.0
-    keep_alive_timeout: float = 5.0
-    max_connections_per_address: int = 64
-    # HTTP: request bodies (uploads, MCP requests) must send a chunk every body_timeout seconds
-    # and average body_min_rate bytes/s after their first body_timeout seconds. Each tenant
-    # streams at most tenant_uploads uploads at once, written by upload_workers threads of their
-    # own (never the threads runs use).
-    body_timeout: float = 30.0
-    body_min_rate: int = 16 << 10
-    tenant_uploads: int = 4
-    upload_workers: int = 8
-    # --- end of per-tenant limits ---
+    # Per-tenant caps; None: decided by the server (TENANT_DEFAULTS with several tenants, else server-wide).
+    tenant_concurrent_runs: int | None = setting(
+        None,
+        "Runs of one tenant executing at once (unset: 2 with several tenants, else no cap of its own).",
+        check=positive,
+    )
+    tenant_queued_runs: int | None = setting(
+        None, "Runs of one tenant waiting for a slot (unset: 16 with several tenants).", check=non_negative
+    )
+    tenant_sessions: int | None = setting(
+        None, "Live session interpreters of one tenant (unset: 8 with several tenants).", check=positive
+    )
+    tenant_workspaces_bytes: int | None = setting(
+        None,
+        "All conversations of one tenant, its least recently used first (unset: 5g with several tenants).",
+        check=positive,
+        unit=BYTES,
+    )
+    retention_interval: float = setting(
+        300.0, "Time between retention sweeps (one also runs at start).", check=duration, unit=DURATION
+    )
+    tenant_http_sessions: int | None = setting(
+        None, "MCP sessions over HTTP of one tenant (unset: 32 with several tenants).", check=positive
+    )
+    max_http_sessions: int = setting(1024, "MCP sessions over HTTP in all.", check=positive)
+    http_session_ttl: float = setting(
+        600.0, "An idle MCP session over HTTP is closed after this.", check=duration, unit=DURATION
+    )
+    header_timeout: float = setting(10.0, "Request headers must arrive within this.", check=duration, unit=DURATION)
+    keep_alive_timeout: float = setting(
+        5.0, "An idle keep-alive connection is closed after this.", check=duration, unit=DURATION
+    )
+    max_connections_per_address: int = setting(64, "Connections of one client address.", check=positive)
+    body_timeout: float = setting(30.0, "A request body must send a chunk within this.", check=duration, unit=DURATION)
+    body_min_rate: int = setting(
+        16 << 10,
+        "The average rate a request body must keep after `body_timeout` (bytes/s).",
+        check=positive,
+        unit=BYTES,
+    )
+    tenant_uploads: int = setting(4, "Uploads one tenant streams at once.", check=positive)
+    upload_workers: int = setting(8, "Threads writing uploads (never the threads runs use).", check=positive)
 
     # Images a run saves or shows, returned to the model as MCP image content.
-    max_images: int = 4
-    max_image_bytes: int = 1 << 20
+    max_images: int = setting(4, "Images returned of one run.", check=non_negative)
+    max_image_bytes: int = setting(1 << 20, "The largest image returned.", check=positive, unit=BYTES)
 
-    # Controlled network (run_code/run_python `network`): the host's egress proxy lets a run reach
-    # the domains egress_allow names ("example.com", "*.example.com", "*" for any public host), not
-    # those egress_deny names, on egress_ports; private, loopback, link-local and other non-public
-    # addresses only where egress_allow_private names their range (CIDRs). Per tenant: [tenants.<name>].
-    egress_allow: tuple[str, ...] = ()
-    egress_deny: tuple[str, ...] = ()
-    egress_ports: tuple[int, ...] = (80, 443)
-    egress_allow_private: tuple[str, ...] = ()
-    egress_max_bytes: int = 256 << 20  # per run, both directions of all its connections
-    egress_max_connections: int = 256  # per run
-    egress_connection_timeout: float = 300.0  # the longest one connection may stay open
+    # Controlled network (`network` of run_code/run_python); per tenant: [tenants.<name>].
+    egress_allow: tuple[str, ...] = setting(
+        (), "Domains a run with network may reach (`example.com`, `*.example.com`, `*`)."
+    )
+    egress_deny: tuple[str, ...] = setting((), "Domains refused even where `egress_allow` names them.")
+    egress_ports: tuple[int, ...] = setting((80, 443), "Ports a run with network may connect to.", check=ports)
+    egress_allow_private: tuple[str, ...] = setting(
+        (), "Non-public address ranges (CIDRs) a run with network may reach.", check=address_ranges
+    )
+    egress_max_bytes: int = setting(
+        256 << 20, "Both directions of all connections of one run.", check=positive, unit=BYTES
+    )
+    egress_max_connections: int = setting(256, "Connections of one run.", check=positive)
+    egress_connection_timeout: float = setting(
+        300.0, "The longest one connection may stay open.", check=duration, unit=DURATION
+    )
 
-    # The TOML file the settings came from (its [servers] table lists downstream servers).
-    config_file: Path | None = None
+    # Not settings anyone gives: the TOML file the settings came from, and its [tenants.<name>] tables.
+    config_file: Path | None = internal(None)
+    tenants: tuple[Tenant, ...] = internal(())
 
     def __post_init__(self) -> None:
-        if self.js_runtime not in JS_RUNTIMES:
-            raise ConfigError(f"js_runtime: {self.js_runtime!r} is not one of {', '.join(JS_RUNTIMES)}")
-        if self.output_mode not in OUTPUT_MODES:
-            raise ConfigError(f"output_mode: {self.output_mode!r} is not one of {', '.join(OUTPUT_MODES)}")
+        check_fields(self, SETTINGS)
         if not 0 < self.timeout <= self.max_timeout:
             raise ConfigError(f"timeout: {self.timeout} must be > 0 and <= max_timeout ({self.max_timeout})")
-        for name in (
-            "memory",
-            "pids",
-            "tmp_size",
-            "scratch_size",
-            "max_output",
-            "max_file_size",
-            "open_files",
-            "max_tool_calls",
-            "max_calls_in_flight",
-            "max_call_bytes",
-            "max_tool_result_bytes",
-            "max_request_size",
-            "quota_bytes",
-            "quota_files",
-            "max_workspaces_bytes",
-            "max_sessions",
-            "session_cpu_seconds",
-            "max_image_bytes",
-            "max_concurrent_runs",
-            "egress_max_bytes",
-            "egress_max_connections",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive")
-        for name in ("pool_size", "pool_min", "prestart_size", "max_queued_runs"):
-            if getattr(self, name) is not None and getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must not be negative")
-        for name in ("tenant_concurrent_runs", "tenant_sessions", "tenant_workspaces_bytes", "tenant_http_sessions"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive")
-        for name in (
-            "max_http_sessions",
-            "max_connections_per_address",
-            "tenant_uploads",
-            "upload_workers",
-            "body_min_rate",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive")
-        if self.tenant_queued_runs is not None and self.tenant_queued_runs < 0:
-            raise ConfigError("tenant_queued_runs: must not be negative")
-        for name in (
-            "retention_interval",
-            "http_session_ttl",
-            "header_timeout",
-            "keep_alive_timeout",
-            "body_timeout",
-        ):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be a positive duration")
-        if self.pool_min > self.pool_size:
-            raise ConfigError(f"pool_min: {self.pool_min} is more than pool_size ({self.pool_size})")
-        for module in self.pool_preload:
-            if not all(part.isidentifier() for part in module.split(".")):
-                raise ConfigError(f"pool_preload: {module!r} is not a module name")
-        if not math.isfinite(self.cpus) or self.cpus <= 0:
-            raise ConfigError("cpus: must be a positive number")
-        if self.max_images < 0:
-            raise ConfigError("max_images: must not be negative")
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"port: {self.port} is not a TCP port")
-        if self.public_url is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", self.public_url):
-            raise ConfigError(f"public_url: {self.public_url!r} is not an http(s) URL")
-        for port in self.egress_ports:
-            if not 0 < port < 65536:
-                raise ConfigError(f"egress_ports: {port} is not a TCP port")
-        for cidr in self.egress_allow_private:
-            try:
-                ipaddress.ip_network(cidr, strict=False)
-            except ValueError as exc:
-                raise ConfigError(f"egress_allow_private: {cidr!r} is not an address range ({exc})") from exc
-        for name in (
-            "url_ttl",
-            "conversation_ttl",
-            "session_ttl",
-            "pool_idle",
-            "queue_timeout",
-            "egress_connection_timeout",
-        ):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be a positive duration")
-        if not math.isfinite(self.shutdown_grace) or self.shutdown_grace < 0:
-            raise ConfigError("shutdown_grace: must be a duration >= 0")
-        for name in ("tool_timeout", "connect_timeout"):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be a positive number of seconds")
         if not (math.isfinite(self.timeout) and math.isfinite(self.max_timeout)):
             raise ConfigError("timeout: must be a finite number of seconds")
-        for entry in self.images:
-            language, _, image = entry.partition("=")
-            if not language.strip() or not image.strip():
-                raise ConfigError(f"images: {entry!r} is not LANGUAGE=IMAGE")
-        for requirement in self.runtime_packages:
-            _check_requirement(requirement)
-        if self.metrics_token is not None and len(self.metrics_token.strip()) < 16:
-            raise ConfigError("metrics_token: must be at least 16 characters (a random one: secrets.token_urlsafe(32))")
-        for name in ("sandbox_uid", "sandbox_gid"):
-            if not 0 <= getattr(self, name) < 2**32 - 1:
-                raise ConfigError(f"{name}: must be a valid id")
+        if self.pool_min > self.pool_size:
+            raise ConfigError(f"pool_min: {self.pool_min} is more than pool_size ({self.pool_size})")
 
     @property
     def base_url(self) -> str:
@@ -405,3 +324,7 @@ class Settings:
     def python_interpreter(self) -> Path:
         """The interpreter the sandbox runs (inside the runtime environment when there is one)."""
         return self.python_runtime / "bin" / "python3"
+
+
+# Every setting by name, in declaration order: the one table sources, checks and docs read.
+SETTINGS = setting_fields(Settings)

@@ -13,7 +13,6 @@ the process at once with its error and exit status 2, as the CLI does for a refu
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import io
 import logging
@@ -31,7 +30,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import JSONRPCError, JSONRPCResponse
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import TENANT_DEFAULTS, Settings
+from mcp_sandbox.config import Config, Settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.server.resources import list_resources, read_resource
 from mcp_sandbox.server.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from mcp_sandbox.server.service import Service
     from mcp_sandbox.server.tools import ToolHandlers
 
-__all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
+__all__ = ["build_server", "serve", "serve_stdio"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,22 +163,6 @@ async def serve_stdio(server: Server, early: EarlyStdio | None = None) -> None:
         early.release()
 
 
-def with_tenants(settings: Settings, tenants: int) -> Settings:
-    """``settings`` for a server with ``tenants`` tenants: the per-tenant caps not given are
-    ``TENANT_DEFAULTS`` with several tenants; with one (stdio, or HTTP with one token or none),
-    the server's own, so they take nothing from its capacity."""
-    server_wide = {
-        "tenant_concurrent_runs": settings.max_concurrent_runs,
-        "tenant_queued_runs": settings.max_queued_runs,
-        "tenant_sessions": settings.max_sessions,
-        "tenant_workspaces_bytes": settings.max_workspaces_bytes,
-        "tenant_http_sessions": settings.max_http_sessions,
-    }
-    defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
-    chosen: dict[str, Any] = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
-    return dataclasses.replace(settings, **chosen)
-
-
 def _end_process(exc: Exception) -> NoReturn:
     """End the process now, saying why: the stdio reader waits in a thread no cancellation reaches
     (reading stdin, which the client keeps open), so returning would hang until the client quits."""
@@ -204,7 +187,7 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
             from mcp_sandbox.server.service import open_service
             from mcp_sandbox.server.tools import ToolHandlers
 
-            async with open_service(with_tenants(settings, 1), http=False) as service:
+            async with open_service(settings, http=False) as service:
                 opening.opened(ToolHandlers(service))
                 await closing.wait()
         except Exception as exc:  # the server cannot serve
@@ -216,8 +199,8 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
         closing.set()  # the client is gone: close the service normally (running executions finish)
 
 
-async def serve(settings: Settings, transport: str, early: EarlyStdio | None = None) -> None:
-    """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
+async def serve(config: Config, transport: str, early: EarlyStdio | None = None) -> None:
+    """Open the service and serve ``config`` over ``transport`` (``stdio`` or ``http``) until told to stop.
 
     ``early``: over stdio, the wire :func:`~mcp_sandbox.server.stdio_early.begin` took at start
     (the CLI's ``serve``, which also checks ``stdio_conversation`` before that).
@@ -226,10 +209,11 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
         BackendUnavailableError: the backend cannot serve here (see :func:`~mcp_sandbox.engine.startup.open_engine`).
     """
+    settings = config.serving(transport)  # its per-tenant caps finished for this many tenants
     if transport == "stdio":
         await _serve_stdio_opening(settings, early)
         return
-    from mcp_sandbox.server.auth import TokenTable, load_tokens
+    from mcp_sandbox.server.auth import TokenTable
     from mcp_sandbox.server.files import file_routes
     from mcp_sandbox.server.health import health_routes
     from mcp_sandbox.server.http import auth_guard, build_http_app, check_exposure, serve_http
@@ -237,10 +221,8 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
     from mcp_sandbox.server.renew import renew_routes
     from mcp_sandbox.server.service import open_service
 
-    loaded = load_tokens(settings)
-    tokens = TokenTable(loaded)
+    tokens = TokenTable(config.tokens)
     check_exposure(settings, tokens)
-    settings = with_tenants(settings, len({token.tenant for token in loaded}))
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         routes = [

@@ -28,6 +28,7 @@ from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.bridge.discovery import Discovery, discover
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
@@ -68,6 +69,8 @@ class Service:
     metadata: Metadata
     urls: UrlSigner
     http: bool
+    # Each tenant's egress rules, checked once at start (a malformed pattern refuses to start).
+    egress: TenantEgress
     events: EventHub = dataclasses.field(default_factory=EventHub)
     lifecycle: Lifecycle = dataclasses.field(default_factory=Lifecycle)
     metrics: Metrics | None = None
@@ -258,6 +261,7 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
     layout = StateLayout.of(settings)
+    egress = TenantEgress(settings)
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
     events = EventHub()
     engine = await anyio.to_thread.run_sync(open_engine, settings, events)
@@ -277,7 +281,7 @@ async def open_service(settings: Settings, *, http: bool, discovery: Discovery |
             anyio.create_task_group() as group,
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
-            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, events, writes=writes)
+            service = Service(settings, engine, bridge, workspaces, metadata, urls, http, egress, events, writes=writes)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             service.lifecycle.on_reload("servers", service.reload_servers)

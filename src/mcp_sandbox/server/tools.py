@@ -14,7 +14,6 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored, RunFinished
@@ -70,8 +69,7 @@ class ToolHandlers:
     def __init__(self, service: Service) -> None:
         self._service = service
         # One context for the schemas listed and the calls validated: they cannot disagree.
-        # Raises ConfigError at start-up when an egress setting (global or a tenant's) is malformed.
-        self._egress = TenantEgress(service.settings)
+        self._egress = service.egress
         self._context = context = CallContext(
             max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
         )
