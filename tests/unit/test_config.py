@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -76,7 +75,7 @@ def _sample(name: str) -> Sample:
     """A valid value of ``name`` other than its default, written for the environment and for TOML."""
     declaration = SETTINGS[name]
     kind, unit, check = str(declaration.type), declaration.metadata["unit"], declaration.metadata["check"]
-    default = getattr(Settings(), name)
+    default = Settings().value(name)
     if kind == "bool":
         return Sample(str(not default).lower(), _literal(not default), not default)
     if unit == "bytes":
@@ -152,13 +151,13 @@ def test_the_highest_layer_that_sets_a_value_wins(tmp_path: Path, layers: set[st
 
     settings = load_settings(flags=flags, env=env, config_file=config)
 
-    assert settings.timeout == expected
+    assert settings.limits.timeout == expected
 
 
 def test_a_flag_given_as_none_leaves_the_lower_layers_in_charge() -> None:
     settings = load_settings(flags={"timeout": None}, env={"MCP_SANDBOX_TIMEOUT": "10"})
 
-    assert settings.timeout == 10.0
+    assert settings.limits.timeout == 10.0
 
 
 def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
@@ -168,7 +167,12 @@ def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
         flags={"memory": "2g"}, env={"MCP_SANDBOX_PIDS": "7", "MCP_BRIDGE_CPUS": "3"}, config_file=config
     )
 
-    assert (settings.backend, settings.pids, settings.cpus, settings.memory) == ("podman", 7, 3.0, 2 << 30)
+    assert (settings.sandbox.backend, settings.limits.pids, settings.limits.cpus, settings.limits.memory) == (
+        "podman",
+        7,
+        3.0,
+        2 << 30,
+    )
 
 
 def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,7 +181,7 @@ def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytes
             monkeypatch.delenv(key)
     monkeypatch.setenv("MCP_SANDBOX_PIDS", "77")
 
-    assert load_settings().pids == 77
+    assert load_settings().limits.pids == 77
 
 
 def test_every_setting_can_be_given_as_an_mcp_sandbox_variable() -> None:
@@ -185,7 +189,7 @@ def test_every_setting_can_be_given_as_an_mcp_sandbox_variable() -> None:
 
     settings = load_settings(env=env)
 
-    assert {name: getattr(settings, name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
+    assert {name: settings.value(name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -193,7 +197,7 @@ def test_each_setting_is_read_from_each_of_its_variables(setting: str) -> None:
     sample = EVERY[setting]
 
     for variable in env_names(setting):
-        assert getattr(load_settings(env={variable: sample.text}), setting) == sample.value, variable
+        assert load_settings(env={variable: sample.text}).value(setting) == sample.value, variable
 
 
 # --- the earlier bridge's aliases -------------------------------------------------------------
@@ -229,7 +233,7 @@ def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> N
 def test_mcp_http_addr_sets_host_and_port(address: str, host: str, port: int) -> None:
     settings = load_settings(env={"MCP_HTTP_ADDR": address})
 
-    assert (settings.host, settings.port) == (host, port)
+    assert (settings.http.host, settings.http.port) == (host, port)
 
 
 def test_mcp_sandbox_host_and_port_beat_mcp_http_addr() -> None:
@@ -237,7 +241,7 @@ def test_mcp_sandbox_host_and_port_beat_mcp_http_addr() -> None:
 
     settings = load_settings(env=env)
 
-    assert (settings.host, settings.port) == ("127.0.0.2", 2000)
+    assert (settings.http.host, settings.http.port) == ("127.0.0.2", 2000)
 
 
 @pytest.mark.parametrize("address", ["8080", "localhost", "host:port", "127.0.0.1:"])
@@ -252,7 +256,7 @@ def test_an_alias_sets_its_setting(alias: str, setting: str) -> None:
 
     settings = load_settings(env={alias: sample.text})
 
-    assert getattr(settings, setting) == sample.value
+    assert settings.value(setting) == sample.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -261,7 +265,7 @@ def test_the_mcp_sandbox_variable_beats_its_alias(alias: str, setting: str) -> N
 
     settings = load_settings(env={alias: loser.text, env_name(setting): winner.text})
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -271,7 +275,7 @@ def test_an_alias_beats_the_config_file(tmp_path: Path, alias: str, setting: str
 
     settings = load_settings(env={alias: winner.text}, config_file=config)
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -280,7 +284,7 @@ def test_a_flag_beats_an_alias(alias: str, setting: str) -> None:
 
     settings = load_settings(flags={setting: winner.text}, env={alias: loser.text})
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 # --- the TOML file ----------------------------------------------------------------------------
@@ -291,7 +295,7 @@ def test_every_setting_can_be_given_in_the_config_file(tmp_path: Path) -> None:
 
     settings = load_settings(env={}, config_file=config)
 
-    assert {name: getattr(settings, name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
+    assert {name: settings.value(name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
@@ -299,7 +303,7 @@ def test_each_setting_is_read_from_the_config_file(tmp_path: Path, setting: str)
     sample = EVERY[setting]
     config = write_toml(tmp_path, f"{setting} = {sample.toml}\n")
 
-    assert getattr(load_settings(env={}, config_file=config), setting) == sample.value
+    assert load_settings(env={}, config_file=config).value(setting) == sample.value
 
 
 def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> None:
@@ -307,7 +311,7 @@ def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> 
 
     settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(config)})
 
-    assert settings.pids == 42
+    assert settings.limits.pids == 42
 
 
 def test_an_explicit_config_file_is_used_instead_of_mcp_sandbox_config(tmp_path: Path) -> None:
@@ -318,7 +322,7 @@ def test_an_explicit_config_file_is_used_instead_of_mcp_sandbox_config(tmp_path:
 
     settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(from_env)}, config_file=explicit)
 
-    assert settings.pids == 2
+    assert settings.limits.pids == 2
 
 
 def test_the_auth_and_servers_tables_are_accepted(tmp_path: Path) -> None:
@@ -334,7 +338,7 @@ def test_the_auth_and_servers_tables_are_accepted(tmp_path: Path) -> None:
 
     settings = load_settings(env={}, config_file=config)
 
-    assert settings.timeout == 12.0
+    assert settings.limits.timeout == 12.0
 
 
 def test_an_unknown_key_in_the_config_file_is_rejected(tmp_path: Path) -> None:
@@ -401,13 +405,13 @@ def test_a_config_value_of_the_wrong_type_is_rejected(tmp_path: Path, text: str)
 def test_sizes_are_parsed_in_binary_units(setting: str, text: str, expected: int) -> None:
     settings = load_settings(env={env_name(setting): text})
 
-    assert getattr(settings, setting) == expected
+    assert settings.value(setting) == expected
 
 
 def test_a_size_in_the_config_file_may_be_a_plain_integer(tmp_path: Path) -> None:
     config = write_toml(tmp_path, "memory = 1048576\n")
 
-    assert load_settings(env={}, config_file=config).memory == 1 << 20
+    assert load_settings(env={}, config_file=config).limits.memory == 1 << 20
 
 
 @pytest.mark.parametrize(
@@ -417,19 +421,19 @@ def test_a_size_in_the_config_file_may_be_a_plain_integer(tmp_path: Path) -> Non
 def test_booleans_accept_the_usual_spellings(text: str, expected: bool) -> None:
     settings = load_settings(env={"MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION": text})
 
-    assert settings.accept_weaker_isolation is expected
+    assert settings.sandbox.accept_weaker_isolation is expected
 
 
 def test_an_empty_optional_path_means_none() -> None:
     settings = load_settings(env={"MCP_SANDBOX_SERVERS_CONFIG": ""})
 
-    assert settings.servers_config is None
+    assert settings.code_mode.servers_config is None
 
 
 def test_a_timeout_equal_to_max_timeout_is_accepted() -> None:
     settings = load_settings(env={"MCP_SANDBOX_TIMEOUT": "90", "MCP_SANDBOX_MAX_TIMEOUT": "90"})
 
-    assert settings.timeout == settings.max_timeout == 90.0
+    assert settings.limits.timeout == settings.limits.max_timeout == 90.0
 
 
 @pytest.mark.parametrize(
@@ -542,8 +546,8 @@ def test_the_per_tenant_caps_are_finished_for_the_transport(tmp_path: Path) -> N
     )
     loaded = load_config(env={}, config_file=config)
 
-    assert loaded.serving("http").tenant_concurrent_runs == 2
-    assert loaded.serving("stdio").tenant_concurrent_runs == loaded.settings.max_concurrent_runs
+    assert loaded.serving("http").admission.tenant_concurrent_runs == 2
+    assert loaded.serving("stdio").admission.tenant_concurrent_runs == loaded.settings.admission.max_concurrent_runs
 
 
 @pytest.mark.parametrize(
@@ -563,7 +567,7 @@ def test_a_malformed_table_is_refused_by_the_loader(tmp_path: Path, text: str) -
 
 def test_settings_replaced_are_checked_again() -> None:
     with pytest.raises(ConfigError):
-        dataclasses.replace(Settings(), pool_min=9, pool_size=2)
+        Settings().replace(pool_min=9, pool_size=2)
 
 
 # --- the docs' settings table -----------------------------------------------------------------

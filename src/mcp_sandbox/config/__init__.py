@@ -5,7 +5,8 @@ earlier systems' aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``
 Nothing here reads the environment at import time: callers pass it in.
 
 - ``fields``: how a setting is declared (default, description, unit, alias, check);
-- ``settings``: :class:`Settings`, every setting declared once; ``defaults``: the host's defaults;
+- ``settings``: :class:`Settings`, made of the pieces of ``pieces`` and ``serving``, where every
+  setting is declared once; ``defaults``: the host's defaults;
 - ``values``: parsing what people write (sizes, durations, booleans, lists) into a field's type;
 - ``file``: the TOML file, parsed once; ``tokens`` and ``tenants``: its ``[auth]`` and
   ``[tenants.<name>]`` tables;
@@ -26,7 +27,17 @@ from mcp_sandbox.config.defaults import (
     default_state_dir,
 )
 from mcp_sandbox.config.file import ConfigFile, parse_config_file, read_config_file
-from mcp_sandbox.config.settings import SETTINGS, Settings
+from mcp_sandbox.config.pieces import (
+    AdmissionSettings,
+    LimitSettings,
+    PathSettings,
+    PoolSettings,
+    SandboxSettings,
+    SessionSettings,
+    WorkspaceSettings,
+)
+from mcp_sandbox.config.serving import CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
 from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
 from mcp_sandbox.config.tenants import TENANT_DEFAULTS, Tenant, with_tenant_caps
 from mcp_sandbox.config.tokens import DEFAULT_TENANT, TenantToken, load_tokens
@@ -37,15 +48,26 @@ __all__ = [
     "ENV_ALIASES",
     "JS_RUNTIMES",
     "OUTPUT_MODES",
+    "PLACES",
     "SANDBOX_USER",
     "SETTINGS",
     "TENANT_DEFAULTS",
+    "AdmissionSettings",
+    "CodeModeSettings",
     "Config",
     "ConfigFile",
+    "EgressSettings",
+    "HttpSettings",
+    "LimitSettings",
     "OutputMode",
+    "PathSettings",
+    "PoolSettings",
+    "SandboxSettings",
+    "SessionSettings",
     "Settings",
     "Tenant",
     "TenantToken",
+    "WorkspaceSettings",
     "default_data_dir",
     "default_gate_dir",
     "default_js_runtime_dir",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import Field, field, fields
 from typing import Any, Literal, TypeVar
 
@@ -34,6 +34,7 @@ __all__ = [
     "module_names",
     "non_negative",
     "one_of",
+    "piece",
     "port",
     "ports",
     "positive",
@@ -75,23 +76,28 @@ def computed(
     return field(default_factory=factory, metadata=meta)
 
 
+def piece(cls: Callable[[], T]) -> T:
+    """A piece of the settings (:mod:`.pieces`, :mod:`.serving`): its defaults unless given."""
+    return field(default_factory=cls, metadata={"piece": True})
+
+
 def internal(default: T) -> T:
     """A field that is not a setting anyone gives (where the settings came from, and what they hold)."""
     return field(default=default, metadata={"internal": True})
 
 
 def setting_fields(cls: type) -> dict[str, Field[Any]]:
-    """The settings of ``cls`` by name, in declaration order (its internal fields left out)."""
-    return {f.name: f for f in fields(cls) if not f.metadata.get("internal")}
+    """The settings of ``cls`` by name, in declaration order (its internal fields and pieces left out)."""
+    return {f.name: f for f in fields(cls) if "doc" in f.metadata}
 
 
-def check_fields(settings: object, declared: Mapping[str, Field[Any]]) -> None:
-    """Run the check of every declared setting of ``settings``, in declaration order.
+def check_fields(settings: object) -> None:
+    """Run the check of every setting declared by ``settings``' class, in declaration order.
 
     Raises:
         ConfigError: a value is out of range, naming its setting.
     """
-    for name, declaration in declared.items():
+    for name, declaration in setting_fields(type(settings)).items():
         check: Check | None = declaration.metadata.get("check")
         if check is not None:
             check(name, getattr(settings, name))

@@ -11,7 +11,6 @@ finished here too: ``[tenants.<name>]`` into the settings' tenants, ``[auth]`` i
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -93,7 +92,7 @@ class Config:
     @property
     def tenants(self) -> tuple[Tenant, ...]:
         """The ``[tenants.<name>]`` tables, finished over the global egress settings."""
-        return self.settings.tenants
+        return self.settings.egress.tenants
 
     def serving(self, transport: str) -> Settings:
         """The settings of a server on ``transport``, its per-tenant caps finished: over HTTP, as
@@ -122,9 +121,9 @@ def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: Con
     values.setdefault("js_runtime_dir", default_js_runtime_dir(values["data_dir"], checkout=checkout))
     values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
     if file is None:
-        return Settings(**values)
-    settings = Settings(**values, config_file=file.path)
-    return dataclasses.replace(settings, tenants=read_tenants(file.tenant_tables, settings))
+        return Settings.of(**values)
+    settings = Settings.of(**values, config_file=file.path)
+    return settings.replace(tenants=read_tenants(file.tenant_tables, settings))
 
 
 def _file(env: Mapping[str, str], config_file: Path | None) -> ConfigFile | None:

@@ -8,7 +8,6 @@ once the server knows how many tenants it serves.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,15 +48,15 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
 
 def _tenant(name: str, table: Mapping[str, Any], settings: Settings) -> Tenant:
     where = f"[tenants.{name}]"
-    ports = table.get("egress_ports", list(settings.egress_ports))
+    ports = table.get("egress_ports", list(settings.egress.egress_ports))
     if not isinstance(ports, list | tuple) or not all(type(port) is int and 0 < port < 65536 for port in ports):
         raise ConfigError(f"{where} egress_ports: must be a list of TCP ports")
     return Tenant(
         name=name,
-        egress_allow=_strings(table.get("egress_allow", settings.egress_allow), f"{where} egress_allow"),
-        egress_deny=(*settings.egress_deny, *_strings(table.get("egress_deny", []), f"{where} egress_deny")),
+        egress_allow=_strings(table.get("egress_allow", settings.egress.egress_allow), f"{where} egress_allow"),
+        egress_deny=(*settings.egress.egress_deny, *_strings(table.get("egress_deny", []), f"{where} egress_deny")),
         egress_ports=tuple(ports),
-        egress_allow_private=_strings(table.get("egress_allow_private", settings.egress_allow_private), where),
+        egress_allow_private=_strings(table.get("egress_allow_private", settings.egress.egress_allow_private), where),
     )
 
 
@@ -74,13 +73,19 @@ def with_tenant_caps(settings: Settings, tenants: int) -> Settings:
     """``settings`` for a server with ``tenants`` tenants: the per-tenant caps not given are
     ``TENANT_DEFAULTS`` with several tenants; with one (stdio, or HTTP with one token or none),
     the server's own, so they take nothing from its capacity."""
+    given = {
+        "tenant_concurrent_runs": settings.admission.tenant_concurrent_runs,
+        "tenant_queued_runs": settings.admission.tenant_queued_runs,
+        "tenant_sessions": settings.sessions.tenant_sessions,
+        "tenant_workspaces_bytes": settings.workspaces.tenant_workspaces_bytes,
+        "tenant_http_sessions": settings.http.tenant_http_sessions,
+    }
     server_wide = {
-        "tenant_concurrent_runs": settings.max_concurrent_runs,
-        "tenant_queued_runs": settings.max_queued_runs,
-        "tenant_sessions": settings.max_sessions,
-        "tenant_workspaces_bytes": settings.max_workspaces_bytes,
-        "tenant_http_sessions": settings.max_http_sessions,
+        "tenant_concurrent_runs": settings.admission.max_concurrent_runs,
+        "tenant_queued_runs": settings.admission.max_queued_runs,
+        "tenant_sessions": settings.sessions.max_sessions,
+        "tenant_workspaces_bytes": settings.workspaces.max_workspaces_bytes,
+        "tenant_http_sessions": settings.http.max_http_sessions,
     }
     defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
-    chosen: dict[str, Any] = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
-    return dataclasses.replace(settings, **chosen)
+    return settings.replace(**{name: value for name, value in defaults.items() if given[name] is None})

@@ -64,14 +64,14 @@ def read_tokens(settings: Settings, entries: Sequence[Any]) -> tuple[TenantToken
             token is given to two tenants.
     """
     tokens: list[TenantToken] = []
-    if settings.token is not None:
-        tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.token, "MCP_SANDBOX_TOKEN")))
-    if settings.token_file is not None:
+    if settings.http.token is not None:
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.http.token, "MCP_SANDBOX_TOKEN")))
+    if settings.http.token_file is not None:
         try:
-            token = settings.token_file.read_text(encoding="utf-8").strip()
+            token = settings.http.token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ConfigError(f"token_file: {settings.token_file}: {exc.strerror}") from exc
-        tokens.append(TenantToken(DEFAULT_TENANT, _digest(token, f"token_file {settings.token_file}")))
+            raise ConfigError(f"token_file: {settings.http.token_file}: {exc.strerror}") from exc
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(token, f"token_file {settings.http.token_file}")))
     for index, entry in enumerate(entries):
         where = f"[auth] tokens[{index}]"
         if not isinstance(entry, dict) or set(entry) != {"tenant", "token"}:
