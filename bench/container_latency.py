@@ -119,7 +119,7 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
                 while not (engine.pool.idle if backend.warm_pool else engine.prestart.ready("python")):  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             started = time.perf_counter()
-            result = await engine.execute(ExecutionRequest(code=CODE, timeout=settings.timeout))
+            result = await engine.execute(ExecutionRequest(code=CODE, timeout=settings.limits.timeout))
             timings.append(time.perf_counter() - started)
             assert result.stdout == "hello\n" and result.warm, result
 

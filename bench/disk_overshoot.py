@@ -80,7 +80,7 @@ def _fresh_workspace(root: Path, uid: int, gid: int) -> Path:
 
 async def _attack(engine: Engine, root: Path, code: str, *, session: str | None) -> tuple[int, int, str]:
     settings = engine.settings
-    workspace = _fresh_workspace(root, settings.sandbox_uid, settings.sandbox_gid)
+    workspace = _fresh_workspace(root, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
     try:
         request = ExecutionRequest(code=code, timeout=30, workspace=workspace, session=session, reset=True)
         result = await engine.execute(request)
@@ -88,7 +88,7 @@ async def _attack(engine: Engine, root: Path, code: str, *, session: str | None)
             await engine.end_session(session)
         held, entries = _held(workspace)
         how = (result.error or result.status).split(":")[0][:40]
-        return held - settings.quota_bytes, entries - settings.quota_files, how
+        return held - settings.workspaces.quota_bytes, entries - settings.workspaces.quota_files, how
     finally:
         remove_tree(workspace)
 
@@ -106,7 +106,7 @@ with open("/workspace/log", "ab") as out:
 
 
 async def _watch_cpu(engine: Engine, root: Path, code: str) -> float:
-    workspace = _fresh_workspace(root, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+    workspace = _fresh_workspace(root, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
     try:
         before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()

@@ -85,7 +85,7 @@ def main(runs: int) -> None:
     try:
         settings = load_settings(env={}, flags=flags)
         print(f"{runs} runs each; milliseconds; {os.cpu_count()} CPUs")
-        anyio.run(_measure, Engine(settings, get_backend(settings.backend, settings)), runs)
+        anyio.run(_measure, Engine(settings, get_backend(settings.sandbox.backend, settings)), runs)
     finally:
         remove_tree(state)
 

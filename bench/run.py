@@ -283,7 +283,7 @@ def memory_of(pid: int) -> tuple[int, int, int]:
 async def in_process(state_dir: Path) -> None:
     """Resident memory per warm sandbox, and the fork baselines inside a sandbox."""
     config = settings(state_dir, pool_size=2, pool_min=2)
-    engine = Engine(config, get_backend(config.backend, config))
+    engine = Engine(config, get_backend(config.sandbox.backend, config))
     engine.prepare()
     async with engine.running():
         with anyio.fail_after(60):
@@ -295,7 +295,7 @@ async def in_process(state_dir: Path) -> None:
             assert warm is not None
             uss, pss, anon = memory_of(getattr(warm.interpreter.sandbox, "pid"))  # noqa: B009 - bwrap's outer pid
             # Its zygote's child waiting for the next run is one of these processes: counted.
-            preloaded = "+".join(config.pool_preload) if warm.preloaded else ""
+            preloaded = "+".join(config.pool.pool_preload) if warm.preloaded else ""
             print(
                 f"  warm sandbox ({preloaded or 'nothing'} preloaded): "
                 f"{uss / 1024:.1f} MiB unique (USS), {pss / 1024:.1f} MiB proportional (PSS), "
@@ -303,7 +303,7 @@ async def in_process(state_dir: Path) -> None:
             )
             engine.pool.give_back(warm, reusable=True)
     cold = settings(state_dir, pool_size=0, pool_min=0)
-    engine = Engine(cold, get_backend(cold.backend, cold))
+    engine = Engine(cold, get_backend(cold.sandbox.backend, cold))
     for label, imports in (("nothing", ""), ("numpy+pandas", "import numpy, pandas")):
         result = await engine.execute(ExecutionRequest(code=FORK_BASELINE.format(imports=imports), timeout=60))
         print(f"  {f'bare fork+exit in a sandbox, {label} imported':<44} {float(result.stdout):8.2f}")
@@ -313,7 +313,7 @@ def bare_interpreter(config: Settings) -> float:
     samples = []
     for _ in range(30):
         started = time.perf_counter()
-        subprocess.run([str(config.python_interpreter), "-I", "-S", "-c", "pass"], check=True)
+        subprocess.run([str(config.paths.python_interpreter), "-I", "-S", "-c", "pass"], check=True)
         samples.append((time.perf_counter() - started) * 1000)
     return line("bare python3 -I -S -c pass (host, no sandbox)", samples)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -14,7 +13,7 @@ from typing import Any
 import anyio
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import OUTPUT_MODES, Settings, load_settings
+from mcp_sandbox.config import OUTPUT_MODES, Config, Settings, load_config, load_settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.runners import LANGUAGES
 
@@ -98,24 +97,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _config(args: argparse.Namespace) -> Config | Settings:
+    """What ``args``, the environment and the TOML file configure: with the tokens to serve, else the settings."""
     flags = {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"), None) for flag, _ in _SETTING_FLAGS}
     flags["accept_weaker_isolation"] = getattr(args, "accept_weaker_isolation", None)
-    return load_settings(flags=flags, config_file=getattr(args, "config", None))
+    load = load_config if args.command == "serve" else load_settings
+    return load(flags=flags, config_file=getattr(args, "config", None))
 
 
 def _check_stdio_conversation(settings: Settings) -> None:
     from mcp_sandbox.errors import ConfigError, ValidationError
     from mcp_sandbox.workspace import check_conversation_id
 
-    if settings.stdio_conversation is not None:
+    if settings.sessions.stdio_conversation is not None:
         try:
-            check_conversation_id(settings.stdio_conversation)
+            check_conversation_id(settings.sessions.stdio_conversation)
         except ValidationError as exc:
             raise ConfigError(f"stdio_conversation: {exc.message}") from exc
 
 
-def _cmd_serve(settings: Settings, transport: str) -> int:
+def _cmd_serve(config: Config, transport: str) -> int:
+    settings = config.settings
     early = None
     if transport == "stdio":
         # Answer the client's initialize while the MCP SDK is imported (server/transport/stdio_early.py).
@@ -125,7 +127,7 @@ def _cmd_serve(settings: Settings, transport: str) -> int:
         early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, settings, transport, early)
+    anyio.run(serve, config, transport, early)
     return 0
 
 
@@ -148,13 +150,13 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     code = _read_source(args)
     # One run: warm and pre-started sandboxes would only start (numpy, pandas; bun, containers)
     # beside it and be thrown away.
-    settings = dataclasses.replace(settings, pool_size=0, pool_min=0, prestart_size=0)
+    settings = settings.replace(pool_size=0, pool_min=0, prestart_size=0)
     engine = open_engine(settings)
 
     async def run() -> ExecutionResult:
         async with open_mediator(settings) as bridge, engine.running():
             tools = await bridge.open_run(bridge.aliases(args.servers))
-            request = ExecutionRequest(code=code, timeout=settings.timeout, language=args.language, tools=tools)
+            request = ExecutionRequest(code=code, timeout=settings.limits.timeout, language=args.language, tools=tools)
             return await engine.execute(request)
 
     result = anyio.run(run)
@@ -194,12 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mcp-sandbox`` console script."""
     args = _parser().parse_args(argv)
     try:
-        settings = _settings(args)
+        config = _config(args)
+        settings = config.settings if isinstance(config, Config) else config
         logging.basicConfig(
             level=settings.log_level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
         )
-        if args.command == "serve":
-            return _cmd_serve(settings, args.transport)
+        if isinstance(config, Config):
+            return _cmd_serve(config, args.transport)
         if args.command == "run":
             return _cmd_run(settings, args)
         if args.command == "servers":

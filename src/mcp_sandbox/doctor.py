@@ -55,9 +55,9 @@ def _report_backend(probe: BackendProbe, out: TextIO) -> None:
 
 def _report_gate(settings: Settings, out: TextIO) -> None:
     """Which program a bwrap sandbox's first process is (see ``sandbox/gate.py``)."""
-    problem = gate.refusal(settings.gate_dir)
+    problem = gate.refusal(settings.paths.gate_dir)
     if problem is None:
-        out.write(f"\nsandbox gate: {gate.built_path(settings.gate_dir)}\n")
+        out.write(f"\nsandbox gate: {gate.built_path(settings.paths.gate_dir)}\n")
         return
     out.write(
         f"\nsandbox gate: sh and setpriv\n  SLOWER start: no gate of ours to run ({problem}), about 1.2 ms more "
@@ -66,14 +66,14 @@ def _report_gate(settings: Settings, out: TextIO) -> None:
 
 
 def _check_runtime(settings: Settings, out: TextIO) -> bool:
-    out.write(f"\npython runtime: {settings.python_runtime} ({settings.python_interpreter})\n")
+    out.write(f"\npython runtime: {settings.paths.python_runtime} ({settings.paths.python_interpreter})\n")
     status = python_status(settings)
     if status.missing:
         out.write(f"  MISSING: {status.advice()}\n")
         return False
     if status.problem is not None:
         out.write(f"  OUT OF DATE: {status.advice()}\n")
-    engine = Engine(settings, get_backend(settings.backend, settings))
+    engine = Engine(settings, get_backend(settings.sandbox.backend, settings))
     try:
         result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=_CHECK_SECONDS))
     except SandboxError as exc:
@@ -90,7 +90,7 @@ def _check_runtime(settings: Settings, out: TextIO) -> bool:
 def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> None:
     """Run TypeScript once on the configured runtime. Reported only: Python works without it."""
     binary = js_binary(settings)
-    out.write(f"\njavascript runtime: {settings.js_runtime} ({binary})\n")
+    out.write(f"\njavascript runtime: {settings.sandbox.js_runtime} ({binary})\n")
     status = js_status(settings)
     if status.missing or not os.access(binary, os.X_OK):
         out.write(f"  MISSING: typescript/javascript runs fail; {status.advice()}\n")
@@ -104,7 +104,7 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
         )
     if not memory_cgroup:
         out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
-    engine = Engine(settings, get_backend(settings.backend, settings))
+    engine = Engine(settings, get_backend(settings.sandbox.backend, settings))
     request = ExecutionRequest(
         code="const n: number = 6 * 7;\nconsole.log(n);", timeout=_CHECK_SECONDS, language="typescript"
     )
@@ -156,7 +156,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
             grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
             engine = Engine(
                 settings,
-                get_backend(settings.backend, settings),
+                get_backend(settings.sandbox.backend, settings),
                 egress_resolver=hosts_resolver({_EGRESS_NAME: ["127.0.0.1"]}),
             )
             code = _EGRESS_CHECK.format(name=_EGRESS_NAME, port=port)
@@ -192,7 +192,8 @@ def _report_tenancy(settings: Settings, out: TextIO) -> None:
 def _report_disk_quota(settings: Settings, out: TextIO) -> None:
     """Say how a conversation's quota is enforced here, and why not by a kernel quota (see engine/disk.py)."""
     out.write(
-        f"conversation quota ({settings.quota_bytes} bytes, {settings.quota_files} entries): each file by the"
+        f"conversation quota ({settings.workspaces.quota_bytes} bytes, {settings.workspaces.quota_files} entries):"
+        " each file by the"
         " kernel (a run's RLIMIT_FSIZE is what the quota has left); in total by measuring the workspace when"
         f" inotify reports writes (at most every {WRITE_GAP:g} s), else every {GROWING_SECONDS:g} s while it"
         f" grows ({WATCH_SECONDS:g} s otherwise), and stopping the run: a run writing many files fast can pass"
@@ -208,16 +209,16 @@ def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
     out.write(f"server uid {os.geteuid()}; sandbox host uid ")
-    out.write(f"{settings.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
-    out.write(f"state dir: {settings.state_dir}\n")
+    out.write(f"{settings.sandbox.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
+    out.write(f"state dir: {settings.paths.state_dir}\n")
     probes = available_backends(settings)
     for probe in probes:
         _report_backend(probe, out)
-    configured = next((p for p in probes if p.name == settings.backend), None)
+    configured = next((p for p in probes if p.name == settings.sandbox.backend), None)
     if configured is None or not configured.available:
-        out.write(f"\nconfigured backend {settings.backend!r} does not work here\n")
+        out.write(f"\nconfigured backend {settings.sandbox.backend!r} does not work here\n")
         return 1
-    if settings.backend == "bwrap":
+    if settings.sandbox.backend == "bwrap":
         _report_gate(settings, out)
     runtime_ok = _check_runtime(settings, out)
     _report_tenancy(settings, out)
@@ -226,7 +227,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
     _check_js_runtime(settings, memory is not None and memory.enforced, out)
     _check_egress(settings, out)
     weak = configured.missing()
-    if weak and not settings.accept_weaker_isolation:
+    if weak and not settings.sandbox.accept_weaker_isolation:
         out.write(
             "\nthe server will refuse to start: the policy cannot be fully enforced here "
             "(or start it with --accept-weaker-isolation)\n"

@@ -55,8 +55,8 @@ class StateLayout:
 
     @classmethod
     def of(cls, settings: Settings) -> StateLayout:
-        """The layout of ``settings.state_dir``."""
-        return cls(settings.state_dir, settings.sandbox_gid if os.geteuid() == 0 else None)
+        """The layout of ``settings.paths.state_dir``."""
+        return cls(settings.paths.state_dir, settings.sandbox.sandbox_gid if os.geteuid() == 0 else None)
 
     def _open_to_sandbox(self, directory: Path) -> None:
         """Let the sandbox uid traverse ``directory`` (never list it); see :attr:`group`."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -30,7 +29,7 @@ class World:
         self.home.mkdir(parents=True)
         self.cwd.mkdir(parents=True)
         self.env: dict[str, str] = {}
-        self.settings = Settings(state_dir=tmp_path / "state")
+        self.settings = Settings.of(state_dir=tmp_path / "state")
 
     def copy(self, sample: str, destination: Path) -> Path:
         """Copy a sample file, filling in this world's project directory where it says @CWD@."""
@@ -53,7 +52,7 @@ class World:
         return path
 
     def configure(self, **changes: Any) -> None:
-        self.settings = dataclasses.replace(self.settings, **changes)
+        self.settings = self.settings.replace(**changes)
 
     def discover(self, platform: str = "linux") -> Discovery:
         return discover(self.settings, home=self.home, cwd=self.cwd, env=self.env, platform=platform)
@@ -226,7 +225,7 @@ def test_load_settings_leaves_the_servers_table_to_discovery(world: World) -> No
 
     found = discover(settings, home=world.home, cwd=world.cwd, env={"INTERNAL_TOKEN": "t"}, platform="linux")
 
-    assert settings.timeout == 45
+    assert settings.limits.timeout == 45
     assert list(found.servers) == ["git", "internal_api"]
 
 

@@ -8,7 +8,6 @@ enforces, and that no credential of a downstream server reaches a reply or a stu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -57,7 +56,7 @@ SERVERS = {
 @pytest.fixture(scope="module")
 async def bridge(module_state_dir: Path) -> AsyncIterator[Mediator]:
     await anyio.Path(module_state_dir).mkdir(parents=True, exist_ok=True)
-    settings = Settings(state_dir=module_state_dir, discover_servers=False, connect_timeout=BOUND)
+    settings = Settings.of(state_dir=module_state_dir, discover_servers=False, connect_timeout=BOUND)
     async with open_mediator(settings, Discovery(servers=SERVERS)) as opened:
         yield opened
 
@@ -103,7 +102,7 @@ def stub_files(directory: Path) -> dict[str, str]:
 
 def with_settings(bridge: Mediator, **changes: Any) -> Mediator:
     """A bridge with other settings over the same (warm) servers."""
-    return Mediator(dataclasses.replace(bridge.settings, **changes), bridge.discovery, bridge.pool)
+    return Mediator(bridge.settings.replace(**changes), bridge.discovery, bridge.pool)
 
 
 # --- malformed requests -------------------------------------------------------------------------

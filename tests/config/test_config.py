@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
-from mcp_sandbox.config import ENV_ALIASES, Settings, load_settings
+from mcp_sandbox.config import ENV_ALIASES, SETTINGS, Settings, load_config, load_settings
+from mcp_sandbox.config.reference import FLAGS, env_names, settings_table
 from mcp_sandbox.errors import ConfigError, SandboxError
 
 
@@ -48,6 +50,65 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
         Sample("http://b.example:8080", '"http://b.example:8080"', "http://b.example:8080"),
     ),
 }
+
+# --- a value of every setting, generated from its declaration (a new setting is covered at once) ---
+
+_CANDIDATES: dict[str, list[Any]] = {
+    "str": ["sample-value-0123456789", "https://sample.example", "deno", "json", "toon"],
+    "path": [Path("/srv/sample")],
+    "strings": [("json", "csv"), ("10.0.0.0/8", "192.168.0.0/16"), ("python=img:1", "typescript=img:2")],
+    "ints": [(8080, 8443)],
+}
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_literal(item) for item in value) + "]"
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))
+    return repr(value)
+
+
+def _sample(name: str) -> Sample:
+    """A valid value of ``name`` other than its default, written for the environment and for TOML."""
+    declaration = SETTINGS[name]
+    kind, unit, check = str(declaration.type), declaration.metadata["unit"], declaration.metadata["check"]
+    default = Settings().value(name)
+    if kind == "bool":
+        return Sample(str(not default).lower(), _literal(not default), not default)
+    if unit == "bytes":
+        value = (default or 0) + 3 * 1024
+        return Sample(f"{value // 1024}k", f'"{value // 1024}k"', value)
+    if unit == "duration":
+        return Sample(f"{default + 7:.0f}s", f'"{default + 7:.0f}s"', default + 7)
+    if kind.startswith(("int", "float")):
+        value = (default or 2) + 1
+        return Sample(str(value), _literal(value), value)
+    group = (
+        "ints"
+        if kind.startswith("tuple[int")
+        else "strings"
+        if kind.startswith("tuple")
+        else "path"
+        if "Path" in kind
+        else "str"
+    )
+    for value in _CANDIDATES[group]:
+        try:
+            if check is not None:
+                check(name, value)
+        except ConfigError:
+            continue
+        if value != default:
+            text = ",".join(str(item) for item in value) if isinstance(value, tuple) else str(value)
+            return Sample(text, _literal(value), value)
+    raise AssertionError(f"no sample value for {name}: add one to _CANDIDATES")
+
+
+EVERY: dict[str, Sample] = {name: _sample(name) for name in SETTINGS}
+
 
 ALIASES = [pytest.param(alias, name, id=alias) for alias, name in ENV_ALIASES.items()]
 
@@ -90,13 +151,13 @@ def test_the_highest_layer_that_sets_a_value_wins(tmp_path: Path, layers: set[st
 
     settings = load_settings(flags=flags, env=env, config_file=config)
 
-    assert settings.timeout == expected
+    assert settings.limits.timeout == expected
 
 
 def test_a_flag_given_as_none_leaves_the_lower_layers_in_charge() -> None:
     settings = load_settings(flags={"timeout": None}, env={"MCP_SANDBOX_TIMEOUT": "10"})
 
-    assert settings.timeout == 10.0
+    assert settings.limits.timeout == 10.0
 
 
 def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
@@ -106,7 +167,12 @@ def test_settings_from_different_layers_are_combined(tmp_path: Path) -> None:
         flags={"memory": "2g"}, env={"MCP_SANDBOX_PIDS": "7", "MCP_BRIDGE_CPUS": "3"}, config_file=config
     )
 
-    assert (settings.backend, settings.pids, settings.cpus, settings.memory) == ("podman", 7, 3.0, 2 << 30)
+    assert (settings.sandbox.backend, settings.limits.pids, settings.limits.cpus, settings.limits.memory) == (
+        "podman",
+        7,
+        3.0,
+        2 << 30,
+    )
 
 
 def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,17 +181,23 @@ def test_the_process_environment_is_read_when_no_env_is_given(monkeypatch: pytes
             monkeypatch.delenv(key)
     monkeypatch.setenv("MCP_SANDBOX_PIDS", "77")
 
-    assert load_settings().pids == 77
+    assert load_settings().limits.pids == 77
 
 
 def test_every_setting_can_be_given_as_an_mcp_sandbox_variable() -> None:
-    env = {env_name(name): sample[0].text for name, sample in SAMPLES.items()}
+    env = {env_name(name): sample.text for name, sample in EVERY.items()}
 
     settings = load_settings(env=env)
 
-    assert {name: getattr(settings, name) for name in SAMPLES} == {
-        name: sample[0].value for name, sample in SAMPLES.items()
-    }
+    assert {name: settings.value(name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_each_setting_is_read_from_each_of_its_variables(setting: str) -> None:
+    sample = EVERY[setting]
+
+    for variable in env_names(setting):
+        assert load_settings(env={variable: sample.text}).value(setting) == sample.value, variable
 
 
 # --- the earlier bridge's aliases -------------------------------------------------------------
@@ -161,7 +233,7 @@ def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> N
 def test_mcp_http_addr_sets_host_and_port(address: str, host: str, port: int) -> None:
     settings = load_settings(env={"MCP_HTTP_ADDR": address})
 
-    assert (settings.host, settings.port) == (host, port)
+    assert (settings.http.host, settings.http.port) == (host, port)
 
 
 def test_mcp_sandbox_host_and_port_beat_mcp_http_addr() -> None:
@@ -169,7 +241,7 @@ def test_mcp_sandbox_host_and_port_beat_mcp_http_addr() -> None:
 
     settings = load_settings(env=env)
 
-    assert (settings.host, settings.port) == ("127.0.0.2", 2000)
+    assert (settings.http.host, settings.http.port) == ("127.0.0.2", 2000)
 
 
 @pytest.mark.parametrize("address", ["8080", "localhost", "host:port", "127.0.0.1:"])
@@ -184,7 +256,7 @@ def test_an_alias_sets_its_setting(alias: str, setting: str) -> None:
 
     settings = load_settings(env={alias: sample.text})
 
-    assert getattr(settings, setting) == sample.value
+    assert settings.value(setting) == sample.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -193,7 +265,7 @@ def test_the_mcp_sandbox_variable_beats_its_alias(alias: str, setting: str) -> N
 
     settings = load_settings(env={alias: loser.text, env_name(setting): winner.text})
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -203,7 +275,7 @@ def test_an_alias_beats_the_config_file(tmp_path: Path, alias: str, setting: str
 
     settings = load_settings(env={alias: winner.text}, config_file=config)
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 @pytest.mark.parametrize(("alias", "setting"), ALIASES)
@@ -212,20 +284,26 @@ def test_a_flag_beats_an_alias(alias: str, setting: str) -> None:
 
     settings = load_settings(flags={setting: winner.text}, env={alias: loser.text})
 
-    assert getattr(settings, setting) == winner.value
+    assert settings.value(setting) == winner.value
 
 
 # --- the TOML file ----------------------------------------------------------------------------
 
 
 def test_every_setting_can_be_given_in_the_config_file(tmp_path: Path) -> None:
-    config = write_toml(tmp_path, "".join(f"{name} = {sample[0].toml}\n" for name, sample in SAMPLES.items()))
+    config = write_toml(tmp_path, "".join(f"{name} = {sample.toml}\n" for name, sample in EVERY.items()))
 
     settings = load_settings(env={}, config_file=config)
 
-    assert {name: getattr(settings, name) for name in SAMPLES} == {
-        name: sample[0].value for name, sample in SAMPLES.items()
-    }
+    assert {name: settings.value(name) for name in EVERY} == {name: sample.value for name, sample in EVERY.items()}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_each_setting_is_read_from_the_config_file(tmp_path: Path, setting: str) -> None:
+    sample = EVERY[setting]
+    config = write_toml(tmp_path, f"{setting} = {sample.toml}\n")
+
+    assert load_settings(env={}, config_file=config).value(setting) == sample.value
 
 
 def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> None:
@@ -233,7 +311,7 @@ def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> 
 
     settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(config)})
 
-    assert settings.pids == 42
+    assert settings.limits.pids == 42
 
 
 def test_an_explicit_config_file_is_used_instead_of_mcp_sandbox_config(tmp_path: Path) -> None:
@@ -244,7 +322,7 @@ def test_an_explicit_config_file_is_used_instead_of_mcp_sandbox_config(tmp_path:
 
     settings = load_settings(env={"MCP_SANDBOX_CONFIG": str(from_env)}, config_file=explicit)
 
-    assert settings.pids == 2
+    assert settings.limits.pids == 2
 
 
 def test_the_auth_and_servers_tables_are_accepted(tmp_path: Path) -> None:
@@ -260,7 +338,7 @@ def test_the_auth_and_servers_tables_are_accepted(tmp_path: Path) -> None:
 
     settings = load_settings(env={}, config_file=config)
 
-    assert settings.timeout == 12.0
+    assert settings.limits.timeout == 12.0
 
 
 def test_an_unknown_key_in_the_config_file_is_rejected(tmp_path: Path) -> None:
@@ -327,13 +405,13 @@ def test_a_config_value_of_the_wrong_type_is_rejected(tmp_path: Path, text: str)
 def test_sizes_are_parsed_in_binary_units(setting: str, text: str, expected: int) -> None:
     settings = load_settings(env={env_name(setting): text})
 
-    assert getattr(settings, setting) == expected
+    assert settings.value(setting) == expected
 
 
 def test_a_size_in_the_config_file_may_be_a_plain_integer(tmp_path: Path) -> None:
     config = write_toml(tmp_path, "memory = 1048576\n")
 
-    assert load_settings(env={}, config_file=config).memory == 1 << 20
+    assert load_settings(env={}, config_file=config).limits.memory == 1 << 20
 
 
 @pytest.mark.parametrize(
@@ -343,19 +421,19 @@ def test_a_size_in_the_config_file_may_be_a_plain_integer(tmp_path: Path) -> Non
 def test_booleans_accept_the_usual_spellings(text: str, expected: bool) -> None:
     settings = load_settings(env={"MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION": text})
 
-    assert settings.accept_weaker_isolation is expected
+    assert settings.sandbox.accept_weaker_isolation is expected
 
 
 def test_an_empty_optional_path_means_none() -> None:
     settings = load_settings(env={"MCP_SANDBOX_SERVERS_CONFIG": ""})
 
-    assert settings.servers_config is None
+    assert settings.code_mode.servers_config is None
 
 
 def test_a_timeout_equal_to_max_timeout_is_accepted() -> None:
     settings = load_settings(env={"MCP_SANDBOX_TIMEOUT": "90", "MCP_SANDBOX_MAX_TIMEOUT": "90"})
 
-    assert settings.timeout == settings.max_timeout == 90.0
+    assert settings.limits.timeout == settings.limits.max_timeout == 90.0
 
 
 @pytest.mark.parametrize(
@@ -433,3 +511,92 @@ def test_an_unknown_flag_is_rejected() -> None:
 def test_a_config_error_is_a_sandbox_error() -> None:
     with pytest.raises(SandboxError):
         load_settings(env={"MCP_SANDBOX_TIMEOUT": "soon"})
+
+
+# --- the loader's other results: tokens, tenants, servers -------------------------------------
+
+
+def test_the_loader_reads_tokens_tenants_and_servers_from_the_one_file(tmp_path: Path) -> None:
+    config = write_toml(
+        tmp_path,
+        'egress_allow = ["example.com"]\n'
+        "[auth]\n"
+        'tokens = [{ tenant = "alice", token = "alice-token-0123456789" }]\n'
+        "[tenants.alice]\n"
+        'egress_allow = ["*.example.org"]\n'
+        'egress_deny = ["bad.example.org"]\n'
+        "[servers.git]\n"
+        'command = "uvx"\n',
+    )
+
+    loaded = load_config(env={"MCP_SANDBOX_TOKEN": "default-token-0123456789"}, config_file=config)
+
+    assert [token.tenant for token in loaded.tokens] == ["default", "alice"]
+    assert [(t.name, t.egress_allow, t.egress_deny) for t in loaded.tenants] == [
+        ("alice", ("*.example.org",), ("bad.example.org",))
+    ]
+    assert loaded.servers == {"git": {"command": "uvx"}}
+
+
+def test_the_per_tenant_caps_are_finished_for_the_transport(tmp_path: Path) -> None:
+    config = write_toml(
+        tmp_path,
+        '[auth]\ntokens = [{ tenant = "alice", token = "alice-token-0123456789" },'
+        ' { tenant = "bob", token = "bob-token-0123456789ab" }]\n',
+    )
+    loaded = load_config(env={}, config_file=config)
+
+    assert loaded.serving("http").admission.tenant_concurrent_runs == 2
+    assert loaded.serving("stdio").admission.tenant_concurrent_runs == loaded.settings.admission.max_concurrent_runs
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("[auth]\ntokens = 1\n", id="auth-tokens-not-a-list"),
+        pytest.param('[auth]\ntokens = [{ tenant = "a", token = "short" }]\n', id="token-too-short"),
+        pytest.param("tenants = 1\n", id="tenants-not-tables"),
+        pytest.param("[tenants.a]\negress_ports = [0]\n", id="tenant-port"),
+        pytest.param('[tenants.a]\negress_allow = "x"\n', id="tenant-allow-not-a-list"),
+    ],
+)
+def test_a_malformed_table_is_refused_by_the_loader(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError):
+        load_config(env={}, config_file=write_toml(tmp_path, text))
+
+
+def test_settings_replaced_are_checked_again() -> None:
+    with pytest.raises(ConfigError):
+        Settings().replace(pool_min=9, pool_size=2)
+
+
+# --- the docs' settings table -----------------------------------------------------------------
+
+_DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+_START, _END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
+
+
+def test_the_settings_table_names_every_setting_and_variable() -> None:
+    table = settings_table()
+
+    for name in SETTINGS:
+        assert f"| `{name}` |" in table
+        assert all(f"`{variable}`" in table for variable in env_names(name))
+
+
+def test_the_settings_flagged_in_the_table_are_the_cli_flags() -> None:
+    from mcp_sandbox.cli import _common
+
+    options = {flag for action in _common()._actions for flag in action.option_strings}
+    settings_flags = {flag for flag in options if flag.startswith("--") and flag[2:].replace("-", "_") in SETTINGS}
+
+    assert settings_flags == {f"--{name.replace('_', '-')}" for name in FLAGS}
+
+
+def test_the_configuration_page_embeds_the_settings_table() -> None:
+    if not _DOCS.exists() or _START not in _DOCS.read_text(encoding="utf-8"):
+        pytest.skip("docs/configuration.md with the settings-table markers is written by the docs change")
+    page = _DOCS.read_text(encoding="utf-8")
+    embedded = page.split(_START, 1)[1].split(_END, 1)[0]
+
+    assert embedded.strip() == settings_table().strip(), "regenerate: python -m mcp_sandbox.config.reference"

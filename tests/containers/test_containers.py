@@ -150,17 +150,17 @@ async def test_workspace_files_belong_to_the_sandbox_uid(
     make_container_engine: EngineFactory, container_kind: str
 ) -> None:
     engine = make_container_engine()
-    workspace = engine.settings.state_dir / f"ws-{uuid.uuid4().hex}"
+    workspace = engine.settings.paths.state_dir / f"ws-{uuid.uuid4().hex}"
     workspace.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+        os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
     with anyio.fail_after(HOST_BOUND):
         result = await engine.execute(
             ExecutionRequest(code="open('/workspace/out.json', 'w').write('{}')", timeout=10, workspace=workspace)
         )
 
     assert result.status == "success"
-    expected = engine.settings.sandbox_uid if os.geteuid() == 0 else os.geteuid()
+    expected = engine.settings.sandbox.sandbox_uid if os.geteuid() == 0 else os.geteuid()
     assert (workspace / "out.json").stat().st_uid == expected
     assert json.loads((workspace / "out.json").read_text()) == {}
 
@@ -179,7 +179,7 @@ async def test_a_prestarted_container_serves_one_run_and_is_replaced(
     make_container_engine: EngineFactory, container_kind: str
 ) -> None:
     engine = make_container_engine(prestart_size=1)
-    limit = engine.settings.timeout  # the pool's containers have the default timeout's limits
+    limit = engine.settings.limits.timeout  # the pool's containers have the default timeout's limits
 
     async def ready() -> list[str]:
         with anyio.fail_after(120):

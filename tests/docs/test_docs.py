@@ -100,7 +100,7 @@ def test_the_settings_table_sits_between_its_markers() -> None:
     start, end = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
     assert text.count(start) == 1 and text.count(end) == 1
     table = text.split(start)[1].split(end)[0].strip().splitlines()
-    assert table[0].startswith("| setting |") and all(row.startswith("|") for row in table)
+    assert table[0].startswith("| Setting |") and all(row.startswith("|") for row in table)
 
 
 def test_the_link_checker_sees_a_broken_link_and_a_missing_anchor(tmp_path: Path) -> None:

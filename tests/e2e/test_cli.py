@@ -81,7 +81,7 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     # `make runtime` bundled the TypeScript runner (provision/bundles.py): no slower start to report.
     assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
     # ... and built the sandbox's gate (provision/gate.py), which every sandbox started through.
-    assert f"sandbox gate: {load_settings(env={}, flags={}).gate_dir}/" in done.stdout, done.stdout
+    assert f"sandbox gate: {load_settings(env={}, flags={}).paths.gate_dir}/" in done.stdout, done.stdout
 
 
 def test_doctor_says_when_the_sandbox_gate_is_not_built(state_dir: Path, packaged_runtime: Path) -> None:
@@ -99,7 +99,7 @@ def test_doctor_says_when_the_sandbox_gate_is_not_built(state_dir: Path, package
 
 
 def test_doctor_says_when_the_typescript_runner_is_not_bundled(state_dir: Path, packaged_runtime: Path) -> None:
-    installed = load_settings(env={}, flags={}).js_runtime_dir
+    installed = load_settings(env={}, flags={}).paths.js_runtime_dir
     runtime_dir = state_dir.parent / "js"  # the runtimes without setup's bundles
     runtime_dir.mkdir()
     runtime_dir.chmod(0o755)

@@ -154,5 +154,5 @@ async def execute(engine: Engine, code: str, grant: EgressGrant | None, **fields
 
 
 def audit_lines(engine: Engine) -> list[dict[str, Any]]:
-    path = engine.settings.state_dir / "logs" / "egress.log"
+    path = engine.settings.paths.state_dir / "logs" / "egress.log"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

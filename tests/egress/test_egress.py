@@ -306,7 +306,7 @@ async def test_audit_lines_name_the_run_and_hold_no_secret(egress_engine: Egress
         grant = granted(egress, conversation="conv-1")
         result = await execute(engine, fetching(test_net, code), grant)
     assert result.status == "success", result
-    text = (engine.settings.state_dir / "logs" / "egress.log").read_text()
+    text = (engine.settings.paths.state_dir / "logs" / "egress.log").read_text()
     assert "SECRET" not in text
     lines = audit_lines(engine)
     assert len(lines) == 3
@@ -315,7 +315,7 @@ async def test_audit_lines_name_the_run_and_hold_no_secret(egress_engine: Egress
         assert set(line) == expected | {"rule", "method"}
         assert (line["tenant"], line["conversation"]) == ("default", "conv-1")
     assert len({line["run"] for line in lines}) == 1
-    assert (engine.settings.state_dir / "logs" / "egress.log").stat().st_mode & 0o777 == 0o600
+    assert (engine.settings.paths.state_dir / "logs" / "egress.log").stat().st_mode & 0o777 == 0o600
 
 
 async def test_a_session_gets_network_for_its_granted_runs_only_and_keeps_its_variables(

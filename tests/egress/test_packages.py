@@ -122,7 +122,7 @@ async def test_pip_install_goes_to_the_workspace_and_a_later_run_imports_it(
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)
-    os.chown(workspace, settings.sandbox_uid, settings.sandbox_gid)
+    os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
     environment = {"PIP_INDEX_URL": index, **({"PIP_CERT": cert} if cert else {})}
     install = f"""
 import subprocess, sys
@@ -172,7 +172,7 @@ async def test_bun_add_goes_to_the_workspace_and_a_later_run_imports_it(
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)
-    os.chown(workspace, settings.sandbox_uid, settings.sandbox_gid)
+    os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
     environment = {"REGISTRY": registry, **({"CAFILE": cafile} if cafile else {})}
     # spawnSync blocks the runner's main thread for the whole install: the relay must not need it.
     install = f"""

@@ -45,7 +45,7 @@ class StubAccess:
 
 def stubs(engine: Engine, **servers: list[str]) -> StubAccess:
     """Access to ``servers`` (alias -> tool names), with their stubs written where the bridge writes them."""
-    root = engine.settings.state_dir / "stubs"
+    root = engine.settings.paths.state_dir / "stubs"
     root.mkdir(mode=0o711, exist_ok=True)
     mounts = []
     for alias, names in servers.items():

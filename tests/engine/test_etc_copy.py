@@ -130,7 +130,7 @@ async def test_a_host_change_shows_in_sandboxes_started_after_it_not_in_one_alre
     workspace = reachable / "workspace"
     workspace.mkdir()
     if os.geteuid() == 0:
-        os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+        os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
     # This test's directory stands for the host's certificates.
     mounts = (*(m for m in system_mounts()[0] if m.target != _CERTS), Mount(certs, _CERTS, system=True))
     show = f"cat {_CERTS}/a.pem; ls {_CERTS}"

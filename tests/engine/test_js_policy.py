@@ -35,7 +35,7 @@ def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str, tm
     assert not any(mount.writable for mount in js.mounts)
     assert "/opt/mcp-sandbox/typescript" in targets and f"/opt/mcp-sandbox/{runtime}" in targets
     # The runtime's packages, read-only, where a bare import from the code's file finds them.
-    assert targets["/node_modules"].source == settings.js_runtime_dir / "node_modules"
+    assert targets["/node_modules"].source == settings.paths.js_runtime_dir / "node_modules"
     heap = str(int((400 << 20) * 0.75) >> 20)
     if runtime == "deno":
         assert f"--v8-flags=--max-old-space-size={heap}" in js.command
@@ -54,7 +54,7 @@ def test_policy_for_picks_the_runtime_by_language() -> None:
 
 
 def test_js_runtime_is_a_setting_with_an_environment_variable() -> None:
-    assert load_settings(env={"MCP_SANDBOX_JS_RUNTIME": "deno"}, flags={}).js_runtime == "deno"
+    assert load_settings(env={"MCP_SANDBOX_JS_RUNTIME": "deno"}, flags={}).sandbox.js_runtime == "deno"
     with pytest.raises(ConfigError):
         load_settings(env={}, flags={"js_runtime": "node"})
 
@@ -70,7 +70,7 @@ def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
     python_limits = dict(backend.launch_spec(python, None).rlimits)
 
     assert resource.RLIMIT_AS not in js_limits
-    assert python_limits[resource.RLIMIT_AS] == settings.memory
+    assert python_limits[resource.RLIMIT_AS] == settings.limits.memory
     assert js_limits[resource.RLIMIT_CPU] == python_limits[resource.RLIMIT_CPU]
 
 

@@ -92,7 +92,7 @@ async def test_the_runner_runs_the_same_bundled_by_setup_and_from_its_sources(
     make_engine: EngineFactory, js_runtime: str, state_dir: Path
 ) -> None:
     """Setup bundles the runner into one file per runtime; without a current bundle a sandbox runs its sources."""
-    installed = load_settings(env={}, flags={"js_runtime": js_runtime}).js_runtime_dir
+    installed = load_settings(env={}, flags={"js_runtime": js_runtime}).paths.js_runtime_dir
     runtime_dir = state_dir.parent / "js"  # the same runtimes, without the bundles setup built
     runtime_dir.mkdir()
     runtime_dir.chmod(0o755)
@@ -161,7 +161,7 @@ async def test_huge_output_is_capped_and_marked_truncated(js_engine: Engine) -> 
     )
     assert result.status == "success", result.error
     assert result.truncated
-    assert 0 < len(result.stdout.encode()) <= js_engine.settings.max_output + 1024
+    assert 0 < len(result.stdout.encode()) <= js_engine.settings.limits.max_output + 1024
 
 
 async def test_a_memory_hog_is_stopped_by_the_limit(make_engine: EngineFactory, js_runtime: str) -> None:
@@ -194,7 +194,7 @@ async def test_environment_and_workspace_reach_the_code(js_engine: Engine, state
     workspace = state_dir.parent / "ws"
     workspace.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(workspace, js_engine.settings.sandbox_uid, js_engine.settings.sandbox_gid)
+        os.chown(workspace, js_engine.settings.sandbox.sandbox_uid, js_engine.settings.sandbox.sandbox_gid)
     result = await execute(
         js_engine,
         """
@@ -218,7 +218,7 @@ async def test_a_conversations_javascript_runs_share_files_but_not_variables(
     workspace.mkdir(mode=0o700)
     async with make_engine(js_runtime=js_runtime).running() as engine:
         if os.geteuid() == 0:
-            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+            os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
         first = await execute(
             engine,
             "import { writeFileSync } from 'node:fs';\n"

@@ -135,7 +135,7 @@ async def test_the_random_generators_differ_between_runs(running_engine: Running
 
 async def test_the_default_preload_is_imported_before_the_run(running_engine: RunningEngine) -> None:
     async with running_engine(pool_size=1, pool_min=1) as engine:  # no pool_preload: the default's
-        preload = engine.settings.pool_preload
+        preload = engine.settings.pool.pool_preload
         result = await warm_run(engine, f"import sys; print([m in sys.modules for m in {list(preload)!r}])")
 
     assert preload == ("numpy", "pandas")

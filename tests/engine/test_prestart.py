@@ -40,7 +40,7 @@ def _bun() -> None:
 async def prestarted(running_engine: RunningEngine, **flags: Any) -> AsyncIterator[Engine]:
     """A running engine whose TypeScript sandboxes have started (after a first run asked for them)."""
     async with running_engine(**{**_FLAGS, **flags}) as engine:
-        await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.timeout)
+        await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.limits.timeout)
         await wait_ready(engine, prestart_size(engine.settings, "typescript"))
         yield engine
 
@@ -117,7 +117,7 @@ async def test_runs_with_other_limits_or_a_workspace_start_their_own(
     workspace.mkdir(mode=0o700)
     async with prestarted(running_engine) as engine:
         if os.geteuid() == 0:
-            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+            os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
         longer = await execute(engine, "console.log(1)", language="typescript", time_limit=20.0)
         with_files = await execute(engine, "console.log(1)", language="typescript", workspace=workspace)
         assert engine.prestart.ready("typescript") == 2  # neither took one

@@ -117,7 +117,7 @@ async def test_a_session_runs_file_size_limit_is_what_its_conversations_quota_ha
     async with running_engine(quota_bytes="8m") as engine:
         workspace.mkdir(mode=0o700)
         if os.geteuid() == 0:
-            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+            os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
         first = await execute(
             engine, f"open('/workspace/a', 'wb').write(b'x' * {3 * MiB})\n{limits}", session="s", workspace=workspace
         )

@@ -120,7 +120,7 @@ async def test_a_session_keeps_its_workspace_and_another_workspace_restarts_it(
         workspace = state_dir / "conversation"
         workspace.mkdir(mode=0o700)
         if os.geteuid() == 0:
-            os.chown(workspace, engine.settings.sandbox_uid, engine.settings.sandbox_gid)
+            os.chown(workspace, engine.settings.sandbox.sandbox_uid, engine.settings.sandbox.sandbox_gid)
         first = _ok(
             await execute(engine, "open('/workspace/kept.txt', 'w').write('x')", session="s", workspace=workspace)
         )

@@ -17,7 +17,7 @@ from mcp_sandbox.provision.bundles import BUNDLES, build_bundles, bundle_digest,
 from mcp_sandbox.provision.pins import JS_BINARIES
 from mcp_sandbox.runners import runner_dir
 
-_INSTALLED = load_settings(env={}, flags={}).js_runtime_dir
+_INSTALLED = load_settings(env={}, flags={}).paths.js_runtime_dir
 
 
 def test_a_bundle_is_named_by_the_sources_the_runtime_and_the_bundler(tmp_path: Path) -> None:

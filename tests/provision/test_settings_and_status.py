@@ -19,26 +19,26 @@ from mcp_sandbox.provision.status import STAMP, python_digest, write_stamp
 
 def test_a_configured_data_dir_holds_both_runtimes_even_in_a_checkout(tmp_path: Path) -> None:
     settings = load_settings(env={"MCP_SANDBOX_DATA_DIR": str(tmp_path)})
-    assert settings.python_runtime == tmp_path / "python"
-    assert settings.js_runtime_dir == tmp_path / "js"
+    assert settings.paths.python_runtime == tmp_path / "python"
+    assert settings.paths.js_runtime_dir == tmp_path / "js"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root's data dir is a system directory (tested below)")
 def test_the_data_dir_follows_xdg_for_a_user(tmp_path: Path) -> None:
-    assert load_settings(env={"XDG_DATA_HOME": str(tmp_path)}).data_dir == tmp_path / "mcp-sandbox"
+    assert load_settings(env={"XDG_DATA_HOME": str(tmp_path)}).paths.data_dir == tmp_path / "mcp-sandbox"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root only")
 def test_roots_data_dir_is_reachable_by_the_sandbox_uid_not_under_root_home(tmp_path: Path) -> None:
-    assert load_settings(env={"XDG_DATA_HOME": str(tmp_path)}).data_dir == Path("/usr/local/lib/mcp-sandbox")
+    assert load_settings(env={"XDG_DATA_HOME": str(tmp_path)}).paths.data_dir == Path("/usr/local/lib/mcp-sandbox")
 
 
 def test_runtime_packages_are_requirements_from_env_or_toml(tmp_path: Path) -> None:
     settings = load_settings(env={"MCP_SANDBOX_RUNTIME_PACKAGES": "scipy==1.14.1, tabulate"})
-    assert settings.runtime_packages == ("scipy==1.14.1", "tabulate")
+    assert settings.sandbox.runtime_packages == ("scipy==1.14.1", "tabulate")
     config = tmp_path / "c.toml"
     config.write_text('runtime_packages = ["numpy>=2,<3", "rich[jupyter]"]\n')
-    assert load_settings(env={}, config_file=config).runtime_packages == ("numpy>=2,<3", "rich[jupyter]")
+    assert load_settings(env={}, config_file=config).sandbox.runtime_packages == ("numpy>=2,<3", "rich[jupyter]")
 
 
 @pytest.mark.parametrize("bad", ["--index-url=http://127.0.0.1/", "-e .", "not a requirement!", "numpy=="])

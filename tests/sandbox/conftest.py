@@ -109,5 +109,5 @@ def workspace(state_root: Path, sandbox: SandboxRunner) -> Path:
     directory = state_root / "workspace"
     directory.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(directory, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(directory, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     return directory

@@ -7,7 +7,6 @@ comparable outcome such as ``"ok"``, ``"PermissionError:EPERM"`` or ``"EPERM"`` 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -52,7 +51,7 @@ def left_in_runs(settings: Settings) -> list[Path]:
     A running bwrap backend's copy of the host's ``/etc`` entries (``sandbox/backends/bwrap/etc.py``,
     ``<pid>-etc-<hex>``) is not a run's: it stays until the backend stops.
     """
-    runs = settings.state_dir / "runs"
+    runs = settings.paths.state_dir / "runs"
     entries = list(runs.iterdir()) if runs.exists() else []
     return [entry for entry in entries if not re.fullmatch(r"\d+-etc-[0-9a-f]{32}", entry.name)]
 
@@ -127,7 +126,7 @@ class SandboxRunner:
             # An engine per run: runs of one test may overlap, and each needs its own warm sandbox.
             zygotes = self.engine.backend.warm_pool
             # A pre-started container has the limits of the default timeout: this run's.
-            settings = self.settings if zygotes else dataclasses.replace(self.settings, timeout=time_limit)
+            settings = self.settings if zygotes else self.settings.replace(timeout=time_limit)
             async with Engine(settings, self.engine.backend).running() as engine:
                 # The pools have no event to wait on.
                 while (engine.pool.idle if zygotes else engine.prestart.ready("python")) == 0:

@@ -24,7 +24,7 @@ def _conversation_workspace(state_root: Path, sandbox: SandboxRunner) -> Path:
     directory = state_root / "conversation"
     directory.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(directory, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(directory, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     return directory
 
 
@@ -130,7 +130,7 @@ async def test_one_huge_file_in_a_conversation_is_stopped_by_the_kernel_at_the_q
     workspace = _conversation_workspace(state_root, sandbox)
     (workspace / "kept").write_bytes(b"\0" * (3 * MiB))
     if os.geteuid() == 0:
-        os.chown(workspace / "kept", sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(workspace / "kept", sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     result = await sandbox.run(
         """
         chunk = b"x" * (1 << 20)

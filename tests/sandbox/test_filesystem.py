@@ -148,7 +148,7 @@ async def test_file_size_is_limited_by_rlimit_fsize(make_sandbox: RunnerFactory,
     workspace = state_root / "ws"
     workspace.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(workspace, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     result = await sandbox.run_reporting(
         f"""
         written = 0
@@ -169,7 +169,7 @@ async def test_file_size_is_limited_by_rlimit_fsize(make_sandbox: RunnerFactory,
 
 
 async def test_host_secrets_are_not_visible(sandbox: SandboxRunner, backend_name: str) -> None:
-    state_dir = str(sandbox.settings.state_dir)
+    state_dir = str(sandbox.settings.paths.state_dir)
     # A container's root is its image's: it has an /etc/passwd, /var and /run of its own, and
     # the engine's read-only sysfs. There, what must hold is that none of them is the host's.
     own_root = IMAGE_ROOT if backend_name in CONTAINER_BACKENDS else []
@@ -302,7 +302,7 @@ async def test_files_written_in_the_workspace_belong_to_the_sandbox_uid_on_the_h
         workspace=workspace,
     )
     assert result.status == "success", result.stderr
-    expected = sandbox.settings.sandbox_uid if os.geteuid() == 0 else os.geteuid()
+    expected = sandbox.settings.sandbox.sandbox_uid if os.geteuid() == 0 else os.geteuid()
     assert (workspace / "made-inside.txt").stat().st_uid == expected
     assert (workspace / "made-inside").stat().st_uid == expected
 
@@ -311,7 +311,7 @@ async def test_files_written_in_the_workspace_belong_to_the_sandbox_uid_on_the_h
 @pytest.mark.skipif(not os.path.exists(_SYSTEM_PYTHON), reason=f"no {_SYSTEM_PYTHON} to run as the sandbox uid")
 async def test_server_state_is_invisible_and_unreadable_to_the_sandbox_uid(sandbox: SandboxRunner) -> None:
     sandbox.engine.prepare()
-    secret = sandbox.settings.state_dir / "server-secret"
+    secret = sandbox.settings.paths.state_dir / "server-secret"
     secret.write_text("token")
     secret.chmod(0o600)
     report = await sandbox.report(f"""
@@ -326,8 +326,8 @@ async def test_server_state_is_invisible_and_unreadable_to_the_sandbox_uid(sandb
             "import sys\ntry:\n open(sys.argv[1])\nexcept OSError as e:\n print(type(e).__name__)",
             str(secret),
         ],
-        user=sandbox.settings.sandbox_uid,
-        group=sandbox.settings.sandbox_gid,
+        user=sandbox.settings.sandbox.sandbox_uid,
+        group=sandbox.settings.sandbox.sandbox_gid,
         extra_groups=[],
         check=False,
     )

@@ -46,7 +46,7 @@ def _workspace_under(state_root: Path, sandbox: SandboxRunner) -> Path:
     directory = state_root / f"conversation-{uuid.uuid4().hex}"
     directory.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(directory, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(directory, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     return directory
 
 
@@ -73,7 +73,7 @@ async def test_the_host_process_list_names_no_state_or_workspace_path(
     key = f"key{uuid.uuid4().hex}"
     workspace = layout.prepare_workspaces() / key
     workspace.mkdir(mode=0o700)
-    os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+    os.chown(workspace, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     marker = f"host-view-{uuid.uuid4().hex}"
     code = f"""
         import subprocess
@@ -106,7 +106,7 @@ async def test_proc_1_cmdline_inside_names_no_host_path(sandbox: SandboxRunner, 
     assert result.status == "success", result.error
     assert result.stdout.strip()  # pid 1 at least
     assert str(state_root) not in result.stdout
-    assert str(sandbox.settings.state_dir) not in result.stdout
+    assert str(sandbox.settings.paths.state_dir) not in result.stdout
 
 
 async def test_a_workspace_a_run_opened_stays_closed_to_other_host_users(sandbox: SandboxRunner) -> None:
@@ -117,7 +117,7 @@ async def test_a_workspace_a_run_opened_stays_closed_to_other_host_users(sandbox
     layout = StateLayout.of(sandbox.settings)
     workspace = layout.prepare_workspaces() / uuid.uuid4().hex
     workspace.mkdir(mode=0o700)
-    os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+    os.chown(workspace, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     result = await sandbox.run("os.chmod('/workspace', 0o777)", workspace=workspace)
     assert result.status == "success", result.error
     attempt = _as_other_user(f"""

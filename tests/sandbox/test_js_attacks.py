@@ -193,7 +193,7 @@ async def test_file_size_is_limited(make_sandbox: RunnerFactory, js_runtime: str
     workspace = state_root / "ws"
     workspace.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(workspace, sandbox.settings.sandbox_uid, sandbox.settings.sandbox_gid)
+        os.chown(workspace, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)
     result = await run_js(sandbox, "fs.writeFileSync('/workspace/big', new Uint8Array(16 << 20));", workspace=workspace)
     assert result.status == "error"  # EFBIG, or SIGXFSZ for a runtime that does not ignore it
     assert (workspace / "big").stat().st_size <= 4 << 20

@@ -32,7 +32,7 @@ def program(request: pytest.FixtureRequest) -> Path | None:
     """The gate to start through: None (sh and setpriv) or the static one ``make runtime`` built."""
     if request.param == "sh":
         return None
-    directory = load_settings(env={}, flags={}).gate_dir
+    directory = load_settings(env={}, flags={}).paths.gate_dir
     problem = gate_program.refusal(directory)
     if problem is not None:
         pytest.fail(f"no static gate to test: {problem}; run `make runtime`")

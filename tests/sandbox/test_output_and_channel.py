@@ -43,7 +43,7 @@ async def test_stdout_flood_is_truncated_near_the_cap(make_sandbox: RunnerFactor
     assert result.truncated is True
     for stream in (result.stdout, result.stderr):
         assert TRUNCATION_MARKER in stream
-        assert len(stream.encode()) <= sandbox.settings.max_output + NOTE_ROOM
+        assert len(stream.encode()) <= sandbox.settings.limits.max_output + NOTE_ROOM
     assert result.stdout.startswith("x" * 1000)
 
 

@@ -129,8 +129,8 @@ async def test_signalling_host_processes_fails(sandbox: SandboxRunner) -> None:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        user=sandbox.settings.sandbox_uid if root else None,
-        group=sandbox.settings.sandbox_gid if root else None,
+        user=sandbox.settings.sandbox.sandbox_uid if root else None,
+        group=sandbox.settings.sandbox.sandbox_gid if root else None,
         extra_groups=[] if root else None,
     )
     try:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mcp_sandbox.config import load_settings
-from mcp_sandbox.server.app import with_tenants
+from mcp_sandbox.config import load_settings, with_tenant_caps
 from mcp_sandbox.server.transport.limits import RateLimitedLog
 
 
@@ -28,14 +27,18 @@ def test_a_flood_of_one_message_is_let_through_once_per_interval_with_the_count_
 
 def test_with_one_tenant_the_per_tenant_caps_take_nothing_from_the_servers_capacity(tmp_path: Path) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(tmp_path)})
-    alone = with_tenants(settings, 1)
-    assert alone.tenant_concurrent_runs == settings.max_concurrent_runs
-    assert alone.tenant_sessions == settings.max_sessions
-    assert alone.tenant_workspaces_bytes == settings.max_workspaces_bytes
-    shared = with_tenants(settings, 2)
-    assert (shared.tenant_concurrent_runs, shared.tenant_workspaces_bytes) == (2, 5 << 30)
+    alone = with_tenant_caps(settings, 1)
+    assert alone.admission.tenant_concurrent_runs == settings.admission.max_concurrent_runs
+    assert alone.sessions.tenant_sessions == settings.sessions.max_sessions
+    assert alone.workspaces.tenant_workspaces_bytes == settings.workspaces.max_workspaces_bytes
+    shared = with_tenant_caps(settings, 2)
+    assert (shared.admission.tenant_concurrent_runs, shared.workspaces.tenant_workspaces_bytes) == (2, 5 << 30)
     # What the operator set is kept either way.
     chosen = load_settings(env={}, flags={"state_dir": str(tmp_path), "tenant_concurrent_runs": "3"})
-    assert with_tenants(chosen, 2).tenant_concurrent_runs == with_tenants(chosen, 1).tenant_concurrent_runs == 3
+    assert (
+        with_tenant_caps(chosen, 2).admission.tenant_concurrent_runs
+        == with_tenant_caps(chosen, 1).admission.tenant_concurrent_runs
+        == 3
+    )
     # The engine on its own (no server deciding) has no per-tenant caps.
-    assert settings.tenant_concurrent_runs is None
+    assert settings.admission.tenant_concurrent_runs is None

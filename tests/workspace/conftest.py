@@ -17,7 +17,7 @@ def settings(state_dir: Path) -> Settings:
 
 @pytest.fixture
 def store(settings: Settings) -> WorkspaceStore:
-    store = WorkspaceStore(settings, load_secret(settings.state_dir))
+    store = WorkspaceStore(settings, load_secret(settings.paths.state_dir))
     store.prepare()
     return store
 

@@ -24,12 +24,12 @@ def budget_settings(state_dir: Path) -> Settings:
 
 @pytest.fixture
 def store(budget_settings: Settings) -> WorkspaceStore:
-    return WorkspaceStore(budget_settings, load_secret(budget_settings.state_dir))
+    return WorkspaceStore(budget_settings, load_secret(budget_settings.paths.state_dir))
 
 
 @pytest.fixture
 def metadata(budget_settings: Settings) -> Iterator[Metadata]:
-    opened = Metadata.open(budget_settings.state_dir / METADATA_FILE)
+    opened = Metadata.open(budget_settings.paths.state_dir / METADATA_FILE)
     yield opened
     opened.close()
 

@@ -44,7 +44,7 @@ def engine(sandboxed_settings: Settings) -> Engine:
 
 @pytest.fixture
 def sandboxed_store(sandboxed_settings: Settings) -> WorkspaceStore:
-    return WorkspaceStore(sandboxed_settings, load_secret(sandboxed_settings.state_dir))
+    return WorkspaceStore(sandboxed_settings, load_secret(sandboxed_settings.paths.state_dir))
 
 
 async def _run(engine: Engine, workspace: Path, code: str) -> ExecutionResult:
@@ -135,7 +135,7 @@ async def test_code_swapping_a_directory_for_a_symlink_while_the_host_reads_and_
     ready = workspace / "ready"
     os.mkfifo(ready, 0o600)
     if os.geteuid() == 0:  # root runs the sandbox as its own uid
-        os.chown(ready, sandboxed_store.settings.sandbox_uid, sandboxed_store.settings.sandbox_gid)
+        os.chown(ready, sandboxed_store.settings.sandbox.sandbox_uid, sandboxed_store.settings.sandbox.sandbox_gid)
     async with anyio.create_task_group() as group:
         group.start_soon(run)
         try:

@@ -21,8 +21,8 @@ as_root = pytest.mark.skipif(os.geteuid() != 0, reason="ownership is only handed
 
 
 def _small_store(settings: Settings, **quotas: object) -> WorkspaceStore:
-    small = load_settings(env={}, flags={"state_dir": str(settings.state_dir), **quotas})
-    return WorkspaceStore(small, load_secret(small.state_dir))
+    small = load_settings(env={}, flags={"state_dir": str(settings.paths.state_dir), **quotas})
+    return WorkspaceStore(small, load_secret(small.paths.state_dir))
 
 
 def _temporaries(directory: Path) -> list[str]:
@@ -69,10 +69,10 @@ def test_workspaces_are_traversable_only_and_each_belongs_to_the_sandbox_uid(
 
     root = os.lstat(store.root)
     # Closed to every other host user: only the sandbox gid may traverse (issue 21, finding 12).
-    assert (stat.S_IMODE(root.st_mode), root.st_uid, root.st_gid) == (0o710, 0, settings.sandbox_gid)
+    assert (stat.S_IMODE(root.st_mode), root.st_uid, root.st_gid) == (0o710, 0, settings.sandbox.sandbox_gid)
     own = os.lstat(path)
     assert stat.S_IMODE(own.st_mode) == 0o700
-    assert (own.st_uid, own.st_gid) == (settings.sandbox_uid, settings.sandbox_gid)
+    assert (own.st_uid, own.st_gid) == (settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
 
 
 def test_ensure_is_idempotent_and_repairs_a_mode_the_code_changed(store: WorkspaceStore, key: str) -> None:
@@ -105,7 +105,7 @@ def test_written_files_and_directories_belong_to_the_sandbox_uid_and_no_one_else
     for made, mode in ((path / "deep", 0o700), (path / "deep" / "er", 0o700), (path / "deep/er/file.txt", 0o600)):
         info = os.lstat(made)
         assert stat.S_IMODE(info.st_mode) == mode
-        assert (info.st_uid, info.st_gid) == (settings.sandbox_uid, settings.sandbox_gid)
+        assert (info.st_uid, info.st_gid) == (settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
 
 
 def test_a_listing_is_sorted_by_name_with_sizes(store: WorkspaceStore, key: str) -> None:

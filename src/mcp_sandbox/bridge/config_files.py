@@ -1,22 +1,24 @@
 """Reading MCP client config files into server entries, not yet checked.
 
 JSON files are read tolerantly: a byte order mark, comments and trailing commas (VS Code's JSONC)
-are accepted, and a parse error names its line and column. TOML files give their ``[servers]``
-tables, each an entry or a tool policy. :class:`Scan` reads the files that
-:func:`mcp_sandbox.bridge.discovery.discover` names, each once, and turns every unreadable file or
-malformed section into a :class:`Problem` instead of raising.
+are accepted, and a parse error names its line and column. Our TOML file, parsed by
+:mod:`mcp_sandbox.config` as at start, gives its ``[servers]`` tables, each an entry or a tool
+policy. :class:`Scan` reads the files that :func:`mcp_sandbox.bridge.discovery.discover` names,
+each once, and turns every unreadable file or malformed section into a :class:`Problem` instead
+of raising.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from mcp_sandbox.bridge.server_entries import Entry, InvalidEntry, Policy, is_policy, read_policy
 from mcp_sandbox.bridge.server_spec import Problem
+from mcp_sandbox.config import parse_config_file
+from mcp_sandbox.errors import ConfigError
 
 __all__ = ["Scan"]
 
@@ -161,11 +163,10 @@ class Scan:
         if text is None:
             return
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            self._problem(path, f"invalid TOML: {exc}")
+            servers = parse_config_file(text, path).servers
+        except ConfigError as exc:
+            self._problem(path, str(exc))
             return
-        servers = data.get("servers")
         if servers is None:
             return
         if not isinstance(servers, dict):

@@ -61,11 +61,11 @@ class Discovery:
 
 def _scan(settings: Settings, home: Path, cwd: Path, env: Mapping[str, str], platform: str) -> Scan:
     scan = Scan()
-    if settings.servers_config is not None:
-        scan.generic_file(cwd / settings.servers_config, required=True)
+    if settings.code_mode.servers_config is not None:
+        scan.generic_file(cwd / settings.code_mode.servers_config, required=True)
     if settings.config_file is not None:
         scan.toml_file(cwd / settings.config_file)
-    if not settings.discover_servers:
+    if not settings.code_mode.discover_servers:
         return scan
 
     xdg = env.get("XDG_CONFIG_HOME", "")

@@ -217,8 +217,8 @@ async def open_mediator(
         discovery = await anyio.to_thread.run_sync(discover, settings)
     async with open_client_pool(
         discovery.servers,
-        connect_timeout=settings.connect_timeout,
-        call_timeout=settings.tool_timeout,
+        connect_timeout=settings.code_mode.connect_timeout,
+        call_timeout=settings.code_mode.tool_timeout,
         log_dir=StateLayout.of(settings).logs,
     ) as pool:
         yield Mediator(settings, discovery, pool, events)

@@ -189,16 +189,19 @@ class RunAccess:
             raise ToolCallDenied(spec.name, f"the tool {tool!r} is not allowed by the operator's policy", tool)
         settings = self.bridge.settings
         self.calls += 1
-        if self.calls > settings.max_tool_calls:
-            raise ToolCallDenied(spec.name, f"this run reached its limit of {settings.max_tool_calls} tool calls", tool)
+        if self.calls > settings.code_mode.max_tool_calls:
+            raise ToolCallDenied(
+                spec.name, f"this run reached its limit of {settings.code_mode.max_tool_calls} tool calls", tool
+            )
         result = await self.bridge.pool.call(spec.alias, tool, request.arguments, self.tenant)
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         size = len(json.dumps(dumped, ensure_ascii=False).encode("utf-8"))
         self.result_bytes += size
-        if self.result_bytes > settings.max_tool_result_bytes:
+        if self.result_bytes > settings.code_mode.max_tool_result_bytes:
             raise ToolCallDenied(
                 spec.name,
-                f"tool results of this run exceeded {settings.max_tool_result_bytes} bytes; the result was dropped",
+                f"tool results of this run exceeded {settings.code_mode.max_tool_result_bytes} bytes;"
+                " the result was dropped",
                 tool,
             )
         if request.raw:

@@ -1,21 +1,24 @@
-"""One typed settings object, built once and injected.
+"""One loader, one typed settings object, built once and injected.
 
 Precedence, highest first: command-line flags, environment (``MCP_SANDBOX_<NAME>``, then the
-earlier bridge's ``MCP_BRIDGE_*`` aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``),
-defaults. Nothing here reads the environment at import time: callers pass it in.
+earlier systems' aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``), defaults.
+Nothing here reads the environment at import time: callers pass it in.
 
-- ``settings``: :class:`Settings`, its defaults and the checks of its values;
+- ``fields``: how a setting is declared (default, description, unit, alias, check);
+- ``settings``: :class:`Settings`, made of the pieces of ``pieces`` and ``serving``, where every
+  setting is declared once; ``defaults``: the host's defaults;
 - ``values``: parsing what people write (sizes, durations, booleans, lists) into a field's type;
-- ``sources``: the TOML file, the environment and its aliases, and :func:`load_settings`.
+- ``file``: the TOML file, parsed once; ``tokens`` and ``tenants``: its ``[auth]`` and
+  ``[tenants.<name>]`` tables;
+- ``sources``: the environment and its aliases, and the loader, :func:`load_config`;
+- ``reference``: the settings table of the docs, rendered from the declarations.
 """
 
-from mcp_sandbox.config.settings import (
+from mcp_sandbox.config.defaults import (
     JS_RUNTIMES,
     OUTPUT_MODES,
     SANDBOX_USER,
-    TENANT_DEFAULTS,
     OutputMode,
-    Settings,
     default_data_dir,
     default_gate_dir,
     default_js_runtime_dir,
@@ -23,24 +26,61 @@ from mcp_sandbox.config.settings import (
     default_sandbox_ids,
     default_state_dir,
 )
-from mcp_sandbox.config.sources import ENV_ALIASES, load_settings
+from mcp_sandbox.config.file import ConfigFile, parse_config_file, read_config_file
+from mcp_sandbox.config.pieces import (
+    AdmissionSettings,
+    LimitSettings,
+    PathSettings,
+    PoolSettings,
+    SandboxSettings,
+    SessionSettings,
+    WorkspaceSettings,
+)
+from mcp_sandbox.config.serving import CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
+from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
+from mcp_sandbox.config.tenancy import with_tenant_caps
+from mcp_sandbox.config.tenants import TENANT_DEFAULTS, Tenant
+from mcp_sandbox.config.tokens import DEFAULT_TENANT, TenantToken, load_tokens
 from mcp_sandbox.config.values import parse_bytes, parse_duration
 
 __all__ = [
+    "DEFAULT_TENANT",
     "ENV_ALIASES",
     "JS_RUNTIMES",
     "OUTPUT_MODES",
+    "PLACES",
     "SANDBOX_USER",
+    "SETTINGS",
     "TENANT_DEFAULTS",
+    "AdmissionSettings",
+    "CodeModeSettings",
+    "Config",
+    "ConfigFile",
+    "EgressSettings",
+    "HttpSettings",
+    "LimitSettings",
     "OutputMode",
+    "PathSettings",
+    "PoolSettings",
+    "SandboxSettings",
+    "SessionSettings",
     "Settings",
+    "Tenant",
+    "TenantToken",
+    "WorkspaceSettings",
     "default_data_dir",
     "default_gate_dir",
     "default_js_runtime_dir",
     "default_python_runtime",
     "default_sandbox_ids",
     "default_state_dir",
+    "load_config",
     "load_settings",
+    "load_tokens",
     "parse_bytes",
+    "parse_config_file",
     "parse_duration",
+    "read_config_file",
+    "with_tenant_caps",
 ]

@@ -1,71 +1,54 @@
-"""Where settings come from, and which wins: flags, then environment, then the TOML file.
+"""The loader: flags, environment and the TOML file, read once into a :class:`Config`.
+
+Which wins: flags, then environment, then the TOML file, then defaults.
 
 The environment is ``MCP_SANDBOX_<NAME>``, then the earlier systems' names as aliases (the bridge's
 ``MCP_BRIDGE_*``; the code runner's ``MCP_API_TOKEN``, ``PUBLIC_BASE_URL``, ``MCP_HTTP_ADDR``);
 the TOML file is ``--config`` or ``MCP_SANDBOX_CONFIG``. Nothing here reads the environment at
-import time: callers pass it in (or :func:`load_settings` reads it when called).
+import time: callers pass it in (or the loader reads it when called). The file's tables are
+finished here too: ``[tenants.<name>]`` into the settings' tenants, ``[auth]`` into tokens.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcp_sandbox.config.settings import (
-    Settings,
+from mcp_sandbox.config.defaults import (
     default_data_dir,
     default_gate_dir,
     default_js_runtime_dir,
     default_python_runtime,
     default_state_dir,
 )
+from mcp_sandbox.config.file import ConfigFile, read_config_file
+from mcp_sandbox.config.settings import SETTINGS, Settings
+from mcp_sandbox.config.tenancy import read_tenants, with_tenant_caps
+from mcp_sandbox.config.tenants import Tenant
+from mcp_sandbox.config.tokens import TenantToken, read_tokens
 from mcp_sandbox.config.values import FIELDS, coerce
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["ENV_ALIASES", "load_settings"]
+__all__ = ["ENV_ALIASES", "Config", "load_config", "load_settings"]
 
-# The earlier systems' variables, honoured when the MCP_SANDBOX_ name is not set.
+# The earlier systems' variables (each declared with its setting), honoured when the MCP_SANDBOX_
+# name is not set.
 ENV_ALIASES: Mapping[str, str] = {
-    "MCP_BRIDGE_TIMEOUT": "timeout",
-    "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
-    "MCP_BRIDGE_MEMORY": "memory",
-    "MCP_BRIDGE_PIDS": "pids",
-    "MCP_BRIDGE_CPUS": "cpus",
-    "MCP_BRIDGE_RUNTIME": "container_runtime",
-    "MCP_BRIDGE_IMAGE": "image",
-    "MCP_BRIDGE_OUTPUT_MODE": "output_mode",
-    "MCP_BRIDGE_STATE_DIR": "state_dir",
-    "MCP_SERVERS_CONFIG": "servers_config",
-    "MCP_BRIDGE_LOG_LEVEL": "log_level",
-    # The earlier code runner's.
-    "MCP_API_TOKEN": "token",
-    "PUBLIC_BASE_URL": "public_url",
+    declaration.metadata["alias"]: name for name, declaration in SETTINGS.items() if declaration.metadata["alias"]
 }
 
 # Variables that give host and port in one ``host:port`` (Go's form: ``:8080`` is every address).
 ADDRESS_ALIASES: tuple[str, ...] = ("MCP_HTTP_ADDR",)
 
-# TOML tables owned by later layers (auth, code mode); accepted here, read there.
-_RESERVED_TABLES = frozenset({"auth", "servers", "tenants"})
 
-
-def _from_toml(path: Path) -> dict[str, Any]:
-    import tomllib  # only when there is a file: most starts have none
-
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from exc
+def _from_toml(file: ConfigFile) -> dict[str, Any]:
     values: dict[str, Any] = {}
-    for key, value in data.items():
-        if key in _RESERVED_TABLES:
-            continue
+    for key, value in file.settings.items():
         if key not in FIELDS:
-            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+            raise ConfigError(f"config file {file.path}: unknown setting {key!r}")
         values[key] = coerce(key, value)
     return values
 
@@ -98,27 +81,31 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
-def load_settings(
-    flags: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    config_file: Path | None = None,
-) -> Settings:
-    """Build the settings from flags, environment and TOML file.
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What the loader read: the settings (with each tenant's egress), the tokens and the
+    ``[servers]`` table of the TOML file (None without one; the bridge checks its entries)."""
 
-    Args:
-        flags: values given on the command line, by field name; ``None`` values are ignored.
-        env: the environment to read (``os.environ`` when omitted).
-        config_file: the TOML file; else ``MCP_SANDBOX_CONFIG`` from ``env``, else none.
+    settings: Settings
+    tokens: tuple[TenantToken, ...] = ()
+    servers: object = None
 
-    Raises:
-        ConfigError: a value is malformed, unknown or out of range.
-    """
-    env = os.environ if env is None else env
-    if config_file is None and env.get("MCP_SANDBOX_CONFIG"):
-        config_file = Path(env["MCP_SANDBOX_CONFIG"]).expanduser()
+    @property
+    def tenants(self) -> tuple[Tenant, ...]:
+        """The ``[tenants.<name>]`` tables, finished over the global egress settings."""
+        return self.settings.egress.tenants
+
+    def serving(self, transport: str) -> Settings:
+        """The settings of a server on ``transport``, its per-tenant caps finished: over HTTP, as
+        many tenants as the tokens name; over stdio, one."""
+        tenants = len({token.tenant for token in self.tokens}) if transport == "http" else 1
+        return with_tenant_caps(self.settings, tenants)
+
+
+def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: ConfigFile | None) -> Settings:
     values: dict[str, Any] = {}
-    if config_file is not None:
-        values.update(_from_toml(config_file))
+    if file is not None:
+        values.update(_from_toml(file))
     values.update(_from_env(env))
     for name, raw in (flags or {}).items():
         if raw is None:
@@ -134,9 +121,50 @@ def load_settings(
     values.setdefault("python_runtime", default_python_runtime(values["data_dir"], checkout=checkout))
     values.setdefault("js_runtime_dir", default_js_runtime_dir(values["data_dir"], checkout=checkout))
     values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
-    if config_file is not None:
-        values["config_file"] = config_file
-    try:
-        return Settings(**values)
-    except TypeError as exc:  # pragma: no cover - guarded by the FIELDS checks above
-        raise ConfigError(str(exc)) from exc
+    if file is None:
+        return Settings.of(**values)
+    settings = Settings.of(**values, config_file=file.path)
+    return settings.replace(tenants=read_tenants(file.tenant_tables, settings))
+
+
+def _file(env: Mapping[str, str], config_file: Path | None) -> ConfigFile | None:
+    if config_file is None and env.get("MCP_SANDBOX_CONFIG"):
+        config_file = Path(env["MCP_SANDBOX_CONFIG"]).expanduser()
+    return None if config_file is None else read_config_file(config_file)
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Config:
+    """Read flags, environment and TOML file once into settings, tokens, tenants and servers.
+
+    Args:
+        flags: values given on the command line, by field name; ``None`` values are ignored.
+        env: the environment to read (``os.environ`` when omitted).
+        config_file: the TOML file; else ``MCP_SANDBOX_CONFIG`` from ``env``, else none.
+
+    Raises:
+        ConfigError: a value, table or token is malformed, unknown or out of range.
+    """
+    env = os.environ if env is None else env
+    file = _file(env, config_file)
+    settings = _settings(flags, env, file)
+    if file is None:
+        return Config(settings, read_tokens(settings, []))
+    return Config(settings, read_tokens(settings, file.auth_tokens), file.servers)
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """The settings alone of :func:`load_config` (the file's ``[auth]`` and ``[servers]`` not read).
+
+    Raises:
+        ConfigError: a value or ``[tenants.<name>]`` table is malformed, unknown or out of range.
+    """
+    env = os.environ if env is None else env
+    return _settings(flags, env, _file(env, config_file))

@@ -1,17 +1,17 @@
 """Setting values as people write them: sizes (``512m``), durations (``10m``), booleans, lists.
 
 :func:`coerce` turns a string (environment, flag) or a TOML value into the type of the
-:class:`~mcp_sandbox.config.settings.Settings` field it is for.
+:class:`~mcp_sandbox.config.settings.Settings` field it is for, in the unit the field declares.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 from typing import Any
 
-from mcp_sandbox.config.settings import Settings
+from mcp_sandbox.config.fields import BYTES, DURATION
+from mcp_sandbox.config.settings import SETTINGS
 from mcp_sandbox.errors import ConfigError
 
 __all__ = ["FIELDS", "coerce", "parse_bytes", "parse_duration"]
@@ -50,49 +50,14 @@ def parse_duration(value: str | float) -> float:
     return float(number) * _DURATION_UNITS[unit.lower()]
 
 
-_BYTE_FIELDS = frozenset(
-    {
-        "memory",
-        "tmp_size",
-        "scratch_size",
-        "max_output",
-        "max_file_size",
-        "max_tool_result_bytes",
-        "max_call_bytes",
-        "max_request_size",
-        "quota_bytes",
-        "max_workspaces_bytes",
-        "max_image_bytes",
-        "egress_max_bytes",
-        "tenant_workspaces_bytes",
-        "body_min_rate",
-        "library_bytes",
-    }
-)
-_DURATION_FIELDS = frozenset(
-    {
-        "url_ttl",
-        "shutdown_grace",
-        "conversation_ttl",
-        "session_ttl",
-        "pool_idle",
-        "queue_timeout",
-        "egress_connection_timeout",
-        "retention_interval",
-        "http_session_ttl",
-        "header_timeout",
-        "keep_alive_timeout",
-        "body_timeout",
-    }
-)
-
-# config_file records where the settings came from: it is not a setting anyone gives.
-FIELDS = {f.name: f for f in dataclasses.fields(Settings) if f.name != "config_file"}
+# Every setting by name (config_file records where the settings came from: no one gives it).
+FIELDS = SETTINGS
 
 
 def coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or TOML value into the field's type, or raise ConfigError."""
     kind = str(FIELDS[name].type)
+    unit = FIELDS[name].metadata["unit"]
     if kind.startswith("tuple[int"):
         items = raw.split(",") if isinstance(raw, str) else raw
         try:
@@ -113,9 +78,9 @@ def coerce(name: str, raw: Any) -> Any:
     if kind == "int | None" and isinstance(raw, str) and raw.strip().lower() in ("", "none"):
         return None
     try:
-        if name in _BYTE_FIELDS:
+        if unit == BYTES:
             return parse_bytes(raw if isinstance(raw, int) else str(raw))
-        if name in _DURATION_FIELDS:
+        if unit == DURATION:
             return parse_duration(raw)
         if kind.startswith("Path"):
             return None if raw in ("", None) else Path(str(raw)).expanduser()

@@ -1,6 +1,6 @@
 """The egress policy: which hosts, ports and addresses a run with network may reach, and why not.
 
-Pure functions over settings, no I/O but reading the TOML file's ``[tenants.<name>]`` tables.
+Pure functions over settings (each tenant's egress settings are finished by the config loader).
 A pattern is a host name (``example.com``: that name only), ``*.example.com`` (any name under
 it, not the name itself), or ``*`` (any host name). ``egress_deny`` wins over ``egress_allow``.
 Addresses that are not global (loopback, private, link-local, multicast, shared, reserved, the
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError, ValidationError
@@ -39,7 +37,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 _MAX_HOST = 253
-_TENANT_KEYS = frozenset({"egress_allow", "egress_deny", "egress_ports", "egress_allow_private"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,25 +200,6 @@ class EgressGrant:
     own: tuple[tuple[str, int], ...] = field(default=())
 
 
-def _tenant_tables(settings: Settings) -> dict[str, dict[str, Any]]:
-    if settings.config_file is None:
-        return {}
-    try:
-        data = tomllib.loads(settings.config_file.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {settings.config_file}: {exc}") from exc
-    tables = data.get("tenants", {})
-    if not isinstance(tables, dict) or not all(isinstance(table, dict) for table in tables.values()):
-        raise ConfigError(f"config file {settings.config_file}: [tenants.<name>] must be tables")
-    return {name: dict(table) for name, table in tables.items()}
-
-
-def _strings(value: object, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ConfigError(f"{where}: must be a list of strings")
-    return list(value)
-
-
 class TenantEgress:
     """The egress rules of each tenant: the global settings, with what ``[tenants.<name>]`` sets instead.
 
@@ -229,30 +207,30 @@ class TenantEgress:
     ones; its ``egress_deny`` adds to the global one (a tenant never un-denies).
     """
 
-    def __init__(self, settings: Settings, tables: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        """Read and check the rules.
+    def __init__(self, settings: Settings) -> None:
+        """Check the rules of the settings and of each tenant (``settings.egress.tenants``).
 
         Raises:
-            ConfigError: a setting of the global rules or of a tenant's table is malformed.
+            ConfigError: a pattern or range of the global rules or of a tenant's is malformed.
         """
         self._settings = settings
         self.default = EgressRules.build(
-            settings.egress_allow, settings.egress_deny, settings.egress_ports, settings.egress_allow_private, "egress"
+            settings.egress.egress_allow,
+            settings.egress.egress_deny,
+            settings.egress.egress_ports,
+            settings.egress.egress_allow_private,
+            "egress",
         )
-        self._tenants: dict[str, EgressRules] = {}
-        for name, table in (_tenant_tables(settings) if tables is None else tables).items():
-            where = f"[tenants.{name}]"
-            mine = {key: value for key, value in table.items() if key in _TENANT_KEYS}
-            ports = mine.get("egress_ports", list(settings.egress_ports))
-            if not isinstance(ports, list) or not all(type(port) is int and 0 < port < 65536 for port in ports):
-                raise ConfigError(f"{where} egress_ports: must be a list of TCP ports")
-            self._tenants[name] = EgressRules.build(
-                _strings(mine.get("egress_allow", list(settings.egress_allow)), f"{where} egress_allow"),
-                [*settings.egress_deny, *_strings(mine.get("egress_deny", []), f"{where} egress_deny")],
-                ports,
-                _strings(mine.get("egress_allow_private", list(settings.egress_allow_private)), where),
-                where,
+        self._tenants = {
+            tenant.name: EgressRules.build(
+                tenant.egress_allow,
+                tenant.egress_deny,
+                tenant.egress_ports,
+                tenant.egress_allow_private,
+                f"[tenants.{tenant.name}]",
             )
+            for tenant in settings.egress.tenants
+        }
 
     def anywhere(self) -> bool:
         """Whether any tenant (or the default) may be granted network at all."""
@@ -282,10 +260,10 @@ class TenantEgress:
             rules=rules,
             tenant=tenant,
             conversation=conversation,
-            max_bytes=settings.egress_max_bytes,
-            max_connections=settings.egress_max_connections,
-            connection_timeout=settings.egress_connection_timeout,
-            own=((settings.host, settings.port),),
+            max_bytes=settings.egress.egress_max_bytes,
+            max_connections=settings.egress.egress_max_connections,
+            connection_timeout=settings.egress.egress_connection_timeout,
+            own=((settings.http.host, settings.http.port),),
         )
 
     def available(self, tenant: str) -> bool:

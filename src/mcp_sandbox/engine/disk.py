@@ -70,11 +70,11 @@ class DiskBound:
 
     @classmethod
     def conversation(cls, settings: Settings) -> DiskBound:
-        return cls(settings.quota_bytes, settings.quota_files)
+        return cls(settings.workspaces.quota_bytes, settings.workspaces.quota_files)
 
     @classmethod
     def scratch(cls, settings: Settings) -> DiskBound:
-        return cls(settings.scratch_size, settings.quota_files)
+        return cls(settings.limits.scratch_size, settings.workspaces.quota_files)
 
     def exceeded(self, use: DiskUse, allowed: DiskUse) -> str | None:
         """Why ``use`` is over this bound (or over ``allowed``, what was there before), or None."""

@@ -52,11 +52,11 @@ class Engine:
         self._pool = WarmPool(settings, self._opener)
         self._prestart = PrestartPool(settings, self._opener)
         self._admission = Admission(
-            settings.max_concurrent_runs,
-            settings.max_queued_runs,
-            settings.queue_timeout,
-            tenant_limit=settings.tenant_concurrent_runs,
-            tenant_queue=settings.tenant_queued_runs,
+            settings.admission.max_concurrent_runs,
+            settings.admission.max_queued_runs,
+            settings.admission.queue_timeout,
+            tenant_limit=settings.admission.tenant_concurrent_runs,
+            tenant_queue=settings.admission.tenant_queued_runs,
         )
         # Asked in this order; the fresh placement takes whatever none of them did.
         self._placements: tuple[Placement, ...] = (

@@ -39,7 +39,7 @@ class FreshPlacement:
     async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult:
         """Run ``request`` in a new sandbox and judge it as a one-shot sandbox."""
         settings = self._settings
-        record = RunRecord.capped(settings.max_output, request.on_output)
+        record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
@@ -60,7 +60,7 @@ class FreshPlacement:
             overrun = Overrun(bound)
             with anyio.move_on_after(request.timeout) as deadline:
                 async with disk_bound(workspace, bound) as overrun:
-                    file_size = overrun.file_size(settings.max_file_size)
+                    file_size = overrun.file_size(settings.limits.max_file_size)
                     async with self._opener.interpreter(with_file_size(policy, file_size)) as interpreter:
                         await interpreter.run(record, request, last=True)
         result = captured(record, interpreter, started)

@@ -38,10 +38,10 @@ MakePolicy = Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
 def run_caps(settings: Settings) -> RunCaps:
     """What a run may send the host, from the settings: the one place an interpreter's limits come from."""
     return RunCaps(
-        max_images=settings.max_images,
-        max_image_bytes=settings.max_image_bytes,
-        max_call_bytes=settings.max_call_bytes,
-        max_calls_in_flight=settings.max_calls_in_flight,
+        max_images=settings.limits.max_images,
+        max_image_bytes=settings.limits.max_image_bytes,
+        max_call_bytes=settings.code_mode.max_call_bytes,
+        max_calls_in_flight=settings.code_mode.max_calls_in_flight,
     )
 
 
@@ -81,7 +81,7 @@ class Opener:
 
     def sandbox_group(self) -> int | None:
         """The host gid given the proxy's socket: the sandbox's when the server runs as root, else None."""
-        return self.settings.sandbox_gid if os.geteuid() == 0 else None
+        return self.settings.sandbox.sandbox_gid if os.geteuid() == 0 else None
 
     @contextlib.asynccontextmanager
     async def egress(self, request: ExecutionRequest, directory: Path | None) -> AsyncIterator[Path]:
@@ -148,7 +148,7 @@ class Opener:
         settings = self.settings
 
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
-            return policy_for(settings, language, workspace=workspace, timeout=settings.timeout, mounts=mounts)
+            return policy_for(settings, language, workspace=workspace, timeout=settings.limits.timeout, mounts=mounts)
 
         async with self.long_lived(None, policy) as (interpreter, tools, workspace):
             interpreter.sandbox.watch_runner()  # READY: no code has run in it yet
@@ -171,10 +171,10 @@ class Opener:
 
             def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
                 made = python_policy(
-                    settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True
+                    settings, workspace=workspace, timeout=settings.limits.max_timeout, mounts=mounts, session=True
                 )
                 if workspace is not None:  # no file of its may outgrow the quota (each run lowers its own limit)
-                    made = with_file_size(made, min(made.limits.file_size, settings.quota_bytes))
+                    made = with_file_size(made, min(made.limits.file_size, settings.workspaces.quota_bytes))
                 return made if sockets is None else with_egress(made, sockets, for_life=False)
 
             interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy))

@@ -86,12 +86,12 @@ def fits_prestarted_sandbox(settings: Settings, request: ExecutionRequest) -> bo
     """
     if request.workspace is not None or request.egress is not None:
         return False
-    return limits_for(settings, request.timeout) == limits_for(settings, settings.timeout)
+    return limits_for(settings, request.timeout) == limits_for(settings, settings.limits.timeout)
 
 
 def prestart_size(settings: Settings, language: str) -> int:
     """How many sandboxes of ``language`` are kept started: ``prestart_size``, else the language's default."""
-    return settings.prestart_size if settings.prestart_size is not None else DEFAULT_SIZES[language]
+    return settings.pool.prestart_size if settings.pool.prestart_size is not None else DEFAULT_SIZES[language]
 
 
 class PrestartPool:
@@ -244,7 +244,7 @@ class PrestartPlacement:
         if sandbox is None:
             return None
         settings = self._settings
-        record = RunRecord.capped(settings.max_output, request.on_output)
+        record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = sandbox.interpreter
         overrun = Overrun(DiskBound.scratch(settings))
         outcome: SandboxOutcome | None = None
@@ -253,7 +253,7 @@ class PrestartPlacement:
                 async with disk_bound(sandbox.workspace, overrun.bound) as overrun:
                     await sandbox.tools.show(tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
-                    file_size = overrun.file_size(settings.max_file_size)
+                    file_size = overrun.file_size(settings.limits.max_file_size)
                     if sandbox.guard is None:  # answered once the runner has ended, before the teardown
                         ended = await interpreter.run(record, request, last=True, file_size=file_size, early=True)
                         outcome = ended or interpreter.outcome

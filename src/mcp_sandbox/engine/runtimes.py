@@ -59,16 +59,16 @@ def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> 
     # limit (one below, see the runtime's exec_server.py) stays a second above what the timeout lets a
     # run spend: equal to it, a spin's SIGXCPU raced the host's kill and was reported instead
     # of the timeout.
-    per_run = math.ceil(timeout * max(1.0, settings.cpus)) + 2
+    per_run = math.ceil(timeout * max(1.0, settings.limits.cpus)) + 2
     return Limits(
-        memory=settings.memory,
-        pids=settings.pids,
-        cpus=settings.cpus,
-        cpu_seconds=settings.session_cpu_seconds if session else per_run,
-        tmp_size=settings.tmp_size,
-        workspace_size=settings.scratch_size,
-        file_size=settings.max_file_size,
-        open_files=settings.open_files,
+        memory=settings.limits.memory,
+        pids=settings.limits.pids,
+        cpus=settings.limits.cpus,
+        cpu_seconds=settings.sessions.session_cpu_seconds if session else per_run,
+        tmp_size=settings.limits.tmp_size,
+        workspace_size=settings.limits.scratch_size,
+        file_size=settings.limits.max_file_size,
+        open_files=settings.limits.open_files,
     )
 
 
@@ -89,7 +89,7 @@ def python_policy(
     ``session``: the sandbox serves a session's runs (see :func:`limits_for`).
     """
     system, links = system_mounts()
-    runtime = settings.python_runtime.resolve()
+    runtime = settings.paths.python_runtime.resolve()
     extra: list[Mount] = [Mount(runner_dir("python"), f"{RUNTIME_MOUNT}/python")]
     inside = str(runtime)
     if not runtime.is_relative_to("/usr"):
@@ -125,8 +125,10 @@ def zygote_policy(
     each child lowers its CPU limit to its run's (the sandbox's own is the session budget, as
     for a session).
     """
-    policy = python_policy(settings, workspace=workspace, timeout=settings.max_timeout, mounts=mounts, session=True)
-    preload = ",".join(settings.pool_preload if preload is None else preload)
+    policy = python_policy(
+        settings, workspace=workspace, timeout=settings.limits.max_timeout, mounts=mounts, session=True
+    )
+    preload = ",".join(settings.pool.pool_preload if preload is None else preload)
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
 
 
@@ -135,12 +137,12 @@ JS_PACKAGES_MOUNT = "/node_modules"
 
 def js_binary(settings: Settings, runtime: str | None = None) -> Path:
     """The host path of the binary of the JavaScript runtime ``runtime`` (default: the configured one)."""
-    return settings.js_runtime_dir / JS_BINARIES[runtime or settings.js_runtime]
+    return settings.paths.js_runtime_dir / JS_BINARIES[runtime or settings.sandbox.js_runtime]
 
 
 def _js_command(settings: Settings, language: str, binary: str, heap_mib: int, entry: str) -> tuple[str, ...]:
     runner = f"{RUNTIME_MOUNT}/typescript"
-    if settings.js_runtime == "deno":
+    if settings.sandbox.js_runtime == "deno":
         # Deno's own permissions mirror the sandbox's (which enforces them in any case): no network,
         # writes only where the sandbox has writable space. FFI is the runner's (recvmsg, dup2),
         # and so open to the code too: the OS sandbox, not Deno, is the boundary.
@@ -179,22 +181,22 @@ def js_policy(
         raise ValueError(f"{language!r} is not a JavaScript language")
     system, links = system_mounts()
     package = js_binary(settings).parent
-    inside = f"{RUNTIME_MOUNT}/{settings.js_runtime}"
+    inside = f"{RUNTIME_MOUNT}/{settings.sandbox.js_runtime}"
     # The runner bundled into one file when setup built it for these sources (see provision.bundles).
     bundle = current_bundle(settings)
-    entry = BUNDLES[settings.js_runtime] if bundle is not None else ENTRIES[settings.js_runtime]
+    entry = BUNDLES[settings.sandbox.js_runtime] if bundle is not None else ENTRIES[settings.sandbox.js_runtime]
     extra = [
         Mount(bundle or runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),
         Mount(package, inside),
         # The runtime's packages (pg, postgres, papaparse, ...): a bare import from any file
         # (the code is /tmp/.mcp-sandbox/main.ts) walks up to /node_modules.
-        Mount(settings.js_runtime_dir / "node_modules", JS_PACKAGES_MOUNT),
+        Mount(settings.paths.js_runtime_dir / "node_modules", JS_PACKAGES_MOUNT),
         *mounts,
     ]
-    heap_mib = max(16, int(settings.memory * _JS_HEAP_SHARE) >> 20)
+    heap_mib = max(16, int(settings.limits.memory * _JS_HEAP_SHARE) >> 20)
     # The runtime's own binary on PATH: code may run `bun add ...` through a shell (execSync).
     env = {**BASE_ENVIRONMENT, "PATH": f"{inside}:{BASE_ENVIRONMENT['PATH']}"}
-    if settings.js_runtime == "deno":
+    if settings.sandbox.js_runtime == "deno":
         env.update({"DENO_DIR": "/tmp/.deno", "DENO_NO_UPDATE_CHECK": "1", "NO_COLOR": "1"})
     else:
         env.update(

@@ -50,7 +50,7 @@ async def scratch_workspace(settings: Settings) -> AsyncIterator[Path]:
     directory = layout.new_scratch()
     try:
         if os.geteuid() == 0:
-            os.chown(directory, settings.sandbox_uid, settings.sandbox_gid)
+            os.chown(directory, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
         yield directory
     finally:
         # Off the event loop: a run may leave a million files behind.

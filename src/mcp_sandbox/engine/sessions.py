@@ -235,8 +235,10 @@ class SessionManager:
         Raises:
             BusyError: every session that could make room is busy.
         """
-        limit = self._settings.max_sessions
-        tenant_limit = limit if self._settings.tenant_sessions is None else self._settings.tenant_sessions
+        limit = self._settings.sessions.max_sessions
+        tenant_limit = (
+            limit if self._settings.sessions.tenant_sessions is None else self._settings.sessions.tenant_sessions
+        )
         while True:
             sessions = list(self._sessions.values())
             own = [session for session in sessions if session.tenant == tenant]
@@ -289,7 +291,7 @@ class SessionManager:
 
     async def _reap(self) -> None:
         """Stop sessions idle for ``session_ttl``."""
-        ttl = self._settings.session_ttl
+        ttl = self._settings.sessions.session_ttl
         interval = max(0.01, min(ttl / 4, _REAP_MAX_INTERVAL))
         while True:
             await anyio.sleep(interval)
@@ -328,7 +330,7 @@ class SessionPlacement:
 
         JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
         """
-        if request.session is None or not self._settings.sessions or request.language != "python":
+        if request.session is None or not self._settings.sessions.sessions or request.language != "python":
             return False
         return request.egress is None or self._opener.session_relay
 
@@ -336,7 +338,7 @@ class SessionPlacement:
         """Run ``request`` in its session, starting the session's interpreter if it has none."""
         assert request.session is not None
         settings = self._settings
-        record = RunRecord.capped(settings.max_output, request.on_output)
+        record = RunRecord.capped(settings.limits.max_output, request.on_output)
         lease: Lease | None = None
         overrun = Overrun(DiskBound.conversation(settings))
         with anyio.move_on_after(request.timeout) as deadline:
@@ -355,7 +357,7 @@ class SessionPlacement:
                             await network.enter_async_context(self._opener.egress(request, lease.sockets))
                             environment = {**sandbox_environment(request.language), **request.environment}
                             run = dataclasses.replace(request, environment=environment)
-                        file_size = overrun.file_size(settings.max_file_size) if request.workspace else None
+                        file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
                         await lease.interpreter.run(record, run, last=False, file_size=file_size)
                 finally:
                     if not record.done or record.protocol_error is not None:

@@ -33,14 +33,14 @@ def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
         raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
     if runtime.problem is not None:
         logger.warning("%s", runtime.advice())
-    backend = get_backend(settings.backend, settings)
+    backend = get_backend(settings.sandbox.backend, settings)
     probe = backend.probe()
     if not probe.available:
         raise BackendUnavailableError(f"backend {probe.name} is unavailable here: {probe.reason}")
     missing = probe.missing()
     if missing:
         listed = "; ".join(f"{c.name} ({c.detail})" for c in missing)
-        if not settings.accept_weaker_isolation:
+        if not settings.sandbox.accept_weaker_isolation:
             raise BackendUnavailableError(
                 f"backend {probe.name} cannot enforce: {listed}. Fix the host (see `mcp-sandbox doctor`) or "
                 "start with --accept-weaker-isolation / MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1"
@@ -60,14 +60,16 @@ def _check_reachable(settings: Settings) -> None:
     if os.geteuid() != 0:
         return
     paths: dict[str, Path] = {
-        "python_runtime": settings.python_interpreter,
+        "python_runtime": settings.paths.python_interpreter,
         "the in-sandbox runner": runner_dir("python") / "boot.py",
-        "state_dir": settings.state_dir,
+        "state_dir": settings.paths.state_dir,
     }
     for what, path in paths.items():
-        blocked = unreachable_ancestor(path, settings.sandbox_uid, settings.sandbox_gid, readable=what != "state_dir")
+        blocked = unreachable_ancestor(
+            path, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid, readable=what != "state_dir"
+        )
         if blocked is not None:
             raise ConfigError(
-                f"{what}: {path} is not reachable by the sandbox uid {settings.sandbox_uid} "
+                f"{what}: {path} is not reachable by the sandbox uid {settings.sandbox.sandbox_uid} "
                 f"({blocked} is closed to it); move it, or open that directory with chmod o+x"
             )

@@ -91,13 +91,13 @@ def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, ses
     """Why an interpreter ended without reporting its run (None: it exited 0 without saying more)."""
     code = outcome.returncode
     if outcome.memory_exceeded:
-        return f"memory limit of {human_bytes(settings.memory)} exceeded"
+        return f"memory limit of {human_bytes(settings.limits.memory)} exceeded"
     if record.protocol_error is not None:  # the host killed it for that
         return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code > 128 and code - 128 in signal.valid_signals():
         sig = signal.Signals(code - 128)
         if sig is signal.SIGXCPU:
-            limit = settings.session_cpu_seconds if session else None
+            limit = settings.sessions.session_cpu_seconds if session else None
             counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
             return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
         if sig is signal.SIGXFSZ:
@@ -120,7 +120,7 @@ def judge_fresh(
     if outcome.memory_exceeded or not record.done:
         error = death(settings, outcome, record, session=False)
     if outcome.pids_exhausted:
-        note = f"process limit of {settings.pids} reached"
+        note = f"process limit of {settings.limits.pids} reached"
         error = f"{error}; {note}" if error else note
     status: Status = "success" if code == 0 and error is None else "error"
     return dataclasses.replace(result, status=status, exit_code=code, error=error, limits=limits_hit(outcome))
@@ -168,8 +168,8 @@ def explain_file_size(settings: Settings, overrun: Overrun, result: ExecutionRes
     """``result``, its error naming the run's file size limit and where it came from, if the run hit it."""
     if "file_size" not in result.limits or result.error is None:
         return result
-    limit = overrun.file_size(settings.max_file_size)
-    if limit < settings.max_file_size:
+    limit = overrun.file_size(settings.limits.max_file_size)
+    if limit < settings.limits.max_file_size:
         left = max(0, overrun.bound.bytes - overrun.before.bytes)
         source = f"what the workspace's quota of {human_bytes(overrun.bound.bytes)} had left ({human_bytes(left)})"
     else:

@@ -145,9 +145,9 @@ class WarmPool:
         """Keep the pool for this block (``pool_min`` sandboxes start now); every sandbox stops on the way out."""
         async with anyio.create_task_group() as group:
             self._group = group
-            for index in range(self.settings.pool_min):
+            for index in range(self.settings.pool.pool_min):
                 self._grow(preloaded=index == 0)
-            if self.settings.pool_size > self.settings.pool_min:
+            if self.settings.pool.pool_size > self.settings.pool.pool_min:
                 group.start_soon(self._shrink_when_idle)
             try:
                 yield self
@@ -158,7 +158,7 @@ class WarmPool:
 
     def needs_preload(self, code: str) -> bool:
         """Whether ``code`` names a ``pool_preload`` module (a substring test: a computed name is missed)."""
-        return any(module in code for module in self.settings.pool_preload)
+        return any(module in code for module in self.settings.pool.pool_preload)
 
     async def take(self, *, preloaded: bool = True) -> Warm | None:
         """An idle warm sandbox (a preloading one if ``preloaded``), or None; with none idle the pool grows if it may.
@@ -170,13 +170,13 @@ class WarmPool:
         """
         if self._group is None:
             return None
-        preloaded = preloaded and bool(self.settings.pool_preload)  # else every sandbox is light
+        preloaded = preloaded and bool(self.settings.pool.pool_preload)  # else every sandbox is light
         if (warm := self._pick(preloaded, light=self._light_busy() > 0)) is not None:
             if not preloaded and self._owners == self._preloading:  # a light run, and not one light sandbox
                 self._convert(False)
             return warm
         if time.monotonic() >= self._retry_at:
-            if self._owners < self.settings.pool_size:
+            if self._owners < self.settings.pool.pool_size:
                 self._grow(preloaded=preloaded)
             else:
                 self._convert(preloaded)
@@ -207,7 +207,7 @@ class WarmPool:
         """Retire the least recently used idle sandbox of the other kind for one that is ``preloaded``
         or light, when the pool is full: never the last preloading one, at most every ``CONVERT_SECONDS``."""
         now = time.monotonic()
-        if self._owners < self.settings.pool_size or now - self._converted_at < CONVERT_SECONDS:
+        if self._owners < self.settings.pool.pool_size or now - self._converted_at < CONVERT_SECONDS:
             return
         if not preloaded and self._preloading <= 1:
             return
@@ -244,7 +244,7 @@ class WarmPool:
     def _grow(self, *, preloaded: bool) -> None:
         assert self._group is not None
         self._owners += 1
-        self._group.start_soon(self._own, preloaded and bool(self.settings.pool_preload))
+        self._group.start_soon(self._own, preloaded and bool(self.settings.pool.pool_preload))
 
     async def _own(self, preloaded: bool) -> None:
         """Start a warm sandbox, offer it, stop it when retired; start the next unless it was shrunk.
@@ -306,7 +306,7 @@ class WarmPool:
         self._offered = anyio.Event()
 
     async def _shrink_when_idle(self) -> None:
-        idle_for = self.settings.pool_idle
+        idle_for = self.settings.pool.pool_idle
         while True:
             await anyio.sleep(min(idle_for / 2, 60.0))
             now = time.monotonic()
@@ -314,9 +314,9 @@ class WarmPool:
             preloading = self._preloading
             # The least recently used first, never below pool_min, and the last preloading one kept with it.
             for warm in sorted(self._idle, key=lambda w: w.idle_since):
-                if remaining <= self.settings.pool_min or now - warm.idle_since < idle_for:
+                if remaining <= self.settings.pool.pool_min or now - warm.idle_since < idle_for:
                     break
-                if warm.preloaded and preloading <= 1 and self.settings.pool_min > 0:
+                if warm.preloaded and preloading <= 1 and self.settings.pool.pool_min > 0:
                     continue
                 preloading -= warm.preloaded
                 self._idle.remove(warm)
@@ -348,7 +348,7 @@ class WarmPlacement:
         if warm is None:
             return None
         settings = self._settings
-        record = RunRecord.capped(settings.max_output, request.on_output)
+        record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = warm.interpreter
         scratch = Overrun(DiskBound.scratch(settings))  # a wiped scratch workspace: all of it is left
         before = warm.limits
@@ -364,7 +364,7 @@ class WarmPlacement:
                     request,
                     cpu_seconds=limits_for(settings, request.timeout).cpu_seconds,
                     guard=warm.guard,
-                    file_size=scratch.file_size(settings.max_file_size),
+                    file_size=scratch.file_size(settings.limits.max_file_size),
                 )
                 after = interpreter.limit_events()
             reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught

@@ -79,14 +79,14 @@ def _bundle_dir(runtime_dir: Path, runtime: str) -> Path | None:
 
 def current_bundle(settings: Settings) -> Path | None:
     """The directory holding the current bundle of the configured runtime, or None (run from sources)."""
-    directory = _bundle_dir(settings.js_runtime_dir, settings.js_runtime)
-    if directory is None or not (directory / BUNDLES[settings.js_runtime]).is_file():
+    directory = _bundle_dir(settings.paths.js_runtime_dir, settings.sandbox.js_runtime)
+    if directory is None or not (directory / BUNDLES[settings.sandbox.js_runtime]).is_file():
         return None
     return directory
 
 
 def _build_one(settings: Settings, runtime: str, log: Callable[[str], None]) -> Path | None:
-    runtime_dir = settings.js_runtime_dir
+    runtime_dir = settings.paths.js_runtime_dir
     bundler, version = runtime_dir / JS_BINARIES[_BUNDLER], _bundler_version(runtime_dir)
     if not (runtime_dir / JS_BINARIES[runtime]).is_file() or not bundler.is_file() or not version:
         log(f"  {runtime}: not installed (or bun, which bundles, is not), no bundle")
@@ -139,7 +139,7 @@ def _prune(current: Path, runtime: str) -> None:
 
 
 def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> list[Path]:
-    """Build the runner's bundle for each installed runtime of ``settings.js_runtime_dir``; return their directories.
+    """Build the runner's bundle of each runtime in ``settings.paths.js_runtime_dir``; return their directories.
 
     A runtime that is not installed is skipped; a current bundle is kept.
 
@@ -147,13 +147,13 @@ def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> 
         SetupError: bun failed to bundle the runner (or took two minutes), or the runtime
             directory cannot be written.
     """
-    log(f"typescript runner bundles: {settings.js_runtime_dir / 'runners'}")
+    log(f"typescript runner bundles: {settings.paths.js_runtime_dir / 'runners'}")
     try:
         return [directory for runtime in JS_RUNTIMES if (directory := _build_one(settings, runtime, log)) is not None]
     except subprocess.TimeoutExpired as error:
         raise SetupError(f"bun did not bundle the runner within {error.timeout:.0f} s") from error
     except OSError as error:
-        raise SetupError(f"cannot write the runner's bundles in {settings.js_runtime_dir}: {error}") from error
+        raise SetupError(f"cannot write the runner's bundles in {settings.paths.js_runtime_dir}: {error}") from error
     finally:
         _bundle_dir.cache_clear()
 

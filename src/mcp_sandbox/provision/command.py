@@ -80,7 +80,7 @@ def run_setup(settings: Settings, args: argparse.Namespace) -> int:
         print(f"sandbox gate: SKIPPED: {NO_COMPILER}")
     else:
         try:
-            build_gate(settings.gate_dir)
+            build_gate(settings.paths.gate_dir)
         except SetupError as exc:  # sandboxes start without it, only slower
             print(f"sandbox gate: NOT BUILT: {exc}; sandboxes start through sh and setpriv")
     print(

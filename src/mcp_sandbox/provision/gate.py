@@ -99,7 +99,7 @@ def _prune(directory: Path, keep: Path) -> None:
 
 def main() -> int:
     """``python -m mcp_sandbox.provision.gate [DIR]`` (``make runtime``): build the gate in DIR (default: gate_dir)."""
-    directory = Path(sys.argv[1]) if len(sys.argv) > 1 else load_settings().gate_dir
+    directory = Path(sys.argv[1]) if len(sys.argv) > 1 else load_settings().paths.gate_dir
     return run_step(lambda: build_gate(directory))
 
 

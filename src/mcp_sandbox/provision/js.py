@@ -54,7 +54,7 @@ def build_js_runtime(
     offline: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """(Re)install ``settings.js_runtime_dir`` from the shipped lockfile; return it.
+    """(Re)install ``settings.paths.js_runtime_dir`` from the shipped lockfile; return it.
 
     ``offline``: npm installs from its cache only (``--offline``), as pip's ``--no-index`` does.
 
@@ -68,7 +68,7 @@ def build_js_runtime(
     if found is None:
         raise SetupError(NPM_MISSING)
     npm, env = found
-    runtime = settings.js_runtime_dir
+    runtime = settings.paths.js_runtime_dir
     if runtime.is_symlink():
         raise SetupError(f"js_runtime_dir {runtime} is a symbolic link; setup does not replace what it points at")
     log(f"javascript runtimes (bun, deno): {runtime}\n  installing with {' '.join(npm)} ci")

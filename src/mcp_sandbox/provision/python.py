@@ -105,7 +105,7 @@ def _installer(venv_python: Path, base: Path, runtime: Path, log: Log) -> tuple[
 
 def _check_as_sandbox_uid(venv_python: Path, settings: Settings, log: Log) -> None:
     """As root: prove the sandbox's uid can import the stack from where it will be bound."""
-    uid, gid = settings.sandbox_uid, settings.sandbox_gid
+    uid, gid = settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid
     with tempfile.TemporaryDirectory() as mpl:
         os.chown(mpl, uid, gid)  # matplotlib wants a writable config dir (the sandbox gives one too)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLCONFIGDIR": mpl}
@@ -136,14 +136,14 @@ def build_python_runtime(
     index_args: Sequence[str] = (),
     log: Log = print,
 ) -> Path:
-    """(Re)build ``settings.python_runtime`` from scratch; return its interpreter.
+    """(Re)build ``settings.paths.python_runtime`` from scratch; return its interpreter.
 
     ``index_args``: pip's options for where packages come from (``--no-index``, ``--find-links``).
 
     Raises:
         SetupError: the base interpreter is unsuitable, or a step failed (named in the message).
     """
-    runtime = settings.python_runtime
+    runtime = settings.paths.python_runtime
     if is_system_prefix(runtime):
         raise SetupError(
             f"python_runtime is {runtime}, a system directory: setup builds a runtime of its own; "
@@ -166,7 +166,7 @@ def build_python_runtime(
     venv_python = runtime / "bin" / "python3"
     install, check = _installer(venv_python, base, runtime, log)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-    packages = list(settings.runtime_packages)
+    packages = list(settings.sandbox.runtime_packages)
     extra = f" and {', '.join(packages)}" if packages else ""
     log(f"  installing the pinned stack ({PYTHON_REQUIREMENTS.name}){extra}")
     _run([*install, "--quiet", *index_args, "-r", str(PYTHON_REQUIREMENTS), *packages], "installing packages", env=env)

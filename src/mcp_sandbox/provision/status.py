@@ -67,7 +67,7 @@ def is_system_prefix(runtime: Path) -> bool:
 
 
 def python_digest(settings: Settings) -> str:
-    return digest(PYTHON_REQUIREMENTS, extra=settings.runtime_packages)
+    return digest(PYTHON_REQUIREMENTS, extra=settings.sandbox.runtime_packages)
 
 
 def js_digest() -> str:
@@ -76,18 +76,20 @@ def js_digest() -> str:
 
 def python_status(settings: Settings) -> RuntimeStatus:
     """Whether the sandbox's Python runtime is there and built from the current pins and packages."""
-    runtime = settings.python_runtime
+    runtime = settings.paths.python_runtime
     if is_system_prefix(runtime):
         # The system's interpreter, configured on purpose (a container image has its packages).
         problem = (
-            "runtime_packages are installed by setup into a runtime of its own" if settings.runtime_packages else None
+            "runtime_packages are installed by setup into a runtime of its own"
+            if settings.sandbox.runtime_packages
+            else None
         )
         return RuntimeStatus("python", runtime, problem)
-    if not settings.python_interpreter.exists():
+    if not settings.paths.python_interpreter.exists():
         return RuntimeStatus("python", runtime, "not built (no bin/python3)", missing=True)
     stamp = read_stamp(runtime)
     if stamp is None:
-        if settings.runtime_packages:
+        if settings.sandbox.runtime_packages:
             return RuntimeStatus("python", runtime, "runtime_packages are configured but were never installed")
         return RuntimeStatus("python", runtime)  # built by `make`: current by make's own rules
     if stamp.get("digest") != python_digest(settings):
@@ -97,7 +99,7 @@ def python_status(settings: Settings) -> RuntimeStatus:
 
 def js_status(settings: Settings) -> RuntimeStatus:
     """Whether the JavaScript runtimes (bun, deno) are installed from the current lockfile."""
-    runtime = settings.js_runtime_dir
+    runtime = settings.paths.js_runtime_dir
     if not (runtime / "node_modules").is_dir():
         return RuntimeStatus("javascript", runtime, "not installed", missing=True)
     stamp = read_stamp(runtime)

@@ -12,7 +12,6 @@ refused host. Over HTTP, :func:`serve` gathers the MCP app and the routes beside
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import os
@@ -25,7 +24,7 @@ import anyio.to_thread
 from mcp.server.lowlevel import Server
 
 from mcp_sandbox import __version__
-from mcp_sandbox.config import TENANT_DEFAULTS, Settings
+from mcp_sandbox.config import Config, Settings
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.server.tools.resources import list_resources, read_resource
 from mcp_sandbox.server.transport.stdio import serve_stdio
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from mcp_sandbox.server.service import Service
     from mcp_sandbox.server.tools.handlers import ToolHandlers
 
-__all__ = ["build_server", "serve", "serve_stdio", "with_tenants"]
+__all__ = ["build_server", "serve", "serve_stdio"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,22 +85,6 @@ class _Opening:
         return await (await self._ready()).call_tool(ctx, params)
 
 
-def with_tenants(settings: Settings, tenants: int) -> Settings:
-    """``settings`` for a server with ``tenants`` tenants: the per-tenant caps not given are
-    ``TENANT_DEFAULTS`` with several tenants; with one (stdio, or HTTP with one token or none),
-    the server's own, so they take nothing from its capacity."""
-    server_wide = {
-        "tenant_concurrent_runs": settings.max_concurrent_runs,
-        "tenant_queued_runs": settings.max_queued_runs,
-        "tenant_sessions": settings.max_sessions,
-        "tenant_workspaces_bytes": settings.max_workspaces_bytes,
-        "tenant_http_sessions": settings.max_http_sessions,
-    }
-    defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
-    chosen: dict[str, Any] = {name: value for name, value in defaults.items() if getattr(settings, name) is None}
-    return dataclasses.replace(settings, **chosen)
-
-
 def _end_process(exc: Exception) -> NoReturn:
     """End the process now, saying why: the stdio reader waits in a thread no cancellation reaches
     (reading stdin, which the client keeps open), so returning would hang until the client quits."""
@@ -126,7 +109,7 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
             from mcp_sandbox.server.service import open_service
             from mcp_sandbox.server.tools.handlers import ToolHandlers
 
-            async with open_service(with_tenants(settings, 1), http=False) as service:
+            async with open_service(settings, http=False) as service:
                 opening.opened(ToolHandlers(service))
                 await closing.wait()
         except Exception as exc:  # the server cannot serve
@@ -138,8 +121,8 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
         closing.set()  # the client is gone: close the service normally (running executions finish)
 
 
-async def serve(settings: Settings, transport: str, early: EarlyStdio | None = None) -> None:
-    """Open the service and serve it over ``transport`` (``stdio`` or ``http``) until told to stop.
+async def serve(config: Config, transport: str, early: EarlyStdio | None = None) -> None:
+    """Open the service and serve ``config`` over ``transport`` (``stdio`` or ``http``) until told to stop.
 
     ``early``: over stdio, the wire :func:`~mcp_sandbox.server.transport.stdio_early.begin` took at start
     (the CLI's ``serve``, which also checks ``stdio_conversation`` before that).
@@ -148,10 +131,11 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
         BackendUnavailableError: the backend cannot serve here (see :func:`~mcp_sandbox.engine.startup.open_engine`).
     """
+    settings = config.serving(transport)  # its per-tenant caps finished for this many tenants
     if transport == "stdio":
         await _serve_stdio_opening(settings, early)
         return
-    from mcp_sandbox.server.auth.tokens import TokenTable, load_tokens
+    from mcp_sandbox.server.auth.tokens import TokenTable
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import health_routes
     from mcp_sandbox.server.routes.metrics import metrics_route
@@ -166,10 +150,8 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
         transport_security,
     )
 
-    loaded = load_tokens(settings)
-    tokens = TokenTable(loaded)
+    tokens = TokenTable(config.tokens)
     check_exposure(settings, tokens)
-    settings = with_tenants(settings, len({token.tenant for token in loaded}))
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
@@ -177,7 +159,7 @@ async def serve(settings: Settings, transport: str, early: EarlyStdio | None = N
             *file_routes(service, guard, transport_security(settings)),
             *renew_routes(service, guard),
             *health_routes(service.ready),
-            metrics_route(lambda: settings.metrics_token, service.metrics_or_fail()),
+            metrics_route(lambda: settings.http.metrics_token, service.metrics_or_fail()),
             *playground_routes(),
         ]
         app = build_http_app(settings, build_server(service), tokens, routes)

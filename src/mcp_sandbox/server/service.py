@@ -28,6 +28,7 @@ from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.bridge.discovery import Discovery, discover
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
@@ -65,6 +66,8 @@ class Service:
     metadata: Metadata
     urls: UrlSigner
     http: bool
+    # Each tenant's egress rules, checked once at start (a malformed pattern refuses to start).
+    egress: TenantEgress
     events: EventHub = dataclasses.field(default_factory=EventHub)
     lifecycle: Lifecycle = dataclasses.field(default_factory=Lifecycle)
     metrics: Metrics | None = None
@@ -114,7 +117,7 @@ class Service:
         if self.lifecycle.draining:
             return False
         engine = self.engine
-        if not engine.backend.warm_pool or self.settings.pool_min == 0:
+        if not engine.backend.warm_pool or self.settings.pool.pool_min == 0:
             return True
         return engine.pool.up > 0
 
@@ -197,7 +200,7 @@ async def _sweep_periodically(service: Service) -> None:
             await service.sweep()
         except OSError as exc:
             logger.error("retention sweep failed: %s", exc)
-        await anyio.sleep(service.settings.retention_interval)
+        await anyio.sleep(service.settings.workspaces.retention_interval)
 
 
 @contextlib.asynccontextmanager
@@ -213,6 +216,7 @@ async def open_service(
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
     layout = StateLayout.of(settings)
+    egress = TenantEgress(settings)
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
     events = EventHub()
     if backend is None:
@@ -229,14 +233,14 @@ async def open_service(
     audit = AuditLog.open(layout.audit_log)
     events.subscribe(_auditor(audit))
     try:
-        urls = UrlSigner(derive_key(secret, "download-url"), settings.base_url, settings.url_ttl)
+        urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
         async with (
             open_mediator(settings, discovery, events) as mediator,
             engine.running(),
             anyio.create_task_group() as group,
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
-            service = Service(settings, engine, mediator, workspaces, metadata, urls, http, events)
+            service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)

@@ -103,7 +103,7 @@ def sweep(
     report = SweepReport()
     remaining: list[_Candidate] = []
     for candidate in _candidates(store, metadata):
-        idle = now - candidate.last_used > settings.conversation_ttl
+        idle = now - candidate.last_used > settings.workspaces.conversation_ttl
         if idle and candidate.key not in busy and _delete(store, metadata, candidate, report):
             report.idle.append(candidate.key)
         else:
@@ -121,12 +121,12 @@ def sweep(
         held[candidate.tenant] -= candidate.bytes
         return True
 
-    budget = settings.tenant_workspaces_bytes
+    budget = settings.workspaces.tenant_workspaces_bytes
     if budget is not None:
         for candidate in list(remaining):  # least recently used first, each tenant against its own budget
             if held[candidate.tenant] > budget and evict(candidate):
                 remaining.remove(candidate)
-    while sum(held.values()) > settings.max_workspaces_bytes:
+    while sum(held.values()) > settings.workspaces.max_workspaces_bytes:
         # The tenant holding the most (that has something left to evict) gives up its oldest.
         for tenant, _ in held.most_common():
             chosen = next((c for c in remaining if c.tenant == tenant and evict(c)), None)

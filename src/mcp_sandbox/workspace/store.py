@@ -47,7 +47,7 @@ def _framed(value: str) -> bytes:
 
 
 class WorkspaceStore:
-    """The workspaces of all conversations under ``settings.state_dir``.
+    """The workspaces of all conversations under ``settings.paths.state_dir``.
 
     Methods are synchronous and may block on the disk: call them from a worker thread
     (``anyio.to_thread.run_sync``). They are safe to call concurrently.
@@ -59,9 +59,9 @@ class WorkspaceStore:
         self.root = self._layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the sandbox uid's files, so that sandboxed code can change them.
-        self._owner = (settings.sandbox_uid, settings.sandbox_gid) if os.geteuid() == 0 else None
+        self._owner = (settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid) if os.geteuid() == 0 else None
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
-        self._quota = QuotaBook(settings.quota_bytes, settings.quota_files, self.usage)
+        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -172,7 +172,7 @@ class WorkspaceStore:
             return Usage(bytes=0, files=0)
         total = files = 0
         try:
-            bound = max(MAX_LIST_ENTRIES, 2 * self.settings.quota_files)
+            bound = max(MAX_LIST_ENTRIES, 2 * self.settings.workspaces.quota_files)
             walk = Walk(root, max_depth=MAX_DEPTH, max_entries=bound, servable_only=False)
             for _, info in walk:
                 total += info.st_size
@@ -199,7 +199,7 @@ class WorkspaceStore:
         self.ensure(key)
         usage = self.usage(key)
         # At the file quota only a replacement can succeed: then make no directories for it.
-        full = usage.files >= self.settings.quota_files
+        full = usage.files >= self.settings.workspaces.quota_files
         root = self._require_root(key, name)
         try:
             parent = open_parent(root, name, create=not full, owner=self._owner)
@@ -231,7 +231,7 @@ class WorkspaceStore:
             raise
 
     def _files_exceeded(self, name: str, usage: Usage) -> QuotaExceededError:
-        quota = self.settings.quota_files
+        quota = self.settings.workspaces.quota_files
         return QuotaExceededError(
             "files", usage.files, quota, f"{name}: the conversation has {usage.files} files, its quota is {quota}"
         )

@@ -57,7 +57,7 @@ def test_root_needs_nothing_of_this() -> None:
 def test_missing_subordinate_ids_are_named_with_the_usermod_that_adds_them(etc: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to become another uid")
-    uid = load_settings(env={}, flags={}).sandbox_uid
+    uid = load_settings(env={}, flags={}).sandbox.sandbox_uid
     user = pwd.getpwuid(uid).pw_name
     (etc / "subuid").write_text("someoneelse:100000:65536\n")
     (etc / "subgid").write_text(f"{user}:100000:65536\n")
@@ -71,7 +71,7 @@ def test_missing_subordinate_ids_are_named_with_the_usermod_that_adds_them(etc: 
 def test_subordinate_ids_by_uid_number_count_and_limits_need_cgroup_v2_with_a_user_manager(etc: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to become another uid")
-    uid = load_settings(env={}, flags={}).sandbox_uid
+    uid = load_settings(env={}, flags={}).sandbox.sandbox_uid
     (etc / "subuid").write_text(f"{uid}:200000:65536\n")
     (etc / "subgid").write_text(f"{uid}:200000:65536\n")
 

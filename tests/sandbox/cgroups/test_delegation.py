@@ -39,7 +39,7 @@ def _v2_mount() -> Path:
 
 @pytest.fixture
 def uid() -> int:
-    return load_settings(env={}, flags={}).sandbox_uid
+    return load_settings(env={}, flags={}).sandbox.sandbox_uid
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def test_scratch_workspaces_of_a_dead_server_are_removed_and_a_live_ones_kept(tm
     settings = load_settings(env={}, flags={"state_dir": str(tmp_path / "state")})
     engine = Engine(settings, get_backend("bwrap", settings))
     engine.prepare()
-    runs = settings.state_dir / "runs"
+    runs = settings.paths.state_dir / "runs"
     left = runs / f"{_dead_pid()}-0123456789abcdef"
     (left / "deep" / "er").mkdir(parents=True)
     ours = runs / f"{os.getpid()}-fedcba9876543210"

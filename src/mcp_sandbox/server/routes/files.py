@@ -234,7 +234,7 @@ async def _batched(stream: AsyncIterator[bytes], size: int = _CHUNK) -> AsyncIte
 
 def _upload(service: Service, hosts: TransportSecuritySettings) -> Callable[[Request], Any]:
     security = TransportSecurityMiddleware(hosts)
-    uploads = _Uploads(service.settings.tenant_uploads, service.settings.upload_workers)
+    uploads = _Uploads(service.settings.http.tenant_uploads, service.settings.http.upload_workers)
 
     async def store(
         tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes], declared: int = 0
@@ -325,7 +325,7 @@ def file_routes(
 
     def limit() -> int:
         # Slack for multipart framing; the store enforces the quota byte by byte.
-        return service.settings.quota_bytes + (1 << 20)
+        return service.settings.workspaces.quota_bytes + (1 << 20)
 
     return [
         Route(

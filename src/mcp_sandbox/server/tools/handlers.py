@@ -15,7 +15,6 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
 from mcp_sandbox.runners import LANGUAGES
@@ -55,10 +54,9 @@ class ToolHandlers:
     def __init__(self, service: Service) -> None:
         self._service = service
         # One context for the schemas listed and the calls validated: they cannot disagree.
-        # Raises ConfigError at start-up when an egress setting (global or a tenant's) is malformed.
-        self._egress = TenantEgress(service.settings)
+        self._egress = service.egress
         self._context = context = CallContext(
-            max_timeout=service.settings.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
+            max_timeout=service.settings.limits.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
         )
         names = [spec.alias for spec in service.mediator.servers.values()]
         self._tools = [
@@ -73,9 +71,9 @@ class ToolHandlers:
         settings = service.settings
         self._library = Library(
             StateLayout.of(settings).root / "library",
-            derive_key(load_secret(settings.state_dir), "library"),
-            settings.library_bytes,
-            settings.library_entries,
+            derive_key(load_secret(settings.paths.state_dir), "library"),
+            settings.workspaces.library_bytes,
+            settings.workspaces.library_entries,
             StateLayout.of(settings).root / "library-views",
         )
         self._run = RunTool(service, context, self._egress, self._library)
@@ -105,7 +103,7 @@ class ToolHandlers:
 
     def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
         """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
-        default = self._service.settings.stdio_conversation
+        default = self._service.settings.sessions.stdio_conversation
         if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
             return raw
         return {**raw, "conversationId": default}

@@ -79,11 +79,11 @@ def listed_file(service: Service, key: str, entry: FileEntry) -> dict[str, Any]:
 def over_quota(settings: Settings, entries: list[FileEntry]) -> str | None:
     """The warning for a workspace over its quota (``entries`` are its files), or None."""
     used = sum(entry.size for entry in entries)
-    if used <= settings.quota_bytes and len(entries) <= settings.quota_files:
+    if used <= settings.workspaces.quota_bytes and len(entries) <= settings.workspaces.quota_files:
         return None
     return (
-        f"the conversation's workspace is over its quota ({used} of {settings.quota_bytes} bytes, "
-        f"{len(entries)} of {settings.quota_files} files): uploads are refused until files are deleted"
+        f"the conversation's workspace is over its quota ({used} of {settings.workspaces.quota_bytes} bytes, "
+        f"{len(entries)} of {settings.workspaces.quota_files} files): uploads are refused until files are deleted"
     )
 
 
@@ -146,7 +146,7 @@ class RunTool:
                 environment["FILE_BASE_URL"] = base
         return ExecutionRequest(
             code=arguments.code,
-            timeout=service.settings.timeout if arguments.timeout is None else arguments.timeout,
+            timeout=service.settings.limits.timeout if arguments.timeout is None else arguments.timeout,
             language=call.language,
             environment=environment,
             workspace=workspace,

@@ -34,7 +34,7 @@ _JS_RUNTIME_SCOPES = ("@oven/", "@deno/")
 
 def _js_packages(settings: Settings) -> list[dict[str, str]]:
     """The packages user code can import: the runtime's ``dependencies``, with their installed versions."""
-    root = settings.js_runtime_dir
+    root = settings.paths.js_runtime_dir
     try:
         declared = json.loads((root / "package.json").read_text(encoding="utf-8")).get("dependencies", {})
     except (OSError, ValueError):
@@ -55,19 +55,19 @@ def _js_runners(settings: Settings) -> list[dict[str, Any]]:
     """TypeScript and JavaScript on the configured runtime: its version and the packages code can import."""
     binary = js_binary(settings)
     # deno runs with --no-npm: bare imports of npm packages are bun's alone.
-    packages = _js_packages(settings) if settings.js_runtime == "bun" else []
-    entry: dict[str, Any] = {"runtime": settings.js_runtime, "version": None, "packages": packages}
+    packages = _js_packages(settings) if settings.sandbox.js_runtime == "bun" else []
+    entry: dict[str, Any] = {"runtime": settings.sandbox.js_runtime, "version": None, "packages": packages}
     try:
         done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True)
         # bun prints "1.4.5"; deno "deno 2.9.6 (stable, ...)" and then its V8's and TypeScript's.
-        entry["version"] = done.stdout.split()[1] if settings.js_runtime == "deno" else done.stdout.strip()
+        entry["version"] = done.stdout.split()[1] if settings.sandbox.js_runtime == "deno" else done.stdout.strip()
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
-        entry["error"] = f"{settings.js_runtime} is not installed at {binary} (run make): {exc}"
+        entry["error"] = f"{settings.sandbox.js_runtime} is not installed at {binary} (run make): {exc}"
     return [{"language": language, **entry} for language in JS_LANGUAGES]
 
 
 def _python_runners(settings: Settings) -> list[dict[str, Any]]:
-    interpreter = str(settings.python_interpreter)
+    interpreter = str(settings.paths.python_interpreter)
     try:
         done = subprocess.run([interpreter, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, check=True)
         found = json.loads(done.stdout)

@@ -76,38 +76,38 @@ def check_exposure(settings: Settings, tokens: TokenTable) -> None:
         ConfigError: a non-loopback address without a token, or a wildcard address with no
             ``allowed_hosts``/``public_url`` to validate Host headers against.
     """
-    if is_loopback(settings.host):
+    if is_loopback(settings.http.host):
         return
     if not tokens:
         raise ConfigError(
-            f"refusing to listen on {settings.host}, beyond loopback, without a bearer token: "
+            f"refusing to listen on {settings.http.host}, beyond loopback, without a bearer token: "
             "set MCP_SANDBOX_TOKEN or [auth] tokens in the config file"
         )
-    if settings.host in _WILDCARDS and not settings.allowed_hosts and settings.public_url is None:
+    if settings.http.host in _WILDCARDS and not settings.http.allowed_hosts and settings.http.public_url is None:
         raise ConfigError(
-            f"listening on {settings.host!r} (every address): set public_url or allowed_hosts to the names "
+            f"listening on {settings.http.host!r} (every address): set public_url or allowed_hosts to the names "
             "clients use, so Host headers can be checked (allowed_hosts = '*' turns the check off)"
         )
 
 
 def transport_security(settings: Settings) -> TransportSecuritySettings:
     """Which Host and Origin headers the MCP routes accept (DNS-rebinding protection)."""
-    if "*" in settings.allowed_hosts:
+    if "*" in settings.http.allowed_hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts: list[str] = []
     origins: list[str] = []
     names = list(_LOOPBACK_HOSTS)
-    if settings.host not in _WILDCARDS:
-        names.append(f"[{settings.host}]" if ":" in settings.host else settings.host)
+    if settings.http.host not in _WILDCARDS:
+        names.append(f"[{settings.http.host}]" if ":" in settings.http.host else settings.http.host)
     for name in names:
         hosts += [name, f"{name}:*"]
         origins += [f"http://{name}", f"http://{name}:*", f"https://{name}", f"https://{name}:*"]
-    if settings.public_url is not None:
-        parts = urlsplit(settings.public_url)
+    if settings.http.public_url is not None:
+        parts = urlsplit(settings.http.public_url)
         hosts.append(parts.netloc)
         origins.append(f"{parts.scheme}://{parts.netloc}")
-    hosts += settings.allowed_hosts
-    origins += settings.allowed_origins
+    hosts += settings.http.allowed_hosts
+    origins += settings.http.allowed_origins
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=list(dict.fromkeys(hosts)),
@@ -131,9 +131,11 @@ def _sse_routes(
     """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
     ended after ``http_session_ttl`` without a message)."""
     sse = SseServerTransport(
-        MESSAGES_PATH, security_settings=transport_security(settings), max_request_body_size=settings.max_request_size
+        MESSAGES_PATH,
+        security_settings=transport_security(settings),
+        max_request_body_size=settings.http.max_request_size,
     )
-    idle = SseIdle(settings.http_session_ttl)
+    idle = SseIdle(settings.http.http_session_ttl)
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = tenant_of(Request(scope))
@@ -172,13 +174,13 @@ def build_http_app(
     stateful = StreamableHTTPSessionManager(
         server,
         security_settings=security,
-        max_request_body_size=settings.max_request_size,
-        max_sessions=settings.max_http_sessions,
-        session_idle_timeout=settings.http_session_ttl,
+        max_request_body_size=settings.http.max_request_size,
+        max_sessions=settings.http.max_http_sessions,
+        session_idle_timeout=settings.http.http_session_ttl,
     )
-    quota = SessionQuota(settings.tenant_http_sessions or settings.max_http_sessions)
+    quota = SessionQuota(settings.http.tenant_http_sessions or settings.http.max_http_sessions)
     quota.attach(stateful)
-    mcp = McpRoute(server, stateful, security, settings.max_request_size)
+    mcp = McpRoute(server, stateful, security, settings.http.max_request_size)
     middleware: list[Middleware] = []
     if tokens:
         middleware = [
@@ -219,17 +221,17 @@ async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | 
     raise_open_files_limit()
     install_log_limits()
     config = uvicorn.Config(
-        SlowBodyGuard(app, settings.body_timeout, settings.body_min_rate),
-        host=settings.host,
-        port=settings.port,
+        SlowBodyGuard(app, settings.http.body_timeout, settings.http.body_min_rate),
+        host=settings.http.host,
+        port=settings.http.port,
         log_level=settings.log_level.lower(),
         lifespan="on",
         server_header=False,
-        timeout_graceful_shutdown=round(settings.shutdown_grace),
+        timeout_graceful_shutdown=round(settings.http.shutdown_grace),
         **uvicorn_limits(settings),
     )
     with _quiet_signals():
         if lifecycle is None:
             await uvicorn.Server(config).serve()
         else:
-            await DrainingServer(config, lifecycle, settings.shutdown_grace).serve_draining()
+            await DrainingServer(config, lifecycle, settings.http.shutdown_grace).serve_draining()

@@ -98,8 +98,8 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
     client still sends a body.
     """
     per_address: collections.Counter[str] = collections.Counter()
-    header_timeout = settings.header_timeout
-    cap = settings.max_connections_per_address
+    header_timeout = settings.http.header_timeout
+    cap = settings.http.max_connections_per_address
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     total_cap = max(64, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
     total = [0]
@@ -181,7 +181,7 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
 
 def uvicorn_limits(settings: Settings) -> dict[str, Any]:
     """The keyword arguments of ``uvicorn.Config`` that bound connections (see :func:`protocol_class`)."""
-    return {"http": protocol_class(settings), "timeout_keep_alive": max(1, math.ceil(settings.keep_alive_timeout))}
+    return {"http": protocol_class(settings), "timeout_keep_alive": max(1, math.ceil(settings.http.keep_alive_timeout))}
 
 
 class SlowBodyGuard:

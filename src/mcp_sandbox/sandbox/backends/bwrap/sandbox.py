@@ -144,7 +144,7 @@ class BwrapBackend:
         Looked up at every start (three ``lstat``): a setup run meanwhile (an upgrade) may have
         replaced the build, and a start must not exec one that is gone.
         """
-        directory = self._settings.gate_dir
+        directory = self._settings.paths.gate_dir
         problem = gate_program.refusal(directory)
         if problem is None:
             self._gate_refused = False
@@ -160,7 +160,7 @@ class BwrapBackend:
         """The host uid/gid bwrap runs as: the sandbox's when the server is root, else (None, None): ours."""
         if os.geteuid() != 0:
             return None, None
-        return self._settings.sandbox_uid, self._settings.sandbox_gid
+        return self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid
 
     def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec:
         """What bwrap's process is given before it execs bwrap (see ``sandbox/launcher.py``)."""
@@ -252,7 +252,7 @@ class BwrapBackend:
             BackendUnavailableError: no bwrap.
             SandboxStartError: it could not be started or admitted.
         """
-        bwrap = find_bwrap(self._settings.bwrap_path)
+        bwrap = find_bwrap(self._settings.paths.bwrap_path)
         with contextlib.ExitStack() as undo:
             cgroup = run_cgroup(self.cgroups, limits) if self.cgroups.version is not None else None
             if cgroup is not None:
@@ -308,7 +308,7 @@ class BwrapBackend:
                 opened.cgroup.write_limits(policy.limits)
                 opened.limits = policy.limits
             _fill(opened.seccomp_fd, compiled_bpf(egress=policy.egress))
-            bwrap = find_bwrap(self._settings.bwrap_path)
+            bwrap = find_bwrap(self._settings.paths.bwrap_path)
             full = [
                 *bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd, etc=etc),
                 str(opened.sandbox_end.fileno()),
@@ -326,7 +326,7 @@ class BwrapBackend:
 
     def probe(self) -> BackendProbe:
         try:
-            bwrap = find_bwrap(self._settings.bwrap_path)
+            bwrap = find_bwrap(self._settings.paths.bwrap_path)
         except BackendUnavailableError as exc:
             return BackendProbe(self.name, available=False, reason=str(exc))
         return probe_bwrap(self, bwrap)

@@ -63,6 +63,6 @@ def create(settings: Settings, name: str) -> ContainerBackend:
         raise ConfigError(f"backend: {name!r} is not a container backend")
     flavour: Flavour = "podman" if name == "podman" else "docker"
     # container_runtime names the CLI of its own dialect only: a podman path is not docker's.
-    configured = settings.container_runtime
+    configured = settings.sandbox.container_runtime
     cli = configured if configured and flavour_of(configured) == flavour else None
     return ContainerBackend(settings, name, cli, flavour)

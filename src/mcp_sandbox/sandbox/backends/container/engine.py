@@ -41,8 +41,8 @@ def detect_runtime(settings: Settings) -> tuple[str, Flavour]:
     Raises:
         BackendUnavailableError: none is installed.
     """
-    if settings.container_runtime:
-        return settings.container_runtime, flavour_of(settings.container_runtime)
+    if settings.sandbox.container_runtime:
+        return settings.sandbox.container_runtime, flavour_of(settings.sandbox.container_runtime)
     for name in ("podman", "docker"):
         if shutil.which(name):
             return name, "podman" if name == "podman" else "docker"

@@ -193,11 +193,11 @@ class ContainerBackend:
 
     def image_for(self, language: str) -> str:
         """The image for ``language``: ``images`` by language, else ``image``, else the default."""
-        for entry in self._settings.images:
+        for entry in self._settings.sandbox.images:
             key, _, value = entry.partition("=")
             if key.strip() == language:
                 return value.strip()
-        return self._settings.image or DEFAULT_IMAGE
+        return self._settings.sandbox.image or DEFAULT_IMAGE
 
     def _seccomp_profile(self, *, egress: bool = False) -> str:
         """The OCI seccomp profile's path: ``<state_dir>/seccomp-<digest>.json``, written once.
@@ -225,7 +225,7 @@ class ContainerBackend:
         """The uid/gid the container's processes have, and whether the server's own uid is mapped
         to them (rootless podman's ``--userns keep-id``); see the module docstring."""
         if os.geteuid() == 0 and not self.engine.rootless:
-            return (self._settings.sandbox_uid, self._settings.sandbox_gid), False
+            return (self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid), False
         return (_INSIDE_ID, _INSIDE_ID), self.flavour == "podman"
 
     def ids_inside(self) -> tuple[int, int]:

@@ -1,0 +1,221 @@
+"""How a setting is declared: its default, what it does, how it is written and the check of its value.
+
+Each field of :class:`~mcp_sandbox.config.settings.Settings` is one :func:`setting` (or
+:func:`computed`, for a default that depends on the host): the description the settings table
+shows, the unit its value is written in (:data:`BYTES`, :data:`DURATION`), the earlier systems'
+environment variable for it, and its check. :func:`check_fields` runs every check in one loop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import Field, field, fields
+from typing import Any, Literal, TypeVar
+
+from mcp_sandbox.errors import ConfigError
+
+__all__ = [
+    "BYTES",
+    "DURATION",
+    "Check",
+    "Unit",
+    "address_ranges",
+    "check_fields",
+    "computed",
+    "duration",
+    "duration_or_zero",
+    "host_id",
+    "http_url",
+    "internal",
+    "language_images",
+    "module_names",
+    "non_negative",
+    "one_of",
+    "piece",
+    "port",
+    "ports",
+    "positive",
+    "positive_number",
+    "requirements",
+    "seconds",
+    "secret",
+    "setting",
+    "setting_fields",
+]
+
+T = TypeVar("T")
+
+Check = Callable[[str, Any], None]
+Unit = Literal["bytes", "duration"]
+BYTES: Unit = "bytes"
+DURATION: Unit = "duration"
+
+
+def setting(
+    default: T,
+    doc: str,
+    *,
+    check: Check | None = None,
+    unit: Unit | None = None,
+    alias: str | None = None,
+    secret: bool = False,
+) -> T:
+    """A setting with a fixed default; ``doc`` is its line of the settings table."""
+    meta = {"doc": doc, "check": check, "unit": unit, "alias": alias}
+    return field(default=default, repr=not secret, metadata=meta)
+
+
+def computed(
+    factory: Callable[[], T], doc: str, shown: str, *, check: Check | None = None, alias: str | None = None
+) -> T:
+    """A setting whose default depends on the host; ``shown`` says that default in the table."""
+    meta = {"doc": doc, "check": check, "unit": None, "alias": alias, "shown": shown}
+    return field(default_factory=factory, metadata=meta)
+
+
+def piece(cls: Callable[[], T]) -> T:
+    """A piece of the settings (:mod:`.pieces`, :mod:`.serving`): its defaults unless given."""
+    return field(default_factory=cls, metadata={"piece": True})
+
+
+def internal(default: T) -> T:
+    """A field that is not a setting anyone gives (where the settings came from, and what they hold)."""
+    return field(default=default, metadata={"internal": True})
+
+
+def setting_fields(cls: type) -> dict[str, Field[Any]]:
+    """The settings of ``cls`` by name, in declaration order (its internal fields and pieces left out)."""
+    return {f.name: f for f in fields(cls) if "doc" in f.metadata}
+
+
+def check_fields(settings: object) -> None:
+    """Run the check of every setting declared by ``settings``' class, in declaration order.
+
+    Raises:
+        ConfigError: a value is out of range, naming its setting.
+    """
+    for name, declaration in setting_fields(type(settings)).items():
+        check: Check | None = declaration.metadata.get("check")
+        if check is not None:
+            check(name, getattr(settings, name))
+
+
+# --- the checks: each raises ConfigError naming the setting ------------------------------------
+
+
+def positive(name: str, value: int | None) -> None:
+    """A count or size above zero (None, where allowed, means: decided elsewhere)."""
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name}: must be positive")
+
+
+def non_negative(name: str, value: int | None) -> None:
+    """A count of zero or more (None, where allowed, means: decided elsewhere)."""
+    if value is not None and value < 0:
+        raise ConfigError(f"{name}: must not be negative")
+
+
+def duration(name: str, value: float) -> None:
+    """A finite number of seconds above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a positive duration")
+
+
+def duration_or_zero(name: str, value: float) -> None:
+    """A finite number of seconds, zero allowed."""
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}: must be a duration >= 0")
+
+
+def seconds(name: str, value: float) -> None:
+    """A finite number of seconds above zero (a timeout)."""
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a positive number of seconds")
+
+
+def positive_number(name: str, value: float) -> None:
+    """A finite number above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name}: must be a positive number")
+
+
+def port(name: str, value: int) -> None:
+    """A TCP port."""
+    if not 0 < value < 65536:
+        raise ConfigError(f"{name}: {value} is not a TCP port")
+
+
+def ports(name: str, values: Iterable[int]) -> None:
+    """TCP ports."""
+    for value in values:
+        port(name, value)
+
+
+def address_ranges(name: str, values: Iterable[str]) -> None:
+    """Address ranges (CIDRs; a single address is a range of one)."""
+    for cidr in values:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {cidr!r} is not an address range ({exc})") from exc
+
+
+def module_names(name: str, values: Iterable[str]) -> None:
+    """Python module names (dotted)."""
+    for module in values:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise ConfigError(f"{name}: {module!r} is not a module name")
+
+
+def http_url(name: str, value: str | None) -> None:
+    """An http(s) URL, or None."""
+    if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+        raise ConfigError(f"{name}: {value!r} is not an http(s) URL")
+
+
+def one_of(choices: Iterable[str]) -> Check:
+    """One of ``choices``."""
+    allowed = tuple(choices)
+
+    def check(name: str, value: str) -> None:
+        if value not in allowed:
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+
+    return check
+
+
+def language_images(name: str, values: Iterable[str]) -> None:
+    """``LANGUAGE=IMAGE`` entries."""
+    for entry in values:
+        language, _, image = entry.partition("=")
+        if not language.strip() or not image.strip():
+            raise ConfigError(f"{name}: {entry!r} is not LANGUAGE=IMAGE")
+
+
+def requirements(name: str, values: Iterable[str]) -> None:
+    """pip requirement strings (``scipy==1.14.1``), not options."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for text in values:
+        # An option (`--index-url ...`, `-e ...`) would be one to pip, not a package.
+        if text.startswith("-"):
+            raise ConfigError(f"{name}: {text!r} is an option, not a requirement (e.g. scipy==1.14.1)")
+        try:
+            Requirement(text)
+        except InvalidRequirement as exc:
+            raise ConfigError(f"{name}: {text!r} is not a requirement: {exc}") from exc
+
+
+def secret(name: str, value: str | None) -> None:
+    """A bearer token of at least 16 characters, or None."""
+    if value is not None and len(value.strip()) < 16:
+        raise ConfigError(f"{name}: must be at least 16 characters (a random one: secrets.token_urlsafe(32))")
+
+
+def host_id(name: str, value: int) -> None:
+    """A uid or gid."""
+    if not 0 <= value < 2**32 - 1:
+        raise ConfigError(f"{name}: must be a valid id")
