@@ -4,8 +4,8 @@ A sandbox's runtime loads the runner (``runners/typescript``: nine TypeScript mo
 start, before READY. From sources, bun and deno each resolve and transpile every module anew: a
 sandbox's caches live in its own fresh ``/tmp``. One pre-built JavaScript file per runtime
 (``bun build``; for bun, its ``// @bun`` header tells bun the file needs no transpiling) takes
-that work off every start: measured here, 2-2.5 ms of CPU per bun sandbox and 2.5-3.5 ms per
-deno sandbox, the CPU that bounds TypeScript runs back to back.
+that work off every start: the CPU that bounds TypeScript runs back to back (bench/README.md
+has the figures).
 
 bun's bundler builds both (no build tool of ours), at setup: ``make`` (``make runtime``) and
 ``mcp-sandbox setup`` run :func:`build_bundles`. Each bundle lives in

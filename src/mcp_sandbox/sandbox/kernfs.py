@@ -4,8 +4,7 @@ Every sandbox reads and writes a dozen of them (its limits, its limit-hit counte
 tree, its members at the end), on the server's event loop. ``Path.read_text`` costs several
 times the read itself there: a buffered file object, an ``fstat``, an ``isatty`` ``ioctl`` and
 an ``lseek`` per file, and ``Path.is_dir`` a ``stat`` per entry where the directory listing
-already says which entries are directories. Measured, that was 0.5-0.9 ms of the server's CPU
-per sandbox.
+already says which entries are directories (bench/README.md has the figures).
 """
 
 from __future__ import annotations

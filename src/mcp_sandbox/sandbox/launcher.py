@@ -4,8 +4,8 @@ Before it runs bwrap, that process must be in the sandbox's cgroups, under its r
 the server runs as root, the unprivileged sandbox uid/gid (else bwrap, started by real root,
 would map the sandbox uid to host root, and the files it writes would be root's). A
 ``preexec_fn`` could do it between fork and exec, but then Python forks the whole server: its
-page tables copied, 15-25 ms here during which the event loop, every tenant's, stands still, for
-every sandbox started. Without a ``preexec_fn`` the spawn is a vfork (~1 ms). So:
+page tables copied while the event loop, every tenant's, stands still, for every sandbox
+started. Without a ``preexec_fn`` the spawn is a vfork. So:
 
 1. the process starts as the gate (:func:`gated`), waiting for a line on its stdin, a pipe from
    the server;
@@ -21,7 +21,7 @@ The gate is our static program (``gate.c``, see :mod:`.gate`) when setup built i
 protocol and exit codes, one exec instead of two dynamically linked ones.
 
 The arguments that come through the gate let a process be started and admitted before its
-command is known: moving a process into a cgroup waits for an RCU grace period (5-13 ms here),
+command is known: moving a process into a cgroup waits for an RCU grace period,
 which a backend can thus spend ahead of a start (see ``backends/bwrap/sandbox.py``).
 
 When the server cannot do its part it closes the gate without the line: the gate exits with

@@ -58,15 +58,15 @@ async def launch(
 ) -> asyncio.subprocess.Process:
     """Start a sandbox's first host process in a session of its own, stdout and stderr piped.
 
-    Without a ``preexec_fn`` Python spawns it with vfork: the server's event loop waits ~1 ms,
-    not the 15-25 ms of a fork of the whole server (see :mod:`mcp_sandbox.sandbox.launcher`).
+    Without a ``preexec_fn`` Python spawns it with vfork, and the server's event loop does not wait
+    for a fork of the whole server (see :mod:`mcp_sandbox.sandbox.launcher`).
 
     Raises:
         SandboxStartError: it could not be started (``what`` names it in the message).
     """
     # Shielded: cancelled once the process exists, asyncio kills only that process (not its
     # session: a container CLI's children, a container half created) and loses it, so the caller
-    # could not undo the start. Spawning takes milliseconds; the caller's next await sees the
+    # could not undo the start. Spawning is quick; the caller's next await sees the
     # cancellation, with the process in hand.
     with anyio.CancelScope(shield=True):
         try:

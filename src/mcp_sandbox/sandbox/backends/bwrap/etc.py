@@ -1,34 +1,15 @@
 """The sandbox's ``/etc`` as one bind mount: a copy of the host entries it shows, kept in step.
 
 A sandbox sees eight entries of the host's ``/etc`` (:mod:`mcp_sandbox.sandbox.hostfs`). Bound
-one by one, they cost bwrap eight reads of ``/proc/self/mountinfo``: after every bind mount,
-bwrap (0.8 to 0.11) prints and parses the whole mount table to remount what it bound read-only,
-``nosuid`` and ``nodev`` -- about 30% of its CPU per start here (``perf``). So the backend copies
-the entries into one directory, ``runs/<pid>-etc-<hex>/`` in the state directory (a new server
-removes a dead one's with its other entries), and binds that at ``/etc``: one read instead of
-eight, 0.7-0.8 ms of bwrap's CPU less per start (see bench/README.md).
-
-The sandbox sees what the binds showed: an entry that is a symlink on the host is followed (a
-bind mounts its target: ``/etc/localtime``), a symlink inside a directory stays a symlink, modes
-are kept (less setuid, setgid and sticky bits: the mount is ``nosuid`` anyway). Only
-directories, regular files and symlinks are copied; a missing entry is left out (a bind of it
-would have failed every start).
-
-The copy follows the host, and no start waits for it. A copy is bound only while the host's
-entries were walked less than :data:`CHECK_INTERVAL` seconds ago and found as copied; a start
-after that binds the entries one by one (they show the host as it is) and has a walk start in
-the background, in a worker thread (an ``lstat`` of each of about 350 on Debian, ~1 ms). When
-anything differs (inode, mode, size, mtime or ctime), a new copy is made (10-300 ms here: ext4
-is slow to make many symlinks in a row), checked against the host once more (a copy taken
-while the host was changing is made again), and bound by the starts from then on. The first
-start of a backend makes no copy: one that starts a single sandbox (``mcp-sandbox run``) would
-only throw it away. A copy stays until the backend stops, since sandboxes started from it may
-still run; a copy being made then gives up at its next entry. A sandbox started ahead of its
-run (a warm or pre-started one) keeps what it was started with, as it kept the inode of a file
-bound when it started.
-
-When no copy can be made (a full disk, ...), the entries are bound one by one, as before, with a
-warning (once, until a copy is made again).
+one by one, they cost bwrap eight reads of ``/proc/self/mountinfo`` (it parses the whole mount
+table after every bind), so the backend copies the entries into ``runs/<pid>-etc-<hex>/`` in the
+state directory and binds that at ``/etc`` (bench/README.md has the figures). The sandbox sees
+what the binds showed: symlinks on the host followed at the top, kept inside directories; modes
+kept less setuid, setgid and sticky bits. No start waits for the copy: it is bound only while
+the host's entries were walked less than :data:`CHECK_INTERVAL` seconds ago and found as
+copied; otherwise the start binds the entries one by one and has a walk, and if anything
+changed a new copy, made in a worker thread. When no copy can be made, the entries are bound
+one by one, with a warning (once, until a copy is made again).
 """
 
 from __future__ import annotations
@@ -76,7 +57,16 @@ class _Stopped(Exception):
 
 
 class EtcCopies:
-    """The current copy of a policy's host ``/etc`` entries, made and refreshed in the background."""
+    """The current copy of a policy's host ``/etc`` entries, made and refreshed in the background.
+
+    A walk is an ``lstat`` of each entry; when anything differs (inode, mode, size, mtime or
+    ctime) a new copy is made, checked against the host once more (a copy taken while the host
+    was changing is made again), and bound by the starts from then on. The first start of a
+    backend makes no copy: one that starts a single sandbox (``mcp-sandbox run``) would only
+    throw it away. A copy stays until the backend stops, since sandboxes started from it may
+    still run; a copy being made then gives up at its next entry. A sandbox started ahead of its
+    run (a warm or pre-started one) keeps what it was started with.
+    """
 
     def __init__(self, layout: StateLayout) -> None:
         self._layout = layout

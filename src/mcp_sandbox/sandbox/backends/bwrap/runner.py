@@ -1,7 +1,7 @@
 """How a bwrap sandbox's runner process ended, read from /proc before the sandbox is torn down.
 
 A single-use sandbox's runner (a JavaScript runtime) serves one run and exits. The kernel tears
-its address space down before it tells anyone (bun's takes milliseconds), and bwrap ends after
+its address space down before it tells anyone (bun's is large), and bwrap ends after
 that; the run's end is known earlier, by what the code cannot forge: every thread of the runner
 has entered the kernel's exit path (``PF_EXITING`` in ``/proc/PID/task/TID/stat``) or has a
 SIGKILL pending (``SigPnd``: the kernel's exit of the whole process sends one to each thread;

@@ -189,8 +189,8 @@ class BwrapBackend:
         """Keep :data:`SPARES` first processes admitted ahead of the starts, for this block.
 
         A start takes one that is ready (else it starts its own) and a replacement is prepared
-        behind it: what a start waits for in the kernel to move a process into its cgroups
-        (5-13 ms here) is then spent beforehand, with no CPU, and a start goes straight from the
+        behind it: what a start waits for in the kernel to move a process into its cgroups (an
+        RCU grace period) is then spent beforehand, with no CPU, and a start goes straight from the
         policy to bwrap. Each costs an idle gate process and empty cgroups; all are discarded on the
         way out. The copies of the host's ``/etc`` entries (:mod:`.etc`) are made during the
         block too, and removed after it.
