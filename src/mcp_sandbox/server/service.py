@@ -229,6 +229,8 @@ async def open_service(
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
     secret = load_secret(layout.root)
     workspaces = WorkspaceStore(settings, secret)
+    if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+        logger.info("deleted %d partial uploads a crash left", swept)
     metadata = Metadata.open(layout.metadata)
     audit = AuditLog.open(layout.audit_log)
     events.subscribe(_auditor(audit))
