@@ -147,7 +147,7 @@ class Service:
         report = await anyio.to_thread.run_sync(
             lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self))
         )
-        if report.removed or report.failed:
+        if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
 
 

@@ -73,6 +73,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) STRICT""",
         "CREATE INDEX executions_by_start ON executions(started_at)",
     ),
+    # Retention keeps each tenant's most recent runs.
+    ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
 )
 
 
@@ -283,6 +285,22 @@ class Metadata:
                     for record in records
                 ),
             )
+
+    def prune_executions(self, before: float, keep_per_tenant: int) -> int:
+        """Delete the executions started before ``before``, then each tenant's oldest past its
+        ``keep_per_tenant`` most recent; return how many were deleted.
+
+        Raises:
+            WorkspaceError: the database refused the write.
+        """
+        with self._transaction():
+            aged = self._db.execute("DELETE FROM executions WHERE started_at < ?", (before,)).rowcount
+            counted = self._db.execute(
+                "DELETE FROM executions WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER "
+                "(PARTITION BY tenant ORDER BY started_at DESC, id DESC) AS age FROM executions) WHERE age > ?)",
+                (keep_per_tenant,),
+            ).rowcount
+        return int(aged) + int(counted)
 
     def conversations_by_last_use(self) -> list[ConversationRecord]:
         """Every conversation, least recently used first.
