@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import DiskFullError, ValidationError, WorkspaceError
 from mcp_sandbox.workspace.names import MAX_COMPONENTS, check_filename
 
 __all__ = [
@@ -119,9 +119,9 @@ _FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def disk_error(exc: OSError, context: str) -> WorkspaceError:
-    """The error a tenant sees for ``exc``: :data:`DISK_FULL`, or ``context`` and the system's reason (no path)."""
+    """The error a tenant sees for ``exc``: :class:`DiskFullError`, or ``context`` and the system's reason (no path)."""
     if exc.errno in _FULL:
-        return WorkspaceError(DISK_FULL)
+        return DiskFullError(DISK_FULL)
     return WorkspaceError(f"{context}: {exc.strerror}")
 
 

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, DiskFullError, WorkspaceError
 from mcp_sandbox.state import METADATA_FILE
-from mcp_sandbox.workspace.files import FileEntry, Usage
+from mcp_sandbox.workspace.files import DISK_FULL, FileEntry, Usage
 
 __all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
 
@@ -204,7 +204,10 @@ class Metadata:
                 with self._transaction_locked():
                     yield
             except sqlite3.Error as exc:
-                raise WorkspaceError(f"the metadata database {self.path} refused a write: {exc}") from exc
+                # Tenants read this message: the database's reason, never its path.
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise DiskFullError(DISK_FULL) from exc
+                raise WorkspaceError(f"the metadata database refused a write: {exc}") from exc
 
     def touch_conversation(self, key: str, tenant: str, now: float) -> None:
         """Record that ``tenant``'s conversation ``key`` was used at ``now`` (creating its row).
