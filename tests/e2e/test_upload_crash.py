@@ -77,7 +77,7 @@ async def _server(state_dir: Path, config: Path, runtime: Path | None) -> AsyncI
 def _half_upload(base: str, conversation: str, name: str, size: int) -> socket.socket:
     """Send an upload's headers and half its body, and leave the connection open."""
     host, port = base.removeprefix("http://").split(":")
-    connection = socket.create_connection((host, int(port)))
+    connection = socket.create_connection((host, int(port)), timeout=BOUND)
     head = (
         f"POST /upload?conversationId={conversation}&filename={name} HTTP/1.1\r\n"
         f"Host: {host}:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
@@ -156,7 +156,6 @@ async def test_a_live_servers_partial_upload_is_not_swept_by_another_starting(
             staged = _staged(state_dir)
             async with _server(state_dir, config, sandbox_runtime):
                 assert _staged(state_dir) == staged
-            cut.settimeout(BOUND)
             await anyio.to_thread.run_sync(cut.sendall, b"p" * (2 * MIB))
             reply = await anyio.to_thread.run_sync(cut.recv, 65536)
             assert b" 201 " in reply.split(b"\r\n", 1)[0], reply[:200]
