@@ -70,6 +70,15 @@ async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[b
     return bool(result.is_error), text, result.structured_content or {}
 
 
+REMEMBER = """
+from mcp import runtime
+try:
+    save_memory("second", "x" * 900_000)
+except runtime.MCPError as error:
+    print("MCPError", error.kind, error)
+"""
+
+
 def _rows(state_dir: Path) -> set[str]:
     with sqlite3.connect(f"file:{state_dir / 'metadata.sqlite3'}?mode=ro", uri=True) as db:
         return {key for (key,) in db.execute("SELECT key FROM conversations")}
@@ -89,7 +98,9 @@ async def test_a_full_disk_says_so_without_host_paths_and_the_server_recovers(
     write = "open('/workspace/out.txt', 'w').write('x' * 1000); print('wrote')"
     async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as base:
         async with http_client(base, TOKEN) as client:
-            failed, text, _ = await _call(client, "run_python", {"code": "print(1)", "conversationId": existing})
+            failed, text, _ = await _call(
+                client, "run_python", {"code": "save_memory('first', 1)", "conversationId": existing}
+            )
             assert not failed, text
             filler = _fill(state_dir)
             seen: list[str] = []
@@ -113,6 +124,11 @@ async def test_a_full_disk_says_so_without_host_paths_and_the_server_recovers(
                 seen.append(response.text)
                 assert response.status_code == 507, response.text
                 assert FULL in response.json()["error"]
+                # Room enough to start a run, not for what its code saves in the tenant's library.
+                os.truncate(filler, filler.stat().st_size - (256 << 10))
+                failed, text, data = await _call(client, "run_python", {"code": REMEMBER})
+                seen.append(text + repr(data))
+                assert "MCPError unavailable" in data["stdout"] and FULL in data["stdout"], (text, data)
                 for text in seen:
                     assert str(state_dir) not in text and str(state_dir.parent) not in text, text
                 # Nothing half-created: the new conversation has neither a row nor a directory.
