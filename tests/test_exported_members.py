@@ -33,6 +33,7 @@ def test_the_public_surface_is_exactly_the_documented_names() -> None:
         "BusyError",
         "ChannelError",
         "ConfigError",
+        "DiskFullError",
         "DownstreamError",
         "Engine",
         "ExecutionRequest",

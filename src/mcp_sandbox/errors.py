@@ -14,7 +14,8 @@
     ├── DownstreamError           a downstream MCP server cannot be reached, or refused a call
     │   └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
     ├── WorkspaceError            a conversation's files cannot be stored or read as asked
-    │   └── QuotaExceededError    the write would take a conversation past its byte or file quota
+    │   ├── QuotaExceededError    the write would take a conversation past its byte or file quota
+    │   └── DiskFullError         the server's disk (the state directory's filesystem) is full
     └── BusyError                 the server is at capacity (sessions, queue); try again later
 
 Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
@@ -29,6 +30,7 @@ __all__ = [
     "BusyError",
     "ChannelError",
     "ConfigError",
+    "DiskFullError",
     "DownstreamError",
     "FrameError",
     "QuotaExceededError",
@@ -113,6 +115,13 @@ class QuotaExceededError(WorkspaceError):
         self.limit = limit
         self.used = used
         self.quota = quota
+
+
+class DiskFullError(WorkspaceError):
+    """The state directory's filesystem is full (or its disk quota reached); nothing was stored.
+
+    The message names no host path: tenants read it.
+    """
 
 
 class BusyError(SandboxError):

@@ -18,6 +18,8 @@
                                         at once (sandbox/backends/bwrap/etc.py)
       workspaces/               0711  conversation directories (workspace/store.py)
         <key>/                  0700    the sandbox uid's
+      uploads/                  0700  files being uploaded, renamed into a workspace when complete
+        <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
       logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
         egress.log              0600  one JSON line per egress connection, rotated (egress/audit.py)
@@ -79,6 +81,11 @@ class StateLayout:
         return self.root / "workspaces"
 
     @property
+    def uploads(self) -> Path:
+        """Files being written into a workspace, out of the sandbox's sight until renamed into it."""
+        return self.root / "uploads"
+
+    @property
     def stubs(self) -> Path:
         """Generated stub packages of downstream tools (content-addressed)."""
         return self.root / "stubs"
@@ -117,10 +124,11 @@ class StateLayout:
 
         Several servers may share a state directory: a live one's entries are never yielded.
         """
-        for entry in self.runs.iterdir():
-            owner = entry.name.partition("-")[0]
-            if owner.isdigit() and not Path(f"/proc/{owner}").exists():
-                yield entry
+        return _stale(self.runs)
+
+    def stale_uploads(self) -> Iterator[Path]:
+        """The partial uploads in ``uploads/`` of servers no longer alive (none if it is missing)."""
+        return _stale(self.uploads) if self.uploads.is_dir() else iter(())
 
     # --- directories --------------------------------------------------------------------------
 
@@ -151,6 +159,15 @@ class StateLayout:
         self.workspaces.mkdir(exist_ok=True, mode=0o700)
         self._open_to_sandbox(self.workspaces)
         return self.workspaces
+
+    def prepare_uploads(self) -> Path:
+        """Create ``uploads/`` (0700, the server's own) if missing; ``root`` must exist.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        self.uploads.mkdir(mode=0o700, exist_ok=True)
+        return self.uploads
 
     def prepare_stubs(self) -> Path:
         """Create ``stubs/`` (0711) if missing; ``root`` must exist.
@@ -191,3 +208,10 @@ class StateLayout:
         directory.mkdir(mode=0o755)
         directory.chmod(0o755)
         return directory
+
+
+def _stale(directory: Path) -> Iterator[Path]:
+    for entry in directory.iterdir():
+        owner = entry.name.partition("-")[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            yield entry

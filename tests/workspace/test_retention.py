@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox.config import Settings, load_settings
-from mcp_sandbox.workspace import METADATA_FILE, Metadata, WorkspaceStore, load_secret, sweep
+from mcp_sandbox.workspace import METADATA_FILE, ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
 
 DAY = 86400.0
 NOW = 1_000 * DAY
@@ -164,5 +165,56 @@ def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(state_di
         assert report.evicted == alices[:1]
         assert report.total_bytes == 1500
         assert store.directory(bobs).exists()
+    finally:
+        metadata.close()
+
+
+def _runs(metadata: Metadata, tenant: str, started: list[float]) -> None:
+    metadata.record_executions(
+        ExecutionRecord(tenant, None, "python", at, 10, "success", 0, 1, 0, id=f"{tenant}-{at}") for at in started
+    )
+
+
+def _kept(state_dir: Path) -> dict[str, list[float]]:
+    with sqlite3.connect(f"file:{state_dir / METADATA_FILE}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT tenant, started_at FROM executions ORDER BY tenant, started_at").fetchall()
+    kept: dict[str, list[float]] = {}
+    for tenant, started in rows:
+        kept.setdefault(tenant, []).append(started)
+    return kept
+
+
+def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_its_count(state_dir: Path) -> None:
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_ttl": "10d", "history_max_runs": 3})
+    store = WorkspaceStore(settings, load_secret(state_dir))
+    metadata = Metadata.open(state_dir / METADATA_FILE)
+    try:
+        _runs(metadata, "alice", [NOW - day * DAY for day in (12, 11, 5, 4, 3, 2, 1)])
+        _runs(metadata, "bob", [NOW - 20 * DAY, NOW - 2 * DAY, NOW - DAY])
+
+        report = sweep(store, metadata, settings, NOW, busy=())
+
+        # alice: two past the ttl, then her two oldest past 3; bob: one past the ttl, his other two kept.
+        assert report.history_pruned == 5
+        assert _kept(state_dir) == {
+            "alice": [NOW - 3 * DAY, NOW - 2 * DAY, NOW - DAY],
+            "bob": [NOW - 2 * DAY, NOW - DAY],
+        }
+        assert sweep(store, metadata, settings, NOW, busy=()).history_pruned == 0
+    finally:
+        metadata.close()
+
+
+def test_a_tenant_with_many_runs_never_prunes_another_tenants_history(state_dir: Path) -> None:
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_max_runs": 2})
+    store = WorkspaceStore(settings, load_secret(state_dir))
+    metadata = Metadata.open(state_dir / METADATA_FILE)
+    try:
+        _runs(metadata, "bob", [NOW - 3 * DAY, NOW - 2 * DAY])  # older than all of alice's
+        _runs(metadata, "alice", [NOW - 60 * i for i in range(50)])
+
+        sweep(store, metadata, settings, NOW, busy=())
+
+        assert _kept(state_dir) == {"alice": [NOW - 60, NOW], "bob": [NOW - 3 * DAY, NOW - 2 * DAY]}
     finally:
         metadata.close()

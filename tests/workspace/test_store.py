@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,43 @@ def _small_store(settings: Settings, **quotas: object) -> WorkspaceStore:
 
 
 def _temporaries(directory: Path) -> list[str]:
-    return [path.name for path in directory.rglob("*") if path.name.startswith(RESERVED_PREFIX)]
+    """Partial files of the workspace ``directory``: in it (older versions) or in ``uploads/``."""
+    uploads = directory.parent.parent / "uploads"
+    staged = [path.name for path in uploads.iterdir()] if uploads.is_dir() else []
+    return staged + [path.name for path in directory.rglob("*") if path.name.startswith(RESERVED_PREFIX)]
+
+
+def test_a_write_in_progress_is_outside_the_workspace_and_its_quota(store: WorkspaceStore, key: str) -> None:
+    store.write_file(key, "kept.txt", b"k" * 10)
+    with store.begin_write(key, "sub/new.bin") as pending:
+        pending.write(b"n" * 5000)
+        assert sorted(path.name for path in store.directory(key).rglob("*") if path.is_file()) == ["kept.txt"]
+        assert store.usage(key) == Usage(bytes=10, files=1)
+        assert len(_temporaries(store.directory(key))) == 1
+        pending.commit()
+    assert store.usage(key) == Usage(bytes=5010, files=2)
+    assert _temporaries(store.directory(key)) == []
+
+
+def test_the_start_sweep_deletes_dead_servers_partials_and_older_versions_but_not_a_live_ones(
+    store: WorkspaceStore, key: str, workspace: Path
+) -> None:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    uploads = store.root.parent / "uploads"
+    (uploads / f"{finished.pid}-dead").write_bytes(b"d")
+    (uploads / f"{os.getpid()}-live").write_bytes(b"l")
+    (workspace / "deep" / "er").mkdir(parents=True)
+    for partial in (workspace / f"{RESERVED_PREFIX}upload-a", workspace / "deep" / "er" / f"{RESERVED_PREFIX}upload-b"):
+        partial.write_bytes(b"o" * 100)
+    (workspace / "deep" / "mine.txt").write_bytes(b"m")
+
+    assert store.sweep_partials() == 3
+
+    assert [path.name for path in uploads.iterdir()] == [f"{os.getpid()}-live"]
+    assert sorted(str(path.relative_to(workspace)) for path in workspace.rglob("*") if path.is_file()) == [
+        "deep/mine.txt"
+    ]
 
 
 def test_a_key_is_64_hex_digits_and_stable(store: WorkspaceStore) -> None:

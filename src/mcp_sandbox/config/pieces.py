@@ -290,6 +290,12 @@ class WorkspaceSettings:
     retention_interval: float = setting(
         300.0, "Time between retention sweeps (one also runs at start).", check=duration, unit=DURATION
     )
+    history_ttl: float = setting(
+        30 * 86400.0, "Runs older than this leave the run history.", check=duration, unit=DURATION
+    )
+    history_max_runs: int = setting(
+        10_000, "Runs of one tenant the run history keeps (its oldest leave first).", check=positive
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.errors import DiskFullError, WorkspaceError
 from mcp_sandbox.events import Event, RunFinished
 from mcp_sandbox.workspace import ExecutionRecord, Metadata
 
@@ -74,6 +74,8 @@ class History:
                     self._pending.clear()
                     try:
                         await anyio.to_thread.run_sync(self._record_all, batch)
+                    except DiskFullError as exc:  # one line per batch: a full disk is no bug
+                        logger.error("could not record %d executions in the metadata database: %s", len(batch), exc)
                     except Exception:  # losing metadata rows must not lose the runs' results
                         logger.exception("could not record %d executions in the metadata database", len(batch))
         finally:
@@ -82,8 +84,8 @@ class History:
     def _record_all(self, batch: list[ExecutionRecord]) -> None:
         try:
             self._metadata.record_executions(batch)
-        except WorkspaceError:
-            if len(batch) == 1:
+        except WorkspaceError as exc:
+            if len(batch) == 1 or isinstance(exc, DiskFullError):
                 raise
             for record in batch:  # one bad row spoils only itself
                 try:

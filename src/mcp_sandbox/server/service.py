@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.sandbox.backends.base import Backend
@@ -95,15 +97,35 @@ class Service:
         return self.urls.base_url(key, time.time()) if self.http else None
 
     async def touch(self, key: str, tenant: str) -> Path:
-        """Create the conversation's directory if needed and mark it used now."""
+        """Create the conversation's directory if needed and mark it used now (call it within
+        :meth:`using`).
+
+        Raises:
+            WorkspaceError: either could not be done (a full disk): a directory this call made
+                is removed again, so no conversation has a directory without its row.
+        """
+        existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key)
-        await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
+        try:
+            await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
+        except WorkspaceError:
+            if not existed and self.in_use[key] <= 1:  # no other request of this conversation in flight
+                with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                    await anyio.to_thread.run_sync(os.rmdir, directory)  # only while empty
+            raise
         return directory
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
-        """List the conversation's files (never following the sandbox's symlinks) and record them."""
+        """List the conversation's files (never following the sandbox's symlinks) and record them.
+
+        A listing the metadata database cannot record (a full disk) is still returned: the index
+        is brought up to date by the next listing, and retention measures the disk anyway.
+        """
         listing = await anyio.to_thread.run_sync(self.workspaces.list_files, key)
-        await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
+        try:
+            await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
+        except WorkspaceError as exc:
+            logger.warning("could not record a conversation's files in the metadata database: %s", exc)
         return list(listing)
 
     def metrics_or_fail(self) -> Metrics:
@@ -147,7 +169,7 @@ class Service:
         report = await anyio.to_thread.run_sync(
             lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self))
         )
-        if report.removed or report.failed:
+        if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
 
 
@@ -229,6 +251,8 @@ async def open_service(
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
     secret = load_secret(layout.root)
     workspaces = WorkspaceStore(settings, secret)
+    if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+        logger.info("deleted %d partial uploads a crash left", swept)
     metadata = Metadata.open(layout.metadata)
     audit = AuditLog.open(layout.audit_log)
     events.subscribe(_auditor(audit))

@@ -16,16 +16,18 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import DiskFullError, ValidationError, WorkspaceError
 from mcp_sandbox.workspace.names import MAX_COMPONENTS, check_filename
 
 __all__ = [
     "DIR_FLAGS",
+    "DISK_FULL",
     "FileEntry",
     "Listing",
     "OpenFile",
     "Usage",
     "Walk",
+    "disk_error",
     "open_parent",
     "open_regular",
 ]
@@ -110,12 +112,25 @@ class OpenFile:
         self.close()
 
 
+# What a tenant is told when the state directory's filesystem is full (or its quota reached):
+# the operator's problem, said without the host's paths.
+DISK_FULL = "the server's disk is full: nothing was stored; try again later, or ask the server's operator"
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_error(exc: OSError, context: str) -> WorkspaceError:
+    """The error a tenant sees for ``exc``: :class:`DiskFullError`, or ``context`` and the system's reason (no path)."""
+    if exc.errno in _FULL:
+        return DiskFullError(DISK_FULL)
+    return WorkspaceError(f"{context}: {exc.strerror}")
+
+
 def _translate(exc: OSError, name: str) -> WorkspaceError:
     if exc.errno == errno.ENOENT:
         return WorkspaceError(f"{name}: no such file in the workspace")
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return WorkspaceError(f"{name}: a path component is a symbolic link or not a directory")
-    return WorkspaceError(f"{name}: {exc.strerror}")
+    return disk_error(exc, name)
 
 
 def open_parent(root_fd: int, name: str, *, create: bool = False, owner: tuple[int, int] | None = None) -> int:

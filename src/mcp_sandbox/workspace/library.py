@@ -28,6 +28,7 @@ from typing import Any
 
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
 from mcp_sandbox.runners import LANGUAGES
+from mcp_sandbox.workspace.files import disk_error
 
 __all__ = ["Library", "SavedTool"]
 
@@ -100,12 +101,18 @@ class Library:
             if not replaced and len(files) + 1 > self._max_entries:
                 message = f"the library holds {len(files)} entries already (library_entries)"
                 raise QuotaExceededError("files", len(files), self._max_entries, message)
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            except OSError as exc:  # its message holds the path: the tenant sees disk_error's
+                raise disk_error(exc, "the library cannot be written") from exc
             try:
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
                 os.replace(scratch, path)
+            except OSError as exc:
+                Path(scratch).unlink(missing_ok=True)
+                raise disk_error(exc, "the library cannot be written") from exc
             except BaseException:
                 Path(scratch).unlink(missing_ok=True)
                 raise
@@ -116,6 +123,7 @@ class Library:
         Raises:
             ValidationError: a bad name, language, source or description.
             QuotaExceededError: the library would pass its quota.
+            WorkspaceError: it cannot be written (DiskFullError: the disk is full).
         """
         _check_name(name)
         if language not in LANGUAGES:
@@ -157,8 +165,14 @@ class Library:
         newest two are removed (a run still using one keeps what it opened).
 
         Raises:
-            OSError: the snapshot cannot be written.
+            WorkspaceError: the snapshot cannot be written (DiskFullError: the disk is full).
         """
+        try:
+            return self._view(tenant)
+        except OSError as exc:
+            raise disk_error(exc, "the library cannot be read") from exc
+
+    def _view(self, tenant: str) -> Path | None:
         files: dict[str, bytes] = {}
         for tool in self.tools(tenant):
             files[f"tools/{tool.name}.{'py' if tool.language == 'python' else 'js'}"] = tool.source.encode()
@@ -206,6 +220,7 @@ class Library:
         Raises:
             ValidationError: a bad key, or a value that is not JSON.
             QuotaExceededError: the library would pass its quota.
+            WorkspaceError: it cannot be written (DiskFullError: the disk is full).
         """
         _check_key(key)
         try:

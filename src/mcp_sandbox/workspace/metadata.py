@@ -26,9 +26,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, DiskFullError, WorkspaceError
 from mcp_sandbox.state import METADATA_FILE
-from mcp_sandbox.workspace.files import FileEntry, Usage
+from mcp_sandbox.workspace.files import DISK_FULL, FileEntry, Usage
 
 __all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
 
@@ -73,6 +73,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) STRICT""",
         "CREATE INDEX executions_by_start ON executions(started_at)",
     ),
+    # Retention keeps each tenant's most recent runs.
+    ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
 )
 
 
@@ -202,7 +204,10 @@ class Metadata:
                 with self._transaction_locked():
                     yield
             except sqlite3.Error as exc:
-                raise WorkspaceError(f"the metadata database {self.path} refused a write: {exc}") from exc
+                # Tenants read this message: the database's reason, never its path.
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise DiskFullError(DISK_FULL) from exc
+                raise WorkspaceError(f"the metadata database refused a write: {exc}") from exc
 
     def touch_conversation(self, key: str, tenant: str, now: float) -> None:
         """Record that ``tenant``'s conversation ``key`` was used at ``now`` (creating its row).
@@ -283,6 +288,22 @@ class Metadata:
                     for record in records
                 ),
             )
+
+    def prune_executions(self, before: float, keep_per_tenant: int) -> int:
+        """Delete the executions started before ``before``, then each tenant's oldest past its
+        ``keep_per_tenant`` most recent; return how many were deleted.
+
+        Raises:
+            WorkspaceError: the database refused the write.
+        """
+        with self._transaction():
+            aged = self._db.execute("DELETE FROM executions WHERE started_at < ?", (before,)).rowcount
+            counted = self._db.execute(
+                "DELETE FROM executions WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER "
+                "(PARTITION BY tenant ORDER BY started_at DESC, id DESC) AS age FROM executions) WHERE age > ?)",
+                (keep_per_tenant,),
+            ).rowcount
+        return int(aged) + int(counted)
 
     def conversations_by_last_use(self) -> list[ConversationRecord]:
         """Every conversation, least recently used first.

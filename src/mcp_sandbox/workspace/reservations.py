@@ -4,10 +4,10 @@ Each write measured the conversation once, when it began; sixteen uploads starte
 saw room for themselves and all of them were stored (issue 21). Now every chunk a write streams
 is *reserved* under a lock against what all the conversation's writes in progress have
 reserved, and the quota is *checked again at commit*, under the conversation's lock, against
-what is on disk then, less what the writes in progress are known to have written there (a count
-updated only after the bytes are written, so the estimate of what is committed never falls
-short); the rename happens under that lock, so two commits never both take the last room.
-A write refused a reservation holds no room from that moment (it is being aborted).
+what is in the workspace then (writes in progress are outside it, in ``uploads/``, so what it
+holds is what is committed); the rename happens under that lock, so two commits never both
+take the last room. A write refused a reservation holds no room from that moment (it is being
+aborted).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ class Reservation:
     base_bytes: int  # the conversation's committed bytes when the write began, less the file it replaces
     used_bytes: int  # its usage then (for messages)
     reserved: int = 0  # bytes this write reserved (what it has written, or is writing)
-    written: int = 0  # bytes it has written into its temporary file (never more than are there)
-    created: bool = False  # its temporary file exists
 
     def reserve(self, size: int) -> None:
         """Reserve ``size`` more bytes (before writing them).
@@ -44,14 +42,6 @@ class Reservation:
             QuotaExceededError: with the other writes in progress, the conversation would pass its quota.
         """
         self.book.reserve(self, size)
-
-    def wrote(self, size: int) -> None:
-        """Record that ``size`` reserved bytes are now in the temporary file."""
-        self.book.wrote(self, size)
-
-    def file_created(self) -> None:
-        """Record that the temporary file exists (it counts as a file on disk)."""
-        self.book.wrote(self, 0, created=True)
 
     @contextlib.contextmanager
     def committing(self, size: int, replaced: int | None) -> Iterator[None]:
@@ -65,16 +55,6 @@ class Reservation:
         """
         with self.book.committing(self, size, replaced):
             yield
-
-    @contextlib.contextmanager
-    def discarding(self) -> Iterator[None]:
-        """Hold the conversation's lock while the caller deletes the temporary file, then release.
-
-        A commit measuring the disk meanwhile would count the file's bytes out twice.
-        """
-        with self.book.key_lock(self.key):
-            yield
-            self.book.release(self)
 
     def release(self) -> None:
         """Give the reservation back (after a commit or an abort; idempotent)."""
@@ -97,20 +77,11 @@ class QuotaBook:
         with self._lock:
             return self._key_locks.setdefault(key, threading.Lock())
 
-    def on_disk(self, key: str) -> tuple[int, int]:
-        """Bytes and temporary files the writes in progress for ``key`` are known to have on disk."""
-        with self._lock:
-            writes = self._open.get(key, set())
-            return sum(write.written for write in writes), sum(write.created for write in writes)
-
     def open(self, key: str, name: str, usage: Usage, replaced: int | None) -> Reservation:
         """Register a write of ``name`` that begins now; ``usage`` is the conversation's, as measured."""
-        with self.key_lock(key):
-            written, _ = self.on_disk(key)
-            committed = max(0, usage.bytes - written)
-            reservation = Reservation(self, key, name, committed - (replaced or 0), usage.bytes)
-            with self._lock:
-                self._open[key].add(reservation)
+        reservation = Reservation(self, key, name, usage.bytes - (replaced or 0), usage.bytes)
+        with self._lock:
+            self._open[key].add(reservation)
         return reservation
 
     def reserve(self, reservation: Reservation, size: int) -> None:
@@ -125,20 +96,11 @@ class QuotaBook:
                 raise self._bytes_exceeded(reservation, reservation.used_bytes + others)
             reservation.reserved += size
 
-    def wrote(self, reservation: Reservation, size: int, *, created: bool = False) -> None:
-        with self._lock:
-            reservation.written += size
-            reservation.created = reservation.created or created
-
     @contextlib.contextmanager
     def committing(self, reservation: Reservation, size: int, replaced: int | None) -> Iterator[None]:
         with self.key_lock(reservation.key):
-            # Counted before measuring: what is on disk holds at least this much of the writes
-            # in progress, so the files committed are never underestimated.
-            written, temporary = self.on_disk(reservation.key)
             usage = self._usage(reservation.key)
-            committed_bytes = max(0, usage.bytes - written)
-            committed_files = max(0, usage.files - temporary)
+            committed_bytes, committed_files = usage.bytes, usage.files
             if committed_bytes - (replaced or 0) + size > self.quota_bytes:
                 raise self._bytes_exceeded(reservation, committed_bytes)
             if replaced is None and committed_files + 1 > self.quota_files:

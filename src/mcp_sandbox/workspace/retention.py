@@ -9,6 +9,9 @@ each conversation was last used, whose it is and how many bytes it holds. A dire
 row (the server died before writing it) is measured on disk, dated by its mtime, and counted as
 a tenant of its own. A conversation in ``busy`` (a live session, a running execution, an
 upload) is never touched.
+
+The run history (the ``executions`` table) is pruned in the same sweep: runs older than
+``history_ttl``, then each tenant's oldest past its ``history_max_runs`` most recent.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class SweepReport:
     idle: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)  # over a tenant's budget or the total, oldest first
     failed: list[str] = field(default_factory=list)
+    history_pruned: int = 0  # runs deleted from the history
     freed_bytes: int = 0
     total_bytes: int = 0
 
@@ -48,6 +52,7 @@ class SweepReport:
     def summary(self) -> str:
         """One line for the log, e.g. ``2 idle, 1 over the total size (1048576 bytes freed)``."""
         text = f"{len(self.idle)} idle, {len(self.evicted)} over the total size ({self.freed_bytes} bytes freed)"
+        text += f"; {self.history_pruned} runs left the history" if self.history_pruned else ""
         return text + (f"; {len(self.failed)} could not be deleted" if self.failed else "")
 
 
@@ -93,14 +98,19 @@ def _delete(store: WorkspaceStore, metadata: Metadata, candidate: _Candidate, re
 def sweep(
     store: WorkspaceStore, metadata: Metadata, settings: Settings, now: float, busy: Collection[str]
 ) -> SweepReport:
-    """Delete idle conversations, then the least recently used of a tenant over its budget, then
-    of the tenant holding the most while over the total budget.
+    """Prune the run history; delete idle conversations, then the least recently used of a tenant
+    over its budget, then of the tenant holding the most while over the total budget.
 
     ``busy`` holds the keys not to touch; membership is checked just before each deletion, so
     a live set the caller keeps up to date works. Synchronous: run it in a worker thread.
     Failures are logged and listed in the report, not raised.
     """
     report = SweepReport()
+    history = settings.workspaces
+    try:
+        report.history_pruned = metadata.prune_executions(now - history.history_ttl, history.history_max_runs)
+    except WorkspaceError as exc:
+        logger.warning("retention could not prune the run history: %s", exc)
     remaining: list[_Candidate] = []
     for candidate in _candidates(store, metadata):
         idle = now - candidate.last_used > settings.workspaces.conversation_ttl

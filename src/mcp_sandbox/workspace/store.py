@@ -24,8 +24,18 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace.files import DIR_FLAGS, FileEntry, Listing, OpenFile, Usage, Walk, open_parent, open_regular
-from mcp_sandbox.workspace.names import check_filename
+from mcp_sandbox.workspace.files import (
+    DIR_FLAGS,
+    FileEntry,
+    Listing,
+    OpenFile,
+    Usage,
+    Walk,
+    disk_error,
+    open_parent,
+    open_regular,
+)
+from mcp_sandbox.workspace.names import RESERVED_PREFIX, check_filename
 from mcp_sandbox.workspace.removal import remove_tree
 from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
@@ -34,6 +44,8 @@ from mcp_sandbox.workspace.writing import PendingWrite
 __all__ = ["WorkspaceStore"]
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+# How versions before uploads/ named a partial upload, in the directory of the file it was for.
+_OLD_PARTIAL = RESERVED_PREFIX + "upload-"
 
 MAX_LIST_ENTRIES = 100_000
 MAX_DEPTH = 64
@@ -85,8 +97,40 @@ class WorkspaceStore:
         """
         try:
             self._layout.prepare_workspaces()
+            self._layout.prepare_uploads()
         except OSError as exc:
-            raise WorkspaceError(f"cannot create the workspaces directory {self.root}: {exc.strerror}") from exc
+            raise disk_error(exc, "cannot create the workspaces directory") from exc
+
+    def sweep_partials(self) -> int:
+        """Delete what uploads cut by a crash left: dead servers' files in ``uploads/``, and the
+        partial files older versions left in workspaces. Return how many were deleted.
+
+        Call it at start: a live server's uploads in ``uploads/`` are never touched (their names
+        start with its pid), and this version writes no partial file into a workspace.
+        """
+        removed = 0
+        for entry in self._layout.stale_uploads():
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+                removed += 1
+        for key in self.keys():
+            root = self._open_root(key)
+            if root is None:
+                continue
+            try:
+                walk = Walk(root, max_depth=MAX_DEPTH, max_entries=MAX_LIST_ENTRIES, servable_only=False)
+                for parts in [parts for parts, _ in walk if parts[-1].startswith(_OLD_PARTIAL)]:
+                    parent = open_parent(root, "/".join(parts))
+                    try:
+                        os.unlink(parts[-1], dir_fd=parent)
+                        removed += 1
+                    finally:
+                        os.close(parent)
+            except (OSError, WorkspaceError):
+                continue  # changed meanwhile, or unreadable: the next start looks again
+            finally:
+                os.close(root)
+        return removed
 
     def ensure(self, key: str) -> Path:
         """Create conversation ``key``'s directory if needed (0700, the sandbox uid's); return it.
@@ -95,14 +139,14 @@ class WorkspaceStore:
             WorkspaceError: it cannot be created, or something that is not a directory is there.
         """
         path = self.directory(key)
-        if not self.root.is_dir():
+        if not self.root.is_dir() or not self._layout.uploads.is_dir():
             self.prepare()
         try:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o700)
             fd = os.open(path, DIR_FLAGS)
         except OSError as exc:
-            raise WorkspaceError(f"cannot create the conversation's workspace: {exc.strerror}") from exc
+            raise disk_error(exc, "cannot create the conversation's workspace") from exc
         try:
             # Also repairs a directory left root's by a crash, or opened up by the code inside.
             os.fchmod(fd, 0o700)
@@ -223,9 +267,14 @@ class WorkspaceStore:
         except BaseException:
             os.close(parent)
             raise
+        try:
+            staging = os.open(self._layout.uploads, DIR_FLAGS)
+        except OSError as exc:
+            os.close(parent)
+            raise disk_error(exc, f"{name}: cannot write in the workspace") from exc
         reservation = self._quota.open(key, name, usage, replaced)
         try:
-            return PendingWrite(parent, leaf, name, reservation=reservation, owner=self._owner)
+            return PendingWrite(parent, leaf, name, staging_fd=staging, reservation=reservation, owner=self._owner)
         except BaseException:
             reservation.release()
             raise
@@ -287,7 +336,7 @@ class WorkspaceStore:
         except FileNotFoundError as exc:
             raise WorkspaceError(f"{name}: no such file in the workspace") from exc
         except OSError as exc:
-            raise WorkspaceError(f"{name}: cannot delete: {exc.strerror}") from exc
+            raise disk_error(exc, f"{name}: cannot delete") from exc
         finally:
             os.close(parent)
 

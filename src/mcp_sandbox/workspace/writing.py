@@ -1,9 +1,12 @@
 """Writing one file into a workspace atomically, checking the byte quota while it streams.
 
-The data goes to a temporary file in the target directory (in the reserved ``.mcp-sandbox-``
-namespace, so no client can name it), is fsynced, and is renamed over the old file: until
-then the old content is intact, and concurrent writers of one name never tear it (the last
-rename wins). Every operation is on the directory fd and the file's own fd, never a path.
+The data goes to a temporary file in ``state_dir/uploads/`` (named after the server's pid, out
+of the sandbox's sight and out of the quota's count), is fsynced, and is renamed over the old
+file in the workspace (the same filesystem): until then the old content is intact, and
+concurrent writers of one name never tear it (the last rename wins). A server killed
+mid-write leaves its partial file in ``uploads/``, which the next start deletes
+(:meth:`WorkspaceStore.sweep_partials`). Every operation is on a directory fd and the file's
+own fd, never a path.
 """
 
 from __future__ import annotations
@@ -14,8 +17,7 @@ import secrets
 import stat
 
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
-from mcp_sandbox.workspace.files import FileEntry
-from mcp_sandbox.workspace.names import RESERVED_PREFIX
+from mcp_sandbox.workspace.files import FileEntry, disk_error
 from mcp_sandbox.workspace.reservations import Reservation
 
 __all__ = ["PendingWrite"]
@@ -33,10 +35,13 @@ class PendingWrite:
         leaf: str,
         name: str,
         *,
+        staging_fd: int,
         reservation: Reservation,
         owner: tuple[int, int] | None,
     ) -> None:
-        """Create the temporary file. Takes ownership of ``parent_fd`` and of ``reservation``.
+        """Create the temporary file in ``staging_fd`` (``uploads/``, on the workspace's filesystem).
+
+        Takes ownership of ``parent_fd``, ``staging_fd`` and ``reservation``.
 
         ``reservation`` holds this write's share of the conversation's quota: every chunk is
         reserved before it is written, and the quota is checked again at commit (see
@@ -47,26 +52,27 @@ class PendingWrite:
         """
         self.name = name
         self._parent = parent_fd
+        self._staging = staging_fd
         self._leaf = leaf
         self._reservation = reservation
         self._written = 0
         self._ahead = 0  # bytes reserved by expect() that no chunk has used yet
-        self._temporary = f"{RESERVED_PREFIX}upload-{secrets.token_hex(12)}"
+        # The pid lets a later server tell a dead server's leftovers from a live one's.
+        self._temporary = f"{os.getpid()}-{secrets.token_hex(12)}"
         self._fd: int | None = None
         try:
             self._fd = os.open(
                 self._temporary,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o600,
-                dir_fd=parent_fd,
+                dir_fd=staging_fd,
             )
-            reservation.file_created()
             os.fchmod(self._fd, 0o600)  # whatever the umask; only the sandbox uid and root need it
             if owner is not None:
                 os.fchown(self._fd, *owner)  # so sandboxed code can change it
         except OSError as exc:
             self.abort()
-            raise WorkspaceError(f"{name}: cannot write in the workspace: {exc.strerror}") from exc
+            raise disk_error(exc, f"{name}: cannot write in the workspace") from exc
 
     @property
     def written(self) -> int:
@@ -113,10 +119,9 @@ class PendingWrite:
                 done = os.write(self._fd, view)
                 view = view[done:]
                 self._written += done
-                self._reservation.wrote(done)
         except OSError as exc:
             self.abort()
-            raise WorkspaceError(f"{self.name}: cannot write in the workspace: {exc.strerror}") from exc
+            raise disk_error(exc, f"{self.name}: cannot write in the workspace") from exc
 
     def commit(self) -> FileEntry:
         """Flush the file to disk and rename it over ``name``; return what was stored.
@@ -133,13 +138,13 @@ class PendingWrite:
             os.fsync(self._fd)
             info = os.fstat(self._fd)
             with self._reservation.committing(info.st_size, self._replaced_size()):
-                os.rename(self._temporary, self._leaf, src_dir_fd=self._parent, dst_dir_fd=self._parent)
+                os.rename(self._temporary, self._leaf, src_dir_fd=self._staging, dst_dir_fd=self._parent)
         except QuotaExceededError:
             self.abort()
             raise
         except OSError as exc:
             self.abort()
-            raise WorkspaceError(f"{self.name}: cannot store the file: {exc.strerror}") from exc
+            raise disk_error(exc, f"{self.name}: cannot store the file") from exc
         with contextlib.suppress(OSError):
             os.fsync(self._parent)  # the rename itself survives a crash
         self._close()
@@ -156,8 +161,8 @@ class PendingWrite:
     def abort(self) -> None:
         """Delete the temporary file and release the fds (idempotent)."""
         if self._fd is not None:
-            with self._reservation.discarding(), contextlib.suppress(FileNotFoundError):
-                os.unlink(self._temporary, dir_fd=self._parent)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temporary, dir_fd=self._staging)
         self._close()
 
     def _close(self) -> None:
@@ -165,9 +170,10 @@ class PendingWrite:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        if self._parent >= 0:
-            os.close(self._parent)
-            self._parent = -1
+        for fd in (self._parent, self._staging):
+            if fd >= 0:
+                os.close(fd)
+        self._parent = self._staging = -1
 
     def __enter__(self) -> PendingWrite:
         return self

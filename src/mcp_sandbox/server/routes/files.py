@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, DiskFullError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed, FileStored
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
@@ -286,6 +286,8 @@ def _upload(service: Service, hosts: TransportSecuritySettings) -> Callable[[Req
             return _problem(400, str(exc))
         except QuotaExceededError as exc:
             return _problem(413, str(exc))
+        except DiskFullError as exc:
+            return _problem(507, str(exc))
         except WorkspaceError as exc:
             return _problem(409, str(exc))
         except ClientDisconnect:

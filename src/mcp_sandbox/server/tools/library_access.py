@@ -17,7 +17,7 @@ from typing import Any
 import anyio.to_thread
 
 from mcp_sandbox.engine.result import ToolAccess
-from mcp_sandbox.errors import QuotaExceededError, ValidationError
+from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.protocol import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.workspace.library import Library
@@ -78,6 +78,8 @@ class LibraryAccess:
             return Reply(call.id, error=Failure("invalid", str(exc)))
         except QuotaExceededError as exc:
             return Reply(call.id, error=Failure("denied", str(exc)))
+        except WorkspaceError as exc:  # a full disk: said without the library's path
+            return Reply(call.id, error=Failure("unavailable", str(exc)))
         return Reply(call.id, result)
 
     async def _search(self, call: Call) -> Reply:

@@ -25,7 +25,7 @@ import mcp_types as types
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
-from mcp_sandbox.errors import BusyError, SandboxError, ValidationError
+from mcp_sandbox.errors import BusyError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.tools.arguments import (
@@ -68,6 +68,8 @@ def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
         call.busy = True
         return ExecutionResult(status="error", exit_code=None, error=f"busy: {exc}")
     logger.error("%s failed in the sandbox layer: %s", call.tool, exc)
+    if isinstance(exc, WorkspaceError):  # written for the tenant: the workspace's problem, no path
+        return ExecutionResult(status="error", exit_code=None, error=str(exc))
     return ExecutionResult(status="error", exit_code=None, error=f"sandbox failure: {exc}")
 
 
