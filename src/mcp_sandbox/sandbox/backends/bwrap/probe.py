@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 from typing import Protocol
 
 from mcp_sandbox.errors import SandboxStartError
@@ -29,8 +28,7 @@ class Probed(Protocol):
     @property
     def cgroups(self) -> CgroupSupport: ...
 
-    @property
-    def gate(self) -> Path | None: ...
+    def open_gate(self) -> int | None: ...
 
     def host_ids(self) -> tuple[int | None, int | None]: ...
 
@@ -51,16 +49,17 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
     spec = backend.launch_spec(policy, None)
     seccomp_fd = write_bpf()
+    program = backend.open_gate()
     gate_read, gate = os.pipe()
     try:
         # Started as every sandbox is (see mcp_sandbox.sandbox.launcher): behind the gate.
         with subprocess.Popen(
-            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), backend.gate),
+            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), program),
             stdin=gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            pass_fds=(seccomp_fd,),
+            pass_fds=(seccomp_fd, *([] if program is None else [program])),
             env={},
         ) as process:
             os.close(gate_read)
@@ -80,6 +79,8 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
         return f"bwrap could not be started: {exc}"
     finally:
         os.close(seccomp_fd)
+        if program is not None:
+            os.close(program)
         if gate_read >= 0:
             os.close(gate_read)
             os.close(gate)
