@@ -24,6 +24,19 @@ def test_run_dash_c_prints_the_output_and_exits_zero(state_dir: Path, sandbox_ru
     assert done.stdout == "1\n"
 
 
+@pytest.mark.parametrize("setting", ["MCP_SANDBOX_SANDBOX_UID", "MCP_SANDBOX_SANDBOX_GID"])
+@pytest.mark.parametrize("command", [["run", "-c", "print(1)"], ["serve"]])
+def test_a_sandbox_id_of_root_is_refused_at_start(
+    state_dir: Path, sandbox_runtime: Path | None, setting: str, command: list[str]
+) -> None:
+    done = mcp_sandbox_cli(*command, state_dir=state_dir, runtime=sandbox_runtime, env={setting: "0"})
+
+    assert done.returncode != 0 and done.stdout == ""
+    name = setting.removeprefix("MCP_SANDBOX_").lower()
+    assert f"{name}: must not be 0" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_run_file_runs_the_file(state_dir: Path, sandbox_runtime: Path | None, tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("print('from a file')\n", encoding="utf-8")
