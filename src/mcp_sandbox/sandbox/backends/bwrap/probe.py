@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from typing import Protocol
 
@@ -18,6 +19,7 @@ from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 __all__ = ["Probed", "probe_bwrap"]
 
 _PROBE_SECONDS = 20
+_FIXED = (0, 12)  # bubblewrap 0.12.0 fixed GHSA-pxhw-h44j-8pfx
 
 
 class Probed(Protocol):
@@ -41,6 +43,19 @@ def _version(bwrap: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return shown.stdout.strip() or "unknown"
+
+
+def _version_note(version: str) -> str:
+    """``bwrap --version`` said, and what a release before 0.12.0 lacks."""
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if found is None:
+        return f"{version}: not a version we can read"
+    if (int(found[1]), int(found[2])) >= _FIXED:
+        return version
+    return (
+        f"{version}, before 0.12.0 (GHSA-pxhw-h44j-8pfx: a mount destination under a path the sandbox"
+        " can write): the policy mounts nothing there"
+    )
 
 
 def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
@@ -105,6 +120,7 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
     uid, _ = backend.host_ids()
     host_uid = uid if uid is not None else os.geteuid()
     capabilities = (
+        Capability("bwrap version", True, _version_note(version)),
         Capability("network", True, "empty network namespace; seccomp allows only AF_UNIX sockets"),
         Capability("read-only root", True, "only /usr, linker files and the runtime bound in, read-only"),
         Capability("unprivileged uid", True, f"uid 65534 inside, host uid {host_uid}"),
