@@ -24,6 +24,19 @@ def test_run_dash_c_prints_the_output_and_exits_zero(state_dir: Path, sandbox_ru
     assert done.stdout == "1\n"
 
 
+@pytest.mark.parametrize("setting", ["MCP_SANDBOX_SANDBOX_UID", "MCP_SANDBOX_SANDBOX_GID"])
+@pytest.mark.parametrize("command", [["run", "-c", "print(1)"], ["serve"]])
+def test_a_sandbox_id_of_root_is_refused_at_start(
+    state_dir: Path, sandbox_runtime: Path | None, setting: str, command: list[str]
+) -> None:
+    done = mcp_sandbox_cli(*command, state_dir=state_dir, runtime=sandbox_runtime, env={setting: "0"})
+
+    assert done.returncode != 0 and done.stdout == ""
+    name = setting.removeprefix("MCP_SANDBOX_").lower()
+    assert f"{name}: must not be 0" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_run_file_runs_the_file(state_dir: Path, sandbox_runtime: Path | None, tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("print('from a file')\n", encoding="utf-8")
@@ -78,6 +91,7 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bwrap" in done.stdout
     assert "memory limit" in done.stdout
+    assert "bwrap version      bubblewrap " in done.stdout, done.stdout  # GHSA-pxhw-h44j-8pfx is fixed in 0.12.0
     # `make runtime` bundled the TypeScript runner (provision/bundles.py): no slower start to report.
     assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
     # ... and built the sandbox's gate (provision/gate.py), which every sandbox started through.

@@ -114,10 +114,15 @@ EgressEngine = Callable[..., contextlib.AbstractAsyncContextManager[tuple[Engine
 def egress_engine(
     request: pytest.FixtureRequest, state_dir: Path, sandbox_runtime: Path | None, test_net: HostNet
 ) -> EgressEngine:
-    """``async with egress_engine(backend="bwrap", **flags) as (engine, egress)``: its proxy resolves the test names."""
+    """``async with egress_engine(backend="bwrap", hosts=None, **flags) as (engine, egress)``.
+
+    Its proxy resolves the test names, and ``hosts`` (name to addresses) besides.
+    """
 
     @contextlib.asynccontextmanager
-    async def make(backend: str = "bwrap", **flags: Any) -> AsyncIterator[tuple[Engine, TenantEgress]]:
+    async def make(
+        backend: str = "bwrap", hosts: dict[str, list[str]] | None = None, **flags: Any
+    ) -> AsyncIterator[tuple[Engine, TenantEgress]]:
         if backend == "docker":
             request.getfixturevalue("docker_engine")  # the tests' own docker engine, started once
         values: dict[str, Any] = {"state_dir": str(state_dir), "memory": "256m", "pids": 64, "backend": backend}
@@ -132,7 +137,7 @@ def egress_engine(
             if backend in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
                 pytest.fail(f"{backend} is required but unavailable: {probe.reason}")
             pytest.skip(f"{backend} is unavailable here: {probe.reason}")
-        engine = Engine(settings, chosen, egress_resolver=hosts_resolver(test_net.hosts))
+        engine = Engine(settings, chosen, egress_resolver=hosts_resolver({**test_net.hosts, **(hosts or {})}))
         engine.prepare()
         async with engine.running():
             yield engine, TenantEgress(settings)

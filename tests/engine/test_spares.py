@@ -24,7 +24,9 @@ from .helpers import HOST_BOUND, own_processes, poll
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
-_GATE = "mcp-sandbox-gate"  # the name a first process waiting at its gate carries (sandbox/launcher.py)
+# The name a first process waiting at its gate carries (sandbox/launcher.py): the sh gate's $0, and
+# the static gate's (run from a descriptor, it names itself; the kernel keeps 15 characters).
+_GATE = "mcp-sandbox-gat"
 # ~150 MB held by the shell: fits in the default 512 MiB, not in 64 MiB.
 _BOMB = "x=$(head -c 150000000 /dev/zero | tr '\\0' a); echo survived"
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -19,24 +22,37 @@ from mcp_sandbox.provision.python import SetupError
 from mcp_sandbox.sandbox import gate
 from mcp_sandbox.sandbox.backends.bwrap.sandbox import SPARES, BwrapBackend
 from mcp_sandbox.sandbox.hostfs import system_mounts
+from mcp_sandbox.sandbox.launcher import LaunchSpec, gated, open_gate
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_test_helpers import own_processes, poll
 
 _NOBODY = 65534
+_GATE = "mcp-sandbox-gat"  # the sh gate's $0, the static gate's name (the kernel keeps 15 characters)
+_CHECKOUT = Path(__file__).resolve().parents[2]
 _BOUND = 20.0  # a sandbox's start and end, and its spares' start, on a busy 2-core host
 
 
 @pytest.fixture
-def built(tmp_path: Path) -> Path:
+def private_dir() -> Iterator[Path]:
+    """A directory whose parents nobody else may write (the checkout's): not /tmp, which anyone may."""
+    directory = Path(tempfile.mkdtemp(prefix=".test-gate-", dir=_CHECKOUT))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def built(private_dir: Path) -> Path:
     """A gate directory with the gate built in it, whatever the umask."""
     if find_compiler() is None:
         pytest.fail("no C compiler: `make sysdeps` installs gcc and libc6-dev")
     old = os.umask(0o000)  # setup must not leave it writable by others
     try:
-        build_gate(tmp_path / "gate", log=lambda _: None)
+        build_gate(private_dir / "gate", log=lambda _: None)
     finally:
         os.umask(old)
-    return tmp_path / "gate"
+    return private_dir / "gate"
 
 
 def test_setup_builds_a_static_gate_writable_by_nobody_else_keeps_it_and_prunes_other_builds(built: Path) -> None:
@@ -111,9 +127,14 @@ async def _waiting_at_the_gate(backend: BwrapBackend) -> list[str]:
     await sandbox.aclose()
     assert out == b"ran\n"
     with anyio.fail_after(_BOUND):  # the spares the start asked for: first processes at their gate
-        await poll(lambda: len(own_processes("mcp-sandbox-gate")) == SPARES)
-    cmdlines = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in own_processes("mcp-sandbox-gate")]  # noqa: ASYNC240
-    return [cmdline.split(b"\0")[0].decode() for cmdline in cmdlines]
+        await poll(lambda: len(own_processes(_GATE)) == SPARES)
+    return [_program(pid) for pid in own_processes(_GATE)]
+
+
+def _program(pid: int) -> str:
+    """What process ``pid`` runs: its first argument, or the file it executes when run from a descriptor."""
+    first = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    return os.readlink(f"/proc/{pid}/exe") if first.startswith("/proc/self/fd/") else first
 
 
 @pytest.mark.sandbox
@@ -149,3 +170,77 @@ async def test_a_gate_removed_under_a_running_backend_is_not_run_again(built: Pa
         for _ in range(SPARES):  # the spares started before: already running it, they start as well
             await _waiting_at_the_gate(backend)
         assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES
+
+
+def test_a_parent_of_gate_dir_another_user_owns_refuses_the_gate(private_dir: Path) -> None:
+    parent = private_dir / "theirs"
+    parent.mkdir(mode=0o755)
+    old = os.umask(0o022)
+    try:
+        build_gate(parent / "gate", log=lambda _: None)
+    finally:
+        os.umask(old)
+    assert gate.refusal(parent / "gate") is None
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a parent of gate_dir away")
+    os.chown(parent, _NOBODY, _NOBODY)  # nobody may now swap gate/ for a directory of their own
+
+    problem = gate.refusal(parent / "gate")
+
+    assert problem is not None and str(parent) in problem and f"uid {_NOBODY}" in problem
+
+
+def test_a_parent_writable_by_others_refuses_the_gate_even_when_sticky(private_dir: Path) -> None:
+    parent = private_dir / "shared"
+    parent.mkdir()
+    build_gate(parent / "gate", log=lambda _: None)
+    parent.chmod(0o1777)
+
+    assert "writable by others" in (gate.refusal(parent / "gate") or "")
+
+
+def test_the_descriptor_checked_is_what_runs_when_the_path_is_swapped_after_the_check(built: Path) -> None:
+    checked = gate.open_checked(built)
+    assert isinstance(checked, int)
+    marker = built.parent / "swapped-program-ran"
+    try:
+        path = gate.built_path(built)
+        path.parent.rename(built / "moved-away")  # what a user who could write gate_dir would do
+        path.parent.mkdir()
+        path.write_text(f"#!/bin/sh\n: > {marker}\n")
+        path.chmod(0o755)
+        spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
+        gate_read, gate_write = os.pipe()
+        try:
+            process = subprocess.Popen(
+                gated(spec, ["/bin/sh", "-c", "echo gate passed"], checked),
+                stdin=gate_read, stdout=subprocess.PIPE, text=True, pass_fds=(checked,),
+            )  # fmt: skip
+        finally:
+            os.close(gate_read)
+        open_gate(gate_write, admitted=True)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        os.close(checked)
+    assert (process.returncode, out) == (0, "gate passed\n")
+    assert not marker.exists()
+
+
+@pytest.mark.sandbox
+@pytest.mark.anyio
+async def test_runs_start_through_sh_and_setpriv_when_another_user_owns_a_parent_of_gate_dir(
+    private_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a parent of gate_dir away")
+    parent = private_dir / "theirs"
+    parent.mkdir(mode=0o755)
+    build_gate(parent / "gate", log=lambda _: None)
+    os.chown(parent, _NOBODY, _NOBODY)
+    backend = BwrapBackend(load_settings(env={}, flags={"gate_dir": str(parent / "gate")}))
+    if backend.cgroups.version is None:
+        pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
+    with caplog.at_level(logging.WARNING):
+        async with backend.running():
+            assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES  # and the sandbox ran
+    assert "not running the sandbox's gate" in caplog.text and f"uid {_NOBODY}" in caplog.text

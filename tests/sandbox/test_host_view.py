@@ -7,7 +7,9 @@ host users even when a run opens its own ``/workspace``; host-wide counters are 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import textwrap
 import uuid
@@ -145,3 +147,36 @@ async def test_host_wide_counters_are_masked(sandbox: SandboxRunner, backend_nam
     if backend_name == "docker":
         pytest.xfail("docker's runc refuses a mount over /proc/pressure (docs/security.md, limits of the model)")
     assert report["pressure"] == []
+
+
+_NAMES_AND_CGROUPS = """
+    import json
+    def read(path):
+        try:
+            with open(path) as file:
+                return file.read()
+        except OSError as error:
+            return type(error).__name__
+    print(json.dumps({"hosts": read("/etc/hosts"), "cgroup": read("/proc/self/cgroup")}))
+"""
+
+
+def _host_names() -> set[str]:
+    """The names the host's /etc/hosts gives, but localhost's."""
+    names: set[str] = set()
+    with open("/etc/hosts") as hosts:
+        for line in hosts:
+            names.update(line.split("#", 1)[0].split()[1:])
+    return {name for name in names if not name.startswith(("localhost", "ip6-"))}
+
+
+async def test_a_run_sees_neither_the_hosts_etc_hosts_nor_the_servers_pid(sandbox: SandboxRunner) -> None:
+    result = await sandbox.run(_NAMES_AND_CGROUPS)
+    assert result.status == "success", result.error
+    seen = json.loads(result.stdout)
+    hosts = set(seen["hosts"].split())
+    assert not hosts & _host_names(), seen["hosts"]  # podman copied the host's /etc/hosts in
+    assert "host.containers.internal" not in hosts and not any(name.startswith("mcp-sandbox-") for name in hosts)
+    # The server is this process; the run's cgroup was named after it (mcp-sandbox-<pid>-<hex>).
+    assert not re.search(rf"(?<![0-9]){os.getpid()}(?![0-9])", seen["cgroup"]), seen["cgroup"]
+    assert "mcp-sandbox" not in seen["cgroup"], seen["cgroup"]

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,22 +29,32 @@ _SHOW = (
 
 
 @pytest.fixture(params=["sh", pytest.param("static", marks=pytest.mark.sandbox)])  # static: `make runtime` builds it
-def program(request: pytest.FixtureRequest) -> Path | None:
-    """The gate to start through: None (sh and setpriv) or the static one ``make runtime`` built."""
+def program(request: pytest.FixtureRequest) -> Iterator[int | None]:
+    """The gate to start through: None (sh and setpriv) or a descriptor of the static one ``make runtime`` built."""
     if request.param == "sh":
-        return None
+        yield None
+        return
     directory = load_settings(env={}, flags={}).paths.gate_dir
-    problem = gate_program.refusal(directory)
-    if problem is not None:
-        pytest.fail(f"no static gate to test: {problem}; run `make runtime`")
-    return gate_program.built_path(directory)
+    opened = gate_program.open_checked(directory)
+    if isinstance(opened, str):
+        pytest.fail(f"no static gate to test: {opened}; run `make runtime`")
+    try:
+        yield opened
+    finally:
+        os.close(opened)
 
 
-def _start(spec: LaunchSpec, marker: Path, program: Path | None) -> tuple[subprocess.Popen[str], int]:
+def passed(program: int | None) -> tuple[int, ...]:
+    """The ``pass_fds`` a process started through ``program`` needs."""
+    return () if program is None else (program,)
+
+
+def _start(spec: LaunchSpec, marker: Path, program: int | None) -> tuple[subprocess.Popen[str], int]:
     gate_read, gate = os.pipe()
     try:
         process = subprocess.Popen(
             gated(spec, ["/bin/sh", "-c", _SHOW.format(marker=marker)], program),
+            pass_fds=passed(program),
             stdin=gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -54,7 +65,7 @@ def _start(spec: LaunchSpec, marker: Path, program: Path | None) -> tuple[subpro
     return process, gate
 
 
-def test_the_process_runs_with_its_limits_and_uid_only_once_let_through(program: Path | None) -> None:
+def test_the_process_runs_with_its_limits_and_uid_only_once_let_through(program: int | None) -> None:
     root = os.geteuid() == 0
     uid = gid = 65534 if root else None
     shared = Path(tempfile.mkdtemp(prefix="mcp-sandbox-gate-"))  # /tmp: reachable by the sandbox uid
@@ -86,7 +97,7 @@ def test_the_process_runs_with_its_limits_and_uid_only_once_let_through(program:
 
 
 def test_a_gate_closed_without_the_line_ends_the_process_before_the_command(
-    tmp_path: Path, program: Path | None
+    tmp_path: Path, program: int | None
 ) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     marker = tmp_path / "ran"
@@ -97,7 +108,7 @@ def test_a_gate_closed_without_the_line_ends_the_process_before_the_command(
     assert not marker.exists()
 
 
-def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path, program: Path | None) -> None:
+def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path, program: int | None) -> None:
     spec = LaunchSpec(cgroup_procs=(str(tmp_path / "no-such-cgroup" / "cgroup.procs"),), rlimits=(), uid=None, gid=None)
     process, gate = _start(spec, tmp_path / "ran", program)
     with pytest.raises(OSError):
@@ -107,13 +118,17 @@ def test_a_cgroup_that_refuses_the_process_is_an_error(tmp_path: Path, program: 
     assert process.returncode == GATE_CLOSED
 
 
-def test_arguments_through_the_gate_complete_the_command_line_verbatim(program: Path | None) -> None:
+def test_arguments_through_the_gate_complete_the_command_line_verbatim(program: int | None) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     then = ["two  spaces", "", "$HOME `id` $(id)", "back\\slash 'quote' \"double\"", " *", "-n"]
     gate_read, gate = os.pipe()
     try:
         process = subprocess.Popen(
-            gated(spec, ["/usr/bin/printf", "[%s]\\n"], program), stdin=gate_read, stdout=subprocess.PIPE, text=True
+            gated(spec, ["/usr/bin/printf", "[%s]\\n"], program),
+            stdin=gate_read,
+            stdout=subprocess.PIPE,
+            text=True,
+            pass_fds=passed(program),
         )
     finally:
         os.close(gate_read)
@@ -124,7 +139,7 @@ def test_arguments_through_the_gate_complete_the_command_line_verbatim(program: 
 
 
 def test_an_argument_with_a_newline_is_refused_and_the_process_ends_at_the_gate(
-    tmp_path: Path, program: Path | None
+    tmp_path: Path, program: int | None
 ) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     marker = tmp_path / "ran"
@@ -142,7 +157,7 @@ def test_an_argument_with_a_newline_is_refused_and_the_process_ends_at_the_gate(
     ids=["nothing", "empty count", "not a number", "negative", "trailing letter", "too few", "unended", "huge"],
 )
 def test_a_malformed_or_cut_short_line_ends_the_process_at_the_gate(
-    tmp_path: Path, program: Path | None, written: bytes
+    tmp_path: Path, program: int | None, written: bytes
 ) -> None:
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
     marker = tmp_path / "ran"
@@ -167,7 +182,7 @@ except PermissionError:
 """
 
 
-def test_a_root_started_process_keeps_nothing_of_root(program: Path | None) -> None:
+def test_a_root_started_process_keeps_nothing_of_root(program: int | None) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: only a root server drops to the sandbox's uid")
     spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=65534, gid=65534)
@@ -176,7 +191,8 @@ def test_a_root_started_process_keeps_nothing_of_root(program: Path | None) -> N
         process = subprocess.Popen(
             gated(spec, ["/usr/bin/python3", "-I", "-c", _PRIVILEGES], program),
             stdin=gate_read, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
-            extra_groups=[0, 4],  # a server with supplementary groups (root, adm): none must reach the sandbox
+            # a server with supplementary groups (root, adm): none must reach the sandbox
+            pass_fds=passed(program), extra_groups=[0, 4],
         )  # fmt: skip
     finally:
         os.close(gate_read)
@@ -190,7 +206,7 @@ def test_a_root_started_process_keeps_nothing_of_root(program: Path | None) -> N
     ]
 
 
-def test_a_drop_that_fails_runs_nothing(tmp_path: Path, program: Path | None) -> None:
+def test_a_drop_that_fails_runs_nothing(tmp_path: Path, program: int | None) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root, to start the gate as another unprivileged user")
     shared = Path(tempfile.mkdtemp(prefix="mcp-sandbox-gate-"))
@@ -202,6 +218,7 @@ def test_a_drop_that_fails_runs_nothing(tmp_path: Path, program: Path | None) ->
         process = subprocess.Popen(
             gated(spec, ["/bin/sh", "-c", f": > {marker}"], program),
             stdin=gate_read, stderr=subprocess.PIPE, text=True, cwd="/", user=65534, group=65534, extra_groups=[],
+            pass_fds=passed(program),
         )  # fmt: skip
         os.close(gate_read)
         open_gate(gate, admitted=True)
@@ -211,3 +228,22 @@ def test_a_drop_that_fails_runs_nothing(tmp_path: Path, program: Path | None) ->
         assert not marker.exists()
     finally:
         shutil.rmtree(shared)
+
+
+_DESCRIPTORS = "import os; print(sorted(os.listdir('/proc/self/fd')))"
+
+
+def test_the_gates_own_descriptor_does_not_reach_the_command(program: int | None) -> None:
+    spec = LaunchSpec(cgroup_procs=(), rlimits=(), uid=None, gid=None)
+    gate_read, gate = os.pipe()
+    try:
+        process = subprocess.Popen(
+            gated(spec, ["/usr/bin/python3", "-I", "-c", _DESCRIPTORS], program),
+            stdin=gate_read, stdout=subprocess.PIPE, text=True, pass_fds=passed(program),
+        )  # fmt: skip
+    finally:
+        os.close(gate_read)
+    open_gate(gate, admitted=True)
+    out, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert out.strip() == "['0', '1', '2', '3']"  # stdio and the listing's own descriptor

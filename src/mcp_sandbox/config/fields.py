@@ -219,3 +219,13 @@ def host_id(name: str, value: int) -> None:
     """A uid or gid."""
     if not 0 <= value < 2**32 - 1:
         raise ConfigError(f"{name}: must be a valid id")
+
+
+def sandbox_id(name: str, value: int) -> None:
+    """A uid or gid a root server drops the sandbox to: never root's (0), which is the server's own."""
+    host_id(name, value)
+    if value == 0:
+        raise ConfigError(
+            f"{name}: must not be 0: a root server runs sandboxes as this id, and root's would give the "
+            "sandbox the server's own files; name an unprivileged id (default: the mcp-sandbox user's, else 65534)"
+        )

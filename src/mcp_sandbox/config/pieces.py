@@ -28,7 +28,6 @@ from mcp_sandbox.config.fields import (
     check_fields,
     computed,
     duration,
-    host_id,
     language_images,
     module_names,
     non_negative,
@@ -36,6 +35,7 @@ from mcp_sandbox.config.fields import (
     positive,
     positive_number,
     requirements,
+    sandbox_id,
     setting,
 )
 from mcp_sandbox.errors import ConfigError
@@ -165,13 +165,13 @@ class SandboxSettings:
         lambda: default_sandbox_ids()[0],
         "The host uid the sandbox runs as when the server runs as root.",
         "the `mcp-sandbox` user's, else 65534",
-        check=host_id,
+        check=sandbox_id,
     )
     sandbox_gid: int = computed(
         lambda: default_sandbox_ids()[1],
         "The host gid the sandbox runs as when the server runs as root.",
         "the `mcp-sandbox` user's, else 65534",
-        check=host_id,
+        check=sandbox_id,
     )
     runtime_packages: tuple[str, ...] = setting(
         (),

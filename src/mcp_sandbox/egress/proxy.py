@@ -24,8 +24,9 @@ from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.addresses import IPAddress, embedded_ipv4
 from mcp_sandbox.egress.audit import AuditRecord, Verdict
-from mcp_sandbox.egress.rules import EgressGrant, IPAddress, Refusal
+from mcp_sandbox.egress.rules import EgressGrant, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 
 __all__ = [
@@ -339,13 +340,22 @@ def _forwarded_head(method: str, path: str, query: str, netloc: str, headers: li
 
 
 def _is_own(address: IPAddress, port: int, host: str, own_port: int) -> bool:
+    """Whether ``address:port`` may be the server itself: loopback or its own address, unwrapped too."""
     if port != own_port:
         return False
     try:
-        own = ipaddress.ip_address(host)
+        own: IPAddress | None = ipaddress.ip_address(host)
     except ValueError:
-        return address.is_loopback
-    return address == own or own.is_unspecified or address.is_loopback
+        own = None
+    forms: list[IPAddress] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        forms += embedded_ipv4(address)  # ::ffff:127.0.0.1 is 127.0.0.1
+    if own is None:
+        return any(form.is_loopback for form in forms)
+    owns: list[IPAddress] = [own, *(embedded_ipv4(own) if isinstance(own, ipaddress.IPv6Address) else ())]
+    if any(candidate.is_unspecified for candidate in owns):
+        return True
+    return any(form.is_loopback or form in owns for form in forms)
 
 
 async def _answer(client: SocketStream, refused: _Refused, c: _Connection) -> None:

@@ -3,9 +3,10 @@
 Pure functions over settings (each tenant's egress settings are finished by the config loader).
 A pattern is a host name (``example.com``: that name only), ``*.example.com`` (any name under
 it, not the name itself), or ``*`` (any host name). ``egress_deny`` wins over ``egress_allow``.
-Addresses that are not global (loopback, private, link-local, multicast, shared, reserved, the
-cloud metadata address) are refused unless ``egress_allow_private`` names a range holding them;
-a host given as an IP address is refused unless that address is in such a range too.
+Addresses that are not public (:mod:`.addresses`: loopback, private, link-local, multicast,
+shared, reserved, the cloud metadata address, and IPv6 addresses wrapping any of them) are
+refused unless ``egress_allow_private`` names a range holding them (or the IPv4 address they
+wrap); a host given as an IP address is refused unless that address is in such a range too.
 
 Every refusal is a :class:`Refusal` whose ``rule`` names the setting (or check) that refused,
 so the proxy's 403 and the audit line tell the model and the operator which one it was.
@@ -19,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress.addresses import IPAddress, IPNetwork, in_ranges, reachable
 from mcp_sandbox.errors import ConfigError, ValidationError
 
 __all__ = [
@@ -31,9 +33,6 @@ __all__ = [
     "check_pattern",
     "pattern_matches",
 ]
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 _MAX_HOST = 253
@@ -158,7 +157,7 @@ class EgressRules:
             return Refusal("egress_ports", f"port {port} is not allowed (egress_ports: {shown})")
         literal = _literal_address(host)
         if literal is not None:
-            if not any(literal in network for network in self.private):
+            if not in_ranges(literal, self.private):
                 return Refusal("ip_literal", "a host given as an IP address is refused (egress_allow_private)")
             return str(literal)
         name = _normal_host(host)
@@ -173,12 +172,8 @@ class EgressRules:
         return name
 
     def check_address(self, address: IPAddress) -> Refusal | None:
-        """None if ``address`` may be connected to: global, or in an explicitly allowed range."""
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        if any(address in network for network in self.private):
-            return None
-        if address.is_global and not address.is_multicast:
+        """None if ``address`` may be connected to: public, or in an explicitly allowed range."""
+        if reachable(address, self.private):
             return None
         return Refusal(
             "egress_allow_private",

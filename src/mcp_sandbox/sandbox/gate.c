@@ -1,7 +1,10 @@
 /*
  * mcp-sandbox-gate: a sandbox's first process, waiting at its gate (see launcher.py).
  *
- *   mcp-sandbox-gate [--gid GID] [--uid UID] -- COMMAND [ARG...]
+ *   mcp-sandbox-gate [--fd FD] [--gid GID] [--uid UID] -- COMMAND [ARG...]
+ *
+ * The server runs it through the descriptor it checked (/proc/self/fd/FD, see gate.py): --fd
+ * names that descriptor, closed here at the exec of COMMAND, so it never reaches the sandbox.
  *
  * It does what `sh -c GATE` and `setpriv` do for the server, in one exec of a static binary:
  *
@@ -24,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,19 +124,25 @@ static int drop(long long gid, long long uid) {
 }
 
 int main(int argc, char **argv) {
-    long long gid = -1, uid = -1;
+    long long gid = -1, uid = -1, self = -1;
     int first = 1;
     for (; first < argc && strcmp(argv[first], "--") != 0; first += 2) {
-        long long *id = strcmp(argv[first], "--gid") == 0 ? &gid : strcmp(argv[first], "--uid") == 0 ? &uid : NULL;
-        if (id == NULL || first + 1 >= argc || (*id = parse_id(argv[first + 1])) < 0) {
-            fprintf(stderr, "mcp-sandbox-gate: bad option %s (usage: [--gid GID] [--uid UID] -- COMMAND...)\n",
+        long long *id = strcmp(argv[first], "--gid") == 0   ? &gid
+                        : strcmp(argv[first], "--uid") == 0 ? &uid
+                        : strcmp(argv[first], "--fd") == 0  ? &self
+                                                            : NULL;
+        if (id == NULL || first + 1 >= argc || (*id = parse_id(argv[first + 1])) < 0 ||
+            (id == &self && (self > 0x7fffffffLL || fcntl((int)self, F_SETFD, FD_CLOEXEC) != 0))) {
+            fprintf(stderr, "mcp-sandbox-gate: bad option %s (usage: [--fd FD] [--gid GID] [--uid UID] -- COMMAND...)\n",
                     argv[first]);
             return USAGE;
         }
     }
+    /* Run as /proc/self/fd/FD, the kernel named the process FD: give it its own name for ps. */
+    prctl(PR_SET_NAME, "mcp-sandbox-gate", 0, 0, 0);
     first++; /* past "--" */
     if (first >= argc) {
-        fputs("mcp-sandbox-gate: no command (usage: [--gid GID] [--uid UID] -- COMMAND...)\n", stderr);
+        fputs("mcp-sandbox-gate: no command (usage: [--fd FD] [--gid GID] [--uid UID] -- COMMAND...)\n", stderr);
         return USAGE;
     }
 

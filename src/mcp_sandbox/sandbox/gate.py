@@ -6,9 +6,10 @@ uid and execs the backend's binary. ``sh`` and ``setpriv`` do it as two dynamica
 Setup (``make runtime``, ``mcp-sandbox setup``: :mod:`mcp_sandbox.provision.gate`) compiles it
 into ``<gate_dir>/<digest>/mcp-sandbox-gate``; the digest covers the source and the compiler's
 flags, so a build is never run for other sources. The server runs it as itself (root, for a root
-server), so it is used only when nobody else could have written it: the file, its directory and
-``gate_dir`` owned by root or by us and writable by nobody else. Without a usable build, sandboxes
-start through ``sh`` and ``setpriv``, as correctly.
+server), so it is used only when nobody else could have written it or swapped it: the file, its
+directory, ``gate_dir`` and every parent up to ``/`` owned by root or by us and writable by
+nobody else; and the descriptor that was checked is what runs (``/proc/self/fd/N``), not the
+path again. Without a usable build, sandboxes start through ``sh`` and ``setpriv``, as correctly.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["CFLAGS", "NAME", "SOURCE", "built_path", "refusal"]
+__all__ = ["CFLAGS", "NAME", "SOURCE", "built_path", "exec_path", "open_checked", "refusal"]
 
 SOURCE = Path(__file__).with_name("gate.c")
 NAME = "mcp-sandbox-gate"
@@ -40,25 +41,73 @@ def built_path(directory: Path) -> Path:
     return directory / _digest() / NAME
 
 
-def refusal(directory: Path) -> str | None:
-    """Why the gate under ``directory`` is not to be run, or None when it is.
+def _walk(path: Path) -> int:
+    """An ``O_PATH`` descriptor of ``path``, each directory on the way opened from the last, none followed.
+
+    Raises:
+        _Untrusted: a part of the way is owned by another user or writable by group or others.
+        OSError: a part is missing, or is a symbolic link.
+    """
+    ours = {0, os.geteuid()}
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = Path("/")
+    try:
+        parts = path.parts[1:]
+        for index, name in enumerate(("", *parts)):
+            if name:
+                last = index == len(parts)
+                flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+                opened = os.open(name, flags, dir_fd=fd)
+                os.close(fd)
+                fd, shown = opened, shown / name
+            info = os.fstat(fd)
+            if info.st_uid not in ours or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise _Untrusted(
+                    f"{shown} is owned by uid {info.st_uid} or writable by others (mode {stat.filemode(info.st_mode)})"
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Untrusted(Exception):
+    pass
+
+
+def open_checked(directory: Path) -> int | str:
+    """The gate under ``directory`` opened (``O_PATH``, close-on-exec) once checked, or why it is not to be run.
 
     Not there (never built, or built from other sources), not a regular executable file, or
-    something on its path owned by another user or writable by group or others.
+    something on its path, from ``/`` down, owned by another user, writable by group or others
+    (sticky or not), or a symbolic link. The caller runs the descriptor, never the path again
+    (:func:`exec_path`), so nothing can be swapped in between, and closes it.
     """
-    path = built_path(directory)
-    ours = {0, os.geteuid()}
+    path = built_path(Path(os.path.realpath(directory)))
     try:
-        for part in (directory, path.parent, path):
-            info = part.lstat()
-            if info.st_uid not in ours or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return (
-                    f"{part} is owned by uid {info.st_uid} or writable by others (mode {stat.filemode(info.st_mode)})"
-                )
+        fd = _walk(path)
+    except _Untrusted as untrusted:
+        return str(untrusted)
     except FileNotFoundError:
-        return f"not built for this version ({path} is missing)"
+        return f"not built for this version ({built_path(directory)} is missing)"
     except OSError as exc:
         return f"{path}: {exc.strerror}"
-    if not stat.S_ISREG(info.st_mode) or not os.access(path, os.X_OK):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & stat.S_IXUSR:
+        os.close(fd)
         return f"{path} is not an executable file"
+    return fd
+
+
+def exec_path(fd: int) -> str:
+    """The path that runs the file of descriptor ``fd`` in a child it is passed to (``pass_fds``)."""
+    return f"/proc/self/fd/{fd}"
+
+
+def refusal(directory: Path) -> str | None:
+    """Why the gate under ``directory`` is not to be run (see :func:`open_checked`), or None when it is."""
+    opened = open_checked(directory)
+    if isinstance(opened, str):
+        return opened
+    os.close(opened)
     return None

@@ -37,10 +37,10 @@ import resource
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.sandbox import kernfs
+from mcp_sandbox.sandbox.gate import exec_path
 
 __all__ = ["GATE_CLOSED", "SHELL", "LaunchSpec", "admit", "gated", "open_gate"]
 
@@ -66,11 +66,12 @@ class LaunchSpec:
     gid: int | None
 
 
-def gated(spec: LaunchSpec, command: Sequence[str], gate: Path | None = None) -> list[str]:
+def gated(spec: LaunchSpec, command: Sequence[str], gate: int | None = None) -> list[str]:
     """The command line that runs ``command`` once the gate opens, as ``spec``'s uid and gid.
 
-    ``gate``: the static gate program (:func:`.gate.built_path`, when :func:`.gate.refusal` has
-    no objection), or None for ``sh`` and ``setpriv``.
+    ``gate``: a descriptor of the static gate program (:func:`.gate.open_checked`), which the
+    caller passes to the process (``pass_fds``) and closes once it started; or None for ``sh``
+    and ``setpriv``.
 
     Raises:
         SandboxStartError: a uid or gid is to be dropped, there is no ``gate`` and ``setpriv`` is
@@ -82,7 +83,7 @@ def gated(spec: LaunchSpec, command: Sequence[str], gate: Path | None = None) ->
             ids += ["--gid", str(spec.gid)]
         if spec.uid is not None:
             ids += ["--uid", str(spec.uid)]
-        return [str(gate), *ids, "--", *command]
+        return [exec_path(gate), "--fd", str(gate), *ids, "--", *command]
     drop: list[str] = []
     if spec.uid is not None or spec.gid is not None:
         drop = [_setpriv()]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine.runtimes import policy_for, with_egress
 from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, etc_entries
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
@@ -319,3 +321,57 @@ def test_nothing_is_copied_when_a_symlink_is_made_under_etc() -> None:
     policy = dataclasses.replace(_with_host_etc(), symlinks=(("/proc/self/mounts", "/etc/mtab"),))
 
     assert etc_entries(policy) == ()
+
+
+_WRITABLE_TMPFS = (
+    "/tmp",
+    "/dev/shm",
+    "/workspace",
+)  # fresh tmpfs the sandbox writes (not /proc/pressure, remounted ro)
+_MOUNTS = ("--bind", "--ro-bind", "--dev-bind", "--tmpfs", "--proc", "--dev", "--symlink")
+
+
+def _destination(flag: str, args: tuple[str, ...]) -> str:
+    return args[-1] if flag in ("--bind", "--ro-bind", "--dev-bind", "--symlink") else args[0]
+
+
+def _real_policies() -> list[tuple[str, SandboxPolicy]]:
+    """The policies the engine builds: each language, a conversation's workspace, with and without network."""
+    settings = load_settings(env={}, flags={})
+    workspace = Path("/srv/state/workspaces/default/c0ffee")
+    policies: list[tuple[str, SandboxPolicy]] = []
+    for language in ("python", "typescript", "javascript"):
+        plain = policy_for(settings, language, workspace=workspace, timeout=5)
+        policies += [
+            (f"{language} in a conversation", plain),
+            (f"{language} with network", with_egress(plain, Path("/srv/state/egress/run1"))),
+            (f"{language} session", with_egress(plain, Path("/srv/state/egress/s1"), for_life=False)),
+            (f"{language} scratch", policy_for(settings, language, workspace=None, timeout=5)),
+        ]
+    policies.append(("synthetic", make_policy()))
+    return policies
+
+
+@pytest.mark.parametrize(
+    ("name", "policy"), _real_policies(), ids=lambda value: value if isinstance(value, str) else ""
+)
+def test_no_mount_destination_lies_under_a_path_the_sandbox_can_write(name: str, policy: SandboxPolicy) -> None:
+    """The class of GHSA-pxhw-h44j-8pfx (fixed in bubblewrap 0.12.0; the bundled wheel is 0.11.0).
+
+    A path a tenant can write (a conversation's /workspace outlives its runs) may hold a symlink
+    a run left; bwrap mounting something below it would follow it on the host side. So nothing
+    is mounted under a writable place: whatever the bwrap version, there is nothing to follow.
+    """
+    options = options_of(bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD))
+    writable = {args[-1] for flag, args in options if flag == "--bind"}
+    writable |= {args[0] for flag, args in options if flag == "--tmpfs" and args[0] in _WRITABLE_TMPFS}
+    assert "/workspace" in writable and "/tmp" in writable, name
+
+    for flag, args in options:
+        if flag not in _MOUNTS:
+            continue
+        destination = Path(_destination(flag, args))
+        for place in writable:
+            assert not destination.is_relative_to(place) or str(destination) == place, (
+                f"{name}: {flag} {' '.join(args)} mounts under {place}, which the sandbox can write"
+            )

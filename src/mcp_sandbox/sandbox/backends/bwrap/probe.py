@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
-from pathlib import Path
 from typing import Protocol
 
 from mcp_sandbox.errors import SandboxStartError
@@ -19,6 +19,7 @@ from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 __all__ = ["Probed", "probe_bwrap"]
 
 _PROBE_SECONDS = 20
+_FIXED = (0, 12)  # bubblewrap 0.12.0 fixed GHSA-pxhw-h44j-8pfx
 
 
 class Probed(Protocol):
@@ -29,8 +30,7 @@ class Probed(Protocol):
     @property
     def cgroups(self) -> CgroupSupport: ...
 
-    @property
-    def gate(self) -> Path | None: ...
+    def open_gate(self) -> int | None: ...
 
     def host_ids(self) -> tuple[int | None, int | None]: ...
 
@@ -45,22 +45,36 @@ def _version(bwrap: str) -> str:
     return shown.stdout.strip() or "unknown"
 
 
+def _version_note(version: str) -> str:
+    """``bwrap --version`` said, and what a release before 0.12.0 lacks."""
+    found = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if found is None:
+        return f"{version}: not a version we can read"
+    if (int(found[1]), int(found[2])) >= _FIXED:
+        return version
+    return (
+        f"{version}, before 0.12.0 (GHSA-pxhw-h44j-8pfx: a mount destination under a path the sandbox"
+        " can write): the policy mounts nothing there"
+    )
+
+
 def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     """Start a minimal sandbox with the full policy; return None on success, else why not."""
     mounts, links = system_mounts()
     policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
     spec = backend.launch_spec(policy, None)
     seccomp_fd = write_bpf()
+    program = backend.open_gate()
     gate_read, gate = os.pipe()
     try:
         # Started as every sandbox is (see mcp_sandbox.sandbox.launcher): behind the gate.
         with subprocess.Popen(
-            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), backend.gate),
+            gated(spec, bwrap_argv(policy, bwrap=bwrap, seccomp_fd=seccomp_fd), program),
             stdin=gate_read,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            pass_fds=(seccomp_fd,),
+            pass_fds=(seccomp_fd, *([] if program is None else [program])),
             env={},
         ) as process:
             os.close(gate_read)
@@ -80,6 +94,8 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
         return f"bwrap could not be started: {exc}"
     finally:
         os.close(seccomp_fd)
+        if program is not None:
+            os.close(program)
         if gate_read >= 0:
             os.close(gate_read)
             os.close(gate)
@@ -104,6 +120,7 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
     uid, _ = backend.host_ids()
     host_uid = uid if uid is not None else os.geteuid()
     capabilities = (
+        Capability("bwrap version", True, _version_note(version)),
         Capability("network", True, "empty network namespace; seccomp allows only AF_UNIX sockets"),
         Capability("read-only root", True, "only /usr, linker files and the runtime bound in, read-only"),
         Capability("unprivileged uid", True, f"uid 65534 inside, host uid {host_uid}"),

@@ -137,22 +137,22 @@ class BwrapBackend:
                 logger.info("removed %d cgroups left behind by servers that are gone", swept)
         return self._cgroups
 
-    @property
-    def gate(self) -> Path | None:
-        """The static gate program sandboxes start through, or None: ``sh`` and ``setpriv`` (see :mod:`.gate`).
+    def open_gate(self) -> int | None:
+        """A descriptor of the static gate sandboxes start through, or None: ``sh`` and ``setpriv`` (see :mod:`.gate`).
 
-        Looked up at every start (three ``lstat``): a setup run meanwhile (an upgrade) may have
-        replaced the build, and a start must not exec one that is gone.
+        Opened and checked at every start (a walk from ``/``): a setup run meanwhile (an upgrade)
+        may have replaced the build, and a start must not exec one that is gone. The caller
+        passes it to the process it starts and closes it.
         """
         directory = self._settings.paths.gate_dir
-        problem = gate_program.refusal(directory)
-        if problem is None:
+        opened = gate_program.open_checked(directory)
+        if isinstance(opened, int):
             self._gate_refused = False
-            return gate_program.built_path(directory)
+            return opened
         if not self._gate_refused and os.path.lexists(gate_program.built_path(directory)):
             self._gate_refused = True  # said once, until a usable one is found again
             logger.warning(
-                "not running the sandbox's gate built in %s: %s; starting through sh and setpriv", directory, problem
+                "not running the sandbox's gate built in %s: %s; starting through sh and setpriv", directory, opened
             )
         return None
 
@@ -266,14 +266,17 @@ class BwrapBackend:
             undo.callback(os.close, options_fd)
             uid, gid = self.host_ids()
             spec = LaunchSpec(cgroup_procs=cgroup.procs_files if cgroup else (), rlimits=(), uid=uid, gid=gid)
-            command = gated(spec, [bwrap, "--args", str(options_fd), "--"], self.gate)
+            program = self.open_gate()
+            if program is not None:
+                undo.callback(os.close, program)
+            command = gated(spec, [bwrap, "--args", str(options_fd), "--"], program)
             gate_read, gate = os.pipe()
             try:
                 process = await launch(
                     command,
                     what=f"bwrap ({bwrap})",
                     env={},  # bwrap's own environment is visible in /proc/1/environ inside
-                    pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd),
+                    pass_fds=(sandbox_end.fileno(), seccomp_fd, options_fd, *([] if program is None else [program])),
                     stdin=gate_read,
                 )
             except BaseException:
@@ -281,6 +284,8 @@ class BwrapBackend:
                 raise
             finally:
                 os.close(gate_read)
+            if program is not None:
+                os.close(program)
             undo.pop_all()
         opened = _Gate(process, gate, cgroup, limits, host_end, sandbox_end, seccomp_fd, options_fd)
         try:

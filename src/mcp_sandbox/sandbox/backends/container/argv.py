@@ -170,6 +170,11 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
         argv += ["--mount", "type=bind,source=/dev/null,target=/proc/diskstats,readonly"]
     if run.cgroup_parent is not None:
         argv += ["--cgroup-parent", run.cgroup_parent]
+    # A cgroup namespace of its own: /proc/self/cgroup shows "/", not the path of the cgroup
+    # it nests in (named after the server's pid); docker's default on cgroup v1 is the host's.
+    argv += ["--cgroupns", "private"]
+    if podman:
+        argv += ["--no-hosts"]  # else podman copies the host's /etc/hosts (its names) in
     for mount in policy.mounts:
         if not mount.system:  # the image has its own /usr
             argv += _bind(str(mount.source), mount.target, writable=mount.writable, podman=podman)
