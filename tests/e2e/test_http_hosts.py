@@ -1,18 +1,21 @@
-"""A web page rebinding its name to a tokenless loopback server (issue 35, item 5).
+"""A web page rebinding its name to a tokenless loopback server (issue 35, items 5 and 6).
 
 Every route refuses a foreign ``Host`` (421) or ``Origin`` (403), the file links and their
 renewal too; the names the server is reached by (loopback, ``public_url``) still work; health
-answers any Host, metrics needs its token.
+answers any Host, metrics needs its token. Forged download links, which anyone can send, are
+counted and summed into the audit log, not written a line each.
 """
 
 from __future__ import annotations
 
+import json
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import pytest
 
@@ -23,6 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 PUBLIC = "sandbox.example.test"
 METRICS = "metrics-token-0123456789abcdef"
 FOREIGN = "rebound.example"
+FORGED = 2000
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +120,52 @@ async def test_health_answers_any_host_and_metrics_still_needs_its_token(base: s
         assert (await web.get("/metrics", headers=pod_address)).status_code == 401
         scraped = await web.get("/metrics", headers={**pod_address, "Authorization": f"Bearer {METRICS}"})
         assert scraped.status_code == 200 and "mcp_sandbox_downloads_total" in scraped.text
+
+
+def _audit(state: Path) -> list[dict[str, object]]:
+    lines: list[dict[str, object]] = []
+    for path in sorted((state / "logs").glob("audit.jsonl*")):
+        lines += [json.loads(line) for line in path.read_text().splitlines()]
+    return lines
+
+
+async def _refused_downloads(web: httpx2.AsyncClient) -> float:
+    text = (await web.get("/metrics", headers={"Authorization": f"Bearer {METRICS}"})).text
+    for line in text.splitlines():
+        if line.startswith('mcp_sandbox_downloads_total{outcome="invalid"} '):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_a_burst_of_forged_links_is_counted_and_summed_not_logged_a_line_each(
+    state_dir: Path, sandbox_runtime: Path | None, config: Path
+) -> None:
+    async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
+        conversation, link = await _stored_file(url)
+        parts = link.split("/")  # /files/<key>/<expires>/<signature>/<name>
+        async with httpx2.AsyncClient(base_url=url, timeout=CALL_BOUND) as web:
+            sent = 0
+
+            async def forge(worker: int) -> None:
+                nonlocal sent
+                for index in range(worker, FORGED, 20):
+                    forged = "/".join([*parts[:4], f"f.{index:064x}"[: len(parts[4])], parts[5]])
+                    assert (await web.get(forged)).status_code == 403
+                    sent += 1
+
+            with anyio.fail_after(CALL_BOUND * 4):
+                async with anyio.create_task_group() as group:
+                    for worker in range(20):
+                        group.start_soon(forge, worker)
+            assert sent == FORGED
+            assert await _refused_downloads(web) == FORGED
+            during = [line for line in _audit(state_dir) if str(line["event"]).startswith("download")]
+            assert len(during) <= 2, during  # the burst's first refusal, and perhaps one summary
+            assert (await web.get(link)).status_code == 200  # a genuine download is still audited one by one
+            genuine = [line for line in _audit(state_dir) if line["event"] == "download"]
+            assert len(genuine) == 1 and genuine[0]["outcome"] == "ok" and genuine[0]["size"] == 25
+    lines = _audit(state_dir)
+    summaries = [line for line in lines if line["event"] == "download_refused"]
+    assert sum(int(str(line["count"])) for line in summaries) == FORGED
+    assert len(summaries) <= 3 and all(line["outcome"] == "invalid" for line in summaries)
+    assert conversation not in json.dumps(summaries)
