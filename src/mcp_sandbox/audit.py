@@ -10,19 +10,24 @@ What to put in a line is the caller's choice: this module adds no content of its
 at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the standard library's
 :class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory. Writing is
 synchronous and small; a failing disk is reported by the logging module and never raises into the caller.
+What anyone can cause unauthenticated goes through a :class:`Tally`: one summary line per interval
+with a count, never a line per request, so nobody can rotate everyone's records out of the files.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import logging
 import logging.handlers
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog"]
+__all__ = ["AuditLog", "Tally"]
 
 DEFAULT_MAX_BYTES = 10 << 20
 DEFAULT_BACKUPS = 5
@@ -89,3 +94,40 @@ class AuditLog:
 
     def close(self) -> None:
         self._handler.close()
+
+
+class Tally:
+    """Events of one kind counted by key, and written as one ``event`` line per key and interval.
+
+    The first event after a quiet interval is written at once (``count`` 1); the rest of the
+    interval's are counted and written by :meth:`flush` (called on the next event past the
+    interval, and by the owner periodically and at close) as ``{"count": N, "seconds": S, **key}``.
+    """
+
+    def __init__(self, log: AuditLog, event: str, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
+        self._event = event
+        self._interval = interval
+        self._clock = clock
+        self._counts: collections.Counter[tuple[tuple[str, str], ...]] = collections.Counter()
+        self._since = clock()
+        self._next = self._since  # nothing written yet: the first event is written at once
+
+    def note(self, **key: str) -> None:
+        """Count one event of ``key``; write the counts if the interval has passed."""
+        self._counts[tuple(sorted(key.items()))] += 1
+        if self._clock() >= self._next:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write a line per key counted since the last flush (none if nothing was)."""
+        now = self._clock()
+        if not self._counts:
+            self._since = now  # the next event, after this quiet, is written at once
+            return
+        seconds = round(now - self._since, 3)
+        for key, count in sorted(self._counts.items()):
+            self._log.record(self._event, count=count, seconds=seconds, **dict(key))
+        self._counts.clear()
+        self._since = now
+        self._next = now + self._interval

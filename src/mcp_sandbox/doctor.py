@@ -181,11 +181,11 @@ def _report_tenancy(settings: Settings, out: TextIO) -> None:
     out.write("code mode: downstream servers and who shares them\n")
     for alias, spec in servers.items():
         who = "every tenant" if spec.tenants is None else "tenants " + ", ".join(sorted(spec.tenants))
-        how = (
-            "one process per tenant"
-            if spec.per_tenant
-            else "one process shared: its credentials and any state it keeps are common to them"
-        )
+        shared = "one process shared: its credentials and any state it keeps are common to them"
+        if spec.per_tenant is None and spec.tenants is None:
+            how = "one process per tenant when the server has several (per_tenant not set)"
+        else:
+            how = "one process per tenant" if spec.separate(2) else shared
         out.write(f"  {alias}: {who}; {how}\n")
 
 

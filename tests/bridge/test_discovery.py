@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mcp_sandbox.bridge.discovery import Discovery, Problem, ServerSpec, discover
+from mcp_sandbox.bridge.discovery import Discovery, Problem, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.listing import describe, describe_json
 from mcp_sandbox.cli import main
 from mcp_sandbox.config import Settings, load_settings
@@ -632,6 +632,26 @@ def test_a_toml_policy_limits_a_server_to_some_tenants_and_gives_each_its_own_in
     assert (spec.tenants, spec.per_tenant) == (frozenset({"alice", "bob"}), True)
     assert [tenant for tenant in ("alice", "bob", "mallory") if spec.serves(tenant)] == ["alice", "bob"]
     assert spec.instance_for("alice").args == ("--db", "/srv/alice.db")
+
+
+def test_with_several_tenants_an_entry_that_says_nothing_is_per_tenant_and_sharing_is_said(world: World) -> None:
+    toml = world.write(
+        world.root / "c.toml",
+        '[servers.common]\nper_tenant = false\n[servers.named]\ntenants = ["alice", "bob"]\n',
+    )
+    world.configure(config_file=toml)
+    world.servers_file({name: {"command": name} for name in ("plain", "common", "named")})
+
+    found = world.discover()
+    one, several = for_tenants(found, 1).servers, for_tenants(found, 2).servers
+
+    assert found.servers["plain"].per_tenant is None  # unsaid until the number of tenants is known
+    assert {alias: spec.per_tenant for alias, spec in several.items()} == {
+        "plain": True,
+        "common": False,
+        "named": False,
+    }
+    assert not any(spec.per_tenant for spec in one.values())  # one tenant: one process, as before
 
 
 def test_a_toml_policy_with_tenants_that_are_not_a_list_is_a_problem(world: World) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.audit import AuditLog, Tally
 from mcp_sandbox.events import EventHub, RunFinished, ToolCalled
 from mcp_sandbox.server.metrics import Metrics
 from mcp_test_helpers import CALL_BOUND, http_server
@@ -29,6 +29,32 @@ def test_audit_lines_are_json_with_time_and_event_and_rotate(tmp_path: Path) -> 
     assert rotated == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
     last = [json.loads(line) for line in path.read_text().splitlines()][-1]
     assert last["event"] == "upload" and last["size"] == 19 and last["time"].endswith("Z")
+
+
+def test_a_tally_writes_the_first_event_then_one_line_per_interval_with_the_count(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog.open(path)
+    now = [100.0]
+    tally = Tally(log, "download_refused", 60.0, clock=lambda: now[0])
+    try:
+        for _ in range(5000):  # a burst within one interval
+            tally.note(outcome="invalid")
+        assert len(path.read_text().splitlines()) == 1  # the first, at once
+        now[0] += 61
+        tally.note(outcome="invalid")  # past the interval: the rest of the burst, and this one
+        tally.flush()  # nothing left: no line
+        now[0] += 1000
+        tally.flush()  # a quiet interval writes nothing either
+        tally.note(outcome="invalid")  # after the quiet, at once again
+    finally:
+        log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(line["event"], line["count"], line["outcome"]) for line in lines] == [
+        ("download_refused", 1, "invalid"),
+        ("download_refused", 5000, "invalid"),
+        ("download_refused", 1, "invalid"),
+    ]
+    assert lines[1]["seconds"] == 61
 
 
 def test_two_servers_metrics_do_not_share_a_registry() -> None:

@@ -1,9 +1,9 @@
 """Code mode between tenants (issue 21, item 8): a hostile tenant over HTTP against the real
 npm `memory` server and our fixture server, configured per tenant in the TOML file.
 
-Without a per-tenant setting every tenant shares one downstream process (docs/code-mode.md, `doctor`);
-here `memory` runs one process per tenant (its file named after the tenant) and `fixture` is
-open to alice alone.
+Here `memory` runs one process per tenant (its file named after the tenant) and `fixture` is open
+to alice alone, sharing its process among those it names; what an entry that says neither gets is
+test_tenants_code_mode_sharing.py's.
 """
 
 from __future__ import annotations

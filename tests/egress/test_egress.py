@@ -12,6 +12,8 @@ import textwrap
 
 import pytest
 
+from mcp_sandbox.egress.audit import LINES_PER_RUN
+
 from .conftest import EgressEngine, HostNet, audit_lines, execute, granted
 
 pytestmark = [pytest.mark.anyio]
@@ -291,7 +293,33 @@ async def test_the_connection_cap_refuses_connections_past_it(egress_engine: Egr
         result = await execute(engine, fetching(test_net, code), granted(egress))
     assert json.loads(result.stdout) == [200, 200, 403, "failed", "failed"]
     lines = audit_lines(engine)  # past the cap, one line only: a run cannot flood the log
-    assert [line["rule"] for line in lines] == ["egress_allow", "egress_allow", "egress_max_connections"]
+    # An allowed connection's line is written when it closes, so it may follow the refusal.
+    assert sorted(line["rule"] for line in lines) == ["egress_allow", "egress_allow", "egress_max_connections"]
+
+
+async def test_a_run_writes_a_bounded_number_of_audit_lines_and_sums_the_rest(
+    egress_engine: EgressEngine, test_net: HostNet
+) -> None:
+    code = """
+        refused = [fetch(f"http://other.test/{index}")[0] for index in range(LINES + 8)]
+        print(json.dumps([refused.count(403), fetch("http://web.test/")[0]]))
+    """.replace("LINES", str(LINES_PER_RUN))
+    flags = {"egress_allow": ALLOW, "egress_allow_private": private(test_net)}
+    async with egress_engine(**flags) as (engine, egress):
+        result = await execute(engine, fetching(test_net, code), granted(egress, conversation="conv-9"))
+        assert json.loads(result.stdout) == [LINES_PER_RUN + 8, 200]  # refusing and serving go on past the cap
+        lines = audit_lines(engine)
+        assert len(lines) == LINES_PER_RUN + 1
+        assert all(line["verdict"] == "refused" for line in lines[:LINES_PER_RUN])
+        assert lines[-1]["unlogged"] == {"allowed": 1, "refused": 8}
+        assert (lines[-1]["tenant"], lines[-1]["conversation"], lines[-1]["run"]) == (
+            "default",
+            "conv-9",
+            lines[0]["run"],
+        )
+        again = await execute(engine, fetching(test_net, 'print(fetch("http://web.test/")[0])'), granted(egress))
+        assert again.stdout == "200\n"  # the next run has lines of its own
+        assert audit_lines(engine)[-1]["verdict"] == "allowed"
 
 
 async def test_audit_lines_name_the_run_and_hold_no_secret(egress_engine: EgressEngine, test_net: HostNet) -> None:

@@ -100,3 +100,56 @@ async def test_a_waiter_cancelled_or_timed_out_leaves_the_queue_and_frees_its_tu
         release.set()
     async with admission.slot("bob"):
         assert admission.running == 1
+
+
+async def test_a_tenant_with_nothing_queued_takes_the_place_of_the_newest_run_of_the_busiest_tenant() -> None:
+    admission = Admission(2, 4, 5.0, tenant_limit=2, tenant_queue=16)
+    release = anyio.Event()
+    outcomes: dict[str, str] = {}
+
+    async def run(tenant: str, label: str) -> None:
+        try:
+            async with admission.slot(tenant):
+                outcomes[label] = "ran"
+                await release.wait()
+        except BusyError as exc:
+            outcomes[label] = f"busy: {exc}"
+
+    async with anyio.create_task_group() as group:
+        for index in range(6):  # alice fills both slots and the whole queue
+            group.start_soon(run, "alice", f"a{index}")
+            await anyio.wait_all_tasks_blocked()
+        assert (admission.running, admission.waiting) == (2, 4)
+        with pytest.raises(BusyError, match="the most this server accepts"):  # alice's own is still refused
+            async with admission.slot("alice"):
+                pass
+        group.start_soon(run, "bob", "b0")
+        await anyio.wait_all_tasks_blocked()
+        assert outcomes["a5"].startswith("busy: ") and "the most this server accepts" in outcomes["a5"]
+        assert (admission.waiting_of("alice"), admission.waiting_of("bob")) == (3, 1)
+        group.start_soon(run, "carol", "c0")  # alice still has the most queued
+        await anyio.wait_all_tasks_blocked()
+        assert "busy" in outcomes["a4"]
+        assert (admission.waiting_of("alice"), admission.waiting_of("bob"), admission.waiting_of("carol")) == (2, 1, 1)
+        release.set()
+    assert outcomes["b0"] == outcomes["c0"] == "ran"
+    assert [outcomes[f"a{index}"] for index in range(4)] == ["ran"] * 4
+
+
+async def test_tenants_with_one_queued_run_each_do_not_push_each_other_out() -> None:
+    admission = Admission(1, 2, 5.0, tenant_limit=1, tenant_queue=4)
+    release = anyio.Event()
+
+    async def hold(tenant: str) -> None:
+        async with admission.slot(tenant):
+            await release.wait()
+
+    async with anyio.create_task_group() as group:
+        for tenant in ("alice", "bob", "carol"):
+            group.start_soon(hold, tenant)
+            await anyio.wait_all_tasks_blocked()
+        with pytest.raises(BusyError, match="the most this server accepts"):
+            async with admission.slot("dave"):
+                pass
+        assert (admission.waiting_of("bob"), admission.waiting_of("carol")) == (1, 1)
+        release.set()

@@ -26,7 +26,7 @@ from mcp_sandbox.bridge.server_entries import Expander, InvalidEntry, Skip, alia
 from mcp_sandbox.bridge.server_spec import Problem, ServerSpec
 from mcp_sandbox.config import Settings
 
-__all__ = ["Discovery", "Problem", "ServerSpec", "discover"]
+__all__ = ["Discovery", "Problem", "ServerSpec", "discover", "for_tenants"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +149,13 @@ def discover(
         if name not in claimed:
             problems.append(Problem(policy.source, "a tool policy for a server that no source defines", name))
     return Discovery(servers, tuple(problems), tuple(skipped), tuple(scan.searched))
+
+
+def for_tenants(discovery: Discovery, tenant_count: int) -> Discovery:
+    """``discovery`` for a server of ``tenant_count`` tenants: every ``per_tenant`` decided
+    (:meth:`ServerSpec.separate`), so the running server never reads an unsaid one as shared."""
+    servers = {
+        alias: dataclasses.replace(spec, per_tenant=spec.separate(tenant_count))
+        for alias, spec in discovery.servers.items()
+    }
+    return dataclasses.replace(discovery, servers=servers)

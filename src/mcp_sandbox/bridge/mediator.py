@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
-from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover
+from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.run_access import RunAccess, Stubs
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import DownstreamError, ValidationError
@@ -215,6 +215,7 @@ async def open_mediator(
     """Discover the downstream servers (unless given) and keep their clients for this context."""
     if discovery is None:
         discovery = await anyio.to_thread.run_sync(discover, settings)
+    discovery = for_tenants(discovery, settings.tenant_count)
     async with open_client_pool(
         discovery.servers,
         connect_timeout=settings.code_mode.connect_timeout,

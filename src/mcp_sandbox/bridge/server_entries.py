@@ -52,7 +52,7 @@ class Policy:
     deny: frozenset[str]
     disabled: bool
     tenants: frozenset[str] | None = None
-    per_tenant: bool = False
+    per_tenant: bool | None = None  # None: not said
 
 
 _POLICY_KEYS = frozenset({"allow_tools", "deny_tools", "disabled", "tenants", "per_tenant"})
@@ -77,6 +77,11 @@ def _flag(body: Mapping[str, Any], key: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidEntry(f"{key}: must be true or false")
     return value
+
+
+def _said_flag(body: Mapping[str, Any], key: str) -> bool | None:
+    """A flag, or None when ``body`` does not name it (the default then depends on the caller)."""
+    return _flag(body, key) if key in body else None
 
 
 def _string(body: Mapping[str, Any], key: str) -> str | None:
@@ -119,7 +124,7 @@ def read_policy(source: Path, body: Mapping[str, Any]) -> Policy:
         deny=_names(body, "deny_tools") or frozenset(),
         disabled=_flag(body, "disabled"),
         tenants=_names(body, "tenants"),
-        per_tenant=_flag(body, "per_tenant"),
+        per_tenant=_said_flag(body, "per_tenant"),
     )
 
 
@@ -259,7 +264,7 @@ def check_entry(entry: Entry, expand: Expander, home: Path) -> ServerSpec | Skip
         deny_tools=deny,
         # Tenancy is the operator's: only our TOML says which tenants share a server.
         tenants=_names(body, "tenants") if entry.toml else None,
-        per_tenant=_flag(body, "per_tenant") if entry.toml else False,
+        per_tenant=_said_flag(body, "per_tenant") if entry.toml else None,
     )
 
 
@@ -276,7 +281,7 @@ def restrict(spec: ServerSpec, policy: Policy) -> ServerSpec:
         allow_tools=allow,
         deny_tools=spec.deny_tools | policy.deny,
         tenants=tenants,
-        per_tenant=spec.per_tenant or policy.per_tenant,
+        per_tenant=spec.per_tenant if policy.per_tenant is None else policy.per_tenant or bool(spec.per_tenant),
     )
 
 

@@ -84,10 +84,11 @@ class ServerSpec:
     headers: Mapping[str, str] = field(default_factory=_empty)
     allow_tools: frozenset[str] | None = None
     deny_tools: frozenset[str] = frozenset()
-    # Which tenants may use the server (None: every tenant, sharing it); per_tenant: one process
-    # (or HTTP client) per tenant, so a server that holds state keeps each tenant's apart.
+    # Which tenants may use the server (None: every tenant); per_tenant: one process (or HTTP
+    # client) per tenant, so a server that holds state keeps each tenant's apart. None: not said,
+    # which :meth:`separate` decides by the number of tenants.
     tenants: frozenset[str] | None = None
-    per_tenant: bool = False
+    per_tenant: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.command is None) == (self.url is None):
@@ -111,6 +112,17 @@ class ServerSpec:
     def serves(self, tenant: str) -> bool:
         """Whether ``tenant`` may see and call this server."""
         return self.tenants is None or tenant in self.tenants
+
+    def separate(self, tenant_count: int) -> bool:
+        """Whether each tenant gets a process of its own on a server of ``tenant_count`` tenants.
+
+        As ``per_tenant`` says; when it says nothing, yes with several tenants unless ``tenants``
+        names who share it: one process, its credentials and its state are shared only when the
+        operator says so.
+        """
+        if self.per_tenant is not None:
+            return self.per_tenant
+        return self.tenants is None and tenant_count > 1
 
     def instance_for(self, tenant: str) -> ServerSpec:
         """The spec of ``tenant``'s own instance of a ``per_tenant`` server: ``{tenant}`` in its

@@ -55,8 +55,10 @@ class Settings:
     http: HttpSettings = piece(HttpSettings)
     egress: EgressSettings = piece(EgressSettings)
 
-    # Not a setting anyone gives: the TOML file the settings came from.
+    # Not settings anyone gives: the TOML file the settings came from, and how many tenants the
+    # server serves (over HTTP, as many as the tokens name; finished with the per-tenant caps).
     config_file: Path | None = internal(None)
+    tenant_count: int = internal(1)
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -3,7 +3,8 @@
 A tenant's ``egress_allow``, ``egress_ports`` and ``egress_allow_private`` replace the global
 settings; its ``egress_deny`` adds to the global one (a tenant never un-denies). Other keys of
 its table are ignored. The caps a setting leaves at None are finished by :func:`with_tenant_caps`
-once the server knows how many tenants it serves.
+once the server knows how many tenants it serves, which it also records (code mode's default
+sharing depends on it).
 """
 
 from __future__ import annotations
@@ -66,4 +67,5 @@ def with_tenant_caps(settings: Settings, tenants: int) -> Settings:
         "tenant_http_sessions": settings.http.max_http_sessions,
     }
     defaults = TENANT_DEFAULTS if tenants > 1 else server_wide
-    return settings.replace(**{name: value for name, value in defaults.items() if given[name] is None})
+    finished = {name: value for name, value in defaults.items() if given[name] is None}
+    return settings.replace(tenant_count=tenants, **finished)

@@ -1,21 +1,35 @@
-"""The egress audit log's lines: one JSON line per connection a run opened (or tried).
+"""The egress audit log's lines: one JSON line per connection a run opened (or tried), up to a cap.
 
 A line holds when, whose run (tenant, conversation, run id), where to (host, port, the address
 connected to), how many bytes each way, the verdict (``allowed``, ``refused``, ``cut``) and the
 rule that decided. Never a header, a path, a query or a body: those may carry secrets. The file
-is written, rotated and kept private by :class:`mcp_sandbox.audit.AuditLog`.
+is written, rotated and kept private by :class:`mcp_sandbox.audit.AuditLog`. Past
+:data:`LINES_PER_RUN` lines a run's connections are counted by verdict, and the run's last line
+sums them (:func:`summary_line`): cheap runs cannot rotate everyone's records out of the files.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["AuditRecord", "Verdict"]
+__all__ = ["LINES_PER_RUN", "AuditRecord", "Verdict", "summary_line"]
 
 Verdict = Literal["allowed", "refused", "cut"]
+LINES_PER_RUN = 32
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def summary_line(tenant: str, conversation: str | None, run: str, unlogged: Mapping[str, int]) -> str:
+    """The line that ends a run's lines past the cap: how many connections of each verdict had none."""
+    fields = {"tenant": tenant, "conversation": conversation, "run": run, "unlogged": dict(sorted(unlogged.items()))}
+    return json.dumps({"time": _now(), **fields})
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,4 +50,4 @@ class AuditRecord:
 
     def line(self) -> str:
         """The log's line for this connection: the time (to the second, UTC) then the fields."""
-        return json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **asdict(self)})
+        return json.dumps({"time": _now(), **asdict(self)})

@@ -10,6 +10,7 @@ otherwise.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import uuid
@@ -23,6 +24,8 @@ from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
 
 __all__ = ["SOCKET_NAME", "serve_egress", "socket_directory"]
+
+logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "proxy.sock"
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
@@ -82,6 +85,10 @@ async def serve_egress(
                 finally:
                     tasks.cancel_scope.cancel()
         finally:
+            try:
+                proxy.summarize()  # its connections are all done: the tasks above have ended
+            except OSError as exc:
+                logger.error("egress proxy: cannot write the audit log: %s", exc)
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
     finally:

@@ -4,12 +4,14 @@ The sandbox has no interface but loopback; a relay in it (the runner's) forwards
 connection made to the proxy address on its loopback to this socket, bound into the sandbox
 (:mod:`.listener` serves it). What :class:`EgressProxy` checks of each connection, and in which
 order, is its docstring. A refusal before the tunnel is an HTTP 403 whose body names the rule.
-Each connection is one line in the egress log (:mod:`.audit`). Everything runs in the caller's
+Each connection is one line in the egress log (:mod:`.audit`), up to a cap per run, then one line
+summing the rest (:meth:`EgressProxy.summarize`, at the run's end). Everything runs in the caller's
 event loop, on anyio.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ipaddress
 import logging
@@ -25,7 +27,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, embedded_ipv4
-from mcp_sandbox.egress.audit import AuditRecord, Verdict
+from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 
@@ -108,6 +110,8 @@ class EgressProxy:
         self._resolve = resolver
         self.connections = 0
         self.bytes = 0
+        self._lines = 0
+        self._unlogged: collections.Counter[str] = collections.Counter()  # verdicts past LINES_PER_RUN
 
     # --- one connection -------------------------------------------------------------------------
 
@@ -279,9 +283,24 @@ class EgressProxy:
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             group.cancel_scope.cancel()
 
+    def summarize(self) -> None:
+        """Write the line summing the connections past the cap, if there were any (at the run's end).
+
+        Raises:
+            OSError: the log cannot be written.
+        """
+        if self._audit is not None and self._unlogged:
+            grant = self.grant
+            self._audit.write(summary_line(grant.tenant, grant.conversation, self.run, self._unlogged))
+            self._unlogged.clear()
+
     def _record(self, c: _Connection) -> None:
         if self._audit is None:
             return
+        if self._lines >= LINES_PER_RUN:
+            self._unlogged[c.verdict] += 1
+            return
+        self._lines += 1
         grant = self.grant
         self._audit.write(
             AuditRecord(

@@ -6,7 +6,9 @@ within one tenant), so a tenant that queues many runs delays its own, not the ot
 whole queue (``queue``) or the tenant's share of it (``tenant_queue``) is full, or the wait would
 pass ``wait`` seconds, the run is refused with :class:`~mcp_sandbox.errors.BusyError` without
 running anything. Overload then shows as quick, clear refusals instead of every run slowing down
-until all of them time out.
+until all of them time out. A full queue does not shut a tenant out: a tenant with nothing queued
+takes the place of the newest waiter of the tenant with the most queued (two or more), which is
+refused as a full queue's newcomer would have been.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = ["Admission"]
 class _Waiter:
     tenant: str
     granted: bool = False
+    refused: str | None = None  # why it was pushed out of the queue by another tenant's run
     event: anyio.Event = field(default_factory=anyio.Event)
 
 
@@ -78,6 +81,8 @@ class Admission:
             except BaseException:  # cancelled while waiting (or just granted): give the turn back
                 self._release(waiter) if waiter.granted else self._leave(waiter)
                 raise
+            if waiter.refused is not None:
+                raise BusyError(waiter.refused)
             if not waiter.granted:
                 self._leave(waiter)
                 raise BusyError(
@@ -104,11 +109,8 @@ class Admission:
                     f"this tenant has {self._running[tenant]} runs running and {queued} waiting, the most "
                     "one tenant may have; try again when one has finished"
                 )
-            if self.waiting >= self.queue:
-                raise BusyError(
-                    f"{self.running} runs are running and {self.waiting} are waiting, the most this server "
-                    "accepts; try again shortly"
-                )
+            if self.waiting >= self.queue and not (queued == 0 and self._push_out_newest()):
+                raise BusyError(self._full_message())
         waiter = _Waiter(tenant)
         queue = self._queues.get(tenant)
         if queue is None:
@@ -116,6 +118,29 @@ class Admission:
             self._turns.append(tenant)
         queue.append(waiter)
         return waiter
+
+    def _full_message(self) -> str:
+        return (
+            f"{self.running} runs are running and {self.waiting} are waiting, the most this server "
+            "accepts; try again shortly"
+        )
+
+    def _push_out_newest(self) -> bool:
+        """Refuse the newest waiter of the tenant with the most queued, if it has two or more.
+
+        Two, not one: the tenant pushed out keeps a waiter, so tenants with one each never push
+        each other out in turn.
+        """
+        if not self._queues:
+            return False
+        tenant = max(self._queues, key=lambda name: len(self._queues[name]))
+        if len(self._queues[tenant]) < 2:
+            return False
+        message = self._full_message()
+        victim = self._queues[tenant].pop()
+        victim.refused = message
+        victim.event.set()
+        return True
 
     def _leave(self, waiter: _Waiter) -> None:
         queue = self._queues.get(waiter.tenant)

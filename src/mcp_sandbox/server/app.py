@@ -137,8 +137,8 @@ async def serve(config: Config, transport: str, early: EarlyStdio | None = None)
         return
     from mcp_sandbox.server.auth.tokens import TokenTable
     from mcp_sandbox.server.routes.files import file_routes
-    from mcp_sandbox.server.routes.health import health_routes
-    from mcp_sandbox.server.routes.metrics import metrics_route
+    from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
+    from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.service import open_service
@@ -147,7 +147,6 @@ async def serve(config: Config, transport: str, early: EarlyStdio | None = None)
         build_http_app,
         check_exposure,
         serve_http,
-        transport_security,
     )
 
     tokens = TokenTable(config.tokens)
@@ -156,13 +155,16 @@ async def serve(config: Config, transport: str, early: EarlyStdio | None = None)
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
         routes = [
-            *file_routes(service, guard, transport_security(settings)),
+            *file_routes(service, guard),
             *renew_routes(service, guard),
             *health_routes(service.ready),
             metrics_route(lambda: settings.http.metrics_token, service.metrics_or_fail()),
             *playground_routes(),
         ]
-        app = build_http_app(settings, build_server(service), tokens, routes)
+        # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:
+        # health says up or down, metrics needs a token of its own.
+        any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH)
+        app = build_http_app(settings, build_server(service), tokens, routes, any_host)
         await serve_http(settings, app, service.lifecycle)
 
 

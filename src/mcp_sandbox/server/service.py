@@ -25,7 +25,7 @@ import anyio
 import anyio.from_thread
 import anyio.to_thread
 
-from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.audit import AuditLog, Tally
 from mcp_sandbox.bridge.discovery import Discovery, discover
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
@@ -55,6 +55,9 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 logger = logging.getLogger(__name__)
 
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
+# Downloads refused for a link not signed with the server's key: anyone can send them, unauthenticated,
+# so they are summed into one audit line a minute (and counted in mcp_sandbox_downloads_total).
+REFUSALS_INTERVAL = 60.0
 
 
 @dataclass
@@ -205,8 +208,11 @@ _AUDITED: dict[type, str] = {RunFinished: "run", ToolCalled: "tool_call", FileSt
 _NOT_AUDITED = frozenset({"started_at", "run_ms"})
 
 
-def _auditor(log: AuditLog) -> Callable[[Event], None]:
+def _auditor(log: AuditLog, refusals: Tally) -> Callable[[Event], None]:
     def record(event: Event) -> None:
+        if isinstance(event, FileServed) and event.outcome == "invalid":
+            refusals.note(outcome=event.outcome)
+            return
         name = _AUDITED.get(type(event))
         if name is not None:
             # The fields as they are (strings, numbers, tuples of strings): asdict's deep copy is not needed.
@@ -214,6 +220,12 @@ def _auditor(log: AuditLog) -> Callable[[Event], None]:
             log.record(name, **{field: getattr(event, field) for field in fields})
 
     return record
+
+
+async def _flush_periodically(tally: Tally) -> None:
+    while True:
+        await anyio.sleep(REFUSALS_INTERVAL)
+        tally.flush()
 
 
 async def _sweep_periodically(service: Service) -> None:
@@ -255,7 +267,8 @@ async def open_service(
         logger.info("deleted %d partial uploads a crash left", swept)
     metadata = Metadata.open(layout.metadata)
     audit = AuditLog.open(layout.audit_log)
-    events.subscribe(_auditor(audit))
+    refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
+    events.subscribe(_auditor(audit, refusals))
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
         async with (
@@ -270,6 +283,7 @@ async def open_service(
             events.subscribe(History(metadata, writes).observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
             group.start_soon(_sweep_periodically, service)
+            group.start_soon(_flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
             # service: the cyclic GC stops walking it, whose full collections otherwise stall a
             # run now and then.
@@ -280,5 +294,6 @@ async def open_service(
                 gc.unfreeze()
                 group.cancel_scope.cancel()
     finally:
+        refusals.flush()
         audit.close()
         metadata.close()

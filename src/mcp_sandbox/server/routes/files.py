@@ -25,7 +25,6 @@ from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
-from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
@@ -232,8 +231,7 @@ async def _batched(stream: AsyncIterator[bytes], size: int = _CHUNK) -> AsyncIte
         yield bytes(buffer)
 
 
-def _upload(service: Service, hosts: TransportSecuritySettings) -> Callable[[Request], Any]:
-    security = TransportSecurityMiddleware(hosts)
+def _upload(service: Service) -> Callable[[Request], Any]:
     uploads = _Uploads(service.settings.http.tenant_uploads, service.settings.http.upload_workers)
 
     async def store(
@@ -265,9 +263,6 @@ def _upload(service: Service, hosts: TransportSecuritySettings) -> Callable[[Req
         return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
 
     async def upload(request: Request) -> Response:
-        refused = await security.validate_request(request, is_post=False)
-        if refused is not None:
-            return refused
         tenant = tenant_of(request)
         try:
             with uploads.hold(tenant):
@@ -318,12 +313,10 @@ async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -
     return JSONResponse({"files": stored}, status_code=201)
 
 
-def file_routes(
-    service: Service, guard: Callable[[ASGIApp], ASGIApp], hosts: TransportSecuritySettings
-) -> list[BaseRoute]:
-    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check;
-    its Host and Origin checked against ``hosts``, as the MCP routes' are)."""
-    upload_app = request_response(_upload(service, hosts))
+def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
+    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check);
+    the app checks Host and Origin on both, as on every route."""
+    upload_app = request_response(_upload(service))
 
     def limit() -> int:
         # Slack for multipart framing; the store enforces the quota byte by byte.

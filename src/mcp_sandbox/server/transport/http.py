@@ -1,8 +1,8 @@
 """MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, beside the routes given (files, ``/``).
 
 Security at this layer: static bearer tokens per tenant (401 with ``WWW-Authenticate: Bearer``
-and no OAuth discovery, see :mod:`~mcp_sandbox.server.auth.bearer`), Host/Origin validation against DNS rebinding (the
-SDK's, on every MCP route and on uploads), request body limits, and a refusal to listen beyond
+and no OAuth discovery, see :mod:`~mcp_sandbox.server.auth.bearer`), Host/Origin validation against DNS rebinding (on
+every route, :mod:`.hosts`), request body limits, and a refusal to listen beyond
 loopback without a token. Which session manager serves a ``/mcp`` request (sessions and SSE for
 MCP clients, stateless plain JSON for curl) is :mod:`.mcp_route`'s business. Against slow or
 greedy clients and tenants: connection, header and body bounds (:mod:`.limits`) and MCP sessions
@@ -15,7 +15,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -38,6 +38,7 @@ from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth.bearer import RequireBearer, oauth_discovery_routes
 from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
 from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
+from mcp_sandbox.server.transport.hosts import HostCheck
 from mcp_sandbox.server.transport.http_sessions import SessionQuota, SseIdle
 from mcp_sandbox.server.transport.limits import (
     SlowBodyGuard,
@@ -91,7 +92,7 @@ def check_exposure(settings: Settings, tokens: TokenTable) -> None:
 
 
 def transport_security(settings: Settings) -> TransportSecuritySettings:
-    """Which Host and Origin headers the MCP routes accept (DNS-rebinding protection)."""
+    """Which Host and Origin headers the server accepts (DNS-rebinding protection), on every route."""
     if "*" in settings.http.allowed_hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts: list[str] = []
@@ -162,12 +163,17 @@ def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], AS
 
 
 def build_http_app(
-    settings: Settings, server: Server, tokens: TokenTable, extra_routes: Sequence[BaseRoute] = ()
+    settings: Settings,
+    server: Server,
+    tokens: TokenTable,
+    extra_routes: Sequence[BaseRoute] = (),
+    any_host: Collection[str] = (),
 ) -> Starlette:
     """The ASGI app: MCP (Streamable HTTP and SSE) and ``extra_routes`` (files, health, the playground...).
 
     ``extra_routes`` see ``request.user`` set by the bearer middleware; they require it
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
+    Every path but ``any_host`` has its Host and Origin checked first (:mod:`.hosts`).
     """
     security = transport_security(settings)
     guard = auth_guard(settings, tokens)
@@ -181,9 +187,9 @@ def build_http_app(
     quota = SessionQuota(settings.http.tenant_http_sessions or settings.http.max_http_sessions)
     quota.attach(stateful)
     mcp = McpRoute(server, stateful, security, settings.http.max_request_size)
-    middleware: list[Middleware] = []
+    middleware = [Middleware(HostCheck, security=security, exempt=any_host)]
     if tokens:
-        middleware = [
+        middleware += [
             Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(tokens)),
             Middleware(AuthContextMiddleware),
         ]
