@@ -2,7 +2,7 @@
 
 Each run starts a ``sleep`` with a marker argument (a process the host can see by its command
 line) and then sleeps itself. The client gives up: the MCP Python SDK's cancel (in-memory and
-over stdio). Within a bound well
+over stdio), an HTTP client that hangs up on a plain-JSON ``tools/call``. Within a bound well
 under the run's own timeout no process of the run may remain, the warm pool must be back to its
 size, and with ``max_concurrent_runs = 1`` the next run must be admitted and finish.
 """
@@ -10,6 +10,7 @@ size, and with ``max_concurrent_runs = 1`` the next run must be admitted and fin
 from __future__ import annotations
 
 import functools
+import json
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 
@@ -24,10 +26,11 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.server.app import build_server
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import CALL_BOUND, own_processes, poll, run_python, stdio_client, structured
+from mcp_test_helpers import CALL_BOUND, http_server, own_processes, poll, run_python, stdio_client, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.anyio]
 
+TOKEN = "cancel-token-0123456789abcdef"
 RUN_TIMEOUT = 60  # the run's own limit: far beyond every bound below
 GONE_BOUND = 5.0  # the run's processes gone after the cancel (it takes well under a second)
 START_BOUND = 30.0  # the run's marker process seen
@@ -113,3 +116,29 @@ async def test_a_run_cancelled_by_a_stdio_client_ends(state_dir: Path, sandbox_r
         await assert_gone(marker)
         after = structured(await run_python(client, {"code": "print('next')"}))
         assert after["status"] == "success" and after["stdout"] == "next\n"
+
+
+def tools_call(code: str, conversation: str | None = None) -> dict[str, Any]:
+    arguments: dict[str, Any] = {"code": code, "timeout": RUN_TIMEOUT}
+    if conversation is not None:
+        arguments["conversationId"] = conversation
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_python", "arguments": arguments}}
+
+
+@pytest.mark.parametrize("conversation", [None, "cancel-conversation"], ids=["warm", "session"])
+async def test_a_plain_json_client_that_hangs_up_ends_its_run(
+    state_dir: Path, sandbox_runtime: Path | None, conversation: str | None
+) -> None:
+    env = {**ONE_SLOT, "MCP_SANDBOX_TOKEN": TOKEN}
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    async with http_server(state_dir, env=env, runtime=sandbox_runtime) as base:
+        async with httpx2.AsyncClient(headers=headers, timeout=RUN_TIMEOUT + 30) as web:
+            marker = new_marker()
+            body = tools_call(sleeper(marker), conversation)
+            await cancelled_after_start(lambda: web.post(f"{base}/mcp", json=body), marker)
+        await assert_gone(marker)
+        async with httpx2.AsyncClient(headers=headers, timeout=CALL_BOUND) as web:
+            reply = await web.post(f"{base}/mcp", json=tools_call("print('next')", conversation))
+        assert reply.status_code == 200
+        result = json.loads(reply.text)["result"]["structuredContent"]
+        assert result["status"] == "success" and result["stdout"] == "next\n"
