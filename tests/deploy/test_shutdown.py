@@ -1,14 +1,18 @@
-"""Shutdown as an operator does it: SIGTERM, then a second SIGTERM or SIGINT.
+"""Shutdown as an operator does it: SIGTERM, a second SIGTERM or SIGINT, and SIGTERM during start-up.
 
 A real ``mcp-sandbox serve --transport http`` process (tests/deploy/test_service.py's), its runs
 made by the SDK's client over Streamable HTTP and by plain JSON over HTTP, signals sent to it.
 A run still going when the server stops must get a tool result saying so (not an HTTP 500), a
-second signal must not wait for the grace, uploads must be refused while draining.
+second signal must not wait for the grace, uploads must be refused while draining, and a SIGTERM
+that comes before the server listens must still stop it in order (exit 0).
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +23,7 @@ import httpx2
 import pytest
 from mcp.types import CallToolResult
 
-from mcp_test_helpers import CALL_BOUND, http_client, upload
+from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, free_port, http_client, upload
 
 from .test_service import ALICE, Server, call, data, metric, server, until
 
@@ -149,3 +153,28 @@ async def test_uploads_are_refused_while_the_server_drains(state_dir: Path, sand
         assert_stopped(sdk, plain)
         await exited(live)
     assert not (state_dir / "workspaces").exists() or not list((state_dir / "workspaces").rglob("*.txt"))
+
+
+@pytest.mark.parametrize("delay", [1.0, 2.0])
+async def test_a_sigterm_during_start_up_stops_the_server_in_order(
+    state_dir: Path, sandbox_runtime: Path | None, delay: float
+) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
+    command += ["--state-dir", str(state_dir)]
+    env = _server_env(sandbox_runtime, {"MCP_SANDBOX_DISCOVER_SERVERS": "false"})
+    with tempfile.TemporaryFile() as log:
+        process = await anyio.open_process(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True
+        )
+        try:
+            # A moment of the start-up (the imports, opening the service): what is tested is when the signal lands.
+            await anyio.sleep(delay)
+            process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(EXIT_BOUND):
+                await process.wait()
+            log.seek(0)
+            assert process.returncode == 0, log.read().decode(errors="replace")[-4000:]
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop_server(process, 15)

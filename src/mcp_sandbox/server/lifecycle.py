@@ -29,6 +29,8 @@ __all__ = [
     "DrainingServer",
     "Lifecycle",
     "Reloader",
+    "StopSignals",
+    "stop_signals",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,6 +139,44 @@ class Lifecycle:
                 logger.warning("reload: %s: %s", name, note)
 
 
+class StopSignals:
+    """SIGTERM and SIGINT over an HTTP server's whole life (see :func:`stop_signals`)."""
+
+    def __init__(self, starting: anyio.CancelScope, caught: list[int]) -> None:
+        self.caught = caught
+        self.serving = False  # set by DrainingServer, whose own handler takes over while it serves
+        self._starting = starting
+        self._loop = asyncio.get_running_loop()
+
+    def handle(self, sig: int, frame: FrameType | None) -> None:
+        self.caught.append(sig)
+        if not self.serving:
+            self._loop.call_soon_threadsafe(self._starting.cancel)
+
+
+@contextlib.contextmanager
+def stop_signals(starting: anyio.CancelScope, caught: list[int]) -> Iterator[StopSignals]:
+    """Handle SIGTERM and SIGINT for the block (``caught``: those that came before, recorded by
+    the CLI from its start, cancel ``starting`` at once): before the server serves, one cancels ``starting``
+    (the start-up is abandoned and what opened closes in order); while it serves,
+    :class:`DrainingServer`'s handler has them; after it, they are only recorded (the engine and
+    the bridge close in order, bounded).
+
+    Without it a signal during start-up (opening the service takes seconds: the warm pool, the
+    downstream servers) found the default action and killed the process with nothing closed,
+    and one after uvicorn's shutdown, or before its handler, landed on a no-op: ignored.
+    """
+    signals = StopSignals(starting, caught)
+    previous = {sig: signal.signal(sig, signals.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if caught:
+        starting.cancel()
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server, whose first SIGTERM drains (see :class:`Lifecycle`) before it stops.
 
@@ -145,10 +185,11 @@ class DrainingServer(uvicorn.Server):
     new ones with an error, and then hands over to uvicorn's shutdown for what is left of the grace.
     """
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace: float, signals: StopSignals) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
         self._grace = grace
+        self._signals = signals
         self._wake: Callable[[bool], None] | None = None
         self._at_once = False
 
@@ -178,6 +219,9 @@ class DrainingServer(uvicorn.Server):
                 loop.call_soon_threadsafe(now.set)
 
         self._wake = wake
+        self._signals.serving = True
+        for sig in self._signals.caught:  # they came while the server started: it stops at once
+            self.handle_exit(sig, None)
 
         async def drain() -> None:
             await term.wait()
