@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,6 +120,12 @@ def _check_stdio_conversation(settings: Settings) -> None:
 def _cmd_serve(config: Config, transport: str) -> int:
     settings = config.settings
     early = None
+    caught: list[int] = []
+    if transport == "http":
+        # A stop signal during the imports and the start-up is the server's to honour (it stops in
+        # order, see server/lifecycle.py's stop_signals), not the default action's.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda number, _frame: caught.append(number))
     if transport == "stdio":
         # Answer the client's initialize while the MCP SDK is imported (server/transport/stdio_early.py).
         from mcp_sandbox.server.transport.stdio_early import begin
@@ -127,7 +134,7 @@ def _cmd_serve(config: Config, transport: str) -> int:
         early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, config, transport, early)
+    anyio.run(serve, config, transport, early, caught)
     return 0
 
 

@@ -355,6 +355,7 @@ class WarmPlacement:
         after = before
         exited: Exited | None = None
         reusable = False
+        cancelled = False
         try:
             with anyio.move_on_after(request.timeout) as deadline:
                 await warm.tools.show(tool_mounts(request))
@@ -370,13 +371,19 @@ class WarmPlacement:
             reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
             if exited is not None and exited.problem is not None:
                 logger.info("a warm sandbox is replaced: %s", exited.problem)
+        except anyio.get_cancelled_exc_class():
+            cancelled = True  # the caller gave up (the client cancelled or hung up): the run ends now
+            raise
         finally:
-            if not reusable:
-                if exited is None and not deadline.cancelled_caught:
-                    with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
-                        await interpreter.exited.wait()
-                await interpreter.kill()
-            self._pool.give_back(warm, reusable=reusable)
+            # Shielded: a cancelled run's sandbox is killed and handed back all the same, or its
+            # processes outlive the run and the pool never sees the sandbox again.
+            with anyio.CancelScope(shield=True):
+                if not reusable:
+                    if exited is None and not deadline.cancelled_caught and not cancelled:
+                        with anyio.move_on_after(DEATH_SETTLE_SECONDS):  # the zygote died: let its outcome be known
+                            await interpreter.exited.wait()
+                    await interpreter.kill()
+                self._pool.give_back(warm, reusable=reusable)
         result = dataclasses.replace(captured(record, interpreter, started), warm=True)
         if deadline.cancelled_caught:
             return timed_out(result, request, "the sandbox and all its processes were killed")

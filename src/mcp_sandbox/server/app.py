@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import mcp_types as types
 
     from mcp_sandbox.server.auth.tokens import TokenTable
+    from mcp_sandbox.server.lifecycle import StopSignals
     from mcp_sandbox.server.service import Service
     from mcp_sandbox.server.tools.handlers import ToolHandlers
 
@@ -121,11 +122,14 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
         closing.set()  # the client is gone: close the service normally (running executions finish)
 
 
-async def serve(config: Config, transport: str, early: EarlyStdio | None = None) -> None:
+async def serve(
+    config: Config, transport: str, early: EarlyStdio | None = None, caught: list[int] | None = None
+) -> None:
     """Open the service and serve ``config`` over ``transport`` (``stdio`` or ``http``) until told to stop.
 
     ``early``: over stdio, the wire :func:`~mcp_sandbox.server.transport.stdio_early.begin` took at start
-    (the CLI's ``serve``, which also checks ``stdio_conversation`` before that).
+    (the CLI's ``serve``, which also checks ``stdio_conversation`` before that). ``caught``: over HTTP,
+    the stop signals the CLI recorded before this (each stops the server in order).
 
     Raises:
         ConfigError: HTTP beyond loopback without a token, or another refused configuration.
@@ -136,21 +140,25 @@ async def serve(config: Config, transport: str, early: EarlyStdio | None = None)
         await _serve_stdio_opening(settings, early)
         return
     from mcp_sandbox.server.auth.tokens import TokenTable
+    from mcp_sandbox.server.lifecycle import stop_signals
+    from mcp_sandbox.server.transport.http import check_exposure
+
+    tokens = TokenTable(config.tokens)
+    check_exposure(settings, tokens)
+    with anyio.CancelScope() as starting, stop_signals(starting, caught or []) as signals:
+        await _serve_http(settings, tokens, signals)
+
+
+async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSignals) -> None:
+    """Open the service and serve it over HTTP (see :func:`serve`)."""
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.service import open_service
-    from mcp_sandbox.server.transport.http import (
-        auth_guard,
-        build_http_app,
-        check_exposure,
-        serve_http,
-    )
+    from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
 
-    tokens = TokenTable(config.tokens)
-    check_exposure(settings, tokens)
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
@@ -165,7 +173,7 @@ async def serve(config: Config, transport: str, early: EarlyStdio | None = None)
         # health says up or down, metrics needs a token of its own.
         any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH)
         app = build_http_app(settings, build_server(service), tokens, routes, any_host)
-        await serve_http(settings, app, service.lifecycle)
+        await serve_http(settings, app, service.lifecycle, signals)
 
 
 async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:

@@ -265,6 +265,10 @@ def _upload(service: Service) -> Callable[[Request], Any]:
     async def upload(request: Request) -> Response:
         tenant = tenant_of(request)
         try:
+            service.lifecycle.refuse_when_draining()
+        except BusyError as exc:
+            return _problem(503, str(exc))
+        try:
             with uploads.hold(tenant):
                 content_type = request.headers.get("content-type", "")
                 if content_type.startswith("multipart/form-data"):

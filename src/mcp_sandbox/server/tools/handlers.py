@@ -15,7 +15,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
@@ -113,6 +113,7 @@ class ToolHandlers:
         started = time.perf_counter()
         key: str | None = None
         try:
+            service.lifecycle.refuse_when_draining()
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
@@ -121,7 +122,7 @@ class ToolHandlers:
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
                 )
                 await service.refresh_files(key)
-        except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
+        except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
             return _error_result(str(exc))

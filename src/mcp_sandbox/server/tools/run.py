@@ -27,6 +27,7 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.errors import BusyError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
+from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
@@ -115,9 +116,11 @@ class RunTool:
         # never deletes a workspace between the two.
         with contextlib.ExitStack() as held:
             try:
-                held.enter_context(service.lifecycle.run())
-                request = await self.request(call, raw, listener, held)
-                result = await service.engine.execute(request)
+                stop = held.enter_context(service.lifecycle.run())
+                result = ExecutionResult(status="error", exit_code=None, error=STOPPED_MESSAGE)
+                with stop:  # cancelled when the server stops with the run still going: it is answered so
+                    request = await self.request(call, raw, listener, held)
+                    result = await service.engine.execute(request)
             except (ValidationError, BusyError, SandboxError) as exc:
                 result = refused(call, exc)
             return await self.answer(call, result)

@@ -11,11 +11,9 @@ per tenant with an idle life (:mod:`.http_sessions`).
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
-import signal
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -37,7 +35,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth.bearer import RequireBearer, oauth_discovery_routes
 from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
-from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle
+from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle, StopSignals
 from mcp_sandbox.server.transport.hosts import HostCheck
 from mcp_sandbox.server.transport.http_sessions import SessionQuota, SseIdle
 from mcp_sandbox.server.transport.limits import (
@@ -202,26 +200,10 @@ def build_http_app(
     return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
 
-@contextlib.contextmanager
-def _quiet_signals() -> Iterator[None]:
-    """Let uvicorn's re-raise of SIGINT/SIGTERM after its graceful shutdown land on a no-op.
-
-    uvicorn restores the previous handlers and raises the signal again once it has drained;
-    with the default handlers that would kill the process before the engine and the bridge
-    (sessions, downstream servers) are closed.
-    """
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | None = None) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; running requests get ``shutdown_grace`` seconds to finish.
-
-    With ``lifecycle``, SIGTERM drains its runs first and SIGHUP reloads (see :mod:`~mcp_sandbox.server.lifecycle`).
+async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle, signals: StopSignals) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM: SIGTERM drains the ``lifecycle``'s runs first (SIGINT,
+    or a second SIGTERM, stops them at once) and SIGHUP reloads (see :mod:`~mcp_sandbox.server.lifecycle`);
+    ``signals`` took them before the server started (see :func:`~mcp_sandbox.server.lifecycle.stop_signals`).
     Connections, headers and bodies are bounded (see :mod:`.limits`).
     """
     raise_open_files_limit()
@@ -236,8 +218,4 @@ async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle | 
         timeout_graceful_shutdown=round(settings.http.shutdown_grace),
         **uvicorn_limits(settings),
     )
-    with _quiet_signals():
-        if lifecycle is None:
-            await uvicorn.Server(config).serve()
-        else:
-            await DrainingServer(config, lifecycle, settings.http.shutdown_grace).serve_draining()
+    await DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals).serve_draining()

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
@@ -21,7 +22,7 @@ from mcp.types import INVALID_PARAMS, InitializeRequestParams
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["McpRoute"]
 
@@ -76,6 +77,49 @@ def _replay(body: bytes, trailing: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+async def _cancelled_on_hang_up(
+    app: ASGIApp, scope: Scope, body: bytes, trailing: list[Message], receive: Receive, send: Send
+) -> None:
+    """Serve a plain-JSON request with ``app``, cancelled when the client hangs up before its reply.
+
+    Such a reply is one JSON document sent at the end, so nothing writes to the connection
+    while the tool runs and nothing would notice that the client left (curl ``--max-time``):
+    the run would go on to its own timeout, holding its slot. This reads ``receive`` for the
+    client's ``http.disconnect`` meanwhile and cancels the request, which ends the call (the SDK
+    cancels the handler of a request whose transport is terminated) and with it the run.
+    """
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    gone = anyio.Event()
+    replied = False
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        await gone.wait()  # the watcher below is the one reader of the connection
+        return {"type": "http.disconnect"}
+
+    async def tracked(message: Message) -> None:
+        nonlocal replied
+        await send(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            replied = True
+
+    async def watch(request: anyio.CancelScope) -> None:
+        messages = list(trailing)
+        while True:
+            message = messages.pop(0) if messages else await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+                if not replied:
+                    request.cancel()
+                return
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch, group.cancel_scope)
+        await app(scope, replayed, tracked)
+        group.cancel_scope.cancel()
 
 
 def _without_session_on_error(send: Send) -> Send:
@@ -160,11 +204,12 @@ class McpRoute:
         if "accept" not in headers:
             # No Accept means anything is acceptable (RFC 9110); the SDK wants it spelled out.
             scope = _with_headers(scope, accept=b"application/json")
-        receive = _replay(body, trailing, receive)
         send = _without_session_on_error(send)
         if not wants_stream:
-            await self._stateless_json.handle_request(scope, receive, send)
-        elif isinstance(message, dict) and message.get("method") == "initialize":
+            await _cancelled_on_hang_up(self._stateless_json.handle_request, scope, body, trailing, receive, send)
+            return
+        receive = _replay(body, trailing, receive)
+        if isinstance(message, dict) and message.get("method") == "initialize":
             await self.stateful.handle_request(scope, receive, send)
         else:
             await self._stateless_stream.handle_request(scope, receive, send)
