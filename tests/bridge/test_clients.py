@@ -6,6 +6,7 @@ them (and only them) in /proc without knowing how the SDK spawns them.
 
 from __future__ import annotations
 
+import itertools
 import socket
 import sys
 import uuid
@@ -17,7 +18,7 @@ import mcp_types as types
 import pytest
 
 from downstream import FIXTURE_SERVER
-from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
+from mcp_sandbox.bridge.clients import ClientPool, open_client_pool, restart_delay
 from mcp_sandbox.bridge.discovery import ServerSpec
 from mcp_sandbox.errors import DownstreamError
 from mcp_test_helpers import poll
@@ -248,3 +249,20 @@ async def test_an_http_server_on_a_closed_port_is_a_downstream_error_not_a_hang(
                 with pytest.raises(DownstreamError) as caught:
                     await pool.tools("web")
     assert caught.value.server == "web"
+
+
+def test_a_server_that_keeps_breaking_is_started_again_after_a_growing_bounded_pause() -> None:
+    delays = [restart_delay(breaks) for breaks in range(1, 12)]
+    assert delays[0] == 0.0  # the first break: the next call just works
+    assert all(earlier < later for earlier, later in itertools.pairwise(delays[1:7]))
+    assert max(delays) == delays[-1] <= 30.0
+
+
+async def test_invalid_utf8_from_a_server_fails_that_call_and_the_next_call_restarts_it() -> None:
+    with anyio.fail_after(BOUND):
+        async with open_client_pool({"fixture": fixture_spec()}) as pool:
+            first = await server_pid(pool, "fixture")
+            with pytest.raises(DownstreamError, match="not valid UTF-8") as caught:
+                await pool.call("fixture", "garble", {"kind": "invalid-utf8"})
+            assert (caught.value.server, caught.value.tool) == ("fixture", "garble")
+            assert await server_pid(pool, "fixture") != first

@@ -198,6 +198,7 @@ SMOKE: dict[str, Smoke] = {
                 "crash",
                 "echo",
                 "fail",
+                "garble",
                 "get-forecast.v2",
                 "image",
                 "pid",

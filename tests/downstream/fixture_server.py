@@ -135,6 +135,27 @@ def crash() -> str:
     os._exit(CRASH_EXIT_CODE)
 
 
+# The protocol's stdout, saved before the SDK moves fd 1 aside, so `garble` can break the framing.
+_wire: int | None = None
+
+
+def garble(kind: Literal["invalid-utf8", "huge-line"], mebibytes: float = 50) -> str:
+    """Write what breaks the framing onto the protocol stream, then answer normally.
+
+    `invalid-utf8`: a line holding bytes that are not UTF-8; `huge-line`: one line of
+    `mebibytes` MiB with no newline until its end.
+    """
+    if _wire is None:
+        raise RuntimeError("garble works only when the server runs over stdio")
+    if kind == "invalid-utf8":
+        data = b'{"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "\xff\xfe"}}\n'
+    else:
+        data = b"x" * int(mebibytes * (1 << 20)) + b"\n"
+    with os.fdopen(os.dup(_wire), "wb") as wire:
+        wire.write(data)
+    return "garbled"
+
+
 def get_forecast_v2(city: str, days: int = 1) -> str:
     """A made-up forecast for the next `days` days."""
     return f"{city}: sunny for {days} day(s)"
@@ -159,6 +180,7 @@ def build_server() -> MCPServer:
     server.add_tool(resource)
     server.add_tool(pid)
     server.add_tool(crash, structured_output=False)
+    server.add_tool(garble, structured_output=False)
     # Names that are not Python identifiers, for code that turns tool names into functions.
     server.add_tool(get_forecast_v2, name="get-forecast.v2")
     server.add_tool(class_, name="class", structured_output=False)
@@ -166,4 +188,5 @@ def build_server() -> MCPServer:
 
 
 if __name__ == "__main__":
+    _wire = os.dup(1)
     build_server().run()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,44 @@ def test_doctor_says_when_the_typescript_runner_is_not_bundled(state_dir: Path, 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SLOWER start: the runner is not bundled" in done.stdout and "`mcp-sandbox setup`" in done.stdout
     assert "ok: ran TypeScript in a sandbox" in done.stdout, done.stdout  # from its sources
+
+
+def _under_hard_open_files_limit(limit: int, *args: str, state_dir: Path, runtime: Path | None, **env: str) -> Any:
+    """``mcp-sandbox ARGS`` started by ``prlimit`` with ``limit`` as its soft and hard limit on open files."""
+    return subprocess.run(
+        [
+            "prlimit",
+            f"--nofile={limit}:{limit}",
+            sys.executable,
+            "-m",
+            "mcp_sandbox",
+            *args,
+            "--state-dir",
+            str(state_dir),
+        ],
+        env=cli_environment(runtime, env),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_BOUND,
+        check=False,
+    )
+
+
+def test_a_hard_open_files_limit_below_the_setting_is_named_at_start(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    # Issue 34, finding 6: with `ulimit -Hn 200` the run failed with "bwrap could not be started:
+    # Operation not permitted", naming neither the limit nor the setting.
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    done = _under_hard_open_files_limit(200, "run", "-c", code, state_dir=state_dir, runtime=sandbox_runtime)
+    if done.returncode == 0:  # a server with CAP_SYS_RESOURCE raises the sandbox's hard limit itself
+        assert done.stdout == "256\n"
+    else:
+        assert done.returncode == 2, done.stderr
+        assert "open_files: 256" in done.stderr and "hard limit of 200" in done.stderr, done.stderr
+        assert "set open_files to at most 200" in done.stderr
+    lowered = _under_hard_open_files_limit(
+        200, "run", "-c", code, state_dir=state_dir, runtime=sandbox_runtime, MCP_SANDBOX_OPEN_FILES="150"
+    )
+    assert lowered.returncode == 0, lowered.stderr
+    assert lowered.stdout == "150\n"

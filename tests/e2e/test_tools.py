@@ -175,6 +175,19 @@ async def test_huge_output_is_truncated_and_says_so(client: Client) -> None:
 
 
 @pytest.mark.anyio
+async def test_a_huge_output_is_sent_once_in_full_not_again_in_the_text(client: Client) -> None:
+    # Issue 34, finding 6: a 5 MB print sent its kept 1 MiB as text and again in structuredContent.
+    result = await run_python(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (5 << 20))"})
+
+    data = structured(result)
+    assert data["truncated"] is True and len(data["stdout"]) > 1 << 19
+    shown = text(result)
+    assert len(shown) < 256 << 10
+    assert "--- stdout ---\nBEGIN" in shown
+    assert f"structuredContent.stdout has all {len(data['stdout'])}" in shown
+
+
+@pytest.mark.anyio
 async def test_pandas_groupby_runs_in_the_sandbox(client: Client, packaged_runtime: Path) -> None:
     code = textwrap.dedent(
         """

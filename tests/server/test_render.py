@@ -7,8 +7,9 @@ import json
 import pytest
 import toon_format
 
+from mcp_sandbox.config import OutputMode
 from mcp_sandbox.engine import ExecutionResult
-from mcp_sandbox.server.tools.render import render
+from mcp_sandbox.server.tools.render import TEXT_STREAM_CHARS, render
 
 SUCCESS = ExecutionResult(status="success", exit_code=0, stdout="4\n", duration_ms=12)
 EMPTY = ExecutionResult(status="success", exit_code=0, duration_ms=3)
@@ -114,3 +115,18 @@ def test_compact_says_how_many_images_were_dropped_after_the_output() -> None:
     assert lines[1].startswith("(2 images not returned")
     assert IMAGES_DROPPED.structured()["imagesDropped"] == 2
     assert "imagesDropped" not in SUCCESS.structured()
+
+
+HUGE = ExecutionResult(status="success", exit_code=0, stdout="A" + "x" * (1 << 20), stderr="E" * (200 << 10))
+
+
+@pytest.mark.parametrize("mode", ["compact", "json", "toon"])
+def test_a_large_output_is_not_repeated_whole_in_the_text(mode: OutputMode) -> None:
+    # Issue 34, finding 6: a 5 MB print sent its kept 1 MiB in the text and again in structuredContent.
+    text = render(HUGE, mode)
+
+    assert len(text) < 3 * TEXT_STREAM_CHARS
+    assert f"structuredContent.stdout has all {len(HUGE.stdout)}" in text
+    assert "structuredContent.stderr has all" in text
+    assert "A" + "x" * 100 in text  # the beginning is there to read
+    assert HUGE.structured()["stdout"] == HUGE.stdout  # the contract keeps all of it

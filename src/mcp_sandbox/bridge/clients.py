@@ -4,8 +4,10 @@ A connection starts on first use: its owner task enters the SDK ``Client`` (``mo
 so servers of both protocol eras work), lists the tools, and then holds the connection open
 until it is told to stop. Callers in any task use the open client concurrently; they never
 enter or exit its context managers. A call that finds the connection closed (the server
-crashed or exited) ends the owner task, so the next use starts the server again. Closing the
-pool stops every owner within a bound, then cancels whatever is left.
+crashed or exited, or broke the framing of its stdio: see stdio.py) ends the owner task, so the
+next use starts the server again; a server that keeps breaking is started again after a growing
+pause (``restart_delay``). Closing the pool stops every owner within a bound, then cancels
+whatever is left.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.bridge.discovery import ServerSpec
+from mcp_sandbox.bridge.stdio import stdio_transport
 from mcp_sandbox.errors import DownstreamError
 
 # The SDK is imported when the first connection starts, not with this module: importing it takes
@@ -41,6 +44,14 @@ _MAX_TOOL_PAGES = 100
 # A server that failed to start is not tried again sooner than this (seconds): the requests of
 # one run (stubs, then calls) should not each wait for it to fail again.
 RETRY_AFTER = 5.0
+# The pause before starting again a server whose connection broke `n` times in a row (seconds).
+_FIRST_RESTART_DELAY = 0.5
+_MAX_RESTART_DELAY = 30.0
+
+
+def restart_delay(breaks: int) -> float:
+    """No pause after one break (the next call should just work), then doubling up to a bound."""
+    return 0.0 if breaks <= 1 else min(_FIRST_RESTART_DELAY * 2 ** (breaks - 2), _MAX_RESTART_DELAY)
 
 
 @dataclass(eq=False)
@@ -55,6 +66,8 @@ class _Connection:
     tools: tuple[types.Tool, ...] = ()
     failure: str | None = None
     failed_at: float = 0.0
+    broken: str | None = None  # why the transport ended the connection (framing, size), if it did
+    delay: float = 0.0  # how long to wait before starting the server
 
 
 def _describe(exc: BaseException) -> str:
@@ -83,8 +96,11 @@ class ClientPool:
         connect_timeout: float,
         call_timeout: float,
         log_dir: Path | None = None,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         self.servers = dict(servers)
+        self._max_message_bytes = max_message_bytes
+        self._breaks: dict[str, int] = {}  # connections broken in a row, by key
         self._log_dir = log_dir
         self._group = group
         self._connect_timeout = connect_timeout
@@ -118,6 +134,7 @@ class ClientPool:
         # A connection told to stop (its server crashed) is dead even while its owner winds down.
         if connection is None or connection.stop.is_set() or connection.failure is not None:
             connection = _Connection(spec.instance_for(tenant) if key != alias and tenant is not None else spec)
+            connection.delay = restart_delay(self._breaks.get(key, 0))
             self._connections[key] = connection
             self._group.start_soon(self._own, connection, name=f"downstream {spec.name}")
         await connection.ready.wait()
@@ -131,10 +148,14 @@ class ClientPool:
 
         spec = connection.spec
         try:
+            if connection.delay:
+                logger.info("downstream %s broke again; starting it in %g s", spec.name, connection.delay)
+                await anyio.sleep(connection.delay)
             # The deadline covers start-up and listing only; it is lifted once the server is ready.
             with anyio.CancelScope(deadline=anyio.current_time() + self._connect_timeout) as scope:
                 async with contextlib.AsyncExitStack() as stack:
-                    client = await stack.enter_async_context(Client(await self._target(spec, stack), mode="auto"))
+                    target = await self._target(connection, stack)
+                    client = await stack.enter_async_context(Client(target, mode="auto"))
                     connection.tools = await self._list_tools(client)
                     connection.client = client
                     scope.deadline = math.inf
@@ -155,11 +176,11 @@ class ClientPool:
             connection.finished.set()
             connection.ready.set()
 
-    async def _target(self, spec: ServerSpec, stack: contextlib.AsyncExitStack) -> Any:
+    async def _target(self, connection: _Connection, stack: contextlib.AsyncExitStack) -> Any:
         import httpx2
-        from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
+
+        spec = connection.spec
 
         if spec.url is not None:
             http = await stack.enter_async_context(
@@ -167,17 +188,24 @@ class ClientPool:
             )
             return streamable_http_client(spec.url, http_client=http)
         assert spec.command is not None  # discovery guarantees a command or a url
-        parameters = StdioServerParameters(
-            command=spec.command,
-            args=list(spec.args),
-            env=dict(spec.env) or None,
-            cwd=spec.cwd,
-        )
-        if self._log_dir is None:
-            return parameters
+
+        def on_break(reason: str) -> None:
+            logger.warning("downstream %s broke the protocol: %s", spec.name, reason)
+            connection.broken = reason
+
         # The server's stderr goes to its own log, not into the output of whoever runs us.
-        log = stack.enter_context(await anyio.to_thread.run_sync(self._open_log, spec.alias))
-        return stdio_client(parameters, errlog=log)
+        log = None
+        if self._log_dir is not None:
+            log = stack.enter_context(await anyio.to_thread.run_sync(self._open_log, spec.alias))
+        return stdio_transport(
+            spec.command,
+            list(spec.args),
+            dict(spec.env),
+            spec.cwd,
+            **({} if log is None else {"errlog": log}),
+            max_message_bytes=self._max_message_bytes,
+            on_break=on_break,
+        )
 
     def _open_log(self, alias: str) -> TextIO:
         assert self._log_dir is not None
@@ -222,11 +250,16 @@ class ClientPool:
         name = connection.spec.name
         if client is None:  # it ended between ready and now
             raise DownstreamError(name, f"server {name!r} closed the connection", tool)
+        key = next((key for key, known in self._connections.items() if known is connection), alias)
         try:
-            return await client.call_tool(tool, arguments, read_timeout_seconds=self._call_timeout)
+            result = await client.call_tool(tool, arguments, read_timeout_seconds=self._call_timeout)
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 connection.stop.set()  # restart on next use
+                if connection.broken is not None:
+                    self._breaks[key] = self._breaks.get(key, 0) + 1
+                    broken = f"server {name!r} broke the protocol: {connection.broken}"
+                    raise DownstreamError(name, f"{broken}; it is restarted for the next call", tool) from exc
                 raise DownstreamError(name, f"server {name!r} closed the connection (did it crash?)", tool) from exc
             if exc.code == REQUEST_TIMEOUT:
                 raise DownstreamError(name, f"no answer within {self._call_timeout:g} s", tool) from exc
@@ -236,6 +269,8 @@ class ClientPool:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
             connection.stop.set()
             raise DownstreamError(name, f"lost the connection to {name!r}: {_describe(exc)}", tool) from exc
+        self._breaks.pop(key, None)
+        return result
 
     async def all_tools(self) -> dict[str, tuple[types.Tool, ...] | DownstreamError]:
         """Every server's tools, started concurrently; a server that fails gives its error."""
@@ -276,13 +311,22 @@ async def open_client_pool(
     call_timeout: float = 60.0,
     shutdown_timeout: float = 5.0,
     log_dir: Path | None = None,
+    max_message_bytes: int = 64 << 20,
 ) -> AsyncIterator[ClientPool]:
     """A pool whose owner tasks live in this context; leaving it stops every server.
 
     With ``log_dir``, each stdio server's stderr goes to ``<log_dir>/<alias>.log``; else to ours.
+    A stdio server that sends one message over ``max_message_bytes`` is restarted.
     """
     async with anyio.create_task_group() as group:
-        pool = ClientPool(servers, group, connect_timeout=connect_timeout, call_timeout=call_timeout, log_dir=log_dir)
+        pool = ClientPool(
+            servers,
+            group,
+            connect_timeout=connect_timeout,
+            call_timeout=call_timeout,
+            log_dir=log_dir,
+            max_message_bytes=max_message_bytes,
+        )
         try:
             yield pool
         finally:

@@ -221,5 +221,6 @@ async def open_mediator(
         connect_timeout=settings.code_mode.connect_timeout,
         call_timeout=settings.code_mode.tool_timeout,
         log_dir=StateLayout.of(settings).logs,
+        max_message_bytes=settings.code_mode.max_tool_result_bytes,
     ) as pool:
         yield Mediator(settings, discovery, pool, events)

@@ -52,7 +52,12 @@ class CodeModeSettings:
         check=positive,
         unit=BYTES,
     )
-    max_tool_result_bytes: int = setting(64 << 20, "All tool results of one run together.", check=positive, unit=BYTES)
+    max_tool_result_bytes: int = setting(
+        64 << 20,
+        "All tool results of one run together (and the most one downstream message may carry).",
+        check=positive,
+        unit=BYTES,
+    )
     tool_timeout: float = setting(60.0, "One tool call, seconds.", check=seconds)
     connect_timeout: float = setting(
         30.0, "Starting a downstream server and listing its tools, seconds.", check=seconds

@@ -103,16 +103,39 @@ def _setpriv() -> str:
     return setpriv
 
 
+# The rlimits a sandbox gets, as an operator knows them: what it limits, and the setting.
+_LIMIT_NAMES = {
+    resource.RLIMIT_NOFILE: ("open files", "open_files"),
+    resource.RLIMIT_FSIZE: ("file size", "max_file_size"),
+    resource.RLIMIT_CPU: ("CPU seconds", "the run's timeout"),
+    resource.RLIMIT_NPROC: ("processes", "pids"),
+    resource.RLIMIT_AS: ("address space", "memory"),
+}
+
+
 def admit(spec: LaunchSpec, pid: int) -> None:
     """Put process ``pid`` (waiting at the gate) in ``spec``'s cgroups and give it its rlimits.
 
     Raises:
-        OSError: a cgroup or a limit refused it.
+        OSError: a cgroup or a limit refused it; a limit above the hard limit this server has and
+            may not raise (no CAP_SYS_RESOURCE) is a PermissionError naming the limit, the setting
+            and both values (callers say "could not be started: <it>").
     """
     for procs in spec.cgroup_procs:
         kernfs.write(procs, str(pid))
     for which, limit in spec.rlimits:
-        resource.prlimit(pid, which, (limit, limit))
+        try:
+            resource.prlimit(pid, which, (limit, limit))
+        except PermissionError:
+            _, hard = resource.getrlimit(which)
+            if hard == resource.RLIM_INFINITY or limit <= hard:
+                raise
+            what, setting = _LIMIT_NAMES.get(which, (f"resource {which}", "its setting"))
+            raise PermissionError(
+                f"the sandbox's limit on {what} ({setting}: {limit}) is above this server's hard limit"
+                f" of {hard}, which it may not raise: set {setting} to at most {hard}, or raise the hard"
+                " limit (ulimit -H, prlimit, or LimitNOFILE= and the like in a systemd unit)"
+            ) from None
 
 
 def open_gate(gate: int, *, admitted: bool, then: Sequence[str] = ()) -> None:

@@ -43,8 +43,25 @@ __all__ = ["build_server", "serve", "serve_stdio"]
 logger = logging.getLogger(__name__)
 
 
+async def _named_call_errors(ctx: Any, call_next: Any) -> Any:
+    """Refuse malformed ``tools/call`` params naming the field (the SDK says "Invalid request parameters")."""
+    if ctx.method == "tools/call":
+        import mcp_types as types
+        from mcp.shared.exceptions import MCPError
+        from pydantic import ValidationError
+
+        try:
+            types.CallToolRequestParams.model_validate({} if ctx.params is None else ctx.params, by_name=False)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"params.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+            )
+            raise MCPError(types.INVALID_PARAMS, f"tools/call: {problems}") from None
+    return await call_next(ctx)
+
+
 def _server(handlers: ToolHandlers | _Opening) -> Server:
-    return Server(
+    server = Server(
         SERVER_NAME,
         version=__version__,
         instructions=INSTRUCTIONS,
@@ -53,6 +70,8 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
         on_list_resources=list_resources,
         on_read_resource=read_resource,
     )
+    server.middleware.append(_named_call_errors)
+    return server
 
 
 def build_server(service: Service) -> Server:

@@ -21,10 +21,11 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote
 
 import anyio
 import anyio.to_thread
+from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
@@ -49,6 +50,29 @@ _SECURITY_HEADERS = {
     "Cache-Control": "private, max-age=0",
     "Referrer-Policy": "no-referrer",
 }
+
+
+def _conversation_of(value: object) -> str:
+    if value is None:
+        raise ValidationError("conversationId", "is required (the conversation to store the files in)")
+    return check_conversation_id(value)
+
+
+def _check_utf8_query(request: Request, *fields: str) -> None:
+    """Refuse a field of the query string whose percent-encoded bytes are not UTF-8.
+
+    Starlette decodes them with replacement characters, which would become part of the name.
+
+    Raises:
+        ValidationError: naming the field.
+    """
+    query = request.scope.get("query_string", b"").decode("latin-1")
+    for key, value in parse_qsl(query, keep_blank_values=True, encoding="latin-1"):
+        if key in fields:
+            try:
+                value.encode("latin-1").decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValidationError(key, "is not valid UTF-8 (percent-encode the name's UTF-8 bytes)") from None
 
 
 def _problem(status: int, message: str) -> JSONResponse:
@@ -273,7 +297,8 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                 content_type = request.headers.get("content-type", "")
                 if content_type.startswith("multipart/form-data"):
                     return await _multipart(request, tenant, store)
-                conversation = check_conversation_id(request.query_params.get("conversationId"))
+                _check_utf8_query(request, "conversationId", "filename")
+                conversation = _conversation_of(request.query_params.get("conversationId"))
                 filename = check_filename(request.query_params.get("filename") or "", "filename")
                 length = request.headers.get("content-length", "")
                 declared = int(length) if length.isdigit() else 0
@@ -297,8 +322,12 @@ def _upload(service: Service) -> Callable[[Request], Any]:
 
 async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -> Response:
     """``multipart/form-data``: a ``conversationId`` field and one or more file parts."""
+    try:
+        await request.form(max_files=100, max_fields=10)  # parsed once, kept by the request
+    except HTTPException as exc:  # Starlette's answer to a body it cannot parse, in plain text
+        raise ValidationError("body", f"not valid multipart/form-data: {exc.detail}") from None
     async with request.form(max_files=100, max_fields=10) as form:
-        conversation = check_conversation_id(form.get("conversationId"))
+        conversation = _conversation_of(form.get("conversationId"))
         stored = []
         for field, value in form.multi_items():
             if isinstance(value, str):

@@ -1,4 +1,9 @@
-"""The text a model reads for an execution result: ``compact`` (default), ``json`` or ``toon``."""
+"""The text a model reads for an execution result: ``compact`` (default), ``json`` or ``toon``.
+
+A stream longer than :data:`TEXT_STREAM_CHARS` is not repeated whole in the text: the text
+carries its beginning and a note, and ``structuredContent`` (the contract) carries all of it, so
+a large output crosses the wire once rather than twice.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,18 @@ from mcp_sandbox.engine.result import ExecutionResult
 __all__ = ["render"]
 
 _LISTED_FILES = 20  # in the text; structuredContent lists them all
+# Past this many characters, a stream's text shows only its beginning (structuredContent has it all).
+TEXT_STREAM_CHARS = 64 << 10
+
+
+def _shortened(text: str, stream: str) -> str:
+    if len(text) <= TEXT_STREAM_CHARS:
+        return text
+    rest = len(text) - TEXT_STREAM_CHARS
+    return (
+        f"{text[:TEXT_STREAM_CHARS]}\n[{rest} more characters of {stream} not repeated in this text:"
+        f" structuredContent.{stream} has all {len(text)}]\n"
+    )
 
 
 def _notes(data: dict[str, Any]) -> list[str]:
@@ -36,8 +53,9 @@ def _notes(data: dict[str, Any]) -> list[str]:
 
 
 def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
+    stdout, stderr = _shortened(result.stdout, "stdout"), _shortened(result.stderr, "stderr")
     if result.status == "success" and not result.stderr and not result.truncated:
-        body = result.stdout if result.stdout else "(no output)"
+        body = stdout if stdout else "(no output)"
         extra = _notes(data)
         return "\n".join([body.rstrip("\n"), *extra]) if extra else body
     parts = [f"status: {result.status}"]
@@ -47,10 +65,10 @@ def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
     lines = [" · ".join(parts)]
     if result.error:
         lines.append(f"error: {result.error}")
-    if result.stdout:
-        lines += ["--- stdout ---", result.stdout.rstrip("\n")]
-    if result.stderr:
-        lines += ["--- stderr ---", result.stderr.rstrip("\n")]
+    if stdout:
+        lines += ["--- stdout ---", stdout.rstrip("\n")]
+    if stderr:
+        lines += ["--- stderr ---", stderr.rstrip("\n")]
     lines += _notes(data)
     return "\n".join(lines)
 
@@ -58,6 +76,8 @@ def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
 def render(result: ExecutionResult, mode: OutputMode, data: dict[str, Any] | None = None) -> str:
     """Render ``result`` for the model in ``mode``; ``data`` is its structured form when the tool added to it."""
     data = result.structured() if data is None else data
+    if mode != "compact":
+        data = {**data, **{key: _shortened(data[key], key) for key in ("stdout", "stderr") if key in data}}
     if mode == "json":
         return json.dumps(data, ensure_ascii=False)
     if mode == "toon":

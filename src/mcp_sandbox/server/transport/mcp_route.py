@@ -3,8 +3,12 @@
 One SDK session manager cannot serve both kinds of client, so :class:`McpRoute` routes each
 request among three (see there). ``initialize`` without ``capabilities`` (the earlier runner's
 README sent none) is completed with ``{}``; other missing or malformed fields are refused with
--32602 naming them. Error replies to requests that carried no session never carry
-``Mcp-Session-Id``: the SDK mints one for the request, then discards it when the request fails.
+-32602 naming them. Before the SDK sees a POST, :func:`_refusal` answers what it would drop or
+fail on: JSON nested too deeply for Python (-32700, where it answered HTTP 500), a request
+whose ``id`` is not a string, an integer or null (-32600, where it answered 202 and dropped it),
+and other malformed envelopes and batches (-32600 naming the field; MCP has no batches since
+2025-06-18). Error replies to requests that carried no session
+never carry ``Mcp-Session-Id``: the SDK mints one for the request, then discards it when it fails.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import anyio
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
-from mcp.types import INVALID_PARAMS, InitializeRequestParams
+from mcp.types import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, InitializeRequestParams
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -50,6 +54,47 @@ def _complete_initialize(message: dict[str, Any]) -> str | None:
         InitializeRequestParams.model_validate(params)
     except ValidationError as exc:
         return _field_errors(exc)
+    return None
+
+
+def _error(code: int, message: str, request_id: Any = None) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}}, 400)
+
+
+def _refusal(body: bytes) -> tuple[Any, JSONResponse | None]:
+    """The parsed body (None when it is not JSON: the SDK answers that), or the error to answer instead."""
+    try:
+        message = json.loads(body)
+    except RecursionError:
+        return None, _error(PARSE_ERROR, "Parse error: the JSON is nested too deeply")
+    except ValueError:
+        return None, None
+    problem = _envelope_problem(message)
+    if problem is not None:
+        return None, _error(INVALID_REQUEST, f"Invalid request: {problem}")
+    return message, None
+
+
+def _envelope_problem(message: Any) -> str | None:
+    """What makes ``message`` no JSON-RPC 2.0 message, named (the SDK dumps its model's errors)."""
+    if isinstance(message, list):
+        return "batches are not supported; send one message per request"
+    if not isinstance(message, dict):
+        return f"a message must be a JSON object, not {type(message).__name__}"
+    if message.get("jsonrpc") != "2.0":
+        return 'jsonrpc must be "2.0"'
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not (
+        isinstance(request_id, str | int | None) or (isinstance(request_id, float) and request_id.is_integer())
+    ):
+        shown = json.dumps(request_id)
+        return f"id must be a string, an integer or null, not {shown if len(shown) <= 100 else shown[:100] + '...'}"
+    if "result" in message or "error" in message:
+        return None
+    if not isinstance(message.get("method"), str):
+        return "method must be a string" if "method" in message else "method is missing"
+    if "params" in message and not isinstance(message["params"], dict):
+        return "params must be an object"
     return None
 
 
@@ -180,18 +225,19 @@ class McpRoute:
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
-        if headers.get("mcp-session-id") is not None:
-            await self.stateful.handle_request(scope, receive, send)
-            return
+        session = headers.get("mcp-session-id") is not None
         if scope["method"] != "POST":
-            await self.stateful.handle_request(scope, receive, _without_session_on_error(send))
+            await self.stateful.handle_request(scope, receive, send if session else _without_session_on_error(send))
             return
         body, trailing = await _read_body(receive)
+        message, refused = _refusal(body)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        if session:
+            await self.stateful.handle_request(scope, _replay(body, trailing, receive), send)
+            return
         wants_stream = _wants_stream(headers)
-        try:
-            message = json.loads(body)
-        except ValueError:
-            message = None  # the SDK answers the parse error
         if isinstance(message, dict) and message.get("method") == "initialize":
             problem = _complete_initialize(message)
             if problem is not None:

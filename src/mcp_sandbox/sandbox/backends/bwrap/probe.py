@@ -13,7 +13,7 @@ from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.launcher import GATE_CLOSED, LaunchSpec, admit, gated, open_gate
-from mcp_sandbox.sandbox.policy import SandboxPolicy
+from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 
 __all__ = ["Probed", "probe_bwrap"]
@@ -35,6 +35,8 @@ class Probed(Protocol):
     def host_ids(self) -> tuple[int | None, int | None]: ...
 
     def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec: ...
+
+    def configured_limits(self) -> Limits: ...
 
 
 def _version(bwrap: str) -> str:
@@ -61,7 +63,9 @@ def _version_note(version: str) -> str:
 def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     """Start a minimal sandbox with the full policy; return None on success, else why not."""
     mounts, links = system_mounts()
-    policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/")
+    # The configured limits: a run's rlimits above the hard ones this server may not raise fail here.
+    limits = backend.configured_limits()
+    policy = SandboxPolicy(command=("/bin/sh", "-c", "exit 0"), mounts=mounts, symlinks=links, cwd="/", limits=limits)
     spec = backend.launch_spec(policy, None)
     seccomp_fd = write_bpf()
     program = backend.open_gate()

@@ -162,6 +162,13 @@ class BwrapBackend:
             return None, None
         return self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid
 
+    def configured_limits(self) -> Limits:
+        """The settings' limits that become a run's rlimits (for the probe; the rest default)."""
+        limits = self._settings.limits
+        return Limits(
+            memory=limits.memory, pids=limits.pids, file_size=limits.max_file_size, open_files=limits.open_files
+        )
+
     def launch_spec(self, policy: SandboxPolicy, cgroup: RunCgroup | None) -> LaunchSpec:
         """What bwrap's process is given before it execs bwrap (see ``sandbox/launcher.py``)."""
         limits = policy.limits
