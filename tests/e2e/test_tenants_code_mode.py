@@ -8,9 +8,6 @@ test_tenants_code_mode_sharing.py's.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
@@ -23,7 +20,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from downstream import make_git_repo, require_installed, servers_config, write_servers_config
-from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server, run_over_http, structured
+from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server, mcp_sandbox_cli, run_over_http, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -62,18 +59,8 @@ async def base(module_state_dir: Path, sandbox_runtime: Path | None, config: Pat
 def test_doctor_says_which_downstream_servers_tenants_share(
     module_state_dir: Path, sandbox_runtime: Path | None, config: Path
 ) -> None:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(("MCP_SANDBOX_", "MCP_BRIDGE_"))}
-    env |= {"MCP_SANDBOX_CONFIG": str(config), "MCP_SANDBOX_DISCOVER_SERVERS": "false"}
-    if sandbox_runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(sandbox_runtime)
-    done = subprocess.run(
-        [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(module_state_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    settings = {"MCP_SANDBOX_CONFIG": str(config), "MCP_SANDBOX_DISCOVER_SERVERS": "false"}
+    done = mcp_sandbox_cli("doctor", state_dir=module_state_dir, runtime=sandbox_runtime, env=settings)
     assert "  memory: every tenant; one process per tenant\n" in done.stdout, done.stdout + done.stderr
     assert "  fixture: tenants alice; one process shared" in done.stdout
 

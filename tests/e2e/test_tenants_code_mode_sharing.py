@@ -5,9 +5,6 @@ entry says so (`per_tenant = false`). Two tenants over HTTP ask the fixture serv
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
@@ -16,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from downstream import make_git_repo, servers_config, write_servers_config
-from mcp_test_helpers import auth_tokens, http_server, run_over_http
+from mcp_test_helpers import auth_tokens, http_server, mcp_sandbox_cli, run_over_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -65,18 +62,8 @@ async def test_tenants_get_a_process_each_unless_the_entry_says_they_share_one(b
 def test_doctor_says_which_servers_are_shared_and_which_are_per_tenant_by_default(
     module_state_dir: Path, sandbox_runtime: Path | None, config: Path
 ) -> None:
-    env = {name: value for name, value in os.environ.items() if not name.startswith(("MCP_SANDBOX_", "MCP_BRIDGE_"))}
-    env |= {"MCP_SANDBOX_CONFIG": str(config), "MCP_SANDBOX_DISCOVER_SERVERS": "false"}
-    if sandbox_runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(sandbox_runtime)
-    done = subprocess.run(
-        [sys.executable, "-m", "mcp_sandbox", "doctor", "--state-dir", str(module_state_dir)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    settings = {"MCP_SANDBOX_CONFIG": str(config), "MCP_SANDBOX_DISCOVER_SERVERS": "false"}
+    done = mcp_sandbox_cli("doctor", state_dir=module_state_dir, runtime=sandbox_runtime, env=settings)
     assert "  own: every tenant; one process per tenant when the server has several (per_tenant not set)\n" in (
         done.stdout
     ), done.stdout + done.stderr
