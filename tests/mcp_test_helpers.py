@@ -103,6 +103,17 @@ def cli_environment(runtime: Path | None, extra: Mapping[str, str] | None = None
     return env
 
 
+def stdio_server_entry(state_dir: Path, runtime: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+    """A client's entry (command, args, env) that starts ``mcp-sandbox serve`` over stdio on this package."""
+    env = dict(env)
+    if (pythonpath := _child_pythonpath()) is not None:
+        env["PYTHONPATH"] = pythonpath
+    if runtime is not None:
+        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
+    args = ["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)]
+    return {"command": sys.executable, "args": args, "env": env}
+
+
 def mcp_sandbox_cli(
     *args: str,
     state_dir: Path,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +23,7 @@ from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from downstream import require_installed
-from mcp_test_helpers import _child_pythonpath, http_server, own_processes, poll
+from mcp_test_helpers import http_server, own_processes, poll, stdio_server_entry
 
 from .test_cancel import GONE_BOUND, ONE_SLOT, RUN_TIMEOUT, START_BOUND, assert_gone, new_marker, sleeper
 
@@ -106,22 +105,12 @@ async def abort_and_check(process: Process, marker: str) -> None:
     await process.stdin.send(b"close\n")
 
 
-def stdio_server(state_dir: Path, runtime: Path | None) -> dict[str, Any]:
-    env = dict(SERVER_ENV)
-    if (pythonpath := _child_pythonpath()) is not None:
-        env["PYTHONPATH"] = pythonpath
-    if runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
-    args = ["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)]
-    return {"command": sys.executable, "args": args, "env": env}
-
-
 @pytest.mark.parametrize("language", ["python", "typescript"])
 async def test_a_run_the_ts_sdk_aborts_over_stdio_ends(
     tmp_path: Path, state_dir: Path, sandbox_runtime: Path | None, language: str
 ) -> None:
     marker = new_marker()
-    request = {"server": stdio_server(state_dir, sandbox_runtime), **calls(language, marker)}
+    request = {"server": stdio_server_entry(state_dir, sandbox_runtime, SERVER_ENV), **calls(language, marker)}
     async with script(tmp_path, request) as process:
         await abort_and_check(process, marker)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import anyio
 import pytest
 
 from downstream import require_installed
-from mcp_test_helpers import _child_pythonpath
+from mcp_test_helpers import stdio_server_entry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -52,16 +51,6 @@ def _node() -> str:
     return node
 
 
-def _server(state_dir: Path, runtime: Path | None) -> dict[str, Any]:
-    env = {"MCP_SANDBOX_DISCOVER_SERVERS": "false"}
-    if (pythonpath := _child_pythonpath()) is not None:
-        env["PYTHONPATH"] = pythonpath
-    if runtime is not None:
-        env["MCP_SANDBOX_PYTHON_RUNTIME"] = str(runtime)
-    args = ["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)]
-    return {"command": sys.executable, "args": args, "env": env}
-
-
 async def _run_script(tmp_path: Path, state_dir: Path, runtime: Path | None) -> dict[str, Any]:
     # A copy beside a node_modules link, so the script imports the SDK by its package name as a
     # user's client does (node resolves from the script's real path, so a link to it would not do).
@@ -70,7 +59,11 @@ async def _run_script(tmp_path: Path, state_dir: Path, runtime: Path | None) -> 
     (work / "node_modules").symlink_to(NODE_MODULES)
     script = work / SCRIPT.name
     shutil.copyfile(SCRIPT, script)
-    request = {**_server(state_dir, runtime), "code": CODE, "timeout": RUN_TIMEOUT}
+    request = {
+        **stdio_server_entry(state_dir, runtime, {"MCP_SANDBOX_DISCOVER_SERVERS": "false"}),
+        "code": CODE,
+        "timeout": RUN_TIMEOUT,
+    }
     env = {name: value for name, value in os.environ.items() if not name.startswith(("MCP_SANDBOX_", "MCP_BRIDGE_"))}
     with anyio.fail_after(SCRIPT_BOUND):
         done = await anyio.run_process([_node(), str(script), json.dumps(request)], env=env, check=False)
