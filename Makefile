@@ -58,7 +58,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
-        check lint format typecheck typecheck-ts pytest bench doctor vm-test clean
+        check lint format typecheck typecheck-ts pytest bench soak doctor vm-test clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -273,6 +273,10 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/disk_overshoot.py
+
+# Five minutes of 8 clients of two tenants against one HTTP server (bench/soak.py): not in `bench`.
+soak: setup ## Soak the HTTP server: 8 clients, two tenants, mixed runs for 5 minutes (bench/soak.py; ARGS=--seconds 30)
+	$(BIN)/python bench/soak.py $(ARGS)
 
 # A real systemd host to prove the product for an ordinary user (tests/vm/run.sh): a Debian 12
 # guest (systemd, pure cgroup v2, a lingering user manager) built once into .vm/ by mmdebstrap,
