@@ -196,7 +196,7 @@ def test_a_parent_writable_by_others_refuses_the_gate_even_when_sticky(private_d
     build_gate(parent / "gate", log=lambda _: None)
     parent.chmod(0o1777)
 
-    assert "writable by others" in (gate.refusal(parent / "gate") or "")
+    assert "writable by group or others" in (gate.refusal(parent / "gate") or "")
 
 
 def test_the_descriptor_checked_is_what_runs_when_the_path_is_swapped_after_the_check(built: Path) -> None:

@@ -61,10 +61,10 @@ def _walk(path: Path) -> int:
                 os.close(fd)
                 fd, shown = opened, shown / name
             info = os.fstat(fd)
-            if info.st_uid not in ours or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise _Untrusted(
-                    f"{shown} is owned by uid {info.st_uid} or writable by others (mode {stat.filemode(info.st_mode)})"
-                )
+            if info.st_uid not in ours:
+                raise _Untrusted(f"{shown} is owned by uid {info.st_uid}, neither root nor this server's user")
+            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise _Untrusted(f"{shown} is writable by group or others (mode {stat.filemode(info.st_mode)})")
     except BaseException:
         os.close(fd)
         raise
@@ -87,9 +87,11 @@ def open_checked(directory: Path) -> int | str:
     try:
         fd = _walk(path)
     except _Untrusted as untrusted:
+        if not os.path.lexists(path):  # what is said first: nothing to run (the walk decides the rest)
+            return _missing(directory)
         return str(untrusted)
     except FileNotFoundError:
-        return f"not built for this version ({built_path(directory)} is missing)"
+        return _missing(directory)
     except OSError as exc:
         return f"{path}: {exc.strerror}"
     info = os.fstat(fd)
@@ -97,6 +99,10 @@ def open_checked(directory: Path) -> int | str:
         os.close(fd)
         return f"{path} is not an executable file"
     return fd
+
+
+def _missing(directory: Path) -> str:
+    return f"not built for this version ({built_path(directory)} is missing)"
 
 
 def exec_path(fd: int) -> str:
