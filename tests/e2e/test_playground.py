@@ -16,16 +16,17 @@ import textwrap
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, Request, Response, async_playwright, expect
 
 from downstream import FIXTURE_SERVER
 from mcp_sandbox.server.routes.playground import STATIC_DIR
-from mcp_test_helpers import http_server
+from mcp_test_helpers import host_processes, http_server, poll
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -43,6 +44,21 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+def _is_run_answer(response: Response) -> bool:
+    """Whether ``response`` answers a ``run_code`` call (its request's JSON-RPC body)."""
+    body = response.request.post_data or ""
+    return urlsplit(response.url).path == "/mcp" and '"run_code"' in body and '"tools/call"' in body
+
+
+def _tool_result(body: str) -> dict[str, Any]:
+    """The ``result`` of the JSON-RPC answer in ``body`` (JSON, or an event stream's last data)."""
+    if body.lstrip().startswith("{"):
+        return dict(json.loads(body)["result"])
+    data = [line[5:].strip() for line in body.splitlines() if line.startswith("data:")]
+    answers = [json.loads(item) for item in data if item]
+    return dict(next(answer["result"] for answer in answers if "result" in answer))
 
 
 def _require_chromium_and_the_bundle() -> None:
@@ -82,19 +98,33 @@ async def browser() -> AsyncIterator[Browser]:
 
 
 class Watched:
-    """A page and what it did: every request's URL, and the CSP violations it reported."""
+    """A page and what it did: every request's URL, its MCP messages, and the CSP violations it reported."""
 
     def __init__(self, page: Page) -> None:
         self.page = page
         self.requests: list[str] = []
+        self.messages: list[dict[str, Any]] = []
         self.csp_violations: list[str] = []
-        page.on("request", lambda request: self.requests.append(request.url))
+        page.on("request", self._request)
         page.on(
             "console",
             lambda message: (
                 self.csp_violations.append(message.text) if "Content Security Policy" in message.text else None
             ),
         )
+
+    def _request(self, request: Request) -> None:
+        self.requests.append(request.url)
+        if request.method == "POST" and urlsplit(request.url).path == "/mcp" and request.post_data:
+            self.messages.append(json.loads(request.post_data))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The arguments of every ``run_code`` call the page made."""
+        return [
+            message["params"]["arguments"]
+            for message in self.messages
+            if message.get("method") == "tools/call" and message["params"]["name"] == "run_code"
+        ]
 
     def check(self, base: str) -> None:
         """Every request went to the server at ``base`` (inline ``data:`` images aside); CSP blocked nothing."""
@@ -212,6 +242,7 @@ EXAMPLES = [
     ("python", "plot", "plotted 400 points"),
     ("python", "files", "read back 10 rows"),
     ("python", "uploads", "no CSV file in /workspace yet"),
+    ("python", "variables", "run 1 in this conversation"),
     ("python", "environment", "GREETING = (not set)"),
     ("python", "code-mode", "fixture"),
     ("typescript", "hello", "Hello, world!"),
@@ -293,6 +324,7 @@ async def test_output_shows_while_the_run_lasts(watched: Watched, base: str, tmp
     # the run can end only if its output reached the page while it ran.
     page = watched.page
     await connect(page, base)
+    await page.get_by_role("button", name="New conversation").click()  # the upload must reach the run
     await set_code(
         page,
         textwrap.dedent("""
@@ -351,6 +383,89 @@ async def test_stdout_and_stderr_are_shown_apart_with_the_exit_code(watched: Wat
     await expect(page.locator("#stdout")).to_have_text("to out\n")
     await expect(page.locator("#stderr")).to_have_text("to err\n")
     await expect(page.locator("#exit-code")).to_have_text("exit code 3")
+
+
+# --- conversations: a choice, not the default -------------------------------------------------------
+
+
+async def test_a_run_takes_no_conversation_until_one_is_chosen(watched: Watched, base: str) -> None:
+    page = watched.page
+    await connect(page, base)
+    await expect(page.get_by_label("Conversation", exact=True)).to_have_value("")
+    await expect(page.locator("#conversation-help")).to_contain_text("nothing is kept")
+
+    async with page.expect_response(lambda response: _is_run_answer(response)) as answer:
+        assert await run_and_wait(page) == "success"
+
+    # The call named no conversation, and the server ran it without one (no session in the result).
+    assert [("conversationId" in arguments) for arguments in watched.runs()] == [False]
+    result = _tool_result(await (await answer.value).text())
+    assert result["structuredContent"]["status"] == "success"
+    assert "session" not in result["structuredContent"]
+    await expect(page.locator("#place")).to_have_text("no conversation: a fresh sandbox, nothing kept")
+
+
+async def test_a_new_conversation_keeps_a_variable_from_one_run_to_the_next(watched: Watched, base: str) -> None:
+    page = watched.page
+    await connect(page, base)
+
+    await page.get_by_role("button", name="New conversation").click()
+    conversation = await page.get_by_label("Conversation", exact=True).input_value()
+    assert re.fullmatch(r"playground-[0-9a-f]{12}", conversation)
+    help_text = page.locator("#conversation-help")
+    await expect(help_text).to_contain_text("keep its files in /workspace and its Python variables")
+    await set_code(page, "answer = 41\nprint('set')")
+    assert await run_and_wait(page) == "success"
+    await expect(page.locator("#place")).to_have_text("conversation: a new interpreter")
+    await set_code(page, "print(answer + 1)")
+    assert await run_and_wait(page) == "success"
+
+    await expect(page.locator("#stdout")).to_have_text("42\n")
+    await expect(page.locator("#place")).to_have_text("conversation: variables kept")
+    assert [arguments.get("conversationId") for arguments in watched.runs()] == [conversation, conversation]
+    await screenshot(page, "conversation")
+    await page.get_by_role("button", name="Leave").click()
+    await expect(page.get_by_label("Conversation", exact=True)).to_have_value("")
+
+
+# --- stopping a run -----------------------------------------------------------------------------------
+
+
+async def test_stop_cancels_the_run_and_the_server_ends_it(watched: Watched, base: str) -> None:
+    # The run starts a `sleep` with a number of its own: the host sees that process while the run
+    # lasts, and must not once Stop has ended it.
+    marker = f"3600.{uuid.uuid4().int % 10**9:09d}"
+    page = watched.page
+    await connect(page, base)
+    await expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    await set_code(
+        page,
+        textwrap.dedent(f"""
+            import subprocess, time
+            subprocess.Popen(["sleep", "{marker}"])
+            print("sleeping", flush=True)
+            time.sleep(60)
+        """),
+    )
+    await page.get_by_role("button", name=re.compile("^Run")).click()
+    await expect(page.locator("#live")).to_contain_text("sleeping", timeout=RUN_BOUND_MS)
+    assert host_processes(marker) != []
+
+    await page.get_by_role("button", name="Stop").click()
+
+    await expect(page.locator("#status")).to_have_text("cancelled", timeout=10_000)
+    await expect(page.locator("#notice")).to_contain_text("the run was cancelled and its sandbox killed")
+    await expect(page.get_by_role("button", name="Stop")).to_be_hidden()
+    cancels = [m for m in watched.messages if m.get("method") == "notifications/cancelled"]
+    run_ids = [m["id"] for m in watched.messages if m.get("method") == "tools/call"]
+    assert [cancel["params"]["requestId"] for cancel in cancels] == run_ids[-1:]
+    with anyio.fail_after(10):
+        await poll(lambda: not host_processes(marker))
+    await screenshot(page, "cancelled")
+    # The slot is free again: the next run runs.
+    await set_code(page, "print('after the stop')")
+    assert await run_and_wait(page) == "success"
+    await expect(page.locator("#stdout")).to_have_text("after the stop\n")
 
 
 # --- files ------------------------------------------------------------------------------------------
@@ -424,23 +539,110 @@ async def test_a_script_in_the_output_is_rendered_inert(watched: Watched, base: 
     await screenshot(page, "hostile-output")
 
 
-# --- a phone ------------------------------------------------------------------------------------------
+# --- a phone, dark mode -------------------------------------------------------------------------------
 
 
-async def test_the_page_fits_a_phone(browser: Browser, base: str) -> None:
+async def test_the_page_fits_a_phone_and_shows_the_result_after_run(browser: Browser, base: str) -> None:
     context = await browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     page = await context.new_page()
     page.set_default_timeout(RUN_BOUND_MS)
     seen = Watched(page)
     try:
         await connect(page, base)
-        assert await run_and_wait(page) == "success"
+        run = page.get_by_role("button", name=re.compile("^Run"))
+        await run.scroll_into_view_if_needed()
+        # The result pane starts below the fold: Run must bring it into view.
+        await expect(page.locator("#status")).not_to_be_in_viewport()
+        await run.tap()
+        await expect(page.locator("#status")).to_have_text("success", timeout=RUN_BOUND_MS)
+
+        await expect(page.locator("#status")).to_be_in_viewport()
+        await expect(page.locator("#stdout")).to_be_in_viewport()
+        await page.screenshot(path=str(ARTIFACTS / "phone-after-run.png"))
         await screenshot(page, "phone")
         width: Any = await page.evaluate("() => document.documentElement.scrollWidth")
         assert width <= 390
     finally:
         await context.close()
     seen.check(base)
+
+
+def _luminance(css_color: str) -> float:
+    """The relative luminance (0 black … 1 white) of an ``rgb(…)``/``rgba(…)`` colour."""
+    red, green, blue = (int(part) / 255 for part in re.findall(r"\d+", css_color)[:3])
+    return 0.2126 * red + 0.7152 * green + 0.0722 * blue
+
+
+async def _colours(page: Page, selector: str) -> tuple[float, float]:
+    """The luminance of the background and of the text of the first element ``selector`` matches."""
+    style: list[str] = await page.eval_on_selector(
+        selector, "(node) => { const s = getComputedStyle(node); return [s.backgroundColor, s.color]; }"
+    )
+    return _luminance(style[0]), _luminance(style[1])
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+async def test_the_page_follows_the_systems_colour_scheme(
+    browser: Browser, base: str, scheme: Literal["light", "dark"]
+) -> None:
+    context = await browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+    page = await context.new_page()
+    page.set_default_timeout(RUN_BOUND_MS)
+    seen = Watched(page)
+    try:
+        await connect(page, base)
+        await page.get_by_label("Example").select_option("pandas")
+        assert await run_and_wait(page) == "success"
+        await screenshot(page, scheme)
+
+        for selector in (":root", ".pane", ".cm-editor", ".cm-gutters", "#token", "#stdout-markdown"):
+            background, text = await _colours(page, selector)
+            if selector == "#stdout-markdown":  # transparent: it shows the pane's background
+                background = (await _colours(page, ".pane"))[0]
+            # Text (muted text too, as in the gutter) stands out from its background.
+            if scheme == "dark":
+                assert background < 0.2 and text > 0.5, selector
+            else:
+                assert background > 0.85 and text < 0.45, selector
+        keyword = page.locator(".cm-content span", has_text=re.compile(r"^import$")).first
+        colour = await keyword.evaluate("(node) => getComputedStyle(node).color")
+        assert (_luminance(colour) > 0.3) == (scheme == "dark")
+    finally:
+        await context.close()
+    seen.check(base)
+
+
+# --- a token typed, then Run ------------------------------------------------------------------------
+
+
+async def test_run_with_a_typed_token_connects_first(watched: Watched, base: str) -> None:
+    page = watched.page
+    await page.goto(base + "/")
+    await expect(page.locator("#connection")).to_contain_text("needs an API token")
+    run = page.get_by_role("button", name=re.compile("^Run"))
+    await expect(run).to_be_disabled()
+
+    await page.get_by_label("API token").fill(TOKEN)
+    await expect(run).to_be_enabled()
+    await run.click()
+
+    await expect(page.locator("#status")).to_have_text("success", timeout=RUN_BOUND_MS)
+    await expect(page.locator("#stdout")).to_contain_text("Hello, world!")
+    await expect(page.locator("#connection")).to_have_class(re.compile(r"\bok\b"))
+    assert await page.evaluate("() => sessionStorage.getItem('mcp-sandbox.token')") == TOKEN
+    await expect(page.get_by_label("API token")).to_have_value("")
+
+
+async def test_connecting_keeps_code_the_user_wrote(watched: Watched, base: str) -> None:
+    page = watched.page
+    await page.goto(base + "/")
+    await expect(page.locator("#connection")).to_contain_text("needs an API token")
+    await set_code(page, "print('mine, written before connecting')")
+    await page.get_by_label("API token").fill(TOKEN)
+
+    await page.get_by_role("button", name=re.compile("^Run")).click()
+
+    await expect(page.locator("#stdout")).to_have_text("mine, written before connecting\n", timeout=RUN_BOUND_MS)
 
 
 # --- a loopback server without tokens -------------------------------------------------------------

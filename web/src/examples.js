@@ -1,4 +1,5 @@
-// Canned examples per language. `needs` names what the server must offer for one to be listed.
+// Canned examples per language. `needs` names what the server must offer for one to be listed;
+// `conversation` marks one about files or variables kept: choosing it starts a conversation.
 
 const python = [
   {
@@ -54,6 +55,7 @@ print("plotted", len(x), "points")
   {
     id: "files",
     title: "Files: write, read back, download",
+    conversation: true,
     code: `import csv
 import os
 from pathlib import Path
@@ -75,6 +77,7 @@ if "FILE_BASE_URL" in os.environ:
   {
     id: "uploads",
     title: "Read uploaded CSV files",
+    conversation: true,
     code: `from pathlib import Path
 
 import pandas as pd
@@ -87,6 +90,19 @@ for path in found:
     table = pd.read_csv(path)
     print(f"{path.name}: {len(table)} rows, columns {list(table.columns)}")
     print(table.describe().to_string())
+`,
+  },
+  {
+    id: "variables",
+    title: "Conversation: variables kept",
+    conversation: true,
+    code: `# In a conversation the interpreter stays: variables set by one run are there in the next.
+# Run this twice.
+try:
+    runs += 1
+except NameError:
+    runs = 1
+print(f"run {runs} in this conversation")
 `,
   },
   {
@@ -145,6 +161,7 @@ console.log(first.join(", "));
   {
     id: "files",
     title: "Files: write, read back, download",
+    conversation: true,
     code: `import { readFileSync, statSync, writeFileSync } from "node:fs";
 
 const path = "/workspace/notes.json";

@@ -5,8 +5,9 @@ import { Compartment, EditorState, Prec } from "@codemirror/state";
 import { keymap } from "@codemirror/view";
 import { basicSetup, EditorView } from "codemirror";
 
+import { editorLook, followColorScheme } from "./editor-theme.js";
 import { examplesFor } from "./examples.js";
-import { McpClient, McpError } from "./mcp.js";
+import { McpCancelled, McpClient, McpError } from "./mcp.js";
 import { looksLikeMarkdown, renderMarkdown } from "./render.js";
 
 const TOKEN_KEY = "mcp-sandbox.token";
@@ -14,6 +15,9 @@ const CONVERSATIONS_KEY = "mcp-sandbox.conversations";
 const MCP_ENDPOINT = new URL("mcp", document.baseURI).pathname;
 const UPLOAD_ENDPOINT = new URL("upload", document.baseURI).pathname;
 const LIVE_LINES = 500;
+const LANGUAGES = ["python", "typescript", "javascript"];
+const NARROW = window.matchMedia("(max-width: 800px)");
+const REDUCED_MOTION = window.matchMedia("(prefers-reduced-motion: reduce)");
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -24,18 +28,25 @@ const ui = {
   language: $("language"),
   example: $("example"),
   run: $("run"),
+  stop: $("stop"),
+  runStatus: $("run-status"),
   conversation: $("conversation"),
   conversations: $("conversations"),
   newConversation: $("new-conversation"),
+  leaveConversation: $("leave-conversation"),
+  conversationHelp: $("conversation-help"),
   timeout: $("timeout"),
   networkRow: $("network-row"),
   network: $("network"),
   envRows: $("env-rows"),
   addEnv: $("add-env"),
+  resultHeading: $("result-heading"),
   status: $("status"),
   exitCode: $("exit-code"),
   duration: $("duration"),
+  place: $("place"),
   error: $("error"),
+  notice: $("notice"),
   liveBlock: $("live-block"),
   live: $("live"),
   stdoutBlock: $("stdout-block"),
@@ -58,7 +69,7 @@ const state = {
   token: sessionStorage.getItem(TOKEN_KEY) ?? "",
   offers: new Set(),
   languages: [],
-  running: false,
+  running: null, // the AbortController of the run going on, or null
   files: new Map(),
 };
 
@@ -79,14 +90,24 @@ const editor = new EditorView({
       Prec.highest(keymap.of([{ key: "Mod-Enter", run: () => (run(), true) }])),
       basicSetup,
       languageMode.of(python()),
+      editorLook(),
       EditorView.contentAttributes.of({ "aria-label": "Code to run" }),
       EditorView.cspNonce.of(document.querySelector('meta[name="csp-nonce"]')?.content ?? ""),
     ],
   }),
 });
 
+followColorScheme(editor);
+
 function setCode(code) {
   editor.dispatch({ changes: { from: 0, to: editor.state.doc.length, insert: code } });
+}
+
+/** Whether the editor holds nothing of the user's own: empty, or an example as it came. */
+function editorUntouched() {
+  const doc = editor.state.doc.toString();
+  const every = new Set(["servers"]);
+  return !doc.trim() || LANGUAGES.some((language) => examplesFor(language, every).some((ex) => ex.code === doc));
 }
 
 // --- small helpers -----------------------------------------------------------------------------
@@ -120,6 +141,17 @@ function showError(text) {
   ui.error.hidden = !text;
 }
 
+function showNotice(text) {
+  ui.notice.textContent = text;
+  ui.notice.hidden = !text;
+}
+
+/** Run works when connected, or when a token is typed (Run then connects with it first). */
+function updateRunButton() {
+  const ready = state.client ? state.languages.length > 0 : ui.token.value.trim() !== "";
+  ui.run.disabled = Boolean(state.running) || !ready;
+}
+
 function randomConversation() {
   const bytes = crypto.getRandomValues(new Uint8Array(6));
   return `playground-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
@@ -136,18 +168,34 @@ function knownConversations() {
   }
 }
 
+function listConversations(list = knownConversations()) {
+  ui.conversations.replaceChildren(...list.map((item) => element("option", { value: item })));
+}
+
 function rememberConversation(id) {
   if (!id) return;
   const list = [id, ...knownConversations().filter((item) => item !== id)].slice(0, 20);
   sessionStorage.setItem(CONVERSATIONS_KEY, JSON.stringify(list));
-  ui.conversations.replaceChildren(...list.map((item) => element("option", { value: item })));
+  listConversations(list);
 }
 
+/** Run in conversation `id` from now on ("": in none, each run afresh). */
 function switchConversation(id) {
   ui.conversation.value = id;
   rememberConversation(id);
   state.files = new Map();
   renderFiles();
+  describeConversation();
+}
+
+function describeConversation() {
+  const id = ui.conversation.value.trim();
+  ui.leaveConversation.hidden = !id;
+  ui.conversationHelp.textContent = id
+    ? "Runs in this conversation keep its files in /workspace and its Python variables. Its first run " +
+      "starts an interpreter of its own, so it takes longer. Leave it to run each time afresh."
+    : "None: each run takes a fresh, ready sandbox (the fastest) and nothing is kept. Start a " +
+      "conversation to keep files in /workspace and Python variables from run to run.";
 }
 
 // --- environment rows --------------------------------------------------------------------------
@@ -177,27 +225,32 @@ function environment() {
 
 // --- languages and examples --------------------------------------------------------------------
 
-function fillExamples() {
+/** List the language's examples; put the first in the editor unless `keepCode` and the user wrote some. */
+function fillExamples(keepCode) {
   const examples = examplesFor(ui.language.value, state.offers);
   ui.example.replaceChildren(...examples.map((ex) => element("option", { value: ex.id, textContent: ex.title })));
   ui.example.disabled = examples.length === 0;
-  if (examples.length) setCode(examples[0].code);
+  if (examples.length && !(keepCode && !editorUntouched())) setCode(examples[0].code);
 }
 
-function chooseLanguage() {
+function chooseLanguage(keepCode = false) {
   const make = modes[ui.language.value] ?? modes.javascript;
   editor.dispatch({ effects: languageMode.reconfigure(make()) });
-  fillExamples();
+  fillExamples(keepCode);
 }
 
-ui.language.addEventListener("change", chooseLanguage);
+ui.language.addEventListener("change", () => chooseLanguage());
 ui.example.addEventListener("change", () => {
   const example = examplesFor(ui.language.value, state.offers).find((ex) => ex.id === ui.example.value);
-  if (example) setCode(example.code);
+  if (!example) return;
+  setCode(example.code);
+  // Examples about files show their downloads: those live in a conversation.
+  if (example.conversation && !ui.conversation.value.trim()) switchConversation(randomConversation());
 });
 
 // --- connecting --------------------------------------------------------------------------------
 
+/** Connect with `token` ("" for none); true once connected. */
 async function connect(token) {
   const client = new McpClient(MCP_ENDPOINT, token);
   setConnection("Connecting…");
@@ -215,9 +268,10 @@ async function connect(token) {
     const server = init.serverInfo ?? {};
     setConnection(`Connected to ${server.name ?? "the server"} ${server.version ?? ""}`.trim() + ".", "ok");
     showError("");
+    return true;
   } catch (error) {
     state.client = null;
-    ui.run.disabled = true;
+    updateRunButton();
     const message = error instanceof McpError ? error.message : String(error);
     if (error instanceof McpError && error.status === 401 && !token) {
       setConnection("This server needs an API token: enter it above.", "bad");
@@ -225,6 +279,7 @@ async function connect(token) {
       setConnection(`Not connected: ${message}`, "bad");
       showError(`Could not connect: ${message}`);
     }
+    return false;
   }
 }
 
@@ -255,8 +310,8 @@ function configure(tools, info) {
   );
   ui.language.value = state.languages.includes(previous) ? previous : (state.languages[0] ?? "");
   ui.language.disabled = state.languages.length === 0;
-  ui.run.disabled = state.languages.length === 0;
-  chooseLanguage();
+  updateRunButton();
+  chooseLanguage(true);
 }
 
 ui.auth.addEventListener("submit", (event) => {
@@ -264,13 +319,14 @@ ui.auth.addEventListener("submit", (event) => {
   connect(ui.token.value.trim());
   ui.token.value = "";
 });
+ui.token.addEventListener("input", updateRunButton);
 
 ui.forget.addEventListener("click", () => {
   sessionStorage.removeItem(TOKEN_KEY);
   state.client?.close();
   state.client = null;
   state.token = "";
-  ui.run.disabled = true;
+  updateRunButton();
   setConnection("Token forgotten. Not connected.");
 });
 
@@ -278,8 +334,10 @@ ui.forget.addEventListener("click", () => {
 
 function resetResult() {
   showError("");
+  showNotice("");
   ui.exitCode.textContent = "";
   ui.duration.textContent = "";
+  ui.place.textContent = "";
   ui.live.textContent = "";
   ui.liveBlock.hidden = true;
   for (const block of [ui.stdoutBlock, ui.stderrBlock, ui.imagesBlock]) block.hidden = true;
@@ -291,6 +349,20 @@ function setStatus(status, label = status) {
   ui.status.textContent = label.replace("_", " ");
 }
 
+/** Where a run ran, as the result says: in no conversation, or in one's kept or new interpreter. */
+function describePlace(conversation, session) {
+  if (!conversation) return "no conversation: a fresh sandbox, nothing kept";
+  if (session === "kept") return "conversation: variables kept";
+  if (session === "new") return "conversation: a new interpreter";
+  return "conversation";
+}
+
+/** On a narrow screen the result is far below Run: bring it into view. */
+function revealResult() {
+  if (!NARROW.matches) return;
+  ui.resultHeading.scrollIntoView({ block: "start", behavior: REDUCED_MOTION.matches ? "auto" : "smooth" });
+}
+
 function appendLive(lines) {
   ui.liveBlock.hidden = false;
   ui.live.append(lines.join("\n") + "\n");
@@ -300,7 +372,12 @@ function appendLive(lines) {
 
 async function run() {
   if (state.running) return;
-  if (!state.client) {
+  const typed = ui.token.value.trim();
+  if (typed) {
+    // A token typed but not yet used: connect with it first (as Connect would), then run.
+    ui.token.value = "";
+    if (!(await connect(typed))) return;
+  } else if (!state.client) {
     showError("Connect first: enter the API token above.");
     ui.token.focus();
     return;
@@ -310,36 +387,64 @@ async function run() {
   if (conversation) args.conversationId = conversation;
   if (ui.timeout.value) args.timeout = Number(ui.timeout.value);
   if (!ui.networkRow.hidden && ui.network.checked) args.network = true;
-  state.running = true;
-  ui.run.disabled = true;
+  const running = new AbortController();
+  state.running = running;
+  updateRunButton();
+  ui.stop.hidden = false;
+  ui.stop.disabled = false;
   resetResult();
   setStatus("running", "running…");
+  ui.runStatus.textContent = "Running…";
   let seen = 0;
   const started = performance.now();
+  const elapsed = () => `${Math.round(performance.now() - started)} ms`;
   try {
-    const result = await state.client.callTool("run_code", args, (progress) => {
-      const lines = [];
-      if (typeof progress.progress === "number" && progress.progress > seen + 1) {
-        lines.push(`… ${progress.progress - seen - 1} more lines`);
-      }
-      seen = Math.max(seen, progress.progress ?? seen + 1);
-      lines.push(progress.message ?? "");
-      appendLive(lines);
-    });
+    const result = await state.client.callTool(
+      "run_code",
+      args,
+      (progress) => {
+        const lines = [];
+        if (typeof progress.progress === "number" && progress.progress > seen + 1) {
+          lines.push(`… ${progress.progress - seen - 1} more lines`);
+        }
+        seen = Math.max(seen, progress.progress ?? seen + 1);
+        lines.push(progress.message ?? "");
+        appendLive(lines);
+      },
+      running.signal,
+    );
     if (conversation) rememberConversation(conversation);
-    showResult(result);
+    showResult(result, conversation);
   } catch (error) {
-    setStatus("error", "failed");
-    ui.duration.textContent = `${Math.round(performance.now() - started)} ms`;
-    showError(error instanceof McpError ? error.message : String(error));
-    if (error instanceof McpError && error.status === 401) setConnection("The token was refused: enter it again.", "bad");
+    ui.duration.textContent = elapsed();
+    if (error instanceof McpCancelled) {
+      setStatus("cancelled");
+      showNotice(
+        "Stopped: the run was cancelled and its sandbox killed." +
+          (conversation ? " Files written before stay; its variables are gone (the next run starts a new interpreter)." : ""),
+      );
+    } else {
+      setStatus("error", "failed");
+      showError(error instanceof McpError ? error.message : String(error));
+      if (error instanceof McpError && error.status === 401) setConnection("The token was refused: enter it again.", "bad");
+    }
   } finally {
-    state.running = false;
-    ui.run.disabled = !state.client;
+    state.running = null;
+    ui.stop.hidden = true;
+    updateRunButton();
+    ui.runStatus.textContent = `${ui.status.textContent}${ui.duration.textContent ? ` in ${ui.duration.textContent}` : ""}`;
+    revealResult();
   }
 }
 
-function showResult(result) {
+function stop() {
+  if (!state.running) return;
+  ui.stop.disabled = true;
+  ui.runStatus.textContent = "Stopping…";
+  state.running.abort("stopped from the playground");
+}
+
+function showResult(result, conversation) {
   const data = result.structuredContent ?? {};
   const text = (result.content ?? []).filter((block) => block.type === "text").map((block) => block.text);
   const status = data.status ?? (result.isError ? "error" : "success");
@@ -347,6 +452,7 @@ function showResult(result) {
   ui.liveBlock.hidden = true;
   ui.exitCode.textContent = data.exitCode === null || data.exitCode === undefined ? "" : `exit code ${data.exitCode}`;
   ui.duration.textContent = typeof data.durationMs === "number" ? `${data.durationMs} ms` : "";
+  if (data.status !== "validation_error") ui.place.textContent = describePlace(conversation, data.session);
   const problems = [data.error, data.warning].filter(Boolean);
   if (!data.status && result.isError) problems.push(...text);
   if (data.truncated) problems.push("The output was truncated.");
@@ -386,6 +492,7 @@ function showMarkdown(on) {
 
 ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui.stdoutMarkdown.hidden));
 ui.run.addEventListener("click", run);
+ui.stop.addEventListener("click", stop);
 document.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !editor.hasFocus) {
     event.preventDefault();
@@ -415,6 +522,9 @@ function renderFiles() {
   );
   ui.files.hidden = files.length === 0;
   ui.noFiles.hidden = files.length > 0;
+  ui.noFiles.textContent = ui.conversation.value.trim()
+    ? "No files yet."
+    : "No conversation: files a run writes are not kept. Uploading starts a conversation.";
 }
 
 async function upload(fileList) {
@@ -464,6 +574,7 @@ ui.drop.addEventListener("drop", (event) => {
 });
 
 ui.newConversation.addEventListener("click", () => switchConversation(randomConversation()));
+ui.leaveConversation.addEventListener("click", () => switchConversation(""));
 ui.conversation.addEventListener("change", () => switchConversation(ui.conversation.value.trim()));
 ui.addEnv.addEventListener("click", () => addEnvRow().focus());
 
@@ -471,9 +582,10 @@ window.addEventListener("pagehide", () => state.client?.close());
 
 // --- start -------------------------------------------------------------------------------------
 
+// No conversation to start with: a run then takes the warm path; one is a choice (New, or an earlier one).
 setCode(examplesFor("python", new Set())[0].code);
-const previous = knownConversations();
-switchConversation(previous[0] ?? randomConversation());
+listConversations();
+switchConversation("");
 addEnvRow();
 renderFiles();
 connect(state.token);

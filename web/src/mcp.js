@@ -1,6 +1,8 @@
 // A small MCP client over Streamable HTTP: JSON-RPC requests POSTed to the server's own MCP
 // endpoint with the bearer token, answers read as JSON or as an event stream (where progress
-// notifications come before the answer). The playground has no powers another client lacks.
+// notifications come before the answer). A call given an AbortSignal is cancelled when it aborts:
+// `notifications/cancelled` for its request id (the server then ends the run), and the answer's
+// stream is dropped. The playground has no powers another client lacks.
 
 const PROTOCOL_VERSION = "2025-11-25";
 
@@ -36,6 +38,14 @@ async function* events(body) {
   }
 }
 
+/** A call its caller cancelled (its AbortSignal aborted): it has no result. */
+export class McpCancelled extends McpError {
+  constructor(method) {
+    super(`${method} was cancelled`);
+    this.name = "McpCancelled";
+  }
+}
+
 function httpProblem(status, text) {
   if (status === 401) return "the server refused the token (401): check it and connect again";
   if (status === 403) return "the server refused this request (403): the token may lack access, or the page's origin is not allowed";
@@ -67,7 +77,7 @@ export class McpClient {
     return headers;
   }
 
-  async post(message) {
+  async post(message, signal) {
     let response;
     try {
       response = await fetch(this.endpoint, {
@@ -76,8 +86,10 @@ export class McpClient {
         body: JSON.stringify(message),
         credentials: "omit",
         cache: "no-store",
+        signal,
       });
     } catch (error) {
+      if (signal?.aborted) throw error;
       throw new McpError(`cannot reach the server: ${error.message}`);
     }
     if (!response.ok && response.status !== 202) {
@@ -100,25 +112,52 @@ export class McpClient {
     return result;
   }
 
-  /** Send one request; resolve with its result. `onProgress` gets the progress notifications. */
-  async request(method, params, onProgress) {
+  /** Send a notification (no answer is awaited beyond the HTTP status). */
+  async notify(method, params) {
+    await this.post({ jsonrpc: "2.0", method, params });
+  }
+
+  /**
+   * Send one request; resolve with its result. `onProgress` gets the progress notifications;
+   * `signal` (an AbortSignal) cancels the request: it then rejects with McpCancelled.
+   */
+  async request(method, params, onProgress, signal) {
     try {
-      return await this.exchange(method, params, onProgress);
+      return await this.exchange(method, params, onProgress, signal);
     } catch (error) {
       // The server forgot the session (restarted, or it expired): open a new one, once.
-      if (error instanceof McpError && error.status === 404 && this.sessionId) {
+      if (error instanceof McpError && error.status === 404 && this.sessionId && !signal?.aborted) {
         await this.connect();
-        return await this.exchange(method, params, onProgress);
+        return await this.exchange(method, params, onProgress, signal);
       }
       throw error;
     }
   }
 
-  async exchange(method, params, onProgress) {
+  async exchange(method, params, onProgress, signal) {
+    if (signal?.aborted) throw new McpCancelled(method);
     const id = this.nextId++;
     const body = { jsonrpc: "2.0", id, method, params: { ...params } };
     if (onProgress) body.params._meta = { progressToken: `playground-${id}` };
-    const response = await this.post(body);
+    // Registered before the fetch sees the signal: the server hears of the cancel first, then
+    // the answer's stream is dropped.
+    const cancel = () => {
+      const reason = typeof signal.reason === "string" ? signal.reason : "cancelled by the user";
+      this.notify("notifications/cancelled", { requestId: id, reason }).catch(() => {});
+    };
+    signal?.addEventListener("abort", cancel, { once: true });
+    try {
+      return await this.answer(method, id, body, onProgress, signal);
+    } catch (error) {
+      if (signal?.aborted) throw new McpCancelled(method);
+      throw error;
+    } finally {
+      signal?.removeEventListener("abort", cancel);
+    }
+  }
+
+  async answer(method, id, body, onProgress, signal) {
+    const response = await this.post(body, signal);
     const session = response.headers.get("Mcp-Session-Id");
     if (session) this.sessionId = session;
     const type = response.headers.get("Content-Type") ?? "";
@@ -154,7 +193,7 @@ export class McpClient {
     return this.request("tools/list", {});
   }
 
-  callTool(name, args, onProgress) {
-    return this.request("tools/call", { name, arguments: args }, onProgress);
+  callTool(name, args, onProgress, signal) {
+    return this.request("tools/call", { name, arguments: args }, onProgress, signal);
   }
 }
