@@ -78,7 +78,8 @@ def _step(what: str, argv: list[str], **kwargs: object) -> str:
 @pytest.fixture(scope="module")
 def installed() -> Iterator[Installed]:
     # Reachable by the sandbox's uid when root (tmp_path's parent is 0700): the runtime lives here.
-    root = Path(tempfile.mkdtemp(prefix="mcp-sandbox-wheel-"))
+    # In the checkout, not /tmp: the gate setup builds is run only where no parent is writable by others.
+    root = Path(tempfile.mkdtemp(prefix=".test-wheel-", dir=REPO))
     root.chmod(0o711)
     try:
         source = root / "source"
@@ -155,7 +156,7 @@ def test_the_installed_package_is_not_the_checkout(installed: Installed) -> None
         text=True,
         check=True,
     ).stdout.strip()
-    assert Path(where).is_relative_to(installed.venv) and not Path(where).is_relative_to(REPO)
+    assert Path(where).is_relative_to(installed.venv) and not Path(where).is_relative_to(REPO / "src")
 
 
 def test_install_names_the_installed_executable(installed: Installed) -> None:
