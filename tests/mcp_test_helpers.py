@@ -12,7 +12,7 @@ import sys
 import tempfile
 import textwrap
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -263,6 +263,7 @@ async def http_server(
     stop_bound: float = 15.0,
     address_env: str | None = None,
     log_path: Path | None = None,
+    program: Sequence[str] | None = None,
 ) -> AsyncIterator[str]:
     """Run a real ``mcp-sandbox serve --transport http`` on a free loopback port; yield its base URL.
 
@@ -274,7 +275,8 @@ async def http_server(
     SIGKILL with its whole process group; the exit is shielded from cancellation.
 
     With ``address_env`` the address is given as that variable (``host:port``) instead of
-    ``--host``/``--port``; with ``log_path`` what the server prints goes to that file.
+    ``--host``/``--port``; with ``log_path`` what the server prints goes to that file; with
+    ``program`` (an installed ``mcp-sandbox``) that starts instead of this interpreter's package.
 
     Raises:
         RuntimeError: the server exited before it listened, or did not listen within
@@ -285,9 +287,7 @@ async def http_server(
     port = free_port(host)
     address = ["--host", host, "--port", str(port)] if address_env is None else []
     command = [
-        sys.executable,
-        "-m",
-        "mcp_sandbox",
+        *(program or (sys.executable, "-m", "mcp_sandbox")),
         "serve",
         "--transport",
         "http",

@@ -13,6 +13,8 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
+from mcp_sandbox.sandbox.backends.container.engine import engine_failure_advice
 from mcp_test_helpers import COMMAND_BOUND, cli_environment, mcp_sandbox_cli, own_processes
 
 pytestmark = pytest.mark.e2e
@@ -170,3 +172,33 @@ def test_a_hard_open_files_limit_below_the_setting_is_named_at_start(
     )
     assert lowered.returncode == 0, lowered.stderr
     assert lowered.stdout == "150\n"
+
+
+def test_the_weaker_isolation_warning_says_each_reason_once() -> None:
+    # bwrap's three cgroup limits, as its probe reports them on a host without a user manager.
+    reason = "no systemd user manager for alice (user@1000.service): cannot delegate controllers"
+    probe = BackendProbe(
+        "bwrap",
+        available=True,
+        capabilities=(
+            Capability("network", True, "empty network namespace"),
+            Capability("memory limit", False, f"RLIMIT_AS only: {reason}"),
+            Capability("pids limit", False, f"RLIMIT_NPROC per host uid: {reason}"),
+            Capability("cpu quota", False, f"CPU-seconds rlimit only: {reason}"),
+            Capability("tmp size", False, "no tmpfs"),
+        ),
+    )
+    summary = probe.missing_summary()
+    assert summary.count(reason) == 1 and summary.count("no tmpfs") == 1
+    assert summary.startswith("memory limit (RLIMIT_AS only), pids limit (RLIMIT_NPROC per host uid), cpu quota")
+
+
+def test_podman_without_newuidmap_is_told_to_install_uidmap() -> None:
+    # What podman 4 prints for `podman info` as a user with subordinate ids and no uidmap package.
+    said = 'command required for rootless mode with multiple IDs: exec: "newuidmap": executable file not found in $PATH'
+    advice = engine_failure_advice(said)
+    assert (
+        advice.startswith("newuidmap is missing (as root: apt install uidmap)")
+        and "is the engine running" not in advice
+    )
+    assert engine_failure_advice("Cannot connect to the Docker daemon").startswith("is the engine running?")

@@ -153,12 +153,65 @@ def test_print_writes_nothing_and_shows_the_claude_mcp_add_form(home: Path, caps
     assert printed.err.strip() == f"or: claude mcp add --scope user sandbox -- {THIS_SERVER} serve"
 
 
-def test_uvx_form_and_config_file_are_carried(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_uvx_form_names_its_source_and_carries_the_config_file(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = home / "sandbox.toml"
     config.write_text("timeout = 20\n")
-    assert main(["install", "vscode", "--print", "--uvx", "--config", str(config)]) == 0
+    source = "git+https://git.example/owner/mcp-sandbox"
+    assert main(["install", "vscode", "--print", "--uvx", "--from", source, "--config", str(config)]) == 0
     entry = json.loads(capsys.readouterr().out)["servers"]["sandbox"]
-    assert entry == {"type": "stdio", "command": "uvx", "args": ["mcp-sandbox", "serve", "--config", str(config)]}
+    assert entry == {
+        "type": "stdio",
+        "command": "uvx",
+        "args": ["--from", source, "mcp-sandbox", "serve", "--config", str(config)],
+    }
+
+
+def test_uvx_without_a_source_is_refused_never_a_bare_package_name(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `uvx mcp-sandbox` would fetch whatever the index holds under a name the project does not own.
+    assert main(["install", "cursor", "--uvx"]) == 2
+    assert "--from" in capsys.readouterr().err
+    assert not (home / ".cursor" / "mcp.json").exists()
+
+
+def test_a_pipx_style_install_is_named_by_the_command_on_path(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # pipx and `uv tool install` link the venv's script into ~/.local/bin: the entry names the link,
+    # which survives a reinstall (the venv's own path is theirs to change).
+    bin_dir = home / ".local" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "mcp-sandbox").symlink_to(THIS_SERVER)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert main(["install", "claude-code", "--print"]) == 0
+    assert json.loads(capsys.readouterr().out)["mcpServers"]["sandbox"]["command"] == str(bin_dir / "mcp-sandbox")
+
+
+def test_a_host_without_the_runtime_gets_no_entry_but_the_fix(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_PYTHON_RUNTIME", str(home / "no-runtime"))
+    path = home / ".claude.json"
+    assert main(["install", "claude-code"]) == 1
+    err = capsys.readouterr().err
+    assert not path.exists()
+    assert "python_runtime" in err and "mcp-sandbox setup" in err and "--force" in err and "doctor" in err
+    # --force writes it all the same, and says again why it will not start yet.
+    assert main(["install", "claude-code", "--force"]) == 0
+    assert "sandbox" in json.loads(path.read_text())["mcpServers"]
+    assert "python_runtime" in capsys.readouterr().err
+
+
+def test_a_backend_that_does_not_work_here_is_named_with_its_reason(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_BACKEND", "docker")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{home}/no-engine.sock")
+    assert main(["install", "cursor"]) == 1
+    err = capsys.readouterr().err
+    assert "backend docker is unavailable here" in err and "no-engine.sock" in err
+    assert not (home / ".cursor" / "mcp.json").exists()
 
 
 def test_jsonedit_creates_missing_objects_and_fills_empty_ones() -> None:

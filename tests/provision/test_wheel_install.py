@@ -21,9 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+import httpx2
 import pytest
 
 from mcp_sandbox.workspace import remove_tree
+from mcp_test_helpers import http_server
 
 # slow: builds the wheel and installs it into a venv of its own (a minute and more).
 pytestmark = pytest.mark.slow
@@ -120,8 +123,32 @@ def test_the_wheel_ships_the_pins_and_the_runners(installed: Installed) -> None:
         "mcp_sandbox/runners/python/boot.py",
         "mcp_sandbox/runners/typescript/bun.ts",
         "mcp_sandbox/sandbox/gate.c",
+        # the playground, committed built (Makefile, `web`): no node or `make web` for a wheel's user
+        "mcp_sandbox/server/static/index.html",
+        "mcp_sandbox/server/static/playground.js",
+        "mcp_sandbox/server/static/playground.css",
     ):
         assert name in names
+
+
+def test_the_installed_wheel_serves_the_playground(installed: Installed) -> None:
+    async def load() -> tuple[httpx2.Response, httpx2.Response]:
+        env = {**installed.env(), "PYTHONPATH": ""}  # the venv's package, not the checkout's src
+        program = [str(installed.venv / "bin" / "mcp-sandbox")]
+        async with (
+            http_server(installed.state_dir, env=env, program=program) as url,
+            httpx2.AsyncClient(base_url=url, timeout=30) as web,
+        ):
+            with anyio.fail_after(60):
+                page = await web.get("/")
+                script = await web.get("/static/playground.js")
+        return page, script
+
+    page, script = anyio.run(load)
+    assert page.status_code == 200, page.text
+    assert page.headers["content-type"].startswith("text/html") and "playground.js" in page.text
+    assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+    assert len(script.content) > 100_000  # the bundle, CodeMirror included
 
 
 def test_setup_explains_the_system_interpreter_and_stamps_the_runtime(installed: Installed) -> None:

@@ -39,7 +39,7 @@ def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
         raise BackendUnavailableError(f"backend {probe.name} is unavailable here: {probe.reason}")
     missing = probe.missing()
     if missing:
-        listed = "; ".join(f"{c.name} ({c.detail})" for c in missing)
+        listed = probe.missing_summary()
         if not settings.sandbox.accept_weaker_isolation:
             raise BackendUnavailableError(
                 f"backend {probe.name} cannot enforce: {listed}. Fix the host (see `mcp-sandbox doctor`) or "

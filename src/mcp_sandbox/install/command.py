@@ -1,9 +1,11 @@
 """The ``install`` subcommand: add this installation to a client's config, or print the entry.
 
-The entry starts *this* installation: the ``mcp-sandbox`` of the environment running now (a
-pipx venv, a checkout's ``.venv``), or ``uvx mcp-sandbox`` when that environment is uv's
-throw-away one (or ``--uvx`` asks for it). The file is edited in place (:mod:`.jsonedit`), backed
-up first, and left alone when the entry is already there.
+The entry starts *this* installation: a checkout's ``.venv`` by its absolute path, a pipx or
+``uv tool`` install by the command on PATH (absolute: GUI clients do not read the shell's PATH),
+or ``uvx --from SOURCE mcp-sandbox`` when ``--uvx --from`` names the source: never a bare package
+name, which the project does not own on the index. A host that cannot run the server (what
+``open_engine`` would refuse) gets no entry unless ``--force``. The file is edited in place
+(:mod:`.jsonedit`), backed up first, and left alone when the entry is already there.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.install.readiness import problems
 from mcp_sandbox.install.targets import CLIENTS, Client
 
 __all__ = ["add_install_parser", "run_install", "server_command"]
@@ -35,7 +39,18 @@ def add_install_parser(
     install.add_argument("--print", dest="print_only", action="store_true", help="print the entry, change nothing")
     install.add_argument("--name", default="sandbox", help="the server's name in the client (default: sandbox)")
     install.add_argument("--path", type=Path, help="the config file to edit instead of the client's user-wide one")
-    install.add_argument("--uvx", action="store_true", help="start the server with `uvx mcp-sandbox` instead")
+    install.add_argument(
+        "--uvx", action="store_true", help="start the server with `uvx --from SOURCE mcp-sandbox` (needs --from)"
+    )
+    install.add_argument(
+        "--from",
+        dest="from_source",
+        metavar="SOURCE",
+        help="with --uvx: where uvx gets mcp-sandbox, e.g. git+https://HOST/OWNER/mcp-sandbox or a wheel's path",
+    )
+    install.add_argument(
+        "--force", action="store_true", help="write the entry even if this host cannot run the server yet"
+    )
 
 
 def _is_uv_cache(prefix: Path) -> bool:
@@ -44,16 +59,40 @@ def _is_uv_cache(prefix: Path) -> bool:
     return "uv" in parts and any(part.startswith("archive-v") or part == "builds-v0" for part in parts)
 
 
-def server_command(settings: Settings, *, uvx: bool = False) -> tuple[str, list[str]]:
-    """(command, args) that start this installation's stdio server, with the same ``--config``."""
+def _on_path(script: Path, env: Mapping[str, str]) -> Path | None:
+    """The ``mcp-sandbox`` on PATH when it is this installation's (pipx and uv tool link it there)."""
+    found = shutil.which("mcp-sandbox", path=env.get("PATH", os.defpath))
+    if found is None or Path(found).parent == script.parent:
+        return None
+    return Path(found).absolute() if Path(found).resolve() == script.resolve() else None
+
+
+def server_command(
+    settings: Settings, *, uvx_from: str | None = None, env: Mapping[str, str] | None = None
+) -> tuple[str, list[str]]:
+    """(command, args) that start this installation's stdio server, with the same ``--config``.
+
+    Raises:
+        ConfigError: this copy runs from uvx's throw-away environment and no ``--from`` says where
+            uvx should get it again.
+    """
     args = ["serve"]
     if settings.config_file is not None:
         args += ["--config", str(settings.config_file.resolve())]
-    if uvx or _is_uv_cache(Path(sys.prefix)):
-        return "uvx", ["mcp-sandbox", *args]
+    if settings.sandbox.accept_weaker_isolation:
+        args.append("--accept-weaker-isolation")
+    if uvx_from is not None:
+        return "uvx", ["--from", uvx_from, "mcp-sandbox", *args]
+    if _is_uv_cache(Path(sys.prefix)):
+        raise ConfigError(
+            "this copy runs from uvx's cache, which uv may delete: give the source uvx should start it from, "
+            "e.g. `install CLIENT --uvx --from git+https://<your-git-host>/<owner>/mcp-sandbox`, "
+            "or install it for good with `uv tool install git+...` and run `mcp-sandbox install CLIENT`"
+        )
     script = Path(sys.prefix) / "bin" / "mcp-sandbox"
     if script.exists():
-        return str(script), args
+        linked = _on_path(script, os.environ if env is None else env)
+        return str(linked or script), args
     return sys.executable, ["-m", "mcp_sandbox", *args]
 
 
@@ -85,13 +124,32 @@ def _snippet(client: Client, name: str, entry: dict[str, object]) -> str:
 
 
 def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    """Add (or print) the entry; 0 when the config holds it afterwards, 1 when the file was refused."""
+    """Add (or print) the entry; 0 when the config holds it afterwards, 1 when refused.
+
+    Refused: the file cannot be edited, or the host cannot run the server (unless ``--force``).
+
+    Raises:
+        ConfigError: ``--uvx`` without ``--from`` (or the reverse), or a uvx cache copy without them.
+    """
     from mcp_sandbox.install.jsonedit import JsonEditError, load, set_member
 
     env = os.environ if env is None else env
     client = CLIENTS[args.client]
-    command, command_args = server_command(settings, uvx=args.uvx)
+    if args.uvx != (args.from_source is not None):
+        raise ConfigError("--uvx and --from go together: `--uvx --from SOURCE` (a git+https:// URL or a wheel)")
+    command, command_args = server_command(settings, uvx_from=args.from_source, env=env)
     entry = client.entry(command, command_args)
+    found = problems(settings)
+    if found:
+        refused = not (args.force or args.print_only)
+        head = "will not add the entry" if refused else "the entry is written, but the server cannot start here yet"
+        print(f"mcp-sandbox install: {head}:", file=sys.stderr)
+        for problem in found:
+            print(f"  - {problem}", file=sys.stderr)
+        print("  `mcp-sandbox doctor` shows the full report", file=sys.stderr)
+        if refused:
+            print("  fix the host, or add the entry anyway with --force", file=sys.stderr)
+            return 1
     if args.print_only:
         # The JSON alone on stdout (so it can be piped into a file or a tool); the hint on stderr.
         print(_snippet(client, args.name, entry))

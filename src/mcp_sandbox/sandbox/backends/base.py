@@ -43,6 +43,22 @@ class BackendProbe:
         """The parts of the default policy this backend cannot enforce here."""
         return [c for c in self.capabilities if not c.enforced]
 
+    def missing_summary(self) -> str:
+        """The missing parts with each reason said once.
+
+        A detail ``"fallback: reason"`` (bwrap's three cgroup limits share one reason) is grouped by
+        its reason: ``memory limit (RLIMIT_AS only), pids limit (...): no memory cgroup here``.
+        """
+        by_reason: dict[str, list[str]] = {}
+        for capability in self.missing():
+            fallback, colon, reason = capability.detail.partition(": ")
+            if not colon:
+                fallback, reason = "", capability.detail
+            by_reason.setdefault(reason, []).append(f"{capability.name} ({fallback})" if fallback else capability.name)
+        return "; ".join(
+            f"{', '.join(names)}: {reason}" if reason else ", ".join(names) for reason, names in by_reason.items()
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxOutcome:

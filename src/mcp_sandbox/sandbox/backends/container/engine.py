@@ -23,7 +23,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError
 from mcp_sandbox.sandbox.backends.container.argv import LABEL, Flavour, owner_of, server_env
 
-__all__ = ["ContainerEngine", "detect_runtime", "flavour_of"]
+__all__ = ["ContainerEngine", "detect_runtime", "engine_failure_advice", "flavour_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,14 @@ def detect_runtime(settings: Settings) -> tuple[str, Flavour]:
 def flavour_of(cli: str) -> Flavour:
     """The dialect a CLI speaks, by its name (``docker``, ``/usr/bin/podman``, a wrapper's name)."""
     return "docker" if "docker" in Path(cli).name else "podman"
+
+
+def engine_failure_advice(message: str) -> str:
+    """What fixes a failed ``info``: rootless podman without Debian's uidmap says only "not found"."""
+    helpers = [helper for helper in ("newuidmap", "newgidmap") if helper in message]
+    if helpers and ("not found" in message or "no such file" in message.lower()):
+        return f"{'/'.join(helpers)} is missing (as root: apt install uidmap); podman said: {message}"
+    return f"is the engine running? {message}"
 
 
 class ContainerEngine:
@@ -86,7 +94,7 @@ class ContainerEngine:
             return {"error": str(exc)}
         if done.returncode != 0:
             message = done.stderr.strip() or done.stdout.strip()
-            return {"error": f"`{self.cli_name} info` failed (is the engine running?): {message}"}
+            return {"error": f"`{self.cli_name} info` failed: {engine_failure_advice(message)}"}
         try:
             info = json.loads(done.stdout)
         except ValueError:
