@@ -160,8 +160,31 @@ def test_the_package_attribute_is_the_function_even_after_its_module_was_importe
     assert inspect.iscoroutinefunction(convert_time)
     assert isinstance(sys.modules["mcp.servers.time.get_current_time"], types.ModuleType)
     assert {"get_current_time", "get_current_time_sync", "convert_time"} <= set(dir(time_server))
-    with pytest.raises(AttributeError):
-        _ = time_server.no_such_tool
+    for private in ("__wrapped__", "_no_such"):  # introspection (hasattr, copy, pickle) stays sane
+        with pytest.raises(AttributeError):
+            getattr(time_server, private)
+
+
+class _MCPError(RuntimeError):
+    def __init__(self, message: str, *, server: str, tool: str, kind: str) -> None:
+        super().__init__(f"{server}.{tool}: {message}")
+        self.kind = kind
+
+
+def test_an_unknown_tool_is_a_function_whose_call_fails_naming_the_servers_tools(
+    install: Install, runtime: FakeRuntime
+) -> None:
+    runtime.MCPError = _MCPError  # type: ignore[attr-defined]
+    time_server = install("time", _package("time", TIME))
+
+    missing = time_server.no_such_tool  # as the earlier bridge's proxy: any name is a function
+
+    assert callable(missing) and missing.__name__ == "no_such_tool"
+    with pytest.raises(RuntimeError, match=r"time\.no_such_tool: no such tool; .*convert_time, get_current_time"):
+        missing(x=1)
+    with pytest.raises(RuntimeError):
+        time_server.no_such_tool_sync()
+    assert runtime.calls == []
 
 
 # How they read

@@ -54,7 +54,7 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
 # --- a value of every setting, generated from its declaration (a new setting is covered at once) ---
 
 _CANDIDATES: dict[str, list[Any]] = {
-    "str": ["sample-value-0123456789", "https://sample.example", "deno", "json", "toon"],
+    "str": ["sample-value-0123456789", "https://sample.example", "deno", "json", "toon", "raw"],
     "path": [Path("/srv/sample")],
     "strings": [("json", "csv"), ("10.0.0.0/8", "192.168.0.0/16"), ("python=img:1", "typescript=img:2")],
     "ints": [(8080, 8443)],
@@ -458,6 +458,7 @@ def test_a_timeout_equal_to_max_timeout_is_accepted() -> None:
         pytest.param({"MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION": "maybe"}, "accept_weaker_isolation", id="bool"),
         pytest.param({"MCP_SANDBOX_OUTPUT_MODE": "yaml"}, "output_mode", id="output-mode-unknown"),
         pytest.param({"MCP_BRIDGE_OUTPUT_MODE": "xml"}, "output_mode", id="output-mode-alias-unknown"),
+        pytest.param({"MCP_SANDBOX_TOOL_RESULTS": "whole"}, "tool_results", id="tool-results-unknown"),
     ],
 )
 def test_a_bad_value_is_rejected_naming_its_setting(env: dict[str, str], setting: str) -> None:

@@ -343,7 +343,7 @@ async def test_credentials_of_downstream_servers_never_enter_the_sandbox(client:
         for root, _, files in os.walk("/tools"):
             seen += [open(os.path.join(root, name)).read() for name in files]
         seen.append(json.dumps(mcp.runtime.describe_server("fixture")))
-        seen.append(json.dumps(mcp.runtime.discovered_servers()))
+        seen.append(json.dumps(mcp.runtime.discovered_server_entries()))
         print(any({SECRET[:6]!r} in chunk for chunk in seen))
         """,
         ["fixture"],
@@ -357,7 +357,7 @@ async def test_runtime_helpers_list_describe_and_search(client: Client) -> None:
         """
         import json
         print(json.dumps([s["name"] for s in mcp.runtime.list_servers()]))
-        print(json.dumps(sorted(s["name"] for s in mcp.runtime.discovered_servers())))
+        print(json.dumps(sorted(mcp.runtime.discovered_servers())))
         print(mcp.runtime.search_tools("current time in a timezone", limit=1)[0]["tool"])
         print("convert_time" in mcp.runtime.query_tool_docs("time"))
         print(len(mcp.runtime.list_tools("git")) > 5)

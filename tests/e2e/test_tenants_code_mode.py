@@ -119,7 +119,7 @@ async def test_a_server_open_to_one_tenant_does_not_exist_for_another(base: str)
             await mcp.runtime.call_tool("fixture", "add", {"a": 1, "b": 2})
         except MCPError as error:
             print(error.kind)
-        print([server["name"] for server in mcp.runtime.discovered_servers()])
+        print(list(mcp.runtime.discovered_servers()))
         """,
         ["memory"],
     )

@@ -362,7 +362,7 @@ def test_the_helpers_send_their_requests_and_return_the_result(connected: Link) 
     connected.serve(lambda body: {"ok": True, "result": answer(body["op"])})
     calls: list[tuple[Callable[[], Any], dict[str, Any]]] = [
         (api.list_servers, {"op": "list_servers"}),
-        (api.discovered_servers, {"op": "discovered_servers"}),
+        (api.discovered_server_entries, {"op": "discovered_servers"}),
         (lambda: api.describe_server("fixture"), {"op": "describe_server", "server": "fixture"}),
         (lambda: api.list_tools("fixture"), {"op": "list_tools", "server": "fixture", "schemas": False}),
         (

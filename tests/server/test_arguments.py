@@ -149,7 +149,11 @@ def test_the_timeout_maximum_and_the_language_enum_come_from_the_same_context_as
     assert f"max {CONTEXT.max_timeout:g}" in _properties("run_python")["timeout"]["description"]
     assert properties["language"] == {"type": "string", "enum": list(LANGUAGES)}
     assert parse(RunPythonArguments, {"code": "1", "timeout": CONTEXT.max_timeout}, CONTEXT).timeout == 60.0
-    assert _refused("run_python", {"code": "1", "timeout": CONTEXT.max_timeout + 1}) == "timeout"
+    above = parse(RunPythonArguments, {"code": "1", "timeout": CONTEXT.max_timeout + 1}, CONTEXT)
+    assert above.timeout_within(30.0, CONTEXT.max_timeout) == (60.0, 61.0)  # clamped, as the earlier bridge did
+    assert _refused("run_python", {"code": "1", "timeout": 0}) == "timeout"
+    assert _refused("run_python", {"code": "1", "timeout": -5}) == "timeout"
+    assert _refused("run_python", {"code": "1", "timeout": "soon"}) == "timeout"
 
 
 def test_the_search_limit_is_one_constant_in_schema_and_validation() -> None:

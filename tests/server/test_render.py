@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from typing import Any
 
 import pytest
 import toon_format
@@ -95,9 +97,33 @@ def test_json_keeps_non_ascii_text_readable() -> None:
     assert "héllo ✓" in render(AWKWARD, "json")
 
 
+def _toon_body(text: str) -> Any:
+    # The earlier bridge's clients take the block between the fences (its tests' own pattern).
+    match = re.fullmatch(r"```toon\s*\n(.*?)\n```", text, re.DOTALL)
+    assert match is not None, text
+    return toon_format.decode(match.group(1).strip())
+
+
 @pytest.mark.parametrize("result", ALL, ids=ALL_IDS)
-def test_toon_decodes_back_to_the_structured_content(result: ExecutionResult) -> None:
-    assert toon_format.decode(render(result, "toon")) == result.structured()
+def test_toon_is_the_earlier_bridges_block_holding_the_structured_content(result: ExecutionResult) -> None:
+    decoded = _toon_body(render(result, "toon"))
+    data = result.structured()
+
+    assert decoded["stdout"] == data["stdout"].splitlines()  # lists of lines, as the earlier bridge's
+    assert decoded["stderr"] == data["stderr"].splitlines()
+    assert decoded["summary"]
+    rest = {key: value for key, value in decoded.items() if key not in ("stdout", "stderr", "summary")}
+    assert rest == {key: value for key, value in data.items() if key not in ("stdout", "stderr")}
+
+
+def test_toon_has_the_earlier_bridges_summaries() -> None:
+    success = _toon_body(render(ExecutionResult(status="success", exit_code=0, stdout="line1\nline2\n"), "toon"))
+    quiet = _toon_body(render(ExecutionResult(status="success", exit_code=0), "toon"))
+    invalid = _toon_body(render(INVALID, "toon"))
+
+    assert (success["summary"], success["stdout"], success["stderr"]) == ("Success", ["line1", "line2"], [])
+    assert quiet["summary"] == "Success (no output)"
+    assert invalid["summary"] == invalid["error"] == "timeout: must be > 0"
 
 
 def test_toon_has_one_line_per_scalar_field() -> None:

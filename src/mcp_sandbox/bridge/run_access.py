@@ -236,10 +236,11 @@ class RunAccess:
             "allowed": spec.alias in self.allowed,
             "stubs": f"{TOOLS_MOUNT}/{spec.alias}" if spec.alias in self.allowed else None,
             "cwd": str(spec.cwd) if spec.cwd is not None else None,
-            "tools": await self._list_tools(request.server),
+            "tools": await self._list_tools(request.server, schemas=True),
         }
 
-    async def _list_tools(self, server: str) -> list[dict[str, Any]]:
+    async def _list_tools(self, server: str, *, schemas: bool = False) -> list[dict[str, Any]]:
+        """The server's tools; with ``schemas``, each one's ``input_schema`` too (as the earlier bridge's had)."""
         spec = self._server(server)
         return [
             {
@@ -249,6 +250,7 @@ class RunAccess:
                 # The earlier bridge's names for the same things.
                 "alias": doc.python_name,
                 "description": doc.description,
+                **({"input_schema": dict(doc.input_schema)} if schemas else {}),
             }
             for doc in await self.bridge.docs(spec.alias)
         ]

@@ -44,7 +44,7 @@ _SUMMARY_CHARS = 120
 # Tool names must not rebind what a generated module relies on; the sync form takes `<name>_sync` too.
 _TOOL_RESERVED = frozenset(
     {"annotations", "Any", "Literal", "NotRequired", "TypedDict", "str", "int", "float", "bool", "list", "dict"}
-    | {"list_tools", "SERVER_NAME"}  # the package's own names (the earlier bridge's proxy had list_tools)
+    | {"list_tools", "SERVER_NAME", "TOOLS", "TOOL_MAP"}  # the package's own (list_tools, TOOLS: the earlier bridge's)
 )
 _PARAM_RESERVED = frozenset({"_runtime", "_arguments"})  # the function body's own names
 _RESULT_TEXT = (
@@ -287,10 +287,27 @@ def list_tools() -> _Any:
     return _runtime.list_tools(SERVER_NAME, schemas=True)
 
 
+def _no_tool(name: str) -> _Any:
+    def call(*args: _Any, **kwargs: _Any) -> _Any:
+        tools = ", ".join(sorted(_TOOLS)) or "none"
+        message = f"no such tool; this server's tools: {{tools}}"
+        raise _runtime.MCPError(message, server=SERVER_NAME, tool=name, kind="invalid")
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def __getattr__(name: str) -> _Any:
+    if name in ("TOOLS", "TOOL_MAP"):  # the earlier bridge's: the tools' metadata, and by Python name
+        tools = list(_runtime.list_tools_sync(SERVER_NAME))
+        globals().update(TOOLS=tools, TOOL_MAP={{tool["alias"]: tool for tool in tools}})
+        return globals()[name]
     tool = name if name in _TOOLS else name.removesuffix("_sync")
     if tool not in _TOOLS:
-        raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
+        if name.startswith("_"):  # dunders and private names: introspection (hasattr, copy, pickle) stays sane
+            raise AttributeError(f"module {{__name__!r}} has no attribute {{name!r}}")
+        # As the earlier bridge's proxy: any name is a function; calling one the server lacks fails.
+        return _no_tool(name)
     module = _importlib.import_module(f"{{__name__}}.{{tool}}")
     # Importing the submodule bound the package attribute `tool` to the module: bind the functions.
     globals()[tool] = getattr(module, tool)

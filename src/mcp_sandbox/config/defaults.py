@@ -17,7 +17,9 @@ __all__ = [
     "JS_RUNTIMES",
     "OUTPUT_MODES",
     "SANDBOX_USER",
+    "TOOL_RESULTS",
     "OutputMode",
+    "ToolResults",
     "default_data_dir",
     "default_gate_dir",
     "default_js_runtime_dir",
@@ -28,6 +30,8 @@ __all__ = [
 
 OutputMode = Literal["compact", "json", "toon"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
+ToolResults = Literal["value", "raw"]
+TOOL_RESULTS: tuple[str, ...] = get_args(ToolResults)
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:

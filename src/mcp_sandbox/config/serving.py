@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcp_sandbox.config.defaults import TOOL_RESULTS, ToolResults
 from mcp_sandbox.config.fields import (
     BYTES,
     DURATION,
@@ -20,6 +21,7 @@ from mcp_sandbox.config.fields import (
     duration_or_zero,
     http_url,
     internal,
+    one_of,
     port,
     ports,
     positive,
@@ -59,6 +61,12 @@ class CodeModeSettings:
         unit=BYTES,
     )
     tool_timeout: float = setting(60.0, "One tool call, seconds.", check=seconds)
+    tool_results: ToolResults = setting(
+        "value",
+        "What a tool call from sandboxed code returns: `value` (its structured content or parsed text) or `raw`"
+        " (the whole call result, `content`/`structuredContent`/`isError`: the earlier bridge's shape).",
+        check=one_of(TOOL_RESULTS),
+    )
     connect_timeout: float = setting(
         30.0, "Starting a downstream server and listing its tools, seconds.", check=seconds
     )

@@ -33,6 +33,7 @@ __all__ = [
     "Resolver",
     "TenantEgress",
     "check_pattern",
+    "grant_environment",
     "hosts_resolver",
     "relay_environment",
     "sandbox_environment",
@@ -55,6 +56,18 @@ def relay_environment() -> Mapping[str, str]:
         "MCP_SANDBOX_EGRESS_SOCKET": SOCKET_INSIDE,
         "MCP_SANDBOX_EGRESS_RELAY": f"{RELAY_ADDRESS[0]}:{RELAY_ADDRESS[1]}",
     }
+
+
+def grant_environment(grant: EgressGrant | None) -> Mapping[str, str]:
+    """What a run's grant changes in :func:`sandbox_environment`'s variables (in its EXEC frame).
+
+    When the rules let it reach ``localhost`` (a loopback range in ``egress_allow_private`` and a
+    pattern naming it), no name is left to bypass the proxy: the sandbox's own loopback serves
+    nothing but the relay, so ``localhost``/``127.0.0.1`` must go through the proxy to the host's.
+    """
+    if grant is None or not grant.rules.reaches_loopback():
+        return {}
+    return {"NO_PROXY": "", "no_proxy": ""}
 
 
 def sandbox_environment(language: str) -> Mapping[str, str]:

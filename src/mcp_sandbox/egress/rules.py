@@ -126,6 +126,12 @@ class EgressRules:
         except ValueError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
 
+    def reaches_loopback(self) -> bool:
+        """Whether ``localhost`` may be reached: a pattern allows it, none denies it, a loopback range is allowed."""
+        ranges = any(in_ranges(ipaddress.ip_address(address), self.private) for address in ("127.0.0.1", "::1"))
+        named = any(pattern_matches(pattern, "localhost") for pattern in self.allow)
+        return ranges and named and not any(pattern_matches(pattern, "localhost") for pattern in self.deny)
+
     def narrowed(self, requested: Sequence[str]) -> EgressRules:
         """These rules allowing only what ``requested`` (patterns) names as well.
 

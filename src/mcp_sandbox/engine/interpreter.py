@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import anyio
 
+from mcp_sandbox.egress import grant_environment
 from mcp_sandbox.engine.channel import Channel
 from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
@@ -144,7 +145,7 @@ class Interpreter:
             run=next(self._ids),
             code=request.code,
             servers=tuple(request.tools.servers) if request.tools is not None else (),
-            env=dict(request.environment),
+            env={**grant_environment(request.egress), **request.environment},
             max_images=self.caps.max_images,
             max_image_bytes=self.caps.max_image_bytes,
             last=last,

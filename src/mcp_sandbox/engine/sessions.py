@@ -21,7 +21,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import sandbox_environment
+from mcp_sandbox.egress import grant_environment, sandbox_environment
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
@@ -355,7 +355,8 @@ class SessionPlacement:
                         run = request
                         if request.egress is not None:
                             await network.enter_async_context(self._opener.egress(request, lease.sockets))
-                            environment = {**sandbox_environment(request.language), **request.environment}
+                            proxies = {**sandbox_environment(request.language), **grant_environment(request.egress)}
+                            environment = {**proxies, **request.environment}
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
                         await lease.interpreter.run(record, run, last=False, file_size=file_size)

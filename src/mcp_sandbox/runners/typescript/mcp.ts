@@ -175,8 +175,13 @@ export interface Api {
   ResourceLink: typeof ResourceLink;
 }
 
-/** The `mcp` global of a run that may call `servers` (aliases) through `host`. */
-export function createApi(host: Requester, servers: string[]): Api {
+/**
+ * The `mcp` global of a run that may call `servers` (aliases) through `host`. With `wholeResults`
+ * (the server's tool_results setting is `raw`), a tool call without `{ raw: true }` returns the
+ * whole result as the server sent it: `{ content, structuredContent?, isError }`.
+ */
+export function createApi(host: Requester, servers: string[], options: { wholeResults?: boolean } = {}): Api {
+  const wholeResults = options.wholeResults === true;
   const ask = async (op: string, body: Body, server: string | null = null, tool: string | null = null) => {
     let reply: Body;
     try {
@@ -188,6 +193,10 @@ export function createApi(host: Requester, servers: string[]): Api {
   };
   const runtime: Runtime = {
     async callTool(server, tool, args = {}, options = {}) {
+      if (options.raw !== true && wholeResults) {
+        const whole = (await ask("call_tool", { server, tool, arguments: args, raw: true }, server, tool)) ?? {};
+        return { isError: false, ...(whole as Record<string, unknown>) };
+      }
       const result = await ask("call_tool", { server, tool, arguments: args }, server, tool);
       return shape((result ?? {}) as Record<string, unknown>, options.raw === true, server, tool);
     },

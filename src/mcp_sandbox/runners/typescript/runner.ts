@@ -240,7 +240,9 @@ export async function main(platform: Platform, args: string[]): Promise<void> {
     finish(1, error instanceof Error ? error.name : typeof error);
     platform.exit(1);
   });
-  (globalThis as Record<string, unknown>).mcp = createApi(connection, body.servers as string[]);
+  // The server's tool_results setting: "raw" gives tool calls the whole result (the earlier bridge's shape).
+  const wholeResults = (body.env as Record<string, string>).MCP_SANDBOX_TOOL_RESULTS === "raw";
+  (globalThis as Record<string, unknown>).mcp = createApi(connection, body.servers as string[], { wholeResults });
 
   const path = `${CODE_DIR}/main.${language === "typescript" ? "ts" : "js"}`;
   try {

@@ -202,11 +202,17 @@ class RunArguments(ToolArguments):
 
     @field_validator("timeout")
     @classmethod
-    def _timeout_in_range(cls, timeout: float | None, info: ValidationInfo) -> float | None:
-        limit = _context(info).max_timeout
-        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= limit):
-            raise ValueError(f"must be > 0 and <= {limit:g} seconds, got {timeout:g}")
+    def _timeout_positive(cls, timeout: float | None) -> float | None:
+        # Above the maximum is not refused: the run gets the maximum, and its result says so.
+        if timeout is not None and not (math.isfinite(timeout) and 0 < timeout):
+            raise ValueError(f"must be a number of seconds > 0, got {timeout:g}")
         return timeout
+
+    def timeout_within(self, default: float, limit: float) -> tuple[float, float | None]:
+        """The run's time limit: ``timeout`` (or ``default``) at most ``limit``; and what was asked, if clamped."""
+        if self.timeout is None:
+            return default, None
+        return (limit, self.timeout) if self.timeout > limit else (self.timeout, None)
 
 
 class RunPythonArguments(RunArguments):

@@ -1,5 +1,8 @@
 """The text a model reads for an execution result: ``compact`` (default), ``json`` or ``toon``.
 
+``toon`` is the earlier bridge's: a fenced ```` ```toon ```` block with a ``summary`` and the
+streams as lists of lines, then the other fields of ``structuredContent``.
+
 A stream longer than :data:`TEXT_STREAM_CHARS` is not repeated whole in the text: the text
 carries its beginning and a note, and ``structuredContent`` (the contract) carries all of it, so
 a large output crosses the wire once rather than twice.
@@ -35,6 +38,10 @@ def _shortened(text: str, stream: str) -> str:
 def _notes(data: dict[str, Any]) -> list[str]:
     """What the result adds to the output: images not returned, a quota warning, the workspace's files."""
     lines = []
+    if clamped := data.get("timeoutClamped"):
+        lines.append(
+            f"(timeout {clamped['requested']:g} s is above this server's maximum: the run had {clamped['used']:g} s)"
+        )
     if dropped := data.get("imagesDropped"):
         lines.append(
             f"({dropped} image{'s' if dropped != 1 else ''} not returned: past this server's per-run cap or size "
@@ -73,6 +80,32 @@ def _compact(result: ExecutionResult, data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _summary(data: dict[str, Any]) -> str:
+    status, error = data.get("status"), data.get("error")
+    if status == "success":
+        return "Success" if data.get("stdout") or data.get("stderr") else "Success (no output)"
+    if status == "validation_error":
+        return str(error or "Invalid arguments")
+    what = "Timeout" if status == "timeout" else "Error"
+    if error:
+        return f"{what}: {error}"
+    return f"{what}: exit code {data.get('exitCode')}" if data.get("exitCode") is not None else what
+
+
+def _toon(data: dict[str, Any]) -> str:
+    """The earlier bridge's TOON: a ```toon block of status, summary, and stdout/stderr as lists of lines."""
+    payload: dict[str, Any] = {
+        "status": data.get("status"),
+        "summary": _summary(data),
+        "exitCode": data.get("exitCode"),
+    }
+    payload["stdout"] = str(data.get("stdout") or "").splitlines()
+    payload["stderr"] = str(data.get("stderr") or "").splitlines()
+    payload.update({key: value for key, value in data.items() if key not in payload})
+    body = toon_format.encode(payload).rstrip()
+    return f"```toon\n{body}\n```"
+
+
 def render(result: ExecutionResult, mode: OutputMode, data: dict[str, Any] | None = None) -> str:
     """Render ``result`` for the model in ``mode``; ``data`` is its structured form when the tool added to it."""
     data = result.structured() if data is None else data
@@ -81,6 +114,5 @@ def render(result: ExecutionResult, mode: OutputMode, data: dict[str, Any] | Non
     if mode == "json":
         return json.dumps(data, ensure_ascii=False)
     if mode == "toon":
-        text: str = toon_format.encode(data)
-        return text
+        return _toon(data)
     return _compact(result, data)

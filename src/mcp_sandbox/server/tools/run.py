@@ -46,6 +46,9 @@ __all__ = ["RunTool", "listed_file", "over_quota", "refused"]
 
 logger = logging.getLogger(__name__)
 
+# The tool_results setting, as the runtimes inside read it (mcp_sandbox_runtime/api.py, mcp.ts).
+TOOL_RESULTS_VARIABLE = "MCP_SANDBOX_TOOL_RESULTS"
+
 
 @dataclass
 class RunCall:
@@ -59,6 +62,7 @@ class RunCall:
     key: str | None = None  # the conversation's workspace key, once the arguments name one
     language: str = "python"
     busy: bool = False  # refused for capacity (or draining)
+    timeout_clamped: dict[str, float] | None = None  # {"requested", "used"} when above max_timeout
 
 
 def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
@@ -142,6 +146,8 @@ class RunTool:
             call.language, environment = arguments.language, arguments.variables()
         if arguments.conversation is not None:
             call.key = service.workspaces.key(call.tenant, arguments.conversation)
+        if service.settings.code_mode.tool_results == "raw":  # read by the runtime's tool calls
+            environment[TOOL_RESULTS_VARIABLE] = "raw"
         tools = await self._tool_access(arguments.servers, call.tenant, call.key)
         workspace = None
         if call.key is not None:
@@ -149,9 +155,12 @@ class RunTool:
             workspace = await service.touch(call.key, call.tenant)
             if (base := service.file_base_url(call.key)) is not None:
                 environment["FILE_BASE_URL"] = base
+        timeout, asked = arguments.timeout_within(service.settings.limits.timeout, self._context.max_timeout)
+        if asked is not None:
+            call.timeout_clamped = {"requested": asked, "used": timeout}
         return ExecutionRequest(
             code=arguments.code,
-            timeout=service.settings.limits.timeout if arguments.timeout is None else arguments.timeout,
+            timeout=timeout,
             language=call.language,
             environment=environment,
             workspace=workspace,
@@ -176,6 +185,8 @@ class RunTool:
         """The tool result for ``result``, after listing the workspace and emitting the run's event."""
         service = self._service
         data = result.structured()
+        if call.timeout_clamped is not None:
+            data["timeoutClamped"] = call.timeout_clamped
         files_bytes = 0
         if call.key is not None:
             entries = await service.refresh_files(call.key)

@@ -6,8 +6,9 @@ request goes to the host, which decides what this run may reach: the servers pas
 :class:`MCPError`. A tool's result is its ``structuredContent`` when it has one, else its content:
 text (parsed when it is a JSON object or array) or :class:`Media` / :class:`Resource` /
 :class:`ResourceLink` objects, one value for one block, a list for several; :func:`call_tool_raw`
-gives the whole result as sent. The earlier bridge's ``list_servers()``, ``list_tools(server)``
-and ``query_tool_docs(...)`` answers are also awaitable in its shapes (:mod:`.dual`); its other
+gives the whole result as sent (so does every call when the server's ``tool_results`` is
+``raw``). The earlier bridge's ``list_servers()``, ``list_tools(server)`` and
+``query_tool_docs(...)`` answers are also awaitable in its shapes (:mod:`.dual`); its other
 names are in :mod:`.compat`. A server may be named by its name, its alias, or a listed entry.
 """
 
@@ -33,6 +34,7 @@ __all__ = [
     "call_tool_raw",
     "call_tool_sync",
     "describe_server",
+    "discovered_server_entries",
     "discovered_servers",
     "list_servers",
     "list_tools",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 Detail = Literal["name", "summary", "full"]
+TOOL_RESULTS_VARIABLE = "MCP_SANDBOX_TOOL_RESULTS"  # the server's tool_results setting, "raw" or unset
 
 
 class MCPError(RuntimeError):
@@ -173,7 +176,7 @@ ServerRef = str | dict[str, Any]
 
 
 def _name(server: ServerRef) -> str:
-    """A server's name, alias, or an entry of list_servers()/discovered_servers() (its ``name``)."""
+    """A server's name, alias, or an entry of list_servers()/discovered_server_entries() (its ``name``)."""
     if isinstance(server, dict) and isinstance(server.get("name"), str):
         return str(server["name"])
     return server if isinstance(server, str) else str(server)
@@ -197,14 +200,28 @@ async def _request(op: str, body: dict[str, Any], server: str | None = None, too
     return _unwrap(reply, server, tool)
 
 
+def _whole_results() -> bool:
+    """Whether the operator asked for whole call results (setting ``tool_results = "raw"``)."""
+    return os.environ.get(TOOL_RESULTS_VARIABLE) == "raw"
+
+
+def _whole(result: dict[str, Any]) -> dict[str, Any]:
+    result.setdefault("isError", False)
+    return result
+
+
 async def call_tool(server: str, tool: str, arguments: dict[str, Any] | None = None, *, raw: bool = False) -> Any:
     """Call ``tool`` of ``server`` (its alias or name) and return its result.
 
-    With ``raw=True`` the result is ``{"structuredContent": ..., "content": [...]}``.
+    With ``raw=True`` the result is ``{"structuredContent": ..., "content": [...]}``. When the
+    server's ``tool_results`` setting is ``raw``, a call without ``raw=True`` returns what
+    :func:`call_tool_raw` does (the earlier bridge's shape).
 
     Raises:
         MCPError: the tool failed, the server is unreachable, or this run may not call it.
     """
+    if not raw and _whole_results():
+        return await call_tool_raw(server, tool, arguments)
     server = _name(server)
     body = {"server": server, "tool": tool, "arguments": arguments or {}}
     return _shape(await _request("call_tool", body, server, tool), raw, server, tool)
@@ -220,14 +237,15 @@ async def call_tool_raw(server: str, tool: str, arguments: dict[str, Any] | None
     """
     server = _name(server)
     body = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": True}
-    result: dict[str, Any] = await _request("call_tool", body, server, tool)
-    result.setdefault("isError", False)
-    return result
+    return _whole(await _request("call_tool", body, server, tool))
 
 
 def call_tool_sync(server: str, tool: str, arguments: dict[str, Any] | None = None, *, raw: bool = False) -> Any:
     """Blocking form of :func:`call_tool`, for plain scripts."""
     server = _name(server)
+    if not raw and _whole_results():
+        body = {"server": server, "tool": tool, "arguments": arguments or {}, "raw": True}
+        return _whole(_request_sync("call_tool", body, server, tool))
     body = {"server": server, "tool": tool, "arguments": arguments or {}}
     return _shape(_request_sync("call_tool", body, server, tool), raw, server, tool)
 
@@ -245,19 +263,26 @@ def list_servers() -> DualList:
     return DualList(listed, names)
 
 
-def discovered_servers(detailed: bool = False) -> list[dict[str, Any]] | tuple[dict[str, Any], ...]:
-    """Every configured server, callable in this run or not: ``[{"name", "alias", "allowed"}]``.
+def discovered_servers(detailed: bool = False) -> tuple[str, ...] | tuple[dict[str, Any], ...]:
+    """The names of every configured server, callable in this run or not (the earlier bridge's form).
 
-    ``detailed=True`` gives the earlier bridge's ``({"name", "description"}, ...)``.
+    ``detailed=True`` gives ``({"name", "description"}, ...)``; :func:`discovered_server_entries`
+    also says each one's alias and whether this run may call it.
     """
-    result: list[dict[str, Any]] = _request_sync("discovered_servers", {})
+    result = discovered_server_entries()
     if detailed:
         return tuple({"name": entry["name"], "description": entry.get("description") or ""} for entry in result)
+    return tuple(entry["name"] for entry in result)
+
+
+def discovered_server_entries() -> list[dict[str, Any]]:
+    """Every configured server, callable in this run or not: ``[{"name", "alias", "allowed"}]``."""
+    result: list[dict[str, Any]] = _request_sync("discovered_servers", {})
     return result
 
 
 def describe_server(name: ServerRef) -> dict[str, Any]:
-    """A server's name, alias, transport, stub directory, ``cwd``, and its tools with one-line summaries."""
+    """A server's name, alias, transport, stub directory, ``cwd``, and its tools (summaries, ``input_schema``)."""
     server = _name(name)
     result: dict[str, Any] = _request_sync("describe_server", {"server": server}, server)
     return result

@@ -15,8 +15,9 @@ Python (and TypeScript) runs in an OS sandbox: no network unless granted, only /
 
 ## Discover
 - `from mcp import runtime` (also `import mcp.runtime as runtime`).
-- `runtime.discovered_servers()` every configured server; `runtime.list_servers()` the ones this
-  run may call; `runtime.describe_server(name)` one server, its tools and its `cwd`.
+- `runtime.discovered_servers()` the names of every configured server (`discovered_server_entries()`
+  with aliases and whether this run may call each); `runtime.list_servers()` the ones this run may
+  call; `runtime.describe_server(name)` one server, its tools and its `cwd`.
 - `runtime.search_tools("query", detail="summary")` ranked tools of every server;
   `runtime.query_tool_docs(server, tool=None, detail="summary"|"full")` their documentation.
 - Read `/tools/<alias>/<tool>.py`: each tool's signature, documentation and result type.
@@ -24,7 +25,8 @@ Python (and TypeScript) runs in an OS sandbox: no network unless granted, only /
 ## Call
 - `await mcp_<alias>.<tool>(...)` or `mcp.servers.<alias>.<tool>(...)`; `<tool>_sync(...)` in plain scripts.
 - `await runtime.call_tool(server, tool, {{...}})` returns the tool's structured result (or its
-  content); `await runtime.call_tool_raw(server, tool, {{...}})` the whole result as sent.
+  content); `await runtime.call_tool_raw(server, tool, {{...}})` the whole result as sent (what
+  every call returns when the server's `tool_results` setting is `raw`).
 - A failed call raises `runtime.MCPError` (a `RuntimeError`).
 
 ## The earlier bridge's names (they keep working)
