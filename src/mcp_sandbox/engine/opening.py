@@ -24,6 +24,7 @@ from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace
 from mcp_sandbox.engine.serving import RunCaps
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import ConfigError, SandboxStartError
+from mcp_sandbox.events import Observer, unheard
 from mcp_sandbox.sandbox.backends import Backend
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
@@ -61,9 +62,20 @@ def zygote_guard(interpreter: Interpreter) -> bytes:
 class Opener:
     """Opens the engine's sandboxes on ``backend``; see the module docstring."""
 
-    def __init__(self, settings: Settings, backend: Backend, *, egress_resolver: Resolver = system_resolver) -> None:
-        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        *,
+        egress_resolver: Resolver = system_resolver,
+        emit: Observer = unheard,
+    ) -> None:
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts).
+
+        ``emit``: hears each egress connection's end (metrics).
+        """
         self.settings = settings
+        self._emit = emit
         self.backend = backend
         self.layout = StateLayout.of(settings)
         self.caps = run_caps(settings)
@@ -96,6 +108,7 @@ class Opener:
             resolver=self._egress_resolver,
             group=self.sandbox_group(),
             directory=directory,
+            emit=self._emit,
         )
         async with served as (_proxy, used):
             yield used
