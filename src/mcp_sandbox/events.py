@@ -23,6 +23,7 @@ __all__ = [
     "FileServed",
     "FileStored",
     "Observer",
+    "PoolStarted",
     "RunAdmitted",
     "RunFinished",
     "ToolCalled",
@@ -101,6 +102,14 @@ class EgressConnection:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolStarted:
+    """A pool started a sandbox to keep ready (filling or refilling): ``pool`` is ``warm`` or ``prestarted``."""
+
+    pool: str
+    language: str
+
+
+@dataclass(frozen=True, slots=True)
 class FileStored:
     """A file was uploaded into a conversation (``via``: ``tool`` or ``http``); ``outcome``: ok or why not."""
 
@@ -123,7 +132,7 @@ class FileServed:
     status: int
 
 
-Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | FileStored | FileServed
+Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | PoolStarted | FileStored | FileServed
 Observer = Callable[[Event], None]
 
 

@@ -404,6 +404,9 @@ async def test_metrics_answer_the_operators_questions_and_the_dashboard_reads_on
         assert 0 <= fast <= await metric_sum(web, base, count, path="warm")
         assert await metric_sum(web, base, "mcp_sandbox_runs_total", tenant="alice", status="success") == 4
         assert await metric(web, base, "mcp_sandbox_tool_calls_total", server="fixture", outcome="tool_error") == 1
+        assert await metric(web, base, "mcp_sandbox_pool_starts_total", pool="warm", language="python") >= 1
+        starts = await metric(web, base, "mcp_sandbox_pool_starts_total", pool="prestarted", language="typescript")
+        assert starts >= 1
         text = await scrape(web, base)
         assert "_created" not in text
         missing = dashboard_metrics() - exported(text)

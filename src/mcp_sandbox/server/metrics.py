@@ -22,6 +22,7 @@ from mcp_sandbox.events import (
     Event,
     FileServed,
     FileStored,
+    PoolStarted,
     RunAdmitted,
     RunFinished,
     ToolCalled,
@@ -96,6 +97,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.pool_starts = Counter(
+            f"{_PREFIX}_pool_starts",
+            "Sandboxes the pools started to keep ready (fills and refills): pool is warm or prestarted",
+            ["pool", "language"],
+            registry=r,
+        )
         self.limits = Counter(f"{_PREFIX}_limit_events", "Runs that hit a limit", ["limit"], registry=r)
         self.tool_calls = Counter(
             f"{_PREFIX}_tool_calls", "Downstream tool calls from sandboxed code", ["server", "outcome"], registry=r
@@ -139,6 +146,8 @@ class Metrics:
                 self.egress.labels(event.verdict, event.rule, event.tenant).inc()
                 self.egress_bytes.labels("out").inc(event.sent)
                 self.egress_bytes.labels("in").inc(event.received)
+            case PoolStarted():
+                self.pool_starts.labels(event.pool, event.language).inc()
             case FileStored():
                 self.uploads.labels(event.via, event.outcome).inc()
                 self.transfer.labels("in").inc(event.size)
