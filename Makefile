@@ -58,7 +58,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser downstream conformance-tools containers image run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool downstream conformance-tools containers image run test \
         check lint format typecheck typecheck-ts pytest bench soak doctor vm-test clean
 
 help: ## List the targets
@@ -150,6 +150,11 @@ $(WEB_BUNDLE): $(WEB_NPM_STAMP) web/build.mjs $(wildcard web/src/*)
 browser: ## Install Debian's chromium for the playground's browser tests
 	@bash scripts/install-system-deps.sh chromium
 
+# The metrics tests check deploy/prometheus-alerts.yml with promtool, which Debian ships in its
+# prometheus package (only promtool is used; the package's service is not started by the tests).
+promtool: ## Install Debian's prometheus package for promtool (the alert rules' check)
+	@bash scripts/install-system-deps.sh prometheus
+
 downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
 
 # Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
@@ -218,7 +223,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
-TEST_REQUIRE = $$([ "$$(id -u)" = 0 ] && echo podman,docker || true)
+TEST_REQUIRE = promtool$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
 
 # --- use -----------------------------------------------------------------------------------
 
@@ -230,7 +235,7 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup browser downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
+test: setup browser promtool downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
@@ -265,7 +270,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
 	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
-pytest: setup browser downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: setup browser promtool downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; runner_cpu; progress; containers; startup; disk overshoot)

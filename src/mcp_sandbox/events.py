@@ -1,9 +1,10 @@
 """What happened in the server, as typed events, and the hub that hands them to observers.
 
-The engine, the bridge and the server's routes *emit* events (a run finished, a run waited for
-its slot, a tool was called, a file was stored or served); observers (the metrics, the audit
-log and the run history, see ``server/service.py``) *subscribe*. Emitting code knows nothing of
-Prometheus, log files or databases, and an observer that fails is logged, never felt by the run.
+The engine, the bridge, the egress proxy and the server's routes *emit* events (a run finished,
+a run waited for its slot, a tool was called, a connection left, a file was stored or served);
+observers (the metrics, the audit log and the run history, see ``server/service.py``)
+*subscribe*. Emitting code knows nothing of Prometheus, log files or databases, and an observer
+that fails is logged, never felt by the run.
 
 Events carry sizes, times, names and outcomes only: never code, output, environment values or
 tokens. ``conversation`` is always the workspace key (a keyed hash), never the client's id.
@@ -16,14 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
+    "EgressConnection",
     "Event",
     "EventHub",
     "FileServed",
     "FileStored",
     "Observer",
+    "PoolStarted",
     "RunAdmitted",
     "RunFinished",
     "ToolCalled",
+    "unheard",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ class RunFinished:
     ``warm``: a warm sandbox served it. ``status`` is the result's, or ``busy`` when refused.
     ``duration``: seconds the call took; ``run_ms``: the run's own time, as its result says it.
     ``started_at``: when the call began, in seconds since the epoch.
+    ``path``: where the engine placed it: ``warm``, ``session``, ``prestarted`` or ``fresh``.
+    ``truncated``: its output went past the output cap.
     """
 
     tenant: str
@@ -60,6 +66,8 @@ class RunFinished:
     files_bytes: int = 0
     started_at: float = 0.0
     run_ms: int = 0
+    path: str = "fresh"
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,28 @@ class ToolCalled:
     outcome: str
     duration: float
     result_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EgressConnection:
+    """A run's connection through the egress proxy ended: its verdict, the rule that decided, bytes each way.
+
+    ``verdict``: ``allowed``, ``refused`` or ``cut``; ``rule``: a rule's name (a fixed set).
+    """
+
+    tenant: str
+    verdict: str
+    rule: str
+    sent: int
+    received: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStarted:
+    """A pool started a sandbox to keep ready (filling or refilling): ``pool`` is ``warm`` or ``prestarted``."""
+
+    pool: str
+    language: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +132,12 @@ class FileServed:
     status: int
 
 
-Event = RunAdmitted | RunFinished | ToolCalled | FileStored | FileServed
+Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | PoolStarted | FileStored | FileServed
 Observer = Callable[[Event], None]
+
+
+def unheard(event: Event) -> None:
+    """The observer of emitters no one listens to: drops ``event``."""
 
 
 class EventHub:

@@ -15,8 +15,10 @@ import pytest
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.errors import SandboxStartError
+from mcp_sandbox.events import RunFinished
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
+from mcp_sandbox.server.metrics import Metrics
 
 from .conftest import EngineFactory
 
@@ -200,3 +202,20 @@ async def test_a_prestarted_container_serves_one_run_and_is_replaced(
     with anyio.fail_after(60):
         while _ours(container_kind):  # noqa: ASYNC110 - and all of them went with the engine
             await anyio.sleep(0.2)
+
+
+async def test_a_run_past_the_memory_limit_is_a_memory_limit_failure_in_the_metrics(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine(memory="128m")
+    metrics = Metrics(dict, dict)
+
+    result = await _execute(engine, "b = bytearray(400 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1")
+    # Counted as the server counts every run (server/tools/run.py): from the engine's verdict.
+    metrics.observe(RunFinished("alice", None, "python", container_kind, result.status, 0.1, limits=result.limits,
+                                exit_code=result.exit_code, path=result.path))  # fmt: skip
+
+    assert result.status == "error" and "memory" in result.limits, result
+    assert result.error is not None and "memory limit" in result.error
+    labels = f'backend="{container_kind}",cause="memory_limit",language="python",tenant="alice"'
+    assert f"mcp_sandbox_run_failures_total{{{labels}}} 1.0" in metrics.render().decode()

@@ -29,6 +29,8 @@ from mcp.types import CallToolResult
 from downstream import FIXTURE_SERVER
 from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, _wait_listening, free_port, http_client
 
+from .test_metrics import ALERTS, dashboard_metrics
+
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 ALICE = "alice-token-0123456789abcdef"
@@ -147,6 +149,24 @@ async def metric(web: httpx2.AsyncClient, base: str, name: str, **labels: str) -
     return 0.0
 
 
+async def scrape(web: httpx2.AsyncClient, base: str) -> str:
+    reply = await web.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS}"})
+    assert reply.status_code == 200, reply.text
+    return reply.text
+
+
+async def metric_sum(web: httpx2.AsyncClient, base: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when none)."""
+    total = 0.0
+    for line in (await scrape(web, base)).splitlines():
+        match = re.match(r"^([a-z_]+)(?:\{(.*)\})? (\S+)$", line)
+        if match and match.group(1) == name:
+            found = dict(re.findall(r'([a-z_]+)="([^"]*)"', match.group(2) or ""))
+            if all(found.get(key) == value for key, value in labels.items()):
+                total += float(match.group(3))
+    return total
+
+
 @pytest.fixture
 async def live(state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Server]:
     async with server(state_dir, sandbox_runtime) as running:
@@ -195,8 +215,10 @@ async def test_health_readiness_metrics_and_audit_follow_what_runs(live: Server)
         assert await metric(web, base, "mcp_sandbox_tool_calls_total", server="fixture", outcome="ok") == 1
         assert await metric(web, base, "mcp_sandbox_uploads_total", via="tool", outcome="ok") == 1
         assert await metric(web, base, "mcp_sandbox_downloads_total", outcome="ok") == 1
-        assert await metric(web, base, "mcp_sandbox_run_duration_seconds_count", language="python",
-                            backend="bwrap") == 4  # fmt: skip
+        assert await metric_sum(web, base, "mcp_sandbox_run_duration_seconds_count", language="python",
+                                backend="bwrap") == 4  # fmt: skip
+        assert await metric_sum(web, base, "mcp_sandbox_run_duration_seconds_count", path="session") == 1
+        assert await metric_sum(web, base, "mcp_sandbox_run_failures_total", cause="timeout", tenant="alice") == 1
         assert await metric(web, base, "mcp_sandbox_stored_bytes", tenant="alice") == 15
         assert await metric(web, base, "mcp_sandbox_sessions") == 1
         assert await metric(web, base, "mcp_sandbox_queue_wait_seconds_count") == 4
@@ -333,6 +355,61 @@ async def test_memory_and_pids_limits_show_as_limit_events(state_dir: Path, sand
         pids_said = "process limit" in (forks.get("error") or "")
         assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="memory") == float(memory_said)
         assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="pids") == float(pids_said)
+        # Failures by cause name the limit (a plain error where an rlimit stood in).
+        memory_cause = {"cause": "memory_limit" if memory_said else "error", "tenant": "alice"}
+        assert await metric_sum(web, live.base, "mcp_sandbox_run_failures_total", **memory_cause) >= 1
+        pids_cause = {"cause": "pids_limit" if pids_said else "error", "tenant": "alice"}
+        assert await metric_sum(web, live.base, "mcp_sandbox_run_failures_total", **pids_cause) >= 1
         runs = [line for line in live.audit() if line["event"] == "run"]
         assert [line["limits"] for line in runs] == [["memory"] if memory_said else [], ["pids"] if pids_said else []]
         assert memory_said or os.geteuid() != 0  # as root here the cgroup is there: the event must show
+
+
+def exported(text: str) -> set[str]:
+    """The sample names a scrape can hold, from its ``# TYPE`` lines (a counter with no sample yet too)."""
+    names: set[str] = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.MULTILINE):
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}.get(kind, ("",))
+        names |= {name.removesuffix("_total") + suffix for suffix in suffixes}
+    return names
+
+
+async def test_metrics_answer_the_operators_questions_and_the_dashboard_reads_only_them(live: Server) -> None:
+    """A warm, a session and a TypeScript run and a failing downstream call, each seen with its labels."""
+    base = live.base
+    async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
+
+        async def ready() -> bool:
+            return (await web.get(f"{base}/readyz")).status_code == 200
+
+        await until(ready, 60)
+        assert await metric(web, base, "mcp_sandbox_ready") == 1
+        async with http_client(base, ALICE) as client:
+            warm = await call(client, "run_python", {"code": "print(1)"})
+            assert data(warm)["status"] == "success", data(warm)
+            session = await call(client, "run_python", {"code": "x = 1", "conversationId": CONVERSATION})
+            assert data(session)["status"] == "success", data(session)
+            ts = await call(client, "run_code", {"code": "console.log(1 + 1)", "language": "typescript"})
+            assert data(ts)["status"] == "success", data(ts)
+            code = "try:\n    await mcp_fixture.fail(message='no')\nexcept mcp.runtime.MCPError:\n    print('failed')"
+            failing = await call(client, "run_python", {"code": code, "servers": ["fixture"]})
+            assert data(failing)["stdout"].strip() == "failed", data(failing)
+
+        count = "mcp_sandbox_run_duration_seconds_count"
+        assert await metric_sum(web, base, count, language="python", path="warm") >= 1
+        assert await metric_sum(web, base, count, language="python", path="session") == 1
+        assert await metric_sum(web, base, count, language="typescript") == 1
+        # Warm runs take milliseconds: the first buckets resolve them.
+        fast = await metric_sum(web, base, "mcp_sandbox_run_duration_seconds_bucket", path="warm", le="0.005")
+        assert 0 <= fast <= await metric_sum(web, base, count, path="warm")
+        assert await metric_sum(web, base, "mcp_sandbox_runs_total", tenant="alice", status="success") == 4
+        assert await metric(web, base, "mcp_sandbox_tool_calls_total", server="fixture", outcome="tool_error") == 1
+        assert await metric(web, base, "mcp_sandbox_pool_starts_total", pool="warm", language="python") >= 1
+        starts = await metric(web, base, "mcp_sandbox_pool_starts_total", pool="prestarted", language="typescript")
+        assert starts >= 1
+        text = await scrape(web, base)
+        assert "_created" not in text
+        missing = dashboard_metrics() - exported(text)
+        assert not missing, f"the dashboard reads metrics the server does not export: {sorted(missing)}"
+        alerts = set(re.findall(r"\bmcp_sandbox_[a-z_]+", ALERTS.read_text()))
+        assert not alerts - exported(text), sorted(alerts - exported(text))

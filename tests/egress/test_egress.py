@@ -8,11 +8,13 @@ test host in its own network namespace (see conftest.py). Refusals are checked b
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
 
 from mcp_sandbox.egress.audit import LINES_PER_RUN
+from mcp_sandbox.server.metrics import Metrics
 
 from .conftest import EgressEngine, HostNet, audit_lines, execute, granted
 
@@ -360,3 +362,22 @@ async def test_a_session_gets_network_for_its_granted_runs_only_and_keeps_its_va
     assert json.loads(without.stdout) == [42, "failed", False]
     assert json.loads(granted_run.stdout) == [43, 200, True]
     assert json.loads(after.stdout) == [44, "failed", False]
+
+
+async def test_the_metrics_count_each_connection_by_verdict_and_rule_and_its_bytes(
+    egress_engine: EgressEngine, test_net: HostNet
+) -> None:
+    flags = {"egress_allow": ALLOW, "egress_deny": "denied.web.test", "egress_allow_private": private(test_net)}
+    code = 'print(json.dumps([fetch("http://web.test/"), fetch("http://denied.web.test/")]))'
+    metrics = Metrics(dict, dict)
+    async with egress_engine(**flags) as (engine, egress):
+        engine.events.subscribe(metrics.observe)
+        result = await execute(engine, fetching(test_net, code), granted(egress))
+    assert result.status == "success", result
+    assert [answer[0] for answer in json.loads(result.stdout)] == [200, 403]
+    text = metrics.render().decode()
+    counted = r'mcp_sandbox_egress_connections_total\{rule="%s",tenant="default",verdict="%s"\} 1\.0'
+    assert re.search(counted % ("egress_allow", "allowed"), text), text
+    assert re.search(counted % ("egress_deny", "refused"), text), text
+    received = re.search(r'mcp_sandbox_egress_bytes_total\{direction="in"\} (\S+)', text)
+    assert received is not None and float(received.group(1)) > len("hello from web.test"), text

@@ -22,6 +22,7 @@ import anyio
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
+from mcp_sandbox.events import Observer, unheard
 
 __all__ = ["SOCKET_NAME", "serve_egress", "socket_directory"]
 
@@ -54,6 +55,7 @@ async def serve_egress(
     resolver: Resolver = system_resolver,
     group: int | None = None,
     directory: Path | None = None,
+    emit: Observer = unheard,
 ) -> AsyncIterator[tuple[EgressProxy, Path]]:
     """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
 
@@ -61,6 +63,7 @@ async def serve_egress(
     as root and the sandbox as another uid); None when the sandbox runs as the server's own uid.
     ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
     comes and goes with each run), else a new one under ``runs``, removed afterwards.
+    ``emit``: hears each connection's end (see :class:`EgressProxy`).
 
     Raises:
         OSError: the directory or the socket cannot be made.
@@ -68,7 +71,7 @@ async def serve_egress(
     owned = directory is None
     if directory is None:
         directory = _socket_directory(runs, group)
-    proxy = EgressProxy(grant, audit, resolver)
+    proxy = EgressProxy(grant, audit, resolver, emit)
     try:
         path = directory / SOCKET_NAME
         listener = await anyio.create_unix_listener(path)

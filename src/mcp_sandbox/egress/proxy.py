@@ -30,6 +30,7 @@ from mcp_sandbox.egress.addresses import IPAddress, embedded_ipv4
 from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
+from mcp_sandbox.events import EgressConnection, Observer, unheard
 
 __all__ = [
     "EgressProxy",
@@ -103,10 +104,14 @@ class EgressProxy:
     4. copies bytes both ways within the run's caps (bytes, connections, connection duration).
     """
 
-    def __init__(self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver) -> None:
+    def __init__(
+        self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver, emit: Observer = unheard
+    ) -> None:
+        """``emit``: hears each connection as an :class:`~mcp_sandbox.events.EgressConnection` (metrics)."""
         self.grant = grant
         self.run = uuid.uuid4().hex[:16]
         self._audit = audit
+        self._emit = emit
         self._resolve = resolver
         self.connections = 0
         self.bytes = 0
@@ -142,6 +147,8 @@ class EgressProxy:
             except Exception:  # one connection's bug must not end the run's other connections
                 logger.exception("egress proxy: a connection failed")
             finally:
+                c = connection
+                self._emit(EgressConnection(self.grant.tenant, c.verdict, c.rule, c.sent, c.received))
                 try:
                     self._record(connection)
                 except OSError as exc:

@@ -12,6 +12,7 @@ takes a warm or pre-started sandbox. Sessions and the pools need an owner for th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -47,7 +48,7 @@ class Engine:
         self.settings = settings
         self.backend = backend
         self.events = events if events is not None else EventHub()
-        self._opener = Opener(settings, backend, egress_resolver=egress_resolver)
+        self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
         self._sessions = SessionManager(settings, self._opener)
         self._pool = WarmPool(settings, self._opener)
         self._prestart = PrestartPool(settings, self._opener)
@@ -58,11 +59,12 @@ class Engine:
             tenant_limit=settings.admission.tenant_concurrent_runs,
             tenant_queue=settings.admission.tenant_queued_runs,
         )
-        # Asked in this order; the fresh placement takes whatever none of them did.
-        self._placements: tuple[Placement, ...] = (
-            SessionPlacement(settings, self._sessions, self._opener),
-            WarmPlacement(settings, self._pool, zygotes=backend.warm_pool),
-            PrestartPlacement(settings, self._prestart, zygotes=backend.warm_pool),
+        # Asked in this order; the fresh placement takes whatever none of them did. The names are
+        # the results' ``path`` (the metrics' label).
+        self._placements: tuple[tuple[str, Placement], ...] = (
+            ("session", SessionPlacement(settings, self._sessions, self._opener)),
+            ("warm", WarmPlacement(settings, self._pool, zygotes=backend.warm_pool)),
+            ("prestarted", PrestartPlacement(settings, self._prestart, zygotes=backend.warm_pool)),
         )
         self._fresh = FreshPlacement(settings, self._opener)
 
@@ -140,7 +142,7 @@ class Engine:
         async with self._admission.slot(request.tenant):
             started = time.perf_counter()
             self.events.emit(RunAdmitted(wait=started - queued))
-            for placement in self._placements:
+            for path, placement in self._placements:
                 if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
-                    return result
-            return await self._fresh.run(request, started)
+                    return dataclasses.replace(result, path=path)
+            return dataclasses.replace(await self._fresh.run(request, started), path="fresh")

@@ -24,6 +24,7 @@ from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace
 from mcp_sandbox.engine.serving import RunCaps
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import ConfigError, SandboxStartError
+from mcp_sandbox.events import Observer, PoolStarted, unheard
 from mcp_sandbox.sandbox.backends import Backend
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
@@ -61,9 +62,20 @@ def zygote_guard(interpreter: Interpreter) -> bytes:
 class Opener:
     """Opens the engine's sandboxes on ``backend``; see the module docstring."""
 
-    def __init__(self, settings: Settings, backend: Backend, *, egress_resolver: Resolver = system_resolver) -> None:
-        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
+    def __init__(
+        self,
+        settings: Settings,
+        backend: Backend,
+        *,
+        egress_resolver: Resolver = system_resolver,
+        emit: Observer = unheard,
+    ) -> None:
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts).
+
+        ``emit``: hears each egress connection's end and each sandbox a pool starts (metrics).
+        """
         self.settings = settings
+        self._emit = emit
         self.backend = backend
         self.layout = StateLayout.of(settings)
         self.caps = run_caps(settings)
@@ -78,6 +90,10 @@ class Opener:
     def interpreter(self, policy: SandboxPolicy) -> AbstractAsyncContextManager[Interpreter]:
         """A sandbox of ``policy`` running the runner, READY (see :func:`.interpreter.open_interpreter`)."""
         return open_interpreter(self.backend, policy, self.caps)
+
+    def pool_started(self, pool: str, language: str) -> None:
+        """Tell the observers a pool (``warm``, ``prestarted``) started a sandbox of ``language``."""
+        self._emit(PoolStarted(pool, language))
 
     def sandbox_group(self) -> int | None:
         """The host gid given the proxy's socket: the sandbox's when the server runs as root, else None."""
@@ -96,6 +112,7 @@ class Opener:
             resolver=self._egress_resolver,
             group=self.sandbox_group(),
             directory=directory,
+            emit=self._emit,
         )
         async with served as (_proxy, used):
             yield used

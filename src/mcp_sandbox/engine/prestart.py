@@ -173,9 +173,11 @@ class PrestartPool:
         """
         if language == "python":  # nothing preloaded: a single-use sandbox would pay for it on every run
             async with self._opener.zygote(preload=()) as (interpreter, tools, workspace, guard):
+                self._opener.pool_started("prestarted", language)
                 yield Prestarted(language, interpreter, tools, workspace, guard)
         else:
             async with self._opener.single_use(language) as (interpreter, tools, workspace):
+                self._opener.pool_started("prestarted", language)
                 yield Prestarted(language, interpreter, tools, workspace)
 
     def _start(self, language: str) -> None:

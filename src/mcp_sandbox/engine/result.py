@@ -96,7 +96,8 @@ class ExecutionResult:
     images: tuple[Image, ...] = ()  # not in structured(): the MCP layer sends them as image content
     images_dropped: int = 0  # images the run sent past the caps, or malformed: not returned
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
-    limits: tuple[str, ...] = ()  # limits the run hit: memory, pids, cpu, timeout (not in structured())
+    limits: tuple[str, ...] = ()  # limits hit: memory, pids, cpu, file_size, disk, timeout (not in structured())
+    path: str = "fresh"  # where the engine placed it: warm, session, prestarted, fresh (not in structured())
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {

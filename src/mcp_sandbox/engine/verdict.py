@@ -161,7 +161,9 @@ def stopped_for_disk(
     ``stopped`` False: the run ended on its own, its workspace over the bound (seen as it ended).
     """
     what = "the run was stopped" if stopped else "the run ended with its workspace over its bound"
-    return dataclasses.replace(result, status="error", exit_code=None, error=f"{what}: {reason}", session=session)
+    error = f"{what}: {reason}"
+    limits = (*result.limits, "disk")
+    return dataclasses.replace(result, status="error", exit_code=None, error=error, session=session, limits=limits)
 
 
 def explain_file_size(settings: Settings, overrun: Overrun, result: ExecutionResult) -> ExecutionResult:

@@ -235,6 +235,7 @@ class WarmPool:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
         async with self._opener.zygote(preload=None if preloaded else ()) as (interpreter, tools, _, guard):
+            self._opener.pool_started("warm", "python")
             failed = interpreter.ready.failed
             if failed and not self._preload_reported:
                 self._preload_reported = True

@@ -1,6 +1,6 @@
 """The server's Prometheus metrics: counters from the events, gauges read at each scrape.
 
-Counters and histograms follow the events the engine, the bridge and the routes emit (see
+Counters and histograms follow the events the engine, the bridge, the egress proxy and the routes emit (see
 :mod:`mcp_sandbox.events`); gauges (queue, running runs, warm pool, sessions, bytes stored per
 tenant) are read when scraped. Every server has its own :class:`CollectorRegistry`, never the
 global one, so several servers (tests) live in one process. The route that serves them is
@@ -13,17 +13,54 @@ import collections
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mcp_sandbox.events import Event, FileServed, FileStored, RunAdmitted, RunFinished, ToolCalled
+from mcp_sandbox.events import (
+    EgressConnection,
+    Event,
+    FileServed,
+    FileStored,
+    PoolStarted,
+    RunAdmitted,
+    RunFinished,
+    ToolCalled,
+)
 
-__all__ = ["Metrics", "stored_per_tenant"]
+__all__ = ["Metrics", "failure_cause", "stored_per_tenant"]
+
+disable_created_metrics()  # type: ignore[no-untyped-call]  # no ``*_created`` series: nothing an operator reads, one more per series
 
 _PREFIX = "mcp_sandbox"
-_RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# From half a millisecond: a warm run takes a few, and its percentiles must not all fall in one bucket.
+_RUN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30)
+# The limits a run can hit (its result's ``limits``), by the cause a failure is counted under.
+_LIMIT_CAUSES = (
+    ("timeout", "timeout"),
+    ("memory", "memory_limit"),
+    ("pids", "pids_limit"),
+    ("cpu", "cpu_limit"),
+    ("file_size", "file_size_limit"),
+    ("disk", "disk_limit"),
+)
+
+
+def failure_cause(event: RunFinished) -> str | None:
+    """Why the run failed, in one word, or None when it did not: the first limit hit, else what else ended it."""
+    if event.status == "busy":
+        return "busy"
+    for limit, cause in _LIMIT_CAUSES:
+        if limit in event.limits or (limit == "timeout" and event.status == "timeout"):
+            return cause
+    if event.truncated:
+        return "output_cap"
+    if event.status == "success":
+        return None
+    if event.exit_code is not None and (event.exit_code < 0 or event.exit_code > 128):
+        return "killed"  # a signal no limit explains
+    return "error"
 
 
 class Metrics:
@@ -39,7 +76,17 @@ class Metrics:
             registry=r,
         )
         self.run_seconds = Histogram(
-            f"{_PREFIX}_run_duration_seconds", "Run duration", ["language", "backend"], buckets=_RUN_BUCKETS, registry=r
+            f"{_PREFIX}_run_duration_seconds",
+            "Run duration, by where the engine placed the run (path: warm, session, prestarted, fresh)",
+            ["language", "backend", "path"],
+            buckets=_RUN_BUCKETS,
+            registry=r,
+        )
+        self.failures = Counter(
+            f"{_PREFIX}_run_failures",
+            "Runs that did not succeed (or lost output past the cap), by cause",
+            ["cause", "language", "backend", "tenant"],
+            registry=r,
         )
         self.queue_wait = Histogram(
             f"{_PREFIX}_queue_wait_seconds", "Time runs waited for a slot", buckets=_WAIT_BUCKETS, registry=r
@@ -50,12 +97,27 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.pool_starts = Counter(
+            f"{_PREFIX}_pool_starts",
+            "Sandboxes the pools started to keep ready (fills and refills): pool is warm or prestarted",
+            ["pool", "language"],
+            registry=r,
+        )
         self.limits = Counter(f"{_PREFIX}_limit_events", "Runs that hit a limit", ["limit"], registry=r)
         self.tool_calls = Counter(
             f"{_PREFIX}_tool_calls", "Downstream tool calls from sandboxed code", ["server", "outcome"], registry=r
         )
         self.tool_seconds = Histogram(
             f"{_PREFIX}_tool_call_duration_seconds", "Downstream tool call duration", ["server"], registry=r
+        )
+        self.egress = Counter(
+            f"{_PREFIX}_egress_connections",
+            "Connections through the egress proxy, by verdict (allowed, refused, cut) and the rule that decided",
+            ["verdict", "rule", "tenant"],
+            registry=r,
+        )
+        self.egress_bytes = Counter(
+            f"{_PREFIX}_egress_bytes", "Bytes through the egress proxy (out: sent by runs)", ["direction"], registry=r
         )
         self.uploads = Counter(f"{_PREFIX}_uploads", "Uploads by outcome", ["via", "outcome"], registry=r)
         self.downloads = Counter(f"{_PREFIX}_downloads", "Signed downloads by outcome", ["outcome"], registry=r)
@@ -67,8 +129,10 @@ class Metrics:
         match event:
             case RunFinished():
                 self.runs.labels(event.language, event.backend, event.status, event.tenant).inc()
+                if (cause := failure_cause(event)) is not None:
+                    self.failures.labels(cause, event.language, event.backend, event.tenant).inc()
                 if event.status != "busy":
-                    self.run_seconds.labels(event.language, event.backend).observe(event.duration)
+                    self.run_seconds.labels(event.language, event.backend, event.path).observe(event.duration)
                     if event.conversation is None and event.language == "python":
                         self.warm.labels("hit" if event.warm else "miss").inc()
                 for limit in event.limits:
@@ -78,6 +142,12 @@ class Metrics:
             case ToolCalled():
                 self.tool_calls.labels(event.server, event.outcome).inc()
                 self.tool_seconds.labels(event.server).observe(event.duration)
+            case EgressConnection():
+                self.egress.labels(event.verdict, event.rule, event.tenant).inc()
+                self.egress_bytes.labels("out").inc(event.sent)
+                self.egress_bytes.labels("in").inc(event.received)
+            case PoolStarted():
+                self.pool_starts.labels(event.pool, event.language).inc()
             case FileStored():
                 self.uploads.labels(event.via, event.outcome).inc()
                 self.transfer.labels("in").inc(event.size)
@@ -97,8 +167,11 @@ class _Gauges(Collector):
         "queue_length": "Runs waiting for a slot now",
         "warm_pool_size": "Warm sandboxes starting, idle or serving a run",
         "warm_pool_idle": "Warm sandboxes idle now",
+        "prestarted_size": "Pre-started sandboxes (all languages) starting, waiting or serving a run",
+        "prestarted_idle": "Pre-started sandboxes (all languages) waiting for a run now",
         "sessions": "Live session interpreters",
         "draining": "1 while the server drains after SIGTERM",
+        "ready": "1 while /readyz answers 200 (runs can be served now)",
     }
 
     def __init__(self, gauges: Callable[[], dict[str, float]], stored: Callable[[], dict[str, int]]) -> None:

@@ -31,6 +31,7 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
+from mcp_sandbox.engine.prestart import DEFAULT_SIZES
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
@@ -154,8 +155,11 @@ class Service:
             "queue_length": engine.admission.waiting,
             "warm_pool_size": engine.pool.size,
             "warm_pool_idle": engine.pool.idle,
+            "prestarted_size": sum(engine.prestart.size(language) for language in DEFAULT_SIZES),
+            "prestarted_idle": sum(engine.prestart.ready(language) for language in DEFAULT_SIZES),
             "sessions": len(engine.live_sessions()),
             "draining": float(self.lifecycle.draining),
+            "ready": float(self.ready()),
         }
 
     def stored(self) -> dict[str, int]:

@@ -220,4 +220,6 @@ class RunTool:
             files_bytes=files_bytes,
             started_at=call.started_at,
             run_ms=result.duration_ms,
+            path=result.path,
+            truncated=result.truncated,
         )
