@@ -600,3 +600,16 @@ def test_the_configuration_page_embeds_the_settings_table() -> None:
     embedded = page.split(_START, 1)[1].split(_END, 1)[0]
 
     assert embedded.strip() == settings_table().strip(), "regenerate: python -m mcp_sandbox.config.reference"
+
+
+def test_a_short_runner_token_is_refused_naming_the_variable_its_user_set() -> None:
+    with pytest.raises(ConfigError, match=r"^MCP_API_TOKEN: a token must be"):
+        load_config(env={"MCP_API_TOKEN": "your-token"})
+    with pytest.raises(ConfigError, match=r"^MCP_SANDBOX_TOKEN: a token must be"):
+        load_config(env={"MCP_SANDBOX_TOKEN": "your-token"})
+
+
+def test_the_runners_variables_alone_make_runner_replies_the_default() -> None:
+    assert load_settings(env={"MCP_HTTP_ADDR": ":8080"}).output_mode == "runner"
+    assert load_settings(env={"MCP_API_TOKEN": "x" * 20, "MCP_SANDBOX_OUTPUT_MODE": "json"}).output_mode == "json"
+    assert load_settings(env={"MCP_SANDBOX_TOKEN": "x" * 20}).output_mode == "compact"

@@ -26,7 +26,7 @@ __all__ = [
     "default_state_dir",
 ]
 
-OutputMode = Literal["compact", "json", "toon"]
+OutputMode = Literal["compact", "json", "toon", "runner"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
 
 
