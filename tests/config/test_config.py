@@ -41,6 +41,11 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
         Sample("/srv/b.json", '"/srv/b.json"', Path("/srv/b.json")),
     ),
     "log_level": (Sample("DEBUG", '"DEBUG"', "DEBUG"), Sample("INFO", '"INFO"', "INFO")),
+    "runner_data": (
+        Sample("/srv/sandboxes", '"/srv/sandboxes"', Path("/srv/sandboxes")),
+        Sample("/srv/old", '"/srv/old"', Path("/srv/old")),
+    ),
+    "runner_secret": (Sample("s3cret-a", '"s3cret-a"', "s3cret-a"), Sample("s3cret-b", '"s3cret-b"', "s3cret-b")),
     "token": (
         Sample("token-a-0123456789abcdef", '"token-a-0123456789abcdef"', "token-a-0123456789abcdef"),
         Sample("token-b-0123456789abcdef", '"token-b-0123456789abcdef"', "token-b-0123456789abcdef"),
@@ -218,6 +223,8 @@ def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> N
         "MCP_BRIDGE_LOG_LEVEL": "log_level",
         "MCP_API_TOKEN": "token",
         "PUBLIC_BASE_URL": "public_url",
+        "SANDBOX_ROOT": "runner_data",
+        "FILE_SECRET": "runner_secret",
     }
 
 

@@ -118,7 +118,7 @@ class ToolHandlers:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
-                await service.touch(key, tenant)
+                await service.touch(key, tenant, arguments.conversation)
                 entry = await anyio.to_thread.run_sync(
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
                 )
