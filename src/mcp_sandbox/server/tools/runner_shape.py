@@ -30,7 +30,8 @@ def runner_run(result: ExecutionResult, data: dict[str, Any]) -> str:
     output = result.stdout + result.stderr
     if result.status == "success":
         return _text({"success": True, "output": output, "files": _files(data)})
-    reason = result.error or (f"exit code {result.exit_code}" if result.exit_code is not None else result.status)
+    # The reason: this server's (a limit, a refusal), else what the code printed to stderr (a traceback).
+    reason = result.error or result.stderr.strip() or f"exit code {result.exit_code}"
     return _text({"success": False, "error": reason, "output": output, "files": _files(data)})
 
 
