@@ -116,3 +116,27 @@ async def test_the_import_command_copies_once_and_says_what_it_copied(tmp_path: 
     assert second.stdout.decode() == f"{digest}: imported before\n"
     assert refused.returncode == 2
     assert b"FILE_SECRET" in refused.stderr
+
+
+async def test_another_tenant_naming_the_conversation_does_not_get_the_imported_files(
+    state_dir: Path, sandbox_runtime: Path | None, tmp_path: Path
+) -> None:
+    root = tmp_path / "sandbox-root"
+    conversation = f"session-{uuid.uuid4().hex[:8]}"
+    digest = _runner_root(root, conversation)
+    other = "other-tenant-token-0123456789"
+    config = tmp_path / "tenants.toml"
+    config.write_text(f'[auth]\ntokens = [{{ tenant = "bob", token = "{other}" }}]\n')
+    env = {"MCP_API_TOKEN": TOKEN, "SANDBOX_ROOT": str(root), "FILE_SECRET": SECRET}
+    code = "import os; print(sorted(os.listdir('/data')))"
+    async with (
+        http_server(state_dir, "--config", str(config), env=env, runtime=sandbox_runtime) as base,
+        httpx2.AsyncClient(timeout=CALL_BOUND) as web,
+    ):
+        with anyio.fail_after(CALL_BOUND * 3):
+            bob = await _run(web, base, {"conversationId": conversation, "language": "python", "code": code}, other)
+            link = await web.get(f"{base}/files/{digest}/data.csv")  # still the imported copy, not adopted
+            owner = await _run(web, base, {"conversationId": conversation, "language": "python", "code": code})
+    assert "data.csv" not in bob["structuredContent"]["stdout"], bob
+    assert link.content == b"name,age\nAlice,30\n"
+    assert "data.csv" in owner["structuredContent"]["stdout"], owner
