@@ -89,6 +89,11 @@ def _parser() -> argparse.ArgumentParser:
     servers.add_argument("--no-start", action="store_true", help="do not start the servers to count their tools")
 
     commands.add_parser("doctor", parents=[common], help="what each backend can enforce here")
+    commands.add_parser(
+        "import-runner-data",
+        parents=[common],
+        help="import the earlier code runner's SANDBOX_ROOT (with FILE_SECRET) now; serve also does at start",
+    )
     # Issue 15: building the runtimes of a wheel install, and client set-up, in modules of their own.
     from mcp_sandbox.install.command import add_install_parser
     from mcp_sandbox.provision.command import add_setup_parser
@@ -199,6 +204,24 @@ def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
     return 0  # problems are reported, not failures: the servers that loaded still work
 
 
+def _cmd_import_runner_data(settings: Settings) -> int:
+    from mcp_sandbox.errors import ConfigError
+    from mcp_sandbox.state import StateLayout
+    from mcp_sandbox.workspace import WorkspaceStore, load_secret
+    from mcp_sandbox.workspace.runner_data import RunnerData
+
+    root, secret = settings.workspaces.runner_data, settings.workspaces.runner_secret
+    if root is None or secret is None:
+        raise ConfigError("import-runner-data needs SANDBOX_ROOT and FILE_SECRET (runner_data and runner_secret)")
+    layout = StateLayout.of(settings)
+    layout.make_root_private()
+    store = WorkspaceStore(settings, load_secret(layout.root))
+    for item in RunnerData(root, secret, layout.runner_import, store).import_all():
+        done = f"{item.files} files, {item.bytes} bytes, {item.skipped} skipped (not regular files)"
+        print(f"{item.digest}: {'imported before' if item.already else done}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mcp-sandbox`` console script."""
     args = _parser().parse_args(argv)
@@ -212,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_serve(config, args.transport)
         if args.command == "run":
             return _cmd_run(settings, args)
+        if args.command == "import-runner-data":
+            return _cmd_import_runner_data(settings)
         if args.command == "servers":
             return _cmd_servers(settings, args)
         if args.command == "setup":

@@ -86,6 +86,11 @@ class StateLayout:
         return self.root / "uploads"
 
     @property
+    def runner_import(self) -> Path:
+        """The earlier code runner's conversation directories, imported, until their conversation adopts them."""
+        return self.root / "runner-import"
+
+    @property
     def stubs(self) -> Path:
         """Generated stub packages of downstream tools (content-addressed)."""
         return self.root / "stubs"

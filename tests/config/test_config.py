@@ -41,6 +41,11 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
         Sample("/srv/b.json", '"/srv/b.json"', Path("/srv/b.json")),
     ),
     "log_level": (Sample("DEBUG", '"DEBUG"', "DEBUG"), Sample("INFO", '"INFO"', "INFO")),
+    "runner_data": (
+        Sample("/srv/sandboxes", '"/srv/sandboxes"', Path("/srv/sandboxes")),
+        Sample("/srv/old", '"/srv/old"', Path("/srv/old")),
+    ),
+    "runner_secret": (Sample("s3cret-a", '"s3cret-a"', "s3cret-a"), Sample("s3cret-b", '"s3cret-b"', "s3cret-b")),
     "token": (
         Sample("token-a-0123456789abcdef", '"token-a-0123456789abcdef"', "token-a-0123456789abcdef"),
         Sample("token-b-0123456789abcdef", '"token-b-0123456789abcdef"', "token-b-0123456789abcdef"),
@@ -218,6 +223,8 @@ def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> N
         "MCP_BRIDGE_LOG_LEVEL": "log_level",
         "MCP_API_TOKEN": "token",
         "PUBLIC_BASE_URL": "public_url",
+        "SANDBOX_ROOT": "runner_data",
+        "FILE_SECRET": "runner_secret",
     }
 
 
@@ -601,3 +608,16 @@ def test_the_configuration_page_embeds_the_settings_table() -> None:
     embedded = page.split(_START, 1)[1].split(_END, 1)[0]
 
     assert embedded.strip() == settings_table().strip(), "regenerate: python -m mcp_sandbox.config.reference"
+
+
+def test_a_short_runner_token_is_refused_naming_the_variable_its_user_set() -> None:
+    with pytest.raises(ConfigError, match=r"^MCP_API_TOKEN: a token must be"):
+        load_config(env={"MCP_API_TOKEN": "your-token"})
+    with pytest.raises(ConfigError, match=r"^MCP_SANDBOX_TOKEN: a token must be"):
+        load_config(env={"MCP_SANDBOX_TOKEN": "your-token"})
+
+
+def test_the_runners_variables_alone_make_runner_replies_the_default() -> None:
+    assert load_settings(env={"MCP_HTTP_ADDR": ":8080"}).output_mode == "runner"
+    assert load_settings(env={"MCP_API_TOKEN": "x" * 20, "MCP_SANDBOX_OUTPUT_MODE": "json"}).output_mode == "json"
+    assert load_settings(env={"MCP_SANDBOX_TOKEN": "x" * 20}).output_mode == "compact"

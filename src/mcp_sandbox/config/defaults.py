@@ -28,7 +28,7 @@ __all__ = [
     "default_state_dir",
 ]
 
-OutputMode = Literal["compact", "json", "toon"]
+OutputMode = Literal["compact", "json", "toon", "runner"]
 OUTPUT_MODES: tuple[str, ...] = get_args(OutputMode)
 ToolResults = Literal["value", "raw"]
 TOOL_RESULTS: tuple[str, ...] = get_args(ToolResults)

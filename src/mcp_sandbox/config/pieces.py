@@ -296,6 +296,16 @@ class WorkspaceSettings:
     history_max_runs: int = setting(
         10_000, "Runs of one tenant the run history keeps (its oldest leave first).", check=positive
     )
+    runner_data: Path | None = setting(
+        None,
+        "The earlier code runner's `SANDBOX_ROOT`: imported at start with `runner_secret` (see docs/migration.md).",
+        alias="SANDBOX_ROOT",
+    )
+    runner_secret: str | None = setting(
+        None,
+        "The earlier code runner's `FILE_SECRET`, which named its conversations' directories.",
+        alias="FILE_SECRET",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -38,7 +38,8 @@ class Settings:
 
     output_mode: OutputMode = setting(
         "compact",
-        "How results are rendered as text: `compact`, `json` or `toon`.",
+        "How results are rendered as text: `compact`, `json`, `toon` or `runner` (the earlier code runner's JSON;"
+        " the default when only its variables configure the server).",
         check=one_of(OUTPUT_MODES),
         alias="MCP_BRIDGE_OUTPUT_MODE",
     )

@@ -43,6 +43,10 @@ ENV_ALIASES: Mapping[str, str] = {
 # Variables that give host and port in one ``host:port`` (Go's form: ``:8080`` is every address).
 ADDRESS_ALIASES: tuple[str, ...] = ("MCP_HTTP_ADDR",)
 
+# The earlier code runner's own variables: a server configured with any of them (and no output mode
+# given) answers in that runner's JSON shape, which its users' scripts parse.
+RUNNER_ENV: tuple[str, ...] = ("MCP_API_TOKEN", "PUBLIC_BASE_URL", "MCP_HTTP_ADDR", "SANDBOX_ROOT", "FILE_SECRET")
+
 
 def _from_toml(file: ConfigFile) -> dict[str, Any]:
     values: dict[str, Any] = {}
@@ -113,6 +117,8 @@ def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: Con
         if name not in FIELDS:
             raise ConfigError(f"unknown setting {name!r}")
         values[name] = coerce(name, raw)
+    if "output_mode" not in values and any(env.get(name) for name in RUNNER_ENV):
+        values["output_mode"] = "runner"
     if "state_dir" not in values:
         values["state_dir"] = default_state_dir(env)
     # The runtimes default to places under data_dir; a checkout's .runtime wins unless data_dir is configured.
@@ -151,9 +157,16 @@ def load_config(
     env = os.environ if env is None else env
     file = _file(env, config_file)
     settings = _settings(flags, env, file)
+    # A refused token is named as its user gave it.
+    given = "--token" if (flags or {}).get("token") is not None else _token_variable(env)
     if file is None:
-        return Config(settings, read_tokens(settings, []))
-    return Config(settings, read_tokens(settings, file.auth_tokens), file.servers)
+        return Config(settings, read_tokens(settings, [], given))
+    return Config(settings, read_tokens(settings, file.auth_tokens, given), file.servers)
+
+
+def _token_variable(env: Mapping[str, str]) -> str:
+    """The variable that gave ``token``: ``MCP_SANDBOX_TOKEN``, else the runner's ``MCP_API_TOKEN``."""
+    return "MCP_API_TOKEN" if "MCP_SANDBOX_TOKEN" not in env and "MCP_API_TOKEN" in env else "MCP_SANDBOX_TOKEN"
 
 
 def load_settings(

@@ -56,8 +56,12 @@ def _digest(token: str, where: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def read_tokens(settings: Settings, entries: Sequence[Any]) -> tuple[TenantToken, ...]:
+def read_tokens(
+    settings: Settings, entries: Sequence[Any], token_name: str = "MCP_SANDBOX_TOKEN"
+) -> tuple[TenantToken, ...]:
     """The tenants and token digests of ``settings`` (``token``, ``token_file``) and ``[auth] tokens``.
+
+    ``token_name`` is where ``token`` was given (a variable or flag), for the error naming it.
 
     Raises:
         ConfigError: an entry is malformed, a tenant name is invalid, a token is too short, or one
@@ -65,7 +69,7 @@ def read_tokens(settings: Settings, entries: Sequence[Any]) -> tuple[TenantToken
     """
     tokens: list[TenantToken] = []
     if settings.http.token is not None:
-        tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.http.token, "MCP_SANDBOX_TOKEN")))
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.http.token, token_name)))
     if settings.http.token_file is not None:
         try:
             token = settings.http.token_file.read_text(encoding="utf-8").strip()

@@ -175,6 +175,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes
+    from mcp_sandbox.server.routes.runner_links import runner_link_routes
     from mcp_sandbox.server.service import open_service
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
 
@@ -184,6 +185,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         routes = [
             *file_routes(service, guard),
             *renew_routes(service, guard),
+            *runner_link_routes(service),
             *health_routes(service.ready),
             metrics_route(lambda: settings.http.metrics_token, service.metrics_or_fail()),
             *playground_routes(),

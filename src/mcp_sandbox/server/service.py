@@ -50,6 +50,7 @@ from mcp_sandbox.workspace import (
     load_secret,
     sweep,
 )
+from mcp_sandbox.workspace.runner_data import RunnerData
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
@@ -77,6 +78,8 @@ class Service:
     events: EventHub = dataclasses.field(default_factory=EventHub)
     lifecycle: Lifecycle = dataclasses.field(default_factory=Lifecycle)
     metrics: Metrics | None = None
+    # The earlier code runner's data, imported at start (its SANDBOX_ROOT and FILE_SECRET set).
+    runner_data: RunnerData | None = None
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -100,9 +103,9 @@ class Service:
     def file_base_url(self, key: str) -> str | None:
         return self.urls.base_url(key, time.time()) if self.http else None
 
-    async def touch(self, key: str, tenant: str) -> Path:
+    async def touch(self, key: str, tenant: str, conversation: str | None = None) -> Path:
         """Create the conversation's directory if needed and mark it used now (call it within
-        :meth:`using`).
+        :meth:`using`); ``conversation``, its id, adopts the earlier runner's files imported for it.
 
         Raises:
             WorkspaceError: either could not be done (a full disk): a directory this call made
@@ -117,6 +120,8 @@ class Service:
                 with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
                     await anyio.to_thread.run_sync(os.rmdir, directory)  # only while empty
             raise
+        if conversation is not None and self.runner_data is not None:
+            await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
         return directory
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
@@ -241,6 +246,38 @@ async def _sweep_periodically(service: Service) -> None:
         await anyio.sleep(service.settings.workspaces.retention_interval)
 
 
+def _import_runner_data(settings: Settings, layout: StateLayout, store: WorkspaceStore) -> RunnerData | None:
+    """The earlier code runner's data when its ``SANDBOX_ROOT`` and ``FILE_SECRET`` are set, imported now."""
+    root, secret = settings.workspaces.runner_data, settings.workspaces.runner_secret
+    if root is None or secret is None:
+        if root is not None or secret is not None:
+            logger.warning("SANDBOX_ROOT and FILE_SECRET are needed together to import the earlier runner's data")
+        return None
+    data = RunnerData(root, secret, layout.runner_import, store)
+    imported = data.import_all()
+    fresh = [item for item in imported if not item.already]
+    for item in fresh:
+        logger.info(
+            "imported the earlier runner's conversation %s: %d files, %d bytes, %d skipped (not regular files)",
+            item.digest,
+            item.files,
+            item.bytes,
+            item.skipped,
+        )
+    # At WARNING, the default level: the operator sees that the data was taken over.
+    logger.warning(
+        "the earlier runner's data in %s: %d conversations imported now (%d files, %d bytes, %d skipped), %d before;"
+        " each joins its conversation when tenant default first names it",
+        root,
+        len(fresh),
+        sum(i.files for i in fresh),
+        sum(i.bytes for i in fresh),
+        sum(i.skipped for i in fresh),
+        len(imported) - len(fresh),
+    )
+    return data
+
+
 @contextlib.asynccontextmanager
 async def open_service(
     settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
@@ -282,6 +319,7 @@ async def open_service(
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
             service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
+            service.runner_data = await anyio.to_thread.run_sync(_import_runner_data, settings, layout, workspaces)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)

@@ -38,7 +38,7 @@ from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
 from mcp_sandbox.workspace import OpenFile, check_conversation_id, check_filename
 
-__all__ = ["file_routes"]
+__all__ = ["file_response", "file_routes"]
 
 _CHUNK = 256 << 10
 _INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "text/plain", "application/pdf"})
@@ -150,27 +150,32 @@ def _download(service: Service) -> Callable[[Request], Any]:
             opened = await anyio.to_thread.run_sync(service.workspaces.open_file, params["conversation"], name)
         except (ValidationError, WorkspaceError, OSError):
             return _problem(404, "no such file")
-        media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        headers = {
-            **_SECURITY_HEADERS,
-            "Accept-Ranges": "bytes",
-            "Content-Disposition": _disposition(name, media_type),
-            "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(opened.mtime)),
-        }
-        span = _byte_range(request.headers.get("range"), opened.size)
-        if span == "bad":
-            opened.close()
-            return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{opened.size}"})
-        status, (start, end) = (206, span) if isinstance(span, tuple) else (200, (0, opened.size - 1))
-        headers["Content-Length"] = str(end + 1 - start)
-        if status == 206:
-            headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
-        if request.method == "HEAD":
-            opened.close()
-            return Response(status_code=status, headers=headers, media_type=media_type)
-        return StreamingResponse(_read(opened, start, end), status_code=status, headers=headers, media_type=media_type)
+        return file_response(request, opened, name)
 
     return download
+
+
+def file_response(request: Request, opened: OpenFile, name: str) -> Response:
+    """``opened``, file ``name``, as the reply to ``request`` (a GET or HEAD, with its ``Range``); it closes it."""
+    media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    headers = {
+        **_SECURITY_HEADERS,
+        "Accept-Ranges": "bytes",
+        "Content-Disposition": _disposition(name, media_type),
+        "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(opened.mtime)),
+    }
+    span = _byte_range(request.headers.get("range"), opened.size)
+    if span == "bad":
+        opened.close()
+        return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{opened.size}"})
+    status, (start, end) = (206, span) if isinstance(span, tuple) else (200, (0, opened.size - 1))
+    headers["Content-Length"] = str(end + 1 - start)
+    if status == 206:
+        headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
+    if request.method == "HEAD":
+        opened.close()
+        return Response(status_code=status, headers=headers, media_type=media_type)
+    return StreamingResponse(_read(opened, start, end), status_code=status, headers=headers, media_type=media_type)
 
 
 class _TooLarge(Exception):
@@ -267,7 +272,7 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         started = time.perf_counter()
         try:
             with service.using(key):
-                await service.touch(key, tenant)
+                await service.touch(key, tenant, conversation)
                 pending = await anyio.to_thread.run_sync(service.workspaces.begin_write, key, filename, limiter=workers)
                 try:
                     if declared:

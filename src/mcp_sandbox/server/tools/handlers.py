@@ -30,6 +30,7 @@ from mcp_sandbox.server.tools.arguments import (
 from mcp_sandbox.server.tools.progress import progress_listener
 from mcp_sandbox.server.tools.run import RunTool, listed_file
 from mcp_sandbox.server.tools.runner_info import describe_runners
+from mcp_sandbox.server.tools.runner_shape import runner_error, runner_upload
 from mcp_sandbox.server.tools.schemas import (
     list_runners_tool,
     run_code_tool,
@@ -117,7 +118,7 @@ class ToolHandlers:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
-                await service.touch(key, tenant)
+                await service.touch(key, tenant, arguments.conversation)
                 entry = await anyio.to_thread.run_sync(
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
                 )
@@ -125,12 +126,15 @@ class ToolHandlers:
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
-            return _error_result(str(exc))
+            runner = service.settings.output_mode == "runner"
+            return _error_result(runner_error(str(exc)) if runner else str(exc))
         service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
         data = listed_file(service, key, entry)
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
         if data["url"] is not None:
             text += f"; download: {data['url']}"
+        if service.settings.output_mode == "runner":
+            text = runner_upload(data)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
     async def _list_runners(self, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:

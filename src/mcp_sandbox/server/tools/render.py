@@ -1,4 +1,4 @@
-"""The text a model reads for an execution result: ``compact`` (default), ``json`` or ``toon``.
+"""The text a model reads for an execution result: ``compact`` (default), ``json``, ``toon`` or ``runner``.
 
 ``toon`` is the earlier bridge's: a fenced ```` ```toon ```` block with a ``summary`` and the
 streams as lists of lines, then the other fields of ``structuredContent``.
@@ -17,6 +17,7 @@ import toon_format
 
 from mcp_sandbox.config import OutputMode
 from mcp_sandbox.engine.result import ExecutionResult
+from mcp_sandbox.server.tools.runner_shape import runner_run
 
 __all__ = ["render"]
 
@@ -109,6 +110,8 @@ def _toon(data: dict[str, Any]) -> str:
 def render(result: ExecutionResult, mode: OutputMode, data: dict[str, Any] | None = None) -> str:
     """Render ``result`` for the model in ``mode``; ``data`` is its structured form when the tool added to it."""
     data = result.structured() if data is None else data
+    if mode == "runner":
+        return runner_run(result, data)
     if mode != "compact":
         data = {**data, **{key: _shortened(data[key], key) for key in ("stdout", "stderr") if key in data}}
     if mode == "json":

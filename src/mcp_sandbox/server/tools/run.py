@@ -152,7 +152,7 @@ class RunTool:
         workspace = None
         if call.key is not None:
             held.enter_context(service.using(call.key))
-            workspace = await service.touch(call.key, call.tenant)
+            workspace = await service.touch(call.key, call.tenant, arguments.conversation)
             if (base := service.file_base_url(call.key)) is not None:
                 environment["FILE_BASE_URL"] = base
         timeout, asked = arguments.timeout_within(service.settings.limits.timeout, self._context.max_timeout)

@@ -1,4 +1,4 @@
-"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse``, beside the routes given (files, ``/``).
+"""MCP over HTTP: Streamable HTTP at ``/mcp``, legacy SSE at ``/sse`` and ``/mcp``, beside other routes.
 
 Security at this layer: static bearer tokens per tenant (401 with ``WWW-Authenticate: Bearer``
 and no OAuth discovery, see :mod:`~mcp_sandbox.server.auth.bearer`), Host/Origin validation against DNS rebinding (on
@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 SSE_PATH = "/sse"
+EVENTS_PATH = "/mcp/events"  # the earlier code runner's SSE route
 MESSAGES_PATH = "/messages/"
 
 _LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -126,9 +127,11 @@ class _Endpoint:
 
 def _sse_routes(
     settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
-) -> list[BaseRoute]:
+) -> tuple[ASGIApp, list[BaseRoute]]:
     """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
-    ended after ``http_session_ttl`` without a message)."""
+    ended after ``http_session_ttl`` without a message): its handshake (``GET`` opens the stream, whose
+    first event names the URL to post to), unguarded for ``/mcp`` to serve too, and its guarded routes:
+    ``/sse``, ``/mcp/events`` (the earlier code runner's) and the messages."""
     sse = SseServerTransport(
         MESSAGES_PATH,
         security_settings=transport_security(settings),
@@ -149,8 +152,9 @@ def _sse_routes(
         if not stream.completed:
             await Response()(scope, receive, send)
 
-    return [
+    return connect, [
         Route(SSE_PATH, endpoint=guard(connect), methods=["GET"]),
+        Route(EVENTS_PATH, endpoint=guard(connect), methods=["GET"]),
         Mount(MESSAGES_PATH, app=guard(idle.messages(sse.handle_post_message))),
     ]
 
@@ -184,7 +188,8 @@ def build_http_app(
     )
     quota = SessionQuota(settings.http.tenant_http_sessions or settings.http.max_http_sessions)
     quota.attach(stateful)
-    mcp = McpRoute(server, stateful, security, settings.http.max_request_size)
+    legacy_sse, sse_routes = _sse_routes(settings, server, guard, quota)
+    mcp = McpRoute(server, stateful, security, settings.http.max_request_size, legacy_sse)
     middleware = [Middleware(HostCheck, security=security, exempt=any_host)]
     if tokens:
         middleware += [
@@ -193,7 +198,7 @@ def build_http_app(
         ]
     routes: list[BaseRoute] = [
         Route(MCP_PATH, endpoint=guard(mcp)),
-        *_sse_routes(settings, server, guard, quota),
+        *sse_routes,
         *extra_routes,
         *oauth_discovery_routes(),
     ]

@@ -3,11 +3,12 @@
 One SDK session manager cannot serve both kinds of client, so :class:`McpRoute` routes each
 request among three (see there). ``initialize`` without ``capabilities`` (the earlier runner's
 README sent none) is completed with ``{}``; other missing or malformed fields are refused with
--32602 naming them. Before the SDK sees a POST, :func:`_refusal` answers what it would drop or
-fail on: JSON nested too deeply for Python (-32700, where it answered HTTP 500), a request
-whose ``id`` is not a string, an integer or null (-32600, where it answered 202 and dropped it),
-and other malformed envelopes and batches (-32600 naming the field; MCP has no batches since
-2025-06-18). Error replies to requests that carried no session
+-32602 naming them. A GET without a session that accepts only ``text/event-stream`` opens the
+deprecated HTTP+SSE transport (that runner's "establish SSE stream"). Before the SDK sees a POST,
+:func:`_refusal` answers what it would drop or fail on: JSON nested too deeply for Python (-32700,
+where it answered HTTP 500), a request whose ``id`` is not a string, an integer or null (-32600,
+where it answered 202 and dropped it), and other malformed envelopes and batches (-32600 naming
+the field; MCP has no batches since 2025-06-18). Error replies to requests that carried no session
 never carry ``Mcp-Session-Id``: the SDK mints one for the request, then discards it when it fails.
 """
 
@@ -38,6 +39,12 @@ def _wants_stream(headers: Headers) -> bool:
     """Whether the client names ``text/event-stream`` in ``Accept`` (a wildcard does not count)."""
     types = [part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")]
     return _EVENT_STREAM in types
+
+
+def _only_stream(headers: Headers) -> bool:
+    """Whether ``Accept`` names ``text/event-stream`` alone: an HTTP+SSE client opening its stream."""
+    types = {part.split(";")[0].strip().lower() for part in headers.get("accept", "").split(",")}
+    return types == {_EVENT_STREAM}
 
 
 def _field_errors(error: ValidationError) -> str:
@@ -191,6 +198,9 @@ class McpRoute:
     - a request that carries ``Mcp-Session-Id``, a GET (the standalone stream), a DELETE, and an
       ``initialize`` from a client that accepts ``text/event-stream`` go to the *stateful* manager
       (sessions, SSE-framed replies) — what every MCP SDK client does;
+    - a GET without a session that accepts ``text/event-stream`` alone opens the deprecated
+      HTTP+SSE transport (``legacy_sse``: its ``endpoint`` event names where to post), as the
+      earlier code runner served it at ``/mcp``;
     - any other POST without a session is served *statelessly*: SSE-framed when the client names
       ``text/event-stream`` in ``Accept``, plain ``application/json`` otherwise (``*/*``, curl's
       default, and a missing ``Accept`` included). So the earlier code runner's users can
@@ -207,8 +217,10 @@ class McpRoute:
         stateful: StreamableHTTPSessionManager,
         security: TransportSecuritySettings,
         max_body_size: int,
+        legacy_sse: ASGIApp | None = None,
     ) -> None:
         self.stateful = stateful
+        self._legacy_sse = legacy_sse
         common: dict[str, Any] = {"security_settings": security, "max_request_body_size": max_body_size}
         self._stateless_stream = StreamableHTTPSessionManager(server, stateless=True, **common)
         self._stateless_json = StreamableHTTPSessionManager(server, stateless=True, json_response=True, **common)
@@ -226,6 +238,9 @@ class McpRoute:
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         session = headers.get("mcp-session-id") is not None
+        if scope["method"] == "GET" and not session and self._legacy_sse is not None and _only_stream(headers):
+            await self._legacy_sse(scope, receive, send)
+            return
         if scope["method"] != "POST":
             await self.stateful.handle_request(scope, receive, send if session else _without_session_on_error(send))
             return

@@ -1,0 +1,51 @@
+"""The earlier code runner's permanent links, ``/files/{digest}/{name}``, for the data imported from it.
+
+Those links were unsigned and never expired: whoever holds one downloads the file, with no token,
+as there. They answer only for files imported from that runner's ``SANDBOX_ROOT`` (before and after
+their conversation adopts them), never for a workspace of this server's own; other files are
+reached by signed links (:mod:`.files`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.events import FileServed
+from mcp_sandbox.server.routes.files import file_response
+from mcp_sandbox.server.service import Service
+
+__all__ = ["runner_link_routes"]
+
+
+def _serve(service: Service) -> Callable[[Request], Any]:
+    async def serve(request: Request) -> Response:
+        started = time.perf_counter()
+        data = service.runner_data
+        digest, name = str(request.path_params["digest"]), str(request.path_params["name"])
+        try:
+            if data is None:
+                raise WorkspaceError("no such file")
+            opened = await anyio.to_thread.run_sync(data.open_file, digest, name)
+        except (ValidationError, WorkspaceError, OSError):
+            service.events.emit(FileServed(None, "missing", 0, time.perf_counter() - started, 404))
+            return JSONResponse({"error": "no such file"}, status_code=404)
+        response = file_response(request, opened, name)
+        size = int(response.headers.get("content-length", 0)) if request.method == "GET" else 0
+        service.events.emit(FileServed(None, "ok", size, time.perf_counter() - started, response.status_code))
+        return response
+
+    return serve
+
+
+def runner_link_routes(service: Service) -> list[BaseRoute]:
+    """The route of the runner's links (after the signed links' route, which has more segments)."""
+    return [Route("/files/{digest}/{name:path}", endpoint=_serve(service), methods=["GET", "HEAD"])]
