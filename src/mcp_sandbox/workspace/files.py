@@ -28,6 +28,7 @@ __all__ = [
     "Usage",
     "Walk",
     "disk_error",
+    "open_file_in",
     "open_parent",
     "open_regular",
 ]
@@ -194,6 +195,22 @@ def open_regular(parent_fd: int, leaf: str, name: str) -> OpenFile:
         os.close(fd)  # pragma: no cover - the magic link names the inode the O_PATH fd holds
         raise WorkspaceError(f"{name}: changed while being opened")
     return OpenFile(fd=fd, name=name, size=info.st_size, mtime=info.st_mtime)
+
+
+def open_file_in(root_fd: int, name: str) -> OpenFile:
+    """Open the regular file ``name`` under the directory ``root_fd`` for reading; ``root_fd`` is closed.
+
+    Raises:
+        WorkspaceError: no such regular file, or a component of the way is not a real directory.
+    """
+    try:
+        parent = open_parent(root_fd, name)
+    finally:
+        os.close(root_fd)
+    try:
+        return open_regular(parent, name.rsplit("/", 1)[-1], name)
+    finally:
+        os.close(parent)
 
 
 def _servable(parts: Sequence[str]) -> bool:

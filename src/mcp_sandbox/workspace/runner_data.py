@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from mcp_sandbox.config.tokens import DEFAULT_TENANT
 from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
-from mcp_sandbox.workspace.files import OpenFile, open_parent, open_regular
+from mcp_sandbox.workspace.files import OpenFile, open_file_in
 from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.store import WorkspaceStore
 
@@ -171,11 +171,4 @@ class RunnerData:
                 root = os.open(self._holding / digest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except OSError as exc:
                 raise WorkspaceError("no such file") from exc
-        try:
-            parent = open_parent(root, name)
-        finally:
-            os.close(root)
-        try:
-            return open_regular(parent, name.rsplit("/", 1)[-1], name)
-        finally:
-            os.close(parent)
+        return open_file_in(root, name)

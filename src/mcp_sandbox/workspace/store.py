@@ -32,8 +32,8 @@ from mcp_sandbox.workspace.files import (
     Usage,
     Walk,
     disk_error,
+    open_file_in,
     open_parent,
-    open_regular,
 )
 from mcp_sandbox.workspace.names import RESERVED_PREFIX, check_filename
 from mcp_sandbox.workspace.removal import remove_tree
@@ -309,14 +309,7 @@ class WorkspaceStore:
         """
         check_filename(name)
         root = self._require_root(key, name)
-        try:
-            parent = open_parent(root, name)
-        finally:
-            os.close(root)
-        try:
-            return open_regular(parent, name.rsplit("/", 1)[-1], name)
-        finally:
-            os.close(parent)
+        return open_file_in(root, name)
 
     def delete_file(self, key: str, name: str) -> None:
         """Delete ``name``; a symlink is removed itself, never its target.
