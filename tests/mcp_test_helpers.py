@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import http.server
 import importlib.util
 import os
 import signal
@@ -11,8 +13,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -447,3 +450,28 @@ def conformance_node() -> Path:
     if os.environ.get("MAKELEVEL") or os.environ.get("CI"):
         pytest.fail(reason, pytrace=False)
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def hello_server(address: str, body: bytes) -> Iterator[int]:
+    """A plain HTTP server on ``address`` answering every GET with ``body``, for this block; yields its port."""
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, 0), Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -8,10 +8,8 @@ HTTP server the test starts on that name's address, allowed through ``egress_all
 
 from __future__ import annotations
 
-import http.server
 import os
 import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,21 +17,9 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_test_helpers import CALL_BOUND, memory_client, structured, text
+from mcp_test_helpers import CALL_BOUND, hello_server, memory_client, structured, text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
-
-
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"hello over the proxy"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 NAME = socket.gethostname().lower()
@@ -41,10 +27,8 @@ NAME = socket.gethostname().lower()
 
 @pytest.fixture(scope="module")
 def web_port() -> Iterator[int]:
-    with http.server.ThreadingHTTPServer((socket.gethostbyname(NAME), 0), _Hello) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        yield server.server_address[1]
-        server.shutdown()
+    with hello_server(socket.gethostbyname(NAME), b"hello over the proxy") as port:
+        yield port
 
 
 @pytest.fixture(scope="module")

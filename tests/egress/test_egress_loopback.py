@@ -9,12 +9,12 @@ The test service is an HTTP server the test starts on the host's loopback.
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 
 import pytest
+
+from mcp_test_helpers import hello_server
 
 from .conftest import EgressEngine, audit_lines, execute, granted
 
@@ -23,29 +23,10 @@ pytestmark = [pytest.mark.anyio]
 LOCALHOST = {"localhost": ["127.0.0.1"]}  # the proxy's resolver table knows only the tests' names
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"hello from the host's loopback"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def local_port() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with hello_server("127.0.0.1", BODY.encode()) as port:
+        yield port
 
 
 PYTHON = """
@@ -91,7 +72,8 @@ for (const url of ["http://localhost:{port}/", "http://127.0.0.1:{port}/"]) {{
 console.log(JSON.stringify(answers));
 """
 
-HELLO = [200, "hello from the host's loopback"]
+BODY = "hello from the host's loopback"
+HELLO = [200, BODY]
 
 
 def loopback_flags(port: int, allow: str = "localhost", private: str = "127.0.0.0/8") -> dict[str, str]:
