@@ -475,3 +475,21 @@ def hello_server(address: str, body: bytes) -> Iterator[int]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def private_tmpdir(prefix: str) -> Path:
+    """A new directory (0711) whose parents nobody else may write, wherever the checkout lives.
+
+    The sandbox's gate is run only from such a place, and /tmp (world-writable, sticky) is not one:
+    as root under /var/lib, otherwise under the user's home. The caller removes it.
+    """
+    base = (
+        Path("/var/lib/mcp-sandbox-tests-private")
+        if os.geteuid() == 0
+        else Path.home() / ".cache" / "mcp-sandbox-tests"
+    )
+    base.mkdir(mode=0o711, parents=True, exist_ok=True)
+    base.chmod(0o711)
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    directory.chmod(0o711)
+    return directory

@@ -9,7 +9,6 @@ import logging
 import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +23,17 @@ from mcp_sandbox.sandbox.backends.bwrap.sandbox import SPARES, BwrapBackend
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.launcher import LaunchSpec, gated, open_gate
 from mcp_sandbox.sandbox.policy import SandboxPolicy
-from mcp_test_helpers import own_processes, poll
+from mcp_test_helpers import own_processes, poll, private_tmpdir
 
 _NOBODY = 65534
 _GATE = "mcp-sandbox-gat"  # the sh gate's $0, the static gate's name (the kernel keeps 15 characters)
-_CHECKOUT = Path(__file__).resolve().parents[2]
 _BOUND = 20.0  # a sandbox's start and end, and its spares' start, on a busy 2-core host
 
 
 @pytest.fixture
 def private_dir() -> Iterator[Path]:
-    """A directory whose parents nobody else may write (the checkout's): not /tmp, which anyone may."""
-    directory = Path(tempfile.mkdtemp(prefix=".test-gate-", dir=_CHECKOUT))
+    """A directory whose parents nobody else may write: not /tmp, which anyone may."""
+    directory = private_tmpdir("test-gate-")
     try:
         yield directory
     finally:

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ import httpx2
 import pytest
 
 from mcp_sandbox.workspace import remove_tree
-from mcp_test_helpers import http_server
+from mcp_test_helpers import http_server, private_tmpdir
 
 # slow: builds the wheel and installs it into a venv of its own (a minute and more).
 pytestmark = pytest.mark.slow
@@ -81,8 +80,8 @@ def _step(what: str, argv: list[str], **kwargs: object) -> str:
 @pytest.fixture(scope="module")
 def installed() -> Iterator[Installed]:
     # Reachable by the sandbox's uid when root (tmp_path's parent is 0700): the runtime lives here.
-    # In the checkout, not /tmp: the gate setup builds is run only where no parent is writable by others.
-    root = Path(tempfile.mkdtemp(prefix=".test-wheel-", dir=REPO))
+    # Not under /tmp: the gate setup builds is run only where no parent is writable by others.
+    root = private_tmpdir("test-wheel-")
     root.chmod(0o711)
     try:
         source = root / "source"
@@ -183,7 +182,7 @@ def test_the_installed_package_is_not_the_checkout(installed: Installed) -> None
         text=True,
         check=True,
     ).stdout.strip()
-    assert Path(where).is_relative_to(installed.venv) and not Path(where).is_relative_to(REPO / "src")
+    assert Path(where).is_relative_to(installed.venv) and not Path(where).is_relative_to(REPO)
 
 
 def test_install_names_the_installed_executable(installed: Installed) -> None:
