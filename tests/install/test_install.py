@@ -20,7 +20,9 @@ from mcp.client.stdio import StdioServerParameters
 from mcp_sandbox.cli import main
 from mcp_sandbox.install.jsonedit import JsonEditError, load, set_member
 
-pytestmark = pytest.mark.anyio
+# `install` writes an entry only where the server would start: the runtime built (`make runtime`) and
+# the backend's probe passing (a real sandbox started), so these are not the fast lane's.
+pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
 THIS_SERVER = str(Path(sys.prefix) / "bin" / "mcp-sandbox")
 
