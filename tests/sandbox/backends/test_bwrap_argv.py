@@ -181,12 +181,14 @@ def test_every_tmpfs_is_sized_by_tmp_size_and_only_tmp_and_dev_shm_get_one() -> 
     argv = bwrap_argv(policy, bwrap=BWRAP, seccomp_fd=SECCOMP_FD)
 
     places = {argv[i + 1]: i for i, arg in enumerate(argv) if arg == "--tmpfs"}
-    assert sorted(places) == ["/dev/shm", "/proc/pressure", "/tmp"]
+    assert sorted(places) == ["/dev/pts", "/dev/shm", "/proc/pressure", "/tmp"]
     for target in ("/dev/shm", "/tmp"):
         assert argv[places[target] - 2 : places[target]] == ["--size", str(policy.limits.tmp_size)]
-    # The mask over host-wide pressure counters: tiny, and read-only once mounted.
+    # The masks over host-wide pressure counters and bwrap's devpts: tiny, and read-only once mounted.
     assert argv[places["/proc/pressure"] - 2 : places["/proc/pressure"]] == ["--size", "4096"]
-    assert argv[argv.index("--remount-ro") + 1] == "/proc/pressure"
+    assert argv[places["/dev/pts"] - 4 : places["/dev/pts"]] == ["--perms", "0555", "--size", "4096"]
+    remounted = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--remount-ro"]
+    assert remounted[:2] == ["/proc/pressure", "/dev/pts"]
 
 
 def test_a_scratch_workspace_is_a_private_tmpfs_of_workspace_size() -> None:

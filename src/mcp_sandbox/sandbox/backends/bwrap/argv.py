@@ -65,6 +65,9 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int, etc: Path 
     # stays: glibc counts CPUs from it where /sys is absent, as it is here.
     argv += ["--dev-bind", "/dev/null", "/proc/diskstats", "--size", "4096", "--tmpfs", "/proc/pressure"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/dev/shm"]
+    # No pseudo-terminals: bwrap's devpts has no max= and every instance draws on the host's one
+    # pty pool, so an empty read-only tmpfs hides it (/dev/ptmx, a link into it, then dangles).
+    argv += ["--perms", "0555", "--size", "4096", "--tmpfs", "/dev/pts"]
     argv += ["--size", str(policy.limits.tmp_size), "--tmpfs", "/tmp"]
     copied = etc_entries(policy) if etc is not None else ()
     for mount in policy.mounts:
@@ -80,7 +83,7 @@ def bwrap_argv(policy: SandboxPolicy, *, bwrap: str, seccomp_fd: int, etc: Path 
     else:  # a scratch workspace: bounded when written, gone with the sandbox, seen by no host user
         argv += ["--perms", "0700", "--size", str(policy.limits.workspace_size), "--tmpfs", WORKSPACE]
         argv += ["--symlink", WORKSPACE, WORKSPACE_ALIAS]
-    argv += ["--remount-ro", "/proc/pressure", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--remount-ro", "/proc/pressure", "--remount-ro", "/dev/pts", "--remount-ro", "/dev", "--remount-ro", "/"]
     for key in sorted(policy.environment):
         argv += ["--setenv", key, policy.environment[key]]
     argv += ["--chdir", policy.cwd, "--seccomp", str(seccomp_fd), "--", *policy.command]

@@ -162,6 +162,9 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     # tree (a world-writable tmpfs on hybrid-cgroup hosts). Only /workspace, /data, /tmp and
     # /dev/shm take files (the conformance suite walks every mount point to check).
     argv += ["--tmpfs", "/dev/mqueue:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
+    # No pseudo-terminals: the engine's devpts draws on the host's one pty pool (docker has no
+    # max= for it), so an empty read-only tmpfs takes its place and /dev/ptmx dangles.
+    argv += ["--tmpfs", "/dev/pts:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
     if podman:
         argv += ["--tmpfs", "/sys/fs/cgroup:ro,nosuid,nodev,noexec,size=4k,mode=0555"]
         # Host-wide counters other tenants' activity shows in (as under bwrap; /proc/stat stays).
