@@ -273,7 +273,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; runner_cpu; progress; containers; startup; disk overshoot)
+bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/js_latency.py
@@ -283,6 +283,7 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/disk_overshoot.py
+	$(BIN)/python bench/shared_tree_overlay.py
 
 # Five minutes of 8 clients of two tenants against one HTTP server (bench/soak.py): not in `bench`.
 soak: setup ## Soak the HTTP server: 8 clients, two tenants, mixed runs for 5 minutes (bench/soak.py; ARGS=--seconds 30)

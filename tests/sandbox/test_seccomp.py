@@ -7,7 +7,14 @@ import struct
 
 import pytest
 
-from mcp_sandbox.sandbox.seccomp import DENIED_SYSCALLS, compiled_bpf, seccomp_available, write_bpf
+from mcp_sandbox.sandbox.seccomp import (
+    DENIED_SYSCALLS,
+    UNSUPPORTED_SYSCALLS,
+    compiled_bpf,
+    seccomp_available,
+    server_oci_profile,
+    write_bpf,
+)
 
 SOCK_FILTER_SIZE = 8  # struct sock_filter: u16 code, u8 jt, u8 jf, u32 k
 
@@ -57,7 +64,7 @@ def test_every_denied_syscall_this_architecture_has_is_checked_by_the_filter() -
 
 
 @needs_libseccomp
-@pytest.mark.parametrize("syscall", ["clone3", "clone", "socket", "socketpair", "ioctl"])
+@pytest.mark.parametrize("syscall", ["clone", "socket", "socketpair", "ioctl", *UNSUPPORTED_SYSCALLS])
 def test_the_syscalls_with_special_rules_are_checked_by_the_filter(syscall: str) -> None:
     assert native_number(syscall) in compared_constants(compiled_bpf())
 
@@ -149,8 +156,9 @@ def test_the_oci_profile_denies_what_the_bpf_filter_denies() -> None:
     assert len(profile["architectures"]) == 1  # other architectures' syscalls are killed
     for name in ("ptrace", "mount", "unshare", "setns", "bpf", "keyctl", "io_uring_setup", "userfaultfd"):
         assert plain[name] == errno.EPERM
-    assert plain["clone3"] == errno.ENOSYS
-    assert set(plain) - {"clone3"} <= set(DENIED_SYSCALLS)
+    for name in ("clone3", "inotify_init", "inotify_init1", "inotify_add_watch"):
+        assert plain[name] == errno.ENOSYS
+    assert set(plain) - set(UNSUPPORTED_SYSCALLS) <= set(DENIED_SYSCALLS)
     sockets = [r for r in rules if r["names"] == ["socket"]]
     assert sockets == [
         {
@@ -162,3 +170,11 @@ def test_the_oci_profile_denies_what_the_bpf_filter_denies() -> None:
     ]
     user_ns = [r for r in rules if r["names"] == ["clone"] and r["args"][0]["value"] == 0x10000000]
     assert user_ns and user_ns[0]["args"][0]["op"] == "SCMP_CMP_MASKED_EQ"
+
+
+@needs_libseccomp
+def test_the_servers_own_profile_keeps_inotify_for_its_workspace_measure() -> None:
+    denied = {name for rule in server_oci_profile()["syscalls"] for name in rule["names"]}
+
+    assert not denied & {"inotify_init", "inotify_init1", "inotify_add_watch"}
+    assert {"clone3", "ptrace", "fanotify_init"} <= denied

@@ -1,10 +1,12 @@
 """The seccomp deny list, compiled to BPF with pyseccomp (ctypes over system libseccomp).
 
-Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPERM,
-``clone3`` answers ENOSYS (its flags live in memory where BPF cannot read them, so libc falls
-back to ``clone``, whose namespace flags the filter does inspect), sockets other than
-``AF_UNIX`` answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` answers EPERM. Syscalls of
-other architectures (i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
+Default action ALLOW, with a deny list: the usual dangerous syscalls answer EPERM; ENOSYS, as
+from a kernel without them, for ``clone3`` (its flags live in memory where BPF cannot read
+them, so libc falls back to ``clone``, whose namespace flags the filter does inspect) and
+inotify (a watch on a shared read-only tree sees other sandboxes' opens, its instances are a
+per-uid pool; file watchers fall back to polling on ENOSYS); sockets other than ``AF_UNIX``
+answer EAFNOSUPPORT, and ``ioctl(TIOCSTI/TIOCLINUX)`` EPERM. Syscalls of other architectures
+(i386 via ``int 0x80``, x32) kill the process: libseccomp's bad-arch default.
 
 The ``egress`` variant (a sandbox granted network) also allows TCP stream sockets of ``AF_INET``
 and ``AF_INET6``, for the relay on the sandbox's loopback to the egress proxy; other socket
@@ -26,6 +28,7 @@ from mcp_sandbox.errors import BackendUnavailableError
 
 __all__ = [
     "DENIED_SYSCALLS",
+    "UNSUPPORTED_SYSCALLS",
     "build_filter",
     "compiled_bpf",
     "oci_profile",
@@ -112,6 +115,9 @@ DENIED_SYSCALLS: tuple[str, ...] = (
     "mq_unlink",
 )
 
+# Answered ENOSYS, as by a kernel without them, so callers take the fallback they have for that.
+UNSUPPORTED_SYSCALLS: tuple[str, ...] = ("clone3", "inotify_init", "inotify_init1", "inotify_add_watch")
+
 _PRIO_PROCESS = 0  # setpriority(which=PRIO_PROCESS, who=pid, ...)
 _IOPRIO_WHO_PROCESS = 1  # ioprio_set(which=IOPRIO_WHO_PROCESS, who=pid, ...)
 
@@ -174,7 +180,7 @@ def build_filter(*, egress: bool = False) -> Any:
     flt = sc.SyscallFilter(defaction=sc.ALLOW)
     eperm = sc.ERRNO(errno.EPERM)
     _add(flt, eperm, DENIED_SYSCALLS)
-    _add(flt, sc.ERRNO(errno.ENOSYS), ["clone3"])
+    _add(flt, sc.ERRNO(errno.ENOSYS), UNSUPPORTED_SYSCALLS)
     for flag in _CLONE_NAMESPACE_FLAGS:
         # x86-64 clone(flags, ...): flags is argument 0.
         _add(flt, eperm, ["clone"], sc.Arg(0, sc.MASKED_EQ, flag, flag))
@@ -303,7 +309,7 @@ def oci_profile(*, egress: bool = False) -> dict[str, Any]:
     def arg(index: int, op: str, value: int, value_two: int = 0) -> dict[str, int | str]:
         return {"index": index, "value": value, "valueTwo": value_two, "op": op}
 
-    rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(["clone3"]), errno.ENOSYS)]
+    rules = [errno_rule(_known(DENIED_SYSCALLS), errno.EPERM), errno_rule(_known(UNSUPPORTED_SYSCALLS), errno.ENOSYS)]
     rules += [errno_rule(["clone"], errno.EPERM, [arg(0, "SCMP_CMP_MASKED_EQ", f, f)]) for f in _CLONE_NAMESPACE_FLAGS]
     rules.append(errno_rule(["socketpair"], errno.EAFNOSUPPORT, [arg(0, "SCMP_CMP_NE", socket.AF_UNIX)]))
     if not egress:
@@ -328,8 +334,10 @@ def oci_profile(*, egress: bool = False) -> dict[str, Any]:
     return {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
 
 
-# What bubblewrap itself needs of the deny list, when the server runs it inside a container.
+# What bubblewrap itself needs of the deny list, when the server runs it inside a container, and
+# what the server needs: inotify, for the wake-ups of its workspace measure (engine/inotify.py).
 _BWRAP_NEEDS = frozenset({"mount", "umount", "umount2", "pivot_root", "chroot", "unshare", "setns", "sethostname"})
+_SERVER_NEEDS = _BWRAP_NEEDS | {"inotify_init", "inotify_init1", "inotify_add_watch"}
 
 
 def server_oci_profile() -> dict[str, Any]:
@@ -337,8 +345,8 @@ def server_oci_profile() -> dict[str, Any]:
 
     The server starts bwrap inside its container, so unlike a sandbox it must create user,
     mount, pid and network namespaces and mount inside them: the deny list minus exactly those
-    calls (``_BWRAP_NEEDS``), and none of the clone-flag or socket-family rules (the server
-    listens on TCP). Everything else a sandbox may not do, the server may not either. Each
+    calls (``_BWRAP_NEEDS``) and inotify, and none of the clone-flag or socket-family rules (the
+    server listens on TCP). Everything else a sandbox may not do, the server may not either. Each
     sandbox still gets the full filter (:func:`build_filter`) from bwrap.
 
     Raises:
@@ -349,7 +357,7 @@ def server_oci_profile() -> dict[str, Any]:
     for rule in profile["syscalls"]:
         if rule.get("args") and rule["names"] != ["ioctl"]:
             continue  # clone's namespace flags, socket families
-        names = [name for name in rule["names"] if name not in _BWRAP_NEEDS]
+        names = [name for name in rule["names"] if name not in _SERVER_NEEDS]
         if names:
             rules.append({**rule, "names": names})
     return {**profile, "syscalls": rules}
