@@ -114,8 +114,10 @@ def main(argv: list[str]) -> int:
     etc = rootfs / "etc"
     (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n")
     (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
-    for name in ("hosts", "hostname", "resolv.conf"):
+    for name in ("hostname", "resolv.conf"):
         (etc / name).touch()
+    # Loopback names only (the backends run containers with --no-hosts): as the bwrap sandbox's.
+    shutil.copyfile(Path(__file__).parents[1] / "src/mcp_sandbox/sandbox/etc/hosts", etc / "hosts")
     certificates = Path("/etc/ssl/certs/ca-certificates.crt")
     if certificates.exists():
         (etc / "ssl/certs").mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,21 @@ async def test_dns_resolution_fails(sandbox: SandboxRunner) -> None:
     assert report["getaddrinfo"].split(":")[0] == "gaierror"
 
 
+async def test_localhost_names_loopback_and_no_host_name_shows(sandbox: SandboxRunner) -> None:
+    # A client told to reach localhost (directly, or NO_PROXY-style) finds the sandbox's own loopback,
+    # not a resolution failure; the host's own names and addresses (its /etc/hosts) stay unseen.
+    report = await sandbox.report("""
+        import socket
+        report["localhost"] = sorted({a[4][0] for a in socket.getaddrinfo("localhost", 80, socket.AF_INET)})
+        report["hosts"] = open("/etc/hosts").read()
+    """)
+    assert report["localhost"] == ["127.0.0.1"]
+    lines = [line.split() for line in report["hosts"].splitlines() if line.strip() and not line.startswith("#")]
+    # loopback, and the IPv6 names docker's own file adds (ip6-localnet, ip6-allnodes...)
+    assert {fields[0] for fields in lines} <= {"127.0.0.1", "::1", "fe00::0", "ff00::0", "ff02::1", "ff02::2"}
+    assert socket.gethostname() not in {name for fields in lines for name in fields[1:]}
+
+
 @pytest.mark.parametrize(
     ("family", "kind", "protocol"),
     [

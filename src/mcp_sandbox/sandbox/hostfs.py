@@ -3,7 +3,8 @@
 Only what an interpreter needs: ``/usr`` (binaries, libraries, the stdlib), the usr-merged
 ``/bin``, ``/lib``... links (or binds where the host is not usr-merged), and a handful of
 ``/etc`` files (dynamic linker cache, time zone, CA certificates, fontconfig). Nothing else of ``/etc``,
-no ``/home``, ``/root``, ``/var`` or ``/run``.
+no ``/home``, ``/root``, ``/var`` or ``/run``. ``/etc/hosts`` is the sandbox's own (``etc/hosts`` here):
+``localhost`` resolves, and none of the host's names show.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ _ETC = (
     "/etc/ca-certificates",
     "/etc/mime.types",
 )
+# Names only loopback: the host's file would show its names and addresses, and without one
+# ``localhost`` does not resolve at all (no resolver runs in a sandbox).
+_HOSTS = Path(__file__).with_name("etc") / "hosts"
 
 
 @functools.cache
@@ -41,4 +45,5 @@ def system_mounts() -> tuple[tuple[Mount, ...], tuple[tuple[str, str], ...]]:
         elif host.is_dir():
             mounts.append(Mount(host, f"/{name}", system=True))
     mounts.extend(Mount(Path(p), p, system=True) for p in _ETC if os.path.exists(p))
+    mounts.append(Mount(_HOSTS, "/etc/hosts", system=True))
     return tuple(mounts), tuple(links)
