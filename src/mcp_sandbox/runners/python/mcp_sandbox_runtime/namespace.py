@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 USER_FILENAME = "<main>"
 # ast.PyCF_ALLOW_TOP_LEVEL_AWAIT and inspect.CO_COROUTINE, spelled out: importing `ast` and
 # `inspect` costs more than the rest of the runner's start-up together.
-# ast.PyCF_ALLOW_TOP_LEVEL_AWAIT and inspect.CO_COROUTINE, spelled out: importing `ast` and
-# `inspect` costs more than the rest of the runner's start-up together.
 COMPILE_FLAGS = 0x2000
 _CO_COROUTINE = 0x0080
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
