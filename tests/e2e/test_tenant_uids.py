@@ -2,7 +2,7 @@
 HTTP server with two tenants: one tenant exhausting a per-user kernel counter (pipe buffer pages,
 ``fs.pipe-user-pages-soft``) leaves the other's intact; their sandboxes' processes have different
 host uids (``/proc/<pid>/status``, looked at from the host), warm sandboxes of the default uid
-serve neither, and each tenant's workspace files are its own uid's.
+serve neither, and each tenant's workspace files are its own uid's. On bwrap, and on rootful podman.
 
 As root only: where the server is not root, every sandbox is the server's uid (doctor says so).
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from container_helpers import backend_flags
 from mcp_test_helpers import auth_tokens, host_processes, http_server, new_conversation, poll, run_over_http, upload
 
 pytestmark = [
@@ -33,12 +34,22 @@ BOB = "bob-token-0123456789abcdef0000"  # the victim
 RANGE = (1879048192, 1879113727)  # the default tenant_uid_range
 
 
-@pytest.fixture(scope="module")
-async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[str]:
+@pytest.fixture(scope="module", params=["bwrap", "podman"])
+async def base(
+    request: pytest.FixtureRequest, module_state_dir: Path, sandbox_runtime: Path | None
+) -> AsyncIterator[str]:
+    env: dict[str, str] = {}
+    if request.param == "podman":  # rootful: --user is the tenant's uid (a pre-started container the default's)
+        runtime = backend_flags("podman").get("container_runtime")
+        if runtime is None:
+            if "podman" in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
+                pytest.fail("podman is required (MCP_SANDBOX_TEST_REQUIRE) but unavailable")
+            pytest.skip("no podman here")
+        env = {"MCP_SANDBOX_BACKEND": "podman", "MCP_SANDBOX_CONTAINER_RUNTIME": str(runtime)}
     config = module_state_dir.parent / f"uids-{uuid.uuid4().hex[:8]}.toml"
     # pool_size 1: a warm sandbox of the default uid is there to be (wrongly) taken.
     config.write_text("pool_size = 1\npool_min = 1\npool_preload = []\n" + auth_tokens({"alice": ALICE, "bob": BOB}))
-    async with http_server(module_state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
+    async with http_server(module_state_dir, "--config", str(config), env=env, runtime=sandbox_runtime) as url:
         yield url
 
 
