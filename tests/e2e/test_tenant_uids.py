@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import textwrap
 import uuid
 from collections.abc import AsyncIterator
@@ -20,7 +21,16 @@ import anyio
 import pytest
 
 from container_helpers import backend_flags
-from mcp_test_helpers import auth_tokens, host_processes, http_server, new_conversation, poll, run_over_http, upload
+from mcp_test_helpers import (
+    auth_tokens,
+    host_processes,
+    http_server,
+    mcp_sandbox_cli,
+    new_conversation,
+    poll,
+    run_over_http,
+    upload,
+)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -171,3 +181,25 @@ async def test_tenants_run_and_own_their_files_as_host_uids_of_their_own(base: s
         assert response.status_code == 201, response.text
         (uploaded,) = _files_named(module_state_dir, name)
         assert uploaded.stat().st_uid == uid
+
+
+def test_doctor_says_whether_tenants_share_one_host_uid(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    own = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=sandbox_runtime)
+    shared = mcp_sandbox_cli(
+        "doctor", state_dir=state_dir, runtime=sandbox_runtime, env={"MCP_SANDBOX_TENANT_UID_RANGE": "off"}
+    )
+
+    assert f"tenant uids: each tenant but `default` runs as its own host uid of {RANGE[0]}-{RANGE[1]}" in own.stdout
+    assert "tenant uids: tenants share one host uid and its per-user kernel counters" in shared.stdout, shared.stdout
+    assert "tenant_uid_range is off" in shared.stdout
+
+
+def test_a_range_holding_a_users_uid_refuses_to_start(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    uid = next(entry.pw_uid for entry in pwd.getpwall() if entry.pw_uid > 0)
+    done = mcp_sandbox_cli(
+        "run", "-c", "print(1)", state_dir=state_dir, runtime=sandbox_runtime,
+        env={"MCP_SANDBOX_TENANT_UID_RANGE": f"{uid}-{uid}", "MCP_SANDBOX_SANDBOX_UID": str(uid + 1)},
+    )  # fmt: skip
+
+    assert done.returncode != 0
+    assert f"tenant_uid_range: {uid}-{uid} includes uid {uid}, user " in done.stderr, done.stderr
