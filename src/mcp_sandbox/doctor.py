@@ -23,6 +23,7 @@ from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
 from mcp_sandbox.sandbox import gate
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
+from mcp_sandbox.tenant_uids import check_tenant_uids
 
 __all__ = ["doctor"]
 
@@ -205,11 +206,32 @@ def _report_disk_quota(settings: Settings, out: TextIO) -> None:
     )
 
 
+def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
+    """Whether tenants share one host uid, and with it the kernel's per-user counters."""
+    shared = "tenants share one host uid and its per-user kernel counters (inotify, pipe buffers, processes)"
+    if os.geteuid() != 0:
+        out.write(f"tenant uids: {shared}: the server is not root, so it cannot give each its own\n")
+        return
+    if not settings.sandbox.tenant_uids:
+        out.write(f"tenant uids: {shared}: tenant_uid_range is off\n")
+        return
+    try:
+        check_tenant_uids(settings)
+    except ConfigError as exc:
+        out.write(f"tenant uids: refused, the server will not start: {exc}\n")
+        return
+    out.write(
+        f"tenant uids: each tenant but `default` runs as its own host uid of {settings.sandbox.tenant_uid_range} "
+        f"(`default`: {settings.sandbox.sandbox_uid})\n"
+    )
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
     out.write(f"server uid {os.geteuid()}; sandbox host uid ")
     out.write(f"{settings.sandbox.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
+    _report_tenant_uids(settings, out)
     out.write(f"state dir: {settings.paths.state_dir}\n")
     probes = available_backends(settings)
     for probe in probes:

@@ -10,6 +10,7 @@
       secret                    0600  the server secret (workspace/secret.py)
       metadata.sqlite3          0600  the metadata index, with its -wal and -shm (workspace/metadata.py)
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
+      tenant-uids.json          0600  each tenant's host uid, assigned once, with its .lock (tenant_uids.py)
       runs/                     0711  one directory per run or long-lived sandbox, named after the
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
         <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;
@@ -17,7 +18,7 @@
         <pid>-etc-<hex>/        0755    the host's /etc entries sandboxes see, copied to be bound
                                         at once (sandbox/backends/bwrap/etc.py)
       workspaces/               0711  conversation directories (workspace/store.py)
-        <key>/                  0700    the sandbox uid's
+        <key>/                  0700    its tenant's host uid's (tenant_uids.py)
       uploads/                  0700  files being uploaded, renamed into a workspace when complete
         <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
@@ -119,6 +120,11 @@ class StateLayout:
     def secret(self) -> Path:
         """The server secret."""
         return self.root / SECRET_FILE
+
+    @property
+    def tenant_uids(self) -> Path:
+        """Each tenant's host uid, assigned once (JSON; ``tenant-uids.lock`` beside it serializes assigning)."""
+        return self.root / "tenant-uids.json"
 
     def seccomp_profile(self, digest: str) -> Path:
         """The OCI seccomp profile whose content hashes to ``digest`` (servers sharing ``root`` share it)."""

@@ -28,6 +28,7 @@ __all__ = [
     "duration",
     "duration_or_zero",
     "host_id",
+    "host_id_range",
     "http_url",
     "internal",
     "language_images",
@@ -219,6 +220,22 @@ def host_id(name: str, value: int) -> None:
     """A uid or gid."""
     if not 0 <= value < 2**32 - 1:
         raise ConfigError(f"{name}: must be a valid id")
+
+
+def host_id_range(name: str, value: str) -> None:
+    """``off``, or ``FIRST-LAST``: unprivileged host uids (never root's 0, never the invalid -1)."""
+    if value == "off":
+        return
+    match = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
+    if match is None:
+        raise ConfigError(f"{name}: {value!r} is not FIRST-LAST (two uids, e.g. 1879048192-1879113727) or off")
+    first, last = int(match.group(1)), int(match.group(2))
+    if first > last:
+        raise ConfigError(f"{name}: {value!r} ends before it starts")
+    if first == 0:
+        raise ConfigError(f"{name}: {value!r} includes uid 0 (root's); start it above 0")
+    if last >= 2**32 - 1:
+        raise ConfigError(f"{name}: {value!r} goes past the largest uid ({2**32 - 2})")
 
 
 def sandbox_id(name: str, value: int) -> None:

@@ -28,6 +28,7 @@ from mcp_sandbox.config.fields import (
     check_fields,
     computed,
     duration,
+    host_id_range,
     language_images,
     module_names,
     non_negative,
@@ -49,6 +50,10 @@ __all__ = [
     "SessionSettings",
     "WorkspaceSettings",
 ]
+
+# Above useradd's subordinate ids (to 600100000) and systemd-nspawn's picked ranges (to
+# 1879048191), below systemd's foreign range (2147352576) and 2**31 (signed uid_t).
+DEFAULT_TENANT_UIDS = "1879048192-1879113727"
 
 _DATA = "`/usr/local/lib/mcp-sandbox` as root, else `$XDG_DATA_HOME/mcp-sandbox`"
 
@@ -173,6 +178,17 @@ class SandboxSettings:
         "the `mcp-sandbox` user's, else 65534",
         check=sandbox_id,
     )
+    tenant_uid_range: str = setting(
+        DEFAULT_TENANT_UIDS,
+        (
+            "Host uids (`FIRST-LAST`) a root server gives tenants, one each, so that per-user kernel "
+            "counters (inotify, pipe buffers, processes, keyrings, message queues) are not shared "
+            "between them; the `default` tenant keeps `sandbox_uid`. `off`: every tenant runs as "
+            "`sandbox_uid`. No uid of it may be a user's in /etc/passwd or a subordinate one in "
+            "/etc/subuid (checked at start)."
+        ),
+        check=host_id_range,
+    )
     runtime_packages: tuple[str, ...] = setting(
         (),
         (
@@ -203,6 +219,19 @@ class SandboxSettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.sandbox_uid in self.tenant_uids:
+            raise ConfigError(
+                f"tenant_uid_range: {self.tenant_uid_range} includes sandbox_uid ({self.sandbox_uid}), "
+                "the default tenant's; choose a range without it"
+            )
+
+    @property
+    def tenant_uids(self) -> range:
+        """The uids of ``tenant_uid_range`` (empty when ``off``)."""
+        if self.tenant_uid_range == "off":
+            return range(0)
+        first, _, last = self.tenant_uid_range.partition("-")
+        return range(int(first), int(last) + 1)
 
 
 @dataclass(frozen=True, slots=True)

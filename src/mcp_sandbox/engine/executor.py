@@ -142,7 +142,11 @@ class Engine:
         async with self._admission.slot(request.tenant):
             started = time.perf_counter()
             self.events.emit(RunAdmitted(wait=started - queued))
+            shared_uid = self._opener.tenant_uids.is_default(request.tenant)
             for path, placement in self._placements:
+                # Warm and pre-started sandboxes run as sandbox_uid: another tenant's uid never takes one.
+                if path != "session" and not shared_uid:
+                    continue
                 if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
                     return dataclasses.replace(result, path=path)
             return dataclasses.replace(await self._fresh.run(request, started), path="fresh")

@@ -9,6 +9,7 @@ one itself (:mod:`.scratch`), and :mod:`.disk` stops one that writes past its qu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import anyio
 
@@ -44,8 +45,9 @@ class FreshPlacement:
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
             bound = DiskBound.conversation(settings)
+            uid = await self._opener.host_uid(request.tenant)
             if workspace is None and not self._opener.backend.sized_scratch:
-                workspace = await stack.enter_async_context(scratch_workspace(settings))
+                workspace = await stack.enter_async_context(scratch_workspace(settings, uid))
                 bound = DiskBound.scratch(settings)
             policy = policy_for(
                 settings,
@@ -54,6 +56,7 @@ class FreshPlacement:
                 timeout=request.timeout,
                 mounts=request.tools.mounts if request.tools is not None else (),
             )
+            policy = dataclasses.replace(policy, host_uid=uid)
             if request.egress is not None:
                 directory = await stack.enter_async_context(self._opener.egress(request, None))
                 policy = with_egress(policy, directory)

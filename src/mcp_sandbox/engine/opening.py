@@ -10,12 +10,17 @@ audit log, opened on the first run granted network.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.config import DEFAULT_TENANT, Settings
 from mcp_sandbox.egress import AuditLog, Resolver, TenantEgress, serve_egress, socket_directory, system_resolver
 from mcp_sandbox.engine.interpreter import Interpreter, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest
@@ -29,8 +34,11 @@ from mcp_sandbox.sandbox.backends import Backend
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
 from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids
 
 __all__ = ["MakePolicy", "Opener", "run_caps", "zygote_guard"]
+
+logger = logging.getLogger(__name__)
 
 # A long-lived sandbox's policy for its workspace (None: the backend's sized scratch) and its /tools mounts.
 MakePolicy = Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
@@ -79,6 +87,7 @@ class Opener:
         self.backend = backend
         self.layout = StateLayout.of(settings)
         self.caps = run_caps(settings)
+        self.tenant_uids = TenantUids(settings)
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None
         try:
@@ -86,6 +95,20 @@ class Opener:
             self.session_relay = TenantEgress(settings).anywhere()
         except ConfigError:
             self.session_relay = False  # the server refuses to start with these settings anyway
+
+    async def host_uid(self, tenant: str) -> int | None:
+        """The host uid of ``tenant``'s sandboxes when it is not ``sandbox_uid`` (see :mod:`mcp_sandbox.tenant_uids`).
+
+        Raises:
+            SandboxStartError: the tenant is new and no uid can be given to it.
+        """
+        if self.tenant_uids.is_default(tenant):
+            return None
+        try:
+            return await anyio.to_thread.run_sync(self.tenant_uids.uid, tenant)
+        except (OSError, ConfigError) as exc:
+            logger.error("cannot give tenant %r a host uid: %s", tenant, exc)
+            raise SandboxStartError(f"this tenant's sandbox cannot be given its host uid: {exc}") from None
 
     def interpreter(self, policy: SandboxPolicy) -> AbstractAsyncContextManager[Interpreter]:
         """A sandbox of ``policy`` running the runner, READY (see :func:`.interpreter.open_interpreter`)."""
@@ -119,19 +142,20 @@ class Opener:
 
     @contextlib.asynccontextmanager
     async def long_lived(
-        self, workspace: Path | None, make_policy: MakePolicy
+        self, workspace: Path | None, make_policy: MakePolicy, uid: int | None = None
     ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
         """A sandbox with a /tools view: its interpreter, that view, its workspace (a scratch one when None).
 
         The workspace is None when the backend gives the sandbox a sized scratch space of its own.
+        ``uid``: the host uid it runs as (see :meth:`host_uid`; None: ``sandbox_uid``).
         """
         async with contextlib.AsyncExitStack() as stack:
             if workspace is None and not self.backend.sized_scratch:
-                workspace = await stack.enter_async_context(scratch_workspace(self.settings))
+                workspace = await stack.enter_async_context(scratch_workspace(self.settings, uid))
             self.layout.prepare_runs()
             tools = ToolsView.create(self.layout)
             stack.push_async_callback(remove_shielded, tools.directory)
-            policy = make_policy(workspace, tools.mounts())
+            policy = dataclasses.replace(make_policy(workspace, tools.mounts()), host_uid=uid)
             interpreter = await stack.enter_async_context(self.interpreter(policy))
             yield interpreter, tools, workspace
 
@@ -172,14 +196,18 @@ class Opener:
             yield interpreter, tools, workspace
 
     @contextlib.asynccontextmanager
-    async def session(self, workspace: Path | None) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
-        """A session's sandbox on ``workspace`` (None: a scratch one): interpreter, /tools, relay's socket directory.
+    async def session(
+        self, workspace: Path | None, tenant: str = DEFAULT_TENANT
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A session's sandbox on ``workspace`` (None: a scratch one), as ``tenant``'s host uid:
+        interpreter, /tools, relay's socket directory.
 
         Where network may be granted (:attr:`session_relay`), it holds the relay and an (empty)
         directory for the proxy's socket for life (None otherwise); the socket itself exists only
         during its runs granted network (see :meth:`egress`).
         """
         settings = self.settings
+        uid = await self.host_uid(tenant)
         async with contextlib.AsyncExitStack() as stack:
             sockets: Path | None = None
             if self.session_relay:
@@ -194,7 +222,7 @@ class Opener:
                     made = with_file_size(made, min(made.limits.file_size, settings.workspaces.quota_bytes))
                 return made if sockets is None else with_egress(made, sockets, for_life=False)
 
-            interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy))
+            interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy, uid))
             yield interpreter, tools, sockets
 
 

@@ -39,8 +39,10 @@ async def remove_shielded(directory: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def scratch_workspace(settings: Settings) -> AsyncIterator[Path]:
+async def scratch_workspace(settings: Settings, uid: int | None = None) -> AsyncIterator[Path]:
     """A fresh workspace for one run (or session), owned by the sandbox's host uid, removed after.
+
+    ``uid``: that host uid, its tenant's (None: ``sandbox_uid``).
 
     Raises:
         OSError: it cannot be created.
@@ -50,7 +52,8 @@ async def scratch_workspace(settings: Settings) -> AsyncIterator[Path]:
     directory = layout.new_scratch()
     try:
         if os.geteuid() == 0:
-            os.chown(directory, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
+            owner = settings.sandbox.sandbox_uid if uid is None else uid
+            os.chown(directory, owner, settings.sandbox.sandbox_gid)
         yield directory
     finally:
         # Off the event loop: a run may leave a million files behind.

@@ -274,7 +274,7 @@ class SessionManager:
         """The owner task of one interpreter of ``session``: open it, keep it until stopped or dead, close it."""
         live: _Live | None = None
         try:
-            async with self._opener.session(workspace) as (interpreter, tools, sockets):
+            async with self._opener.session(workspace, session.tenant) as (interpreter, tools, sockets):
                 live = _Live(interpreter, tools, sockets, workspace)
                 session.live = live
                 task_status.started(live)

@@ -14,6 +14,7 @@ from mcp_sandbox.provision.status import python_status
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.access import unreachable_ancestor
 from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.tenant_uids import check_tenant_uids
 
 __all__ = ["open_engine"]
 
@@ -24,10 +25,12 @@ def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
     """Build the engine on the configured backend after probing it; it emits to ``events``.
 
     Raises:
-        ConfigError: the backend name or the Python runtime is wrong.
+        ConfigError: the backend name or the Python runtime is wrong, or ``tenant_uid_range``
+            could give a tenant someone else's uid (see :func:`~mcp_sandbox.tenant_uids.check_tenant_uids`).
         BackendUnavailableError: the backend does not work here, or cannot enforce part of the
             policy and ``accept_weaker_isolation`` is off.
     """
+    check_tenant_uids(settings)
     runtime = python_status(settings)
     if runtime.missing:
         raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
@@ -64,12 +67,13 @@ def _check_reachable(settings: Settings) -> None:
         "the in-sandbox runner": runner_dir("python") / "boot.py",
         "state_dir": settings.paths.state_dir,
     }
+    # A tenant's own uid (tenant_uids.py) reaches what any uid of the range does.
+    uids = [settings.sandbox.sandbox_uid, *settings.sandbox.tenant_uids[:1]]
     for what, path in paths.items():
-        blocked = unreachable_ancestor(
-            path, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid, readable=what != "state_dir"
-        )
-        if blocked is not None:
-            raise ConfigError(
-                f"{what}: {path} is not reachable by the sandbox uid {settings.sandbox.sandbox_uid} "
-                f"({blocked} is closed to it); move it, or open that directory with chmod o+x"
-            )
+        for uid in uids:
+            blocked = unreachable_ancestor(path, uid, settings.sandbox.sandbox_gid, readable=what != "state_dir")
+            if blocked is not None:
+                raise ConfigError(
+                    f"{what}: {path} is not reachable by the sandbox uid {uid} "
+                    f"({blocked} is closed to it); move it, or open that directory with chmod o+x"
+                )

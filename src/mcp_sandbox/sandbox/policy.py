@@ -73,6 +73,9 @@ class SandboxPolicy:
             sockets, for the relay on its loopback to the host's egress proxy (a Unix socket
             among ``mounts``); UDP and raw sockets stay refused.
         uid, gid: the ids inside the sandbox.
+        host_uid: the host uid a root server runs the sandbox as: its tenant's (see
+            ``mcp_sandbox.tenant_uids``); None: ``sandbox_uid``. Ignored when the server is not
+            root (the sandbox is then the server's uid, or a rootless engine's).
         limits: resource limits.
         language: the runtime this sandbox serves (``python``, ``typescript``); image-based
             backends pick their image by it.
@@ -87,6 +90,7 @@ class SandboxPolicy:
     egress: bool = False
     uid: int = 65534
     gid: int = 65534
+    host_uid: int | None = None
     hostname: str = "sandbox"
     cwd: str = WORKSPACE
     limits: Limits = field(default_factory=Limits)

@@ -112,7 +112,7 @@ class Service:
                 is removed again, so no conversation has a directory without its row.
         """
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
-        directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key)
+        directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
         except WorkspaceError:

@@ -4,7 +4,9 @@ A conversation's directory is named by a keyed hash of its tenant and id, so ids
 paths and tenants never share a directory. ``workspaces/`` is the server's, traversable (never
 listable) by the sandbox uid: 0710 with the sandbox gid as group when the server is root, so no
 other host user reaches a workspace even if a run opened its mode (see :mod:`mcp_sandbox.state`).
-Each conversation's directory is 0700 and the sandbox uid's, which is also what owns every file the host writes there.
+Each conversation's directory is 0700 and its tenant's host uid's (``mcp_sandbox.tenant_uids``),
+which also owns every file the host writes there; one made as another uid's is handed over
+(:mod:`.owner`) on its first use.
 
 Sandboxed code may be running in a directory while the host lists, serves or writes it: every
 operation goes through :mod:`mcp_sandbox.workspace.files`, which never follows a link.
@@ -15,15 +17,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import DEFAULT_TENANT, Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
     FileEntry,
@@ -36,12 +40,15 @@ from mcp_sandbox.workspace.files import (
     open_parent,
 )
 from mcp_sandbox.workspace.names import RESERVED_PREFIX, check_filename
+from mcp_sandbox.workspace.owner import hand_over
 from mcp_sandbox.workspace.removal import remove_tree
 from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
 from mcp_sandbox.workspace.writing import PendingWrite
 
 __all__ = ["WorkspaceStore"]
+
+logger = logging.getLogger(__name__)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
 # How versions before uploads/ named a partial upload, in the directory of the file it was for.
@@ -70,8 +77,8 @@ class WorkspaceStore:
         self._layout = StateLayout.of(settings)
         self.root = self._layout.workspaces
         self._key = derive_key(secret, "workspace")
-        # Root writes as the sandbox uid's files, so that sandboxed code can change them.
-        self._owner = (settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid) if os.geteuid() == 0 else None
+        # Root writes as the tenant's host uid's files, so that sandboxed code can change them.
+        self._uids = TenantUids(settings)
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
         self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage)
 
@@ -132,11 +139,15 @@ class WorkspaceStore:
                 os.close(root)
         return removed
 
-    def ensure(self, key: str) -> Path:
-        """Create conversation ``key``'s directory if needed (0700, the sandbox uid's); return it.
+    def ensure(self, key: str, tenant: str | None = None) -> Path:
+        """Create conversation ``key``'s directory if needed (0700, ``tenant``'s host uid's); return it.
+
+        ``tenant`` None: a directory already there keeps its owner (a new one is the default
+        tenant's). An existing one of another uid is handed over with what it holds.
 
         Raises:
-            WorkspaceError: it cannot be created, or something that is not a directory is there.
+            WorkspaceError: it cannot be created or handed over, or something that is not a
+                directory is there.
         """
         path = self.directory(key)
         if not self.root.is_dir() or not self._layout.uploads.is_dir():
@@ -150,11 +161,32 @@ class WorkspaceStore:
         try:
             # Also repairs a directory left root's by a crash, or opened up by the code inside.
             os.fchmod(fd, 0o700)
-            if self._owner is not None:
-                os.fchown(fd, *self._owner)
+            self._own(fd, tenant)
+        except OSError as exc:
+            raise disk_error(exc, "cannot give the conversation's workspace its owner") from exc
         finally:
             os.close(fd)
         return path
+
+    def _own(self, fd: int, tenant: str | None) -> None:
+        """Give workspace directory ``fd`` (and, when it changes hands, what it holds) its tenant's uid."""
+        info = os.fstat(fd)
+        if tenant is None and info.st_uid != 0:
+            return  # keeps its tenant's owner
+        ids = self._uids.ids(DEFAULT_TENANT if tenant is None else tenant)
+        if ids is None or (info.st_uid, info.st_gid) == ids:
+            return
+        if info.st_uid == 0:  # just made, or left root's by a crash: nothing below is another tenant's
+            os.fchown(fd, *ids)
+        elif not hand_over(fd, *ids):
+            logger.warning("a workspace handed to its tenant's uid kept the owner of what lies deeper than it reached")
+
+    def _owner(self, root: int) -> tuple[int, int] | None:
+        """Who owns what the host writes in workspace directory ``root`` (None: the server, not root)."""
+        if os.geteuid() != 0:
+            return None
+        info = os.fstat(root)
+        return info.st_uid, info.st_gid
 
     def keys(self) -> list[str]:
         """The keys of every conversation directory on disk."""
@@ -227,8 +259,8 @@ class WorkspaceStore:
             os.close(root)
         return Usage(bytes=total, files=files, complete=walk.complete)
 
-    def begin_write(self, key: str, name: str) -> PendingWrite:
-        """Start writing ``name`` (creating the workspace and parent directories as needed).
+    def begin_write(self, key: str, name: str, tenant: str | None = None) -> PendingWrite:
+        """Start writing ``name`` (creating the workspace, ``tenant``'s, and parent directories as needed).
 
         Write chunks with ``PendingWrite.write``, then ``commit``; use it as a context manager
         so that an abandoned write leaves nothing behind.
@@ -240,13 +272,14 @@ class WorkspaceStore:
                 directory, or the disk refused.
         """
         check_filename(name)
-        self.ensure(key)
+        self.ensure(key, tenant)
         usage = self.usage(key)
         # At the file quota only a replacement can succeed: then make no directories for it.
         full = usage.files >= self.settings.workspaces.quota_files
         root = self._require_root(key, name)
         try:
-            parent = open_parent(root, name, create=not full, owner=self._owner)
+            owner = self._owner(root)
+            parent = open_parent(root, name, create=not full, owner=owner)
         except WorkspaceError:
             if full:
                 raise self._files_exceeded(name, usage) from None
@@ -274,7 +307,7 @@ class WorkspaceStore:
             raise disk_error(exc, f"{name}: cannot write in the workspace") from exc
         reservation = self._quota.open(key, name, usage, replaced)
         try:
-            return PendingWrite(parent, leaf, name, staging_fd=staging, reservation=reservation, owner=self._owner)
+            return PendingWrite(parent, leaf, name, staging_fd=staging, reservation=reservation, owner=owner)
         except BaseException:
             reservation.release()
             raise
@@ -285,7 +318,7 @@ class WorkspaceStore:
             "files", usage.files, quota, f"{name}: the conversation has {usage.files} files, its quota is {quota}"
         )
 
-    def write_file(self, key: str, name: str, data: bytes | Iterable[bytes]) -> FileEntry:
+    def write_file(self, key: str, name: str, data: bytes | Iterable[bytes], tenant: str | None = None) -> FileEntry:
         """Store ``data`` (bytes, or an iterable of chunks of unknown total) as ``name``, atomically.
 
         Raises:
@@ -294,7 +327,7 @@ class WorkspaceStore:
             WorkspaceError: see :meth:`begin_write`; nothing changed.
         """
         chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
-        with self.begin_write(key, name) as pending:
+        with self.begin_write(key, name, tenant) as pending:
             for chunk in chunks:
                 pending.write(chunk)
             return pending.commit()

@@ -273,7 +273,9 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         try:
             with service.using(key):
                 await service.touch(key, tenant, conversation)
-                pending = await anyio.to_thread.run_sync(service.workspaces.begin_write, key, filename, limiter=workers)
+                pending = await anyio.to_thread.run_sync(
+                    service.workspaces.begin_write, key, filename, tenant, limiter=workers
+                )
                 try:
                     if declared:
                         pending.expect(declared)

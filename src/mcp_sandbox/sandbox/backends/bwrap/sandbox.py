@@ -87,6 +87,7 @@ class _Gate:
     sandbox_end: socket.socket
     seccomp_fd: int
     options_fd: int
+    uid: int | None  # the host uid it drops to at its gate (None: ours): it serves only policies of it
 
     def release_fds(self) -> None:
         """Close what only the sandbox's process needs (it holds its own copies). Idempotent."""
@@ -156,11 +157,13 @@ class BwrapBackend:
             )
         return None
 
-    def host_ids(self) -> tuple[int | None, int | None]:
-        """The host uid/gid bwrap runs as: the sandbox's when the server is root, else (None, None): ours."""
+    def host_ids(self, policy: SandboxPolicy | None = None) -> tuple[int | None, int | None]:
+        """The host uid/gid bwrap runs as when the server is root: the policy's tenant's uid (else
+        ``sandbox_uid``) and ``sandbox_gid``; else (None, None): ours."""
         if os.geteuid() != 0:
             return None, None
-        return self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid
+        uid = policy.host_uid if policy is not None and policy.host_uid is not None else None
+        return uid if uid is not None else self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid
 
     def configured_limits(self) -> Limits:
         """The settings' limits that become a run's rlimits (for the probe; the rest default)."""
@@ -183,7 +186,7 @@ class BwrapBackend:
             rlimits.append((resource.RLIMIT_AS, limits.memory))  # weaker stand-in, reported by probe
         if not support.enforces("pids"):
             rlimits.append((resource.RLIMIT_NPROC, limits.pids))  # per host uid, reported by probe
-        uid, gid = self.host_ids()
+        uid, gid = self.host_ids(policy)
         return LaunchSpec(
             cgroup_procs=cgroup.procs_files if cgroup else (),
             rlimits=tuple(rlimits),
@@ -241,8 +244,10 @@ class BwrapBackend:
         self._last_limits = policy.limits
         if self._wanted is not None:
             self._wanted.set()
-        while self._spares:
-            spare = self._spares.pop(0)
+        uid, _ = self.host_ids(policy)
+        # A spare has dropped to its uid already: it never serves another tenant's sandbox.
+        while spare := next((spare for spare in self._spares if spare.uid == uid), None):
+            self._spares.remove(spare)
             if spare.process.returncode is None:
                 try:
                     return await self._go(spare, policy, etc)
@@ -250,10 +255,11 @@ class BwrapBackend:
                     logger.warning("a sandbox's first process started ahead failed: %s", exc)
             else:
                 await spare.discard()
-        return await self._go(await self._open(policy.limits), policy, etc)
+        return await self._go(await self._open(policy.limits, policy), policy, etc)
 
-    async def _open(self, limits: Limits) -> _Gate:
-        """Start a sandbox's first process behind its gate and admit it to cgroups holding ``limits``.
+    async def _open(self, limits: Limits, policy: SandboxPolicy | None = None) -> _Gate:
+        """Start a sandbox's first process behind its gate and admit it to cgroups holding ``limits``,
+        to drop to ``policy``'s host uid (None: the default tenant's, as spares are).
 
         Raises:
             BackendUnavailableError: no bwrap.
@@ -271,7 +277,7 @@ class BwrapBackend:
             undo.callback(os.close, seccomp_fd)
             options_fd = os.memfd_create("mcp-sandbox-bwrap-args", os.MFD_CLOEXEC)
             undo.callback(os.close, options_fd)
-            uid, gid = self.host_ids()
+            uid, gid = self.host_ids(policy)
             spec = LaunchSpec(cgroup_procs=cgroup.procs_files if cgroup else (), rlimits=(), uid=uid, gid=gid)
             program = self.open_gate()
             if program is not None:
@@ -294,7 +300,7 @@ class BwrapBackend:
             if program is not None:
                 os.close(program)
             undo.pop_all()
-        opened = _Gate(process, gate, cgroup, limits, host_end, sandbox_end, seccomp_fd, options_fd)
+        opened = _Gate(process, gate, cgroup, limits, host_end, sandbox_end, seccomp_fd, options_fd, uid)
         try:
             # In a worker thread: the move into a cgroup sleeps through an RCU grace period
             # (the kernel's cgroup_threadgroup_rwsem taken for writing), which on the event loop

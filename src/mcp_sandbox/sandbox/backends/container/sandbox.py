@@ -19,9 +19,10 @@ end, so a run's memory or pids limit hit could not be told.
 Which ids the container runs as:
 
 - server running as root: the dedicated unprivileged ``sandbox_uid``/``sandbox_gid`` (as bwrap's
-  host uid): without a user namespace the uid inside *is* the host uid, and 65534 on the host
-  is ``nobody``, shared with NFS and other daemons; workspace files come out owned by the
-  sandbox uid, as with bwrap;
+  host uid; a tenant's own uid from ``tenant_uid_range``, see ``mcp_sandbox.tenant_uids``):
+  without a user namespace the uid inside *is* the host uid, and 65534 on the host is
+  ``nobody``, shared with NFS and other daemons; workspace files come out owned by that uid, as
+  with bwrap;
 - rootless podman: 65534 inside, ``--userns keep-id`` mapping the server's own uid to it, so
   workspace files are the server's, as with bwrap run by an unprivileged user.
 """
@@ -221,11 +222,14 @@ class ContainerBackend:
         self._profiles[egress] = str(path)
         return str(path)
 
-    def user(self) -> tuple[tuple[int, int], bool]:
-        """The uid/gid the container's processes have, and whether the server's own uid is mapped
-        to them (rootless podman's ``--userns keep-id``); see the module docstring."""
+    def user(self, policy: SandboxPolicy | None = None) -> tuple[tuple[int, int], bool]:
+        """The uid/gid the container's processes have (``policy``'s tenant's, as root), and whether
+        the server's own uid is mapped to them (rootless podman's ``--userns keep-id``); see the
+        module docstring."""
         if os.geteuid() == 0 and not self.engine.rootless:
-            return (self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid), False
+            sandbox = self._settings.sandbox
+            uid = policy.host_uid if policy is not None and policy.host_uid is not None else sandbox.sandbox_uid
+            return (uid, sandbox.sandbox_gid), False
         return (_INSIDE_ID, _INSIDE_ID), self.flavour == "podman"
 
     def ids_inside(self) -> tuple[int, int]:
@@ -238,7 +242,7 @@ class ContainerBackend:
         Raises:
             BackendUnavailableError: the CLI is not installed.
         """
-        user, keep_id = self.user()
+        user, keep_id = self.user(policy)
         return ContainerRun(
             cli=self.engine.cli,
             flavour=self.flavour,
@@ -293,7 +297,7 @@ class ContainerBackend:
             else:
                 channel_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-channel-"))
                 undo.callback(shutil.rmtree, channel_dir, ignore_errors=True)
-                listener = listen(channel_dir, self.user()[0])
+                listener = listen(channel_dir, self.user(policy)[0])
                 undo.callback(listener.close)
             try:
                 aliased, aliases = alias_binds(policy, StateLayout.of(self._settings))
