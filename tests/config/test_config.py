@@ -59,7 +59,15 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
 # --- a value of every setting, generated from its declaration (a new setting is covered at once) ---
 
 _CANDIDATES: dict[str, list[Any]] = {
-    "str": ["sample-value-0123456789", "https://sample.example", "deno", "json", "toon", "raw"],
+    "str": [
+        "sample-value-0123456789",
+        "https://sample.example",
+        "deno",
+        "json",
+        "toon",
+        "raw",
+        "postgresql://sample@db.example/sample",
+    ],
     "path": [Path("/srv/sample")],
     "strings": [("json", "csv"), ("10.0.0.0/8", "192.168.0.0/16"), ("python=img:1", "typescript=img:2")],
     "ints": [(8080, 8443)],
