@@ -221,6 +221,44 @@ def test_servers_starting_together_migrate_the_database_once(postgres: Cluster, 
 
 
 @pytest.mark.e2e
+def test_doctor_reports_the_postgresql_index_without_its_password(
+    postgres: Cluster, state_dir: Path, packaged_runtime: Path
+) -> None:
+    url = postgres.create_database()
+    Metadata.open(state_dir / "unused.sqlite3", url).close()
+
+    done = mcp_sandbox_cli(
+        "doctor", state_dir=state_dir, runtime=packaged_runtime, env={"MCP_SANDBOX_DATABASE_URL": url}
+    )
+
+    database = url.rsplit("/", 1)[1]
+    expected = f"metadata index: PostgreSQL postgres@127.0.0.1:{postgres.port}/{database}, reachable, schema version"
+    assert expected in done.stdout, done.stdout
+    assert postgres.password not in done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    closed = postgres.url("nowhere").replace(f":{postgres.port}/", ":1/")
+    down = mcp_sandbox_cli(
+        "doctor", state_dir=state_dir, runtime=packaged_runtime, env={"MCP_SANDBOX_DATABASE_URL": closed}
+    )
+
+    assert "metadata index: PostgreSQL postgres@127.0.0.1:1/nowhere\n  FAILED: cannot be reached" in down.stdout
+    assert postgres.password not in down.stdout + down.stderr
+    assert down.returncode == 1, down.stdout + down.stderr
+
+
+@pytest.mark.e2e
+def test_doctor_reports_the_sqlite_index_and_its_schema_version(state_dir: Path, packaged_runtime: Path) -> None:
+    path = state_dir / "metadata.sqlite3"
+    Metadata.open(path).close()
+
+    done = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=packaged_runtime)
+
+    assert f"metadata index: SQLite {path}, schema version {len(MIGRATIONS)} of {len(MIGRATIONS)}\n" in done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.e2e
 def test_serve_refuses_to_start_when_the_database_is_unreachable(
     postgres: Cluster, state_dir: Path, packaged_runtime: Path
 ) -> None:
