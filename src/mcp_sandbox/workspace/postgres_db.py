@@ -3,11 +3,12 @@
 One connection behind a lock, as the SQLite engine has: :class:`~.metadata.Metadata` is called
 from worker threads, one short transaction at a time. A connection the server dropped (the
 database restarted, a failover) is replaced and the unit of work run once more on the new one:
-each of Metadata's units is idempotent (upserts, replacements, deletes; an execution's id is
-its key). Transactions are READ COMMITTED; a read-check-write locks its rows (``FOR UPDATE``),
-so two writers, in two processes or on two hosts, cannot both take the last of a quota.
-The schema version is the one row of ``mcp_sandbox_schema``; migrations run under an advisory
-lock, so servers starting together migrate once.
+Metadata's units are upserts, replacements and deletes, safe to repeat if the first commit did
+land; an execution's id is its key, so one recorded twice is refused, never doubled.
+Transactions are READ COMMITTED; a read-check-write locks its rows (``FOR UPDATE``), so two
+writers, in two processes or on two hosts, cannot both take the last of a quota. The schema
+version is the one row of ``mcp_sandbox_schema``; migrations run under an advisory lock, so
+servers starting together migrate once.
 """
 
 from __future__ import annotations
