@@ -12,6 +12,7 @@ import pytest
 from container_helpers import docker_daemon
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import remove_tree
+from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
@@ -22,6 +23,23 @@ def docker_engine() -> Iterator[str | None]:
     """Debian's docker engine, run for this session where it can be (None), else why not."""
     with docker_daemon() as reason:
         yield reason
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Cluster]:
+    """A throw-away PostgreSQL cluster for this session (tests/postgres_helpers.py)."""
+    with postgres_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metadata_target(request: pytest.FixtureRequest, tmp_path: Path) -> MetadataTarget:
+    """Each engine of the metadata index in turn: the SQLite file in ``tmp_path``, or a new
+    database of the session's PostgreSQL cluster (``database_url``)."""
+    if request.param == "sqlite":
+        return MetadataTarget("sqlite", tmp_path / "metadata.sqlite3")
+    cluster: Cluster = request.getfixturevalue("postgres")
+    return MetadataTarget("postgresql", tmp_path / "metadata.sqlite3", cluster.create_database())
 
 
 @pytest.fixture(scope="session")

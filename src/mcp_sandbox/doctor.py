@@ -1,4 +1,4 @@
-"""``mcp-sandbox doctor``: which backends work here, what each enforces, and the runtimes."""
+"""``mcp-sandbox doctor``: which backends work here, what each enforces, the runtimes and the metadata index."""
 
 from __future__ import annotations
 
@@ -23,7 +23,10 @@ from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
 from mcp_sandbox.sandbox import gate
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
+from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import check_tenant_uids
+from mcp_sandbox.workspace.database import describe_url, redact
+from mcp_sandbox.workspace.schema import MIGRATIONS
 
 __all__ = ["doctor"]
 
@@ -226,6 +229,35 @@ def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
     )
 
 
+def _report_metadata(settings: Settings, out: TextIO) -> bool:
+    """Say where the metadata index is, whether it answers and its schema version; never create it."""
+    url, known = settings.paths.database_url, len(MIGRATIONS)
+    try:
+        if url is None:
+            from mcp_sandbox.workspace.sqlite_db import read_version as read_sqlite
+
+            path = StateLayout.of(settings).metadata
+            out.write(f"metadata index: SQLite {path}")
+            if not path.exists():
+                out.write(" (made at the first start)\n")
+                return True
+            version = read_sqlite(path)
+        else:
+            from mcp_sandbox.workspace.postgres_db import read_version as read_postgres
+
+            out.write(f"metadata index: PostgreSQL {describe_url(url)}")
+            version = read_postgres(url)
+    except Exception as exc:  # the driver's errors, or sqlite3's: reported, never raised
+        out.write(f"\n  FAILED: cannot be reached or read: {redact(' '.join(str(exc).split()), url)}\n")
+        return False
+    out.write(f", reachable, schema version {version} of {known}" if url else f", schema version {version} of {known}")
+    if version > known:
+        out.write("\n  FAILED: written by a newer mcp-sandbox; the server will refuse it\n")
+        return False
+    out.write(" (migrated at the next start)\n" if version < known else "\n")
+    return True
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -233,6 +265,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
     out.write(f"{settings.sandbox.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
     _report_tenant_uids(settings, out)
     out.write(f"state dir: {settings.paths.state_dir}\n")
+    metadata_ok = _report_metadata(settings, out)
     probes = available_backends(settings)
     for probe in probes:
         _report_backend(probe, out)
@@ -255,4 +288,4 @@ def doctor(settings: Settings, out: TextIO) -> int:
             "(or start it with --accept-weaker-isolation)\n"
         )
         return 1
-    return 0 if runtime_ok else 1
+    return 0 if runtime_ok and metadata_ok else 1

@@ -8,7 +8,8 @@
                                       (then runs/ and workspaces/ too): other host users cannot
                                       reach a workspace even if a run opened its mode
       secret                    0600  the server secret (workspace/secret.py)
-      metadata.sqlite3          0600  the metadata index, with its -wal and -shm (workspace/metadata.py)
+      metadata.sqlite3          0600  the metadata index, with its -wal and -shm (workspace/sqlite_db.py;
+                                      none when database_url names PostgreSQL)
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
       tenant-uids.json          0600  each tenant's host uid, assigned once, with its .lock (tenant_uids.py)
       runs/                     0711  one directory per run or long-lived sandbox, named after the

@@ -3,7 +3,6 @@ ended meanwhile, and the last ones before the service closes."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,17 @@ from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
 from mcp_sandbox.state import StateLayout
 from mcp_test_helpers import run_python, structured
+from postgres_helpers import MetadataTarget
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 
 async def test_concurrent_runs_are_all_recorded_once_and_the_last_before_closing(
-    state_dir: Path, sandbox_runtime: Path | None
+    state_dir: Path, sandbox_runtime: Path | None, metadata_target: MetadataTarget
 ) -> None:
     flags: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
+    if metadata_target.url is not None:
+        flags["database_url"] = metadata_target.url
     if sandbox_runtime is not None:
         flags["python_runtime"] = str(sandbox_runtime)
     settings = load_settings(env={}, flags=flags)
@@ -40,8 +42,10 @@ async def test_concurrent_runs_are_all_recorded_once_and_the_last_before_closing
                 callers.start_soon(caller, client, number)
     # Closed as soon as the last call was answered: the last records were still to be written.
 
-    with sqlite3.connect(StateLayout.of(settings).metadata) as db:
-        rows = db.execute("SELECT status, count(*), count(DISTINCT id) FROM executions GROUP BY status").fetchall()
-    db.close()
+    if metadata_target.url is None:
+        metadata_target = MetadataTarget("sqlite", StateLayout.of(settings).metadata)
+    else:  # with database_url, no SQLite file is made beside it
+        assert not StateLayout.of(settings).metadata.exists()
+    rows = metadata_target.query("SELECT status, count(*), count(DISTINCT id) FROM executions GROUP BY status")
     assert sorted(statuses) == ["error"] * 3 + ["success"] * 45
     assert sorted(rows) == [("error", 3, 3), ("success", 45, 45)]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import anyio
 import pytest
 
 from mcp_sandbox.events import EventHub, RunFinished, ToolCalled
 from mcp_sandbox.server.history import History, execution_record
 from mcp_sandbox.workspace import Metadata
+from postgres_helpers import MetadataTarget
 
 pytestmark = pytest.mark.anyio
 
@@ -38,8 +36,8 @@ def test_a_run_refused_as_busy_is_an_error_in_the_history() -> None:
     assert execution_record(_finished("busy")).status == "error"
 
 
-async def test_runs_emitted_to_the_hub_are_written_once_and_other_events_not(tmp_path: Path) -> None:
-    metadata = Metadata.open(tmp_path / "metadata.db")
+async def test_runs_emitted_to_the_hub_are_written_once_and_other_events_not(metadata_target: MetadataTarget) -> None:
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         hub = EventHub()
         with anyio.fail_after(10):
@@ -51,7 +49,5 @@ async def test_runs_emitted_to_the_hub_are_written_once_and_other_events_not(tmp
             # The task group's exit waited for the writes.
     finally:
         metadata.close()
-    with sqlite3.connect(tmp_path / "metadata.db") as db:
-        rows = db.execute("SELECT status, duration_ms, started_at FROM executions ORDER BY status").fetchall()
-    db.close()
+    rows = metadata_target.query("SELECT status, duration_ms, started_at FROM executions ORDER BY status")
     assert rows == [("error", 17, 1_700_000_000.5)] * 2 + [("success", 17, 1_700_000_000.5)]

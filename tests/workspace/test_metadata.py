@@ -1,4 +1,5 @@
-"""The SQLite index: private, migrated in order, crash-safe, and free of code, environment and tokens."""
+"""The metadata index on each engine (SQLite, PostgreSQL): migrated in order, free of code, environment
+and tokens; and SQLite's file: private, crash-safe."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import pytest
 from mcp_sandbox.errors import ConfigError, WorkspaceError
 from mcp_sandbox.workspace import METADATA_FILE, ExecutionRecord, FileEntry, Metadata, Usage, WorkspaceStore
 from mcp_sandbox.workspace.metadata import MIGRATIONS
+from postgres_helpers import MetadataTarget
 
 
 @pytest.fixture
-def metadata(tmp_path: Path) -> Iterator[Metadata]:
-    opened = Metadata.open(tmp_path / METADATA_FILE)
+def metadata(metadata_target: MetadataTarget) -> Iterator[Metadata]:
+    opened = Metadata.open(metadata_target.path, metadata_target.url)
     yield opened
     opened.close()
 
@@ -43,7 +45,8 @@ def _record(number: int, tenant: str = "alice", conversation: str | None = None)
     )
 
 
-def test_the_database_and_its_wal_are_private_and_in_wal_mode(metadata: Metadata, tmp_path: Path) -> None:
+def test_the_database_and_its_wal_are_private_and_in_wal_mode(tmp_path: Path) -> None:
+    metadata = Metadata.open(tmp_path / METADATA_FILE)
     metadata.touch_conversation("k" * 64, "alice", 1.0)
 
     for name in (METADATA_FILE, f"{METADATA_FILE}-wal", f"{METADATA_FILE}-shm"):
@@ -51,32 +54,39 @@ def test_the_database_and_its_wal_are_private_and_in_wal_mode(metadata: Metadata
     with sqlite3.connect(tmp_path / METADATA_FILE) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     other.close()
+    metadata.close()
 
 
-def test_opening_twice_applies_the_migrations_once(tmp_path: Path) -> None:
-    first = Metadata.open(tmp_path / METADATA_FILE)
+def test_opening_twice_applies_the_migrations_once(metadata_target: MetadataTarget) -> None:
+    first = Metadata.open(metadata_target.path, metadata_target.url)
     first.touch_conversation("k" * 64, "alice", 1.0)
     first.close()
 
-    second = Metadata.open(tmp_path / METADATA_FILE)
+    second = Metadata.open(metadata_target.path, metadata_target.url)
 
     assert second.version == len(MIGRATIONS)
     assert [row.key for row in second.conversations_by_last_use()] == ["k" * 64]
     second.close()
 
 
-def test_a_database_from_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:
-    Metadata.open(tmp_path / METADATA_FILE).close()
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
-    db.close()
+def _schema_version(target: MetadataTarget) -> int:
+    if target.url is None:
+        return int(str(target.query("PRAGMA user_version")[0][0]))
+    return int(str(target.query("SELECT version FROM mcp_sandbox_schema")[0][0]))
 
-    with pytest.raises(ConfigError):
-        Metadata.open(tmp_path / METADATA_FILE)
 
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
-    db.close()
+def test_a_database_from_a_newer_version_is_refused_untouched(metadata_target: MetadataTarget) -> None:
+    Metadata.open(metadata_target.path, metadata_target.url).close()
+    newer = len(MIGRATIONS) + 1
+    if metadata_target.url is None:
+        metadata_target.execute(f"PRAGMA user_version = {newer}")
+    else:
+        metadata_target.execute(f"UPDATE mcp_sandbox_schema SET version = {newer}")
+
+    with pytest.raises(ConfigError, match="newer than this mcp-sandbox knows"):
+        Metadata.open(metadata_target.path, metadata_target.url)
+
+    assert _schema_version(metadata_target) == newer
 
 
 def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
@@ -102,7 +112,9 @@ def test_conversations_come_least_recently_used_first_and_touching_moves_them(me
     ]
 
 
-def test_recorded_files_replace_the_previous_ones_and_set_the_usage(metadata: Metadata, tmp_path: Path) -> None:
+def test_recorded_files_replace_the_previous_ones_and_set_the_usage(
+    metadata: Metadata, metadata_target: MetadataTarget
+) -> None:
     key = "a" * 64
     metadata.touch_conversation(key, "alice", 1.0)
     metadata.record_files(key, [FileEntry("old.txt", 3, 1.0)], Usage(bytes=3, files=1))
@@ -111,9 +123,7 @@ def test_recorded_files_replace_the_previous_ones_and_set_the_usage(metadata: Me
 
     (row,) = metadata.conversations_by_last_use()
     assert (row.bytes, row.files) == (12, 2)
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        assert db.execute("SELECT name, size FROM files ORDER BY name").fetchall() == [("a.txt", 5), ("b/c.txt", 7)]
-    db.close()
+    assert metadata_target.query("SELECT name, size FROM files ORDER BY name") == [("a.txt", 5), ("b/c.txt", 7)]
 
 
 def test_recording_files_of_an_unknown_conversation_is_refused(metadata: Metadata) -> None:
@@ -121,7 +131,9 @@ def test_recording_files_of_an_unknown_conversation_is_refused(metadata: Metadat
         metadata.record_files("f" * 64, [FileEntry("a", 1, 1.0)], Usage(bytes=1, files=1))
 
 
-def test_forgetting_a_conversation_drops_its_files_and_keeps_its_executions(metadata: Metadata, tmp_path: Path) -> None:
+def test_forgetting_a_conversation_drops_its_files_and_keeps_its_executions(
+    metadata: Metadata, metadata_target: MetadataTarget
+) -> None:
     key = "a" * 64
     metadata.touch_conversation(key, "alice", 1.0)
     metadata.record_files(key, [FileEntry("a.txt", 5, 2.0)], Usage(bytes=5, files=1))
@@ -130,10 +142,8 @@ def test_forgetting_a_conversation_drops_its_files_and_keeps_its_executions(meta
     metadata.forget_conversation(key)
 
     assert metadata.conversations_by_last_use() == []
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        assert db.execute("SELECT count(*) FROM files").fetchone()[0] == 0
-        assert db.execute("SELECT id, conversation FROM executions").fetchall() == [("run-1", key)]
-    db.close()
+    assert metadata_target.query("SELECT count(*) FROM files") == [(0,)]
+    assert metadata_target.query("SELECT id, conversation FROM executions") == [("run-1", key)]
 
 
 def test_a_duplicate_execution_id_is_refused(metadata: Metadata) -> None:
@@ -143,15 +153,13 @@ def test_a_duplicate_execution_id_is_refused(metadata: Metadata) -> None:
         metadata.record_execution(_record(1))
 
 
-def test_executions_recorded_together_are_all_kept_or_none(metadata: Metadata, tmp_path: Path) -> None:
+def test_executions_recorded_together_are_all_kept_or_none(metadata: Metadata, metadata_target: MetadataTarget) -> None:
     metadata.record_executions([_record(1), _record(2, tenant="bob"), _record(3)])
     with pytest.raises(WorkspaceError):
         metadata.record_executions([_record(4), _record(2)])  # run-2 is there: run-4 is not kept either
 
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        rows = db.execute("SELECT id, tenant FROM executions ORDER BY id").fetchall()
-        tenants = db.execute("SELECT name FROM tenants ORDER BY name").fetchall()
-    db.close()
+    rows = metadata_target.query("SELECT id, tenant FROM executions ORDER BY id")
+    tenants = metadata_target.query("SELECT name FROM tenants ORDER BY name")
     assert rows == [("run-1", "alice"), ("run-2", "bob"), ("run-3", "alice")]
     assert tenants == [("alice",), ("bob",)]
 
@@ -180,11 +188,13 @@ def test_threads_can_share_one_metadata_object(metadata: Metadata) -> None:
 _SECRETS = ("sk-live-TOPSECRET-0123", "hunter2-PASSWORD", "print('CODE-MARKER')", "chat-ID-RAW-77")
 
 
-def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(store: WorkspaceStore, tmp_path: Path) -> None:
+def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(
+    store: WorkspaceStore, metadata_target: MetadataTarget
+) -> None:
     """A run's inputs with secret-looking values go through the whole recording path; none lands in the file."""
     token, password, code, conversation_id = _SECRETS
     key = store.key("alice", conversation_id)
-    metadata = Metadata.open(tmp_path / METADATA_FILE)
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     metadata.touch_conversation(key, "alice", 100.0)
     store.write_file(key, "notes.txt", f"{code}\nAPI_TOKEN={token}\nPASSWORD={password}\n".encode())
     metadata.record_files(key, store.list_files(key).files, store.usage(key))
@@ -206,12 +216,12 @@ def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(store: W
     )
     metadata.close()
 
-    raw = b"".join(path.read_bytes() for path in tmp_path.glob(f"{METADATA_FILE}*"))
-    with sqlite3.connect(tmp_path / METADATA_FILE) as db:
-        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        columns = {table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")] for table in tables}
-        values = [str(value) for table in tables for row in db.execute(f"SELECT * FROM {table}") for value in row]
-    db.close()
+    # SQLite: the bytes of the file and its WAL; both engines: every value of every table.
+    raw = b"".join(path.read_bytes() for path in metadata_target.path.parent.glob(f"{METADATA_FILE}*"))
+    columns = metadata_target.tables()
+    values = [
+        str(value) for table in columns for row in metadata_target.query(f"SELECT * FROM {table}") for value in row
+    ]
     for secret in _SECRETS:
         assert secret.encode() not in raw
         assert not any(secret in value for value in values)

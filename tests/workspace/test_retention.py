@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox.config import Settings, load_settings
-from mcp_sandbox.workspace import METADATA_FILE, ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
+from mcp_sandbox.workspace import ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
+from postgres_helpers import MetadataTarget
 
 DAY = 86400.0
 NOW = 1_000 * DAY
@@ -29,8 +29,8 @@ def store(budget_settings: Settings) -> WorkspaceStore:
 
 
 @pytest.fixture
-def metadata(budget_settings: Settings) -> Iterator[Metadata]:
-    opened = Metadata.open(budget_settings.paths.state_dir / METADATA_FILE)
+def metadata(metadata_target: MetadataTarget) -> Iterator[Metadata]:
+    opened = Metadata.open(metadata_target.path, metadata_target.url)
     yield opened
     opened.close()
 
@@ -129,12 +129,14 @@ def test_a_sweep_within_every_limit_deletes_nothing(
     assert store.keys() == sorted(keys)
 
 
-def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants(state_dir: Path) -> None:
+def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants(
+    state_dir: Path, metadata_target: MetadataTarget
+) -> None:
     settings = load_settings(
         env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 1000, "max_workspaces_bytes": 10_000}
     )
     store = WorkspaceStore(settings, load_secret(state_dir))
-    metadata = Metadata.open(state_dir / METADATA_FILE)
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         bobs = _conversation(store, metadata, "b", 500, NOW - 9 * DAY, tenant="bob")  # the oldest of all
         alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(5)]
@@ -150,12 +152,14 @@ def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants
         metadata.close()
 
 
-def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(state_dir: Path) -> None:
+def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(
+    state_dir: Path, metadata_target: MetadataTarget
+) -> None:
     settings = load_settings(
         env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 5000, "max_workspaces_bytes": 1500}
     )
     store = WorkspaceStore(settings, load_secret(state_dir))
-    metadata = Metadata.open(state_dir / METADATA_FILE)
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         bobs = _conversation(store, metadata, "b", 300, NOW - 9 * DAY, tenant="bob")  # the oldest of all
         alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(4)]
@@ -175,19 +179,20 @@ def _runs(metadata: Metadata, tenant: str, started: list[float]) -> None:
     )
 
 
-def _kept(state_dir: Path) -> dict[str, list[float]]:
-    with sqlite3.connect(f"file:{state_dir / METADATA_FILE}?mode=ro", uri=True) as db:
-        rows = db.execute("SELECT tenant, started_at FROM executions ORDER BY tenant, started_at").fetchall()
+def _kept(target: MetadataTarget) -> dict[str, list[float]]:
+    rows = target.query("SELECT tenant, started_at FROM executions ORDER BY tenant, started_at")
     kept: dict[str, list[float]] = {}
     for tenant, started in rows:
-        kept.setdefault(tenant, []).append(started)
+        kept.setdefault(str(tenant), []).append(float(str(started)))
     return kept
 
 
-def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_its_count(state_dir: Path) -> None:
+def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_its_count(
+    state_dir: Path, metadata_target: MetadataTarget
+) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_ttl": "10d", "history_max_runs": 3})
     store = WorkspaceStore(settings, load_secret(state_dir))
-    metadata = Metadata.open(state_dir / METADATA_FILE)
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         _runs(metadata, "alice", [NOW - day * DAY for day in (12, 11, 5, 4, 3, 2, 1)])
         _runs(metadata, "bob", [NOW - 20 * DAY, NOW - 2 * DAY, NOW - DAY])
@@ -196,7 +201,7 @@ def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_
 
         # alice: two past the ttl, then her two oldest past 3; bob: one past the ttl, his other two kept.
         assert report.history_pruned == 5
-        assert _kept(state_dir) == {
+        assert _kept(metadata_target) == {
             "alice": [NOW - 3 * DAY, NOW - 2 * DAY, NOW - DAY],
             "bob": [NOW - 2 * DAY, NOW - DAY],
         }
@@ -205,16 +210,18 @@ def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_
         metadata.close()
 
 
-def test_a_tenant_with_many_runs_never_prunes_another_tenants_history(state_dir: Path) -> None:
+def test_a_tenant_with_many_runs_never_prunes_another_tenants_history(
+    state_dir: Path, metadata_target: MetadataTarget
+) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_max_runs": 2})
     store = WorkspaceStore(settings, load_secret(state_dir))
-    metadata = Metadata.open(state_dir / METADATA_FILE)
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         _runs(metadata, "bob", [NOW - 3 * DAY, NOW - 2 * DAY])  # older than all of alice's
         _runs(metadata, "alice", [NOW - 60 * i for i in range(50)])
 
         sweep(store, metadata, settings, NOW, busy=())
 
-        assert _kept(state_dir) == {"alice": [NOW - 60, NOW], "bob": [NOW - 3 * DAY, NOW - 2 * DAY]}
+        assert _kept(metadata_target) == {"alice": [NOW - 60, NOW], "bob": [NOW - 3 * DAY, NOW - 2 * DAY]}
     finally:
         metadata.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import Field, field, fields
 from typing import Any, Literal, TypeVar
@@ -19,12 +20,14 @@ from mcp_sandbox.errors import ConfigError
 
 __all__ = [
     "BYTES",
+    "DATABASE_SCHEMES",
     "DURATION",
     "Check",
     "Unit",
     "address_ranges",
     "check_fields",
     "computed",
+    "database_url",
     "duration",
     "duration_or_zero",
     "host_id",
@@ -175,6 +178,30 @@ def http_url(name: str, value: str | None) -> None:
     """An http(s) URL, or None."""
     if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
         raise ConfigError(f"{name}: {value!r} is not an http(s) URL")
+
+
+# What ``database_url`` accepts (libpq's two spellings); unset means the SQLite file in ``state_dir``.
+DATABASE_SCHEMES = ("postgresql", "postgres")
+
+
+def database_url(name: str, value: str | None) -> None:
+    """A ``postgresql://`` URL, or None. The message never repeats the value: it may hold a password."""
+    if value is None:
+        return
+    accepted = ", ".join(f"{scheme}://" for scheme in DATABASE_SCHEMES)
+    scheme, found, _ = value.partition("://")
+    if not found:
+        raise ConfigError(f"{name}: not a URL; accepted: {accepted} (unset: the SQLite file in state_dir)")
+    if scheme.lower() not in DATABASE_SCHEMES:
+        # Named only when it looks like a scheme: text before "://" may be part of a password.
+        named = f"the scheme {scheme!r}" if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,19}", scheme) else "its scheme"
+        raise ConfigError(
+            f"{name}: {named} is not supported; accepted: {accepted} (unset: the SQLite file in state_dir)"
+        )
+    try:
+        urllib.parse.urlsplit(value).port  # noqa: B018 - parsing the port is the check
+    except ValueError:
+        raise ConfigError(f"{name}: the URL's port is not a number from 1 to 65535") from None
 
 
 def one_of(choices: Iterable[str]) -> Check:

@@ -27,6 +27,7 @@ from mcp_sandbox.config.fields import (
     DURATION,
     check_fields,
     computed,
+    database_url,
     duration,
     host_id_range,
     language_images,
@@ -112,6 +113,16 @@ class PathSettings:
         "Workspaces, the metadata database, the server secret, generated tool stubs.",
         "`/var/lib/mcp-sandbox` as root, else `$XDG_STATE_HOME/mcp-sandbox`",
         alias="MCP_BRIDGE_STATE_DIR",
+    )
+    database_url: str | None = setting(
+        None,
+        (
+            "Where the metadata index lives (tenants, conversations, their files, the run history): "
+            "`postgresql://user:password@host:port/db`, else the SQLite file in `state_dir` "
+            "([Deploying](deployment.md#the-metadata-database)). Workspaces stay on local disk either way."
+        ),
+        check=database_url,
+        secret=True,
     )
     data_dir: Path = computed(
         lambda: default_data_dir(os.environ),

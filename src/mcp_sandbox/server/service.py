@@ -306,7 +306,9 @@ async def open_service(
     workspaces = WorkspaceStore(settings, secret)
     if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
         logger.info("deleted %d partial uploads a crash left", swept)
-    metadata = Metadata.open(layout.metadata)
+    # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
+    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
+    logger.info("metadata index: %s", metadata.description)
     audit = AuditLog.open(layout.audit_log)
     refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
     events.subscribe(_auditor(audit, refusals))

@@ -1,0 +1,93 @@
+"""The metadata index's schema: migrations for SQLite and for PostgreSQL, step for step the same.
+
+Step ``n`` of both lists leads to schema version ``n`` (SQLite keeps it in ``user_version``,
+PostgreSQL in the one row of ``mcp_sandbox_schema``), so a version names one schema on either
+engine. Append only: a released step is never edited, a change is a new step in both lists.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MIGRATIONS", "POSTGRES_MIGRATIONS"]
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE tenants (
+            name TEXT PRIMARY KEY,
+            created REAL NOT NULL
+        ) STRICT""",
+        """CREATE TABLE conversations (
+            key TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL REFERENCES tenants(name),
+            created REAL NOT NULL,
+            last_used REAL NOT NULL,
+            bytes INTEGER NOT NULL DEFAULT 0,
+            files INTEGER NOT NULL DEFAULT 0
+        ) STRICT""",
+        "CREATE INDEX conversations_by_last_used ON conversations(last_used)",
+        """CREATE TABLE files (
+            conversation TEXT NOT NULL REFERENCES conversations(key) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            size INTEGER NOT NULL,
+            mtime REAL NOT NULL,
+            PRIMARY KEY (conversation, name)
+        ) STRICT, WITHOUT ROWID""",
+        # conversation is not a foreign key: the history outlives the conversation's files.
+        """CREATE TABLE executions (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL REFERENCES tenants(name),
+            conversation TEXT,
+            language TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            duration_ms INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            exit_code INTEGER,
+            stdout_bytes INTEGER NOT NULL,
+            stderr_bytes INTEGER NOT NULL,
+            files_bytes INTEGER NOT NULL
+        ) STRICT""",
+        "CREATE INDEX executions_by_start ON executions(started_at)",
+    ),
+    # Retention keeps each tenant's most recent runs.
+    ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+)
+
+# The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
+POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE tenants (
+            name TEXT PRIMARY KEY,
+            created DOUBLE PRECISION NOT NULL
+        )""",
+        """CREATE TABLE conversations (
+            key TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL REFERENCES tenants(name),
+            created DOUBLE PRECISION NOT NULL,
+            last_used DOUBLE PRECISION NOT NULL,
+            bytes BIGINT NOT NULL DEFAULT 0,
+            files BIGINT NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX conversations_by_last_used ON conversations(last_used)",
+        """CREATE TABLE files (
+            conversation TEXT NOT NULL REFERENCES conversations(key) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            mtime DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (conversation, name)
+        )""",
+        """CREATE TABLE executions (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL REFERENCES tenants(name),
+            conversation TEXT,
+            language TEXT NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            duration_ms BIGINT NOT NULL,
+            status TEXT NOT NULL,
+            exit_code BIGINT,
+            stdout_bytes BIGINT NOT NULL,
+            stderr_bytes BIGINT NOT NULL,
+            files_bytes BIGINT NOT NULL
+        )""",
+        "CREATE INDEX executions_by_start ON executions(started_at)",
+    ),
+    ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+)
