@@ -39,7 +39,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import anyio
@@ -47,10 +47,12 @@ import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability, SandboxOutcome
 from mcp_sandbox.sandbox.backends.container.aliases import alias_binds, remove_aliases
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_FD,
+    CONNECT,
     ContainerRun,
     Flavour,
     container_argv,
@@ -70,7 +72,7 @@ from mcp_sandbox.sandbox.cgroups import (
     sweep_stale,
     sweep_stale_everywhere,
 )
-from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
+from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import oci_profile
 from mcp_sandbox.state import StateLayout
 
@@ -87,6 +89,18 @@ _CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
 # which picks among the container's processes, and never ours, which could pick conmon (the run
 # would then hang to its timeout). The container's cgroup still enforces the run's limit.
 _RUNTIME_HEADROOM = 32 << 20
+
+
+def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
+    """``policy`` with the socket channel's connector (the Python runner's ``connect.py``) bound in.
+
+    A Python sandbox has it already; a JavaScript one gets the Python runner's directory, read-only,
+    at its usual place (the connector runs on the image's python3, see ``argv.py``).
+    """
+    inside = str(PurePosixPath(CONNECT).parent)
+    if any(mount.target == inside for mount in policy.mounts):
+        return policy
+    return dataclasses.replace(policy, mounts=(*policy.mounts, Mount(runner_dir("python"), inside)))
 
 
 class ContainerSandbox(ProcessSandbox):
@@ -266,12 +280,9 @@ class ContainerBackend:
         yield self
 
     async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
-        if policy.language != "python":
-            # The JavaScript runtimes' channel set-up and ids inside are bwrap's so far.
-            raise SandboxStartError(
-                f"the {self.name} backend runs Python only for now; {policy.language} needs the bwrap backend"
-            )
         await self._sweep_once()
+        if self.flavour == "docker":
+            policy = with_connector(policy)
         cli = self.engine.cli
         name = container_name(os.getpid())
         async with contextlib.AsyncExitStack() as undo:
