@@ -60,6 +60,7 @@ from mcp_sandbox.sandbox.backends.container.argv import (
     server_env,
 )
 from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
+from mcp_sandbox.sandbox.backends.container.ending import ContainerRunner, container_runner
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.backends.container.probe import probe_container
 from mcp_sandbox.sandbox.backends.container.rootless import RootlessProblems, rootless_problems
@@ -107,6 +108,7 @@ class ContainerSandbox(ProcessSandbox):
     """A running container (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
 
     teardown_seconds = 10.0
+    _runner: ContainerRunner | None = None
 
     def __init__(
         self,
@@ -135,6 +137,15 @@ class ContainerSandbox(ProcessSandbox):
         with anyio.move_on_after(self.teardown_seconds):
             await self._process.wait()
         await self._engine.remove([self.name])
+
+    def watch_runner(self) -> None:
+        if self._cgroup is not None:
+            self._runner = container_runner(Path(self._cgroup.procs_files[0]).parent)
+
+    def runner_ended(self) -> SandboxOutcome | None:
+        """See :mod:`.ending`: needs our cgroup (to find the container's and see that nothing else runs)."""
+        returncode = self._runner.ended() if self._runner is not None else None
+        return None if returncode is None else self._judge(returncode)
 
     def _release(self) -> None:
         if self._channel_dir is not None:
