@@ -1,6 +1,6 @@
 """Container start-up and run latency: cold containers vs a session's warm one, next to bwrap.
 
-    .venv/bin/python bench/container_latency.py [--runs N]
+    .venv/bin/python bench/container_latency.py [--runs N] [--language typescript]
 
 Rows (medians and p95 over N runs, milliseconds):
 
@@ -15,6 +15,10 @@ Rows (medians and p95 over N runs, milliseconds):
 - ``session run``: the same code as the runs of one session, served by one warm container
   over the channel;
 - the same two rows on bwrap, for comparison.
+
+``--language typescript`` (or ``javascript``) times the engine's rows for a run of that language
+on the configured JavaScript runtime (bun by default) instead, without the session row (a
+conversation's TypeScript runs are fresh sandboxes) and the CLI's rows.
 
 On these machines podman runs only with the test suite's workarounds, so the podman rows use
 ``tests/containers/podman-wrapper`` when this runs as root and the wrapper exists (the wrapper's
@@ -47,7 +51,7 @@ from mcp_sandbox.workspace import remove_tree
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = REPO / ".runtime" / "python"
 IMAGE = "localhost/mcp-sandbox-python:latest"
-CODE = "print('hello')"
+CODE = {"python": "print('hello')", "typescript": "console.log('hello');", "javascript": "console.log('hello');"}
 
 
 def _cli(name: str) -> str | None:
@@ -93,7 +97,7 @@ async def _timed(runs: int, action: Callable[[], Awaitable[None]]) -> list[float
     return samples
 
 
-async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: Path) -> None:
+async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: Path, language: str) -> None:
     values: dict[str, object] = {"state_dir": str(state / name), **flags}
     if (RUNTIME / "bin" / "python3").exists():
         values["python_runtime"] = str(RUNTIME)
@@ -105,9 +109,11 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
         return
     engine = Engine(settings, backend)
     engine.prepare()
+    code = CODE[language]
+    zygotes = backend.warm_pool and language == "python"
 
     async def fresh() -> None:
-        result = await engine.execute(ExecutionRequest(code=CODE, timeout=30))
+        result = await engine.execute(ExecutionRequest(code=code, timeout=30, language=language))
         assert result.stdout == "hello\n", result
 
     print(f"{name:<8} fresh run         {_stats(await _timed(runs, fresh))}")
@@ -116,10 +122,11 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
         async def warm() -> None:
             await anyio.sleep(0.3)  # not timed: the refill's head start
             with anyio.move_on_after(10):  # and, on a loaded machine, until one is ready
-                while not (engine.pool.idle if backend.warm_pool else engine.prestart.ready("python")):  # noqa: ASYNC110
+                while not (engine.pool.idle if zygotes else engine.prestart.ready(language)):  # noqa: ASYNC110
                     await anyio.sleep(0.05)
             started = time.perf_counter()
-            result = await engine.execute(ExecutionRequest(code=CODE, timeout=settings.limits.timeout))
+            request = ExecutionRequest(code=code, timeout=settings.limits.timeout, language=language)
+            result = await engine.execute(request)
             timings.append(time.perf_counter() - started)
             assert result.stdout == "hello\n" and result.warm, result
 
@@ -130,9 +137,11 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
         for _ in range(runs):
             await warm()
         print(f"{name:<8} warm run          {_stats(timings)}")
+        if language != "python":
+            return
 
         async def session() -> None:
-            result = await engine.execute(ExecutionRequest(code=CODE, timeout=30, session="bench"))
+            result = await engine.execute(ExecutionRequest(code=code, timeout=30, session="bench"))
             assert result.stdout == "hello\n", result
 
         print(f"{name:<8} session run       {_stats(await _timed(runs * 2, session))}")
@@ -143,25 +152,26 @@ async def _bench_cli(cli: str, label: str, runs: int) -> None:
         await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "/bin/true"])
 
     async def python() -> None:
-        await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "python3", "-c", CODE])
+        await anyio.run_process([cli, "run", "--rm", "--network", "none", IMAGE, "python3", "-c", CODE["python"]])
 
     print(f"{label:<8} `run /bin/true`    {_stats(await _timed(runs, bare))}")
     print(f"{label:<8} run --rm python    {_stats(await _timed(runs, python))}")
 
 
-async def main(runs: int) -> None:
+async def main(runs: int, language: str) -> None:
     state = Path(tempfile.mkdtemp(prefix="mcp-sandbox-bench-"))
     os.chmod(state, 0o711)
     try:
-        await _bench_backend("bwrap", {}, runs, state)
+        await _bench_backend("bwrap", {}, runs, state, language)
         for name in ("podman", "docker"):
             cli = _cli(name)
             with _engine(name) as why:
                 if why is not None or cli is None or not _answers(cli):
                     print(f"{name:<8} unavailable: {why or f'`{cli} info` does not answer'}")
                     continue
-                await _bench_cli(cli, name, runs)
-                await _bench_backend(name, {"container_runtime": cli}, runs, state)
+                if language == "python":
+                    await _bench_cli(cli, name, runs)
+                await _bench_backend(name, {"container_runtime": cli}, runs, state, language)
     finally:
         remove_tree(state)
 
@@ -169,6 +179,10 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per row (sessions: twice as many)")
+    parser.add_argument("--language", choices=sorted(CODE), default="python", help="the runs' language")
     arguments = parser.parse_args()
-    print(f"mcp-sandbox container latency, {arguments.runs} runs per row, Python {sys.version.split()[0]}")
-    anyio.run(main, arguments.runs)
+    print(
+        f"mcp-sandbox container latency, {arguments.language}, {arguments.runs} runs per row, "
+        f"Python {sys.version.split()[0]}"
+    )
+    anyio.run(main, arguments.runs, arguments.language)

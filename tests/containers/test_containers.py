@@ -14,7 +14,6 @@ import pytest
 
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_sandbox.errors import SandboxStartError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
@@ -43,9 +42,11 @@ def _ours(kind: str) -> list[str]:
     return _containers(f"{OWNER_LABEL}={os.getpid()}", kind)
 
 
-async def _execute(engine: Engine, code: str, *, limit: float = 10.0, session: str | None = None) -> ExecutionResult:
+async def _execute(
+    engine: Engine, code: str, *, limit: float = 10.0, session: str | None = None, language: str = "python"
+) -> ExecutionResult:
     with anyio.fail_after(limit + HOST_BOUND):
-        return await engine.execute(ExecutionRequest(code=code, timeout=limit, session=session))
+        return await engine.execute(ExecutionRequest(code=code, timeout=limit, session=session, language=language))
 
 
 def _dead_pid() -> int:
@@ -167,34 +168,73 @@ async def test_workspace_files_belong_to_the_sandbox_uid(
     assert json.loads((workspace / "out.json").read_text()) == {}
 
 
-async def test_a_typescript_run_is_refused_with_the_reason(
-    make_container_engine: EngineFactory, container_kind: str
+@pytest.mark.parametrize("js_runtime", ["bun", "deno"])
+async def test_typescript_and_javascript_run_with_the_limits_and_leave_no_container(
+    make_container_engine: EngineFactory, container_kind: str, js_runtime: str
 ) -> None:
-    engine = make_container_engine()
-    request = ExecutionRequest(code="console.log(1)", timeout=30, language="typescript")
-    with anyio.fail_after(60), pytest.raises(SandboxStartError, match="runs Python only"):
-        await engine.execute(request)
+    engine = make_container_engine(js_runtime=js_runtime, memory="128m")
+    typescript = ExecutionRequest(
+        code="const n: number = 6 * 7;\nconsole.log(n, process.getuid?.() !== 0);", timeout=30, language="typescript"
+    )
+    bomb = ExecutionRequest(
+        code="const hog = []; for (let i = 0; i < 64; i++) hog.push(new Uint8Array(64 << 20).fill(1));",
+        timeout=30,
+        language="javascript",
+    )
+    with anyio.fail_after(60 + HOST_BOUND):
+        ran = await engine.execute(typescript)
+        bombed = await engine.execute(bomb)
+
+    assert (ran.status, ran.stdout) == ("success", "42 true\n"), ran.stderr
+    assert bombed.status == "error" and bombed.exit_code != 0
     assert _ours(container_kind) == []
 
 
-async def test_a_prestarted_container_serves_one_run_and_is_replaced(
+async def test_the_typescript_runtimes_packages_import_in_a_container(
     make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    engine = make_container_engine(js_runtime="bun")
+    code = (
+        "import Papa from 'papaparse';\nimport pg from 'pg';\n"
+        "console.log(JSON.stringify(Papa.parse('a,b').data), typeof pg.Client);"
+    )
+    with anyio.fail_after(30 + HOST_BOUND):
+        result = await engine.execute(ExecutionRequest(code=code, timeout=30, language="typescript"))
+
+    assert (result.status, result.stdout) == ("success", '[["a","b"]] function\n'), result.stderr
+
+
+# Per language: a first run, one that leaves a file in /tmp, one that looks for it.
+_PRESTART_CODE = {
+    "python": ("print(1)", "open('/tmp/left', 'w').write('x')", "import os\nprint(os.path.exists('/tmp/left'))"),
+    "typescript": (
+        "console.log(1);",
+        "import * as fs from 'node:fs';\nfs.writeFileSync('/tmp/left', 'x');",
+        "import * as fs from 'node:fs';\nconsole.log(fs.existsSync('/tmp/left') ? 'True' : 'False');",
+    ),
+}
+
+
+@pytest.mark.parametrize("language", ["python", "typescript"])
+async def test_a_prestarted_container_serves_one_run_and_is_replaced(
+    make_container_engine: EngineFactory, container_kind: str, language: str
 ) -> None:
     engine = make_container_engine(prestart_size=1)
     limit = engine.settings.limits.timeout  # the pool's containers have the default timeout's limits
+    opening, leaving, looking = _PRESTART_CODE[language]
 
     async def ready() -> list[str]:
         with anyio.fail_after(120):
-            while engine.prestart.ready("python") < 1:  # noqa: ASYNC110 - the pool has no event to wait on
+            while engine.prestart.ready(language) < 1:  # noqa: ASYNC110 - the pool has no event to wait on
                 await anyio.sleep(0.1)
         return _ours(container_kind)
 
     async with engine.running():
-        await _execute(engine, "print(1)", limit=limit)  # its containers start on the first run
+        await _execute(engine, opening, limit=limit, language=language)  # its containers start on the first run
         serving = await ready()
-        first = await _execute(engine, "open('/tmp/left', 'w').write('x')", limit=limit)
+        first = await _execute(engine, leaving, limit=limit, language=language)
         after = await ready()
-        second = await _execute(engine, "import os\nprint(os.path.exists('/tmp/left'))", limit=limit)
+        second = await _execute(engine, looking, limit=limit, language=language)
 
     assert (first.status, first.warm, second.status, second.warm) == ("success", True, "success", True)
     assert second.stdout == "False\n"

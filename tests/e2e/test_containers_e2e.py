@@ -7,10 +7,13 @@ import base64
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 
 from container_helpers import backend_flags
-from mcp_test_helpers import cli_environment, mcp_sandbox_cli, run_python, stdio_client, structured
+from mcp_test_helpers import CALL_BOUND, cli_environment, mcp_sandbox_cli, run_python, stdio_client, structured
+
+from .test_runtime_packages import TYPESCRIPT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -27,6 +30,9 @@ def container_backend(request: pytest.FixtureRequest, docker_engine: str | None)
             pytest.fail(f"{name} is required (MCP_SANDBOX_TEST_REQUIRE) but unavailable: {why}")
         pytest.skip(why)
     return name
+
+
+_SAVE = "import * as fs from 'node:fs';\nfs.writeFileSync('/workspace/out.txt', 'x');\nconsole.log('saved');"
 
 
 def _backend_env(backend: str) -> dict[str, str]:
@@ -59,6 +65,31 @@ def test_doctor_reports_the_container_backend_and_what_it_enforces(
     for capability in ("seccomp", "memory limit", "pids limit", "unprivileged uid"):
         assert capability in done.stdout
     assert "WEAK" not in done.stdout.split(f"backend {container_backend}:")[1].split("\nbackend ")[0]
+    javascript = done.stdout.split("\njavascript runtime:")[1].split("\n\n")[0]
+    assert "ok: ran TypeScript in a sandbox" in javascript, done.stdout  # on this backend, for real
+
+
+async def test_the_earlier_runners_typescript_runs_over_mcp_in_a_container(
+    container_backend: str, state_dir: Path, packaged_runtime: Path
+) -> None:
+    # Its TypeScript runner ran in Docker: the same code, its libraries and a file, on our containers.
+    environment = cli_environment(packaged_runtime, _backend_env(container_backend))
+    async with stdio_client(state_dir, packaged_runtime, environment=environment) as client:
+        with anyio.fail_after(CALL_BOUND):
+            ran = await client.call_tool("run_code", {"code": TYPESCRIPT, "language": "typescript"})
+            arguments = {"code": _SAVE, "language": "javascript", "conversationId": "ts"}
+            saved = await client.call_tool("run_code", arguments)
+
+    result = structured(ran)
+    assert result["status"] == "success", result
+    assert result["stdout"].splitlines() == [
+        '[{"name":"Alice","age":"30"}]',
+        '[{"x":"3","y":"4"}]',
+        "function function function",
+    ]
+    kept = structured(saved)
+    assert (kept["status"], kept["stdout"]) == ("success", "saved\n"), kept
+    assert [f["name"] for f in kept["files"]] == ["out.txt"]
 
 
 async def test_a_conversation_keeps_its_state_and_files_in_a_warm_container(

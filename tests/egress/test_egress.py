@@ -98,9 +98,10 @@ async def test_a_typescript_run_ends_while_its_fetch_keeps_a_connection_open(
     assert (result.status, result.stdout) == ("success", "200 hello from api.web.test\n"), result
 
 
+@pytest.mark.parametrize("backend", ["bwrap", "podman", "docker"])
 @pytest.mark.parametrize("js_runtime", ["bun", "deno"])
 async def test_an_allowed_name_is_reached_from_typescript(
-    egress_engine: EgressEngine, test_net: HostNet, js_runtime: str
+    egress_engine: EgressEngine, test_net: HostNet, js_runtime: str, backend: str
 ) -> None:
     ca = json.dumps(test_net.ca)
     options = (
@@ -116,7 +117,7 @@ async def test_an_allowed_name_is_reached_from_typescript(
           refused.status, await refused.text()]));
     """
     flags = {"egress_allow": ALLOW, "egress_allow_private": private(test_net), "js_runtime": js_runtime}
-    async with egress_engine(**flags) as (engine, egress):
+    async with egress_engine(backend, **flags) as (engine, egress):
         result = await execute(engine, code, granted(egress), language="typescript")
     assert result.status == "success", result
     answers = json.loads(result.stdout)

@@ -108,7 +108,8 @@ class SandboxRunner:
     """One engine on one backend, with the settings it was built from.
 
     ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready);
-    on a container backend, by a pre-started single-use container.
+    on a container backend, and for TypeScript and JavaScript everywhere, by a pre-started
+    single-use sandbox.
     """
 
     settings: Settings
@@ -120,18 +121,25 @@ class SandboxRunner:
     ) -> ExecutionResult:
         """Run ``code`` (dedented, after the prelude); the wait is bounded."""
         request = ExecutionRequest(code=PRELUDE + textwrap.dedent(code), timeout=time_limit, workspace=workspace)
-        with anyio.fail_after(time_limit + HOST_BOUND):
-            if not self.warm or workspace is not None:  # a conversation's workspace is never a warm sandbox's
+        return await self.execute(request)
+
+    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run ``request`` as it is (in a warm sandbox when ``warm``); the wait is bounded."""
+        language = request.language
+        with anyio.fail_after(request.timeout + HOST_BOUND):
+            if not self.warm or request.workspace is not None:  # a conversation's is never a warm sandbox's
                 return await self.engine.execute(request)
             # An engine per run: runs of one test may overlap, and each needs its own warm sandbox.
-            zygotes = self.engine.backend.warm_pool
-            # A pre-started container has the limits of the default timeout: this run's.
-            settings = self.settings if zygotes else self.settings.replace(timeout=time_limit)
+            # Python forks from a zygote where the backend keeps them; any other run, and every
+            # run on a container backend, takes a pre-started sandbox.
+            zygotes = self.engine.backend.warm_pool and language == "python"
+            # A pre-started sandbox has the limits of the default timeout: this run's.
+            settings = self.settings if zygotes else self.settings.replace(timeout=request.timeout)
             async with Engine(settings, self.engine.backend).running() as engine:
                 # The pools have no event to wait on.
-                while (engine.pool.idle if zygotes else engine.prestart.ready("python")) == 0:
+                while (engine.pool.idle if zygotes else engine.prestart.ready(language)) == 0:
                     if not zygotes:
-                        engine.prestart.fill("python")
+                        engine.prestart.fill(language)
                     await anyio.sleep(_POLL)
                 result = await engine.execute(request)
                 assert result.warm, "the run did not go to a warm sandbox"

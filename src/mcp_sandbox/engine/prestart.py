@@ -100,8 +100,8 @@ class PrestartPool:
     A language's sandboxes start on its first run (a deployment that never runs TypeScript keeps
     no bun), ``prestart_size`` of them (0: none, every run starts its own), by default
     :data:`DEFAULT_SIZES`. Only a run whose sandbox would be the same as theirs may take one (see
-    :func:`fits_prestarted_sandbox`). A sandbox that cannot start (a container backend refuses
-    TypeScript, say) is logged and its owner stops; the language's next run after
+    :func:`fits_prestarted_sandbox`). A sandbox that cannot start (a container image that
+    cannot run bun, say) is logged and its owner stops; the language's next run after
     ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
     """
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.sandbox.backends.container import ContainerRun, container_argv, container_name, owner_of
+from mcp_sandbox.sandbox.backends.container.sandbox import with_connector
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
 from .argv_processes import argv_in_other_processes
@@ -157,6 +158,29 @@ def test_docker_connects_the_channel_through_a_bound_socket_directory() -> None:
         "/run/mcp-sandbox/channel.sock",
     ]
     assert command[5:] == ["--", *make_policy().command]
+
+
+def test_docker_connects_a_javascript_runtimes_channel_with_the_images_python() -> None:
+    bun = ("/opt/mcp-sandbox/bun/bun", "run", "/opt/mcp-sandbox/typescript/bun.js", "typescript")
+    policy = dataclasses.replace(make_policy(), command=bun, language="typescript")
+
+    argv = container_argv(policy, make_run("docker"))
+
+    command = argv[argv.index("--") + 2 :]
+    assert command == [
+        "/usr/bin/python3", "-I", "-S", "/opt/mcp-sandbox/python/connect.py", "/run/mcp-sandbox/channel.sock",
+        "--", *bun,
+    ]  # fmt: skip
+
+
+def test_a_javascript_sandbox_on_docker_gets_the_connector_bound_once() -> None:
+    js = dataclasses.replace(make_policy(), mounts=make_policy().mounts[:-1], language="typescript")
+
+    bound = with_connector(js)
+
+    added = [mount for mount in bound.mounts if mount.target == "/opt/mcp-sandbox/python"]
+    assert [(mount.source / "connect.py").is_file() and not mount.writable for mount in added] == [True]
+    assert with_connector(make_policy()) == make_policy()  # Python's runner, with the connector, is there
 
 
 def test_podman_only_dialect_stays_out_of_docker_argv() -> None:

@@ -22,8 +22,8 @@ from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, bwrap_argv, etc_entries, find_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.etc import EtcCopies
 from mcp_sandbox.sandbox.backends.bwrap.probe import probe_bwrap
-from mcp_sandbox.sandbox.backends.bwrap.runner import Runner, find_runner
 from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
+from mcp_sandbox.sandbox.backends.runner import Runner, find_runner
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
 from mcp_sandbox.sandbox.launcher import LaunchSpec, admit, gated, open_gate
 from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
@@ -44,7 +44,7 @@ class BwrapSandbox(ProcessSandbox):
         self._runner = find_runner(self.pid)
 
     def runner_ended(self) -> SandboxOutcome | None:
-        """See :mod:`.runner`: needs the cgroup (to see that nothing else runs in the sandbox)."""
+        """See :mod:`..runner`: needs the cgroup (to see that nothing else runs in the sandbox)."""
         if self._runner is None or self._cgroup is None:
             return None
         returncode = self._runner.ended(self._cgroup.procs_files[0])

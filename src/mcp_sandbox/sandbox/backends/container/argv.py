@@ -11,9 +11,9 @@ The channel reaches the runner one of two ways:
 - ``fd`` (podman): ``--preserve-fds 1`` hands the client's fd 3, one end of a socketpair, to the
   container's process; the runner gets ``3`` as its last argument, like under bwrap;
 - ``socket`` (docker, which cannot pass fds): the host listens on a unix socket in a private
-  directory bound at :data:`CHANNEL_DIR`; ``connect.py`` (the runner's own helper) connects and
-  execs the command with the connected fd. SCM_RIGHTS works across the container boundary
-  either way: it is one kernel.
+  directory bound at :data:`CHANNEL_DIR`; ``connect.py`` (the Python runner's own helper, on the
+  image's ``/usr/bin/python3`` for a JavaScript runtime) connects and execs the command with the
+  connected fd. SCM_RIGHTS works across the container boundary either way: it is one kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ __all__ = [
     "CHANNEL_DIR",
     "CHANNEL_FD",
     "CHANNEL_SOCKET",
+    "CONNECT",
+    "CONNECT_PYTHON",
     "LABEL",
     "NAME_PREFIX",
     "OWNER_LABEL",
@@ -50,7 +52,9 @@ NAME_PREFIX = "mcp-sandbox-"
 CHANNEL_FD = 3  # --preserve-fds passes fds 3.. to the container
 CHANNEL_DIR = "/run/mcp-sandbox"
 CHANNEL_SOCKET = f"{CHANNEL_DIR}/channel.sock"
-_CONNECT = f"{RUNTIME_MOUNT}/python/connect.py"
+CONNECT = f"{RUNTIME_MOUNT}/python/connect.py"
+# The interpreter of the connector for a runtime that is not Python's (bun, deno): the image's own.
+CONNECT_PYTHON = "/usr/bin/python3"
 
 
 def container_name(owner: int) -> str:
@@ -202,7 +206,9 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
         # Read-only: connect() needs only the socket's own permission, and the run must not
         # create files there.
         argv += _bind(run.channel_dir, CHANNEL_DIR, writable=False, podman=podman)
-        command = [policy.command[0], "-I", "-S", _CONNECT, CHANNEL_SOCKET, "--", *policy.command]
+        # Python's connector runs on the run's own interpreter; a JavaScript runtime's, on the image's.
+        python = policy.command[0] if policy.language == "python" else CONNECT_PYTHON
+        command = [python, "-I", "-S", CONNECT, CHANNEL_SOCKET, "--", *policy.command]
     argv += ["--", run.image, *command]
     return argv
 

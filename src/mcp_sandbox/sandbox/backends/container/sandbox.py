@@ -40,7 +40,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import AsyncIterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 import anyio
@@ -48,10 +48,12 @@ import anyio.to_thread
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability, SandboxOutcome
 from mcp_sandbox.sandbox.backends.container.aliases import alias_binds, remove_aliases
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_FD,
+    CONNECT,
     ContainerRun,
     Flavour,
     container_argv,
@@ -59,6 +61,7 @@ from mcp_sandbox.sandbox.backends.container.argv import (
     server_env,
 )
 from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
+from mcp_sandbox.sandbox.backends.container.ending import ContainerRunner, container_runner
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.backends.container.probe import probe_container
 from mcp_sandbox.sandbox.backends.container.rootless import RootlessProblems, rootless_problems
@@ -71,7 +74,7 @@ from mcp_sandbox.sandbox.cgroups import (
     sweep_stale,
     sweep_stale_everywhere,
 )
-from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
+from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import oci_profile
 from mcp_sandbox.state import StateLayout
 
@@ -90,10 +93,23 @@ _CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
 _RUNTIME_HEADROOM = 32 << 20
 
 
+def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
+    """``policy`` with the socket channel's connector (the Python runner's ``connect.py``) bound in.
+
+    A Python sandbox has it already; a JavaScript one gets the Python runner's directory, read-only,
+    at its usual place (the connector runs on the image's python3, see ``argv.py``).
+    """
+    inside = str(PurePosixPath(CONNECT).parent)
+    if any(mount.target == inside for mount in policy.mounts):
+        return policy
+    return dataclasses.replace(policy, mounts=(*policy.mounts, Mount(runner_dir("python"), inside)))
+
+
 class ContainerSandbox(ProcessSandbox):
     """A running container (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
 
     teardown_seconds = 10.0
+    _runner: ContainerRunner | None = None
 
     def __init__(
         self,
@@ -122,6 +138,15 @@ class ContainerSandbox(ProcessSandbox):
         with anyio.move_on_after(self.teardown_seconds):
             await self._process.wait()
         await self._engine.remove([self.name])
+
+    def watch_runner(self) -> None:
+        if self._cgroup is not None:
+            self._runner = container_runner(Path(self._cgroup.procs_files[0]).parent)
+
+    def runner_ended(self) -> SandboxOutcome | None:
+        """See :mod:`.ending`: needs our cgroup (to find the container's and see that nothing else runs)."""
+        returncode = self._runner.ended() if self._runner is not None else None
+        return None if returncode is None else self._judge(returncode)
 
     def _release(self) -> None:
         if self._channel_dir is not None:
@@ -270,12 +295,9 @@ class ContainerBackend:
         yield self
 
     async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
-        if policy.language != "python":
-            # The JavaScript runtimes' channel set-up and ids inside are bwrap's so far.
-            raise SandboxStartError(
-                f"the {self.name} backend runs Python only for now; {policy.language} needs the bwrap backend"
-            )
         await self._sweep_once()
+        if self.flavour == "docker":
+            policy = with_connector(policy)
         cli = self.engine.cli
         name = container_name(os.getpid())
         async with contextlib.AsyncExitStack() as undo:

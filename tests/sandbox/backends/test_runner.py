@@ -1,4 +1,4 @@
-"""Reading a runner's end from /proc (sandbox/backends/bwrap/runner.py), on real processes shaped like a sandbox's.
+"""Reading a runner's end from /proc (sandbox/backends/runner.py), on real processes shaped like a sandbox's.
 
 A chain ``outer -> middle -> runner`` stands for bwrap, its pid 1 and the runtime; the middle
 process never reaps the runner, so its end stays readable (a zombie) as in the moment between a
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.sandbox.backends.bwrap.runner import Runner, find_runner
+from mcp_sandbox.sandbox.backends.runner import Runner, find_runner, runner_of
 
 # The middle process forks the runner and sleeps without reaping it; the runner waits for a
 # line on stdin (inherited), then exits with the code it read, or by SIGTERM if it read "kill".
@@ -106,6 +106,17 @@ def test_a_reused_pid_is_not_taken_for_the_runner(chain: subprocess.Popen[str], 
     _end(chain, "0")
     assert _wait_ended(runner, procs) == 0
     assert other.ended(procs) is None
+
+
+def test_a_lone_runner_taken_by_its_pid_has_its_end_read(chain: subprocess.Popen[str], tmp_path: Path) -> None:
+    found = find_runner(chain.pid)
+    assert found is not None
+    runner = runner_of(found.pid)  # as a container's: alone in its cgroup
+    assert runner is not None and runner.bwrap == frozenset()
+    procs = _procs(tmp_path, runner)
+    assert runner.ended(procs) is None
+    _end(chain, "3")
+    assert _wait_ended(runner, procs) == 3
 
 
 def test_a_process_tree_of_another_shape_has_no_runner() -> None:

@@ -1,18 +1,19 @@
-"""How a bwrap sandbox's runner process ended, read from /proc before the sandbox is torn down.
+"""How a single-use sandbox's runner process ended, read from /proc before the sandbox is torn down.
 
 A single-use sandbox's runner (a JavaScript runtime) serves one run and exits. The kernel tears
-its address space down before it tells anyone (bun's is large), and bwrap ends after
-that; the run's end is known earlier, by what the code cannot forge: every thread of the runner
-has entered the kernel's exit path (``PF_EXITING`` in ``/proc/PID/task/TID/stat``) or has a
-SIGKILL pending (``SigPnd``: the kernel's exit of the whole process sends one to each thread;
-a thread with one never returns to user space), so no code runs in it any more, and the exit
-status the kernel keeps for it (the ``exit_code`` field, set before the leader lets go of its
-address space: its ``vsize`` reads 0 from then on).
+its address space down before it tells anyone (bun's is large), and bwrap (or the container
+engine) ends after that; the run's end is known earlier, by what the code cannot forge: every
+thread of the runner has entered the kernel's exit path (``PF_EXITING`` in
+``/proc/PID/task/TID/stat``) or has a SIGKILL pending (``SigPnd``: the kernel's exit of the whole
+process sends one to each thread; a thread with one never returns to user space), so no code runs
+in it any more, and the exit status the kernel keeps for it (the ``exit_code`` field, set before
+the leader lets go of its address space: its ``vsize`` reads 0 from then on).
 
-The runner is found when it says READY, before any code ran: the one process below bwrap's own
-two (``bwrap -> bwrap (pid 1 inside) -> runner``). Its start time guards against a reused pid.
-A sandbox with any other process in its cgroup (the code started one: it may still write the
-run's output) is not judged early.
+The runner is found when it says READY, before any code ran: under bwrap the one process below
+bwrap's own two (``bwrap -> bwrap (pid 1 inside) -> runner``, :func:`find_runner`); in a
+container the lone process of the container's cgroup (see the container backend). Its start time
+guards against a reused pid. A sandbox with any other process in its cgroup (the code started
+one: it may still write the run's output) is not judged early.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from mcp_sandbox.sandbox import kernfs
 
-__all__ = ["Runner", "find_runner"]
+__all__ = ["Runner", "find_runner", "runner_of"]
 
 _PF_EXITING = 0x4
 # Fields of /proc/PID/stat after the command's closing parenthesis (0-based): state, flags,
@@ -36,7 +37,8 @@ _BWRAP_PROCESSES = 2
 
 @dataclass(frozen=True)
 class Runner:
-    """The runner process of one sandbox: its host pid and start time, and bwrap's two pids."""
+    """The runner process of one sandbox: its host pid and start time, and the sandbox's own
+    processes that may share its cgroup (bwrap's two; none in a container's)."""
 
     pid: int
     start: int
@@ -66,6 +68,15 @@ class Runner:
             return _returncode(int(leader[_EXIT_CODE]))
         except (OSError, ValueError, IndexError):
             return None
+
+
+def runner_of(pid: int) -> Runner | None:
+    """Process ``pid`` as a sandbox's lone runner (nothing else may share its cgroup); None if it is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = _stat(pid, pid)
+        if fields is not None:
+            return Runner(pid, int(fields[_START]), frozenset())
+    return None
 
 
 def find_runner(bwrap_pid: int) -> Runner | None:
