@@ -105,9 +105,58 @@ PY
     [ "$(systemctl show -p MainPID --value "$unit")" = "$main_pid" ] || { echo "FAIL: reload restarted the server"; exit 1; }
     systemctl is-active --quiet "$unit" || { echo "FAIL: not active after reload"; exit 1; }
 
+    # `systemctl stop` while a run is in flight: the drain lets it finish (KillMode=mixed), and
+    # the unit then ends cleanly.
+    metrics=$(sed -n 's/^MCP_SANDBOX_METRICS_TOKEN=//p' /etc/mcp-sandbox/env)
     started=$(date +%s.%N)
-    systemctl stop "$unit"
-    echo "TIME systemctl stop: $(since "$started") s"
+    /opt/mcp-sandbox/.venv/bin/python - "$token" "$metrics" <<'PY'
+import re
+import subprocess
+import sys
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+BASE = "http://127.0.0.1:8765"
+result = {}
+
+
+async def long_run(client: Client) -> None:
+    code = "import time\nprint('begun', flush=True)\ntime.sleep(5)\nprint('finished')"
+    result["run"] = await client.call_tool("run_python", {"code": code})
+
+
+async def main() -> None:
+    headers = {"Authorization": f"Bearer {sys.argv[1]}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=600) as web:
+        target = streamable_http_client(f"{BASE}/mcp", http_client=web)
+        async with Client(target, read_timeout_seconds=600) as client:
+            await client.list_tools()  # before the drain: the client asks for them with the first result
+            async with anyio.create_task_group() as group:
+                group.start_soon(long_run, client)
+                with anyio.fail_after(300):
+                    while True:
+                        scrape = await web.get(f"{BASE}/metrics", headers={"Authorization": f"Bearer {sys.argv[2]}"})
+                        if re.search(r"^mcp_sandbox_runs_running 1\.0$", scrape.text, flags=re.MULTILINE):
+                            break
+                        await anyio.sleep(0.2)
+                subprocess.run(["systemctl", "stop", "--no-block", "mcp-sandbox"], check=True)
+                print("systemctl stop sent while the run was in flight")
+    data = result["run"].structured_content or {}
+    print("run during stop:", data.get("status"), repr(data.get("stdout")))
+    assert data.get("status") == "success" and "finished" in data.get("stdout", ""), result["run"]
+
+
+anyio.run(main)
+PY
+    for _ in $(seq 120); do
+        systemctl is-active --quiet "$unit" || break
+        sleep 0.5
+    done
+    echo "TIME a run in flight, systemctl stop, the unit stopped: $(since "$started") s"
+    if systemctl is-active --quiet "$unit"; then echo "FAIL: still $(systemctl is-active "$unit") 60 s after stop"; exit 1; fi
     result=$(systemctl show -p Result --value "$unit")
     status=$(systemctl show -p ExecMainStatus --value "$unit")
     echo "stopped: Result=$result ExecMainStatus=$status"
