@@ -47,7 +47,7 @@ systemd-unit)
     [ -n "$token" ] || { echo "FAIL: no MCP_SANDBOX_TOKEN in /etc/mcp-sandbox/env"; exit 1; }
     started=$(date +%s.%N)
     if ! python3 - <<'PY'
-import time, urllib.request
+import subprocess, time, urllib.request
 deadline = time.monotonic() + 300  # the server's start, emulated
 while True:
     try:
@@ -55,6 +55,10 @@ while True:
             print("healthz:", reply.status, reply.read().decode())
             break
     except OSError as exc:
+        restarts = subprocess.run(["systemctl", "show", "-p", "NRestarts", "--value", "mcp-sandbox"],
+                                  capture_output=True, text=True).stdout.strip()
+        if restarts not in ("", "0"):
+            raise SystemExit(f"the server exited and was restarted ({restarts}) before /healthz answered")
         if time.monotonic() > deadline:
             raise SystemExit(f"no /healthz within 300 s: {exc}")
         time.sleep(1)
@@ -66,9 +70,15 @@ PY
     fi
     echo "TIME unit started to /healthz: $(since "$started") s"
     main_pid=$(systemctl show -p MainPID --value "$unit")
-    user=$(ps -o user= -p "$main_pid")
+    user=$(stat -c %U "/proc/$main_pid")
     [ "$user" = mcp-sandbox-server ] || { echo "FAIL: the server runs as '$user', not mcp-sandbox-server"; exit 1; }
-    echo "server pid $main_pid as $user in $(cut -d: -f3 "/proc/$main_pid/cgroup")"
+    # It took the unit's delegated cgroup over (sandboxes go in siblings of this leaf).
+    cgroup=$(sed -n 's/^0:://p' "/proc/$main_pid/cgroup")
+    echo "server pid $main_pid as $user in $cgroup"
+    case $cgroup in
+    */mcp-sandbox.service/mcp-sandbox-server) ;;
+    *) echo "FAIL: the server is not in a leaf of its unit's delegated cgroup"; exit 1 ;;
+    esac
 
     # One run over HTTP with the token, through the SDK's client the server's venv carries.
     started=$(date +%s.%N)
