@@ -194,12 +194,14 @@ $(CONFORMANCE_NPM_STAMP): conformance/package.json conformance/package-lock.json
 # on podman and docker, so it installs both and builds the image when it is missing or out of
 # date; the tests start their own docker engine (tests/container_helpers.py). tini goes into the
 # server's image (tests/deploy/test_image.py builds it in that engine); systemd brings
-# systemd-analyze, which checks deploy/mcp-sandbox.service.
+# systemd-analyze, which checks deploy/mcp-sandbox.service; podman-compose and docker-compose are
+# Debian's compose tools, which tests/deploy/test_compose.py runs deploy/compose.yaml with.
 CONTAINER_CLI   ?= podman
 CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
 CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
 
 containers: $(CONTAINER_STAMP) ## Install podman and build the container backends' image (scripts/build-container-image.sh)
+	@bash scripts/install-system-deps.sh podman-compose docker-compose
 	@$(CONTAINER_CLI) image exists $(CONTAINER_IMAGE) 2>/dev/null || { \
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 

@@ -4,7 +4,8 @@ A real ``dbus-daemon`` runs on a private socket; a small manager owns ``org.free
 on it and answers ``StartTransientUnit`` the way systemd does for a scope: it makes the scope's
 cgroup under this host's cgroup2 and moves the listed pids into it. The request's wire form
 (name, mode, ``PIDs``, ``Delegate``) and our wait for the move are what is checked here; the real
-systemd answers it in the guest of ``make vm-test``.
+systemd answers it in the guest of ``make vm-test``. The bus, like the system bus, lets any user
+in: a system service run as a user of its own asks it which unit it is in (``GetUnitByPID``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Any
 
 import pytest
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.sandbox.cgroups import support
+from mcp_sandbox.sandbox.cgroups.delegation import marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
 
@@ -46,6 +50,7 @@ class _Manager:
 
         self.requests: list[tuple[Any, ...]] = []
         self.units: dict[int, tuple[str, bool]] = {}  # pid -> (unit name, Delegate=)
+        self.any_pid: tuple[str, bool, str] | None = None  # (name, Delegate=, ControlGroup) for every other pid
         self._parent, self._v2 = parent, v2
         self._connection = open_dbus_connection(bus=address)
         self._connection.send_and_get_reply(message_bus.RequestName("org.freedesktop.systemd1"), timeout=_BOUND)
@@ -72,7 +77,7 @@ class _Manager:
                         for pid in value:
                             (scope / "cgroup.procs").write_text(str(pid))
                 self._connection.send(new_method_return(message, "o", ("/org/freedesktop/systemd1/job/1",)))
-            elif method == "GetUnitByPID" and message.body[0] in self.units:
+            elif method == "GetUnitByPID" and (message.body[0] in self.units or self.any_pid is not None):
                 self._connection.send(
                     new_method_return(message, "o", (f"/org/freedesktop/systemd1/unit/{message.body[0]}",))
                 )
@@ -82,13 +87,15 @@ class _Manager:
                 )
             elif method == "Get":
                 pid = int(str(message.header.fields.get(1)).rsplit("/", 1)[-1])
-                name, delegate = self.units[pid]
+                known = (*self.units[pid], "") if pid in self.units else None
+                name, delegate, cgroup = known or self.any_pid or ("", False, "")
                 interface, key = message.body
                 values: dict[tuple[str, str], tuple[str, object]] = {
                     ("org.freedesktop.systemd1.Unit", "Id"): ("s", name),
                     ("org.freedesktop.systemd1.Service", "Delegate"): ("b", delegate),
                     ("org.freedesktop.systemd1.Service", "MainPID"): ("u", pid),
                     ("org.freedesktop.systemd1.Scope", "Delegate"): ("b", delegate),
+                    ("org.freedesktop.systemd1.Service", "ControlGroup"): ("s", cgroup),
                 }
                 self._connection.send(new_method_return(message, "v", (values[(interface, key)],)))
 
@@ -98,15 +105,35 @@ class _Manager:
         self._connection.close()
 
 
+# A session bus's configuration, but open to every user (as the system bus is to systemd's queries).
+_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:tmpdir=/tmp</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+
+
 @pytest.fixture
 def bus() -> Iterator[tuple[str, Path, _Manager]]:
     v2 = _v2_mount()
     parent = v2 / f"mcp-sandbox-test-{uuid.uuid4().hex[:8]}.slice"
     parent.mkdir()
     directory = Path(tempfile.mkdtemp(prefix="mcp-sandbox-bus-"))
+    directory.chmod(0o755)  # reachable by the unprivileged uid, as the system bus is
     address = f"unix:path={directory / 'bus'}"
+    config = directory / "bus.conf"
+    config.write_text(_BUS_CONFIG)
     daemon = subprocess.Popen(
-        ["dbus-daemon", "--config-file=/usr/share/dbus-1/session.conf", f"--address={address}", "--nofork"],
+        ["dbus-daemon", f"--config-file={config}", f"--address={address}", "--nofork"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -183,3 +210,78 @@ def test_the_unit_of_a_process_says_its_name_delegation_and_main_pid(bus: tuple[
 
     assert unit_of(os.getpid(), address) == Unit("app-editor.service", delegate=False, main_pid=os.getpid())
     assert unit_of(os.getpid() + 1, address) == Unit("mcp.scope", delegate=True, main_pid=None)
+
+
+_DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
+
+
+def _own_unit_as_the_service_user(cgroup: Path, system_bus: str) -> dict[str, Any]:
+    """In a child that joins ``cgroup`` and becomes the sandbox uid, with no user manager: what
+    the server's detection learns of its unit, and whether it can read the delegation mark."""
+    uid = load_settings(env={}, flags={}).sandbox.sandbox_uid
+    runtime = Path(tempfile.mkdtemp(prefix="mcp-sandbox-xdg-"))  # no bus in it: no user manager
+    runtime.chmod(0o755)
+
+    def work() -> dict[str, Any]:
+        (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        os.environ.update({"XDG_RUNTIME_DIR": str(runtime), "DBUS_SYSTEM_BUS_ADDRESS": system_bus})
+        os.environ.pop("DBUS_SESSION_BUS_ADDRESS", None)
+        unit = support._own_unit()
+        return {"marked": marked_delegated(cgroup), "unit": None if unit is None else list(_fields(unit))}
+
+    try:
+        return _in_child(work)
+    finally:
+        shutil.rmtree(runtime)
+
+
+def _fields(unit: Unit) -> tuple[str, bool, int | None, str | None]:
+    return unit.name, unit.delegate, unit.main_pid, unit.control_group
+
+
+def _service_cgroup(parent: Path, name: str) -> Path:
+    """A cgroup as systemd makes one for a service with ``User=`` and ``Delegate=yes``: chowned to
+    the user, marked with ``trusted.delegate`` (systemd 252), which only root can read."""
+    uid = load_settings(env={}, flags={}).sandbox.sandbox_uid
+    directory = parent / name
+    directory.mkdir(parents=True)
+    for path in (directory, *(directory / entry for entry in _DELEGATED_FILES)):
+        os.chown(path, uid, uid)
+    os.setxattr(directory, "trusted.delegate", b"1")
+    return directory
+
+
+def test_a_system_service_run_as_its_own_user_learns_its_delegated_unit_from_the_system_manager(
+    bus: tuple[str, Path, _Manager],
+) -> None:
+    address, parent, manager = bus
+    service = _service_cgroup(parent, "mcp-sandbox.service")
+    manager.any_pid = ("mcp-sandbox.service", True, f"/{parent.name}/mcp-sandbox.service")
+
+    answer = _in_child_result(_own_unit_as_the_service_user(service, address))
+
+    assert answer["marked"] is False  # the mark is there, but not for this user to read
+    name, delegate, main_pid, control_group = answer["unit"]
+    assert (name, delegate, control_group) == ("mcp-sandbox.service", True, f"/{parent.name}/mcp-sandbox.service")
+    assert main_pid is not None
+
+
+def test_a_unit_whose_cgroup_is_not_the_servers_own_is_not_taken_for_it(bus: tuple[str, Path, _Manager]) -> None:
+    """A process deep in a user manager's tree: the system manager names user@UID.service, whose
+    Delegate=yes is the user manager's, not the server's."""
+    address, parent, manager = bus
+    app = _service_cgroup(parent, "user@999.service/app.slice/editor.service")
+    manager.any_pid = ("user@999.service", True, f"/{parent.name}/user@999.service")
+
+    answer = _in_child_result(_own_unit_as_the_service_user(app, address))
+
+    assert answer["unit"] is None
+
+
+def _in_child_result(answer: dict[str, Any]) -> dict[str, Any]:
+    assert answer.get("error") is None, answer
+    result: dict[str, Any] = answer["result"]
+    return result

@@ -15,7 +15,13 @@ from pathlib import Path
 
 from mcp_sandbox.sandbox.cgroups.delegation import LEAF, adopt, is_delegated_to_us, marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, own_paths, writable_dir
-from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
+from mcp_sandbox.sandbox.cgroups.systemd import (
+    SystemdUnavailable,
+    Unit,
+    own_system_unit,
+    start_delegated_scope,
+    unit_of,
+)
 
 __all__ = ["CgroupSupport", "detect_cgroups", "detect_root_cgroups"]
 
@@ -68,9 +74,14 @@ def _adopted(base: Path, origin: str) -> CgroupSupport:
 
 
 def _own_unit() -> Unit | None:
-    """Our unit, when a manager we can ask knows us (none: no bus, or we are outside its units)."""
+    """Our unit, when a manager we can ask knows us (none: no bus, or we are outside its units):
+    our own manager; else, not root, the system manager's unit whose cgroup is ours (a system
+    service run as a user of its own, which has no user manager)."""
     with contextlib.suppress(SystemdUnavailable, ImportError, ValueError):
         return unit_of(os.getpid())
+    if os.geteuid() != 0:
+        with contextlib.suppress(SystemdUnavailable, ImportError, ValueError):
+            return own_system_unit()
     return None
 
 
@@ -111,7 +122,8 @@ def detect_cgroups() -> CgroupSupport:
         return CgroupSupport(
             version=None,
             reason=f"the server is the main process of {unit.name}, which has no Delegate=yes: add it "
-            f"(`systemctl{'' if os.geteuid() == 0 else ' --user'} edit {unit.name}`: [Service] Delegate=yes)",
+            f"(`systemctl{'' if os.geteuid() == 0 or unit.control_group else ' --user'} edit {unit.name}`: "
+            "[Service] Delegate=yes)",
         )
     try:
         path = start_delegated_scope()

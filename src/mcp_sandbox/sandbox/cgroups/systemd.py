@@ -5,7 +5,9 @@ An ordinary user's MCP server sits in a cgroup its user manager owns (``user@UID
 scope of its own (``StartTransientUnit``, as podman and crun do): systemd moves the server's
 process there and hands the scope's cgroup to the user, with the controllers ``user@.service``
 delegates (Debian 12, systemd 252: ``cpu memory pids``). As root the same call goes to the
-system manager. ``jeepney`` speaks D-Bus (pure Python, blocking; this runs once at start-up).
+system manager. A system service run as a user of its own (``User=``, ``Delegate=yes``) has no
+user manager: the system manager says which unit it is in (:func:`own_system_unit`). ``jeepney``
+speaks D-Bus (pure Python, blocking; this runs once at start-up).
 
 Every failure is a :class:`SystemdUnavailable` whose message says what to do about it.
 """
@@ -19,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SystemdUnavailable", "Unit", "bus_address", "start_delegated_scope", "unit_of"]
+__all__ = [
+    "SystemdUnavailable",
+    "Unit",
+    "bus_address",
+    "own_system_unit",
+    "start_delegated_scope",
+    "system_bus_address",
+    "unit_of",
+]
 
 _SYSTEMD = "org.freedesktop.systemd1"
 _MANAGER_PATH = "/org/freedesktop/systemd1"
@@ -37,7 +47,7 @@ def bus_address(env: dict[str, str] | None = None) -> str:
     """The D-Bus address of the manager of the user we run as: the user bus, or the system bus as root."""
     env = dict(os.environ) if env is None else env
     if os.geteuid() == 0:
-        return env.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
+        return system_bus_address(env)
     address = env.get("DBUS_SESSION_BUS_ADDRESS", "")
     if address.startswith("unix:"):
         return address
@@ -100,13 +110,21 @@ def _call(address: str, path: str, interface: str, method: str, signature: str, 
         raise SystemdUnavailable(f"D-Bus call {method} at {address} failed: {exc}") from exc
 
 
+def system_bus_address(env: dict[str, str] | None = None) -> str:
+    """The D-Bus address of the system manager."""
+    env = dict(os.environ) if env is None else env
+    return env.get("DBUS_SYSTEM_BUS_ADDRESS") or "unix:path=/run/dbus/system_bus_socket"
+
+
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """The systemd unit a process belongs to: its name, ``Delegate=``, and main pid (services)."""
+    """The systemd unit a process belongs to: its name, ``Delegate=``, main pid (services), and
+    its cgroup (``ControlGroup``, when asked for)."""
 
     name: str
     delegate: bool
     main_pid: int | None
+    control_group: str | None = None
 
 
 def _property(address: str, unit_path: str, interface: str, name: str) -> Any:
@@ -114,8 +132,8 @@ def _property(address: str, unit_path: str, interface: str, name: str) -> Any:
     return value[1]  # a variant: (signature, value)
 
 
-def unit_of(pid: int, address: str | None = None) -> Unit:
-    """The unit ``pid`` belongs to, as its manager sees it.
+def unit_of(pid: int, address: str | None = None, *, cgroup: bool = False) -> Unit:
+    """The unit ``pid`` belongs to, as its manager sees it (with its cgroup when ``cgroup``).
 
     Raises:
         SystemdUnavailable: no manager to ask, or ``pid`` is in none of its units.
@@ -129,7 +147,23 @@ def unit_of(pid: int, address: str | None = None) -> Unit:
     interface = f"{_SYSTEMD}.{kind.capitalize()}"
     delegate = bool(_property(address, unit_path, interface, "Delegate"))
     main_pid = int(_property(address, unit_path, interface, "MainPID")) if kind == "service" else None
-    return Unit(name, delegate=delegate, main_pid=main_pid)
+    control_group = str(_property(address, unit_path, interface, "ControlGroup")) if cgroup else None
+    return Unit(name, delegate=delegate, main_pid=main_pid, control_group=control_group)
+
+
+def own_system_unit(address: str | None = None) -> Unit | None:
+    """The system manager's unit whose cgroup is exactly this process's; None when it is another's.
+
+    A system service with ``User=`` and ``Delegate=yes`` has no user manager to ask, and systemd
+    252 marks the delegation with ``trusted.delegate``, which only root may read; the system
+    manager answers any user. Only a unit whose own cgroup is ours counts: a process deeper in a
+    unit's tree (a user manager's, ``user@UID.service``) is in cgroups that unit manages.
+
+    Raises:
+        SystemdUnavailable: no system manager to ask, or it knows no unit of this process.
+    """
+    unit = unit_of(os.getpid(), address or system_bus_address(), cgroup=True)
+    return unit if unit.control_group == _own_v2_path() else None
 
 
 def _own_v2_path() -> str:
