@@ -227,3 +227,64 @@ async def test_the_first_conversations_run_starts_the_session_ready_sandboxes(
         await _born(engine, "pass", _conversation(engine, state_dir, "b"), "b")
 
     assert first.stdout == "False\n"
+
+
+async def test_a_session_born_of_a_zygote_is_held_to_its_memory_and_cpu_limits(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    # The limits live in the sandbox (its cgroup, the session's CPU budget), which the zygote's
+    # child inherits: hit, each ends the session as it ends one started from nothing.
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 << 20))"
+    async with _ready_engine(running_engine, session_ready=2, session_cpu_seconds=2) as engine:
+        workspace = _conversation(engine, state_dir, "memory")
+        await _born(engine, "kept = 1", workspace, "memory")
+        memory = await execute(engine, hog, session="memory", workspace=workspace, time_limit=30)
+        after = _ok(await execute(engine, "print('kept' in globals())", session="memory", workspace=workspace))
+        spinner = _conversation(engine, state_dir, "cpu")
+        await _wait_ready(engine)  # the one after the memory hog was born of one too
+        await _born(engine, "kept = 1", spinner, "cpu")
+        spun = await execute(engine, "while True:\n    pass", session="cpu", workspace=spinner, time_limit=30)
+
+    assert (memory.status, memory.session, memory.limits) == ("error", "kept", ("memory",)), memory.error
+    assert memory.error is not None and "state is lost" in memory.error
+    assert (after.session, after.stdout) == ("new", "False\n")
+    assert (spun.status, spun.session) == ("error", "kept")
+    assert spun.error is not None and "SIGXCPU" in spun.error and "state is lost" in spun.error
+
+
+async def test_what_a_born_sessions_runs_leave_behind_is_reaped_not_left_as_zombies(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    # The zygote stays in the sandbox as its processes' subreaper: orphans of the session's runs
+    # become its children, and a zombie would count against the pids limit until the session ends.
+    orphans = """
+        import os
+        for _ in range(20):
+            if os.fork() == 0:
+                if os.fork() == 0:
+                    os._exit(0)  # an orphan once its parent is gone
+                os._exit(0)
+            os.wait()
+    """
+    zombies = """
+        import os, time
+        def zombies():
+            found = []
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+                        found.append(pid)
+                except OSError:
+                    pass
+            return found
+        deadline = time.monotonic() + 5
+        while zombies() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print(zombies())
+    """
+    async with _ready_engine(running_engine) as engine:
+        workspace = _conversation(engine, state_dir, "conversation")
+        await _born(engine, orphans, workspace, "s")
+        seen = _ok(await execute(engine, zombies, session="s", workspace=workspace))
+
+    assert (seen.session, seen.stdout) == ("kept", "[]\n")
