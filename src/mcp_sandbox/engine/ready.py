@@ -103,6 +103,7 @@ class ReadySandbox:
     slot: Path
     limits: Limits
     claimed: bool = False
+    taken: bool = False  # a session's owner task holds it (see held())
     done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
     closed: anyio.Event = field(default_factory=anyio.Event)  # its owner has destroyed it
 
@@ -116,6 +117,7 @@ class ReadySandbox:
 
         The wait for its owner to destroy it is bounded and shielded from cancellation.
         """
+        self.taken = True
         try:
             yield self.interpreter, self.tools, None
         finally:
@@ -129,9 +131,10 @@ class ReadyPool:
     """``session_ready`` session-ready sandboxes, each owned by a task of the pool's task group.
 
     They start when the first session asks for one (:meth:`wake`): a server whose runs name no
-    conversation keeps none. :meth:`claim` hands one to a new session (the pool starts another at
-    once); one whose zygote died while idle is replaced; one that cannot start stops the pool for
-    ``RETRY_SECONDS`` (sessions start from nothing meanwhile).
+    conversation keeps none. :meth:`claim` hands one to a new session (the pool starts another
+    once that session's first run is over, :meth:`settle`); one whose zygote died while idle is
+    replaced; one that cannot start stops the pool for ``RETRY_SECONDS`` (sessions start from
+    nothing meanwhile).
     """
 
     def __init__(self, settings: Settings, opener: Opener, *, zygotes: bool) -> None:
@@ -170,9 +173,14 @@ class ReadyPool:
         for _ in range(self._size):
             self._group.start_soon(self._own)
 
-    def refill(self) -> None:
-        """Start a sandbox in place of one claimed (called once its first run is over: a start
-        beside that run would slow it on two cores)."""
+    def settle(self, ready: ReadySandbox) -> None:
+        """After the first run of the session ``ready`` was claimed for: start one in its place.
+
+        Not beside that run: a start would slow it on two cores. A claimed sandbox no session
+        came to hold (the run was cancelled before its owner task started) is destroyed.
+        """
+        if not ready.taken:
+            ready.release()
         if self._group is not None:
             self._group.start_soon(self._own)
 
@@ -180,7 +188,7 @@ class ReadyPool:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
 
         Only one whose limits are a session's on ``workspace`` now (settings reloaded since it
-        started: not that one). The caller calls :meth:`refill` once the session's first run is over.
+        started: not that one). The caller calls :meth:`settle` once the session's first run is over.
         """
         self.wake()
         wanted = self._opener.session_policy(workspace, ()).limits

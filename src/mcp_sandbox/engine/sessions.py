@@ -189,7 +189,7 @@ class SessionManager:
             yield Lease(live.interpreter, live.tools, new, live)
         finally:
             if ready is not None:  # its replacement starts after this first run, not beside it
-                self._ready.refill()
+                self._ready.settle(ready)
             session.last_used = anyio.current_time()
             session.users -= 1
             session.lock.release()
