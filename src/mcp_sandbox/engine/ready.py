@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 RETRY_SECONDS = 30.0
 _CLOSE_SECONDS = 10.0  # how long a session's end may wait for its sandbox to be destroyed
+# How long after a session's first run its sandbox's replacement starts: the run's answer (the
+# server lists the workspace first) goes out before a start forks on the event loop.
+_REFILL_SECONDS = 0.1
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # How often adopt() moves what appeared in the conversation's directory meanwhile (an upload).
 _ADOPT_TRIES = 3
@@ -176,13 +179,14 @@ class ReadyPool:
     def settle(self, ready: ReadySandbox) -> None:
         """After the first run of the session ``ready`` was claimed for: start one in its place.
 
-        Not beside that run: a start would slow it on two cores. A claimed sandbox no session
-        came to hold (the run was cancelled before its owner task started) is destroyed.
+        Not beside that run, nor before its answer (``_REFILL_SECONDS``): a start would slow it
+        on two cores. A claimed sandbox no session came to hold (the run was cancelled before
+        its owner task started) is destroyed.
         """
         if not ready.taken:
             ready.release()
         if self._group is not None:
-            self._group.start_soon(self._own)
+            self._group.start_soon(self._own, _REFILL_SECONDS)
 
     async def claim(self, workspace: Path) -> ReadySandbox | None:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
@@ -214,11 +218,11 @@ class ReadyPool:
             return ready
         return None
 
-    async def _own(self) -> None:
-        """Start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done with it."""
+    async def _own(self, delay: float = 0.0) -> None:
+        """After ``delay``, start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done."""
         if self._group is None:
             return
-        if (wait := self._retry_at - time.monotonic()) > 0:
+        if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
             await anyio.sleep(wait)
         layout = self._opener.layout
         try:
