@@ -103,7 +103,7 @@ class EgressConnection:
 
 @dataclass(frozen=True, slots=True)
 class PoolStarted:
-    """A pool started a sandbox to keep ready (filling or refilling): ``pool`` is ``warm`` or ``prestarted``."""
+    """A pool started a sandbox to keep ready (a fill or refill): ``pool`` is ``warm``, ``prestarted`` or ``ready``."""
 
     pool: str
     language: str

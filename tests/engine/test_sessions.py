@@ -164,7 +164,8 @@ async def test_a_timeout_kills_the_sessions_whole_sandbox_and_the_next_run_start
     running_engine: RunningEngine,
 ) -> None:
     marker = f"session-timeout-{uuid.uuid4().hex}"
-    async with running_engine(pool_size=0, pool_min=0) as engine:  # no warm sandbox's cgroup either
+    # No warm or session-ready sandbox's cgroup either.
+    async with running_engine(pool_size=0, pool_min=0, session_ready=0) as engine:
         await execute(engine, "kept = 1", session="s")
         timed_out = await execute(engine, spawn_marked(marker) + "\ntime.sleep(600)\n", session="s", time_limit=2)
         assert await wait_until_gone(marker) == []

@@ -302,6 +302,14 @@ class SessionSettings:
         ("Live session interpreters of one tenant (its own least recently used idle one makes room)."),
         check=positive,
     )
+    session_ready: int = setting(
+        1,
+        (
+            "Sandboxes kept ready to become a new session (bwrap, where no tenant may be granted "
+            "network): a conversation's first Python run forks from a preloaded zygote (0: none)."
+        ),
+        check=non_negative,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -2,7 +2,8 @@
 
 Every run first takes a slot of the admission control (:mod:`.admission`), then goes to the first
 placement (:mod:`.placement`) that accepts it and has a sandbox for it: its session's interpreter
-(:mod:`.sessions`), a warm sandbox's forked child (:mod:`.warm`), a pre-started single-use sandbox
+(:mod:`.sessions`; a new one is born of a session-ready sandbox, :mod:`.ready`, where one fits),
+a warm sandbox's forked child (:mod:`.warm`), a pre-started single-use sandbox
 (:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`). A run granted network never
 takes a warm or pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
 ``async with engine.running():``. A run with a ``session`` key outside it raises
@@ -11,10 +12,12 @@ takes a warm or pre-started sandbox. Sessions and the pools need an owner for th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import Resolver, system_resolver
@@ -23,6 +26,7 @@ from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import PrestartPlacement, PrestartPool
+from mcp_sandbox.engine.ready import ReadyPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
 from mcp_sandbox.engine.sessions import SessionManager, SessionPlacement
@@ -49,7 +53,9 @@ class Engine:
         self.backend = backend
         self.events = events if events is not None else EventHub()
         self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
-        self._sessions = SessionManager(settings, self._opener)
+        self._ready = ReadyPool(settings, self._opener, zygotes=backend.warm_pool)
+        self._sessions = SessionManager(settings, self._opener, self._ready)
+        self._using: collections.Counter[Path] = collections.Counter()  # runs per workspace now
         self._pool = WarmPool(settings, self._opener)
         self._prestart = PrestartPool(settings, self._opener)
         self._admission = Admission(
@@ -62,7 +68,7 @@ class Engine:
         # Asked in this order; the fresh placement takes whatever none of them did. The names are
         # the results' ``path`` (the metrics' label).
         self._placements: tuple[tuple[str, Placement], ...] = (
-            ("session", SessionPlacement(settings, self._sessions, self._opener)),
+            ("session", SessionPlacement(settings, self._sessions, self._opener, self._shared)),
             ("warm", WarmPlacement(settings, self._pool, zygotes=backend.warm_pool)),
             ("prestarted", PrestartPlacement(settings, self._prestart, zygotes=backend.warm_pool)),
         )
@@ -93,6 +99,7 @@ class Engine:
         """
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.backend.running())
+            await stack.enter_async_context(self._ready.running())  # after the sessions (born of it) on the way out
             await stack.enter_async_context(self._sessions.running())
             if self.backend.warm_pool:
                 await stack.enter_async_context(self._pool.running())
@@ -108,6 +115,11 @@ class Engine:
     def pool(self) -> WarmPool:
         """The warm sandboxes (for status and benchmarks)."""
         return self._pool
+
+    @property
+    def ready(self) -> ReadyPool:
+        """The session-ready sandboxes (for status and benchmarks)."""
+        return self._ready
 
     @property
     def prestart(self) -> PrestartPool:
@@ -128,6 +140,23 @@ class Engine:
 
     # --- runs -------------------------------------------------------------------------------------
 
+    def _shared(self, workspace: Path) -> bool:
+        """Whether a run besides the asking one is using ``workspace`` now."""
+        return self._using[workspace] > 1
+
+    @contextlib.contextmanager
+    def _use(self, workspace: Path | None) -> Iterator[None]:
+        if workspace is None:
+            yield
+            return
+        self._using[workspace] += 1
+        try:
+            yield
+        finally:
+            self._using[workspace] -= 1
+            if not self._using[workspace]:
+                del self._using[workspace]
+
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run ``request`` and describe the outcome. Never raises for what the code did.
 
@@ -140,13 +169,14 @@ class Engine:
         """
         queued = time.perf_counter()
         async with self._admission.slot(request.tenant):
-            started = time.perf_counter()
-            self.events.emit(RunAdmitted(wait=started - queued))
-            shared_uid = self._opener.tenant_uids.is_default(request.tenant)
-            for path, placement in self._placements:
-                # Warm and pre-started sandboxes run as sandbox_uid: another tenant's uid never takes one.
-                if path != "session" and not shared_uid:
-                    continue
-                if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
-                    return dataclasses.replace(result, path=path)
-            return dataclasses.replace(await self._fresh.run(request, started), path="fresh")
+            with self._use(request.workspace):
+                started = time.perf_counter()
+                self.events.emit(RunAdmitted(wait=started - queued))
+                shared_uid = self._opener.tenant_uids.is_default(request.tenant)
+                for path, placement in self._placements:
+                    # Warm and pre-started sandboxes run as sandbox_uid: another tenant's uid never takes one.
+                    if path != "session" and not shared_uid:
+                        continue
+                    if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
+                        return dataclasses.replace(result, path=path)
+                return dataclasses.replace(await self._fresh.run(request, started), path="fresh")

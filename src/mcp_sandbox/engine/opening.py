@@ -195,6 +195,38 @@ class Opener:
             interpreter.sandbox.watch_runner()  # READY: no code has run in it yet
             yield interpreter, tools, workspace
 
+    def session_policy(
+        self, workspace: Path | None, mounts: tuple[Mount, ...], sockets: Path | None = None
+    ) -> SandboxPolicy:
+        """The policy of a session's sandbox on ``workspace``, holding a relay when ``sockets`` is given."""
+        settings = self.settings
+        made = python_policy(
+            settings, workspace=workspace, timeout=settings.limits.max_timeout, mounts=mounts, session=True
+        )
+        if workspace is not None:  # no file of its may outgrow the quota (each run lowers its own limit)
+            made = with_file_size(made, min(made.limits.file_size, settings.workspaces.quota_bytes))
+        return made if sockets is None else with_egress(made, sockets, for_life=False)
+
+    @contextlib.asynccontextmanager
+    async def session_zygote(self, slot: Path) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes]]:
+        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote.
+
+        The zygote imports ``pool_preload``; the first run's EXEC makes its pre-forked child the
+        session's interpreter (see :mod:`.ready`). Yields the interpreter, its /tools view and
+        the seccomp guard of its child.
+
+        Raises:
+            SandboxStartError: it did not start, or its zygote cannot fork safely.
+        """
+        preload = ",".join(self.settings.pool.pool_preload)
+
+        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+            made = self.session_policy(workspace, mounts)
+            return dataclasses.replace(made, command=(*made.command, f"--zygote={preload}"))
+
+        async with self.long_lived(slot, policy) as (interpreter, tools, _):
+            yield interpreter, tools, zygote_guard(interpreter)
+
     @contextlib.asynccontextmanager
     async def session(
         self, workspace: Path | None, tenant: str = DEFAULT_TENANT
@@ -206,7 +238,6 @@ class Opener:
         directory for the proxy's socket for life (None otherwise); the socket itself exists only
         during its runs granted network (see :meth:`egress`).
         """
-        settings = self.settings
         uid = await self.host_uid(tenant)
         async with contextlib.AsyncExitStack() as stack:
             sockets: Path | None = None
@@ -215,12 +246,7 @@ class Opener:
                 stack.callback(_remove_directory, sockets)
 
             def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
-                made = python_policy(
-                    settings, workspace=workspace, timeout=settings.limits.max_timeout, mounts=mounts, session=True
-                )
-                if workspace is not None:  # no file of its may outgrow the quota (each run lowers its own limit)
-                    made = with_file_size(made, min(made.limits.file_size, settings.workspaces.quota_bytes))
-                return made if sockets is None else with_egress(made, sockets, for_life=False)
+                return self.session_policy(workspace, mounts, sockets)
 
             interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy, uid))
             yield interpreter, tools, sockets

@@ -7,12 +7,17 @@ beside the pool it takes its sandboxes from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.sandbox.policy import Mount
 
-__all__ = ["DEATH_SETTLE_SECONDS", "Placement", "tool_mounts"]
+__all__ = ["DEATH_SETTLE_SECONDS", "Placement", "Shared", "tool_mounts"]
+
+# Whether another run is using a workspace now (a session is then not born of a zygote on it).
+Shared = Callable[[Path], bool]
 
 # How long a zygote that died during a run may take to be seen gone (for its outcome).
 DEATH_SETTLE_SECONDS = 2.0

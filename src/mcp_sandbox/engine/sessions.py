@@ -25,7 +25,8 @@ from mcp_sandbox.egress import grant_environment, sandbox_environment
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.placement import tool_mounts
+from mcp_sandbox.engine.placement import Shared, tool_mounts
+from mcp_sandbox.engine.ready import ReadyPool, ReadySandbox
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.tools_view import ToolsView
@@ -54,6 +55,7 @@ class _Live:
     tools: ToolsView
     sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     workspace: Path | None  # as requested (None: a scratch workspace of its own)
+    guard: bytes | None = None  # born of a zygote: its child's seccomp guard, sent with the first run
     stop: anyio.Event = field(default_factory=anyio.Event)  # ask the owner task to close it
     closed: anyio.Event = field(default_factory=anyio.Event)  # the owner task has closed it
     ended: str | None = None  # why the host stopped it while a run may have been using it
@@ -83,6 +85,11 @@ class Lease:
         """The directory the sandbox's relay reaches the egress proxy's socket in; None without a relay."""
         return self._live.sockets
 
+    def first_guard(self) -> bytes | None:
+        """Born of a zygote and not run yet: its child's seccomp guard for this first EXEC (once)."""
+        guard, self._live.guard = self._live.guard, None
+        return guard
+
     @property
     def ended(self) -> str | None:
         """Why the session was ended from outside during the run (``end_session``, shutdown), or None."""
@@ -110,9 +117,10 @@ class SessionManager:
     starts the sandbox, keeps it until told to stop or until it dies, then closes it.
     """
 
-    def __init__(self, settings: Settings, opener: Opener) -> None:
+    def __init__(self, settings: Settings, opener: Opener, ready: ReadyPool) -> None:
         self._settings = settings
         self._opener = opener
+        self._ready = ready
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
 
@@ -153,12 +161,13 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def lease(
-        self, key: str, *, workspace: Path | None, reset: bool, tenant: str = "default"
+        self, key: str, *, workspace: Path | None, reset: bool, tenant: str = "default", born: bool = False
     ) -> AsyncIterator[Lease]:
         """Hold session ``key`` for one run: wait for its previous run, start its interpreter if needed.
 
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
         differs from the one it was started with. The caller bounds the wait (its deadline).
+        With ``born``, a new interpreter is a session-ready sandbox's where one is idle.
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
@@ -166,6 +175,7 @@ class SessionManager:
             SandboxStartError: the interpreter could not be started.
         """
         session = await self._acquire(key, tenant)
+        ready: ReadySandbox | None = None
         try:
             live = session.live
             if live is not None and (reset or live.workspace != workspace or live.interpreter.exited.is_set()):
@@ -174,9 +184,12 @@ class SessionManager:
             new = live is None
             if live is None:
                 group = self._require_group()
-                live = await group.start(self._own, session, workspace)
+                ready = await self._ready.claim(workspace) if born and workspace is not None else None
+                live = await group.start(self._own, session, workspace, ready)
             yield Lease(live.interpreter, live.tools, new, live)
         finally:
+            if ready is not None:  # its replacement starts after this first run, not beside it
+                self._ready.settle(ready)
             session.last_used = anyio.current_time()
             session.users -= 1
             session.lock.release()
@@ -236,9 +249,7 @@ class SessionManager:
             BusyError: every session that could make room is busy.
         """
         limit = self._settings.sessions.max_sessions
-        tenant_limit = (
-            limit if self._settings.sessions.tenant_sessions is None else self._settings.sessions.tenant_sessions
-        )
+        tenant_limit = self._settings.sessions.tenant_sessions or limit  # None: only the server's cap
         while True:
             sessions = list(self._sessions.values())
             own = [session for session in sessions if session.tenant == tenant]
@@ -270,12 +281,18 @@ class SessionManager:
         live.stop.set()
         await live.closed.wait()
 
-    async def _own(self, session: _Session, workspace: Path | None, *, task_status: TaskStatus[_Live]) -> None:
-        """The owner task of one interpreter of ``session``: open it, keep it until stopped or dead, close it."""
+    async def _own(
+        self, session: _Session, workspace: Path | None, ready: ReadySandbox | None, *, task_status: TaskStatus[_Live]
+    ) -> None:
+        """The owner task of one interpreter of ``session`` (``ready``'s, or a new one): keep it, then close it."""
         live: _Live | None = None
         try:
-            async with self._opener.session(workspace, session.tenant) as (interpreter, tools, sockets):
-                live = _Live(interpreter, tools, sockets, workspace)
+            async with self._opener.session(workspace, session.tenant) if ready is None else ready.held() as (
+                runner,
+                tools,
+                sockets,
+            ):
+                live = _Live(runner, tools, sockets, workspace, None if ready is None else ready.guard)
                 session.live = live
                 task_status.started(live)
                 async with anyio.create_task_group() as watch:
@@ -320,10 +337,11 @@ async def _stop_on_exit(live: _Live) -> None:
 class SessionPlacement:
     """Runs a request in its session's interpreter (a :class:`~.placement.Placement`)."""
 
-    def __init__(self, settings: Settings, sessions: SessionManager, opener: Opener) -> None:
+    def __init__(self, settings: Settings, sessions: SessionManager, opener: Opener, shared: Shared) -> None:
         self._settings = settings
         self._sessions = sessions
         self._opener = opener
+        self._shared = shared
 
     def accepts(self, request: ExecutionRequest) -> bool:
         """A Python run naming a session, where sessions are on; granted network only if sessions hold a relay.
@@ -341,12 +359,20 @@ class SessionPlacement:
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         lease: Lease | None = None
         overrun = Overrun(DiskBound.conversation(settings))
+        # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
+        # first), and only for a tenant whose sandboxes run as sandbox_uid, as the ready ones do.
+        born = (
+            request.egress is None
+            and request.workspace is not None
+            and self._opener.tenant_uids.is_default(request.tenant)
+            and not self._shared(request.workspace)
+        )
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
-                disk_bound(request.workspace, overrun.bound) as overrun,
                 self._sessions.lease(
-                    request.session, workspace=request.workspace, reset=request.reset, tenant=request.tenant
+                    request.session, workspace=request.workspace, reset=request.reset, tenant=request.tenant, born=born
                 ) as lease,
+                disk_bound(request.workspace, overrun.bound) as overrun,
             ):
                 try:
                     await lease.tools.show(tool_mounts(request))
@@ -359,7 +385,8 @@ class SessionPlacement:
                             environment = {**proxies, **request.environment}
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
-                        await lease.interpreter.run(record, run, last=False, file_size=file_size)
+                        guard = lease.first_guard()  # a session born of a zygote: its first run
+                        await lease.interpreter.run(record, run, last=False, file_size=file_size, guard=guard)
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.

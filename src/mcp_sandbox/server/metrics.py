@@ -99,7 +99,7 @@ class Metrics:
         )
         self.pool_starts = Counter(
             f"{_PREFIX}_pool_starts",
-            "Sandboxes the pools started to keep ready (fills and refills): pool is warm or prestarted",
+            "Sandboxes the pools started to keep ready (fills and refills): pool is warm, prestarted or ready",
             ["pool", "language"],
             registry=r,
         )

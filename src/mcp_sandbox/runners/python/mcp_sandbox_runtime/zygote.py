@@ -8,7 +8,9 @@ first time, the run's seccomp guard, which later children install before they wa
 descriptors of its own, and exits. The zygote never runs user code and cannot be inspected by a
 child (not dumpable; ptrace refused by seccomp). It sends EXITED at once (exit code, 128 + signal),
 restores the sandbox (``restore.py``), forks the next child and says READY again, or says in that
-READY why it could not restore it (the host then throws the sandbox away).
+READY why it could not restore it (the host then throws the sandbox away). An EXEC that is not
+``last`` (the first run of a session born of a session-ready sandbox) makes the waiting child
+that session's interpreter for good; the zygote then restores nothing and only reaps.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import _socket
 import base64
 import contextlib
+import fcntl
 import gc
 import math
 import os
@@ -142,6 +145,8 @@ def _waiting_child(control: _Control, report: int, guard: str | None) -> int:
         reports.send(report, reports.HUNG_UP)
         return 0
     frame, fds = command
+    if isinstance(frame, Exec) and not frame.last:
+        return _become_session(control, report, frame, fds, namespace, guard)
     accepted = exec_server.accept_exec(frame, fds, descriptors=3)
     if isinstance(accepted, str):
         host.close_fds(fds)
@@ -153,6 +158,65 @@ def _waiting_child(control: _Control, report: int, guard: str | None) -> int:
     reports.send(report, reports.RUNNING, accepted.run, (accepted.guard or "") if guard is None else "")
     control.sock.close()  # the run never holds the zygote's channel
     return _child(accepted, fds, namespace, guard)
+
+
+def _become_session(
+    control: _Control, report: int, frame: Exec, fds: list[int], namespace: MainNamespace, installed: str | None
+) -> int:
+    """A pre-forked child whose EXEC is not ``last``: become a session's interpreter, as ``runner.py`` is.
+
+    It serves that run and every later EXEC on the sandbox's own channel (with the run's pipes,
+    as a session's runner does) in one namespace, until the host hangs up. The zygote, told
+    :data:`.reports.SESSION`, restores nothing from now on (the workspace is a conversation's)
+    and only waits for this process to end.
+    """
+    global _ENDING
+    accepted = exec_server.accept_exec(frame, fds, descriptors=2)
+    if isinstance(accepted, str):
+        host.close_fds(fds)
+        reports.send(report, reports.REFUSED)
+        return exec_server.EXIT_PROTOCOL
+    reports.send(report, reports.SESSION, accepted.run)
+    os.close(_ENDING)  # the zygote waits for this process's end itself: no descriptor of its stays open
+    _ENDING = -1
+    if accepted.guard is None or accepted.guard != installed:
+        try:
+            kernel.install_guard(base64.b64decode(accepted.guard or ""))
+        except (OSError, ValueError) as error:
+            os.write(2, f"mcp-sandbox: cannot install the session's seccomp guard: {error}\n".encode())
+            return exec_server.EXIT_PROTOCOL
+    kernel.prctl(kernel.PR_SET_DUMPABLE, 1)
+    # Descriptors numbered as a runner's (see runner.py): the channel 3, the process's own output
+    # 4 and 5; the run's pipes, already here, out of their way until they go on 1 and 2.
+    fds = [_lift(fd) for fd in fds]
+    channel = _lift(control.sock.detach())
+    connection = host.connect(channel)
+    os.close(channel)
+    server = exec_server.Server(connection, namespace=namespace)
+    exit_code = exec_server.EXIT_PROTOCOL
+    try:
+        exit_code = server.serve(accepted, fds)
+        while not accepted.last and (command := connection.next_command()) is not None:
+            next_frame, fds = command
+            accepted_next = exec_server.accept_exec(next_frame, fds)
+            if isinstance(accepted_next, str):
+                host.close_fds(fds)
+                connection.send(Error(accepted_next))
+                return exec_server.EXIT_PROTOCOL
+            accepted = accepted_next
+            exit_code = server.serve(accepted, fds)
+    except OSError:  # the channel broke while we wrote to it
+        return exec_server.EXIT_PROTOCOL
+    finally:
+        server.namespace.close()
+    return exec_server.EXIT_PROTOCOL if connection.failed else exit_code
+
+
+def _lift(fd: int) -> int:
+    """``fd`` moved to the lowest free number from 10 up (close-on-exec)."""
+    lifted = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
+    os.close(fd)
+    return lifted
 
 
 def _rehearse() -> None:
@@ -254,6 +318,23 @@ def _exit(code: int, connection: host.HostConnection | None = None, done: Done |
     os._exit(code)
 
 
+def _outlive(child: int, ending: int) -> int:
+    """The zygote of a sandbox its child made a session's: reap every process until that child ends.
+
+    Nothing is restored (``/workspace`` is now a conversation's, and the sandbox goes with the
+    session); the processes the session's runs leave behind are reaped here, so none lingers as
+    a zombie against the pids limit. Returns the child's exit code, the sandbox's.
+    """
+    os.close(ending)
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return exec_server.EXIT_PROTOCOL
+        if pid == child:
+            return reports.exit_code(status)
+
+
 def main(channel_fd: int, modules: list[str]) -> int:
     """Fork the first run's child, announce READY; per run EXITED, restore, fork the next, READY.
 
@@ -297,6 +378,8 @@ def main(channel_fd: int, modules: list[str]) -> int:
             kind, run_id, guard = reports.receive(report)
             if kind == reports.RUNNING and guard and _GUARD is None:
                 _GUARD = guard
+            if kind == reports.SESSION:
+                return _outlive(child, ending)
             if kind != reports.RUNNING:
                 os.close(ending)
                 os.waitpid(child, 0)

@@ -1,0 +1,267 @@
+"""Session-ready sandboxes: zygotes started ahead on an empty slot, each to become a conversation's session.
+
+A conversation's first run would otherwise start a session's sandbox from nothing. Instead a few
+sandboxes are kept ready (bwrap, Python, where no session holds an egress relay): each has a
+session's policy and limits, its runner a zygote that preloaded ``pool_preload`` and forked its
+child, and at ``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a
+conversation's is (0700, the sandbox uid's). A bind follows the directory, not its path: a new
+session claims a sandbox by moving the conversation's entries into the slot and renaming the
+slot over the conversation's (now empty) directory (:func:`adopt`), so the sandbox's
+``/workspace`` is the conversation's directory, at its path. Its first run's EXEC makes the
+pre-forked child the session's interpreter (the runtime's ``zygote.py``); the sandbox is the
+session's until it ends, then destroyed (the files stay at their path); the pool starts another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.scratch import remove_shielded
+from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
+from mcp_sandbox.sandbox.policy import Limits
+
+__all__ = ["ReadyPool", "ReadySandbox", "adopt"]
+
+logger = logging.getLogger(__name__)
+
+RETRY_SECONDS = 30.0
+_CLOSE_SECONDS = 10.0  # how long a session's end may wait for its sandbox to be destroyed
+# How long after a session's first run its sandbox's replacement starts: the run's answer (the
+# server lists the workspace first) goes out before a start forks on the event loop.
+_REFILL_SECONDS = 0.1
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# How often adopt() moves what appeared in the conversation's directory meanwhile (an upload).
+_ADOPT_TRIES = 3
+_FEW_ENTRIES = 32  # a conversation with at most this many top-level entries is adopted on the event loop
+
+
+def adopt(slot: Path, workspace: Path) -> None:
+    """Make ``slot`` the conversation's directory at ``workspace``: move its entries in, rename it over.
+
+    O(top-level entries): each entry is one rename (never followed, never copied); the empty
+    directory left is then replaced by ``slot`` in one rename. On any failure every entry moved
+    goes back, and the error is raised: the conversation's files stay where they were.
+
+    Raises:
+        OSError: the two are not on one filesystem, or an entry could not be moved.
+    """
+    source = os.open(workspace, _DIRECTORY)
+    target = os.open(slot, _DIRECTORY)
+    try:
+        for _ in range(_ADOPT_TRIES):
+            try:
+                _move_entries(source, target)
+                os.rename(slot, workspace)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # not a file that came meanwhile
+                    _move_entries(target, source)
+                    raise
+        _move_entries(target, source)
+        raise OSError(errno.EBUSY, "the conversation's directory kept changing")
+    finally:
+        os.close(source)
+        os.close(target)
+
+
+def _few_entries(directory: Path) -> bool:
+    """Whether ``directory`` holds at most ``_FEW_ENTRIES`` entries (False if it cannot be listed)."""
+    try:
+        with os.scandir(directory) as listing:
+            return sum(1 for _ in itertools.islice(listing, _FEW_ENTRIES + 1)) <= _FEW_ENTRIES
+    except OSError:
+        return False
+
+
+def _move_entries(source: int, target: int) -> None:
+    with os.scandir(source) as listing:
+        names = [entry.name for entry in listing]
+    for name in names:
+        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
+
+
+@dataclass(eq=False)
+class ReadySandbox:
+    """One session-ready sandbox: its zygote's interpreter, ``/tools`` view, child's guard, slot and limits."""
+
+    interpreter: Interpreter
+    tools: ToolsView
+    guard: bytes
+    slot: Path
+    limits: Limits
+    claimed: bool = False
+    taken: bool = False  # a session's owner task holds it (see held())
+    done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
+    closed: anyio.Event = field(default_factory=anyio.Event)  # its owner has destroyed it
+
+    def release(self) -> None:
+        """The session is over: its owner destroys the sandbox (the conversation's files stay)."""
+        self.done.set()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """Hold this claimed sandbox as a session's (as :meth:`.Opener.session` yields one); destroyed after.
+
+        The wait for its owner to destroy it is bounded and shielded from cancellation.
+        """
+        self.taken = True
+        try:
+            yield self.interpreter, self.tools, None
+        finally:
+            self.release()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
+                await self.interpreter.kill()
+                await self.closed.wait()
+
+
+class ReadyPool:
+    """``session_ready`` session-ready sandboxes, each owned by a task of the pool's task group.
+
+    They start when the first session asks for one (:meth:`wake`): a server whose runs name no
+    conversation keeps none. :meth:`claim` hands one to a new session (the pool starts another
+    once that session's first run is over, :meth:`settle`); one whose zygote died while idle is
+    replaced; one that cannot start stops the pool for ``RETRY_SECONDS`` (sessions start from
+    nothing meanwhile).
+    """
+
+    def __init__(self, settings: Settings, opener: Opener, *, zygotes: bool) -> None:
+        self._settings = settings
+        self._opener = opener
+        # Only where a session never needs a relay for life (no tenant may be granted network).
+        self._size = settings.sessions.session_ready if zygotes and not opener.session_relay else 0
+        self._idle: list[ReadySandbox] = []
+        self._group: TaskGroup | None = None
+        self._retry_at = 0.0
+        self._awake = False
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[ReadyPool]:
+        """Keep the pool for this block; every sandbox not claimed stops on the way out."""
+        async with anyio.create_task_group() as group:
+            self._group = group
+            try:
+                yield self
+            finally:
+                self._group = None
+                for ready in self._idle:
+                    ready.release()
+                self._idle.clear()
+                group.cancel_scope.cancel()
+
+    def wake(self) -> None:
+        """Start the pool's sandboxes, if they have not started yet (and the pool is running)."""
+        if self._awake or self._group is None:
+            return
+        self._awake = True
+        for _ in range(self._size):
+            self._group.start_soon(self._own)
+
+    def settle(self, ready: ReadySandbox) -> None:
+        """After the first run of the session ``ready`` was claimed for: start one in its place.
+
+        Not beside that run, nor before its answer (``_REFILL_SECONDS``): a start would slow it
+        on two cores. A claimed sandbox no session came to hold (the run was cancelled before
+        its owner task started) is destroyed.
+        """
+        if not ready.taken:
+            ready.release()
+        if self._group is not None:
+            self._group.start_soon(self._own, _REFILL_SECONDS)
+
+    async def claim(self, workspace: Path) -> ReadySandbox | None:
+        """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
+
+        Only one whose limits are a session's on ``workspace`` now (settings reloaded since it
+        started: not that one). The caller calls :meth:`settle` once the session's first run is over.
+        """
+        self.wake()
+        wanted = self._opener.session_policy(workspace, ()).limits
+        while self._idle:
+            ready = self._idle.pop()
+            if ready.interpreter.exited.is_set() or ready.limits != wanted:
+                ready.release()
+                continue
+            ready.claimed = True  # from now on nothing removes its slot: it may hold the conversation's files
+            try:
+                if _few_entries(workspace):  # a few renames: quicker here than a worker thread's round trip
+                    adopt(ready.slot, workspace)
+                else:
+                    await anyio.to_thread.run_sync(adopt, ready.slot, workspace)
+            except OSError as exc:
+                logger.info("a session-ready sandbox was not used: %s", exc)
+                ready.claimed = False
+                if ready.interpreter.exited.is_set():
+                    ready.release()
+                else:
+                    self._idle.append(ready)
+                return None
+            return ready
+        return None
+
+    async def _own(self, delay: float = 0.0) -> None:
+        """After ``delay``, start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done."""
+        if self._group is None:
+            return
+        if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
+            await anyio.sleep(wait)
+        layout = self._opener.layout
+        try:
+            layout.prepare_runs()
+            slot = layout.new_scratch()
+        except OSError as exc:
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            logger.error("no slot for a session-ready sandbox: %s", exc)
+            self._group.start_soon(self._own)
+            return
+        ready: ReadySandbox | None = None
+        try:
+            if os.geteuid() == 0:  # as a conversation's directory is (WorkspaceStore.ensure)
+                os.chown(slot, self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid)
+            limits = self._opener.session_policy(slot, ()).limits
+            async with self._opener.session_zygote(slot) as (interpreter, tools, guard):
+                self._opener.pool_started("ready", "python")
+                ready = ReadySandbox(interpreter, tools, guard, slot, limits)
+                self._idle.append(ready)
+                async with anyio.create_task_group() as watch:
+                    watch.start_soon(_done_on_exit, ready)
+                    await ready.done.wait()
+                    watch.cancel_scope.cancel()
+                if ready in self._idle:
+                    self._idle.remove(ready)
+        except (SandboxStartError, BackendUnavailableError, OSError) as exc:
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            logger.error("a session-ready sandbox did not start; sessions start from nothing for now: %s", exc)
+        finally:
+            if ready is not None:
+                ready.closed.set()
+            if ready is None or not ready.claimed:
+                await remove_shielded(slot)  # never a claimed one: it is the conversation's directory now
+                if self._group is not None:
+                    self._group.start_soon(self._own)
+
+
+async def _done_on_exit(ready: ReadySandbox) -> None:
+    """An idle sandbox whose zygote died is replaced; a claimed one is its session's to notice."""
+    await ready.interpreter.exited.wait()
+    if not ready.claimed:
+        ready.done.set()
