@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from mcp_sandbox.engine import Engine
+from mcp_sandbox.sandbox import hostfs
 from mcp_sandbox.sandbox.backends import Sandbox
 from mcp_sandbox.sandbox.backends.bwrap import etc
 from mcp_sandbox.sandbox.backends.bwrap.sandbox import BwrapBackend
@@ -100,14 +101,17 @@ async def test_a_sandbox_sees_the_host_etc_entries_as_they_are_on_the_host_throu
 ) -> None:
     engine = make_engine()
     entries = [(m.source, m.target) for m in system_mounts()[0] if m.target.startswith("/etc/")]
-    assert all(str(source) == target for source, target in entries)  # the host's own paths
-    directories, files = _split(entries)
+    # The host's own paths, but /etc/hosts: the sandbox's own, shipped with the package.
+    own = [(source, target) for source, target in entries if str(source) != target]
+    assert own == [(Path(hostfs.__file__).with_name("etc") / "hosts", "/etc/hosts")]
+    directories, files = _split([entry for entry in entries if entry not in own])
     assert directories and files  # this host has both kinds (certificates, the linker's cache)
     listing = _LISTING.format(roots=" ".join(directories), files=" ".join(files))
 
     async with _backend(engine).running() as backend:
         first = await _output(await backend.start(_policy(_ETC_MOUNTS)))
-        seen, names = (await _from_a_copy(backend, f"{listing}; echo ---; ls -A /etc")).split("---\n")
+        script = f"{listing}; echo ---; ls -A /etc; echo ---; cat /etc/hosts"
+        seen, names, hosts = (await _from_a_copy(backend, script)).split("---\n")
         copies = _etc_copies(engine)
 
     assert sorted(first.split()) == sorted(target for _, target in entries)  # the first start: binds
@@ -115,6 +119,7 @@ async def test_a_sandbox_sees_the_host_etc_entries_as_they_are_on_the_host_throu
     host = await anyio.run_process(["/bin/sh", "-c", listing.replace("find ", "find -H ")])
     assert seen == host.stdout.decode()
     assert names.split() == sorted({target.split("/")[2] for _, target in entries})
+    assert hosts == own[0][0].read_text()
     assert len(copies) == 1
     assert _etc_copies(engine) == []  # gone with the backend
 

@@ -1,9 +1,10 @@
 """The sandbox's ``/etc`` as one bind mount: a copy of the host entries it shows, kept in step.
 
-A sandbox sees eight entries of the host's ``/etc`` (:mod:`mcp_sandbox.sandbox.hostfs`). Bound
-one by one, they cost bwrap eight reads of ``/proc/self/mountinfo`` (it parses the whole mount
-table after every bind), so the backend copies the entries into ``runs/<pid>-etc-<hex>/`` in the
-state directory and binds that at ``/etc`` (bench/README.md has the figures). The sandbox sees
+A sandbox sees eight entries of the host's ``/etc`` and a ``hosts`` of its own
+(:mod:`mcp_sandbox.sandbox.hostfs`). Bound one by one, they cost bwrap nine reads of
+``/proc/self/mountinfo`` (it parses the whole mount table after every bind), so the backend
+copies the entries into ``runs/<pid>-etc-<hex>/`` in the state directory and binds that at
+``/etc`` (bench/README.md has the figures). The sandbox sees
 what the binds showed: symlinks on the host followed at the top, kept inside directories; modes
 kept less setuid, setgid and sticky bits. No start waits for the copy: it is bound only while
 the host's entries were walked less than :data:`CHECK_INTERVAL` seconds ago and found as
