@@ -287,11 +287,8 @@ class SessionManager:
         """The owner task of one interpreter of ``session`` (``ready``'s, or a new one): keep it, then close it."""
         live: _Live | None = None
         try:
-            async with self._opener.session(workspace, session.tenant) if ready is None else ready.held() as (
-                runner,
-                tools,
-                sockets,
-            ):
+            opened = self._opener.session(workspace, session.tenant) if ready is None else ready.held()
+            async with opened as (runner, tools, sockets):
                 live = _Live(runner, tools, sockets, workspace, None if ready is None else ready.guard)
                 session.live = live
                 task_status.started(live)
