@@ -3,8 +3,9 @@
 Every run first takes a slot of the admission control (:mod:`.admission`), then goes to the first
 placement (:mod:`.placement`) that accepts it and has a sandbox for it: its session's interpreter
 (:mod:`.sessions`), a warm sandbox's forked child (:mod:`.warm`), a pre-started single-use sandbox
-(:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`). A run granted network never
-takes a warm or pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
+(:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`); warm and pre-started ones
+of its tenant's host uid only (:mod:`.uid_pools`). A run granted network never takes a warm or
+pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
 ``async with engine.running():``. A run with a ``session`` key outside it raises
 ``RuntimeError``; runs without one work either way (cold).
 """
@@ -22,11 +23,12 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Placement
-from mcp_sandbox.engine.prestart import PrestartPlacement, PrestartPool
+from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
 from mcp_sandbox.engine.sessions import SessionManager, SessionPlacement
-from mcp_sandbox.engine.warm import WarmPlacement, WarmPool
+from mcp_sandbox.engine.uid_pools import PoolsByUid
+from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend
 
@@ -50,8 +52,7 @@ class Engine:
         self.events = events if events is not None else EventHub()
         self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
         self._sessions = SessionManager(settings, self._opener)
-        self._pool = WarmPool(settings, self._opener)
-        self._prestart = PrestartPool(settings, self._opener)
+        self._pools = PoolsByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._admission = Admission(
             settings.admission.max_concurrent_runs,
             settings.admission.max_queued_runs,
@@ -63,8 +64,8 @@ class Engine:
         # the results' ``path`` (the metrics' label).
         self._placements: tuple[tuple[str, Placement], ...] = (
             ("session", SessionPlacement(settings, self._sessions, self._opener)),
-            ("warm", WarmPlacement(settings, self._pool, zygotes=backend.warm_pool)),
-            ("prestarted", PrestartPlacement(settings, self._prestart, zygotes=backend.warm_pool)),
+            ("warm", self._pools.placement("warm")),
+            ("prestarted", self._pools.placement("prestarted")),
         )
         self._fresh = FreshPlacement(settings, self._opener)
 
@@ -94,9 +95,7 @@ class Engine:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.backend.running())
             await stack.enter_async_context(self._sessions.running())
-            if self.backend.warm_pool:
-                await stack.enter_async_context(self._pool.running())
-            await stack.enter_async_context(self._prestart.running())
+            await stack.enter_async_context(self._pools.running())
             yield self
 
     @property
@@ -106,13 +105,18 @@ class Engine:
 
     @property
     def pool(self) -> WarmPool:
-        """The warm sandboxes (for status and benchmarks)."""
-        return self._pool
+        """The warm sandboxes of ``sandbox_uid`` (for status and benchmarks)."""
+        return self._pools.default.warm
 
     @property
     def prestart(self) -> PrestartPool:
-        """The pre-started single-use sandboxes (for status and benchmarks)."""
-        return self._prestart
+        """The pre-started single-use sandboxes of ``sandbox_uid`` (for status and benchmarks)."""
+        return self._pools.default.prestart
+
+    @property
+    def pools(self) -> PoolsByUid:
+        """The warm and pre-started sandboxes of every host uid (for status, metrics and tests)."""
+        return self._pools
 
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
@@ -142,11 +146,7 @@ class Engine:
         async with self._admission.slot(request.tenant):
             started = time.perf_counter()
             self.events.emit(RunAdmitted(wait=started - queued))
-            shared_uid = self._opener.tenant_uids.is_default(request.tenant)
             for path, placement in self._placements:
-                # Warm and pre-started sandboxes run as sandbox_uid: another tenant's uid never takes one.
-                if path != "session" and not shared_uid:
-                    continue
                 if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
                     return dataclasses.replace(result, path=path)
             return dataclasses.replace(await self._fresh.run(request, started), path="fresh")
