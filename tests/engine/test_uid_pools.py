@@ -134,6 +134,11 @@ async def test_a_warm_sandbox_of_one_tenants_uid_never_serves_another(running_en
         assert seen == bob_uid != alice_uid
         assert alice.warm.idle == 1 and engine.pool.idle == 1  # neither was taken
         assert bob is not alice and bob.warm.uid == bob_uid and alice.warm.uid == alice_uid
+        assert _uid_processes(alice_uid)  # her warm sandbox, idle
+
+    # Every uid's pools stop with the engine.
+    with anyio.fail_after(10):
+        await poll(lambda: not _uid_processes(alice_uid) and not _uid_processes(bob_uid))
 
 
 async def test_each_tenants_typescript_runs_take_prestarted_sandboxes_of_its_own_uid(
