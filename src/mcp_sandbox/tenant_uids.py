@@ -71,7 +71,7 @@ class TenantUids:
             return known
 
     def is_default(self, tenant: str) -> bool:
-        """Whether ``tenant``'s sandboxes run as ``sandbox_uid`` (warm and pre-started ones serve only those)."""
+        """Whether ``tenant``'s sandboxes run as ``sandbox_uid`` (and take ``sandbox_uid``'s warm sandboxes)."""
         return not self.separate or tenant == DEFAULT_TENANT
 
     def _assign(self, tenant: str) -> int:

@@ -250,11 +250,22 @@ class PoolSettings:
     """Warm sandboxes (zygotes forking a fresh interpreter per run) and pre-started ones."""
 
     pool_size: int = setting(
-        4, "Warm sandboxes at most (0: every run starts a sandbox of its own).", check=non_negative
+        4,
+        (
+            "Warm sandboxes at most, per host uid (0: every run starts a sandbox of its own); a "
+            "tenant's own uid's, at most `tenant_concurrent_runs` of them."
+        ),
+        check=non_negative,
     )
     pool_min: int = setting(1, "Warm sandboxes kept while idle.", check=non_negative)
     pool_idle: float = setting(
-        300.0, "A warm sandbox unused this long is stopped (down to `pool_min`).", check=duration, unit=DURATION
+        300.0,
+        (
+            "A warm sandbox unused this long is stopped (down to `pool_min`); a tenant's own uid's "
+            "warm and pre-started sandboxes, all of them."
+        ),
+        check=duration,
+        unit=DURATION,
     )
     pool_preload: tuple[str, ...] = setting(
         ("numpy", "pandas"),

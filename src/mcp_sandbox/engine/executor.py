@@ -4,8 +4,9 @@ Every run first takes a slot of the admission control (:mod:`.admission`), then 
 placement (:mod:`.placement`) that accepts it and has a sandbox for it: its session's interpreter
 (:mod:`.sessions`; a new one is born of a session-ready sandbox, :mod:`.ready`, where one fits),
 a warm sandbox's forked child (:mod:`.warm`), a pre-started single-use sandbox
-(:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`). A run granted network never
-takes a warm or pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
+(:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`); warm and pre-started ones
+of its tenant's host uid only (:mod:`.uid_pools`). A run granted network never takes a warm or
+pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
 ``async with engine.running():``. A run with a ``session`` key outside it raises
 ``RuntimeError``; runs without one work either way (cold).
 """
@@ -25,12 +26,13 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Placement
-from mcp_sandbox.engine.prestart import PrestartPlacement, PrestartPool
+from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.ready import ReadyPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
 from mcp_sandbox.engine.sessions import SessionManager, SessionPlacement
-from mcp_sandbox.engine.warm import WarmPlacement, WarmPool
+from mcp_sandbox.engine.uid_pools import PoolsByUid
+from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend
 
@@ -56,8 +58,7 @@ class Engine:
         self._ready = ReadyPool(settings, self._opener, zygotes=backend.warm_pool)
         self._sessions = SessionManager(settings, self._opener, self._ready)
         self._using: collections.Counter[Path] = collections.Counter()  # runs per workspace now
-        self._pool = WarmPool(settings, self._opener)
-        self._prestart = PrestartPool(settings, self._opener)
+        self._pools = PoolsByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._admission = Admission(
             settings.admission.max_concurrent_runs,
             settings.admission.max_queued_runs,
@@ -69,8 +70,8 @@ class Engine:
         # the results' ``path`` (the metrics' label).
         self._placements: tuple[tuple[str, Placement], ...] = (
             ("session", SessionPlacement(settings, self._sessions, self._opener, self._shared)),
-            ("warm", WarmPlacement(settings, self._pool, zygotes=backend.warm_pool)),
-            ("prestarted", PrestartPlacement(settings, self._prestart, zygotes=backend.warm_pool)),
+            ("warm", self._pools.placement("warm")),
+            ("prestarted", self._pools.placement("prestarted")),
         )
         self._fresh = FreshPlacement(settings, self._opener)
 
@@ -101,9 +102,7 @@ class Engine:
             await stack.enter_async_context(self.backend.running())
             await stack.enter_async_context(self._ready.running())  # after the sessions (born of it) on the way out
             await stack.enter_async_context(self._sessions.running())
-            if self.backend.warm_pool:
-                await stack.enter_async_context(self._pool.running())
-            await stack.enter_async_context(self._prestart.running())
+            await stack.enter_async_context(self._pools.running())
             yield self
 
     @property
@@ -113,8 +112,8 @@ class Engine:
 
     @property
     def pool(self) -> WarmPool:
-        """The warm sandboxes (for status and benchmarks)."""
-        return self._pool
+        """The warm sandboxes of ``sandbox_uid`` (for status and benchmarks)."""
+        return self._pools.default.warm
 
     @property
     def ready(self) -> ReadyPool:
@@ -123,8 +122,13 @@ class Engine:
 
     @property
     def prestart(self) -> PrestartPool:
-        """The pre-started single-use sandboxes (for status and benchmarks)."""
-        return self._prestart
+        """The pre-started single-use sandboxes of ``sandbox_uid`` (for status and benchmarks)."""
+        return self._pools.default.prestart
+
+    @property
+    def pools(self) -> PoolsByUid:
+        """The warm and pre-started sandboxes of every host uid (for status, metrics and tests)."""
+        return self._pools
 
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
@@ -172,11 +176,7 @@ class Engine:
             with self._use(request.workspace):
                 started = time.perf_counter()
                 self.events.emit(RunAdmitted(wait=started - queued))
-                shared_uid = self._opener.tenant_uids.is_default(request.tenant)
                 for path, placement in self._placements:
-                    # Warm and pre-started sandboxes run as sandbox_uid: another tenant's uid never takes one.
-                    if path != "session" and not shared_uid:
-                        continue
                     if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
                         return dataclasses.replace(result, path=path)
                 return dataclasses.replace(await self._fresh.run(request, started), path="fresh")

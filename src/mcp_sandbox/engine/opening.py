@@ -161,12 +161,12 @@ class Opener:
 
     @contextlib.asynccontextmanager
     async def zygote(
-        self, *, preload: Sequence[str] | None
+        self, uid: int | None = None, *, preload: Sequence[str] | None
     ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None, bytes]]:
         """A Python sandbox whose zygote is READY: its interpreter, /tools view, workspace and runs' seccomp guard.
 
         The zygote imports ``preload`` (None: ``pool_preload``); its scratch workspace is as
-        :meth:`long_lived` gives it.
+        :meth:`long_lived` gives it, and so is ``uid``.
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
@@ -176,12 +176,16 @@ class Opener:
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return zygote_policy(settings, workspace=workspace, mounts=mounts, preload=preload)
 
-        async with self.long_lived(None, policy) as (interpreter, tools, workspace):
+        async with self.long_lived(None, policy, uid) as (interpreter, tools, workspace):
             yield interpreter, tools, workspace, zygote_guard(interpreter)
 
     @contextlib.asynccontextmanager
-    async def single_use(self, language: str) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+    async def single_use(
+        self, language: str, uid: int | None = None
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
         """A sandbox for one run of ``language`` with the default timeout's limits, READY, waiting for its EXEC.
+
+        ``uid``: the host uid it runs as, as :meth:`long_lived` takes it.
 
         Raises:
             SandboxStartError: it did not start.
@@ -191,7 +195,7 @@ class Opener:
         def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
             return policy_for(settings, language, workspace=workspace, timeout=settings.limits.timeout, mounts=mounts)
 
-        async with self.long_lived(None, policy) as (interpreter, tools, workspace):
+        async with self.long_lived(None, policy, uid) as (interpreter, tools, workspace):
             interpreter.sandbox.watch_runner()  # READY: no code has run in it yet
             yield interpreter, tools, workspace
 

@@ -105,9 +105,10 @@ class PrestartPool:
     ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
     """
 
-    def __init__(self, settings: Settings, opener: Opener) -> None:
+    def __init__(self, settings: Settings, opener: Opener, uid: int | None = None) -> None:
         self.settings = settings
         self._opener = opener
+        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
         self._ready: dict[str, list[Prestarted]] = {}
         self._starting: dict[str, int] = {}
         self._owners: dict[str, int] = {}
@@ -172,11 +173,11 @@ class PrestartPool:
             SandboxStartError: it did not start.
         """
         if language == "python":  # nothing preloaded: a single-use sandbox would pay for it on every run
-            async with self._opener.zygote(preload=()) as (interpreter, tools, workspace, guard):
+            async with self._opener.zygote(self.uid, preload=()) as (interpreter, tools, workspace, guard):
                 self._opener.pool_started("prestarted", language)
                 yield Prestarted(language, interpreter, tools, workspace, guard)
         else:
-            async with self._opener.single_use(language) as (interpreter, tools, workspace):
+            async with self._opener.single_use(language, self.uid) as (interpreter, tools, workspace):
                 self._opener.pool_started("prestarted", language)
                 yield Prestarted(language, interpreter, tools, workspace)
 

@@ -111,9 +111,10 @@ class WarmPool:
     for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
     """
 
-    def __init__(self, settings: Settings, opener: Opener) -> None:
+    def __init__(self, settings: Settings, opener: Opener, uid: int | None = None) -> None:
         self.settings = settings
         self._opener = opener
+        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
         self._preload_reported = False
         self._idle: list[Warm] = []  # the most recently used last: it is taken first
         self._owners = 0  # sandboxes starting, idle or running
@@ -229,15 +230,14 @@ class WarmPool:
 
     @contextlib.asynccontextmanager
     async def _open(self, preloaded: bool) -> AsyncIterator[Warm]:
-        """A warm sandbox (see :meth:`.opening.Opener.zygote`), preloading ``pool_preload`` if ``preloaded``.
+        """A warm sandbox as ``uid`` (see :meth:`.opening.Opener.zygote`), preloading ``pool_preload`` if ``preloaded``.
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
-        async with self._opener.zygote(preload=None if preloaded else ()) as (interpreter, tools, _, guard):
+        async with self._opener.zygote(self.uid, preload=None if preloaded else ()) as (interpreter, tools, _, guard):
             self._opener.pool_started("warm", "python")
-            failed = interpreter.ready.failed
-            if failed and not self._preload_reported:
+            if (failed := interpreter.ready.failed) and not self._preload_reported:
                 self._preload_reported = True
                 logger.warning("pool_preload: these modules did not import in the sandbox: %s", failed)
             yield Warm(interpreter, tools, guard, preloaded=preloaded)

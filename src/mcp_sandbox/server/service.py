@@ -31,7 +31,6 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.engine.prestart import DEFAULT_SIZES
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
@@ -158,10 +157,10 @@ class Service:
         return {
             "runs_running": engine.admission.running,
             "queue_length": engine.admission.waiting,
-            "warm_pool_size": engine.pool.size,
-            "warm_pool_idle": engine.pool.idle,
-            "prestarted_size": sum(engine.prestart.size(language) for language in DEFAULT_SIZES),
-            "prestarted_idle": sum(engine.prestart.ready(language) for language in DEFAULT_SIZES),
+            "warm_pool_size": engine.pools.warm_size,  # every host uid's together: no tenant's name in a label
+            "warm_pool_idle": engine.pools.warm_idle,
+            "prestarted_size": engine.pools.prestarted_size,
+            "prestarted_idle": engine.pools.prestarted_ready,
             "sessions": len(engine.live_sessions()),
             "draining": float(self.lifecycle.draining),
             "ready": float(self.ready()),
