@@ -17,6 +17,14 @@ user=sbx
 mkdir -p /mnt/images
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro images /mnt/images
 
+# The user's podman storage on kernel overlayfs (the guest's kernel mounts it in a user
+# namespace), set before any step runs podman: the first podman call records its driver for
+# good, and its default here, vfs, copies the whole image for every container (a minute per
+# container start under emulation, past the backend probe's bound).
+install -d -o "$user" -g "$user" "/home/$user/.config" "/home/$user/.config/containers"
+printf '[storage]\ndriver = "overlay"\n' > "/home/$user/.config/containers/storage.conf"
+chown "$user:$user" "/home/$user/.config/containers/storage.conf"
+
 for _ in $(seq 300); do
     systemctl is-active --quiet "user@$uid.service" && [ -S /run/user/$uid/bus ] && break
     sleep 0.5

@@ -106,14 +106,11 @@ podman-rootless)
     # the podman backend, and a run through the CLI.
     archive=$(find /mnt/images -maxdepth 1 -name '*.tar' | head -n 1)
     [ -n "$archive" ] || { echo "FAIL: no saved podman image in /mnt/images (run.sh saves it)"; exit 1; }
-    # Kernel overlayfs for this user's storage (the guest's kernel mounts it in a user namespace):
-    # podman would fall back to vfs, which copies the whole image for every container, a minute
-    # per container start under emulation, past the backend probe's bound.
-    mkdir -p ~/.config/containers
-    printf '[storage]\ndriver = "overlay"\n' > ~/.config/containers/storage.conf
     started=$(date +%s.%N)
     podman load --quiet --input "$archive"
     echo "podman load: $(python3 -c "print(round($(date +%s.%N) - $started, 1))") s for $(du -m "$archive" | cut -f1) MB"
+    [ "$(podman info --format '{{.Store.GraphDriverName}}')" = overlay ] \
+        || { echo "FAIL: podman's storage is not overlay (guest-job.sh sets it before any step)"; exit 1; }
     podman info --format 'rootless {{.Host.Security.Rootless}}, cgroup manager {{.Host.CgroupManager}}, cgroup {{.Host.CgroupsVersion}}, storage {{.Store.GraphDriverName}}, uid map {{.Host.IDMappings.UIDMap}}'
     started=$(date +%s.%N)
     podman run --rm --pull never --network none "$(podman images --format '{{.Repository}}:{{.Tag}}' | head -n 1)" true
