@@ -17,7 +17,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["DOCKER_WRAPPER", "PODMAN_WRAPPER", "backend_flags", "docker_daemon", "podman_usable", "remove_containers"]
+import anyio
+import httpx2
+
+__all__ = [
+    "DOCKER_WRAPPER",
+    "PODMAN_WRAPPER",
+    "backend_flags",
+    "docker_daemon",
+    "podman_usable",
+    "remove_containers",
+    "server_ready",
+]
 
 PODMAN_WRAPPER = Path(__file__).resolve().parent / "containers" / "podman-wrapper"
 DOCKER_WRAPPER = Path(__file__).resolve().parent / "containers" / "docker-wrapper"
@@ -118,3 +129,15 @@ def docker_daemon() -> Iterator[str | None]:
         netns = DOCKER_RUN / "exec" / "netns" / "default"
         if os.path.ismount(netns):
             subprocess.run(["umount", "--lazy", str(netns)], capture_output=True, check=False)
+
+
+async def server_ready(web: httpx2.AsyncClient, base: str, bound: float = 120) -> None:
+    """Poll ``base``/readyz until it answers 200: the server is another process in a container."""
+    with anyio.fail_after(bound):
+        while True:
+            try:
+                if (await web.get(f"{base}/readyz")).status_code == 200:
+                    return
+            except httpx2.TransportError:
+                pass  # not listening yet
+            await anyio.sleep(0.1)

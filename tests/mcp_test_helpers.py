@@ -171,6 +171,13 @@ def host_processes(marker: str) -> list[int]:
     return found
 
 
+def host_uid(pid: int) -> int:
+    """The real host uid of process ``pid`` (effective, saved and filesystem uids follow it in a sandbox)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("Uid:"))
+    return int(line.split()[1])
+
+
 def own_processes(marker: str) -> list[int]:
     """Descendants of this process whose command line or name contains ``marker``.
 

@@ -26,7 +26,7 @@ import anyio
 import httpx2
 import pytest
 
-from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon
+from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon, server_ready
 from mcp_test_helpers import CALL_BOUND, free_port, http_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -105,18 +105,6 @@ def _compose_env(port: int) -> dict[str, str]:
     }
 
 
-async def _ready(web: httpx2.AsyncClient, base: str) -> None:
-    """Poll /readyz (the server is another process in a container: nothing to wait on but its answer)."""
-    with anyio.fail_after(120):
-        while True:
-            try:
-                if (await web.get(f"{base}/readyz")).status_code == 200:
-                    return
-            except httpx2.TransportError:
-                pass  # not listening yet
-            await anyio.sleep(0.1)
-
-
 async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_nothing(podman: Path) -> None:
     port = free_port()
     project = f"mcpcompose{uuid.uuid4().hex[:8]}"
@@ -137,7 +125,7 @@ async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_no
         assert up.returncode == 0, up.stdout.decode()[-3000:] + up.stderr.decode()[-3000:]
         up_seconds = time.monotonic() - started
         async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
-            await _ready(web, base)
+            await server_ready(web, base)
             ready_seconds = time.monotonic() - started
             assert (await web.get(f"{base}/healthz")).json() == {"status": "ok"}
             async with http_client(base, TOKEN) as client:

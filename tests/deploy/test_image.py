@@ -23,7 +23,7 @@ import anyio
 import httpx2
 import pytest
 
-from container_helpers import DOCKER_WRAPPER, docker_daemon
+from container_helpers import DOCKER_WRAPPER, docker_daemon, server_ready
 from mcp_sandbox.sandbox.seccomp import server_oci_profile
 from mcp_test_helpers import CALL_BOUND, free_port, http_client
 
@@ -160,7 +160,7 @@ async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(d
     base = f"http://127.0.0.1:{port}"
     try:
         async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
-            await _ready(web, base)
+            await server_ready(web, base)
             async with http_client(base, TOKEN) as client:
                 ran = await client.call_tool("run_python", {"code": "import numpy; print(numpy.arange(4).sum())"})
                 assert ran.structured_content is not None and ran.structured_content["stdout"].strip() == "6", ran
@@ -208,18 +208,6 @@ async def _docker(*args: str) -> _Done:
     with anyio.fail_after(120):
         done = await anyio.run_process([str(DOCKER_WRAPPER), *args], check=False)
     return _Done(done.returncode, done.stdout, done.stderr)
-
-
-async def _ready(web: httpx2.AsyncClient, base: str) -> None:
-    """Poll /readyz of the container (another process: nothing to wait on but its answer)."""
-    with anyio.fail_after(120):
-        while True:
-            try:
-                if (await web.get(f"{base}/readyz")).status_code == 200:
-                    return
-            except httpx2.TransportError:
-                pass  # not listening yet
-            await anyio.sleep(0.2)
 
 
 # The container's command: write a servers config naming a tiny stdio MCP server (made with the

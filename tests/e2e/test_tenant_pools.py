@@ -20,7 +20,7 @@ import anyio
 import httpx2
 import pytest
 
-from mcp_test_helpers import auth_tokens, host_processes, http_server, poll, run_over_http
+from mcp_test_helpers import auth_tokens, host_processes, host_uid, http_server, poll, run_over_http
 
 pytestmark = [
     pytest.mark.e2e,
@@ -67,12 +67,6 @@ async def _hits(base: str) -> float:
     return await _metric(base, 'mcp_sandbox_warm_pool_runs_total{result="hit"}')
 
 
-def _host_uid(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith("Uid:"))
-    return int(line.split()[1])
-
-
 async def _run(base: str, token: str) -> int:
     """A run of ``token``'s tenant without a conversation; the host uid its child had."""
     marker = f"pool-{uuid.uuid4().hex}"
@@ -88,7 +82,7 @@ async def _run(base: str, token: str) -> int:
 
     async def look() -> None:
         await poll(lambda: bool(host_processes(marker)))
-        seen.append(_host_uid(host_processes(marker)[0]))
+        seen.append(host_uid(host_processes(marker)[0]))
 
     with anyio.fail_after(90):
         async with anyio.create_task_group() as group:

@@ -24,6 +24,7 @@ from container_helpers import backend_flags
 from mcp_test_helpers import (
     auth_tokens,
     host_processes,
+    host_uid,
     http_server,
     mcp_sandbox_cli,
     new_conversation,
@@ -69,12 +70,6 @@ def _files_named(state_dir: Path, name: str) -> list[Path]:
     if not workspaces.is_dir():
         return []
     return [directory / name for directory in workspaces.iterdir() if (directory / name).exists()]
-
-
-def _host_uid(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith("Uid:"))
-    return int(line.split()[1])  # the real uid; effective, saved and filesystem follow it
 
 
 def _assigned(state_dir: Path) -> dict[str, int]:
@@ -157,7 +152,7 @@ async def test_tenants_run_and_own_their_files_as_host_uids_of_their_own(base: s
     async def look(tenant: str, with_conversation: bool) -> None:
         marker = f"{markers[tenant]}-{with_conversation}"
         await poll(lambda: bool(host_processes(marker)))
-        seen[tenant, with_conversation] = _host_uid(host_processes(marker)[0])
+        seen[tenant, with_conversation] = host_uid(host_processes(marker)[0])
 
     with anyio.fail_after(120):
         async with anyio.create_task_group() as group:
@@ -183,7 +178,7 @@ async def test_tenants_run_and_own_their_files_as_host_uids_of_their_own(base: s
         assert uploaded.stat().st_uid == uid
 
 
-def test_doctor_says_whether_tenants_share_one_host_uid(state_dir: Path, sandbox_runtime: Path | None) -> None:
+def test_doctor_says_whether_tenants_share_onehost_uid(state_dir: Path, sandbox_runtime: Path | None) -> None:
     own = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=sandbox_runtime)
     shared = mcp_sandbox_cli(
         "doctor", state_dir=state_dir, runtime=sandbox_runtime, env={"MCP_SANDBOX_TENANT_UID_RANGE": "off"}

@@ -18,6 +18,7 @@ from mcp_sandbox.engine import Engine, ExecutionResult
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.engine.uid_pools import UidPools
 from mcp_sandbox.tenant_uids import TenantUids
+from mcp_test_helpers import host_uid
 
 from .conftest import RunningEngine
 from .helpers import execute, host_processes, poll
@@ -51,19 +52,13 @@ console.log("done");
 """
 
 
-def _host_uid(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        line = next(line for line in status if line.startswith("Uid:"))
-    return int(line.split()[1])
-
-
 def _uid_processes(uid: int) -> list[int]:
     """Host processes whose real uid is ``uid``."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                if _host_uid(int(entry)) == uid:
+                if host_uid(int(entry)) == uid:
                     found.append(int(entry))
             except (OSError, StopIteration):  # exited while we looked
                 continue
@@ -83,7 +78,7 @@ async def _run_as(engine: Engine, tenant: str, language: str = "python") -> tupl
 
     async def look() -> None:
         await poll(lambda: bool(host_processes(marker)))
-        seen.append(_host_uid(host_processes(marker)[0]))
+        seen.append(host_uid(host_processes(marker)[0]))
 
     with anyio.fail_after(60):
         async with anyio.create_task_group() as group:
