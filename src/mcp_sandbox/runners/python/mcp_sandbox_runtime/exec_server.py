@@ -19,11 +19,11 @@ import sys
 from typing import Any, TextIO
 
 from . import display, host, relay
-from .frames import Done, Exec, Frame
+from .frames import Done, Error, Exec, Frame
 from .host import close_fds
 from .namespace import COMPILE_FLAGS, MainNamespace
 
-__all__ = ["EXIT_PROTOCOL", "Server", "accept_exec", "prepare_process", "prepare_single"]
+__all__ = ["EXIT_PROTOCOL", "Server", "accept_exec", "prepare_process", "prepare_single", "serve_until_last"]
 
 EXIT_PROTOCOL = 76
 
@@ -70,6 +70,34 @@ class _Stdio:
         os.dup2(self._own[1], 2)
         sys.stdout, sys.stderr = self._own_streams
         self._run_streams = None
+
+
+def serve_until_last(server: Server, first: tuple[Exec, list[int]] | None = None) -> int:
+    """Serve EXEC frames on ``server``'s connection (``first``, already accepted, before them) until
+    the host hangs up or a ``last`` one was served; the last run's exit code, else :data:`EXIT_PROTOCOL`.
+
+    The runner of a fresh run or a session serves this way, and so does a zygote's child that
+    became a session's interpreter. The namespace is closed on the way out.
+    """
+    connection = server.connection
+    exit_code: int | None = None
+    try:
+        last = False
+        if first is not None:
+            exit_code, last = server.serve(*first), first[0].last
+        while not last and (command := connection.next_command()) is not None:
+            frame, fds = command
+            accepted = accept_exec(frame, fds)
+            if isinstance(accepted, str):
+                close_fds(fds)
+                connection.send(Error(accepted))
+                return EXIT_PROTOCOL
+            exit_code, last = server.serve(accepted, fds), accepted.last
+    except OSError:  # the channel broke while we wrote to it
+        return EXIT_PROTOCOL
+    finally:
+        server.namespace.close()
+    return EXIT_PROTOCOL if connection.failed or exit_code is None else exit_code
 
 
 def accept_exec(frame: Frame, fds: list[int], *, descriptors: int = 2) -> Exec | str:

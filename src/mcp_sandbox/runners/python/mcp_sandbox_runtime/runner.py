@@ -16,9 +16,8 @@ import os
 import sys
 
 from . import host, relay
-from .exec_server import EXIT_PROTOCOL, Server, accept_exec, prepare_process
-from .frames import Error, Ready
-from .host import close_fds
+from .exec_server import Server, prepare_process, serve_until_last
+from .frames import Ready
 
 __all__ = ["EXIT_USAGE", "main"]
 
@@ -50,23 +49,4 @@ def main(argv: list[str]) -> int:
     if (problem := relay.start()) is not None:
         sys.stderr.write(f"mcp-sandbox runner: {problem}\n")
     connection.send(Ready("python", sys.version.split()[0]))
-    server = Server(connection)
-    exit_code: int | None = None
-    try:
-        while (command := connection.next_command()) is not None:
-            frame, fds = command
-            accepted = accept_exec(frame, fds)
-            if isinstance(accepted, str):
-                close_fds(fds)
-                connection.send(Error(accepted))
-                return EXIT_PROTOCOL
-            exit_code = server.serve(accepted, fds)
-            if accepted.last:
-                break  # a fresh run: the sandbox serves this one EXEC only
-    except OSError:  # the channel broke while we wrote to it
-        return EXIT_PROTOCOL
-    finally:
-        server.namespace.close()
-    if connection.failed or exit_code is None:
-        return EXIT_PROTOCOL
-    return exit_code
+    return serve_until_last(Server(connection))

@@ -193,23 +193,7 @@ def _become_session(
     connection = host.connect(channel)
     os.close(channel)
     server = exec_server.Server(connection, namespace=namespace)
-    exit_code = exec_server.EXIT_PROTOCOL
-    try:
-        exit_code = server.serve(accepted, fds)
-        while not accepted.last and (command := connection.next_command()) is not None:
-            next_frame, fds = command
-            accepted_next = exec_server.accept_exec(next_frame, fds)
-            if isinstance(accepted_next, str):
-                host.close_fds(fds)
-                connection.send(Error(accepted_next))
-                return exec_server.EXIT_PROTOCOL
-            accepted = accepted_next
-            exit_code = server.serve(accepted, fds)
-    except OSError:  # the channel broke while we wrote to it
-        return exec_server.EXIT_PROTOCOL
-    finally:
-        server.namespace.close()
-    return exec_server.EXIT_PROTOCOL if connection.failed else exit_code
+    return exec_server.serve_until_last(server, (accepted, fds))
 
 
 def _lift(fd: int) -> int:
