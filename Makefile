@@ -205,7 +205,7 @@ containers: $(CONTAINER_STAMP) ## Install podman and build the container backend
 	@$(CONTAINER_CLI) image exists $(CONTAINER_IMAGE) 2>/dev/null || { \
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 
-$(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh
+$(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh src/mcp_sandbox/sandbox/etc/hosts
 	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
