@@ -112,6 +112,17 @@ def test_conversations_come_least_recently_used_first_and_touching_moves_them(me
     ]
 
 
+def test_a_tenants_conversations_come_most_recently_used_first_and_only_its_own(metadata: Metadata) -> None:
+    metadata.touch_conversation("a" * 64, "alice", 10.0)
+    metadata.touch_conversation("b" * 64, "bob", 20.0)
+    metadata.touch_conversation("c" * 64, "alice", 30.0)
+    metadata.touch_conversation("a" * 64, "alice", 40.0)
+
+    assert [(row.key[0], row.last_used) for row in metadata.conversations_of("alice")] == [("a", 40.0), ("c", 30.0)]
+    assert [row.key[0] for row in metadata.conversations_of("bob")] == ["b"]
+    assert metadata.conversations_of("carol") == []
+
+
 def test_recorded_files_replace_the_previous_ones_and_set_the_usage(
     metadata: Metadata, metadata_target: MetadataTarget
 ) -> None:

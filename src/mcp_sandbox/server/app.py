@@ -170,6 +170,7 @@ async def serve(
 
 async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSignals) -> None:
     """Open the service and serve it over HTTP (see :func:`serve`)."""
+    from mcp_sandbox.server.routes.conversations import conversation_routes
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
@@ -185,6 +186,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         routes = [
             *file_routes(service, guard),
             *renew_routes(service, guard),
+            *conversation_routes(service, guard),
             *runner_link_routes(service),
             *health_routes(service.ready),
             metrics_route(lambda: settings.http.metrics_token, service.metrics_or_fail()),

@@ -255,6 +255,22 @@ class Metadata:
         )
         return [ConversationRecord(*row) for row in rows]
 
+    def conversations_of(self, tenant: str) -> list[ConversationRecord]:
+        """``tenant``'s conversations, most recently used first (no other tenant's row).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(
+            lambda tx: tx.query(
+                "SELECT key, tenant, created, last_used, bytes, files FROM conversations WHERE tenant = ? "
+                "ORDER BY last_used DESC, key",
+                (tenant,),
+            ),
+            write=False,
+        )
+        return [ConversationRecord(*row) for row in rows]
+
     def forget_conversation(self, key: str) -> None:
         """Delete conversation ``key``'s row and its files' rows (its executions stay).
 
