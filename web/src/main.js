@@ -14,6 +14,9 @@ const TOKEN_KEY = "mcp-sandbox.token";
 const CONVERSATIONS_KEY = "mcp-sandbox.conversations";
 const MCP_ENDPOINT = new URL("mcp", document.baseURI).pathname;
 const UPLOAD_ENDPOINT = new URL("upload", document.baseURI).pathname;
+const CONVERSATIONS_ENDPOINT = new URL("conversations", document.baseURI).pathname;
+const RENEW_ENDPOINT = new URL("files/renew", document.baseURI).pathname;
+const REMEMBERED_CONVERSATIONS = 50;
 const LIVE_LINES = 500;
 const LANGUAGES = ["python", "typescript", "javascript"];
 const NARROW = window.matchMedia("(max-width: 800px)");
@@ -34,7 +37,11 @@ const ui = {
   conversations: $("conversations"),
   newConversation: $("new-conversation"),
   leaveConversation: $("leave-conversation"),
+  branchConversation: $("branch-conversation"),
   conversationHelp: $("conversation-help"),
+  conversationList: $("conversation-list"),
+  conversationListHelp: $("conversation-list-help"),
+  refreshConversations: $("refresh-conversations"),
   timeout: $("timeout"),
   networkRow: $("network-row"),
   network: $("network"),
@@ -71,6 +78,10 @@ const state = {
   languages: [],
   running: null, // the AbortController of the run going on, or null
   files: new Map(),
+  forkFrom: null, // the conversation the current one branches from, until the server has made it
+  listed: [], // the tenant's conversations the server confirmed, most recently used first
+  others: 0, // how many more the tenant has, not named by this tab
+  listing: 0, // the number of the last list request (an older answer is dropped)
 };
 
 // --- editor ------------------------------------------------------------------------------------
@@ -174,28 +185,150 @@ function listConversations(list = knownConversations()) {
 
 function rememberConversation(id) {
   if (!id) return;
-  const list = [id, ...knownConversations().filter((item) => item !== id)].slice(0, 20);
+  const list = [id, ...knownConversations().filter((item) => item !== id)].slice(0, REMEMBERED_CONVERSATIONS);
   sessionStorage.setItem(CONVERSATIONS_KEY, JSON.stringify(list));
   listConversations(list);
 }
 
-/** Run in conversation `id` from now on ("": in none, each run afresh). */
+/** Run in conversation `id` from now on ("": in none, each run afresh); its files are fetched. */
 function switchConversation(id) {
   ui.conversation.value = id;
+  state.forkFrom = null;
   rememberConversation(id);
   state.files = new Map();
   renderFiles();
   describeConversation();
+  renderConversationList();
+  if (id && state.listed.some((item) => item.conversationId === id)) loadFiles(id);
+}
+
+/** Branch: a new conversation whose first run starts from a copy of the current one. */
+function branchConversation() {
+  const source = ui.conversation.value.trim();
+  if (!source) return;
+  ui.conversation.value = randomConversation();
+  state.forkFrom = source;
+  state.files = new Map();
+  renderFiles();
+  describeConversation();
+  renderConversationList();
 }
 
 function describeConversation() {
   const id = ui.conversation.value.trim();
   ui.leaveConversation.hidden = !id;
+  ui.branchConversation.hidden = !id || Boolean(state.forkFrom);
+  if (state.forkFrom && id) {
+    ui.conversationHelp.textContent =
+      `A branch of ${state.forkFrom}: the next run starts from a copy of its files (and, where its ` +
+      "interpreter is live, its Python variables), then runs the code. The two never see each other's " +
+      "later writes. Leave, or pick another conversation, to drop the branch.";
+    return;
+  }
   ui.conversationHelp.textContent = id
     ? "Runs in this conversation keep its files in /workspace and its Python variables. Its first run " +
-      "starts an interpreter of its own, so it takes longer. Leave it to run each time afresh."
+      "starts an interpreter of its own, so it takes longer. Branch to try something on a copy; " +
+      "Leave to run each time afresh."
     : "None: each run takes a fresh, ready sandbox (the fastest) and nothing is kept. Start a " +
       "conversation to keep files in /workspace and Python variables from run to run.";
+}
+
+function authorization() {
+  return state.token ? { Authorization: `Bearer ${state.token}` } : {};
+}
+
+/** Ask the server which of the conversations this tab knows are the tenant's, with their usage. */
+async function refreshConversations() {
+  if (!state.client) return;
+  const asked = ++state.listing;
+  ui.refreshConversations.disabled = true;
+  try {
+    const response = await fetch(CONVERSATIONS_ENDPOINT, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", ...authorization() },
+      body: JSON.stringify({ conversationIds: knownConversations() }),
+      credentials: "omit",
+      cache: "no-store",
+    });
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(answer.error ?? `HTTP ${response.status}`);
+    if (asked !== state.listing) return;
+    state.listed = Array.isArray(answer.conversations) ? answer.conversations : [];
+    state.others = Number(answer.others) || 0;
+    // A branch is made once the server has its conversation: later runs need no forkFrom.
+    const current = ui.conversation.value.trim();
+    if (state.forkFrom && state.listed.some((item) => item.conversationId === current)) {
+      state.forkFrom = null;
+      describeConversation();
+    }
+    renderConversationList();
+  } catch (error) {
+    if (asked === state.listing) ui.conversationListHelp.textContent = `Could not list them: ${error.message}`;
+  } finally {
+    if (asked === state.listing) ui.refreshConversations.disabled = !state.client;
+  }
+}
+
+const RELATIVE = new Intl.RelativeTimeFormat(undefined, { numeric: "auto" });
+
+function ago(seconds) {
+  const delta = seconds - Date.now() / 1000;
+  for (const [unit, size] of [["day", 86400], ["hour", 3600], ["minute", 60]]) {
+    if (Math.abs(delta) >= size) return RELATIVE.format(Math.round(delta / size), unit);
+  }
+  return RELATIVE.format(Math.round(delta), "second");
+}
+
+function renderConversationList() {
+  const current = ui.conversation.value.trim();
+  const body = ui.conversationList.tBodies[0];
+  body.replaceChildren(
+    ...state.listed.map((item) => {
+      const id = item.conversationId;
+      const open = element("button", { type: "button", className: "open", textContent: id });
+      open.setAttribute("aria-label", id === current ? `${id} (current conversation)` : `Switch to conversation ${id}`);
+      open.addEventListener("click", () => {
+        switchConversation(id);
+        ui.conversation.focus();
+      });
+      const used = new Date(item.lastUsed * 1000);
+      const time = element("time", { dateTime: used.toISOString(), textContent: ago(item.lastUsed), title: used.toLocaleString() });
+      const row = element(
+        "tr",
+        {},
+        element("th", { scope: "row" }, open),
+        element("td", {}, time),
+        element("td", { textContent: String(item.files) }),
+        element("td", { textContent: humanSize(item.bytes) }),
+      );
+      if (id === current) row.setAttribute("aria-current", "true");
+      return row;
+    }),
+  );
+  ui.conversationList.hidden = state.listed.length === 0;
+  const others = state.others ?? 0;
+  const elsewhere = others
+    ? ` ${others} more of yours ${others === 1 ? "was" : "were"} used elsewhere (another tab or client): ` +
+      "type an id above to open one."
+    : "";
+  ui.conversationListHelp.textContent = !state.client
+    ? "Connect to list them."
+    : (state.listed.length ? "" : "None used in this tab yet.") + elsewhere;
+}
+
+/** Show conversation `id`'s files (freshly signed links), as the server has them now. */
+async function loadFiles(id) {
+  try {
+    const query = new URLSearchParams({ conversationId: id });
+    const response = await fetch(`${RENEW_ENDPOINT}?${query}`, { headers: authorization(), credentials: "omit", cache: "no-store" });
+    const answer = await response.json().catch(() => ({}));
+    if (!response.ok) throw new Error(answer.error ?? `HTTP ${response.status}`);
+    if (ui.conversation.value.trim() !== id) return;
+    state.files = new Map((answer.files ?? []).map((file) => [file.name, file]));
+    renderFiles();
+  } catch (error) {
+    if (ui.conversation.value.trim() === id) showError(`Could not list the files of ${id}: ${error.message}`);
+  }
 }
 
 // --- environment rows --------------------------------------------------------------------------
@@ -265,6 +398,7 @@ async function connect(token) {
     state.token = token;
     if (token) sessionStorage.setItem(TOKEN_KEY, token);
     configure(tools, info);
+    refreshConversations();
     const server = init.serverInfo ?? {};
     setConnection(`Connected to ${server.name ?? "the server"} ${server.version ?? ""}`.trim() + ".", "ok");
     showError("");
@@ -326,6 +460,10 @@ ui.forget.addEventListener("click", () => {
   state.client?.close();
   state.client = null;
   state.token = "";
+  state.listed = [];
+  state.others = 0;
+  renderConversationList();
+  ui.refreshConversations.disabled = true;
   updateRunButton();
   setConnection("Token forgotten. Not connected.");
 });
@@ -349,9 +487,23 @@ function setStatus(status, label = status) {
   ui.status.textContent = label.replace("_", " ");
 }
 
+/** A fork's compact account (what was carried, what was skipped), as `key: value` pairs. */
+function describeFork(fork) {
+  if (!fork || typeof fork !== "object") return "";
+  const shown = (value) => (Array.isArray(value) ? value.join(", ") || "none" : String(value));
+  return Object.entries(fork)
+    .filter(([, value]) => (value !== null && typeof value !== "object") || Array.isArray(value))
+    .map(([key, value]) => `${key}: ${shown(value)}`)
+    .join("; ");
+}
+
 /** Where a run ran, as the result says: in no conversation, or in one's kept or new interpreter. */
-function describePlace(conversation, session) {
+function describePlace(conversation, session, forkFrom, fork) {
   if (!conversation) return "no conversation: a fresh sandbox, nothing kept";
+  if (forkFrom && fork) {
+    const account = describeFork(fork);
+    return `conversation: a branch of ${forkFrom}${account ? ` (${account})` : ""}`;
+  }
   if (session === "kept") return "conversation: variables kept";
   if (session === "new") return "conversation: a new interpreter";
   return "conversation";
@@ -385,6 +537,8 @@ async function run() {
   const conversation = ui.conversation.value.trim();
   const args = { code: editor.state.doc.toString(), language: ui.language.value, environment: environment() };
   if (conversation) args.conversationId = conversation;
+  const forkFrom = conversation && state.forkFrom && state.forkFrom !== conversation ? state.forkFrom : null;
+  if (forkFrom) args.forkFrom = forkFrom;
   if (ui.timeout.value) args.timeout = Number(ui.timeout.value);
   if (!ui.networkRow.hidden && ui.network.checked) args.network = true;
   const running = new AbortController();
@@ -414,7 +568,7 @@ async function run() {
       running.signal,
     );
     if (conversation) rememberConversation(conversation);
-    showResult(result, conversation);
+    showResult(result, conversation, forkFrom);
   } catch (error) {
     ui.duration.textContent = elapsed();
     if (error instanceof McpCancelled) {
@@ -434,6 +588,7 @@ async function run() {
     updateRunButton();
     ui.runStatus.textContent = `${ui.status.textContent}${ui.duration.textContent ? ` in ${ui.duration.textContent}` : ""}`;
     revealResult();
+    if (conversation) refreshConversations();
   }
 }
 
@@ -444,7 +599,7 @@ function stop() {
   state.running.abort("stopped from the playground");
 }
 
-function showResult(result, conversation) {
+function showResult(result, conversation, forkFrom) {
   const data = result.structuredContent ?? {};
   const text = (result.content ?? []).filter((block) => block.type === "text").map((block) => block.text);
   const status = data.status ?? (result.isError ? "error" : "success");
@@ -452,7 +607,7 @@ function showResult(result, conversation) {
   ui.liveBlock.hidden = true;
   ui.exitCode.textContent = data.exitCode === null || data.exitCode === undefined ? "" : `exit code ${data.exitCode}`;
   ui.duration.textContent = typeof data.durationMs === "number" ? `${data.durationMs} ms` : "";
-  if (data.status !== "validation_error") ui.place.textContent = describePlace(conversation, data.session);
+  if (data.status !== "validation_error") ui.place.textContent = describePlace(conversation, data.session, forkFrom, data.fork);
   const problems = [data.error, data.warning].filter(Boolean);
   if (!data.status && result.isError) problems.push(...text);
   if (data.truncated) problems.push("The output was truncated.");
@@ -534,6 +689,10 @@ async function upload(fileList) {
     showError("Connect first: enter the API token above.");
     return;
   }
+  if (state.forkFrom) {
+    showError(`This branch of ${state.forkFrom} is made by its first run: run once, then upload.`);
+    return;
+  }
   let conversation = ui.conversation.value.trim();
   if (!conversation) {
     conversation = randomConversation();
@@ -544,13 +703,13 @@ async function upload(fileList) {
   for (const file of files) form.append("file", file, file.name);
   ui.uploadStatus.textContent = `Uploading ${files.length} file(s)…`;
   try {
-    const headers = state.token ? { Authorization: `Bearer ${state.token}` } : {};
-    const response = await fetch(UPLOAD_ENDPOINT, { method: "POST", body: form, headers, credentials: "omit" });
+    const response = await fetch(UPLOAD_ENDPOINT, { method: "POST", body: form, headers: authorization(), credentials: "omit" });
     const answer = await response.json().catch(() => ({}));
     if (!response.ok) throw new Error(answer.error ?? `HTTP ${response.status}`);
     for (const file of answer.files ?? []) state.files.set(file.name, file);
     renderFiles();
     rememberConversation(conversation);
+    refreshConversations();
     ui.uploadStatus.textContent = `Uploaded ${files.map((f) => f.name).join(", ")} to /workspace.`;
   } catch (error) {
     ui.uploadStatus.textContent = "Upload failed.";
@@ -575,6 +734,8 @@ ui.drop.addEventListener("drop", (event) => {
 
 ui.newConversation.addEventListener("click", () => switchConversation(randomConversation()));
 ui.leaveConversation.addEventListener("click", () => switchConversation(""));
+ui.branchConversation.addEventListener("click", branchConversation);
+ui.refreshConversations.addEventListener("click", refreshConversations);
 ui.conversation.addEventListener("change", () => switchConversation(ui.conversation.value.trim()));
 ui.addEnv.addEventListener("click", () => addEnvRow().focus());
 
@@ -586,6 +747,7 @@ window.addEventListener("pagehide", () => state.client?.close());
 setCode(examplesFor("python", new Set())[0].code);
 listConversations();
 switchConversation("");
+renderConversationList();
 addEnvRow();
 renderFiles();
 connect(state.token);
