@@ -71,6 +71,7 @@ async def test_every_route_refuses_a_foreign_host_and_a_foreign_origin(base: str
         ("POST", "/messages/?session_id=0123", {"json": mcp_body}),
         ("POST", f"/upload?conversationId={conversation}&filename=planted.txt", {"content": b"x"}),
         ("GET", f"/files/renew?conversationId={conversation}", {}),
+        ("POST", "/conversations", {"json": {"conversationIds": [conversation]}}),
         ("GET", link, {}),
         ("HEAD", link, {}),
         ("GET", "/.well-known/oauth-protected-resource", {}),
