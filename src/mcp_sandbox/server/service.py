@@ -50,6 +50,7 @@ from mcp_sandbox.workspace import (
     sweep,
 )
 from mcp_sandbox.workspace.runner_data import RunnerData
+from mcp_sandbox.workspace.shared_secret import load_shared_secret
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
@@ -301,13 +302,20 @@ async def open_service(
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
-    secret = load_secret(layout.root)
-    workspaces = WorkspaceStore(settings, secret)
-    if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
-        logger.info("deleted %d partial uploads a crash left", swept)
     # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
     metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
     logger.info("metadata index: %s", metadata.description)
+    try:  # with database_url, servers share the secret in the database
+        shared = settings.paths.database_url is not None
+        secret = await anyio.to_thread.run_sync(
+            lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
+        )
+        workspaces = WorkspaceStore(settings, secret)
+        if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+            logger.info("deleted %d partial uploads a crash left", swept)
+    except BaseException:
+        metadata.close()
+        raise
     audit = AuditLog.open(layout.audit_log)
     refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
     events.subscribe(_auditor(audit, refusals))
