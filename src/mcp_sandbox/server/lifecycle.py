@@ -57,6 +57,7 @@ class Lifecycle:
         self._idle = anyio.Event()
         self._idle.set()
         self._reloaders: list[tuple[str, Reloader]] = []
+        self._drained: list[Callable[[], Awaitable[None]]] = []
         self._scopes: set[anyio.CancelScope] = set()
         self._stopping = False
 
@@ -122,7 +123,13 @@ class Lifecycle:
             self.stop_runs()
             with anyio.move_on_after(ANSWER_SECONDS):
                 await self._idle.wait()
+        for drained in self._drained:
+            await drained()
         return finished
+
+    def on_drained(self, then: Callable[[], Awaitable[None]]) -> None:
+        """Call ``then`` once the runs are finished or stopped (a replica gives back its leases)."""
+        self._drained.append(then)
 
     def on_reload(self, name: str, reloader: Reloader) -> None:
         self._reloaders.append((name, reloader))
