@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp.types import CallToolResult
@@ -27,6 +29,8 @@ from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas, shared_secret
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
+
+METRICS = "replica-metrics-token-0123456789"
 
 
 def data(result: CallToolResult) -> dict[str, Any]:
@@ -188,3 +192,65 @@ async def test_without_replica_url_a_server_takes_no_lease_and_has_no_internal_r
         assert "stateLost" not in data(second)
         assert lease_rows(url) == []
         assert (await web.post(base + CALL_PATH, json={})).status_code == 404
+
+
+async def _running(web: httpx2.AsyncClient, replica: Replica) -> float:
+    reply = await web.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {METRICS}"})
+    for line in reply.text.splitlines():
+        if line.startswith("mcp_sandbox_runs_running "):
+            return float(line.split()[1])
+    raise AssertionError(reply.text)
+
+
+async def until(check: Callable[[], Awaitable[bool]], bound: float) -> None:
+    """Poll another process's HTTP answers: there is nothing to wait on but the answer itself."""
+    with anyio.fail_after(bound):
+        while True:
+            if await check():
+                return
+            await anyio.sleep(0.05)
+
+
+async def test_a_forwarded_call_the_client_cancels_is_stopped_on_the_owner(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    env = {"MCP_SANDBOX_METRICS_TOKEN": METRICS}
+    async with replicas(2, url, sandbox_runtime, **env) as (owner, other), httpx2.AsyncClient(timeout=30) as web:
+        conversation = new_conversation()
+        await run(owner, conversation, "x = 1")
+
+        async def started() -> bool:
+            return await _running(web, owner) >= 1
+
+        async def stopped() -> bool:
+            return await _running(web, owner) == 0
+
+        async with http_client(other.url, TOKEN) as client, anyio.create_task_group() as group:
+            sleeper = {"code": "import time; time.sleep(120)", "conversationId": conversation}
+            group.start_soon(client.call_tool, "run_python", sleeper)
+            await until(started, 60)  # the run goes on on the owner
+            group.cancel_scope.cancel()  # the client cancels its call (notifications/cancelled)
+
+        await until(stopped, 30)  # far less than the 120 s the run would take
+        after = await run(other, conversation, "print('next')", bound=30)
+        assert after["stdout"] == "next\n", after
+
+
+async def test_two_replicas_claiming_a_new_conversation_at_once_agree_on_one_owner(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    async with replicas(2, url, sandbox_runtime) as (first, second):
+        conversation = new_conversation()
+        results: list[dict[str, Any]] = []
+
+        async def append(replica: Replica) -> None:
+            results.append(await run(replica, conversation, "n = globals().get('n', 0) + 1\nprint(n)"))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(append, first)
+            group.start_soon(append, second)
+
+        assert sorted(result["stdout"] for result in results) == ["1\n", "2\n"], results  # one interpreter
+        assert len(owners(url)) == 1
