@@ -142,7 +142,7 @@ class Router:
         """
         lost = False
         known = self._owners.get(key)
-        if known is not None and known[1] - time.time() > self.leases.ttl / 2 and key not in self.leases.held:
+        if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
             try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
                 return await self._forwarder.forward(known[0], tool, arguments, tenant)
             except (Moved, _Unreachable):

@@ -145,6 +145,10 @@ class Leases:
         """The keys of the leases this replica holds."""
         return set(self._held)
 
+    def holds(self, key: str) -> bool:
+        """Whether this replica holds ``key``'s lease (as far as it knows: a claim asks the database)."""
+        return key in self._held
+
     async def claim(self, key: str) -> Claim:
         """Claim ``key`` (see :meth:`LeaseTable.claim`); a lease another replica now holds is fenced here.
         A lease held here and renewed within the last half of the lease time is not asked of the database.
