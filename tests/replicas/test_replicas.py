@@ -10,6 +10,7 @@ internal route runs nothing that is not signed with the replicas' shared secret.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -254,3 +255,34 @@ async def test_two_replicas_claiming_a_new_conversation_at_once_agree_on_one_own
 
         assert sorted(result["stdout"] for result in results) == ["1\n", "2\n"], results  # one interpreter
         assert len(owners(url)) == 1
+
+
+async def test_a_draining_replica_hands_its_idle_conversations_over_at_once(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    env = {"MCP_SANDBOX_METRICS_TOKEN": METRICS, "MCP_SANDBOX_SHUTDOWN_GRACE": "120"}
+    async with replicas(2, url, sandbox_runtime, **env) as (owner, other), httpx2.AsyncClient(timeout=30) as web:
+        idle, busy = new_conversation(), new_conversation()
+        await run(owner, idle, "x = 1")
+        await run(owner, busy, "y = 1")
+
+        async def started() -> bool:
+            return await _running(web, owner) >= 1
+
+        async def draining() -> bool:
+            return (await web.get(f"{owner.url}/readyz")).status_code == 503
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, owner, busy, "import time; time.sleep(120)", 180.0)
+            await until(started, 60)
+            owner.process.send_signal(signal.SIGTERM)  # the drain waits for the busy run
+            await until(draining, 30)
+
+            moved = await run(other, idle, "print('x' in globals())", bound=30)
+            refused = await call(other, "run_python", {"code": "print(y)", "conversationId": busy}, 30)
+
+            assert moved["stdout"] == "False\n" and "stateLost" not in moved, moved  # given back, not taken
+            assert refused.is_error and "shutting down" in str(data(refused).get("error")), refused
+            assert {o for k, o, e, _ in lease_rows(url) if e > time.time()} == {owner.url, other.url}
+            owner.process.send_signal(signal.SIGTERM)  # a second one: the busy run is stopped now

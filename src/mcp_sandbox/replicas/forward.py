@@ -165,12 +165,18 @@ class Router:
                 await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
         return error_result("the replica running this conversation does not answer: retry in a moment")
 
-    async def serve_forwarded(self, key: str, local: Local) -> types.CallToolResult:
+    async def serve_forwarded(self, key: str, local: Local, draining: bool) -> types.CallToolResult:
         """A call another replica forwarded here: run it if this replica holds (or can take) the lease.
+        ``draining``: this replica takes no lease; one it still holds has a call going (``local``
+        answers that the server is shutting down), one it gave back sends the caller to claim it.
 
         Raises:
-            Moved: another replica holds it. WorkspaceError: the database cannot be reached.
+            Moved: another replica holds it (or may take it). WorkspaceError: the database cannot be reached.
         """
+        if draining:
+            if self.leases.holds(key):
+                return await local()
+            raise Moved(self.me)
         claim = await self.leases.claim(key)
         if not claim.mine:
             raise Moved(claim.owner)

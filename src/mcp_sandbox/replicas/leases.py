@@ -218,10 +218,12 @@ class Leases:
         with anyio.CancelScope(shield=True):
             await self._fence(key)
 
-    async def release_all(self) -> None:
-        """Give back every lease held (drain, shutdown), bounded by a third of the lease time."""
-        held = {k: (h.epoch, _FOREVER) for k, h in self._held.items()}
-        self._held = {}
+    async def release_all(self, keep: set[str] | None = None) -> None:
+        """Give back every lease held but those of ``keep`` (drain, shutdown), bounded by a third
+        of the lease time."""
+        keep = keep or set()
+        held = {k: (h.epoch, _FOREVER) for k, h in self._held.items() if k not in keep}
+        self._held = {k: h for k, h in self._held.items() if k in keep}
         if not held:
             return
         with anyio.move_on_after(self.ttl / 3, shield=True):

@@ -358,7 +358,8 @@ async def open_service(
                     )
                 )
                 group.start_soon(service.router.leases.keep)
-                service.lifecycle.on_drained(service.router.leases.release_all)
+                leases = service.router.leases
+                service.lifecycle.on_drain(lambda: leases.release_all(keep=set(service.in_use)), leases.release_all)
             group.start_soon(_sweep_periodically, service)
             group.start_soon(_flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the

@@ -90,9 +90,10 @@ class ToolHandlers:
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         tenant = tenant_of(getattr(ctx, "request", None))
         name, raw = params.name, params.arguments
-        router = self._service.router
-        if router is not None and name in FORWARDED_TOOLS and (key := self._replica_key(raw, tenant)) is not None:
-            try:  # run by the replica that holds the conversation's lease
+        # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
+        router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
+        if router is not None and (key := self._replica_key(raw, tenant)) is not None:
+            try:
                 return await router.call(name, raw, tenant, key, lambda: self._local(ctx, name, raw, tenant))
             except WorkspaceError as exc:
                 return _error_result(str(exc))
@@ -108,16 +109,19 @@ class ToolHandlers:
         key = self._replica_key(raw, tenant)
         if router is None or key is None:
             return await self._local(None, name, raw, tenant)
+
+        async def local() -> types.CallToolResult:
+            return await self._local(None, name, raw, tenant)
+
         try:
-            return await router.serve_forwarded(key, lambda: self._local(None, name, raw, tenant))
+            return await router.serve_forwarded(key, local, self._service.lifecycle.draining)
         except WorkspaceError as exc:
             return _error_result(str(exc))
 
     def _replica_key(self, raw: dict[str, Any] | None, tenant: str) -> str | None:
-        """The conversation key a call's lease is claimed under; None when it names none, or the server drains
-        (a draining replica takes no lease: its calls are refused as on one server)."""
+        """The conversation key a call's lease is claimed under; None when it names none."""
         conversation = raw.get("conversationId") if isinstance(raw, dict) else None
-        if not isinstance(conversation, str) or self._service.lifecycle.draining:
+        if not isinstance(conversation, str):
             return None
         return self._service.workspaces.key(tenant, conversation)
 
