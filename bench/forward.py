@@ -9,12 +9,14 @@ load falls on both. Calls are plain JSON-RPC ``tools/call`` posts to ``/mcp`` (c
 client connection kept alive per replica. Wall time per call, median and p95 in milliseconds;
 the overhead is the difference of the medians. For scale, a ``GET /healthz`` on the owner each
 round: one bare HTTP round trip through the same stack (uvicorn and httpx2, both on h11 here),
-which a forwarded call adds once.
+which a forwarded call adds once; and the same request written by hand on a kept-alive socket,
+which tells the client library's share from the server's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import platform
 import statistics
@@ -49,6 +51,19 @@ async def timed(web: httpx2.AsyncClient, base: str, conversation: str) -> float:
     return elapsed
 
 
+async def raw_health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str) -> float:
+    """``GET /healthz`` written by hand on a kept-alive socket: the round trip without a client library."""
+    started = time.perf_counter()
+    writer.write(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return (time.perf_counter() - started) * 1000
+
+
 def quantiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -57,7 +72,7 @@ def quantiles(samples: list[float]) -> tuple[float, float]:
 async def main(rounds: int, warmup: int) -> None:
     print(f"{platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, Python {platform.python_version()}")
     runtime = RUNTIME if (RUNTIME / "bin" / "python3").exists() else None
-    samples: dict[str, list[float]] = {"direct": [], "forwarded": [], "bare": []}
+    samples: dict[str, list[float]] = {"direct": [], "forwarded": [], "bare": [], "raw": []}
     with postgres_cluster() as cluster:
         url = cluster.create_database()
         async with replicas(2, url, runtime, MCP_SANDBOX_LOG_LEVEL="WARNING") as (owner, other):
@@ -68,22 +83,28 @@ async def main(rounds: int, warmup: int) -> None:
             ):
                 conversation = "bench-forward"
                 await timed(to_owner, owner.url, conversation)  # the owner takes the lease
+                host = owner.url.split("//", 1)[1]
+                reader, writer = await asyncio.open_connection(*host.split(":"))
                 for n in range(warmup + rounds):
                     here = await timed(to_owner, owner.url, conversation)
                     there = await timed(to_other, other.url, conversation)
                     started = time.perf_counter()
                     (await to_owner.get(f"{owner.url}/healthz")).raise_for_status()
                     bare = (time.perf_counter() - started) * 1000
+                    raw = await raw_health(reader, writer, host)
                     if n >= warmup:
                         samples["direct"].append(here)
                         samples["forwarded"].append(there)
                         samples["bare"].append(bare)
+                        samples["raw"].append(raw)
+                writer.close()
     print(f"print(1) in one conversation, {rounds} calls each ({warmup} warm-up), milliseconds")
     print(f"  {'':<48} {'median':>8} {'p95':>8}")
     rows = (
         ("direct (sent to the owner)", "direct"),
         ("forwarded (sent to the other replica)", "forwarded"),
         ("for scale: one bare HTTP round trip (/healthz)", "bare"),
+        ("  the same, written by hand on a socket", "raw"),
     )
     for label, name in rows:
         median, p95 = quantiles(samples[name])
