@@ -280,7 +280,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay)
+bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
@@ -290,6 +290,7 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/forward.py
 	$(BIN)/python bench/disk_overshoot.py
 	$(BIN)/python bench/shared_tree_overlay.py
 

@@ -87,6 +87,24 @@ class HttpSettings:
         check=http_url,
         alias="PUBLIC_BASE_URL",
     )
+    replica_url: str | None = setting(
+        None,
+        (
+            "HTTP only, with `database_url`: the base URL the other replicas reach this one at; each"
+            " conversation is run by one replica, and calls landing elsewhere are forwarded to it"
+            " ([Scaling out](scaling.md#leases-and-forwarding))."
+        ),
+        check=http_url,
+    )
+    replica_lease: float = setting(
+        15.0,
+        (
+            "With `replica_url`: how long a replica's hold on a conversation lasts unless renewed (every third"
+            " of it); a replica that died is replaced after at most this."
+        ),
+        check=duration,
+        unit=DURATION,
+    )
     allowed_hosts: tuple[str, ...] = setting((), "Host header values accepted besides the loopback ones.")
     allowed_origins: tuple[str, ...] = setting((), "Origin header values accepted besides the loopback ones.")
     token: str | None = setting(

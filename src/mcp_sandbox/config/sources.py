@@ -101,7 +101,19 @@ class Config:
 
     def serving(self, transport: str) -> Settings:
         """The settings of a server on ``transport``, its per-tenant caps finished: over HTTP, as
-        many tenants as the tokens name; over stdio, one."""
+        many tenants as the tokens name; over stdio, one.
+
+        Raises:
+            ConfigError: ``replica_url`` is set for a transport other than HTTP, or without ``database_url``.
+        """
+        if self.settings.http.replica_url is not None:
+            if transport != "http":
+                raise ConfigError(f"replica_url: replicas serve over HTTP, not {transport}: unset replica_url")
+            if self.settings.paths.database_url is None:
+                raise ConfigError(
+                    "replica_url: replicas share their leases through the database: set database_url too "
+                    "(a postgresql:// URL), or unset replica_url"
+                )
         tenants = len({token.tenant for token in self.tokens}) if transport == "http" else 1
         return with_tenant_caps(self.settings, tenants)
 

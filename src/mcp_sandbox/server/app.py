@@ -17,6 +17,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
@@ -74,11 +75,11 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
     return server
 
 
-def build_server(service: Service) -> Server:
-    """Build the MCP server over ``service`` (engine, bridge, workspaces)."""
+def build_server(service: Service, handlers: ToolHandlers | None = None) -> Server:
+    """Build the MCP server over ``service`` (engine, bridge, workspaces), or over ``handlers`` of it."""
     from mcp_sandbox.server.tools.handlers import ToolHandlers
 
-    return _server(ToolHandlers(service))
+    return _server(handlers or ToolHandlers(service))
 
 
 class _Opening:
@@ -170,20 +171,31 @@ async def serve(
 
 async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSignals) -> None:
     """Open the service and serve it over HTTP (see :func:`serve`)."""
+    from mcp_sandbox.server.auth.tokens import DEFAULT_TENANT
     from mcp_sandbox.server.routes.conversations import conversation_routes
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
+    from mcp_sandbox.server.routes.internal import CALL_PATH, internal_routes
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.routes.runner_links import runner_link_routes
     from mcp_sandbox.server.service import open_service
+    from mcp_sandbox.server.tools.handlers import ToolHandlers
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
 
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
+        handlers = ToolHandlers(service)
+        internal = []
+        if (router := service.router) is not None:
+            # The tenants as the tokens name them now (SIGHUP reloads them); the body is a call's, wrapped.
+            known: Callable[[str], bool] = (lambda name: name in tokens.tenants) if tokens else DEFAULT_TENANT.__eq__
+            limit = settings.http.max_request_size + (64 << 10)
+            internal = internal_routes(router.me, router.verifier, known, handlers.forwarded, limit)
         routes = [
+            *internal,
             *file_routes(service, guard),
             *renew_routes(service, guard),
             *conversation_routes(service, guard),
@@ -194,8 +206,8 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         ]
         # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:
         # health says up or down, metrics needs a token of its own.
-        any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH)
-        app = build_http_app(settings, build_server(service), tokens, routes, any_host)
+        any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH, CALL_PATH)
+        app = build_http_app(settings, build_server(service, handlers), tokens, routes, any_host)
         await serve_http(settings, app, service.lifecycle, signals)
 
 

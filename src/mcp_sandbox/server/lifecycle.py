@@ -4,8 +4,10 @@ Draining: from the first SIGTERM no new run or upload starts (the call gets a cl
 runs already going may finish within ``shutdown_grace`` seconds. Those still going then are
 stopped (their sandboxes killed) and answered with an error result saying the server stopped,
 and the HTTP server stops once those answers are out. A second SIGTERM, or SIGINT, does the
-same at once. Reloading: each registered reloader re-reads what it owns (tokens, tool
-allow-lists) and says what changed; sessions and connections stay.
+same at once. Whoever registered with :meth:`Lifecycle.on_drain` is called as the drain begins
+and once the runs are done (a replica gives back its leases). Reloading: each registered
+reloader re-reads what it owns (tokens, tool allow-lists) and says what changed; sessions and
+connections stay.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Lifecycle:
         self._idle = anyio.Event()
         self._idle.set()
         self._reloaders: list[tuple[str, Reloader]] = []
+        self._draining: list[Callable[[], Awaitable[None]]] = []
+        self._drained: list[Callable[[], Awaitable[None]]] = []
         self._scopes: set[anyio.CancelScope] = set()
         self._stopping = False
 
@@ -105,6 +109,8 @@ class Lifecycle:
         True if all finished within the grace."""
         self.draining = True
         logger.warning("draining: no new runs; %d running get %g s to finish", self.runs, grace)
+        for draining in self._draining:
+            await draining()
         with anyio.move_on_after(grace):
             async with anyio.create_task_group() as group:
 
@@ -122,7 +128,15 @@ class Lifecycle:
             self.stop_runs()
             with anyio.move_on_after(ANSWER_SECONDS):
                 await self._idle.wait()
+        for drained in self._drained:
+            await drained()
         return finished
+
+    def on_drain(self, start: Callable[[], Awaitable[None]], end: Callable[[], Awaitable[None]]) -> None:
+        """Call ``start`` when the drain begins and ``end`` once the runs are finished or stopped
+        (a replica gives back the leases no call uses, then all of them)."""
+        self._draining.append(start)
+        self._drained.append(end)
 
     def on_reload(self, name: str, reloader: Reloader) -> None:
         self._reloaders.append((name, reloader))

@@ -5,7 +5,8 @@ backend, opens the metadata database, loads (or creates) the server secret, swee
 at start and then periodically, and closes sessions and downstream servers on the way out.
 It also owns what watches the service: the event hub the engine, the bridge and the routes
 emit to, the metrics, the audit log and the run history subscribed to it, and the lifecycle
-(drain, reload).
+(drain, reload). With ``replica_url``, it holds the replica's leases and forwarding
+(:mod:`mcp_sandbox.replicas`), given back on drain and at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.replicas.running import open_replica
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
@@ -50,6 +53,7 @@ from mcp_sandbox.workspace import (
     sweep,
 )
 from mcp_sandbox.workspace.runner_data import RunnerData
+from mcp_sandbox.workspace.shared_secret import load_shared_secret
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
@@ -79,6 +83,8 @@ class Service:
     metrics: Metrics | None = None
     # The earlier code runner's data, imported at start (its SANDBOX_ROOT and FILE_SECRET set).
     runner_data: RunnerData | None = None
+    # With replica_url: which replica runs each conversation, and the forwarding to it.
+    router: Router | None = None
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -122,6 +128,13 @@ class Service:
         if conversation is not None and self.runner_data is not None:
             await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
         return directory
+
+    async def restore_files(self, key: str) -> None:
+        """Bring conversation ``key``'s files here before this replica runs it (its lease is new here).
+
+        Nothing to do while workspaces are on local disk: the object store (``object_store_url``)
+        fills this in, restoring the workspace it holds.
+        """
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
         """List the conversation's files (never following the sandbox's symlinks) and record them.
@@ -301,19 +314,27 @@ async def open_service(
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
-    secret = load_secret(layout.root)
-    workspaces = WorkspaceStore(settings, secret)
-    if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
-        logger.info("deleted %d partial uploads a crash left", swept)
     # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
     metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
     logger.info("metadata index: %s", metadata.description)
+    try:  # with database_url, servers share the secret in the database
+        shared = settings.paths.database_url is not None
+        secret = await anyio.to_thread.run_sync(
+            lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
+        )
+        workspaces = WorkspaceStore(settings, secret)
+        if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+            logger.info("deleted %d partial uploads a crash left", swept)
+    except BaseException:
+        metadata.close()
+        raise
     audit = AuditLog.open(layout.audit_log)
     refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
     events.subscribe(_auditor(audit, refusals))
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
         async with (
+            contextlib.AsyncExitStack() as replica,  # exits last: leases are given back once sessions are closed
             open_mediator(settings, discovery, events) as mediator,
             engine.running(),
             anyio.create_task_group() as group,
@@ -325,6 +346,20 @@ async def open_service(
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
+            if http and settings.http.replica_url is not None:
+                service.router = await replica.enter_async_context(
+                    open_replica(
+                        settings,
+                        metadata.database,
+                        secret,
+                        engine.end_session,
+                        lambda: engine.live_sessions() | set(service.in_use),
+                        service.restore_files,
+                    )
+                )
+                group.start_soon(service.router.leases.keep)
+                leases = service.router.leases
+                service.lifecycle.on_drain(lambda: leases.release_all(keep=set(service.in_use)), leases.release_all)
             group.start_soon(_sweep_periodically, service)
             group.start_soon(_flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the

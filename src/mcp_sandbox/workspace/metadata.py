@@ -96,6 +96,11 @@ class Metadata:
         return self._db.description
 
     @property
+    def database(self) -> Database:
+        """The engine underneath, for the tables other modules keep in it (leases, the shared secret)."""
+        return self._db
+
+    @property
     def version(self) -> int:
         """The schema version of the database."""
         return self._db.version

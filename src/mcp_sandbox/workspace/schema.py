@@ -49,6 +49,19 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Retention keeps each tenant's most recent runs.
     ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+    # Replicas (replica_url): one owner per conversation, and the server secret they share.
+    (
+        """CREATE TABLE leases (
+            key TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires REAL NOT NULL,
+            epoch INTEGER NOT NULL
+        ) STRICT, WITHOUT ROWID""",
+        """CREATE TABLE server_secret (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            secret TEXT NOT NULL
+        ) STRICT""",
+    ),
 )
 
 # The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
@@ -90,4 +103,16 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX executions_by_start ON executions(started_at)",
     ),
     ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+    (
+        """CREATE TABLE leases (
+            key TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            expires DOUBLE PRECISION NOT NULL,
+            epoch BIGINT NOT NULL
+        )""",
+        """CREATE TABLE server_secret (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            secret TEXT NOT NULL
+        )""",
+    ),
 )

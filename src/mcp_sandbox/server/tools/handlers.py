@@ -17,6 +17,7 @@ from mcp_types import INVALID_PARAMS
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
+from mcp_sandbox.replicas.forward import FORWARDED_TOOLS
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
@@ -88,16 +89,52 @@ class ToolHandlers:
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         tenant = tenant_of(getattr(ctx, "request", None))
-        name = params.name
+        name, raw = params.name, params.arguments
+        # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
+        router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
+        if router is not None and (key := self._replica_key(raw, tenant)) is not None:
+            try:
+                return await router.call(name, raw, tenant, key, lambda: self._local(ctx, name, raw, tenant))
+            except WorkspaceError as exc:
+                return _error_result(str(exc))
+        return await self._local(ctx, name, raw, tenant)
+
+    async def forwarded(self, name: str, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+        """A call another replica forwarded here (no progress is reported).
+
+        Raises:
+            Moved: another replica holds the conversation's lease.
+        """
+        router = self._service.router
+        key = self._replica_key(raw, tenant)
+        if router is None or key is None:
+            return await self._local(None, name, raw, tenant)
+
+        async def local() -> types.CallToolResult:
+            return await self._local(None, name, raw, tenant)
+
+        try:
+            return await router.serve_forwarded(key, local, self._service.lifecycle.draining)
+        except WorkspaceError as exc:
+            return _error_result(str(exc))
+
+    def _replica_key(self, raw: dict[str, Any] | None, tenant: str) -> str | None:
+        """The conversation key a call's lease is claimed under; None when it names none."""
+        conversation = raw.get("conversationId") if isinstance(raw, dict) else None
+        if not isinstance(conversation, str):
+            return None
+        return self._service.workspaces.key(tenant, conversation)
+
+    async def _local(self, ctx: Any, name: str, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         if name in ("run_python", "run_code"):
             async with progress_listener(ctx) as listener:
-                return await self._run(self._default_conversation(params.arguments), name, tenant, listener)
+                return await self._run(self._default_conversation(raw), name, tenant, listener)
         if name == "upload_file":
-            return await self._upload(self._default_conversation(params.arguments), tenant)
+            return await self._upload(self._default_conversation(raw), tenant)
         if name == "list_runners":
-            return await self._list_runners(params.arguments, tenant)
+            return await self._list_runners(raw, tenant)
         if name == "search_tools" and any(tool.name == name for tool in self._tools):
-            return await self._search_tools(params.arguments, tenant)
+            return await self._search_tools(raw, tenant)
         # A protocol error, as the spec has it: the model asked for a tool that is not listed.
         available = ", ".join(tool.name for tool in self._tools)
         raise MCPError(INVALID_PARAMS, f"unknown tool {name!r} (available: {available})")

@@ -1,0 +1,5 @@
+"""Replicas: several servers behind one load balancer, sharing state through the metadata database.
+
+:mod:`.leases` gives each conversation one owner replica at a time; :mod:`.forward` sends a call
+that lands elsewhere to that owner, signed with the shared secret (:mod:`.signing`).
+"""

@@ -1,0 +1,183 @@
+"""Where a call runs: here when this replica holds the conversation's lease, else forwarded to its owner.
+
+:class:`Router` claims the lease of the call's conversation. Ours: the call runs here (the
+workspace's files restored first when the lease is new here, and the result saying the
+interpreter's state was lost when it was taken from a replica that died). Another replica's:
+the call is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool
+result returned unchanged (progress notifications are not forwarded). An owner that cannot be
+reached (connection refused: it died) is waited out until its lease expires, bounded by the
+lease time; then this replica takes the lease and runs the call. An owner that stops answering
+in the middle of a call is not retried: the code may have run, so the result says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+
+from mcp_sandbox.replicas.leases import Leases
+from mcp_sandbox.replicas.signing import Verifier, sign
+
+__all__ = ["CALL_PATH", "FORWARDED_TOOLS", "STATE_LOST_NOTE", "Forwarder", "Moved", "Router", "error_result"]
+
+logger = logging.getLogger(__name__)
+
+CALL_PATH = "/internal/v1/call"
+FORWARDED_TOOLS = frozenset({"run_python", "run_code", "upload_file"})
+STATE_LOST_NOTE = (
+    "the replica that ran this conversation stopped: its interpreter's state (variables, imports) is lost and this"
+    " run started a fresh one; the workspace's files are kept"
+)
+_CONNECT_SECONDS = 2.0
+_ATTEMPTS = 4
+_KNOWN_OWNERS = 4096  # owners remembered from claims, to forward without asking the database
+
+Local = Callable[[], Awaitable[types.CallToolResult]]
+
+
+class Moved(Exception):
+    """The replica asked does not hold the conversation's lease (any more)."""
+
+
+class _Unreachable(Exception):
+    """The owner refused the connection or could not be reached: nothing was sent."""
+
+
+def error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+def _state_lost(result: types.CallToolResult) -> types.CallToolResult:
+    """``result`` saying that the interpreter's state was lost (``stateLost`` and a line of text)."""
+    structured = dict(result.structured_content or {}, stateLost=True)
+    note = types.TextContent(type="text", text=f"({STATE_LOST_NOTE})")
+    return result.model_copy(update={"structured_content": structured, "content": [*result.content, note]})
+
+
+class Forwarder:
+    """Posts calls to other replicas: one HTTP/1.1 client, its connections kept alive, for the server's life."""
+
+    def __init__(self, me: str, key: bytes, read_timeout: float) -> None:
+        self._me = me
+        self._key = key
+        self._client = httpx2.AsyncClient(
+            timeout=httpx2.Timeout(read_timeout, connect=_CONNECT_SECONDS),
+            limits=httpx2.Limits(max_keepalive_connections=32, keepalive_expiry=30.0),
+            trust_env=False,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def forward(
+        self, owner: str, tool: str, arguments: dict[str, Any] | None, tenant: str
+    ) -> types.CallToolResult:
+        """``tool`` called on replica ``owner`` as ``tenant``; its tool result.
+
+        Raises:
+            Moved: the owner no longer holds the lease. _Unreachable: the owner cannot be reached.
+        """
+        body = json.dumps({"to": owner, "from": self._me, "tool": tool, "tenant": tenant, "arguments": arguments})
+        content = body.encode("utf-8")
+        headers = {"content-type": "application/json", **sign(self._key, content, time.time())}
+        try:
+            reply = await self._client.post(owner.rstrip("/") + CALL_PATH, content=content, headers=headers)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            raise _Unreachable(str(exc)) from exc
+        except httpx2.HTTPError as exc:
+            logger.error("the replica %s stopped answering a forwarded %s call: %s", owner, tool, exc)
+            return error_result(
+                "the replica running this conversation stopped answering during the call: the code may or may not"
+                " have run, and the interpreter's state (variables, imports) is lost; the workspace's files are kept"
+            )
+        if reply.status_code == 409:
+            raise Moved(owner)
+        if reply.status_code != 200:
+            logger.error("the replica %s refused a forwarded %s call: HTTP %d", owner, tool, reply.status_code)
+            return error_result("the replica running this conversation refused the call (the server's log says why)")
+        return types.CallToolResult.model_validate_json(reply.content)
+
+
+class Router:
+    """Runs a call of a conversation here or on its owner (see the module docstring)."""
+
+    def __init__(
+        self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str], Awaitable[None]]
+    ) -> None:
+        self.leases = leases
+        self.verifier = verifier  # checks the calls other replicas forward here
+        self.me = leases.table.me
+        self._forwarder = forwarder
+        self._restore = restore
+        self._owners: dict[str, tuple[str, float]] = {}  # key: the owner a claim found, and until when
+
+    def _remember(self, key: str, owner: str, expires: float) -> None:
+        if len(self._owners) >= _KNOWN_OWNERS:
+            now = time.time()
+            self._owners = {k: known for k, known in self._owners.items() if known[1] > now}
+            if len(self._owners) >= _KNOWN_OWNERS:
+                self._owners.clear()
+        self._owners[key] = (owner, expires)
+
+    async def _here(self, key: str, local: Local, fresh: bool, lost: bool) -> types.CallToolResult:
+        if fresh:
+            await self._restore(key)
+        result = await local()
+        return _state_lost(result) if lost else result
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
+    ) -> types.CallToolResult:
+        """The call's result, run by ``local()`` here or by the conversation's owner.
+
+        Raises:
+            WorkspaceError: the database cannot be reached (the lease cannot be claimed).
+        """
+        lost = False
+        known = self._owners.get(key)
+        if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
+            try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
+                return await self._forwarder.forward(known[0], tool, arguments, tenant)
+            except (Moved, _Unreachable):
+                pass
+        self._owners.pop(key, None)
+        for _ in range(_ATTEMPTS):
+            claim = await self.leases.claim(key)
+            if claim.mine:
+                return await self._here(key, local, claim.fresh, lost or claim.taken_over)
+            self._remember(key, claim.owner, claim.expires)
+            try:
+                return await self._forwarder.forward(claim.owner, tool, arguments, tenant)
+            except Moved:
+                self._owners.pop(key, None)
+                continue
+            except _Unreachable as exc:
+                self._owners.pop(key, None)
+                logger.warning("the replica %s does not answer (%s): waiting for its lease to expire", claim.owner, exc)
+                lost = True
+                await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
+        return error_result("the replica running this conversation does not answer: retry in a moment")
+
+    async def serve_forwarded(self, key: str, local: Local, draining: bool) -> types.CallToolResult:
+        """A call another replica forwarded here: run it if this replica holds (or can take) the lease.
+        ``draining``: this replica takes no lease; one it still holds has a call going (``local``
+        answers that the server is shutting down), one it gave back sends the caller to claim it.
+
+        Raises:
+            Moved: another replica holds it (or may take it). WorkspaceError: the database cannot be reached.
+        """
+        if draining:
+            if self.leases.holds(key):
+                return await local()
+            raise Moved(self.me)
+        claim = await self.leases.claim(key)
+        if not claim.mine:
+            raise Moved(claim.owner)
+        return await self._here(key, local, claim.fresh, claim.taken_over)

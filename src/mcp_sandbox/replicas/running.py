@@ -1,0 +1,47 @@
+"""A replica's leases and forwarding, opened for the server's life and given back at its end."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.replicas.forward import Forwarder, Router
+from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.signing import Verifier
+from mcp_sandbox.workspace.database import Database
+from mcp_sandbox.workspace.secret import derive_key
+
+__all__ = ["FORWARD_KEY", "open_replica"]
+
+FORWARD_KEY = "replica-forward"  # the purpose of the key that signs forwarded calls
+# A forwarded call may run for the longest time limit, and its answer then be written.
+_ANSWER_SLACK = 60.0
+
+
+@contextlib.asynccontextmanager
+async def open_replica(
+    settings: Settings,
+    database: Database,
+    secret: bytes,
+    fence: Callable[[str], Awaitable[object]],
+    active: Callable[[], set[str]],
+    restore: Callable[[str], Awaitable[None]],
+) -> AsyncIterator[Router]:
+    """The router of replica ``settings.http.replica_url``; its leases are released (bounded) when the
+    block exits. The caller runs ``router.leases.keep()`` in a task group of its own meanwhile."""
+    me = settings.http.replica_url
+    if me is None:
+        raise RuntimeError("open_replica needs replica_url")
+    ttl = settings.http.replica_lease
+    leases = Leases(LeaseTable(database, me), ttl, fence, active)
+    key = derive_key(secret, FORWARD_KEY)
+    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK)
+    try:
+        yield Router(leases, forwarder, Verifier(key), restore)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await leases.release_all()
+            await forwarder.aclose()

@@ -1,0 +1,56 @@
+"""Requests between replicas, signed: an HMAC of the timestamp and the body with a key of the shared secret.
+
+Only replicas hold the server secret (the database shares it, :mod:`~mcp_sandbox.workspace.shared_secret`),
+so only they can sign. A signature is accepted within :data:`WINDOW` seconds of its timestamp
+(the replicas' clocks agree within that) and once: a replayed request is refused, and the body
+names the replica it is for, so it cannot be replayed at another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+__all__ = ["SIGNATURE_HEADER", "TIME_HEADER", "WINDOW", "Verifier", "sign"]
+
+TIME_HEADER = "x-mcp-sandbox-time"
+SIGNATURE_HEADER = "x-mcp-sandbox-signature"
+WINDOW = 30.0
+
+
+def _mac(key: bytes, stamp: str, body: bytes) -> str:
+    return hmac.new(key, stamp.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def sign(key: bytes, body: bytes, now: float) -> dict[str, str]:
+    """The headers that sign ``body`` at ``now`` (epoch seconds)."""
+    stamp = f"{now:.3f}"
+    return {TIME_HEADER: stamp, SIGNATURE_HEADER: _mac(key, stamp, body)}
+
+
+class Verifier:
+    """Checks signed requests; remembers the signatures seen within the window (no replays)."""
+
+    def __init__(self, key: bytes, window: float = WINDOW) -> None:
+        self._key = key
+        self._window = window
+        self._seen: dict[str, float] = {}
+
+    def refusal(self, stamp: str | None, signature: str | None, body: bytes, now: float) -> str | None:
+        """Why the request is refused (for the log, not the caller), or None when it is signed, fresh and new."""
+        if not stamp or not signature:
+            return "not signed"
+        try:
+            sent = float(stamp)
+        except ValueError:
+            return "a malformed timestamp"
+        if not abs(now - sent) <= self._window:
+            return "a timestamp outside the replay window (are the replicas' clocks synchronised?)"
+        if not hmac.compare_digest(_mac(self._key, stamp, body), signature):
+            return "a wrong signature (do the replicas share the server secret?)"
+        if len(self._seen) > 1024:
+            self._seen = {mac: until for mac, until in self._seen.items() if until > now}
+        if signature in self._seen:
+            return "a replayed request"
+        self._seen[signature] = sent + self._window
+        return None

@@ -1,0 +1,122 @@
+"""``POST /internal/v1/call``: a tool call another replica forwarded here, signed with the shared secret.
+
+Not for clients: no bearer token is asked, the signature is (:mod:`~mcp_sandbox.replicas.signing`);
+anything unsigned, stale, replayed, meant for another replica or naming an unknown tenant is
+refused (401, 400) before anything runs. The call runs as the tenant the body names, and its tool
+result is the answer; 409 says this replica does not hold the conversation (the caller claims
+again). A caller that hangs up cancels the call, as an MCP client's cancellation would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import mcp_types as types
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from mcp_sandbox.replicas.forward import CALL_PATH, FORWARDED_TOOLS, Moved
+from mcp_sandbox.replicas.signing import SIGNATURE_HEADER, TIME_HEADER, Verifier
+
+__all__ = ["CALL_PATH", "internal_routes"]
+
+logger = logging.getLogger(__name__)
+
+Serve = Callable[[str, dict[str, Any] | None, str], Awaitable[types.CallToolResult]]
+
+
+async def _answer(send: Send, status: int, body: bytes = b"") -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _body(receive: Receive, limit: int) -> bytes | None:
+    """The request's body, or None past ``limit`` bytes or when the caller hung up."""
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def internal_routes(
+    me: str, verifier: Verifier, known_tenant: Callable[[str], bool], serve: Serve, limit: int
+) -> list[Route]:
+    """The route; ``me`` is this replica's ``replica_url``, ``serve(tool, arguments, tenant)`` runs a call."""
+
+    async def call(scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _body(receive, limit)
+        if body is None:
+            await _answer(send, 413)
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        why = verifier.refusal(headers.get(TIME_HEADER), headers.get(SIGNATURE_HEADER), body, time.time())
+        if why is not None:
+            client = scope.get("client")
+            logger.warning("refused an internal call from %s: %s", client[0] if client else "?", why)
+            await _answer(send, 401)
+            return
+        try:
+            request = json.loads(body)
+            tool, tenant, arguments = request["tool"], request["tenant"], request["arguments"]
+            valid = (
+                request["to"] == me
+                and tool in FORWARDED_TOOLS
+                and isinstance(tenant, str)
+                and known_tenant(tenant)
+                and (arguments is None or isinstance(arguments, dict))
+            )
+        except (ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            await _answer(send, 400)
+            return
+        result: types.CallToolResult | None = None
+        owner = ""
+        gone = anyio.Event()
+        async with anyio.create_task_group() as group:
+
+            async def hang_up() -> None:  # the caller went away: so does the call
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                gone.set()
+                group.cancel_scope.cancel()
+
+            group.start_soon(hang_up)
+            try:
+                result = await serve(tool, arguments, tenant)
+            except Moved as moved:
+                owner = str(moved)
+            group.cancel_scope.cancel()
+        if gone.is_set():
+            return
+        if result is None:
+            await _answer(send, 409, json.dumps({"owner": owner}).encode())
+            return
+        await _answer(send, 200, result.model_dump_json(by_alias=True, exclude_none=True).encode())
+
+    return [Route(CALL_PATH, endpoint=_Asgi(call), methods=["POST"])]
+
+
+class _Asgi:
+    """A plain ASGI callable as a route endpoint (Starlette treats functions as request handlers)."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)

@@ -1,0 +1,136 @@
+"""Real replicas for the tests: ``mcp-sandbox serve`` processes on loopback sharing one PostgreSQL database.
+
+Each replica has its own state directory and port, its ``replica_url`` the loopback URL of that
+port, and the same ``database_url`` and token as the others. :class:`Replica` keeps the process,
+so a test can stop it cleanly (SIGTERM) or kill it (``kill -9`` of its whole process group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import anyio.abc
+import psycopg
+from mcp.types import CallToolResult
+
+from mcp_sandbox.workspace import remove_tree
+from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, _wait_listening, free_port, http_client
+
+__all__ = ["TOKEN", "Replica", "call", "lease_rows", "replicas", "shared_secret"]
+
+TOKEN = "replica-token-0123456789abcdef"
+
+
+@dataclass
+class Replica:
+    url: str
+    state: Path
+    process: anyio.abc.Process
+    log: IO[bytes] = field(repr=False)
+
+    def kill(self) -> None:
+        """``kill -9`` of the server and everything in its process group (its sandboxes)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    async def stop(self, bound: float = 30.0) -> int | None:
+        """SIGTERM; its exit status once it is gone (bounded)."""
+        self.process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(bound):
+            await self.process.wait()
+        return self.process.returncode
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+
+@contextlib.contextmanager
+def _state_dirs(count: int) -> Iterator[list[Path]]:
+    parent = Path(tempfile.mkdtemp(prefix="mcp-sandbox-test-replicas-"))
+    parent.chmod(0o711)  # the sandbox's uid traverses to its workspace
+    try:
+        yield [parent / f"replica-{n}" for n in range(count)]
+    finally:
+        remove_tree(parent)
+
+
+@contextlib.asynccontextmanager
+async def replicas(count: int, database_url: str, runtime: Path | None, **env: str) -> AsyncIterator[list[Replica]]:
+    """``count`` replicas started together (see the module docstring); each stopped at the end."""
+    with _state_dirs(count) as states, contextlib.ExitStack() as logs:
+        started: list[Replica] = []
+        try:
+            for state in states:
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
+                command += ["--state-dir", str(state)]
+                environment = {
+                    "MCP_SANDBOX_TOKEN": TOKEN,
+                    "MCP_SANDBOX_DATABASE_URL": database_url,
+                    "MCP_SANDBOX_REPLICA_URL": url,
+                    "MCP_SANDBOX_POOL_MIN": "0",
+                    "MCP_SANDBOX_PRESTART_SIZE": "0",
+                    "MCP_SANDBOX_SESSION_READY": "0",
+                    "MCP_SANDBOX_SHUTDOWN_GRACE": "5",
+                    "MCP_SANDBOX_LOG_LEVEL": "INFO",
+                    **env,
+                }
+                log = logs.enter_context(tempfile.TemporaryFile())
+                process = await anyio.open_process(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env=_server_env(runtime, environment),
+                    start_new_session=True,
+                )
+                replica = Replica(url, state, process, log)
+                started.append(replica)
+                try:
+                    with anyio.fail_after(90):
+                        await _wait_listening(process, "127.0.0.1", port)
+                except BaseException:
+                    print(replica.output()[-4000:])
+                    raise
+            yield started
+        except BaseException:
+            for replica in started:
+                print(f"--- {replica.url} ---\n{replica.output()[-3000:]}")
+            raise
+        finally:
+            with anyio.CancelScope(shield=True):
+                for replica in started:
+                    await _stop_server(replica.process, 15)
+
+
+async def call(replica: Replica, tool: str, arguments: dict[str, Any], bound: float = CALL_BOUND) -> CallToolResult:
+    """``tool`` called on ``replica`` by a client of its own (a balancer sending each call anywhere)."""
+    async with http_client(replica.url, TOKEN) as client:
+        with anyio.fail_after(bound):
+            return await client.call_tool(tool, arguments)
+
+
+def lease_rows(database_url: str) -> list[tuple[str, str, float, int]]:
+    """Every lease: key, owner, expiry, epoch."""
+    with psycopg.connect(database_url, autocommit=True) as db:
+        rows = db.execute("SELECT key, owner, expires, epoch FROM leases").fetchall()
+    return [(str(key), str(owner), float(expires), int(epoch)) for key, owner, expires, epoch in rows]
+
+
+def shared_secret(database_url: str) -> bytes:
+    with psycopg.connect(database_url, autocommit=True) as db:
+        row = db.execute("SELECT secret FROM server_secret").fetchone()
+    assert row is not None
+    return bytes.fromhex(row[0])

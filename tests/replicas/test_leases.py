@@ -1,0 +1,180 @@
+"""Leases on both engines of the metadata index, and a router over them: one owner per conversation.
+
+Two replicas are two :class:`LeaseTable` views of one database under different ``replica_url``s;
+the router's forwarding goes to a real closed port (a replica that died). The whole servers are
+tests/replicas/test_replicas.py's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+
+from mcp_sandbox.replicas.forward import Forwarder, Router
+from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.signing import Verifier, sign
+from mcp_sandbox.workspace import Metadata
+from mcp_test_helpers import free_port
+from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
+
+pytestmark = pytest.mark.anyio
+
+KEY = "c" * 64
+A, B = "http://a.replica:1", "http://b.replica:1"
+
+
+@pytest.fixture
+def metadata(metadata_target: MetadataTarget) -> Iterator[Metadata]:
+    opened = Metadata.open(metadata_target.path, metadata_target.url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def test_a_lease_is_held_by_one_replica_until_it_expires_or_is_given_back(metadata: Metadata) -> None:
+    a, b = LeaseTable(metadata.database, A), LeaseTable(metadata.database, B)
+
+    first = a.claim(KEY, 100.0, 10.0)
+    refused = b.claim(KEY, 105.0, 10.0)
+    renewed = a.claim(KEY, 105.0, 10.0)
+    taken = b.claim(KEY, 116.0, 10.0)  # a's lease ran out at 115: a died
+    b.release({KEY: (taken.epoch, taken.expires)})
+    given = a.claim(KEY, 117.0, 10.0)
+
+    assert (first.mine, first.fresh, first.epoch) == (True, True, 1)
+    assert (refused.mine, refused.owner, refused.expires) == (False, A, 110.0)
+    assert (renewed.mine, renewed.fresh, renewed.epoch, renewed.expires) == (True, False, 1, 115.0)
+    assert (taken.mine, taken.fresh, taken.taken_over, taken.epoch) == (True, True, True, 2)
+    assert (given.mine, given.fresh, given.taken_over, given.epoch) == (True, True, False, 3)
+
+
+def test_a_stale_epoch_renews_nothing_and_a_release_racing_a_renewal_keeps_the_lease(metadata: Metadata) -> None:
+    a, b = LeaseTable(metadata.database, A), LeaseTable(metadata.database, B)
+    old = a.claim(KEY, 100.0, 10.0)
+    b.claim(KEY, 111.0, 10.0)
+    again = a.claim(KEY, 122.0, 10.0)
+
+    assert a.renew({KEY: old.epoch}, 123.0, 10.0) == set()  # the epoch moved on: fenced
+    assert a.renew({KEY: again.epoch}, 123.0, 10.0) == {KEY}
+    a.release({KEY: (again.epoch, again.expires)})  # expired at 132 as last known; renewed to 133 since
+    assert b.claim(KEY, 124.0, 10.0).mine is False
+
+
+async def test_a_lease_another_replica_took_has_its_session_ended_here(metadata: Metadata) -> None:
+    fenced: list[str] = []
+
+    async def fence(key: str) -> None:
+        fenced.append(key)
+
+    ttl = 3.0
+    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {KEY})
+    assert (await mine.claim(KEY)).mine
+    LeaseTable(metadata.database, B).claim(KEY, time.time() + ttl, ttl)  # as if A's clock had stalled past it
+
+    await mine.tick()
+
+    assert fenced == [KEY] and mine.held == set()
+
+
+async def test_leases_no_session_uses_are_given_back_and_the_others_renewed(metadata: Metadata) -> None:
+    async def fence(key: str) -> None:
+        raise AssertionError("nothing is fenced")
+
+    ttl = 3.0  # the tick bounds its database work by a third of it: room for a loaded machine
+    used = "d" * 64
+    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {used})
+    await mine.claim(KEY)
+    await mine.claim(used)
+    await anyio.sleep(ttl / 3)
+
+    await mine.tick()
+
+    assert mine.held == {used}
+    other = LeaseTable(metadata.database, B)
+    assert other.claim(KEY, time.time(), ttl).mine  # given back: free at once
+    assert not other.claim(used, time.time(), ttl).mine
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[Cluster]:
+    with postgres_cluster() as cluster:
+        yield cluster
+
+
+async def test_a_replica_that_cannot_reach_the_database_ends_its_sessions_before_its_leases_expire(
+    own_cluster: Cluster, tmp_path: Path
+) -> None:
+    metadata = Metadata.open(tmp_path / "unused.sqlite3", own_cluster.create_database())
+    ended: list[tuple[str, float]] = []
+
+    async def fence(key: str) -> None:
+        ended.append((key, time.time()))
+
+    ttl = 3.0
+    try:
+        mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {KEY})
+        claim = await mine.claim(KEY)
+        own_cluster.stop()
+
+        with anyio.fail_after(ttl * 3):
+            while not ended:
+                await mine.tick()
+                await anyio.sleep(ttl / 3)
+
+        assert ended[0][0] == KEY
+        assert ended[0][1] < claim.expires  # before any other replica could take the lease
+    finally:
+        metadata.close()
+
+
+async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_says_the_state_was_lost(
+    metadata: Metadata,
+) -> None:
+    ttl = 1.0
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connection refused
+    LeaseTable(metadata.database, dead).claim(KEY, time.time(), ttl)
+    restored: list[str] = []
+
+    async def restore(key: str) -> None:
+        restored.append(key)
+
+    async def nothing(key: str) -> None:
+        return None
+
+    async def local() -> types.CallToolResult:
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text="ran")], structured_content={"status": "success"}
+        )
+
+    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, lambda: {KEY})
+    forwarder = Forwarder(A, b"k" * 32, 5.0)
+    router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
+    try:
+        with anyio.fail_after(ttl + 10):
+            result = await router.call("run_python", {"code": "1"}, "default", KEY, local)
+    finally:
+        await forwarder.aclose()
+
+    assert restored == [KEY]
+    assert result.structured_content == {"status": "success", "stateLost": True}
+    assert next(block.text for block in result.content if isinstance(block, types.TextContent)) == "ran"
+
+
+def test_a_signature_is_accepted_once_within_its_window_and_only_with_the_key() -> None:
+    key, body, now = b"k" * 32, b'{"to": "x"}', 1000.0
+    verifier = Verifier(key)
+    headers = sign(key, body, now)
+    stamp, mac = headers["x-mcp-sandbox-time"], headers["x-mcp-sandbox-signature"]
+
+    assert Verifier(b"j" * 32).refusal(stamp, mac, body, now) is not None
+    assert verifier.refusal(stamp, mac, body + b" ", now) is not None
+    assert verifier.refusal(stamp, mac, body, now + 31) is not None
+    assert verifier.refusal(None, None, body, now) is not None
+    assert verifier.refusal(stamp, mac, body, now + 1) is None
+    assert verifier.refusal(stamp, mac, body, now + 2) is not None  # replayed
