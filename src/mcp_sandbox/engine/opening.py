@@ -212,8 +212,10 @@ class Opener:
         return made if sockets is None else with_egress(made, sockets, for_life=False)
 
     @contextlib.asynccontextmanager
-    async def session_zygote(self, slot: Path) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes]]:
-        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote.
+    async def session_zygote(
+        self, slot: Path, uid: int | None = None
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes]]:
+        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote, as ``uid``.
 
         The zygote imports ``pool_preload``; the first run's EXEC makes its pre-forked child the
         session's interpreter (see :mod:`.ready`). Yields the interpreter, its /tools view and
@@ -228,7 +230,7 @@ class Opener:
             made = self.session_policy(workspace, mounts)
             return dataclasses.replace(made, command=(*made.command, f"--zygote={preload}"))
 
-        async with self.long_lived(slot, policy) as (interpreter, tools, _):
+        async with self.long_lived(slot, policy, uid) as (interpreter, tools, _):
             yield interpreter, tools, zygote_guard(interpreter)
 
     @contextlib.asynccontextmanager
