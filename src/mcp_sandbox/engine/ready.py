@@ -1,10 +1,11 @@
 """Session-ready sandboxes: zygotes started ahead on an empty slot, each to become a conversation's session.
 
 A conversation's first run would otherwise start a session's sandbox from nothing. Instead a few
-sandboxes are kept ready (bwrap, Python, where no session holds an egress relay): each has a
-session's policy and limits, its runner a zygote that preloaded ``pool_preload`` and forked its
-child, and at ``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a
-conversation's is (0700, the sandbox uid's). A bind follows the directory, not its path: a new
+sandboxes are kept ready (bwrap, Python) per host uid (:mod:`.ready_uids`): each has a session's
+policy and limits (where network may be granted, its relay's empty socket directory, as a
+session's), its runner a zygote that preloaded ``pool_preload`` and forked its child, and at
+``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a conversation's is
+(0700, the uid's). A bind follows the directory, not its path: a new
 session claims a sandbox by moving the conversation's entries into the slot and renaming the
 slot over the conversation's (now empty) directory (:func:`adopt`), so the sandbox's
 ``/workspace`` is the conversation's directory, at its path. Its first run's EXEC makes the
@@ -105,6 +106,7 @@ class ReadySandbox:
     guard: bytes
     slot: Path
     limits: Limits
+    sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     pool: ReadyPool = field(repr=False)  # the pool that started it (its replacement comes from there)
     claimed: bool = False
     taken: bool = False  # a session's owner task holds it (see held())
@@ -123,7 +125,7 @@ class ReadySandbox:
         """
         self.taken = True
         try:
-            yield self.interpreter, self.tools, None
+            yield self.interpreter, self.tools, self.sockets
         finally:
             self.release()
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
@@ -149,8 +151,7 @@ class ReadyPool:
         self._opener = opener
         self.uid = uid
         wanted = settings.sessions.session_ready if size is None else min(size, settings.sessions.session_ready)
-        # Only where a session never needs a relay for life (no tenant may be granted network).
-        self._size = wanted if zygotes and not opener.session_relay else 0
+        self._size = wanted if zygotes else 0
         self._idle: list[ReadySandbox] = []
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
@@ -271,9 +272,9 @@ class ReadyPool:
                 uid = self._settings.sandbox.sandbox_uid if self.uid is None else self.uid
                 os.chown(slot, uid, self._settings.sandbox.sandbox_gid)
             limits = self._opener.session_policy(slot, ()).limits
-            async with self._opener.session_zygote(slot, self.uid) as (interpreter, tools, guard):
+            async with self._opener.session_zygote(slot, self.uid) as (interpreter, tools, guard, sockets):
                 self._opener.pool_started("ready", "python")
-                ready = ReadySandbox(interpreter, tools, guard, slot, limits, self)
+                ready = ReadySandbox(interpreter, tools, guard, slot, limits, sockets, self)
                 if self._retiring:  # retired while it started
                     ready.release()
                 else:

@@ -359,7 +359,7 @@ class SessionPlacement:
         overrun = Overrun(DiskBound.conversation(settings))
         # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
-        born = request.egress is None and request.workspace is not None and not self._shared(request.workspace)
+        born = request.workspace is not None and not self._shared(request.workspace)
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
                 self._sessions.lease(
