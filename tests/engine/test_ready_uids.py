@@ -118,6 +118,29 @@ async def test_an_idle_tenants_ready_pool_is_retired_and_its_sandboxes_stopped(
         assert engine.ready_pools.of(uid) is not None
 
 
+async def test_a_session_born_of_a_retired_pool_lives_on_until_it_ends(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    async with running_engine(**_FLAGS, pool_idle="2s") as engine:
+        await _first_run(engine, state_dir, "alice")  # makes her uid's pool
+        uid = _uid(engine, "alice")
+        pool = _pool(engine, "alice")
+        await _wait_idle(pool, 1)
+        workspace = _conversation(engine, state_dir, "alice")
+        first = await execute(engine, _PROBE + "kept = 41", session="kept", workspace=workspace, tenant="alice")
+        assert first.stdout.startswith("True "), first  # born of her pool's sandbox
+
+        with anyio.fail_after(30):  # retired (no claim for pool_idle): its idle sandbox stops, not the session
+            await poll(lambda: engine.ready_pools.of(uid) is None and pool.idle == 0)
+        later = await execute(engine, "print(kept + 1)", session="kept", workspace=workspace, tenant="alice")
+        assert (later.session, later.stdout) == ("kept", "42\n")
+
+        for key in engine.live_sessions():  # hers: this one and the first (started from nothing)
+            assert await engine.end_session(key)
+        with anyio.fail_after(30):  # the retired pool's last sandbox is gone with its session
+            await poll(lambda: not _uid_processes(uid))
+
+
 def _uid_processes(uid: int) -> list[int]:
     """Host processes whose real uid is ``uid``."""
     found = []
