@@ -6,28 +6,41 @@ alternation: one with `session_ready=0` (today's path: a session's sandbox start
 call) and one with the default (a session-ready sandbox claimed, its zygote's child the
 session's interpreter). Calls are paced (`--pause`) so the pool refills between them, and idle
 sessions expire after 1 s so that no eviction falls on a measured call. Medians, p95, p99 in ms.
+
+As root, each round also runs one HTTP server with two tenants, ``default`` (its ``token``) and a
+token tenant (``alice``, its sandboxes her own host uid's), and times their born first runs end to
+end over Streamable HTTP, in alternation: the token tenant's line beside ``default``'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 PANDAS = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))"
 SCRIPTS = {"print(1)": "print(1)", "pandas script": PANDAS}
 PATHS = {"from nothing": "0", "born of a zygote": "1"}
+TOKENS = {"default": "default-bench-token-0123456789abcdef", "token tenant": "alice-bench-token-0123456789abcdef"}
+START_BOUND = 60.0
 
 
 def quantiles(samples: list[float]) -> tuple[float, float, float]:
@@ -77,6 +90,76 @@ async def measure(state_dir: Path, ready: str, count: int, pause: float) -> dict
     return samples
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def http_server(state_dir: Path) -> Iterator[str]:
+    """A real ``serve --transport http`` with the two tenants of ``TOKENS``; yield its base URL."""
+    state_dir.mkdir()
+    config = state_dir.parent / f"{state_dir.name}.toml"
+    alice = TOKENS["token tenant"]
+    config.write_text(f'token = "{TOKENS["default"]}"\n[auth]\ntokens = [{{ tenant = "alice", token = "{alice}" }}]\n')
+    port = free_port()
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--state-dir", str(state_dir), "--config", str(config)]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MCP_SANDBOX_")}
+    env |= {"MCP_SANDBOX_DISCOVER_SERVERS": "false", "MCP_SANDBOX_SESSION_TTL": "1"}
+    log = state_dir.parent / f"{state_dir.name}.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=output, stderr=output, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_BOUND
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the HTTP server did not start:\n{log.read_text()[-4000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(15)
+
+
+@contextlib.asynccontextmanager
+async def http_client(base: str, token: str) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as web:
+        async with Client(streamable_http_client(f"{base}/mcp", http_client=web)) as client:
+            yield client
+
+
+async def measure_tenants(base: str, count: int, pause: float) -> dict[str, dict[str, list[float]]]:
+    """Born first runs of each tenant of ``TOKENS`` over Streamable HTTP, in alternation."""
+    samples: dict[str, dict[str, list[float]]] = {tenant: {label: [] for label in SCRIPTS} for tenant in TOKENS}
+    async with http_client(base, TOKENS["default"]) as default, http_client(base, TOKENS["token tenant"]) as alice:
+        clients = {"default": default, "token tenant": alice}
+        for _ in range(3):  # each tenant's first conversation wakes its uid's session-ready pool
+            for client in clients.values():
+                await first_run(client, "print(0)")
+            await anyio.sleep(2 * pause)
+        for _ in range(count):
+            for label, code in SCRIPTS.items():
+                for tenant, client in clients.items():
+                    samples[tenant][label].append(await first_run(client, code))
+                    await anyio.sleep(pause)
+    return samples
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="first runs per script, path and round")
@@ -85,6 +168,7 @@ async def main() -> None:
     options = parser.parse_args()
     print(f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     results: dict[str, dict[str, list[float]]] = {path: {label: [] for label in SCRIPTS} for path in PATHS}
+    tenants: dict[str, dict[str, list[float]]] = {tenant: {label: [] for label in SCRIPTS} for tenant in TOKENS}
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-") as scratch:
         os.chmod(scratch, 0o755)
         for round_ in range(options.rounds):
@@ -92,6 +176,11 @@ async def main() -> None:
                 state = Path(scratch) / f"state-{round_}-{ready}"
                 for label, values in (await measure(state, ready, options.runs, options.pause)).items():
                     results[path][label].extend(values)
+            if os.geteuid() == 0:  # only a root server gives a token tenant a host uid of its own
+                with http_server(Path(scratch) / f"http-{round_}") as base:
+                    for tenant, values_of in (await measure_tenants(base, options.runs, options.pause)).items():
+                        for label, values in values_of.items():
+                            tenants[tenant][label].extend(values)
     print(f"\na conversation's first run, end to end over stdio (ms){'median':>12} {'p95':>8} {'p99':>8}")
     medians: dict[tuple[str, str], float] = {}
     for label in SCRIPTS:
@@ -104,6 +193,15 @@ async def main() -> None:
     for label in SCRIPTS:
         ratio = medians["from nothing", label] / medians["born of a zygote", label]
         print(f"  {label:<52} {ratio:8.1f}x")
+    if not tenants["default"]["print(1)"]:
+        print("(not root: no token tenant's line, every tenant would share one uid)")
+        return
+    print(f"\nborn of a zygote, end to end over Streamable HTTP (ms){'median':>12} {'p95':>8} {'p99':>8}")
+    for label in SCRIPTS:
+        for tenant in TOKENS:
+            median, p95, p99 = quantiles(tenants[tenant][label])
+            line = f"{label}, {tenant}" + (" (its own uid)" if tenant != "default" else "")
+            print(f"  {line:<52} {median:8.2f} {p95:8.2f} {p99:8.2f}  n={len(tenants[tenant][label])}")
 
 
 if __name__ == "__main__":

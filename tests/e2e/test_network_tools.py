@@ -81,3 +81,31 @@ async def test_a_conversation_with_network_keeps_files_between_its_runs(client: 
         )
     assert structured(first)["status"] == "success", structured(first)
     assert structured(second)["stdout"] == "hello over the proxy\n"
+
+
+async def test_a_conversations_first_run_with_network_is_born_of_a_zygote_and_reaches_the_host(
+    client: Client, web_port: int
+) -> None:
+    # Its parent runs `boot.py --zygote=...`: the session was born of a session-ready sandbox.
+    code = (
+        "import os, urllib.request\n"
+        "print(b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read())\n"
+        f"print(urllib.request.urlopen('http://{NAME}:{web_port}/').read().decode())"
+    )
+    deadline = anyio.current_time() + 60  # the first conversation wakes the session-ready pool
+    while True:
+        with anyio.fail_after(CALL_BOUND):
+            ran = structured(
+                await client.call_tool(
+                    "run_python", {"code": code, "network": True, "conversationId": "net-born", "reset": True}
+                )
+            )
+        assert ran["status"] == "success", ran
+        if ran["stdout"].startswith("True\n"):
+            break
+        assert anyio.current_time() < deadline, "no session with network was born of a zygote"
+        await anyio.sleep(0.2)
+    assert (ran["session"], ran["stdout"]) == ("new", "True\nhello over the proxy\n")
+    with anyio.fail_after(CALL_BOUND):
+        plain = structured(await client.call_tool("run_python", {"code": code, "conversationId": "net-born"}))
+    assert (plain["session"], plain["status"]) == ("kept", "error")  # the grant was that run's only

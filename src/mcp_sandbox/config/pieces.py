@@ -316,8 +316,9 @@ class SessionSettings:
     session_ready: int = setting(
         1,
         (
-            "Sandboxes kept ready to become a new session (bwrap, where no tenant may be granted "
-            "network): a conversation's first Python run forks from a preloaded zygote (0: none)."
+            "Sandboxes kept ready to become a new session (bwrap): a conversation's first Python "
+            "run forks from a preloaded zygote (0: none); per tenant's own uid, at most "
+            "`tenant_concurrent_runs` of them."
         ),
         check=non_negative,
     )

@@ -2,9 +2,9 @@
 
 Every run first takes a slot of the admission control (:mod:`.admission`), then goes to the first
 placement (:mod:`.placement`) that accepts it and has a sandbox for it: its session's interpreter
-(:mod:`.sessions`; a new one is born of a session-ready sandbox, :mod:`.ready`, where one fits),
-a warm sandbox's forked child (:mod:`.warm`), a pre-started single-use sandbox
-(:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`); warm and pre-started ones
+(:mod:`.sessions`; a new one is born of a session-ready sandbox of its tenant's host uid,
+:mod:`.ready_uids`, where one fits), a warm sandbox's forked child (:mod:`.warm`), a pre-started
+single-use sandbox (:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`); warm and pre-started ones
 of its tenant's host uid only (:mod:`.uid_pools`). A run granted network never takes a warm or
 pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
 ``async with engine.running():``. A run with a ``session`` key outside it raises
@@ -28,6 +28,7 @@ from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.ready import ReadyPool
+from mcp_sandbox.engine.ready_uids import ReadyByUid
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
 from mcp_sandbox.engine.sessions import SessionManager, SessionPlacement
@@ -55,7 +56,7 @@ class Engine:
         self.backend = backend
         self.events = events if events is not None else EventHub()
         self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
-        self._ready = ReadyPool(settings, self._opener, zygotes=backend.warm_pool)
+        self._ready = ReadyByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._sessions = SessionManager(settings, self._opener, self._ready)
         self._using: collections.Counter[Path] = collections.Counter()  # runs per workspace now
         self._pools = PoolsByUid(settings, self._opener, zygotes=backend.warm_pool)
@@ -117,7 +118,12 @@ class Engine:
 
     @property
     def ready(self) -> ReadyPool:
-        """The session-ready sandboxes (for status and benchmarks)."""
+        """The session-ready sandboxes of ``sandbox_uid`` (for status and benchmarks)."""
+        return self._ready.default
+
+    @property
+    def ready_pools(self) -> ReadyByUid:
+        """The session-ready sandboxes of every host uid (for status, metrics and tests)."""
         return self._ready
 
     @property

@@ -212,24 +212,36 @@ class Opener:
         return made if sockets is None else with_egress(made, sockets, for_life=False)
 
     @contextlib.asynccontextmanager
-    async def session_zygote(self, slot: Path) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes]]:
-        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote.
+    async def session_zygote(
+        self, slot: Path, uid: int | None = None
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes, Path | None]]:
+        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote, as ``uid``.
 
         The zygote imports ``pool_preload``; the first run's EXEC makes its pre-forked child the
-        session's interpreter (see :mod:`.ready`). Yields the interpreter, its /tools view and
-        the seccomp guard of its child.
+        session's interpreter (see :mod:`.ready`). Yields the interpreter, its /tools view, the
+        seccomp guard of its child and, as :meth:`session` does, the directory of the relay's socket.
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
         preload = ",".join(self.settings.pool.pool_preload)
+        async with contextlib.AsyncExitStack() as stack:
+            sockets = self._relay_sockets(stack)
 
-        def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
-            made = self.session_policy(workspace, mounts)
-            return dataclasses.replace(made, command=(*made.command, f"--zygote={preload}"))
+            def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
+                made = self.session_policy(workspace, mounts, sockets)
+                return dataclasses.replace(made, command=(*made.command, f"--zygote={preload}"))
 
-        async with self.long_lived(slot, policy) as (interpreter, tools, _):
-            yield interpreter, tools, zygote_guard(interpreter)
+            interpreter, tools, _ = await stack.enter_async_context(self.long_lived(slot, policy, uid))
+            yield interpreter, tools, zygote_guard(interpreter), sockets
+
+    def _relay_sockets(self, stack: contextlib.AsyncExitStack) -> Path | None:
+        """Where network may be granted, a session's (empty) directory for the proxy's socket; ``stack`` removes it."""
+        if not self.session_relay:
+            return None
+        sockets = socket_directory(self.layout.prepare_runs(), self.sandbox_group())
+        stack.callback(_remove_directory, sockets)
+        return sockets
 
     @contextlib.asynccontextmanager
     async def session(
@@ -244,10 +256,7 @@ class Opener:
         """
         uid = await self.host_uid(tenant)
         async with contextlib.AsyncExitStack() as stack:
-            sockets: Path | None = None
-            if self.session_relay:
-                sockets = socket_directory(self.layout.prepare_runs(), self.sandbox_group())
-                stack.callback(_remove_directory, sockets)
+            sockets = self._relay_sockets(stack)
 
             def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
                 return self.session_policy(workspace, mounts, sockets)

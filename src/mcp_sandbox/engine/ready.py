@@ -1,10 +1,11 @@
 """Session-ready sandboxes: zygotes started ahead on an empty slot, each to become a conversation's session.
 
 A conversation's first run would otherwise start a session's sandbox from nothing. Instead a few
-sandboxes are kept ready (bwrap, Python, where no session holds an egress relay): each has a
-session's policy and limits, its runner a zygote that preloaded ``pool_preload`` and forked its
-child, and at ``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a
-conversation's is (0700, the sandbox uid's). A bind follows the directory, not its path: a new
+sandboxes are kept ready (bwrap, Python) per host uid (:mod:`.ready_uids`): each has a session's
+policy and limits (where network may be granted, its relay's empty socket directory, as a
+session's), its runner a zygote that preloaded ``pool_preload`` and forked its child, and at
+``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a conversation's is
+(0700, the uid's). A bind follows the directory, not its path: a new
 session claims a sandbox by moving the conversation's entries into the slot and renaming the
 slot over the conversation's (now empty) directory (:func:`adopt`), so the sandbox's
 ``/workspace`` is the conversation's directory, at its path. Its first run's EXEC makes the
@@ -105,6 +106,8 @@ class ReadySandbox:
     guard: bytes
     slot: Path
     limits: Limits
+    sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
+    pool: ReadyPool = field(repr=False)  # the pool that started it (its replacement comes from there)
     claimed: bool = False
     taken: bool = False  # a session's owner task holds it (see held())
     done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
@@ -122,7 +125,7 @@ class ReadySandbox:
         """
         self.taken = True
         try:
-            yield self.interpreter, self.tools, None
+            yield self.interpreter, self.tools, self.sockets
         finally:
             self.release()
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
@@ -140,19 +143,36 @@ class ReadyPool:
     nothing meanwhile).
     """
 
-    def __init__(self, settings: Settings, opener: Opener, *, zygotes: bool) -> None:
+    def __init__(
+        self, settings: Settings, opener: Opener, *, zygotes: bool, uid: int | None = None, size: int | None = None
+    ) -> None:
+        """``uid``: the host uid its sandboxes and slots are (None: ``sandbox_uid``); ``size``: at most this many."""
         self._settings = settings
         self._opener = opener
-        # Only where a session never needs a relay for life (no tenant may be granted network).
-        self._size = settings.sessions.session_ready if zygotes and not opener.session_relay else 0
+        self.uid = uid
+        wanted = settings.sessions.session_ready if size is None else min(size, settings.sessions.session_ready)
+        self._size = wanted if zygotes else 0
         self._idle: list[ReadySandbox] = []
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
         self._awake = False
+        self._retiring = False
+        self._owners = 0  # sandboxes starting, idle or serving a session
+        self._drained: anyio.Event | None = None  # set when retired and every sandbox is destroyed
 
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    async def retire(self) -> None:
+        """Start no more sandboxes, stop the idle ones, and wait until the sessions born of the rest have ended."""
+        self._retiring = True
+        self._drained = drained = anyio.Event()
+        for ready in self._idle:
+            ready.release()
+        self._idle.clear()
+        if self._owners:
+            await drained.wait()
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ReadyPool]:
@@ -170,7 +190,7 @@ class ReadyPool:
 
     def wake(self) -> None:
         """Start the pool's sandboxes, if they have not started yet (and the pool is running)."""
-        if self._awake or self._group is None:
+        if self._awake or self._group is None or self._retiring:
             return
         self._awake = True
         for _ in range(self._size):
@@ -185,7 +205,7 @@ class ReadyPool:
         """
         if not ready.taken:
             ready.release()
-        if self._group is not None:
+        if self._group is not None and not self._retiring:
             self._group.start_soon(self._own, _REFILL_SECONDS)
 
     async def claim(self, workspace: Path) -> ReadySandbox | None:
@@ -220,10 +240,22 @@ class ReadyPool:
 
     async def _own(self, delay: float = 0.0) -> None:
         """After ``delay``, start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done."""
-        if self._group is None:
+        if self._group is None or self._retiring:
             return
+        self._owners += 1
+        try:
+            await self._own_one(delay)
+        finally:
+            self._owners -= 1
+            if self._drained is not None and not self._owners:
+                self._drained.set()
+
+    async def _own_one(self, delay: float) -> None:
+        assert self._group is not None
         if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
             await anyio.sleep(wait)
+            if self._retiring:
+                return
         layout = self._opener.layout
         try:
             layout.prepare_runs()
@@ -231,17 +263,22 @@ class ReadyPool:
         except OSError as exc:
             self._retry_at = time.monotonic() + RETRY_SECONDS
             logger.error("no slot for a session-ready sandbox: %s", exc)
-            self._group.start_soon(self._own)
+            if not self._retiring:
+                self._group.start_soon(self._own)
             return
         ready: ReadySandbox | None = None
         try:
-            if os.geteuid() == 0:  # as a conversation's directory is (WorkspaceStore.ensure)
-                os.chown(slot, self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid)
+            if os.geteuid() == 0:  # as a conversation's directory of the uid's tenant is (WorkspaceStore.ensure)
+                uid = self._settings.sandbox.sandbox_uid if self.uid is None else self.uid
+                os.chown(slot, uid, self._settings.sandbox.sandbox_gid)
             limits = self._opener.session_policy(slot, ()).limits
-            async with self._opener.session_zygote(slot) as (interpreter, tools, guard):
+            async with self._opener.session_zygote(slot, self.uid) as (interpreter, tools, guard, sockets):
                 self._opener.pool_started("ready", "python")
-                ready = ReadySandbox(interpreter, tools, guard, slot, limits)
-                self._idle.append(ready)
+                ready = ReadySandbox(interpreter, tools, guard, slot, limits, sockets, self)
+                if self._retiring:  # retired while it started
+                    ready.release()
+                else:
+                    self._idle.append(ready)
                 async with anyio.create_task_group() as watch:
                     watch.start_soon(_done_on_exit, ready)
                     await ready.done.wait()
@@ -256,7 +293,7 @@ class ReadyPool:
                 ready.closed.set()
             if ready is None or not ready.claimed:
                 await remove_shielded(slot)  # never a claimed one: it is the conversation's directory now
-                if self._group is not None:
+                if self._group is not None and not self._retiring:
                     self._group.start_soon(self._own)
 
 

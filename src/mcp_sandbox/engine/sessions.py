@@ -26,7 +26,8 @@ from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Shared, tool_mounts
-from mcp_sandbox.engine.ready import ReadyPool, ReadySandbox
+from mcp_sandbox.engine.ready import ReadySandbox
+from mcp_sandbox.engine.ready_uids import ReadyByUid
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.tools_view import ToolsView
@@ -117,7 +118,7 @@ class SessionManager:
     starts the sandbox, keeps it until told to stop or until it dies, then closes it.
     """
 
-    def __init__(self, settings: Settings, opener: Opener, ready: ReadyPool) -> None:
+    def __init__(self, settings: Settings, opener: Opener, ready: ReadyByUid) -> None:
         self._settings = settings
         self._opener = opener
         self._ready = ready
@@ -167,7 +168,7 @@ class SessionManager:
 
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
         differs from the one it was started with. The caller bounds the wait (its deadline).
-        With ``born``, a new interpreter is a session-ready sandbox's where one is idle.
+        With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is idle.
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
@@ -184,7 +185,7 @@ class SessionManager:
             new = live is None
             if live is None:
                 group = self._require_group()
-                ready = await self._ready.claim(workspace) if born and workspace is not None else None
+                ready = await self._ready.claim(workspace, tenant) if born and workspace is not None else None
                 live = await group.start(self._own, session, workspace, ready)
             yield Lease(live.interpreter, live.tools, new, live)
         finally:
@@ -357,13 +358,8 @@ class SessionPlacement:
         lease: Lease | None = None
         overrun = Overrun(DiskBound.conversation(settings))
         # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
-        # first), and only for a tenant whose sandboxes run as sandbox_uid, as the ready ones do.
-        born = (
-            request.egress is None
-            and request.workspace is not None
-            and self._opener.tenant_uids.is_default(request.tenant)
-            and not self._shared(request.workspace)
-        )
+        # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
+        born = request.workspace is not None and not self._shared(request.workspace)
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
                 self._sessions.lease(

@@ -26,7 +26,7 @@ import resource
 import signal
 import sys
 
-from . import exec_server, host, kernel, preload, reports, restore
+from . import exec_server, host, kernel, preload, relay, reports, restore
 from .frames import DEFAULT_MAX_FRAME, Done, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
 from .namespace import MainNamespace
 
@@ -186,6 +186,10 @@ def _become_session(
             os.write(2, f"mcp-sandbox: cannot install the session's seccomp guard: {error}\n".encode())
             return exec_server.EXIT_PROTOCOL
     kernel.prctl(kernel.PR_SET_DUMPABLE, 1)
+    # A sandbox that may be granted network: the relay a session's runner starts (its threads only
+    # now, in this process: the zygote forks, so it starts none).
+    if (problem := relay.start()) is not None:
+        os.write(2, f"mcp-sandbox runner: {problem}\n".encode())
     # Descriptors numbered as a runner's (see runner.py): the channel 3, the process's own output
     # 4 and 5; the run's pipes, already here, out of their way until they go on 1 and 2.
     fds = [_lift(fd) for fd in fds]
