@@ -93,7 +93,7 @@ $(BIN)/python: | sysdeps
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3]'
 	@touch $@
 
 # Rebuilt from scratch whenever the pins (or the script building it) change.
@@ -230,7 +230,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
-TEST_REQUIRE = promtool,postgres$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
+TEST_REQUIRE = promtool,postgres,s3$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
 
 # --- use -----------------------------------------------------------------------------------
 

@@ -35,6 +35,8 @@ from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.replicas.mirror import Mirror
+from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
@@ -79,6 +81,10 @@ class Service:
     metrics: Metrics | None = None
     # The earlier code runner's data, imported at start (its SANDBOX_ROOT and FILE_SECRET set).
     runner_data: RunnerData | None = None
+    # The workspaces' copy in the object store (object_store_url), else None: local disk only.
+    mirror: Mirror | None = None
+    # The server secret (shared through the database when database_url is set): keys derive from it.
+    secret: bytes = dataclasses.field(default=b"", repr=False)
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -111,6 +117,8 @@ class Service:
                 is removed again, so no conversation has a directory without its row.
         """
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
+        if not existed and self.mirror is not None:  # first seen here: another replica may have written it
+            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
@@ -135,6 +143,27 @@ class Service:
         except WorkspaceError as exc:
             logger.warning("could not record a conversation's files in the metadata database: %s", exc)
         return list(listing)
+
+    async def write_back(self, key: str) -> None:
+        """Copy conversation ``key``'s changed files to the object store (no-op without one); call it
+        before answering a run or acknowledging an upload.
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached.
+        """
+        if self.mirror is not None:
+            await anyio.to_thread.run_sync(self.mirror.write_back, key)
+
+    async def restore_files(self, key: str) -> None:
+        """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
+        one): a replica taking over a conversation another one served calls it first.
+
+        Raises:
+            WorkspaceError: the store or the disk refused.
+        """
+        if self.mirror is not None:
+            tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
+            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
 
     def metrics_or_fail(self) -> Metrics:
         """The metrics :func:`open_service` made (a Service built by hand has none)."""
@@ -177,8 +206,9 @@ class Service:
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
+        forget = None if self.mirror is None else self.mirror.forget
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self))
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self), forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -277,6 +307,24 @@ def _import_runner_data(settings: Settings, layout: StateLayout, store: Workspac
     return data
 
 
+def _secret(settings: Settings, layout: StateLayout, metadata: Metadata) -> bytes:
+    """This replica's secret; with ``database_url``, the one the first replica stored in the database."""
+    local = load_secret(layout.root)
+    return local if settings.paths.database_url is None else metadata.shared_secret(local)
+
+
+def _open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
+    """The object store reached once (an unreachable store is a start-up error, never local-only)."""
+    objects = ObjectStore(url)
+    try:
+        objects.check()
+    except BaseException:
+        objects.close()
+        raise
+    logger.info("workspaces mirrored to the object store %s", url)
+    return Mirror(objects, workspaces)
+
+
 @contextlib.asynccontextmanager
 async def open_service(
     settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
@@ -301,13 +349,20 @@ async def open_service(
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
-    secret = load_secret(layout.root)
-    workspaces = WorkspaceStore(settings, secret)
-    if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
-        logger.info("deleted %d partial uploads a crash left", swept)
     # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
     metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
     logger.info("metadata index: %s", metadata.description)
+    try:
+        secret = await anyio.to_thread.run_sync(_secret, settings, layout, metadata)
+        workspaces = WorkspaceStore(settings, secret)
+        if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+            logger.info("deleted %d partial uploads a crash left", swept)
+        mirror = None
+        if settings.paths.object_store_url is not None:
+            mirror = await anyio.to_thread.run_sync(_open_mirror, settings.paths.object_store_url, workspaces)
+    except BaseException:
+        metadata.close()
+        raise
     audit = AuditLog.open(layout.audit_log)
     refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
     events.subscribe(_auditor(audit, refusals))
@@ -320,6 +375,7 @@ async def open_service(
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
             service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
+            service.mirror, service.secret = mirror, secret
             service.runner_data = await anyio.to_thread.run_sync(_import_runner_data, settings, layout, workspaces)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
@@ -340,3 +396,5 @@ async def open_service(
         refusals.flush()
         audit.close()
         metadata.close()
+        if mirror is not None:
+            mirror.objects.close()

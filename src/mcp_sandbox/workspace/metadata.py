@@ -255,6 +255,28 @@ class Metadata:
         )
         return [ConversationRecord(*row) for row in rows]
 
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant of conversation ``key``, or None when it has no row.
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT tenant FROM conversations WHERE key = ?", (key,)), write=False)
+        return str(rows[0][0]) if rows else None
+
+    def shared_secret(self, candidate: bytes) -> bytes:
+        """The server secret every replica of this database uses: the one stored, else ``candidate``, stored now.
+
+        Raises:
+            WorkspaceError: the database refused.
+        """
+
+        def share(tx: Transaction) -> bytes:
+            tx.execute("INSERT INTO server_secret (id, secret) VALUES (1, ?) ON CONFLICT (id) DO NOTHING", (candidate,))
+            return bytes(tx.query("SELECT secret FROM server_secret WHERE id = 1")[0][0])
+
+        return self._db.run(share)
+
     def forget_conversation(self, key: str) -> None:
         """Delete conversation ``key``'s row and its files' rows (its executions stay).
 

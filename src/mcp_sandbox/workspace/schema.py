@@ -49,6 +49,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
     # Retention keeps each tenant's most recent runs.
     ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+    # The server secret every replica shares (database_url): one row, written by the first to start.
+    ("CREATE TABLE server_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BLOB NOT NULL) STRICT",),
 )
 
 # The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
@@ -90,4 +92,5 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX executions_by_start ON executions(started_at)",
     ),
     ("CREATE INDEX executions_by_tenant ON executions(tenant, started_at)",),
+    ("CREATE TABLE server_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BYTEA NOT NULL)",),
 )

@@ -72,7 +72,7 @@ class ToolHandlers:
         settings = service.settings
         self._library = Library(
             StateLayout.of(settings).root / "library",
-            derive_key(load_secret(settings.paths.state_dir), "library"),
+            derive_key(service.secret or load_secret(settings.paths.state_dir), "library"),
             settings.workspaces.library_bytes,
             settings.workspaces.library_entries,
             StateLayout.of(settings).root / "library-views",
@@ -123,6 +123,7 @@ class ToolHandlers:
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
                 )
                 await service.refresh_files(key)
+                await service.write_back(key)  # in the object store before it is acknowledged
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))

@@ -194,6 +194,10 @@ class RunTool:
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
             if (warning := over_quota(service.settings, entries)) is not None:
                 data["warning"] = warning
+            try:
+                await service.write_back(call.key)  # the run's files in the object store before the answer
+            except WorkspaceError as exc:
+                data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
         service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
         content += [

@@ -1,0 +1,1 @@
+"""Replicas of one service: the workspaces they share through S3-compatible object storage."""
