@@ -132,3 +132,28 @@ async def test_a_bad_or_unreachable_store_is_a_start_up_error_naming_the_setting
         async with open_service(settings, http=True):
             pass
     assert s3_env("")["AWS_SECRET_ACCESS_KEY"] not in str(raised.value)
+
+
+async def test_retention_deletes_a_conversations_objects_with_its_directory(
+    state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    url = store_url()
+    flags: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False, "object_store_url": url}
+    if sandbox_runtime is not None:
+        flags["python_runtime"] = str(sandbox_runtime)
+    settings = load_settings(env={}, flags=flags)
+    async with open_service(settings, http=True) as service:
+        key = service.workspaces.key("alice", new_conversation())
+        with service.using(key):
+            await service.touch(key, "alice")
+            await anyio.to_thread.run_sync(service.workspaces.write_file, key, "kept.txt", b"kept")
+            await service.refresh_files(key)
+            await service.write_back(key)
+        assert set(_files(s3_endpoint, url)) == {"kept.txt"}
+        with sqlite3.connect(state_dir / "metadata.sqlite3") as db:
+            db.execute("UPDATE conversations SET last_used = 0")  # idle since 1970
+        await service.sweep()
+        assert objects(s3_endpoint, url) == {}
+        assert not service.workspaces.directory(key).exists()
