@@ -289,6 +289,7 @@ bench: setup downstream containers ## Run the benchmarks in bench/ (tokens; run:
 	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
+	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/disk_overshoot.py
 	$(BIN)/python bench/shared_tree_overlay.py
