@@ -115,6 +115,15 @@ async def test_two_replicas_see_the_same_files_and_serve_each_others_links(
         # The same secret on both: the conversation has the same key, so one copy in the store.
         assert set(_files(s3_endpoint, url)) == {"made.txt", "up.bin"}
 
+        # Saved tools and memories: saved through one replica, used (then deleted) through the other.
+        save = "def double(x):\n    return 2 * x\nsave_tool(double)\nsave_memory('region', 'north')"
+        await run_over_http(first, ALICE, save)
+        used = await run_over_http(second, ALICE, "print(saved.double(21), load_memory('region'))")
+        assert used["stdout"] == "42 north\n"
+        await run_over_http(second, ALICE, "delete_tool('double')")
+        listed = await run_over_http(first, ALICE, "print(list_saved_tools(), list_memories())")
+        assert listed["stdout"] == "[] ['region']\n"
+
 
 async def test_a_bad_or_unreachable_store_is_a_start_up_error_naming_the_setting(
     state_dir: Path, sandbox_runtime: Path | None, monkeypatch: pytest.MonkeyPatch

@@ -67,17 +67,17 @@ class Mirror:
         self._workspaces.directory(key)  # checks the key's form
         return self._manifests / f"{key}.json"
 
-    def _load(self, key: str) -> Manifest:
+    @staticmethod
+    def _load(path: Path) -> Manifest:
         try:
-            raw = json.loads(self._manifest_path(key).read_bytes())
+            raw = json.loads(path.read_bytes())
             return {str(name): (int(size), int(mtime), str(etag)) for name, (size, mtime, etag) in raw.items()}
         except (FileNotFoundError, ValueError, TypeError, AttributeError):
             return {}  # none yet, or torn by a crash: everything counts as changed
 
-    def _save(self, key: str, manifest: Manifest) -> None:
+    def _save(self, path: Path, manifest: Manifest) -> None:
         try:
             self._manifests.mkdir(mode=0o700, exist_ok=True)
-            path = self._manifest_path(key)
             temporary = path.with_name(f".{os.getpid()}-{secrets.token_hex(6)}")
             temporary.write_text(json.dumps(manifest), encoding="utf-8")
             temporary.replace(path)
@@ -113,12 +113,12 @@ class Mirror:
             if root is None:
                 return Changes()
             try:
-                return self._write_back(key, root)
+                return self._write_back(root, self._under(key), self._manifest_path(key))
             finally:
                 os.close(root)
 
-    def _write_back(self, key: str, root: int) -> Changes:
-        manifest = self._load(key)
+    def _write_back(self, root: int, under: str, manifest_path: Path) -> Changes:
+        manifest = self._load(manifest_path)
         local = self._local(root)
         changed = [
             (name, info)
@@ -134,7 +134,7 @@ class Mirror:
             except WorkspaceError:
                 return None  # removed or replaced by a symlink meanwhile: the next write-back sees it
             with opened, os.fdopen(os.dup(opened.fd), "rb") as body:
-                etag = self.objects.put(self._under(key) + name, body)
+                etag = self.objects.put(under + name, body)
             return name, (info.st_size, info.st_mtime_ns, etag)
 
         try:
@@ -142,11 +142,11 @@ class Mirror:
                 if done is not None:
                     manifest[done[0]] = done[1]
             if gone:
-                self.objects.delete(self._under(key) + name for name in gone)
+                self.objects.delete(under + name for name in gone)
                 for name in gone:
                     del manifest[name]
         finally:
-            self._save(key, manifest)
+            self._save(manifest_path, manifest)
         return Changes(len(changed), sum(info.st_size for _, info in changed), len(gone))
 
     # --- restore ---
@@ -166,12 +166,12 @@ class Mirror:
             if root is None:
                 raise WorkspaceError("the conversation's workspace vanished while it was restored")
             try:
-                return self._restore(key, root, remote)
+                return self._restore(root, self._under(key), self._manifest_path(key), remote)
             finally:
                 os.close(root)
 
-    def _restore(self, key: str, root: int, remote: dict[str, StoredObject]) -> Changes:
-        manifest = self._load(key)
+    def _restore(self, root: int, under: str, manifest_path: Path, remote: dict[str, StoredObject]) -> Changes:
+        manifest = self._load(manifest_path)
         local = self._local(root)
         info = os.fstat(root)
         owner = (info.st_uid, info.st_gid) if os.geteuid() == 0 else None
@@ -186,7 +186,7 @@ class Mirror:
         fresh: Manifest = {name: entry for name, entry in manifest.items() if name in remote and name not in fetched}
 
         def download(item: StoredObject) -> tuple[str, tuple[int, int, str]]:
-            return item.name, self._download(key, root, item.name, owner)
+            return item.name, self._download(under, root, item.name, owner)
 
         try:
             for name, entry in self.objects.parallel(download, wanted):
@@ -194,10 +194,10 @@ class Mirror:
             for name in extras:
                 _unlink_in(root, name)
         finally:
-            self._save(key, fresh)
+            self._save(manifest_path, fresh)
         return Changes(len(wanted), sum(item.size for item in wanted), len(extras))
 
-    def _download(self, key: str, root: int, name: str, owner: tuple[int, int] | None) -> tuple[int, int, str]:
+    def _download(self, under: str, root: int, name: str, owner: tuple[int, int] | None) -> tuple[int, int, str]:
         """Fetch object ``name`` into the workspace (a temporary file in ``uploads/`` renamed into place)."""
         try:
             check_filename(name)
@@ -210,7 +210,7 @@ class Mirror:
             fd = os.open(temporary, flags, 0o600, dir_fd=staging)
             try:
                 with os.fdopen(os.dup(fd), "wb") as into:
-                    etag = self.objects.get(self._under(key) + name, into)
+                    etag = self.objects.get(under + name, into)
                 os.fchmod(fd, 0o600)
                 if owner is not None:
                     os.fchown(fd, *owner)
@@ -231,6 +231,53 @@ class Mirror:
         finally:
             os.close(staging)
         return info.st_size, info.st_mtime_ns, etag
+
+    # --- a tenant's library (saved tools and memories) ---
+
+    def _library(self, directory: Path) -> tuple[str, Path]:
+        return f"library/{directory.name}/", self._manifests / f"library-{directory.name}.json"
+
+    def push(self, directory: Path) -> Changes:
+        """Write back a tenant's library directory (``state_dir/library/<HMAC>``) after a change.
+
+        Raises:
+            WorkspaceError: the store refused.
+        """
+        under, manifest = self._library(directory)
+        with self._locks[under]:
+            try:
+                root = os.open(directory, DIR_FLAGS)
+            except FileNotFoundError:
+                root = None
+            except OSError as exc:
+                raise disk_error(exc, "the library cannot be read") from exc
+            if root is None:
+                return Changes()
+            try:
+                return self._write_back(root, under, manifest)
+            finally:
+                os.close(root)
+
+    def pull(self, directory: Path) -> Changes:
+        """Make a tenant's library directory equal to the store's copy (before a run reads it).
+
+        Raises:
+            WorkspaceError: the store or the disk refused.
+        """
+        under, manifest = self._library(directory)
+        with self._locks[under]:
+            remote = {item.name: item for item in self.objects.list(under)}
+            if not remote and not directory.is_dir():
+                return Changes()
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                root = os.open(directory, DIR_FLAGS)
+            except OSError as exc:
+                raise disk_error(exc, "the library cannot be written") from exc
+            try:
+                return self._restore(root, under, manifest, remote)
+            finally:
+                os.close(root)
 
     # --- downloads and deletion ---
 

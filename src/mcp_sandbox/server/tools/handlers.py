@@ -27,6 +27,7 @@ from mcp_sandbox.server.tools.arguments import (
     UploadFileArguments,
     parse,
 )
+from mcp_sandbox.server.tools.library_access import refresh_library
 from mcp_sandbox.server.tools.progress import progress_listener
 from mcp_sandbox.server.tools.run import RunTool, listed_file
 from mcp_sandbox.server.tools.runner_info import describe_runners
@@ -76,6 +77,7 @@ class ToolHandlers:
             settings.workspaces.library_bytes,
             settings.workspaces.library_entries,
             StateLayout.of(settings).root / "library-views",
+            sync=service.mirror,
         )
         self._run = RunTool(service, context, self._egress, self._library)
 
@@ -173,6 +175,7 @@ class ToolHandlers:
         open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
         unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        await refresh_library(self._library, tenant)
         saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
         results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
