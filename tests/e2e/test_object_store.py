@@ -20,7 +20,17 @@ import pytest
 from mcp_sandbox import load_settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import auth_tokens, bearer_web, free_port, http_server, new_conversation, run_over_http, upload
+from mcp_test_helpers import (
+    CALL_BOUND,
+    auth_tokens,
+    bearer_web,
+    free_port,
+    http_client,
+    http_server,
+    new_conversation,
+    run_over_http,
+    upload,
+)
 from postgres_helpers import Cluster
 from s3_helpers import delete_object, objects, s3_env, store_url
 
@@ -55,11 +65,18 @@ async def test_uploads_and_run_outputs_are_in_the_store_before_the_answer_and_ag
         reply = await upload(base, ALICE, conversation, "in/data.txt", b"uploaded bytes")
         assert reply.status_code == 201
         assert _files(s3_endpoint, url) == {"in/data.txt": b"uploaded bytes"}
+        async with http_client(base, ALICE) as client:
+            arguments = {"conversationId": conversation, "filename": "tool.txt", "content": "dG9vbA=="}
+            with anyio.fail_after(CALL_BOUND):
+                result = await client.call_tool("upload_file", arguments)
+        assert not result.is_error
+        assert _files(s3_endpoint, url) == {"in/data.txt": b"uploaded bytes", "tool.txt": b"tool"}
 
         code = "open('out.txt', 'w').write('x' * 5000); print(open('in/data.txt').read())"
         data = await run_over_http(base, ALICE, code, conversationId=conversation)
         assert data["stdout"] == "uploaded bytes\n"
-        assert _files(s3_endpoint, url) == {"in/data.txt": b"uploaded bytes", "out.txt": b"x" * 5000}
+        expected = {"in/data.txt": b"uploaded bytes", "tool.txt": b"tool", "out.txt": b"x" * 5000}
+        assert _files(s3_endpoint, url) == expected
 
     # What the quota counts in the metadata index is what the store holds.
     with sqlite3.connect(state / "metadata.sqlite3") as db:

@@ -272,3 +272,17 @@ def test_serve_refuses_to_start_when_the_database_is_unreachable(
     assert "postgres@127.0.0.1:1/nowhere" in done.stderr, done.stderr
     assert postgres.password not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_first_replicas_secret_is_the_one_every_replica_of_the_database_gets(
+    metadata_target: MetadataTarget,
+) -> None:
+    first = Metadata.open(metadata_target.path, metadata_target.url)
+    second = Metadata.open(metadata_target.path, metadata_target.url)
+    try:
+        assert first.shared_secret(b"a" * 32) == b"a" * 32
+        assert second.shared_secret(b"b" * 32) == b"a" * 32
+        assert first.shared_secret(b"c" * 32) == b"a" * 32
+    finally:
+        first.close()
+        second.close()
