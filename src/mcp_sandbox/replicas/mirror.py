@@ -52,7 +52,7 @@ class Mirror:
         self.objects = objects
         self._workspaces = workspaces
         layout = StateLayout.of(workspaces.settings)
-        self._manifests = layout.root / "mirror"
+        self._manifests = layout.mirror
         self._staging = layout.uploads
         # One write-back or restore of a conversation at a time: each reads and replaces its manifest.
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -79,7 +79,9 @@ class Mirror:
         try:
             self._manifests.mkdir(mode=0o700, exist_ok=True)
             temporary = path.with_name(f".{os.getpid()}-{secrets.token_hex(6)}")
-            temporary.write_text(json.dumps(manifest), encoding="utf-8")
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(json.dumps(manifest))
             temporary.replace(path)
         except OSError as exc:
             raise disk_error(exc, "cannot record what the object store holds") from exc
