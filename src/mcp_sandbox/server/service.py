@@ -36,7 +36,7 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.mirror import Mirror
-from mcp_sandbox.replicas.objects import ObjectStore
+from mcp_sandbox.replicas.opening import open_mirror, replicas_secret
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
@@ -48,7 +48,6 @@ from mcp_sandbox.workspace import (
     Metadata,
     WorkspaceStore,
     derive_key,
-    load_secret,
     sweep,
 )
 from mcp_sandbox.workspace.runner_data import RunnerData
@@ -307,24 +306,6 @@ def _import_runner_data(settings: Settings, layout: StateLayout, store: Workspac
     return data
 
 
-def _secret(settings: Settings, layout: StateLayout, metadata: Metadata) -> bytes:
-    """This replica's secret; with ``database_url``, the one the first replica stored in the database."""
-    local = load_secret(layout.root)
-    return local if settings.paths.database_url is None else metadata.shared_secret(local)
-
-
-def _open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
-    """The object store reached once (an unreachable store is a start-up error, never local-only)."""
-    objects = ObjectStore(url)
-    try:
-        objects.check()
-    except BaseException:
-        objects.close()
-        raise
-    logger.info("workspaces mirrored to the object store %s", url)
-    return Mirror(objects, workspaces)
-
-
 @contextlib.asynccontextmanager
 async def open_service(
     settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
@@ -353,13 +334,13 @@ async def open_service(
     metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
     logger.info("metadata index: %s", metadata.description)
     try:
-        secret = await anyio.to_thread.run_sync(_secret, settings, layout, metadata)
+        secret = await anyio.to_thread.run_sync(replicas_secret, settings, metadata)
         workspaces = WorkspaceStore(settings, secret)
         if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
             logger.info("deleted %d partial uploads a crash left", swept)
         mirror = None
         if settings.paths.object_store_url is not None:
-            mirror = await anyio.to_thread.run_sync(_open_mirror, settings.paths.object_store_url, workspaces)
+            mirror = await anyio.to_thread.run_sync(open_mirror, settings.paths.object_store_url, workspaces)
     except BaseException:
         metadata.close()
         raise
