@@ -120,7 +120,7 @@ class PathSettings:
         (
             "Where the metadata index lives (tenants, conversations, their files, the run history): "
             "`postgresql://user:password@host:port/db`, else the SQLite file in `state_dir` "
-            "([Deploying](deployment.md#the-metadata-database)). Workspaces stay on local disk either way."
+            "([Deploying](deployment.md#the-metadata-database)); also shares the server secret between replicas."
         ),
         check=database_url,
         secret=True,
