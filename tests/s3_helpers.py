@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["BUCKET", "delete_object", "objects", "require_s3", "s3_env", "s3_server", "store_url"]
+__all__ = ["BUCKET", "bucket", "delete_object", "objects", "require_s3", "s3_env", "s3_server", "store_url"]
 
 BUCKET = "mcp-sandbox-test"
 _PREFIX = "mcp-sandbox-test-s3-"
@@ -125,7 +125,8 @@ def s3_server() -> Iterator[str]:
     argv = [
         *(str(weed), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"),
         *(f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}"),
-        *("-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.max=5"),
+        *("-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0"),
+        *("-volume.max=100", "-master.volumeSizeLimitMB=64"),  # each bucket grows volumes of its own
     ]
     (root / "data").mkdir()
     with open(root / "weed.log", "ab") as log:
@@ -179,3 +180,15 @@ def delete_object(endpoint: str, url: str, name: str) -> None:
     client = _client(endpoint)
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     client.delete_object(Bucket=bucket, Key=prefix.strip("/") + "/" + name)
+
+
+def bucket(endpoint: str, name: str, *, exists: bool) -> None:
+    """Make bucket ``name``, or (``exists`` false) delete it with everything in it."""
+    client = _client(endpoint)
+    if exists:
+        client.create_bucket(Bucket=name)
+        return
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for item in page.get("Contents", []):
+            client.delete_object(Bucket=name, Key=item["Key"])
+    client.delete_bucket(Bucket=name)

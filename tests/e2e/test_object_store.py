@@ -32,7 +32,7 @@ from mcp_test_helpers import (
     upload,
 )
 from postgres_helpers import Cluster
-from s3_helpers import delete_object, objects, s3_env, store_url
+from s3_helpers import bucket, delete_object, objects, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -183,3 +183,21 @@ async def test_retention_deletes_a_conversations_objects_with_its_directory(
         await service.sweep()
         assert objects(s3_endpoint, url) == {}
         assert not service.workspaces.directory(key).exists()
+
+
+async def test_a_store_gone_mid_service_refuses_uploads_and_warns_in_run_results(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    name = f"gone-{uuid.uuid4().hex[:12]}"
+    bucket(s3_endpoint, name, exists=True)
+    conversation, env = new_conversation(), _server_env(s3_endpoint, f"s3://{name}/p")
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        first = await upload(base, ALICE, conversation, "before.txt", b"kept")
+        assert first.status_code == 201, first.text
+        bucket(s3_endpoint, name, exists=False)  # the store loses the bucket while the server runs
+
+        refused = await upload(base, ALICE, conversation, "after.txt", b"not acknowledged")
+        assert refused.status_code == 409
+        data = await run_over_http(base, ALICE, "open('out.txt', 'w').write('x')", conversationId=conversation)
+        assert data["status"] == "success"
+        assert data["warning"]  # the answer says its files were not saved
