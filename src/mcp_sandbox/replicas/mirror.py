@@ -19,7 +19,6 @@ import os
 import secrets
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +54,11 @@ class Mirror:
         self._manifests = layout.mirror
         self._staging = layout.uploads
         # One write-back or restore of a conversation at a time: each reads and replaces its manifest.
-        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks: dict[str, threading.Lock] = {}
+
+    def _lock(self, name: str) -> threading.Lock:
+        # setdefault is one step under the GIL: two threads never get two locks of one name.
+        return self._locks.setdefault(name, threading.Lock())
 
     @staticmethod
     def _under(key: str) -> str:
@@ -110,7 +113,7 @@ class Mirror:
             WorkspaceError: the workspace cannot be read, or the store refused (the manifest
                 keeps what did reach the store, so the next write-back retries the rest).
         """
-        with self._locks[key]:
+        with self._lock(key):
             root = self._open_root(key)
             if root is None:
                 return Changes()
@@ -159,7 +162,7 @@ class Mirror:
         Raises:
             WorkspaceError: the directory cannot be made or written, or the store refused.
         """
-        with self._locks[key]:
+        with self._lock(key):
             remote = {item.name: item for item in self.objects.list(self._under(key))}
             if not remote and not self._workspaces.directory(key).is_dir():
                 return Changes()  # a new conversation: no directory made for nothing
@@ -246,7 +249,7 @@ class Mirror:
             WorkspaceError: the store refused.
         """
         under, manifest = self._library(directory)
-        with self._locks[under]:
+        with self._lock(under):
             try:
                 root = os.open(directory, DIR_FLAGS)
             except FileNotFoundError:
@@ -267,7 +270,7 @@ class Mirror:
             WorkspaceError: the store or the disk refused.
         """
         under, manifest = self._library(directory)
-        with self._locks[under]:
+        with self._lock(under):
             remote = {item.name: item for item in self.objects.list(under)}
             if not remote and not directory.is_dir():
                 return Changes()
@@ -313,13 +316,13 @@ class Mirror:
         Raises:
             WorkspaceError: the store refused.
         """
-        with self._locks[key]:
+        with self._lock(key):
             names = [item.name for item in self.objects.list(self._under(key))]
             if names:
                 self.objects.delete(self._under(key) + name for name in names)
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
-        self._locks.pop(key, None)
+        self._locks.pop(key, None)  # a conversation deleted: its lock goes too
 
 
 def _open_in(root: int, name: str) -> OpenFile:
