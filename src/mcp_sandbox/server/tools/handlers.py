@@ -175,7 +175,8 @@ class ToolHandlers:
         open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
         unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
-        await refresh_library(self._library, tenant)
+        if self._service.mirror is not None:  # saved through another replica
+            await refresh_library(self._library, tenant)
         saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
         results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]
