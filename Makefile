@@ -93,7 +93,7 @@ $(BIN)/python: | sysdeps
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3]'
 	@touch $@
 
 # Rebuilt from scratch whenever the pins (or the script building it) change.
@@ -230,7 +230,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
-TEST_REQUIRE = promtool,postgres$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
+TEST_REQUIRE = promtool,postgres,s3$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
 
 # --- use -----------------------------------------------------------------------------------
 
@@ -289,6 +289,7 @@ bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tok
 	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
+	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/forward.py
 	$(BIN)/python bench/disk_overshoot.py

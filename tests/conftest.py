@@ -13,6 +13,7 @@ from container_helpers import docker_daemon
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import remove_tree
 from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
+from s3_helpers import s3_server
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
@@ -30,6 +31,13 @@ def postgres() -> Iterator[Cluster]:
     """A throw-away PostgreSQL cluster for this session (tests/postgres_helpers.py)."""
     with postgres_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A throw-away S3-compatible server (SeaweedFS) for this session: its endpoint URL (tests/s3_helpers.py)."""
+    with s3_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

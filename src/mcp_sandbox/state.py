@@ -22,6 +22,8 @@
         <key>/                  0700    its tenant's host uid's (tenant_uids.py)
       uploads/                  0700  files being uploaded, renamed into a workspace when complete
         <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
+      mirror/                   0700  with object_store_url: what the store holds of each workspace and
+        <key>.json              0600    library (size, mtime, ETag per file; replicas/mirror.py)
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
       logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
         egress.log              0600  one JSON line per egress connection, rotated (egress/audit.py)
@@ -86,6 +88,11 @@ class StateLayout:
     def uploads(self) -> Path:
         """Files being written into a workspace, out of the sandbox's sight until renamed into it."""
         return self.root / "uploads"
+
+    @property
+    def mirror(self) -> Path:
+        """The manifests of the object store's copies (object_store_url)."""
+        return self.root / "mirror"
 
     @property
     def runner_import(self) -> Path:

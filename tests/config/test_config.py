@@ -68,6 +68,7 @@ _CANDIDATES: dict[str, list[Any]] = {
         "raw",
         "2000000000-2000000999",
         "postgresql://sample@db.example/sample",
+        "s3://sample-bucket/prefix",
     ],
     "path": [Path("/srv/sample")],
     "strings": [("json", "csv"), ("10.0.0.0/8", "192.168.0.0/16"), ("python=img:1", "typescript=img:2")],

@@ -37,6 +37,7 @@ __all__ = [
     "language_images",
     "module_names",
     "non_negative",
+    "object_store_url",
     "one_of",
     "piece",
     "port",
@@ -172,6 +173,20 @@ def module_names(name: str, values: Iterable[str]) -> None:
     for module in values:
         if not all(part.isidentifier() for part in module.split(".")):
             raise ConfigError(f"{name}: {module!r} is not a module name")
+
+
+# ``s3://bucket`` or ``s3://bucket/prefix``: S3's bucket-name rules (3-63 of a-z 0-9 . -), a prefix of
+# printable characters with no empty segment.
+_OBJECT_STORE_RE = re.compile(r"^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[A-Za-z0-9!_.*'()-]+)*/?$")
+
+
+def object_store_url(name: str, value: str | None) -> None:
+    """``s3://bucket/prefix``, or None (the workspaces on local disk only)."""
+    if value is not None and not _OBJECT_STORE_RE.match(value):
+        raise ConfigError(
+            f"{name}: {value!r} is not s3://bucket or s3://bucket/prefix (a bucket of 3-63 characters a-z 0-9 . -; "
+            "the endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+        )
 
 
 def http_url(name: str, value: str | None) -> None:

@@ -33,6 +33,7 @@ from mcp_sandbox.config.fields import (
     language_images,
     module_names,
     non_negative,
+    object_store_url,
     one_of,
     positive,
     positive_number,
@@ -119,10 +120,20 @@ class PathSettings:
         (
             "Where the metadata index lives (tenants, conversations, their files, the run history): "
             "`postgresql://user:password@host:port/db`, else the SQLite file in `state_dir` "
-            "([Deploying](deployment.md#the-metadata-database)). Workspaces stay on local disk either way."
+            "([Deploying](deployment.md#the-metadata-database)); also shares the server secret between replicas."
         ),
         check=database_url,
         secret=True,
+    )
+    object_store_url: str | None = setting(
+        None,
+        (
+            "Where conversations' workspaces are kept for every replica: `s3://bucket/prefix` on an "
+            "S3-compatible store, the endpoint and credentials from the standard AWS environment "
+            "(`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`); "
+            "else local disk only ([Scaling](scaling.md#workspaces-in-object-storage))."
+        ),
+        check=object_store_url,
     )
     data_dir: Path = computed(
         lambda: default_data_dir(os.environ),

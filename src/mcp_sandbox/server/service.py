@@ -37,6 +37,8 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.replicas.mirror import Mirror
+from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
@@ -85,6 +87,10 @@ class Service:
     runner_data: RunnerData | None = None
     # With replica_url: which replica runs each conversation, and the forwarding to it.
     router: Router | None = None
+    # The workspaces' copy in the object store (object_store_url), else None: local disk only.
+    mirror: Mirror | None = None
+    # The server secret (shared through the database when database_url is set): keys derive from it.
+    secret: bytes = dataclasses.field(default=b"", repr=False)
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -117,6 +123,8 @@ class Service:
                 is removed again, so no conversation has a directory without its row.
         """
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
+        if not existed and self.mirror is not None:  # first seen here: another replica may have written it
+            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
@@ -128,13 +136,6 @@ class Service:
         if conversation is not None and self.runner_data is not None:
             await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
         return directory
-
-    async def restore_files(self, key: str) -> None:
-        """Bring conversation ``key``'s files here before this replica runs it (its lease is new here).
-
-        Nothing to do while workspaces are on local disk: the object store (``object_store_url``)
-        fills this in, restoring the workspace it holds.
-        """
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
         """List the conversation's files (never following the sandbox's symlinks) and record them.
@@ -148,6 +149,27 @@ class Service:
         except WorkspaceError as exc:
             logger.warning("could not record a conversation's files in the metadata database: %s", exc)
         return list(listing)
+
+    async def write_back(self, key: str) -> None:
+        """Copy conversation ``key``'s changed files to the object store (no-op without one); call it
+        before answering a run or acknowledging an upload.
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached.
+        """
+        if self.mirror is not None:
+            await anyio.to_thread.run_sync(self.mirror.write_back, key)
+
+    async def restore_files(self, key: str) -> None:
+        """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
+        one): a replica taking over a conversation another one served calls it first.
+
+        Raises:
+            WorkspaceError: the store or the disk refused.
+        """
+        if self.mirror is not None:
+            tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
+            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
 
     def metrics_or_fail(self) -> Metrics:
         """The metrics :func:`open_service` made (a Service built by hand has none)."""
@@ -190,8 +212,9 @@ class Service:
 
     async def sweep(self) -> None:
         """Apply the retention policy now; conversations with a live session or run are spared."""
+        forget = None if self.mirror is None else self.mirror.forget
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self))
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self), forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -325,6 +348,9 @@ async def open_service(
         workspaces = WorkspaceStore(settings, secret)
         if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
             logger.info("deleted %d partial uploads a crash left", swept)
+        mirror = None
+        if settings.paths.object_store_url is not None:
+            mirror = await anyio.to_thread.run_sync(open_mirror, settings.paths.object_store_url, workspaces)
     except BaseException:
         metadata.close()
         raise
@@ -341,6 +367,7 @@ async def open_service(
             anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
         ):
             service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
+            service.mirror, service.secret = mirror, secret
             service.runner_data = await anyio.to_thread.run_sync(_import_runner_data, settings, layout, workspaces)
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
@@ -375,3 +402,5 @@ async def open_service(
         refusals.flush()
         audit.close()
         metadata.close()
+        if mirror is not None:
+            mirror.objects.close()

@@ -9,6 +9,8 @@ Runs read it, read-only, at ``/tools/_library`` (``tools/<name>.py`` or ``.js``,
 named after the tenant's directory and a hash of the content, world-readable like the tool stubs. A library is
 bounded by ``library_bytes`` (its files' sizes) and ``library_entries`` (tools and memories); a
 write past either is refused and changes nothing. Writes are atomic (a file renamed into place).
+With a :class:`LibrarySync` (replicas sharing an object store), each write and delete is pushed
+to it, and :meth:`Library.refresh` pulls the other replicas' changes before a run reads.
 """
 
 from __future__ import annotations
@@ -24,13 +26,13 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mcp_sandbox.errors import QuotaExceededError, ValidationError
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.workspace.files import disk_error
 
-__all__ = ["Library", "SavedTool"]
+__all__ = ["Library", "LibrarySync", "SavedTool"]
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _KEY_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
@@ -68,10 +70,31 @@ def _check_key(key: object) -> str:
     return key
 
 
+class LibrarySync(Protocol):
+    """Another copy of each tenant's library directory (the object store's)."""
+
+    def push(self, directory: Path) -> object:
+        """Copy the directory's changes out. Raises WorkspaceError."""
+        ...
+
+    def pull(self, directory: Path) -> object:
+        """Make the directory equal to the copy. Raises WorkspaceError."""
+        ...
+
+
 class Library:
     """Every tenant's library under ``root``; a tenant's directory is named by an HMAC under ``key``."""
 
-    def __init__(self, root: Path, key: bytes, max_bytes: int, max_entries: int, views_root: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        key: bytes,
+        max_bytes: int,
+        max_entries: int,
+        views_root: Path,
+        sync: LibrarySync | None = None,
+    ) -> None:
+        self._sync = sync
         self._root = root
         self._views = views_root
         self._key = key
@@ -83,6 +106,16 @@ class Library:
 
     def _directory(self, tenant: str) -> Path:
         return self._root / hmac.new(self._key, tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+
+    def refresh(self, tenant: str) -> None:
+        """Take in the other replicas' changes to the tenant's library (nothing without a sync).
+
+        Raises:
+            WorkspaceError: the other copy cannot be read.
+        """
+        if self._sync is not None:
+            with self._lock:
+                self._sync.pull(self._dir(tenant))
 
     def _files(self, tenant: str) -> list[Path]:
         base = self._dir(tenant)
@@ -110,6 +143,8 @@ class Library:
                 with os.fdopen(fd, "wb") as out:
                     out.write(data)
                 os.replace(scratch, path)
+                if self._sync is not None:
+                    self._sync.push(self._dir(tenant))
             except OSError as exc:
                 Path(scratch).unlink(missing_ok=True)
                 raise disk_error(exc, "the library cannot be written") from exc
@@ -245,8 +280,11 @@ class Library:
     def delete(self, tenant: str, kind: str, name: str) -> bool:
         """Delete a tool (``kind`` ``tools``) or memory (``memories``); whether it existed."""
         checked = _check_name(name) if kind == "tools" else _check_key(name)
-        try:
-            (self._dir(tenant) / kind / f"{checked}.json").unlink()
-        except FileNotFoundError:
-            return False
+        with self._lock:
+            try:
+                (self._dir(tenant) / kind / f"{checked}.json").unlink()
+            except FileNotFoundError:
+                return False
+            if self._sync is not None:
+                self._sync.push(self._dir(tenant))
         return True

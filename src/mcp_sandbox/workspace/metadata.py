@@ -276,6 +276,15 @@ class Metadata:
         )
         return [ConversationRecord(*row) for row in rows]
 
+    def tenant_of(self, key: str) -> str | None:
+        """The tenant of conversation ``key``, or None when it has no row.
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT tenant FROM conversations WHERE key = ?", (key,)), write=False)
+        return str(rows[0][0]) if rows else None
+
     def forget_conversation(self, key: str) -> None:
         """Delete conversation ``key``'s row and its files' rows (its executions stay).
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from mcp_sandbox.config import Settings
@@ -82,8 +82,16 @@ def _candidates(store: WorkspaceStore, metadata: Metadata) -> list[_Candidate]:
     return sorted(found.values(), key=lambda candidate: (candidate.last_used, candidate.key))
 
 
-def _delete(store: WorkspaceStore, metadata: Metadata, candidate: _Candidate, report: SweepReport) -> bool:
+def _delete(
+    store: WorkspaceStore,
+    metadata: Metadata,
+    candidate: _Candidate,
+    report: SweepReport,
+    forget: Callable[[str], None] | None = None,
+) -> bool:
     try:
+        if forget is not None:  # the object store's copy first: a failure leaves the row to retry with
+            forget(candidate.key)
         store.delete(candidate.key)
         if candidate.recorded:
             metadata.forget_conversation(candidate.key)
@@ -96,14 +104,20 @@ def _delete(store: WorkspaceStore, metadata: Metadata, candidate: _Candidate, re
 
 
 def sweep(
-    store: WorkspaceStore, metadata: Metadata, settings: Settings, now: float, busy: Collection[str]
+    store: WorkspaceStore,
+    metadata: Metadata,
+    settings: Settings,
+    now: float,
+    busy: Collection[str],
+    forget: Callable[[str], None] | None = None,
 ) -> SweepReport:
     """Prune the run history; delete idle conversations, then the least recently used of a tenant
     over its budget, then of the tenant holding the most while over the total budget.
 
     ``busy`` holds the keys not to touch; membership is checked just before each deletion, so
     a live set the caller keeps up to date works. Synchronous: run it in a worker thread.
-    Failures are logged and listed in the report, not raised.
+    Failures are logged and listed in the report, not raised. ``forget``, when given, deletes a
+    conversation's other copy (the object store's) before its directory and row.
     """
     report = SweepReport()
     history = settings.workspaces
@@ -114,7 +128,7 @@ def sweep(
     remaining: list[_Candidate] = []
     for candidate in _candidates(store, metadata):
         idle = now - candidate.last_used > settings.workspaces.conversation_ttl
-        if idle and candidate.key not in busy and _delete(store, metadata, candidate, report):
+        if idle and candidate.key not in busy and _delete(store, metadata, candidate, report, forget):
             report.idle.append(candidate.key)
         else:
             remaining.append(candidate)
@@ -125,7 +139,7 @@ def sweep(
     def evict(candidate: _Candidate) -> bool:
         if candidate.key in busy or candidate.key in report.failed:
             return False
-        if not _delete(store, metadata, candidate, report):
+        if not _delete(store, metadata, candidate, report, forget):
             return False
         report.evicted.append(candidate.key)
         held[candidate.tenant] -= candidate.bytes

@@ -149,7 +149,12 @@ def _download(service: Service) -> Callable[[Request], Any]:
             check_filename(name)
             opened = await anyio.to_thread.run_sync(service.workspaces.open_file, params["conversation"], name)
         except (ValidationError, WorkspaceError, OSError):
-            return _problem(404, "no such file")
+            if service.mirror is None:
+                return _problem(404, "no such file")
+            try:  # a link another replica made: its conversation's files are in the object store
+                opened = await anyio.to_thread.run_sync(service.mirror.open_remote, params["conversation"], name)
+            except (ValidationError, WorkspaceError, OSError):
+                return _problem(404, "no such file")
         return file_response(request, opened, name)
 
     return download
@@ -286,6 +291,7 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pending.abort, limiter=workers)
                 await service.refresh_files(key)
+                await service.write_back(key)  # in the object store before it is acknowledged
         except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
             outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "http", outcome, 0, time.perf_counter() - started))

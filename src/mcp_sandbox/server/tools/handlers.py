@@ -28,6 +28,7 @@ from mcp_sandbox.server.tools.arguments import (
     UploadFileArguments,
     parse,
 )
+from mcp_sandbox.server.tools.library_access import refresh_library
 from mcp_sandbox.server.tools.progress import progress_listener
 from mcp_sandbox.server.tools.run import RunTool, listed_file
 from mcp_sandbox.server.tools.runner_info import describe_runners
@@ -73,10 +74,11 @@ class ToolHandlers:
         settings = service.settings
         self._library = Library(
             StateLayout.of(settings).root / "library",
-            derive_key(load_secret(settings.paths.state_dir), "library"),
+            derive_key(service.secret or load_secret(settings.paths.state_dir), "library"),
             settings.workspaces.library_bytes,
             settings.workspaces.library_entries,
             StateLayout.of(settings).root / "library-views",
+            sync=service.mirror,
         )
         self._run = RunTool(service, context, self._egress, self._library)
 
@@ -160,6 +162,7 @@ class ToolHandlers:
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
                 )
                 await service.refresh_files(key)
+                await service.write_back(key)  # in the object store before it is acknowledged
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
@@ -209,6 +212,8 @@ class ToolHandlers:
         open_names = {spec.name for spec in servers.values() if spec.serves(tenant)}
         unavailable = {name: why for name, why in unavailable.items() if name in open_names}
         results = [{"server": servers[doc.server].name, "tool": doc.name, "doc": text} for doc, text in hits]
+        if self._service.mirror is not None:  # saved through another replica
+            await refresh_library(self._library, tenant)
         saved = await anyio.to_thread.run_sync(self._library.search, tenant, query, arguments.limit)
         results += [{"server": "saved", "tool": tool.name, "doc": tool.doc()} for tool in saved]
         lines = [hit["doc"] for hit in results] or [f"no tool matches {query!r}"]

@@ -10,6 +10,7 @@ sandbox names); every other request goes to the wrapped access unchanged.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from mcp_sandbox.protocol import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
 from mcp_sandbox.workspace.library import Library
 
-__all__ = ["LIBRARY_MOUNT", "LIBRARY_OPS", "LibraryAccess"]
+__all__ = ["LIBRARY_MOUNT", "LIBRARY_OPS", "LibraryAccess", "refresh_library"]
+
+logger = logging.getLogger(__name__)
 
 LIBRARY_MOUNT = f"{TOOLS_MOUNT}/_library"  # "_": no server's alias starts with one
 
@@ -38,6 +41,15 @@ LIBRARY_OPS = frozenset(
         "delete_memory",
     }
 )
+
+
+async def refresh_library(library: Library, tenant: str) -> None:
+    """Take in the other replicas' changes to the tenant's library; where the store cannot be
+    read, the run goes on with this replica's copy (logged)."""
+    try:
+        await anyio.to_thread.run_sync(library.refresh, tenant)
+    except WorkspaceError as exc:
+        logger.warning("the library could not be refreshed from the object store: %s", exc)
 
 
 def _text(body: dict[str, Any], name: str, default: str | None = None) -> str:

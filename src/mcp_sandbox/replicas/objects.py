@@ -1,0 +1,181 @@
+"""The object store (``object_store_url``): put, get, list and delete under one prefix of one bucket.
+
+boto3 is synchronous: every method blocks, so the caller runs it in a worker thread, and
+:meth:`ObjectStore.parallel` runs many transfers at once on a small pool of threads (one client,
+which boto3 documents as thread-safe). The endpoint, region and credentials come from the
+standard AWS environment, never from settings: no error or log line here names them, and every
+boto3 error is turned into a :class:`~mcp_sandbox.errors.WorkspaceError` that says only what
+failed (the operator's log gets the error code).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, TypeVar
+
+from mcp_sandbox.errors import ConfigError, WorkspaceError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
+
+__all__ = ["ObjectStore", "StoredObject", "split_url"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+TRANSFER_THREADS = 16  # the pool of each store: S3 round trips wait on the network, not the CPU
+_CONNECT_SECONDS = 5
+_READ_SECONDS = 60
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """One object under the prefix: its name relative to the prefix, size and ETag."""
+
+    name: str
+    size: int
+    etag: str
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` → (``bucket``, ``some/prefix/``); the prefix is "" or ends in ``/``."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+class ObjectStore:
+    """The objects under ``s3://bucket/prefix``; names given to methods are relative to the prefix."""
+
+    def __init__(self, url: str) -> None:
+        """Make the client (nothing is sent yet: :meth:`check` reaches the store).
+
+        Raises:
+            ConfigError: boto3 is not installed.
+        """
+        if importlib.util.find_spec("boto3") is None:
+            raise ConfigError(
+                "object_store_url: boto3 is not installed "
+                "(install mcp-sandbox with its `s3` extra: pip install 'mcp-sandbox[s3]')"
+            )
+        import boto3
+        from botocore.config import Config
+
+        self.bucket, self.prefix = split_url(url)
+        self.url = url
+        config = Config(
+            connect_timeout=_CONNECT_SECONDS,
+            read_timeout=_READ_SECONDS,
+            retries={"max_attempts": 3, "mode": "standard"},
+            max_pool_connections=TRANSFER_THREADS * 2,
+            # Checksums only where the API requires them: S3-compatible stores differ in which
+            # they support, and computing a CRC of every body costs CPU that transfers share.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client: S3Client = boto3.session.Session().client("s3", config=config)
+        self._pool = concurrent.futures.ThreadPoolExecutor(TRANSFER_THREADS, thread_name_prefix="object-store")
+
+    def close(self) -> None:
+        """Stop the transfer threads (idempotent)."""
+        self._pool.shutdown(wait=True)
+
+    def _fail(self, exc: Exception, what: str) -> WorkspaceError:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+        logger.warning("object store %s: %s failed: %s", self.url, what, code or type(exc).__name__)
+        return WorkspaceError(f"the object store could not {what}" + (f" ({code})" if code else ""))
+
+    def check(self) -> None:
+        """Reach the bucket once (at start).
+
+        Raises:
+            ConfigError: the store cannot be reached, or the bucket is not there or not ours.
+        """
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except Exception as exc:  # botocore's tree has no common base of network and HTTP errors
+            error = self._fail(exc, f"reach the bucket {self.bucket!r}")
+            raise ConfigError(
+                f"object_store_url: {error} (the endpoint and credentials come from AWS_ENDPOINT_URL, "
+                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+            ) from None
+
+    def put(self, name: str, body: IO[bytes] | bytes) -> str:
+        """Store ``body`` as ``name``; return its ETag.
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached.
+        """
+        try:
+            reply = self._client.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=body)
+        except Exception as exc:
+            raise self._fail(exc, "store a file") from None
+        return reply["ETag"]
+
+    def get(self, name: str, into: IO[bytes]) -> str:
+        """Write object ``name`` into ``into``; return its ETag.
+
+        Raises:
+            FileNotFoundError: there is no such object.
+            WorkspaceError: the store refused or could not be reached.
+        """
+        try:
+            reply = self._client.get_object(Bucket=self.bucket, Key=self.prefix + name)
+            body = reply["Body"]
+            try:
+                for chunk in body.iter_chunks(1 << 20):
+                    into.write(chunk)
+            finally:
+                body.close()
+        except self._client.exceptions.NoSuchKey:
+            raise FileNotFoundError(name) from None
+        except Exception as exc:
+            raise self._fail(exc, "read a file") from None
+        return reply["ETag"]
+
+    def list(self, under: str) -> list[StoredObject]:
+        """Every object whose name starts with ``under`` (names relative to ``under``).
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached.
+        """
+        found: list[StoredObject] = []
+        start = self.prefix + under
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
+            for page in pages:
+                items = page.get("Contents", [])
+                found += [StoredObject(item["Key"][len(start) :], item["Size"], item["ETag"]) for item in items]
+        except Exception as exc:
+            raise self._fail(exc, "list files") from None
+        return found
+
+    def delete(self, names: Iterable[str]) -> None:
+        """Delete objects ``names`` (a name already gone is no error).
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached.
+        """
+        batch = list(names)
+        for start in range(0, len(batch), 1000):  # DeleteObjects takes at most 1,000 keys
+            keys: list[ObjectIdentifierTypeDef] = [{"Key": self.prefix + name} for name in batch[start : start + 1000]]
+            try:
+                reply = self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+            except Exception as exc:
+                raise self._fail(exc, "delete files") from None
+            if reply.get("Errors"):
+                raise self._fail(RuntimeError(reply["Errors"][0].get("Code", "")), "delete files")
+
+    def parallel(self, work: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+        """``work`` of each item on the transfer threads; the results in order. The first error is
+        raised once every transfer has ended (none is left running behind the caller's back)."""
+        futures = [self._pool.submit(work, item) for item in items]
+        concurrent.futures.wait(futures)
+        return iter([future.result() for future in futures])

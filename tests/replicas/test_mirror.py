@@ -1,0 +1,115 @@
+"""The mirror against a real SeaweedFS: write-back of changes only, restore to the store's copy,
+and sandboxed code's symlinks followed by neither."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.replicas.mirror import Changes, Mirror
+from mcp_sandbox.replicas.objects import ObjectStore
+from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from s3_helpers import objects, s3_env, store_url
+
+
+@pytest.fixture
+def settings(state_dir: Path) -> Settings:
+    return load_settings(env={}, flags={"state_dir": str(state_dir)})
+
+
+@pytest.fixture
+def url() -> str:
+    return store_url()
+
+
+@pytest.fixture
+def mirror(settings: Settings, s3_endpoint: str, url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mirror]:
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    store = WorkspaceStore(settings, load_secret(settings.paths.state_dir))
+    store.prepare()
+    objects_ = ObjectStore(url)
+    objects_.check()
+    yield Mirror(objects_, store)
+    objects_.close()
+
+
+@pytest.fixture
+def key(settings: Settings) -> str:
+    return WorkspaceStore(settings, load_secret(settings.paths.state_dir)).key("alice", "conversation-1")
+
+
+def _workspace(settings: Settings, key: str) -> Path:
+    return settings.paths.state_dir / "workspaces" / key
+
+
+def test_write_back_sends_changes_only_and_restore_makes_the_directory_equal_to_the_store(
+    mirror: Mirror, settings: Settings, key: str, url: str, s3_endpoint: str
+) -> None:
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_text("alpha")
+    (directory / "d").mkdir()
+    (directory / "d" / "b.txt").write_text("beta")
+    assert mirror.write_back(key) == Changes(transferred=2, bytes=9, deleted=0)
+    assert mirror.write_back(key) == Changes()  # nothing changed: nothing sent
+
+    (directory / "a.txt").write_text("ALPHA")  # same size, another mtime
+    os.utime(directory / "a.txt", ns=(1, 1))
+    (directory / "d" / "b.txt").unlink()
+    (directory / "extra.txt").write_text("only here")
+    restored = mirror.restore(key, "alice")
+    assert restored == Changes(transferred=2, bytes=9, deleted=1)
+    assert (directory / "a.txt").read_text() == "alpha"
+    assert (directory / "d" / "b.txt").read_text() == "beta"
+    assert not (directory / "extra.txt").exists()
+    # The restored files are the workspace's owner's (the tenant's host uid), as uploads are.
+    assert (directory / "a.txt").stat().st_uid == directory.stat().st_uid
+    assert mirror.restore(key, "alice") == Changes()  # already equal: nothing downloaded
+
+    (directory / "a.txt").unlink()
+    assert mirror.write_back(key) == Changes(deleted=1)
+    assert sorted(name.split("/", 2)[2] for name in objects(s3_endpoint, url)) == ["d/b.txt"]
+
+
+def test_write_back_does_not_follow_a_symlink_the_code_made(
+    mirror: Mirror, settings: Settings, key: str, url: str, s3_endpoint: str, tmp_path: Path
+) -> None:
+    outside = tmp_path / "host-secret"
+    outside.write_text("host only")
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    (directory / "link.txt").symlink_to(outside)
+    (directory / "linked-dir").symlink_to(tmp_path)
+    mirror.write_back(key)
+    assert objects(s3_endpoint, url) == {}
+
+
+def test_restore_writes_nothing_through_a_symlinked_directory(
+    mirror: Mirror, settings: Settings, key: str, tmp_path: Path
+) -> None:
+    directory = _workspace(settings, key)
+    (directory / "d").mkdir(parents=True)
+    (directory / "d" / "b.txt").write_text("beta")
+    mirror.write_back(key)
+    # The code replaces the directory with a link to a host directory, then the workspace is restored.
+    (directory / "d" / "b.txt").unlink()
+    (directory / "d").rmdir()
+    outside = tmp_path / "host-dir"
+    outside.mkdir()
+    (directory / "d").symlink_to(outside)
+    with pytest.raises(WorkspaceError):
+        mirror.restore(key, "alice")
+    assert list(outside.iterdir()) == []
+
+
+def test_a_new_conversation_restores_to_nothing_and_makes_no_directory(
+    mirror: Mirror, settings: Settings, key: str
+) -> None:
+    assert mirror.restore(key, "alice") == Changes()
+    assert not _workspace(settings, key).exists()

