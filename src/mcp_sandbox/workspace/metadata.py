@@ -255,6 +255,15 @@ class Metadata:
         )
         return [ConversationRecord(*row) for row in rows]
 
+    def has_conversation(self, key: str) -> bool:
+        """Whether conversation ``key`` has a row (it was used and not yet removed by retention).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT 1 FROM conversations WHERE key = ?", (key,)), write=False)
+        return bool(rows)
+
     def forget_conversation(self, key: str) -> None:
         """Delete conversation ``key``'s row and its files' rows (its executions stay).
 
