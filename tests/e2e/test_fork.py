@@ -8,6 +8,7 @@ checked from the other side.
 from __future__ import annotations
 
 import os
+import textwrap
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import anyio
 import pytest
 from mcp import Client
 
+from engine.test_pool import _FRESH_STATE, _SCHEDULING_ATTACK
 from mcp_test_helpers import CALL_BOUND, memory_client, run_python, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -236,3 +238,15 @@ async def test_a_fork_of_a_conversation_still_running_at_the_timeout_is_refused_
     assert results["fork"]["error"].startswith("busy:")
     after = await _ok(client, "import os\nprint(os.listdir('.'))", fork)
     assert after["stdout"] == "[]\n"
+
+
+async def test_a_fork_starts_in_the_state_of_a_new_conversation_whatever_its_source_did(client: Client) -> None:
+    # The red-team checks of warm residue (issue 21, finding 9) on forks: the source's scheduling
+    # policy, xattrs, directory modes and descriptor flags are its sandbox's, not carried.
+    source, fork = _new(), _new()
+    await _ok(client, textwrap.dedent(_SCHEDULING_ATTACK), source)
+    fresh = await _ok(client, textwrap.dedent(_FRESH_STATE), _new())
+    forked = await _ok(client, textwrap.dedent(_FRESH_STATE), fork, forkFrom=source)
+
+    assert eval(forked["stdout"]) == eval(fresh["stdout"])
+    assert eval(forked["stdout"])["xattrs"] == [[], [], []]
