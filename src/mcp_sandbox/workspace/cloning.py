@@ -4,7 +4,9 @@ The source is the tenant's own sandbox's directory and may hold anything (see :m
 step opens one name relative to the directory fd before it with ``O_NOFOLLOW``. Regular files are
 cloned with ``FICLONE`` (copy-on-write: btrfs, XFS, bcachefs), else ``copy_file_range`` (in-kernel
 copy), else read and written; directories and symlinks are made again (a link is copied as a link,
-never followed); FIFOs, sockets and devices are left out. Everything made is owned by ``owner``.
+never followed); FIFOs, sockets and devices are left out, and so is anything another uid than the
+source directory's owns (a hard link to someone else's file: the host reads as root, the copy
+would be the tenant's). Everything made is owned by ``owner``, without set-id bits.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ def _copy_data(source: int, target: int, size: int) -> bool:
             raise
     os.lseek(source, copied, os.SEEK_SET)
     os.lseek(target, copied, os.SEEK_SET)
-    while chunk := os.read(source, 1 << 20):
+    while copied < size and (chunk := os.read(source, min(1 << 20, size - copied))):
         os.write(target, chunk)
+        copied += len(chunk)
     return False
 
 
@@ -72,7 +75,8 @@ def _copy_file(
 ) -> bool:
     source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=source_dir)
     try:
-        if not stat.S_ISREG(os.fstat(source).st_mode):  # swapped meanwhile
+        opened = os.fstat(source)
+        if not stat.S_ISREG(opened.st_mode) or opened.st_uid != info.st_uid:  # swapped meanwhile
             return False
         target = os.open(
             name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=target_dir
@@ -80,6 +84,7 @@ def _copy_file(
         try:
             if owner is not None:
                 os.fchown(target, *owner)
+            # At most the size the quota counted: a background process of the source may be writing.
             reflinked = _copy_data(source, target, info.st_size)
             os.fchmod(target, stat.S_IMODE(info.st_mode) & 0o777)
         finally:
@@ -99,7 +104,8 @@ def clone_tree(
         ValueError: more than ``max_entries`` entries, or deeper than ``max_depth``.
     """
     counts = CloneCounts()
-    _clone(source, target, owner, counts, max_depth=max_depth, max_entries=max_entries, depth=depth)
+    uid = os.fstat(source).st_uid
+    _clone(source, target, owner, uid, counts, max_depth=max_depth, max_entries=max_entries, depth=depth)
     return counts
 
 
@@ -107,6 +113,7 @@ def _clone(
     source: int,
     target: int,
     owner: tuple[int, int] | None,
+    uid: int,
     counts: CloneCounts,
     *,
     max_depth: int,
@@ -124,6 +131,8 @@ def _clone(
         except FileNotFoundError:
             continue
         name = entry.name
+        if info.st_uid != uid:
+            continue
         if stat.S_ISREG(info.st_mode):
             counts.reflinked += _copy_file(source, target, name, info, owner)
             counts.files += 1
@@ -147,7 +156,9 @@ def _clone(
                 try:
                     if owner is not None:
                         os.fchown(made, *owner)
-                    _clone(child, made, owner, counts, max_depth=max_depth, max_entries=max_entries, depth=depth + 1)
+                    _clone(
+                        child, made, owner, uid, counts, max_depth=max_depth, max_entries=max_entries, depth=depth + 1
+                    )
                     os.fchmod(made, stat.S_IMODE(info.st_mode) & 0o777)
                 finally:
                     os.close(made)
