@@ -250,3 +250,26 @@ async def test_a_fork_starts_in_the_state_of_a_new_conversation_whatever_its_sou
 
     assert eval(forked["stdout"]) == eval(fresh["stdout"])
     assert eval(forked["stdout"])["xattrs"] == [[], [], []]
+
+
+async def test_a_javascript_fork_carries_the_files_and_says_the_variables_were_not(client: Client) -> None:
+    source, fork = _new(), _new()
+    await _ok(client, "x = 1\nopen('note.txt', 'w').write('from python')", source)
+
+    with anyio.fail_after(CALL_BOUND):
+        result = await client.call_tool(
+            "run_code",
+            {
+                "language": "javascript",
+                "code": "import { readFileSync } from 'node:fs';\n"
+                "console.log(readFileSync('/workspace/note.txt', 'utf8'));",
+                "conversationId": fork,
+                "forkFrom": source,
+            },
+        )
+    data = structured(result)
+
+    assert (data["status"], data["stdout"]) == ("success", "from python\n")
+    assert data["fork"]["files"] == 1
+    assert data["fork"]["variables"] == 0
+    assert data["fork"]["skipped"] == ["all variables: only a Python run in a session carries them"]
