@@ -201,37 +201,52 @@ async def test_a_fork_over_the_quota_is_refused_and_leaves_nothing(
     assert again["stdout"] == "[]\n"  # the fork's id was never made: a plain conversation starts empty
 
 
-async def test_a_fork_of_a_running_conversation_waits_for_its_call(client: Client) -> None:
+def _started(state_dir: Path) -> bool:
+    return bool(list(state_dir.glob("workspaces/*/started")))
+
+
+async def _running(state_dir: Path) -> None:
+    """Until a run has written ``started`` in a conversation's directory: its call is running."""
+    with anyio.fail_after(CALL_BOUND):
+        while not _started(state_dir):  # noqa: ASYNC110 - no event to wait on
+            await anyio.sleep(0.02)
+
+
+async def test_a_fork_of_a_running_conversation_waits_for_its_call(client: Client, state_dir: Path) -> None:
     source, fork = _new(), _new()
     await _ok(client, "x = 0", source)
     results: dict[str, dict[str, Any]] = {}
 
     async def slow() -> None:
         results["source"] = await _ok(
-            client, "import time\ntime.sleep(1.5)\nx = 1\nopen('late.txt', 'w').write('late')", source
+            client,
+            "import time\nopen('started', 'w').close()\ntime.sleep(1.5)\nx = 1\nopen('late.txt', 'w').write('late')",
+            source,
         )
 
     with anyio.fail_after(CALL_BOUND):
         async with anyio.create_task_group() as group:
             group.start_soon(slow)
-            await anyio.sleep(0.5)  # the source's call is running
+            await _running(state_dir)
             results["fork"] = await _ok(client, "print(x, open('late.txt').read())", fork, forkFrom=source)
 
     assert results["fork"]["stdout"] == "1 late\n"  # of the moment after the running call
 
 
-async def test_a_fork_of_a_conversation_still_running_at_the_timeout_is_refused_as_busy(client: Client) -> None:
+async def test_a_fork_of_a_conversation_still_running_at_the_timeout_is_refused_as_busy(
+    client: Client, state_dir: Path
+) -> None:
     source, fork = _new(), _new()
     await _ok(client, "x = 0", source)
     results: dict[str, dict[str, Any]] = {}
 
     async def slow() -> None:
-        results["source"] = await _ok(client, "import time\ntime.sleep(4)", source)
+        results["source"] = await _ok(client, "import time\nopen('started', 'w').close()\ntime.sleep(4)", source)
 
     with anyio.fail_after(CALL_BOUND):
         async with anyio.create_task_group() as group:
             group.start_soon(slow)
-            await anyio.sleep(0.5)
+            await _running(state_dir)
             results["fork"] = await _run(client, "print(x)", fork, forkFrom=source, timeout=1)
 
     assert results["fork"]["status"] == "error"
