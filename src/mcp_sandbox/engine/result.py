@@ -71,9 +71,8 @@ class ExecutionRequest:
     on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
     egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
     tenant: str = "default"  # whose run: admission and session caps are per tenant
-    fork_state: str | None = (
-        None  # a fork's first run: its source's variables (opaque base64, see SessionManager.snapshot)
-    )
+    # A fork's first run: its source's variables, opaque base64 (see Engine.fork_source).
+    fork_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

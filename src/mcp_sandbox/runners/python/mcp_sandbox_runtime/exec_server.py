@@ -170,7 +170,8 @@ class Server:
         """Write this session's variables to the run's stdout as a fork's state (see ``fork.py``)."""
         from . import fork, library
 
-        sys.stdout.write(fork.dump(self.namespace.namespace, budget, frozenset(library.__all__)))
+        dumped = fork.dump(self.namespace.namespace, budget, frozenset(library.__all__))
+        sys.stdout.write("\n" + dumped)  # on a line of its own (see fork.load)
         return 0
 
     def _load(self, state: str) -> Forked:

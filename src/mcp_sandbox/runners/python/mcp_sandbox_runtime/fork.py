@@ -39,7 +39,7 @@ def _function(value: types.FunctionType) -> tuple[str, bytes, bytes, str] | str:
     try:
         defaults = pickle.dumps((value.__defaults__, value.__kwdefaults__), protocol=pickle.HIGHEST_PROTOCOL)
         return value.__name__, marshal.dumps(value.__code__), defaults, value.__qualname__
-    except (ValueError, TypeError, pickle.PicklingError, AttributeError) as exc:
+    except Exception as exc:  # the defaults' own __reduce__ may raise anything
         return _why(exc)
 
 
@@ -52,6 +52,7 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
     values: list[tuple[str, bytes]] = []
     skipped: list[str] = []
     used = 0
+    quiet = io.StringIO()  # what objects print while they are pickled: not the dump's
     for name, value in list(namespace.items()):
         if name.startswith("__") or name in _REBOUND or name in rebound or name.startswith("mcp_"):
             continue
@@ -70,8 +71,9 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
             skipped.append(f"{name} (a class defined in a run: define it again in the fork)")
             continue
         try:
-            data = pickle.dumps(("value", value), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # any object's __reduce__ may raise anything
+            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+                data = pickle.dumps(("value", value), protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException as exc:  # an object's __reduce__ may raise anything, even SystemExit
             skipped.append(f"{name} ({_why(exc)})")
             continue
         if used + len(data) > budget:
@@ -86,7 +88,8 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
 def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
     """Load what :func:`dump` gave into ``namespace``; the report: variables and modules carried, skipped."""
     try:
-        payload = pickle.loads(base64.b64decode(state, validate=True))
+        # The last line: whatever a background thread of the source wrote first is not the dump.
+        payload = pickle.loads(base64.b64decode(state.rstrip("\n").rpartition("\n")[2], validate=True))
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
             raise ValueError("not a snapshot of this runtime")
     except (ValueError, binascii.Error, pickle.UnpicklingError, EOFError) as exc:
@@ -99,7 +102,7 @@ def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
         try:
             with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
                 importlib.import_module(module)
-        except BaseException:
+        except BaseException:  # a module the fork cannot import is only not imported ahead
             continue
     modules = sum(1 for module in payload["modules"] if module in sys.modules)
     carried = 0
