@@ -288,3 +288,25 @@ async def test_a_javascript_fork_carries_the_files_and_says_the_variables_were_n
     assert data["fork"]["files"] == 1
     assert data["fork"]["variables"] == 0
     assert data["fork"]["skipped"] == ["all variables: only a Python run in a session carries them"]
+
+
+async def test_a_fork_cut_short_while_its_source_dumps_ends_the_sources_interpreter_and_makes_nothing(
+    client: Client,
+) -> None:
+    source, fork = _new(), _new()
+    await _ok(
+        client,
+        "import time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(30)\n        return (int, ())\n"
+        "slow = Slow()\nx = 1",
+        source,
+    )
+
+    refused = await _run(client, "print('ran')", fork, forkFrom=source, timeout=1)
+    after = await _ok(client, "print('x' in globals())", source)
+    forked_id = await _ok(client, "import os\nprint(os.listdir('.'))", fork)
+
+    assert refused["status"] == "error"
+    assert refused["error"].startswith("busy:")
+    # A dump cut short cannot be trusted to end: the source's interpreter was killed, its files kept.
+    assert (after["session"], after["stdout"]) == ("new", "False\n")
+    assert forked_id["stdout"] == "[]\n"
