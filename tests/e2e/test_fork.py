@@ -310,3 +310,21 @@ async def test_a_fork_cut_short_while_its_source_dumps_ends_the_sources_interpre
     # A dump cut short cannot be trusted to end: the source's interpreter was killed, its files kept.
     assert (after["session"], after["stdout"]) == ("new", "False\n")
     assert forked_id["stdout"] == "[]\n"
+
+
+_PARENT = "import os\nprint(b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read(), flush=True)\n"
+
+
+async def test_a_forks_first_run_is_born_of_a_session_ready_zygote_with_the_variables(client: Client) -> None:
+    source = _new()
+    await _ok(client, "import pandas as pd\nframe = pd.DataFrame({'a': [1, 2, 3]})", source)
+
+    with anyio.fail_after(CALL_BOUND):
+        while True:  # until a session-ready sandbox is idle (the first conversation started the pool)
+            data = await _ok(client, _PARENT + "print(int(frame.a.sum()))", _new(), forkFrom=source)
+            if data["stdout"].startswith("True\n"):
+                break
+            await anyio.sleep(0.2)
+
+    assert data["stdout"] == "True\n6\n"
+    assert data["fork"]["skipped"] == []
