@@ -61,10 +61,15 @@ async def fork_conversation(
     store = service.workspaces
     source = store.key(tenant, source_id)
     live = service.engine.live_sessions()
-    exists = key in live or await anyio.to_thread.run_sync(store.directory(key).is_dir)
-    if exists or await anyio.to_thread.run_sync(service.metadata.has_conversation, key):
+
+    def look() -> tuple[bool, bool]:  # one worker thread's hop for the three looks at the disk
+        exists = store.directory(key).is_dir() or service.metadata.has_conversation(key)
+        return exists, store.directory(source).is_dir()
+
+    exists, source_exists = await anyio.to_thread.run_sync(look)
+    if exists or key in live:
         raise ValidationError("conversationId", "that conversation exists; a fork makes a new one (choose a new id)")
-    if source not in live and not await anyio.to_thread.run_sync(store.directory(source).is_dir):
+    if not source_exists and source not in live:
         raise ValidationError("forkFrom", f"no conversation {source_id!r}")
     sessions = service.settings.sessions.sessions
     budget = FORK_VARIABLES_BYTES if python and sessions else None
