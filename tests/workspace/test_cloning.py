@@ -151,8 +151,11 @@ def test_a_fork_that_fills_the_disk_leaves_nothing_and_a_crashed_ones_copy_is_sw
     with pytest.raises(DiskFullError):
         store.fork(source, store.key("t", "f"), "t")
     after = sorted(entry.name for entry in store.root.iterdir())
-    (store.root / ".fork-1-deadbeef" / "sub").mkdir(parents=True)  # a server killed mid-copy left it
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    (store.root / f".fork-{ended.pid}-deadbeef" / "sub").mkdir(parents=True)  # a server killed mid-copy left it
+    (store.root / ".fork-1-livesvr").mkdir()  # a live server's copy in progress (a shared state directory)
     store.sweep_partials()
 
     assert after == before
-    assert sorted(entry.name for entry in store.root.iterdir()) == before
+    assert sorted(entry.name for entry in store.root.iterdir()) == sorted([*before, ".fork-1-livesvr"])

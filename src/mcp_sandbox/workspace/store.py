@@ -122,7 +122,8 @@ class WorkspaceStore:
                 entry.unlink()
                 removed += 1
         for entry in self.root.glob(FORK_PREFIX + "*") if self.root.is_dir() else ():
-            if not entry.name.startswith(f"{FORK_PREFIX}{os.getpid()}-"):  # a fork a crash cut short
+            pid = entry.name.removeprefix(FORK_PREFIX).partition("-")[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():  # a fork its server's crash cut short
                 with contextlib.suppress(OSError):
                     remove_tree(entry)
                     removed += 1
