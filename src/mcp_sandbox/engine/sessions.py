@@ -197,31 +197,21 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def holding(self, key: str) -> AsyncIterator[Interpreter | None]:
-        """Hold session ``key`` still, after its running call (waited for; the caller bounds the wait).
-
-        Yields its live interpreter, or None when it has none (idle past its TTL, never started,
-        dead); starts nothing and evicts nothing. A fork's source is held this way while its
-        variables and files are copied, so both are of one moment between two runs.
-        """
+        """Hold session ``key`` between two runs (its running one waited for; the caller bounds the
+        wait): its live interpreter, or None. Starts and evicts nothing (a fork's source, copied)."""
         session = self._sessions.get(key)
         if session is None:
             yield None
             return
         session.users += 1
         try:
-            await session.lock.acquire()
-        except BaseException:
-            session.users -= 1
-            self._forget_if_unused(session)
-            raise
-        try:
-            live = session.live if self._sessions.get(key) is session else None
-            alive = live is not None and live.guard is None and not live.interpreter.exited.is_set()
-            yield live.interpreter if alive and live is not None else None
+            async with session.lock:
+                live = session.live if self._sessions.get(key) is session else None
+                alive = live is not None and live.guard is None and not live.interpreter.exited.is_set()
+                yield live.interpreter if alive and live is not None else None
         finally:
             session.last_used = anyio.current_time()
             session.users -= 1
-            session.lock.release()
             self._forget_if_unused(session)
 
     async def end(self, key: str, reason: str = "the session was ended") -> bool:
@@ -412,9 +402,9 @@ class SessionPlacement:
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
                         guard = lease.first_guard()  # a session born of a zygote: its first run
-                        carried = request.fork_state if lease.new else None  # a fork's: its source's variables
+                        fork = request.fork_state if lease.new else None  # a fork's first run: its variables
                         await lease.interpreter.run(
-                            record, run, last=False, file_size=file_size, guard=guard, state=carried
+                            record, run, last=False, file_size=file_size, guard=guard, state=fork
                         )
                 finally:
                     if not record.done or record.protocol_error is not None:
