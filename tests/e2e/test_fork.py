@@ -172,6 +172,7 @@ async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(clien
     no_conversation = structured(await run_python(client, {"code": "1", "forkFrom": source}))
     exists = await _run(client, "1", existing, forkFrom=source)
     missing = await _run(client, "1", _new(), forkFrom=_new())
+    itself = await _run(client, "1", source, forkFrom=source)
 
     assert no_conversation["status"] == "validation_error"
     assert "conversationId" in no_conversation["error"]
@@ -179,6 +180,8 @@ async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(clien
     assert exists["error"].startswith("conversationId:")
     assert missing["status"] == "validation_error"
     assert missing["error"].startswith("forkFrom:")
+    assert itself["status"] == "validation_error"
+    assert itself["error"].startswith("forkFrom:")
 
 
 async def test_a_fork_over_the_quota_is_refused_and_leaves_nothing(
