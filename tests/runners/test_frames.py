@@ -337,7 +337,23 @@ def test_a_typed_frame_is_immutable_has_slots_and_equals_only_its_own_kind() -> 
     assert done == frames.Done(1, 0, None) and hash(done) == hash(frames.Done(1, 0, None))
     exited: object = frames.Exited(1, 0, None)  # the same values, another kind
     assert done != exited
-    assert repr(done) == "Done(run=1, exit_code=0, exception=None)"
+    assert repr(done) == "Done(run=1, exit_code=0, exception=None, fork=None)"
+
+
+def test_a_forks_fields_travel_in_exec_and_done_and_a_malformed_report_is_refused() -> None:
+    exec_frame = frames.Exec(3, "x", (), {}, 0, 0, False, state="c3RhdGU=", snapshot=1 << 20)
+    done = frames.Done(3, 0, None, frames.Forked(2, 5, ("g (TypeError: cannot pickle 'generator' object)",)))
+
+    assert frames.decode(Kind.EXEC, exec_frame.encode()) == exec_frame
+    assert frames.decode(Kind.DONE, done.encode()) == done
+    malformed: list[object] = [
+        [],
+        {"variables": -1, "modules": 0, "skipped": []},
+        {"variables": 1, "modules": 0, "skipped": [1]},
+    ]
+    for fork in malformed:
+        with pytest.raises(frames.FrameError):
+            frames.decode(Kind.DONE, {"run": 3, "exitCode": 0, "exception": None, "fork": fork})
 
 
 @pytest.mark.parametrize(

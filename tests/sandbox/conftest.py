@@ -83,9 +83,8 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        return SandboxRunner(
-            settings, Engine(settings, get_backend(backend_name, settings)), warm=sandbox_kind == "warm"
-        )
+        engine = Engine(settings, get_backend(backend_name, settings))
+        return SandboxRunner(settings, engine, warm=sandbox_kind == "warm", fork=sandbox_kind == "fork")
 
     return make
 

@@ -7,10 +7,12 @@ comparable outcome such as ``"ok"``, ``"PermissionError:EPERM"`` or ``"EPERM"`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import textwrap
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,12 +111,14 @@ class SandboxRunner:
 
     ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready);
     on a container backend, and for TypeScript and JavaScript everywhere, by a pre-started
-    single-use sandbox.
+    single-use sandbox. ``fork``: each Python run is the first of a session forked from a live
+    one (its variables carried), in an engine of its own, which ends it.
     """
 
     settings: Settings
     engine: Engine
     warm: bool = False
+    fork: bool = False
 
     async def run(
         self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
@@ -126,6 +130,8 @@ class SandboxRunner:
     async def execute(self, request: ExecutionRequest) -> ExecutionResult:
         """Run ``request`` as it is (in a warm sandbox when ``warm``); the wait is bounded."""
         language = request.language
+        if self.fork and language == "python" and request.session is None:
+            return await self._forked(request)
         with anyio.fail_after(request.timeout + HOST_BOUND):
             if not self.warm or request.workspace is not None:  # a conversation's is never a warm sandbox's
                 return await self.engine.execute(request)
@@ -143,6 +149,21 @@ class SandboxRunner:
                     await anyio.sleep(_POLL)
                 result = await engine.execute(request)
                 assert result.warm, "the run did not go to a warm sandbox"
+                return result
+
+    async def _forked(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run ``request`` as the first run of a session forked from a live one that set a variable."""
+        source, fork = f"source-{uuid.uuid4().hex}", f"fork-{uuid.uuid4().hex}"
+        with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
+            async with Engine(self.settings, self.engine.backend).running() as engine:
+                started = await engine.execute(ExecutionRequest(code="carried = 1", timeout=HOST_BOUND, session=source))
+                assert started.status == "success", started
+                async with engine.fork_source(source, 1 << 20) as state:
+                    assert state is not None, "the source's variables were not dumped"
+                forked = dataclasses.replace(request, session=fork, fork_state=state)
+                result = await engine.execute(forked)
+                if result.status != "error" or result.forked is not None:
+                    assert result.forked is not None and result.forked.variables == 1, result
                 return result
 
     async def report(

@@ -12,7 +12,7 @@ from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.tools.arguments import RunCodeArguments, RunPythonArguments, SearchToolsArguments, parse
 
-from .tool_declarations import CONTEXT, SAMPLES, TOOLS, required
+from .tool_declarations import COMPANIONS, CONTEXT, SAMPLES, TOOLS, required
 
 TOOL_NAMES = sorted(TOOLS)
 
@@ -47,7 +47,7 @@ def test_every_argument_the_schema_lists_is_accepted_with_a_sample_and_the_requi
     model = TOOLS[tool][1]
 
     for name in _properties(tool):
-        call = {**required(tool), name: SAMPLES[name]}
+        call = {**required(tool), **COMPANIONS.get(name, {}), name: SAMPLES[name]}
         assert jsonschema.Draft202012Validator(schema).is_valid(call)
         parse(model, call, CONTEXT)
     for name in schema.get("required", []):

@@ -143,6 +143,16 @@ def test_compact_says_how_many_images_were_dropped_after_the_output() -> None:
     assert "imagesDropped" not in SUCCESS.structured()
 
 
+def test_compact_says_what_a_fork_carried_and_what_not_after_the_output() -> None:
+    fork = {"from": "c-1", "files": 2, "bytes": 10, "reflinked": 0, "variables": 3, "modules": 9, "skipped": []}
+    skipped = {**fork, "skipped": ["g (TypeError: cannot pickle 'generator' object)"]}
+
+    assert render(SUCCESS, "compact", {"fork": fork}).splitlines()[1] == "(forked from c-1: 2 files, 3 variables)"
+    assert render(SUCCESS, "compact", {"fork": skipped}).splitlines()[1] == (
+        "(forked from c-1: 2 files, 3 variables; not carried: g (TypeError: cannot pickle 'generator' object))"
+    )
+
+
 HUGE = ExecutionResult(status="success", exit_code=0, stdout="A" + "x" * (1 << 20), stderr="E" * (200 << 10))
 
 

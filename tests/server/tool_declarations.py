@@ -39,6 +39,7 @@ SAMPLES: dict[str, Any] = {
     "code": "print(1)",
     "conversationId": "c-1",
     "reset": False,
+    "forkFrom": "c-0",
     "servers": ["time", "time"],
     "timeout": 1.5,
     "outputMode": "json",
@@ -51,6 +52,9 @@ SAMPLES: dict[str, Any] = {
     "detail": "full",
     "limit": 100,
 }
+
+# What an argument's sample needs beside it to be valid (a fork makes the conversation it names).
+COMPANIONS: dict[str, dict[str, Any]] = {"forkFrom": {"conversationId": "c-1"}}
 
 
 def required(tool: str) -> dict[str, Any]:

@@ -272,3 +272,18 @@ def test_serve_refuses_to_start_when_the_database_is_unreachable(
     assert "postgres@127.0.0.1:1/nowhere" in done.stderr, done.stderr
     assert postgres.password not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_conversation_has_a_row_from_its_first_touch_until_it_is_forgotten(metadata_target: MetadataTarget) -> None:
+    # What a fork checks before it makes a conversation: the id must not exist yet.
+    metadata = _open(metadata_target)
+    try:
+        before = metadata.has_conversation(KEY)
+        metadata.touch_conversation(KEY, "alice", 1.0)
+        touched = metadata.has_conversation(KEY)
+        metadata.forget_conversation(KEY)
+        forgotten = metadata.has_conversation(KEY)
+    finally:
+        metadata.close()
+
+    assert (before, touched, forgotten) == (False, True, False)

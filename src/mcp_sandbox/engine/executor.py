@@ -140,6 +140,24 @@ class Engine:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
         return await self._sessions.end(key)
 
+    @contextlib.asynccontextmanager
+    async def fork_source(self, key: str, budget: int | None) -> AsyncIterator[str | None]:
+        """Hold session ``key`` between two runs (waiting for its running one; the caller bounds
+        the wait) and yield its variables as a fork's state, or None where it has no live interpreter.
+
+        ``budget``: the bytes of variables carried at most (larger ones are skipped, named);
+        None: none are (the session is only held still while its files are copied).
+        """
+        async with self._sessions.holding(key) as interpreter:
+            state = None
+            if interpreter is not None and budget is not None:
+                try:
+                    state = await interpreter.snapshot(budget)
+                except BaseException:  # cut short mid-dump: the interpreter cannot serve its next run
+                    await interpreter.kill()
+                    raise
+            yield state
+
     def live_sessions(self) -> set[str]:
         """Keys of the sessions that exist now (their workspaces are in use)."""
         return self._sessions.live()

@@ -140,6 +140,7 @@ class Interpreter:
         cpu_seconds: int | None = None,
         guard: bytes | None = None,
         file_size: int | None = None,
+        state: str | None = None,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -153,6 +154,7 @@ class Interpreter:
             guard=None if guard is None else _base64(guard),
             max_call_bytes=self.caps.max_call_bytes,
             file_size=file_size,
+            state=state,
         )
 
     async def run(
@@ -164,6 +166,7 @@ class Interpreter:
         file_size: int | None = None,
         early: bool = False,
         guard: bytes | None = None,
+        state: str | None = None,
     ) -> SandboxOutcome | None:
         """Run ``request``'s code once; ``record`` gets its output, images and end as they come.
 
@@ -174,14 +177,44 @@ class Interpreter:
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         ``guard``: to a zygote, the seccomp guard of its pre-forked child, which this run (not
         ``last``) makes a session's interpreter (see the runtime's ``zygote.py``).
+        ``state``: a fork's first run, its source's variables to load before the code.
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(request, last=last, file_size=file_size, guard=guard)
+        frame = self._exec(request, last=last, file_size=file_size, guard=guard, state=state)
+        return await self._serve_exec(record, frame, request, last=last, early=early)
+
+    async def snapshot(self, budget: int) -> str | None:
+        """This session's variables as a fork's state (opaque base64, about ``budget`` bytes at most); None if not.
+
+        The runtime pickles them inside the sandbox and writes them as the run's stdout: the host
+        never unpickles them, only carries them to the fork's sandbox. Bounded by the caller.
+        """
+        cap = 4 * (budget // 3) + (1 << 20)  # base64 of the budget, and room for the payload's frame
+        record = RunRecord.capped(cap)
+        frame = Exec(
+            run=next(self._ids),
+            code="",
+            servers=(),
+            env={},
+            max_images=0,
+            max_image_bytes=0,
+            last=False,
+            snapshot=budget,
+        )
+        await self._serve_exec(record, frame, None, last=False, early=False)
+        if not record.done or record.exit_code != 0 or record.stdout.truncated:
+            return None
+        return record.stdout.text() or None
+
+    async def _serve_exec(
+        self, record: RunRecord, frame: Exec, request: ExecutionRequest | None, *, last: bool, early: bool
+    ) -> SandboxOutcome | None:
+        tools = request.tools if request is not None else None
         async with run_pipes(record.stdout, record.stderr) as pipes:
             sent = await self._send_exec(record, frame, pipes.ends)
             pipes.close()
             if sent:
-                await serve_run(record, frame.run, request.tools, self.channel, self.caps)
+                await serve_run(record, frame.run, tools, self.channel, self.caps)
             if record.protocol_error is not None:
                 # The runner broke the protocol (an oversized or malformed frame): it cannot be
                 # trusted to end the run, and what it still writes is not read. The run ends now.

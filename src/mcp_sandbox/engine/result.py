@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from mcp_sandbox.egress import EgressGrant
-from mcp_sandbox.protocol import Call, Reply
+from mcp_sandbox.protocol import Call, Forked, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
 __all__ = [
@@ -71,6 +71,8 @@ class ExecutionRequest:
     on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
     egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
     tenant: str = "default"  # whose run: admission and session caps are per tenant
+    # A fork's first run: its source's variables, opaque base64 (see Engine.fork_source).
+    fork_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,7 @@ class ExecutionResult:
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
     limits: tuple[str, ...] = ()  # limits hit: memory, pids, cpu, file_size, disk, timeout (not in structured())
     path: str = "fresh"  # where the engine placed it: warm, session, prestarted, fresh (not in structured())
+    forked: Forked | None = None  # a fork's first run: what it carried of its source's variables (not in structured())
 
     def structured(self) -> dict[str, Any]:
         data: dict[str, Any] = {

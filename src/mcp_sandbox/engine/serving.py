@@ -21,7 +21,7 @@ from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
 from mcp_sandbox.engine.output import CappedOutput
 from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
 from mcp_sandbox.errors import ChannelError
-from mcp_sandbox.protocol import Call, Display, Done, Error, Failure, Reply
+from mcp_sandbox.protocol import Call, Display, Done, Error, Failure, Forked, Reply
 
 __all__ = ["RunCaps", "RunRecord", "serve_run"]
 
@@ -52,6 +52,7 @@ class RunRecord:
     exit_code: int | None = None  # the exit code DONE reported
     channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
     protocol_error: str | None = None
+    forked: Forked | None = None  # a fork's first run: what its DONE says it carried
 
     @classmethod
     def capped(cls, cap: int, listener: OutputListener | None = None) -> RunRecord:
@@ -93,6 +94,7 @@ async def _serve(
                     continue  # a previous run's, or forged by the code: not this run's end
                 record.done = True
                 record.exit_code = frame.exit_code
+                record.forked = frame.fork
                 return
             elif isinstance(frame, Display):
                 if frame.run == run_id:

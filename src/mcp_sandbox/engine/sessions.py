@@ -196,6 +196,25 @@ class SessionManager:
             session.lock.release()
             self._forget_if_unused(session)
 
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str) -> AsyncIterator[Interpreter | None]:
+        """Hold session ``key`` between two runs (its running one waited for; the caller bounds the
+        wait): its live interpreter, or None. Starts and evicts nothing (a fork's source, copied)."""
+        session = self._sessions.get(key)
+        if session is None:
+            yield None
+            return
+        session.users += 1
+        try:
+            async with session.lock:
+                live = session.live if self._sessions.get(key) is session else None
+                alive = live is not None and live.guard is None and not live.interpreter.exited.is_set()
+                yield live.interpreter if alive and live is not None else None
+        finally:
+            session.last_used = anyio.current_time()
+            session.users -= 1
+            self._forget_if_unused(session)
+
     async def end(self, key: str, reason: str = "the session was ended") -> bool:
         """Stop session ``key`` now, even mid-run (that run fails saying ``reason``); False if there was none."""
         session = self._sessions.pop(key, None)
@@ -379,7 +398,10 @@ class SessionPlacement:
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
                         guard = lease.first_guard()  # a session born of a zygote: its first run
-                        await lease.interpreter.run(record, run, last=False, file_size=file_size, guard=guard)
+                        fork = request.fork_state if lease.new else None  # a fork's first run: its variables
+                        await lease.interpreter.run(
+                            record, run, last=False, file_size=file_size, guard=guard, state=fork
+                        )
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
@@ -390,7 +412,7 @@ class SessionPlacement:
                 result, request, "it was still waiting for the session's previous run to finish; nothing ran", None
             )
         state: SessionState = "new" if lease.new else "kept"
-        result = dataclasses.replace(captured(record, lease.interpreter, started), session=state)
+        result = dataclasses.replace(captured(record, lease.interpreter, started), session=state, forked=record.forked)
         if overrun.reason is not None and overrun.stopped:
             return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
         if deadline.cancelled_caught:

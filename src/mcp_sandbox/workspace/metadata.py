@@ -285,6 +285,15 @@ class Metadata:
         rows = self._db.run(lambda tx: tx.query("SELECT tenant FROM conversations WHERE key = ?", (key,)), write=False)
         return str(rows[0][0]) if rows else None
 
+    def has_conversation(self, key: str) -> bool:
+        """Whether conversation ``key`` has a row (it was used and not yet removed by retention).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT 1 FROM conversations WHERE key = ?", (key,)), write=False)
+        return bool(rows)
+
     def forget_conversation(self, key: str) -> None:
         """Delete conversation ``key``'s row and its files' rows (its executions stay).
 

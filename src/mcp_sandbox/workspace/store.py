@@ -28,6 +28,7 @@ from mcp_sandbox.config import DEFAULT_TENANT, Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
+from mcp_sandbox.workspace.cloning import FORK_PREFIX, CloneCounts, fork_directory
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
     FileEntry,
@@ -120,6 +121,12 @@ class WorkspaceStore:
             with contextlib.suppress(FileNotFoundError):
                 entry.unlink()
                 removed += 1
+        for entry in self.root.glob(FORK_PREFIX + "*") if self.root.is_dir() else ():
+            pid = entry.name.removeprefix(FORK_PREFIX).partition("-")[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():  # a fork its server's crash cut short
+                with contextlib.suppress(OSError):
+                    remove_tree(entry)
+                    removed += 1
         for key in self.keys():
             root = self._open_root(key)
             if root is None:
@@ -365,6 +372,19 @@ class WorkspaceStore:
             raise disk_error(exc, f"{name}: cannot delete") from exc
         finally:
             os.close(parent)
+
+    def fork(self, source: str, target: str, tenant: str) -> CloneCounts:
+        """Copy conversation ``source``'s files into the new conversation ``target`` (see :mod:`.cloning`).
+
+        Raises:
+            QuotaExceededError: the source's files are over a conversation's quota; nothing copied.
+            WorkspaceError: ``target`` exists, or the copy failed; nothing is left of it.
+        """
+        quota = Usage(bytes=self.settings.workspaces.quota_bytes, files=self.settings.workspaces.quota_files)
+        owner = self._uids.ids(tenant)
+        return fork_directory(
+            self.directory(source), self.directory(target), owner, self.usage(source), quota, max_depth=MAX_DEPTH
+        )
 
     def delete(self, key: str) -> None:
         """Delete conversation ``key``'s whole workspace. Only when no sandbox runs in it.

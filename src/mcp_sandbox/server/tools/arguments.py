@@ -183,6 +183,9 @@ class RunArguments(ToolArguments):
         None, alias="conversationId", description="Keeps files and variables"
     )
     reset: bool = Field(False, description="Fresh interpreter")
+    fork_from: Annotated[str | None, AfterValidator(_conversation)] = Field(
+        None, alias="forkFrom", description="A conversationId to copy (files, variables) into the new conversationId"
+    )
     servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
     timeout: float | None = Field(None, description="Seconds")  # schemas.py adds the context's maximum
     output_mode: OutputMode | None = Field(None, alias="outputMode")
@@ -199,6 +202,15 @@ class RunArguments(ToolArguments):
         if reset and info.data.get("conversation") is None:
             raise ValueError("needs a conversationId (runs without one always start fresh)")
         return reset
+
+    @field_validator("fork_from")
+    @classmethod
+    def _fork_needs_a_conversation(cls, fork_from: str | None, info: ValidationInfo) -> str | None:
+        if fork_from is not None and info.data.get("conversation") is None:
+            raise ValueError("needs a conversationId: the new conversation the fork makes")
+        if fork_from is not None and fork_from == info.data.get("conversation"):
+            raise ValueError("must name another conversation than conversationId, which must be new")
+        return fork_from
 
     @field_validator("timeout")
     @classmethod

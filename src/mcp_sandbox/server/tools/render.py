@@ -37,8 +37,12 @@ def _shortened(text: str, stream: str) -> str:
 
 
 def _notes(data: dict[str, Any]) -> list[str]:
-    """What the result adds to the output: images not returned, a quota warning, the workspace's files."""
+    """What the result adds to the output: a fork's origin, images not returned, a quota warning, the files."""
     lines = []
+    if fork := data.get("fork"):
+        carried = f"(forked from {fork['from']}: {fork['files']} files, {fork['variables']} variables"
+        skipped = fork.get("skipped") or []
+        lines.append(carried + (f"; not carried: {'; '.join(skipped)})" if skipped else ")"))
     if clamped := data.get("timeoutClamped"):
         lines.append(
             f"(timeout {clamped['requested']:g} s is above this server's maximum: the run had {clamped['used']:g} s)"

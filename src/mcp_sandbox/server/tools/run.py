@@ -37,6 +37,7 @@ from mcp_sandbox.server.tools.arguments import (
     output_mode,
     parse,
 )
+from mcp_sandbox.server.tools.forking import Fork, fork_conversation
 from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
 from mcp_sandbox.server.tools.render import render
 from mcp_sandbox.workspace import FileEntry
@@ -63,6 +64,7 @@ class RunCall:
     language: str = "python"
     busy: bool = False  # refused for capacity (or draining)
     timeout_clamped: dict[str, float] | None = None  # {"requested", "used"} when above max_timeout
+    fork: Fork | None = None  # forkFrom: the copy this call's conversation was made of
 
 
 def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
@@ -149,15 +151,25 @@ class RunTool:
         if service.settings.code_mode.tool_results == "raw":  # read by the runtime's tool calls
             environment[TOOL_RESULTS_VARIABLE] = "raw"
         tools = await self._tool_access(arguments.servers, call.tenant, call.key)
-        workspace = None
-        if call.key is not None:
-            held.enter_context(service.using(call.key))
-            workspace = await service.touch(call.key, call.tenant, arguments.conversation)
-            if (base := service.file_base_url(call.key)) is not None:
-                environment["FILE_BASE_URL"] = base
         timeout, asked = arguments.timeout_within(service.settings.limits.timeout, self._context.max_timeout)
         if asked is not None:
             call.timeout_clamped = {"requested": asked, "used": timeout}
+        workspace = None
+        if call.key is not None:
+            held.enter_context(service.using(call.key))
+            if arguments.fork_from is not None:
+                held.enter_context(service.using(service.workspaces.key(call.tenant, arguments.fork_from)))
+                call.fork = await fork_conversation(
+                    service,
+                    call.tenant,
+                    arguments.fork_from,
+                    call.key,
+                    python=call.language == "python",
+                    wait=timeout,
+                )
+            workspace = await service.touch(call.key, call.tenant, arguments.conversation)
+            if (base := service.file_base_url(call.key)) is not None:
+                environment["FILE_BASE_URL"] = base
         return ExecutionRequest(
             code=arguments.code,
             timeout=timeout,
@@ -170,6 +182,7 @@ class RunTool:
             on_output=listener,
             egress=self._egress.grant(call.tenant, arguments.network, arguments.conversation),
             tenant=call.tenant,
+            fork_state=None if call.fork is None else call.fork.state,
         )
 
     async def _tool_access(self, servers: Sequence[str], tenant: str, key: str | None) -> LibraryAccess:
@@ -189,6 +202,8 @@ class RunTool:
         data = result.structured()
         if call.timeout_clamped is not None:
             data["timeoutClamped"] = call.timeout_clamped
+        if call.fork is not None:
+            data["fork"] = call.fork.report(result.forked)
         files_bytes = 0
         if call.key is not None:
             entries = await service.refresh_files(call.key)

@@ -19,7 +19,7 @@ import sys
 from typing import Any, TextIO
 
 from . import display, host, relay
-from .frames import Done, Error, Exec, Frame
+from .frames import Done, Error, Exec, Forked, Frame
 from .host import close_fds
 from .namespace import COMPILE_FLAGS, MainNamespace
 
@@ -144,10 +144,15 @@ class Server:
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
+        forked: Forked | None = None
         try:
             os.environ.update(frame.env)
             if not self._single:
                 relay.add_packages()
+            if frame.snapshot is not None:  # a fork's source: its variables, not a run of code
+                return Done(frame.run, self._snapshot(frame.snapshot), None)
+            if frame.state is not None:
+                forked = self._load(frame.state)
             exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
         finally:
             display.end()
@@ -159,7 +164,22 @@ class Server:
                 self.stdio.detach()
             else:
                 _flush(sys.stdout, sys.stderr)
-        return Done(frame.run, exit_code, exception)
+        return Done(frame.run, exit_code, exception, forked)
+
+    def _snapshot(self, budget: int) -> int:
+        """Write this session's variables to the run's stdout as a fork's state (see ``fork.py``)."""
+        from . import fork, library
+
+        dumped = fork.dump(self.namespace.namespace, budget, frozenset(library.__all__))
+        sys.stdout.write("\n" + dumped)  # on a line of its own (see fork.load)
+        return 0
+
+    def _load(self, state: str) -> Forked:
+        """Load a fork's state into the namespace before its first run's code."""
+        from . import fork
+
+        report = fork.load(state, self.namespace.namespace)
+        return Forked(report["variables"], report["modules"], tuple(report["skipped"]))
 
 
 # What prepare_single() compiles: a line of common constructs, so the compiler's pages are copied

@@ -44,6 +44,7 @@ __all__ = [
     "Exec",
     "Exited",
     "Failure",
+    "Forked",
     "Frame",
     "FrameError",
     "FrameParser",
@@ -123,6 +124,9 @@ class Exec:
     on a CALL body: the runtime fails a larger request itself (a larger frame would end the run).
     ``file_size`` is the run's ``RLIMIT_FSIZE`` (what its conversation's quota has left): a
     ``last`` run lowers its hard limit to it, a session's run its soft limit.
+    ``state`` (base64, opaque to the host) is a forked session's variables, loaded before the
+    code; ``snapshot`` (a byte budget) asks instead for this session's variables, written to the
+    run's stdout as such a state (``fork.py``).
     A field absent on the wire is its default.
     """
 
@@ -138,6 +142,8 @@ class Exec:
     guard: str | None = None
     max_call_bytes: int | None = None  # the host's limit on a CALL body: a larger request fails here
     file_size: int | None = None
+    state: str | None = None
+    snapshot: int | None = None
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -157,6 +163,10 @@ class Exec:
             body["maxCallBytes"] = self.max_call_bytes
         if self.file_size is not None:
             body["fileSize"] = self.file_size
+        if self.state is not None:
+            body["state"] = self.state
+        if self.snapshot is not None:
+            body["snapshot"] = self.snapshot
         return body
 
     @classmethod
@@ -189,24 +199,54 @@ class Exec:
             guard=str_of(body, "guard") if "guard" in body else None,
             max_call_bytes=int_of(body, "maxCallBytes") if "maxCallBytes" in body else None,
             file_size=int_of(body, "fileSize") if "fileSize" in body else None,
+            state=str_of(body, "state") if "state" in body else None,
+            snapshot=int_of(body, "snapshot") if "snapshot" in body else None,
         )
 
 
 @record(frozen=True, slots=True)
 class Done:
-    """DONE (sandbox to host): run ``run`` finished with ``exit_code``; ``exception`` names an uncaught one."""
+    """DONE (sandbox to host): run ``run`` finished with ``exit_code``; ``exception`` names an uncaught one.
+
+    ``fork``: a run that loaded a fork's ``state`` says what it carried (variables and modules,
+    counted) and what not (``skipped``, a few "name (why)" strings).
+    """
 
     KIND: ClassVar[Kind] = Kind.DONE
     run: int
     exit_code: int
     exception: str | None
+    fork: Forked | None = None
 
     def encode(self) -> dict[str, Any]:
-        return {"run": self.run, "exitCode": self.exit_code, "exception": self.exception}
+        body: dict[str, Any] = {"run": self.run, "exitCode": self.exit_code, "exception": self.exception}
+        if self.fork is not None:
+            body["fork"] = {
+                "variables": self.fork.variables,
+                "modules": self.fork.modules,
+                "skipped": list(self.fork.skipped),
+            }
+        return body
 
     @classmethod
     def decode(cls, body: dict[str, Any]) -> Done:
-        return cls(int_of(body, "run"), code_of(body, "exitCode"), optional_str_of(body, "exception"))
+        fork = body.get("fork")
+        if fork is not None:
+            if not isinstance(fork, dict):
+                raise FrameError("DONE fork must be an object")
+            fork = Forked(
+                int_of(fork, "variables"), int_of(fork, "modules"), strings_of(fork.get("skipped"), "skipped")
+            )
+        return cls(int_of(body, "run"), code_of(body, "exitCode"), optional_str_of(body, "exception"), fork)
+
+
+@record(frozen=True, slots=True)
+class Forked:
+    """What a fork's first run carried from its source: counts, and what it could not carry (why)."""
+
+    variables: int
+    modules: int
+    skipped: tuple[str, ...]
 
 
 @record(frozen=True, slots=True)

@@ -1,0 +1,93 @@
+"""``forkFrom``: a new conversation made of a copy of another of the same tenant, files and variables.
+
+The source is held still (its running call waited for, within the call's timeout) while its
+variables are dumped in its own sandbox and its files are copied, so both are of one moment;
+the fork's first run loads the variables before its code (see ``SessionManager.holding`` and
+the runtime's ``fork.py``). The host carries the variables as opaque bytes, never unpickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError
+from mcp_sandbox.protocol import Forked
+from mcp_sandbox.server.service import Service
+from mcp_sandbox.workspace.cloning import CloneCounts
+
+__all__ = ["FORK_VARIABLES_BYTES", "Fork", "fork_conversation"]
+
+# The pickled variables a fork carries at most; larger ones are skipped, each named.
+FORK_VARIABLES_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A fork made for a call: where from, the files copied, and the variables to load (or why none)."""
+
+    source: str
+    counts: CloneCounts
+    state: str | None
+    why_not: str | None  # why no variables are carried, when state is None
+
+    def report(self, forked: Forked | None) -> dict[str, Any]:
+        """The result's ``fork`` field: what the fork carried, and what not (named, with why)."""
+        data: dict[str, Any] = {
+            "from": self.source,
+            "files": self.counts.files,
+            "bytes": self.counts.bytes,
+            "reflinked": self.counts.reflinked,
+        }
+        if forked is not None:
+            return {**data, "variables": forked.variables, "modules": forked.modules, "skipped": list(forked.skipped)}
+        why = self.why_not or "the fork's run did not load them"
+        return {**data, "variables": 0, "modules": 0, "skipped": [f"all variables: {why}"]}
+
+
+async def fork_conversation(
+    service: Service, tenant: str, source_id: str, key: str, *, python: bool, wait: float
+) -> Fork:
+    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``.
+
+    Raises:
+        ValidationError: ``key`` exists, the source does not (for this tenant), or it is over quota.
+        BusyError: the source was still running a call after ``wait`` seconds; nothing was copied.
+        WorkspaceError: the copy failed (a full disk); nothing of it is left.
+    """
+    store = service.workspaces
+    source = store.key(tenant, source_id)
+    live = service.engine.live_sessions()
+
+    def look() -> tuple[bool, bool]:  # one worker thread's hop for the three looks at the disk
+        exists = store.directory(key).is_dir() or service.metadata.has_conversation(key)
+        return exists, store.directory(source).is_dir()
+
+    exists, source_exists = await anyio.to_thread.run_sync(look)
+    if exists or key in live:
+        raise ValidationError("conversationId", "that conversation exists; a fork makes a new one (choose a new id)")
+    if not source_exists and source not in live:
+        raise ValidationError("forkFrom", f"no conversation {source_id!r}")
+    sessions = service.settings.sessions.sessions
+    budget = FORK_VARIABLES_BYTES if python and sessions else None
+    counts: CloneCounts | None = None
+    state: str | None = None
+    with anyio.move_on_after(wait):
+        async with service.engine.fork_source(source, budget) as state:
+            with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
+                try:
+                    counts = await anyio.to_thread.run_sync(store.fork, source, key, tenant)
+                except QuotaExceededError as exc:
+                    raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
+    if counts is None:
+        raise BusyError("the conversation to fork was still running a call at the timeout; nothing was copied")
+    why_not = None
+    if state is None:
+        if not python or not sessions:
+            why_not = "only a Python run in a session carries them"
+        else:
+            why_not = "the conversation forked had no live interpreter (idle past its TTL) or could not dump them"
+    return Fork(source_id, counts, state, why_not)

@@ -1,0 +1,93 @@
+"""The runtime's fork state (``fork.py``): a session's ``__main__`` dumped and loaded, outside a sandbox.
+
+The dump and the load run in one interpreter here, each into its own namespace, as the source's
+and the fork's runtimes do in theirs (the same Python, the same packages).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from mcp_sandbox.runners.python.mcp_sandbox_runtime import fork
+
+MiB = 1 << 20
+
+
+def _defined(code: str) -> dict[str, Any]:
+    """A ``__main__``-like namespace after a run of ``code``."""
+    module = types.ModuleType("__main__")
+    exec(compile(code, "<main>", "exec"), module.__dict__)
+    return module.__dict__
+
+
+def _carried(namespace: dict[str, Any], budget: int = MiB) -> tuple[dict[str, Any], dict[str, Any]]:
+    target: dict[str, Any] = {"__builtins__": __builtins__}
+    report = fork.load("\n" + fork.dump(namespace, budget), target)
+    return target, report
+
+
+def test_values_modules_and_plain_functions_are_carried_by_value() -> None:
+    source = _defined(
+        "import json as js\nnumbers = [1, 2, {'k': (3.0, None)}]\nscale = 3\n"
+        "def triple(x, *, by=None):\n    return x * (by or scale)\n"
+    )
+
+    target, report = _carried(source)
+
+    assert target["numbers"] == [1, 2, {"k": (3.0, None)}]
+    assert target["js"] is sys.modules["json"]
+    assert target["triple"](2) == 6  # its globals are the fork's namespace
+    target["scale"] = 10
+    assert target["triple"](2) == 20
+    assert target["triple"](2, by=5) == 10
+    assert report["variables"] == 4 and report["skipped"] == []
+
+
+def test_what_cannot_be_carried_is_named_with_why() -> None:
+    source = _defined(
+        "class Local:\n    pass\n"
+        "def outer():\n    y = 1\n    return lambda: y\n"
+        "closure = outer()\ngen = (i for i in range(3))\nkept = 1\n"
+    )
+
+    target, report = _carried(source)
+
+    skipped = " | ".join(report["skipped"])
+    assert "Local (a class defined in a run" in skipped
+    assert "closure (a closure" in skipped
+    assert "gen (TypeError" in skipped
+    assert target["kept"] == 1 and "gen" not in target and "Local" not in target
+
+
+def test_variables_past_the_budget_are_skipped_and_the_rest_carried() -> None:
+    source = {"big": b"x" * (2 * MiB), "small": b"y"}
+
+    target, report = _carried(source, budget=MiB)
+
+    assert target == {"__builtins__": __builtins__, "small": b"y"}
+    assert report["skipped"] == ["big (over the fork's limit of 1 MiB of variables)"]
+
+
+class _Loud:
+    def __reduce__(self) -> Any:
+        print("printed while pickled")
+        raise SystemExit(3)
+
+
+def test_an_object_that_prints_or_exits_while_pickled_spoils_nothing_else() -> None:
+    target, report = _carried({"loud": _Loud(), "kept": 2})
+
+    assert target["kept"] == 2
+    assert report["skipped"] == ["loud (SystemExit: 3)"]
+
+
+def test_a_state_that_is_not_a_dump_carries_nothing_and_says_so() -> None:
+    target: dict[str, Any] = {}
+
+    report = fork.load("not base64 at all!", target)
+
+    assert target == {}
+    assert report["variables"] == 0
+    assert report["skipped"][0].startswith("all variables (")

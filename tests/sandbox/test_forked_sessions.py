@@ -1,0 +1,69 @@
+"""A slice of the conformance suite on forked sessions: each attack runs as a fork's first run.
+
+The tests are the suite's own, collected here again with ``sandbox_kind`` "fork" (see
+``harness.SandboxRunner.fork``): the fork's interpreter loads its source's variables, then the
+attack runs in it, and must see exactly what it sees in a sandbox started for the run. On bwrap
+only: the container backends' sessions were not attacked as forks in this round.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from container_helpers import backend_flags
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.sandbox.backends import get_backend
+
+from .test_filesystem import (
+    test_host_secrets_are_not_visible,
+    test_no_mount_point_outside_the_writable_places_takes_a_new_file,
+    test_proc_sys_and_sysrq_are_not_writable,
+    test_server_state_is_invisible_and_unreadable_to_the_sandbox_uid,
+    test_symlinks_to_host_paths_lead_nowhere,
+    test_system_directories_are_read_only,
+    test_workspace_and_tmp_are_writable,
+)
+from .test_privileges import (
+    test_code_runs_as_the_unprivileged_uid,
+    test_dangerous_syscall_is_denied,
+    test_device_nodes_cannot_be_created,
+    test_kernel_memory_and_logs_are_unreadable,
+    test_process_has_no_new_privs_no_capabilities_and_a_seccomp_filter,
+    test_setuid_su_does_not_give_root,
+)
+from .test_processes import test_signalling_host_processes_fails
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
+
+__all__ = [
+    "test_code_runs_as_the_unprivileged_uid",
+    "test_dangerous_syscall_is_denied",
+    "test_device_nodes_cannot_be_created",
+    "test_host_secrets_are_not_visible",
+    "test_kernel_memory_and_logs_are_unreadable",
+    "test_no_mount_point_outside_the_writable_places_takes_a_new_file",
+    "test_proc_sys_and_sysrq_are_not_writable",
+    "test_process_has_no_new_privs_no_capabilities_and_a_seccomp_filter",
+    "test_server_state_is_invisible_and_unreadable_to_the_sandbox_uid",
+    "test_setuid_su_does_not_give_root",
+    "test_signalling_host_processes_fails",
+    "test_symlinks_to_host_paths_lead_nowhere",
+    "test_system_directories_are_read_only",
+    "test_workspace_and_tmp_are_writable",
+]
+
+
+@pytest.fixture(params=["fork"])
+def sandbox_kind(request: pytest.FixtureRequest) -> str:
+    """Every attack here runs as the first run of a forked session."""
+    kind: str = request.param
+    return kind
+
+
+@pytest.fixture(params=["bwrap"])
+def backend_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    probe = get_backend(name, load_settings(env={}, flags=backend_flags(name))).probe()
+    if not probe.available:
+        pytest.skip(f"backend {name} is unavailable here: {probe.reason}")
+    return name
