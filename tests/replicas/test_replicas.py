@@ -286,3 +286,23 @@ async def test_a_draining_replica_hands_its_idle_conversations_over_at_once(
             assert refused.is_error and "shutting down" in str(data(refused).get("error")), refused
             assert {o for k, o, e, _ in lease_rows(url) if e > time.time()} == {owner.url, other.url}
             owner.process.send_signal(signal.SIGTERM)  # a second one: the busy run is stopped now
+
+
+async def test_a_fork_sent_to_another_replica_runs_where_its_source_lives_and_carries_its_variables(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    async with replicas(2, url, sandbox_runtime) as (owner, other):
+        source, fork = new_conversation(), new_conversation()
+        await run(owner, source, "x = 41\nopen('/workspace/f.txt', 'w').write('kept')")
+
+        arguments = {"code": "x += 1\nprint(x, open('/workspace/f.txt').read())", "conversationId": fork}
+        forked = data(await call(other, "run_python", {**arguments, "forkFrom": source}, 60))
+        again = await run(other, fork, "print(x)")  # the fork's own calls go to its owner too
+        untouched = await run(other, source, "print(x)")
+
+        assert forked["stdout"] == "42 kept\n", forked
+        assert "stateLost" not in forked
+        assert again["stdout"] == "42\n", again
+        assert untouched["stdout"] == "41\n", untouched
+        assert owners(url) == {owner.url}

@@ -95,8 +95,19 @@ class ToolHandlers:
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
         router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
         if router is not None and (key := self._replica_key(raw, tenant)) is not None:
+
+            async def local() -> types.CallToolResult:
+                return await self._local(ctx, name, raw, tenant)
+
+            async def new_conversation() -> types.CallToolResult:  # claimed where its source lives
+                return await router.call(name, raw, tenant, key, local)
+
             try:
-                return await router.call(name, raw, tenant, key, lambda: self._local(ctx, name, raw, tenant))
+                # A fork runs on the replica of its source, whose interpreter holds the variables it carries.
+                source = self._replica_key(raw, tenant, "forkFrom")
+                if source is not None and source != key:
+                    return await router.call(name, raw, tenant, source, new_conversation)
+                return await router.call(name, raw, tenant, key, local)
             except WorkspaceError as exc:
                 return _error_result(str(exc))
         return await self._local(ctx, name, raw, tenant)
@@ -120,9 +131,10 @@ class ToolHandlers:
         except WorkspaceError as exc:
             return _error_result(str(exc))
 
-    def _replica_key(self, raw: dict[str, Any] | None, tenant: str) -> str | None:
-        """The conversation key a call's lease is claimed under; None when it names none."""
-        conversation = raw.get("conversationId") if isinstance(raw, dict) else None
+    def _replica_key(self, raw: dict[str, Any] | None, tenant: str, argument: str = "conversationId") -> str | None:
+        """The key of the conversation ``argument`` names, whose lease the call is claimed under; None
+        when it names none."""
+        conversation = raw.get(argument) if isinstance(raw, dict) else None
         if not isinstance(conversation, str):
             return None
         return self._service.workspaces.key(tenant, conversation)
