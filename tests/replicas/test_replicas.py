@@ -25,9 +25,10 @@ from mcp_sandbox.replicas.forward import CALL_PATH
 from mcp_sandbox.replicas.running import FORWARD_KEY
 from mcp_sandbox.replicas.signing import sign
 from mcp_sandbox.workspace import derive_key
-from mcp_test_helpers import http_client, http_server, mcp_sandbox_cli, new_conversation
+from mcp_test_helpers import http_client, http_server, mcp_sandbox_cli, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas, shared_secret
+from s3_helpers import s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
 
@@ -305,4 +306,26 @@ async def test_a_fork_sent_to_another_replica_runs_where_its_source_lives_and_ca
         assert "stateLost" not in forked
         assert again["stdout"] == "42\n", again
         assert untouched["stdout"] == "41\n", untouched
+        assert owners(url) == {owner.url}
+
+
+async def test_an_http_upload_to_another_replica_reaches_the_owners_live_session_and_the_store(
+    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    store = {**s3_env(s3_endpoint), "MCP_SANDBOX_OBJECT_STORE_URL": store_url()}
+    async with replicas(2, url, sandbox_runtime, **store) as (owner, other):
+        conversation = new_conversation()
+        await run(owner, conversation, "x = 1")
+
+        reply = await upload(other.url, TOKEN, conversation, "up.txt", b"sent elsewhere")
+        seen = await run(owner, conversation, "print(open('/workspace/up.txt').read(), x)")
+        listed = reply.json()["files"][0]
+        async with httpx2.AsyncClient(trust_env=False) as client:  # the link, through the other replica
+            fetched = await client.get(listed["url"].replace(owner.url, other.url))
+
+        assert reply.status_code == 201, reply.text
+        assert (listed["name"], listed["size"]) == ("up.txt", 14)
+        assert seen["stdout"] == "sent elsewhere 1\n", seen
+        assert (fetched.status_code, fetched.content) == (200, b"sent elsewhere")
         assert owners(url) == {owner.url}

@@ -192,7 +192,9 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         if (router := service.router) is not None:
             # The tenants as the tokens name them now (SIGHUP reloads them); the body is a call's, wrapped.
             known: Callable[[str], bool] = (lambda name: name in tokens.tenants) if tokens else DEFAULT_TENANT.__eq__
-            limit = settings.http.max_request_size + (64 << 10)
+            # A call's body, or an HTTP upload forwarded as upload_file (base64 of up to the quota).
+            upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
+            limit = max(settings.http.max_request_size, upload) + (64 << 10)
             internal = internal_routes(router.me, router.verifier, known, handlers.forwarded, limit)
         routes = [
             *internal,

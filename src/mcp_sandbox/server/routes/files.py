@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from mcp_sandbox.errors import BusyError, DiskFullError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed, FileStored
 from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.routes.replica_files import forward_upload, local_is_current
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
 from mcp_sandbox.workspace import OpenFile, check_conversation_id, check_filename
@@ -145,14 +146,17 @@ def _download(service: Service) -> Callable[[Request], Any]:
             )
         if not verdict.ok:
             return _problem(403, "invalid download link")
+        key = params["conversation"]
         try:
             check_filename(name)
-            opened = await anyio.to_thread.run_sync(service.workspaces.open_file, params["conversation"], name)
+            if not local_is_current(service, key):
+                raise WorkspaceError("another replica runs this conversation")
+            opened = await anyio.to_thread.run_sync(service.workspaces.open_file, key, name)
         except (ValidationError, WorkspaceError, OSError):
             if service.mirror is None:
                 return _problem(404, "no such file")
             try:  # a link another replica made: its conversation's files are in the object store
-                opened = await anyio.to_thread.run_sync(service.mirror.open_remote, params["conversation"], name)
+                opened = await anyio.to_thread.run_sync(service.mirror.open_remote, key, name)
             except (ValidationError, WorkspaceError, OSError):
                 return _problem(404, "no such file")
         return file_response(request, opened, name)
@@ -273,6 +277,12 @@ def _upload(service: Service) -> Callable[[Request], Any]:
     ) -> dict[str, Any]:
         """Store one file; ``declared``: the body's Content-Length, reserved against the quota at once."""
         key = service.workspaces.key(tenant, conversation)
+        if (router := service.router) is not None:
+            claim = await router.leases.claim(key)
+            if not claim.mine:  # another replica runs this conversation: the file goes there
+                return await forward_upload(service, store, tenant, conversation, filename, stream)
+            if claim.fresh:
+                await service.restore_files(key)
         workers = uploads.workers
         started = time.perf_counter()
         try:
