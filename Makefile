@@ -58,7 +58,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres downstream conformance-tools containers image run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy downstream conformance-tools containers image run test \
         check lint format typecheck typecheck-ts pytest bench soak doctor vm-test clean
 
 help: ## List the targets
@@ -160,6 +160,11 @@ promtool: ## Install Debian's prometheus package for promtool (the alert rules' 
 postgres: ## Install Debian's postgresql for the metadata index's PostgreSQL tests
 	@bash scripts/install-system-deps.sh postgresql
 
+# The replicas' tests (tests/replicas) put three servers behind Debian's HAProxy running
+# deploy/haproxy.cfg (tests/replica_helpers.py starts it in the foreground, on loopback).
+haproxy: ## Install Debian's haproxy for the replicas' load-balancer tests
+	@bash scripts/install-system-deps.sh haproxy
+
 downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
 
 # Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
@@ -230,7 +235,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
-TEST_REQUIRE = promtool,postgres,s3$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
+TEST_REQUIRE = promtool,postgres,s3,haproxy$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
 
 # --- use -----------------------------------------------------------------------------------
 
@@ -242,7 +247,7 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup browser promtool postgres downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
+test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
@@ -277,7 +282,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
 	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
-pytest: setup browser promtool postgres downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas)
