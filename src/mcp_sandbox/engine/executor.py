@@ -31,7 +31,8 @@ from mcp_sandbox.engine.ready import ReadyPool
 from mcp_sandbox.engine.ready_uids import ReadyByUid
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
-from mcp_sandbox.engine.sessions import SessionManager, SessionPlacement
+from mcp_sandbox.engine.session_runs import SessionPlacement
+from mcp_sandbox.engine.sessions import SessionManager
 from mcp_sandbox.engine.uid_pools import PoolsByUid
 from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted

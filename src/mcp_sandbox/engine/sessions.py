@@ -1,4 +1,4 @@
-"""Stateful sessions: one live interpreter per session key, kept between runs, and the placement of their runs.
+"""Stateful sessions: one live interpreter per session key, kept between runs (their runs: :mod:`.session_runs`).
 
 A session is a long-lived sandbox (the same policy as a fresh run's: limits, seccomp, its
 workspace) whose runner keeps its ``__main__`` namespace and event loop between runs. A run is
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,27 +20,14 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import grant_environment, sandbox_environment
-from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.placement import Shared, tool_mounts
 from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_uids import ReadyByUid
-from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.tools_view import ToolsView
-from mcp_sandbox.engine.verdict import (
-    STATE_LOST,
-    captured,
-    explain_file_size,
-    judge_session,
-    stopped_for_disk,
-    timed_out,
-)
 from mcp_sandbox.errors import BusyError
 
-__all__ = ["Lease", "SessionManager", "SessionPlacement"]
+__all__ = ["Lease", "SessionManager"]
 
 # How long closing a session (kill, then remove its scratch files) may hold up whoever waits for it.
 _CLOSE_SECONDS = 10.0
@@ -349,77 +335,3 @@ class SessionManager:
 async def _stop_on_exit(live: _Live) -> None:
     await live.interpreter.exited.wait()
     live.stop.set()
-
-
-class SessionPlacement:
-    """Runs a request in its session's interpreter (a :class:`~.placement.Placement`)."""
-
-    def __init__(self, settings: Settings, sessions: SessionManager, opener: Opener, shared: Shared) -> None:
-        self._settings = settings
-        self._sessions = sessions
-        self._opener = opener
-        self._shared = shared
-
-    def accepts(self, request: ExecutionRequest) -> bool:
-        """A Python run naming a session, where sessions are on; granted network only if sessions hold a relay.
-
-        JavaScript keeps no session: each of its runs is a fresh sandbox (on the conversation's workspace).
-        """
-        if request.session is None or not self._settings.sessions.sessions or request.language != "python":
-            return False
-        return request.egress is None or self._opener.session_relay
-
-    async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult:
-        """Run ``request`` in its session, starting the session's interpreter if it has none."""
-        assert request.session is not None
-        settings = self._settings
-        record = RunRecord.capped(settings.limits.max_output, request.on_output)
-        lease: Lease | None = None
-        overrun = Overrun(DiskBound.conversation(settings))
-        # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
-        # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
-        born = request.workspace is not None and not self._shared(request.workspace)
-        with anyio.move_on_after(request.timeout) as deadline:
-            async with (
-                self._sessions.lease(
-                    request.session, workspace=request.workspace, reset=request.reset, tenant=request.tenant, born=born
-                ) as lease,
-                disk_bound(request.workspace, overrun.bound) as overrun,
-            ):
-                try:
-                    await lease.tools.show(tool_mounts(request))
-                    lease.interpreter.take_own_output()  # what came between runs is no run's
-                    async with contextlib.AsyncExitStack() as network:
-                        run = request
-                        if request.egress is not None:
-                            await network.enter_async_context(self._opener.egress(request, lease.sockets))
-                            proxies = {**sandbox_environment(request.language), **grant_environment(request.egress)}
-                            environment = {**proxies, **request.environment}
-                            run = dataclasses.replace(request, environment=environment)
-                        file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
-                        guard = lease.first_guard()  # a session born of a zygote: its first run
-                        fork = request.fork_state if lease.new else None  # a fork's first run: its variables
-                        await lease.interpreter.run(
-                            record, run, last=False, file_size=file_size, guard=guard, state=fork
-                        )
-                finally:
-                    if not record.done or record.protocol_error is not None:
-                        # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
-                        await lease.discard()
-        if lease is None:  # the deadline passed while waiting for the session's previous run
-            result = captured(record, None, started)
-            return timed_out(
-                result, request, "it was still waiting for the session's previous run to finish; nothing ran", None
-            )
-        state: SessionState = "new" if lease.new else "kept"
-        result = dataclasses.replace(captured(record, lease.interpreter, started), session=state, forked=record.forked)
-        if overrun.reason is not None and overrun.stopped:
-            return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
-        if deadline.cancelled_caught:
-            return timed_out(
-                result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
-            )
-        judged = judge_session(settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
-        if overrun.reason is not None:
-            return stopped_for_disk(judged, overrun.reason, state, stopped=False)
-        return explain_file_size(settings, overrun, judged)
