@@ -161,7 +161,7 @@ postgres: ## Install Debian's postgresql for the metadata index's PostgreSQL tes
 	@bash scripts/install-system-deps.sh postgresql
 
 # The replicas' tests (tests/replicas) put three servers behind Debian's HAProxy running
-# deploy/haproxy.cfg (tests/replica_helpers.py starts it in the foreground, on loopback).
+# deploy/haproxy.cfg (tests/balancer_helpers.py starts it in the foreground, on loopback).
 haproxy: ## Install Debian's haproxy for the replicas' load-balancer tests
 	@bash scripts/install-system-deps.sh haproxy
 

@@ -9,7 +9,8 @@
 # involved: scripts/container_rootfs.py copies Debian's python3, bubblewrap, libseccomp (with
 # ldconfig, which ctypes uses to find it) and tini
 # with their dependencies into a root filesystem. Into it go
-#   /opt/mcp-sandbox/.venv           the server: this repository's wheel and its dependencies
+#   /opt/mcp-sandbox/.venv           the server: this repository's wheel and its dependencies,
+#                                    with the postgres and s3 extras
 #                                    (pip, from the package index pip is configured with)
 #   /opt/mcp-sandbox/.runtime/python the sandbox's Python runtime (a copy of .runtime/python)
 #   /opt/mcp-sandbox/.runtime/js     bun and deno (a copy of .runtime/js)
@@ -66,8 +67,11 @@ py_version="$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sy
 ln -sfn /usr/bin/python3 "$rootfs$prefix/.venv/bin/python3"
 ln -sfn python3 "$rootfs$prefix/.venv/bin/python"
 .venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" .
+# With the extras replicas use (database_url: psycopg; object_store_url: boto3): the Kubernetes
+# manifests run this image as replicas (docs/scaling.md).
+wheel="$(ls "$work"/wheels/*.whl)"
 .venv/bin/python -m pip install --quiet --no-warn-script-location --python-version "$py_version" \
-    --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$work"/wheels/*.whl
+    --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$wheel[postgres,s3]"
 /usr/bin/python3 -m compileall -q "$rootfs$prefix/.venv/lib/python$py_version/site-packages" || true
 mkdir -p "$rootfs/usr/local/bin"
 cat >"$rootfs/usr/local/bin/mcp-sandbox" <<EOF

@@ -139,6 +139,14 @@ def test_compose_has_the_options_the_test_runs_with() -> None:
     assert checked.returncode == 0 or "No module named 'yaml'" in checked.stderr, checked.stderr
 
 
+async def test_the_image_has_what_replicas_need(docker: None) -> None:
+    """database_url and object_store_url work in the image the Kubernetes manifests run."""
+    probe = "import boto3, psycopg; print(psycopg.pq.version() > 0, boto3.__name__)"
+    done = await _docker("run", "--rm", "--network", "none", "--entrypoint", "/opt/mcp-sandbox/.venv/bin/python",
+                         IMAGE, "-c", probe)  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "True boto3"), done.stderr
+
+
 async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(docker: None) -> None:
     port = free_port()
     name = f"mcp-sandbox-image-test-{uuid.uuid4().hex[:8]}"
