@@ -15,7 +15,7 @@ from typing import Any
 
 import mcp_types as types
 
-from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.replicas.refusals import refusal_of
 from mcp_sandbox.server.service import Service
 
 __all__ = ["forward_upload", "local_is_current"]
@@ -38,7 +38,8 @@ async def forward_upload(
     ``store`` stores it here if this replica takes the lease meanwhile (the owner went away).
 
     Raises:
-        WorkspaceError: the owner refused it (its message says why: quota, disk, ...).
+        WorkspaceError: the owner refused it (its message says why; a QuotaExceededError or a
+            DiskFullError when it was one, so the HTTP status is the owner's own).
     """
     router = service.router
     if router is None:
@@ -58,6 +59,6 @@ async def forward_upload(
     result = await router.call("upload_file", arguments, tenant, key, here)
     if result.is_error or result.structured_content is None:
         text = " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
-        raise WorkspaceError(text or "the replica running this conversation refused the upload")
+        raise refusal_of(result.meta, text or "the replica running this conversation refused the upload")
     stored = result.structured_content
     return {"name": stored["name"], "size": stored["size"], "url": stored.get("url")}

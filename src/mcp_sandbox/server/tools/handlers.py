@@ -18,6 +18,7 @@ from mcp_types import INVALID_PARAMS
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
 from mcp_sandbox.replicas.forward import FORWARDED_TOOLS
+from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
@@ -179,7 +180,9 @@ class ToolHandlers:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
             runner = service.settings.output_mode == "runner"
-            return _error_result(runner_error(str(exc)) if runner else str(exc))
+            refused = _error_result(runner_error(str(exc)) if runner else str(exc))
+            refused.meta = refusal_meta(exc)  # a forwarded HTTP upload answers the same status
+            return refused
         service.events.emit(FileStored(tenant, key, "tool", "ok", entry.size, time.perf_counter() - started))
         data = listed_file(service, key, entry)
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
