@@ -23,6 +23,7 @@ import httpx2
 import mcp_types as types
 
 from mcp_sandbox.replicas.leases import Leases
+from mcp_sandbox.replicas.restores import Restores
 from mcp_sandbox.replicas.signing import Verifier, sign
 
 __all__ = ["CALL_PATH", "FORWARDED_TOOLS", "STATE_LOST_NOTE", "Forwarder", "Moved", "Router", "error_result"]
@@ -115,7 +116,7 @@ class Router:
         self.verifier = verifier  # checks the calls other replicas forward here
         self.me = leases.table.me
         self._forwarder = forwarder
-        self._restore = restore
+        self._restores = Restores(restore)
         self._owners: dict[str, tuple[str, float]] = {}  # key: the owner a claim found, and until when
 
     def _remember(self, key: str, owner: str, expires: float) -> None:
@@ -126,9 +127,17 @@ class Router:
                 self._owners.clear()
         self._owners[key] = (owner, expires)
 
-    async def _here(self, key: str, local: Local, fresh: bool, lost: bool) -> types.CallToolResult:
-        if fresh:
-            await self._restore(key)
+    async def ready(self, key: str, epoch: int) -> None:
+        """Return once conversation ``key``'s files are here for lease ``epoch`` (see :mod:`.restores`).
+
+        Raises:
+            WorkspaceError: the restore failed.
+        """
+        self._restores.prune(self.leases.held)
+        await self._restores.ready(key, epoch)
+
+    async def _here(self, key: str, local: Local, epoch: int, lost: bool) -> types.CallToolResult:
+        await self.ready(key, epoch)
         result = await local()
         return _state_lost(result) if lost else result
 
@@ -151,7 +160,7 @@ class Router:
         for _ in range(_ATTEMPTS):
             claim = await self.leases.claim(key)
             if claim.mine:
-                return await self._here(key, local, claim.fresh, lost or claim.taken_over)
+                return await self._here(key, local, claim.epoch, lost or claim.taken_over)
             self._remember(key, claim.owner, claim.expires)
             try:
                 return await self._forwarder.forward(claim.owner, tool, arguments, tenant)
@@ -180,4 +189,4 @@ class Router:
         claim = await self.leases.claim(key)
         if not claim.mine:
             raise Moved(claim.owner)
-        return await self._here(key, local, claim.fresh, claim.taken_over)
+        return await self._here(key, local, claim.epoch, claim.taken_over)

@@ -123,7 +123,8 @@ class Service:
                 is removed again, so no conversation has a directory without its row.
         """
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
-        if not existed and self.mirror is not None:  # first seen here: another replica may have written it
+        # First seen here: another server of the store may have written it (replicas restore per lease).
+        if not existed and self.mirror is not None and self.router is None:
             await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:

@@ -281,8 +281,7 @@ def _upload(service: Service) -> Callable[[Request], Any]:
             claim = await router.leases.claim(key)
             if not claim.mine:  # another replica runs this conversation: the file goes there
                 return await forward_upload(service, store, tenant, conversation, filename, stream)
-            if claim.fresh:
-                await service.restore_files(key)
+            await router.ready(key, claim.epoch)
         workers = uploads.workers
         started = time.perf_counter()
         try:
