@@ -183,9 +183,8 @@ class RunArguments(ToolArguments):
         None, alias="conversationId", description="Keeps files and variables"
     )
     reset: bool = Field(False, description="Fresh interpreter")
-    fork_from: Annotated[str | None, AfterValidator(_conversation)] = Field(
-        None, alias="forkFrom", description="A conversationId to copy (files, variables) into the new conversationId"
-    )
+    # Undescribed: the name says it, and a misuse is refused with what it needs (see below).
+    fork_from: Annotated[str | None, AfterValidator(_conversation)] = Field(None, alias="forkFrom")
     servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
     timeout: float | None = Field(None, description="Seconds")  # schemas.py adds the context's maximum
     output_mode: OutputMode | None = Field(None, alias="outputMode")
@@ -256,7 +255,7 @@ class RunCodeArguments(RunArguments):
 
 class UploadFileArguments(ToolArguments):
     conversation: Annotated[str, AfterValidator(_conversation)] = Field(alias="conversationId")
-    filename: Annotated[str, AfterValidator(_filename)] = Field(description="Relative path")
+    filename: Annotated[str, AfterValidator(_filename)]  # a refusal says what a filename may be
     content: Annotated[bytes, BeforeValidator(_base64, json_schema_input_type=str)] = Field(description="Base64")
 
 

@@ -8,6 +8,7 @@ no defaults, ``"type": [..., "null"]`` rather than ``anyOf``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,10 +53,11 @@ RUN_OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 # The description names servers by alias (ASCII identifiers, what code writes after `mcp_`),
-# within a character budget, so that tools/list stays under 1,000 tokens however many servers
-# are configured and whatever their names.
-_NAMES_BUDGET = 20
-_MAX_NAME = 20
+# within a budget of tokens, so that tools/list stays under 1,000 tokens however many servers
+# are configured and whatever their names. A run of letters, of digits or one other character is
+# about a token ("server_12": 3, "x1x2q9z": 7); no tokenizer is needed for an estimate.
+_NAMES_BUDGET = 5
+_TOKEN = re.compile(r"[A-Za-z]+|[0-9]+|.")
 
 
 def _servers_line(aliases: Sequence[str]) -> str:
@@ -64,18 +66,17 @@ def _servers_line(aliases: Sequence[str]) -> str:
     shown: list[str] = []
     used = 0
     for alias in aliases:
-        if len(alias) > _MAX_NAME:
-            continue  # a cut name could not be called; the model finds it with search_tools
-        if used + len(alias) > _NAMES_BUDGET:
-            break
+        cost = len(_TOKEN.findall(alias)) + 1  # and its comma
+        if used + cost > _NAMES_BUDGET:
+            continue
         shown.append(alias)
-        used += len(alias) + 2
+        used += cost
     hidden = len(aliases) - len(shown)
-    listed = ", ".join(shown) + (f" and {hidden} more" if shown and hidden else "") if shown else f"({hidden})"
-    return (
-        f" Code can call MCP servers {listed}: name them in `servers`, then `await mcp_<server>.<tool>(...)`; "
-        "see search_tools."
-    )
+    servers = f"MCP servers {', '.join(shown)}" if shown else f"{hidden} MCP servers"
+    if shown and hidden:
+        servers += f" and {hidden} more"
+    # search_tools' own description says it finds what these servers offer.
+    return f" {servers}: list in `servers`, call `await mcp_<server>.<tool>(...)`."
 
 
 class _TerseSchema(GenerateJsonSchema):
@@ -152,10 +153,10 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
     return types.Tool(
         name="run_python",
         description=(
-            "Run Python 3 in a sandbox: "
+            "Python 3 in a sandbox: "
             + ("network if granted" if context.network else "no network")
             + ", only /workspace writable, limited memory/CPU/time. "
-            "Top-level await; numpy, pandas, matplotlib installed; plots return as images." + _servers_line(servers)
+            "Top-level await; numpy, pandas, matplotlib; plots become images." + _servers_line(servers)
         ),
         input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
@@ -190,7 +191,7 @@ def upload_file_tool(context: CallContext) -> types.Tool:
 def list_runners_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="list_runners",
-        description="Languages run_code accepts, with runtime versions and packages.",
+        description="run_code's languages, with versions and packages.",
         input_schema=input_schema(ListRunnersArguments, context),
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
