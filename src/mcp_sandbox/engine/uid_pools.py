@@ -14,15 +14,14 @@ sandboxes per language it ran. Every pool stops with the engine.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.per_uid import UidRegistry
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import DEFAULT_SIZES, PrestartPlacement, PrestartPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
@@ -48,10 +47,16 @@ class UidPools:
     warm: WarmPool
     prestart: PrestartPool
     placements: dict[str, Placement]
-    runs: int = 0  # runs of this uid in a placement of these pools now
-    used_at: float = field(default_factory=time.monotonic)  # when its last run ended
-    started: anyio.Event = field(default_factory=anyio.Event)
-    retired: anyio.Event = field(default_factory=anyio.Event)
+    zygotes: bool  # the backend keeps warm sandboxes
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Keep both pools for this block."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.zygotes:
+                await stack.enter_async_context(self.warm.running())
+            await stack.enter_async_context(self.prestart.running())
+            yield
 
 
 class PoolsByUid:
@@ -62,10 +67,11 @@ class PoolsByUid:
         self.settings = settings
         self._opener = opener
         self._zygotes = zygotes
-        self._tenant_settings = tenant_pool_settings(settings)
+        tenant_settings = tenant_pool_settings(settings)
         self.default = self._make(None, settings)
-        self._others: dict[int, UidPools] = {}
-        self._group: TaskGroup | None = None
+        self._others = UidRegistry(
+            lambda uid: self._make(uid, tenant_settings), UidPools.running, idle_for=tenant_settings.pool.pool_idle
+        )
 
     def _make(self, uid: int | None, pool_settings: Settings) -> UidPools:
         warm = WarmPool(pool_settings, self._opener, uid)
@@ -74,11 +80,11 @@ class PoolsByUid:
             "warm": WarmPlacement(self.settings, warm, zygotes=self._zygotes),
             "prestarted": PrestartPlacement(self.settings, prestart, zygotes=self._zygotes),
         }
-        return UidPools(uid, warm, prestart, placements)
+        return UidPools(uid, warm, prestart, placements, self._zygotes)
 
     def all(self) -> list[UidPools]:
         """Every uid's pools now, ``sandbox_uid``'s first (a copy: the metrics read it from a worker thread)."""
-        return [self.default, *list(self._others.values())]
+        return [self.default, *self._others.items()]
 
     def of(self, uid: int | None) -> UidPools | None:
         """The pools of ``uid`` (None: ``sandbox_uid``), if it has some now."""
@@ -107,17 +113,8 @@ class PoolsByUid:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[PoolsByUid]:
         """Keep ``sandbox_uid``'s pools for this block, and other uids' when they come; all stop on the way out."""
-        async with anyio.create_task_group() as group:
-            await group.start(self._keep, self.default)
-            if self._tenant_settings.pool.pool_idle > 0:
-                group.start_soon(self._retire_idle)
-            self._group = group
-            try:
-                yield self
-            finally:
-                self._group = None
-                self._others.clear()
-                group.cancel_scope.cancel()
+        async with self.default.running(), self._others.running():
+            yield self
 
     def placement(self, name: str) -> Placement:
         """The placement ``name`` (``warm``, ``prestarted``) of the pools of each run's tenant's uid."""
@@ -130,44 +127,18 @@ class PoolsByUid:
         Raises:
             SandboxStartError: the tenant is new and no uid can be given to it.
         """
-        uid = await self._opener.host_uid(tenant) if self._group is not None else None
-        if self._group is None:  # not running (or stopped meanwhile): the run starts its own sandbox
+        if not self._others.running_now:  # not running (or stopped meanwhile): the run starts its own sandbox
             yield None
             return
-        pools = self.default if uid is None else self._others.get(uid)
-        if pools is None:
-            assert uid is not None
-            pools = self._others[uid] = self._make(uid, self._tenant_settings)
-            self._group.start_soon(self._keep, pools)
-        pools.runs += 1
-        try:
-            with anyio.move_on_after(1.0):  # entering the pools starts nothing it waits for
-                await pools.started.wait()
-            yield pools
-        finally:
-            pools.runs -= 1
-            pools.used_at = time.monotonic()
-
-    async def _keep(self, pools: UidPools, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Run ``pools`` until they are retired (or the engine stops)."""
-        async with contextlib.AsyncExitStack() as stack:
-            if self._zygotes:
-                await stack.enter_async_context(pools.warm.running())
-            await stack.enter_async_context(pools.prestart.running())
-            pools.started.set()
-            task_status.started()
-            await pools.retired.wait()
-
-    async def _retire_idle(self) -> None:
-        """Retire the pools of each uid other than ``sandbox_uid`` no run has used for ``pool_idle``."""
-        idle_for = self.settings.pool.pool_idle
-        while True:
-            await anyio.sleep(min(idle_for / 2, 60.0))
-            now = time.monotonic()
-            for uid, pools in list(self._others.items()):
-                if pools.runs == 0 and now - pools.used_at >= idle_for:
-                    del self._others[uid]  # the uid's next run makes new ones
-                    pools.retired.set()
+        uid = await self._opener.host_uid(tenant)
+        if uid is None:
+            yield self.default
+            return
+        async with self._others.use(uid) as entry:
+            if entry is not None:
+                with anyio.move_on_after(1.0):  # entering the pools starts nothing it waits for
+                    await entry.started.wait()
+            yield None if entry is None else entry.item
 
 
 class _ByUid:
