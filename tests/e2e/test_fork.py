@@ -2,7 +2,8 @@
 
 Each test drives a whole service in this process over the SDK's in-memory pairing; the sandboxes
 are real. What one side writes after the fork (files, variables, /tmp, background processes) is
-checked from the other side.
+checked from the other side. test_fork_containers.py runs the ones that tell backends apart on
+podman and docker.
 """
 
 from __future__ import annotations

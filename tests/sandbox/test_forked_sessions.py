@@ -2,17 +2,13 @@
 
 The tests are the suite's own, collected here again with ``sandbox_kind`` "fork" (see
 ``harness.SandboxRunner.fork``): the fork's interpreter loads its source's variables, then the
-attack runs in it, and must see exactly what it sees in a sandbox started for the run. On bwrap
-only: the container backends' sessions were not attacked as forks in this round.
+attack runs in it, and must see exactly what it sees in a sandbox started for the run. On every
+backend, as the suite: on podman and docker the fork is a session container of its own.
 """
 
 from __future__ import annotations
 
 import pytest
-
-from container_helpers import backend_flags
-from mcp_sandbox.config import load_settings
-from mcp_sandbox.sandbox.backends import get_backend
 
 from .test_filesystem import (
     test_host_secrets_are_not_visible,
@@ -58,12 +54,3 @@ def sandbox_kind(request: pytest.FixtureRequest) -> str:
     """Every attack here runs as the first run of a forked session."""
     kind: str = request.param
     return kind
-
-
-@pytest.fixture(params=["bwrap"])
-def backend_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    probe = get_backend(name, load_settings(env={}, flags=backend_flags(name))).probe()
-    if not probe.available:
-        pytest.skip(f"backend {name} is unavailable here: {probe.reason}")
-    return name
