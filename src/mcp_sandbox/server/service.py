@@ -144,12 +144,7 @@ class Service:
         A listing the metadata database cannot record (a full disk) is still returned: the index
         is brought up to date by the next listing, and retention measures the disk anyway.
         """
-        listing = await anyio.to_thread.run_sync(self.workspaces.list_files, key)
-        try:
-            await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
-        except WorkspaceError as exc:
-            logger.warning("could not record a conversation's files in the metadata database: %s", exc)
-        return list(listing)
+        return await anyio.to_thread.run_sync(lambda: self.metadata.record_listing(key, self.workspaces.list_files))
 
     async def write_back(self, key: str) -> None:
         """Copy conversation ``key``'s changed files to the object store (no-op without one); call it
