@@ -97,6 +97,15 @@ class LeaseTable:
 
         return self._db.run(renew)
 
+    def live(self, now: float) -> set[str]:
+        """The keys of the leases some replica holds at ``now`` (neither expired nor given back).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT key FROM leases WHERE expires > ?", (now,)), write=False)
+        return {str(key) for (key,) in rows}
+
     def release(self, held: dict[str, tuple[int, float]]) -> None:
         """Give back the leases ``held`` (key: epoch and the expiry this replica last set) that are
         still ours and not renewed since (a claim racing the release keeps its lease).
@@ -151,6 +160,15 @@ class Leases:
     def holds(self, key: str) -> bool:
         """Whether this replica holds ``key``'s lease (as far as it knows: a claim asks the database)."""
         return key in self._held
+
+    def live(self) -> set[str]:
+        """The conversations some replica holds the lease of now: in use there (blocks: call it from a
+        worker thread).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        return self.table.live(time.time())
 
     @contextlib.contextmanager
     def calling(self, key: str) -> Iterator[None]:

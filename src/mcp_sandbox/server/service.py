@@ -207,10 +207,15 @@ class Service:
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
-        """Apply the retention policy now; conversations with a live session or run are spared."""
+        """Apply the retention policy now; conversations in use here, or leased by any replica, are spared."""
         forget = None if self.mirror is None else self.mirror.forget
+        try:
+            leased = set() if self.router is None else await anyio.to_thread.run_sync(self.router.leases.live)
+        except WorkspaceError as exc:
+            logger.warning("retention skipped: the conversations other replicas use cannot be read: %s", exc)
+            return
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self), forget)
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self, leased), forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -223,11 +228,12 @@ class _Busy(Collection[str]):
     event loop, which owns the sessions and the in-use counts.
     """
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, leased: set[str]) -> None:
         self._service = service
+        self._leased = leased
 
     def _snapshot(self) -> set[str]:
-        return set(self._service.engine.live_sessions()) | set(self._service.in_use)
+        return set(self._service.engine.live_sessions()) | set(self._service.in_use) | self._leased
 
     def _keys(self) -> set[str]:
         return anyio.from_thread.run_sync(self._snapshot)
