@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import psycopg
 import pytest
 
 from mcp_sandbox import load_settings
@@ -83,6 +84,33 @@ async def test_uploads_and_run_outputs_are_in_the_store_before_the_answer_and_ag
         ((indexed_bytes, indexed_files),) = db.execute("SELECT bytes, files FROM conversations").fetchall()
     stored = _files(s3_endpoint, url)
     assert (indexed_bytes, indexed_files) == (sum(len(body) for body in stored.values()), len(stored))
+
+
+async def test_concurrent_first_uploads_of_a_conversation_leave_every_file_in_the_store_and_the_index(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    # The first requests of a conversation each restored it from the store, the later ones removing
+    # files the earlier ones had stored and not yet written back; and an upload's listing, recorded
+    # after another upload's newer one, made the index lose a file (issue 37).
+    url, conversation, count, database = store_url(), new_conversation(), 16, postgres.create_database()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_TENANT_UPLOADS=str(count), MCP_SANDBOX_DATABASE_URL=database)
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        replies: list[int] = []
+
+        async def send(index: int) -> None:
+            replies.append((await upload(base, ALICE, conversation, f"f{index}.bin", bytes(100 + index))).status_code)
+
+        with anyio.fail_after(CALL_BOUND):
+            async with anyio.create_task_group() as group:
+                for index in range(count):
+                    group.start_soon(send, index)
+        assert replies == [201] * count
+        stored = _files(s3_endpoint, url)
+        assert sorted(stored) == sorted(f"f{index}.bin" for index in range(count))
+        expected = (sum(len(body) for body in stored.values()), count)
+        with psycopg.connect(database, autocommit=True) as db:
+            assert db.execute("SELECT bytes, files FROM conversations").fetchall() == [expected]
+            assert db.execute("SELECT sum(size), count(*) FROM files").fetchall() == [expected]
 
 
 async def test_a_run_that_changes_nothing_uploads_nothing_and_deleted_files_leave_the_store(

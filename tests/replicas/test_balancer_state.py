@@ -4,9 +4,9 @@ Three replicas behind deploy/haproxy.cfg share PostgreSQL and SeaweedFS: files w
 any of them are seen by all and their signed links open anywhere; a conversation's variables
 follow it across replicas; a ``kill -9`` of its owner costs the variables (``stateLost``) and
 nothing acknowledged; a rolling restart loses no file and no link; concurrent uploads through
-two replicas cannot pass a conversation's quota (first, on fresh replicas, where a race
-remains: see its xfail). One set serves the module; the tests that kill or restart replicas run last and
-leave every replica running.
+two replicas cannot pass a conversation's quota, nor leave the index counting less than the store
+holds (first, on fresh replicas). One set serves the module; the tests that kill or restart
+replicas run last and leave every replica running.
 """
 
 from __future__ import annotations
@@ -120,14 +120,6 @@ def stored(s3_endpoint: str, replicas: ReplicaSet, conversation: str) -> dict[st
     return {name: body for name, body in objects(s3_endpoint, replicas.store_url).items() if key in name}
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "a remaining race: with restores once per lease epoch (replicas/restores.py) this passed 12 of "
-        "13 runs (before: 4 to 6 of 8 uploads stored on fresh replicas, every run); the cause of the "
-        "last failure is not found yet"
-    ),
-)
 async def test_concurrent_uploads_through_two_replicas_cannot_pass_the_quota(
     replicated: ReplicaSet, s3_endpoint: str
 ) -> None:

@@ -101,6 +101,50 @@ async def test_leases_no_session_uses_are_given_back_and_the_others_renewed(meta
     assert not other.claim(used, time.time(), ttl).mine
 
 
+async def test_a_lease_whose_call_waits_for_its_restore_is_kept_until_the_call_ends(metadata: Metadata) -> None:
+    # Given back while the call waited for its restore (nothing marked the conversation active
+    # yet), the lease went to another replica and both stored files, each within its own view
+    # of the quota (issue 37).
+    async def fence(key: str) -> None:
+        raise AssertionError("nothing is fenced")
+
+    restoring, restored = anyio.Event(), anyio.Event()
+
+    async def restore(key: str) -> None:
+        restoring.set()
+        await restored.wait()
+
+    async def local() -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text="ran")])
+
+    ttl = 3.0
+    leases = Leases(LeaseTable(metadata.database, A), ttl, fence, set)  # no session, no work marked
+    forwarder = Forwarder(A, b"k" * 32, 5.0)
+    router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
+    results: list[types.CallToolResult] = []
+
+    async def call() -> None:
+        results.append(await router.call("upload_file", {}, "default", KEY, local))
+
+    try:
+        with anyio.fail_after(ttl * 5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call)
+                await restoring.wait()
+                await anyio.sleep(ttl / 3)  # the claim is old enough for an idle lease to be given back
+                await leases.tick()
+                assert leases.held == {KEY}
+                assert not LeaseTable(metadata.database, B).claim(KEY, time.time(), ttl).mine
+                restored.set()
+    finally:
+        await forwarder.aclose()
+
+    assert [result.is_error for result in results] == [False]
+    await anyio.sleep(ttl / 3)
+    await leases.tick()  # the call has ended: now it is idle, and given back
+    assert leases.held == set()
+
+
 @pytest.fixture
 def own_cluster() -> Iterator[Cluster]:
     with postgres_cluster() as cluster:

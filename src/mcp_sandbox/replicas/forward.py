@@ -149,6 +149,12 @@ class Router:
         Raises:
             WorkspaceError: the database cannot be reached (the lease cannot be claimed).
         """
+        with self.leases.calling(key):
+            return await self._call(tool, arguments, tenant, key, local)
+
+    async def _call(
+        self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
+    ) -> types.CallToolResult:
         lost = False
         known = self._owners.get(key)
         if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
@@ -186,7 +192,8 @@ class Router:
             if self.leases.holds(key):
                 return await local()
             raise Moved(self.me)
-        claim = await self.leases.claim(key)
-        if not claim.mine:
-            raise Moved(claim.owner)
-        return await self._here(key, local, claim.epoch, claim.taken_over)
+        with self.leases.calling(key):
+            claim = await self.leases.claim(key)
+            if not claim.mine:
+                raise Moved(claim.owner)
+            return await self._here(key, local, claim.epoch, claim.taken_over)

@@ -14,9 +14,11 @@ state is lost) from one given back.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -95,6 +97,15 @@ class LeaseTable:
 
         return self._db.run(renew)
 
+    def live(self, now: float) -> set[str]:
+        """The keys of the leases some replica holds at ``now`` (neither expired nor given back).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        rows = self._db.run(lambda tx: tx.query("SELECT key FROM leases WHERE expires > ?", (now,)), write=False)
+        return {str(key) for (key,) in rows}
+
     def release(self, held: dict[str, tuple[int, float]]) -> None:
         """Give back the leases ``held`` (key: epoch and the expiry this replica last set) that are
         still ours and not renewed since (a claim racing the release keeps its lease).
@@ -139,6 +150,7 @@ class Leases:
         self._active = active
         self._held: dict[str, _Held] = {}
         self._releasing: set[str] = set()  # given back by the tick now: a claim asks the database
+        self._calls: collections.Counter[str] = collections.Counter()  # see calling()
 
     @property
     def held(self) -> set[str]:
@@ -148,6 +160,32 @@ class Leases:
     def holds(self, key: str) -> bool:
         """Whether this replica holds ``key``'s lease (as far as it knows: a claim asks the database)."""
         return key in self._held
+
+    def live(self) -> set[str]:
+        """The conversations some replica holds the lease of now: in use there (blocks: call it from a
+        worker thread).
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        return self.table.live(time.time())
+
+    @contextlib.contextmanager
+    def calling(self, key: str) -> Iterator[None]:
+        """Keep ``key``'s lease, once claimed, for the block: a call that claims it, waits for its
+        restore and then does its work.
+
+        Only the work marks the conversation active: a lease claimed by a call still waiting for
+        its restore looked idle, and the tick gave it back; another replica then took it and stored
+        files beside this one, each checking the quota against its own copy (issue 37).
+        """
+        self._calls[key] += 1
+        try:
+            yield
+        finally:
+            self._calls[key] -= 1
+            if not self._calls[key]:
+                del self._calls[key]
 
     async def claim(self, key: str) -> Claim:
         """Claim ``key`` (see :meth:`LeaseTable.claim`); a lease another replica now holds is fenced here.
@@ -179,7 +217,7 @@ class Leases:
     async def tick(self) -> None:
         """One round of :meth:`keep`."""
         now = time.time()
-        active = self._active()
+        active = self._active() | set(self._calls)
         idle = {k: h for k, h in self._held.items() if k not in active and h.claimed < now - self.ttl / 3}
         busy = {k: h.epoch for k, h in self._held.items() if k not in idle}
         renewed: set[str] | None = None

@@ -163,17 +163,39 @@ class Mirror:
             WorkspaceError: the directory cannot be made or written, or the store refused.
         """
         with self._lock(key):
-            remote = {item.name: item for item in self.objects.list(self._under(key))}
-            if not remote and not self._workspaces.directory(key).is_dir():
-                return Changes()  # a new conversation: no directory made for nothing
+            return self._restore_key(key, tenant)
+
+    def restore_new(self, key: str, tenant: str | None) -> Changes:
+        """:meth:`restore` conversation ``key`` unless this server has its directory already, then
+        make the directory; one caller at a time per conversation.
+
+        Concurrent first requests of a conversation each found no directory and each restored: a
+        later restore removed, as extras the store lacked, files an earlier request had stored
+        meanwhile and not yet written back (acknowledged files lost, and their room in the quota
+        given again).
+
+        Raises:
+            WorkspaceError: see :meth:`restore`.
+        """
+        with self._lock(key):
+            if self._workspaces.directory(key).is_dir():
+                return Changes()
+            changes = self._restore_key(key, tenant)
             self._workspaces.ensure(key, tenant)
-            root = self._open_root(key)
-            if root is None:
-                raise WorkspaceError("the conversation's workspace vanished while it was restored")
-            try:
-                return self._restore(root, self._under(key), self._manifest_path(key), remote)
-            finally:
-                os.close(root)
+            return changes
+
+    def _restore_key(self, key: str, tenant: str | None) -> Changes:
+        remote = {item.name: item for item in self.objects.list(self._under(key))}
+        if not remote and not self._workspaces.directory(key).is_dir():
+            return Changes()  # a new conversation: no directory made for nothing
+        self._workspaces.ensure(key, tenant)
+        root = self._open_root(key)
+        if root is None:
+            raise WorkspaceError("the conversation's workspace vanished while it was restored")
+        try:
+            return self._restore(root, self._under(key), self._manifest_path(key), remote)
+        finally:
+            os.close(root)
 
     def _restore(self, root: int, under: str, manifest_path: Path, remote: dict[str, StoredObject]) -> Changes:
         manifest = self._load(manifest_path)

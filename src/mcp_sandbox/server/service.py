@@ -125,7 +125,7 @@ class Service:
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
         # First seen here: another server of the store may have written it (replicas restore per lease).
         if not existed and self.mirror is not None and self.router is None:
-            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
+            await anyio.to_thread.run_sync(self.mirror.restore_new, key, tenant)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
@@ -144,12 +144,7 @@ class Service:
         A listing the metadata database cannot record (a full disk) is still returned: the index
         is brought up to date by the next listing, and retention measures the disk anyway.
         """
-        listing = await anyio.to_thread.run_sync(self.workspaces.list_files, key)
-        try:
-            await anyio.to_thread.run_sync(self.metadata.record_files, key, listing)
-        except WorkspaceError as exc:
-            logger.warning("could not record a conversation's files in the metadata database: %s", exc)
-        return list(listing)
+        return await anyio.to_thread.run_sync(lambda: self.metadata.record_listing(key, self.workspaces.list_files))
 
     async def write_back(self, key: str) -> None:
         """Copy conversation ``key``'s changed files to the object store (no-op without one); call it
@@ -212,10 +207,15 @@ class Service:
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
-        """Apply the retention policy now; conversations with a live session or run are spared."""
+        """Apply the retention policy now; conversations in use here, or leased by any replica, are spared."""
         forget = None if self.mirror is None else self.mirror.forget
+        try:
+            leased = set() if self.router is None else await anyio.to_thread.run_sync(self.router.leases.live)
+        except WorkspaceError as exc:
+            logger.warning("retention skipped: the conversations other replicas use cannot be read: %s", exc)
+            return
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self), forget)
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self, leased), forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -228,11 +228,12 @@ class _Busy(Collection[str]):
     event loop, which owns the sessions and the in-use counts.
     """
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, leased: set[str]) -> None:
         self._service = service
+        self._leased = leased
 
     def _snapshot(self) -> set[str]:
-        return set(self._service.engine.live_sessions()) | set(self._service.in_use)
+        return set(self._service.engine.live_sessions()) | set(self._service.in_use) | self._leased
 
     def _keys(self) -> set[str]:
         return anyio.from_thread.run_sync(self._snapshot)

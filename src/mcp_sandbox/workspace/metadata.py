@@ -13,8 +13,10 @@ database newer than this code is refused rather than guessed at.
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +27,8 @@ from mcp_sandbox.workspace.files import FileEntry, Usage
 from mcp_sandbox.workspace.schema import MIGRATIONS
 
 __all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,8 @@ class Metadata:
 
             self._db = PostgresDatabase(database_url)
         self._sql = self._db.dialect
+        self._guard = threading.Lock()
+        self._listings: dict[str, tuple[threading.Lock, int]] = {}  # key: its lock and how many use it
 
     @classmethod
     def open(cls, path: Path, database_url: str | None = None) -> Metadata:
@@ -150,6 +156,36 @@ class Metadata:
             )
 
         self._db.run(record)
+
+    def record_listing(self, key: str, list_files: Callable[[str], Iterable[FileEntry]]) -> list[FileEntry]:
+        """List conversation ``key``'s files with ``list_files(key)`` and :meth:`record_files` them;
+        return the listing, also when the database refused it (logged: the next listing records).
+
+        One listing and its record at a time per conversation: two uploads each listing and
+        recording afterwards interleaved, and the one that listed first, recording last, replaced
+        the index's count with a listing that lacked the other's file (issue 37).
+
+        Raises:
+            WorkspaceError: the workspace cannot be listed.
+        """
+        with self._guard:
+            lock, users = self._listings.get(key, (threading.Lock(), 0))
+            self._listings[key] = (lock, users + 1)
+        try:
+            with lock:
+                listing = list(list_files(key))
+                try:
+                    self.record_files(key, listing)
+                except WorkspaceError as exc:
+                    logger.warning("could not record a conversation's files in the metadata database: %s", exc)
+                return listing
+        finally:
+            with self._guard:
+                users = self._listings[key][1] - 1
+                if users:
+                    self._listings[key] = (lock, users)
+                else:
+                    del self._listings[key]
 
     def record_file_within_quota(self, key: str, entry: FileEntry, quota_bytes: int, quota_files: int) -> bool:
         """Record ``entry`` (new, or replacing the file of its name) in conversation ``key`` if its

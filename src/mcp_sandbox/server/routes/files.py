@@ -277,11 +277,18 @@ def _upload(service: Service) -> Callable[[Request], Any]:
     ) -> dict[str, Any]:
         """Store one file; ``declared``: the body's Content-Length, reserved against the quota at once."""
         key = service.workspaces.key(tenant, conversation)
-        if (router := service.router) is not None:
+        if (router := service.router) is None:
+            return await store_here(tenant, conversation, key, filename, stream, declared)
+        with router.leases.calling(key):  # the lease is kept from the claim until the file is stored
             claim = await router.leases.claim(key)
             if not claim.mine:  # another replica runs this conversation: the file goes there
                 return await forward_upload(service, store, tenant, conversation, filename, stream)
             await router.ready(key, claim.epoch)
+            return await store_here(tenant, conversation, key, filename, stream, declared)
+
+    async def store_here(
+        tenant: str, conversation: str, key: str, filename: str, stream: AsyncIterator[bytes], declared: int
+    ) -> dict[str, Any]:
         workers = uploads.workers
         started = time.perf_counter()
         try:
