@@ -171,3 +171,15 @@ async def test_a_call_the_caller_cancels_closes_its_connection_so_the_replica_st
             after = await peers.post(running.url, b"next", HEADERS)
     assert after.status == 200
     assert running.connections == 2
+
+
+async def test_a_body_larger_than_a_chunk_arrives_whole_and_the_connection_is_kept() -> None:
+    body = bytes(range(256)) * (3 * 4096 + 7)  # 3 MiB and more: a forwarded upload
+    async with peer() as running, client() as peers:
+        with anyio.fail_after(BOUND):
+            large = await peers.post(running.url, body, HEADERS)
+            small = await peers.post(running.url, b"small", HEADERS)
+
+    assert (large.status, small.status) == (200, 200)
+    assert running.requests == [body, b"small"]
+    assert running.connections == 1

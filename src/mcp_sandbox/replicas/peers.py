@@ -3,11 +3,12 @@
 h11 on anyio's TCP streams rather than httpx2 or its httpcore2: the hop posts one JSON body to
 a known peer and reads one answer, and the general clients' layers (URL and header models,
 auth and redirect steps, the pool's locks and events) cost more CPU than the round trip itself
-(bench/README.md, ``forward.py``). What they do that matters here is kept: connections are
-pooled per peer; an idle one is reused only while younger than ``idle`` (less than the peer's
-keep-alive, so the peer does not close it under a request) and not closed by the peer meanwhile
-(a readable idle socket is closed or broken); https peers get httpx2's TLS context. A request
-that fails once sent is not retried: the peer may have run it (:class:`Broken`).
+(docs/performance.md, forwarding between replicas). What they do that matters here is kept:
+connections are pooled per peer; an idle one is reused only while younger than ``idle`` (less
+than the peer's keep-alive, so the peer does not close it under a request) and not closed by the
+peer meanwhile (a readable idle socket is closed or broken); a large body is sent in chunks;
+https peers get httpx2's TLS context. A request that fails once sent is not retried: the peer
+may have run it (:class:`Broken`).
 """
 
 from __future__ import annotations
@@ -138,8 +139,15 @@ class Peers:
             request = http.send(h11.Request(method="POST", target=target, headers=head)) or b""
             # One deadline for the exchange: the answer starts once the call has run, then comes at once.
             with anyio.fail_after(self._read_timeout):
-                await stream.send(b"".join((request, http.send(h11.Data(data=body)) or b"")))
+                http.send_with_data_passthrough(h11.Data(data=body))  # the body itself, sent below
                 http.send(h11.EndOfMessage())
+                if len(body) <= _CHUNK:
+                    await stream.send(request + body)  # one write: one segment, one wake-up of the peer
+                else:  # a forwarded upload: in chunks, never copied whole
+                    await stream.send(request)
+                    view = memoryview(body)
+                    for offset in range(0, len(body), _CHUNK):
+                        await stream.send(bytes(view[offset : offset + _CHUNK]))
                 status = 0
                 parts: list[bytes] = []
                 while True:
