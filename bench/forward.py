@@ -10,13 +10,17 @@ client connection kept alive per replica. Wall time per call, median and p95 in 
 the overhead is the difference of the medians. For scale, a ``GET /healthz`` on the owner each
 round: one bare HTTP round trip through the same stack (uvicorn and httpx2, both on h11 here),
 which a forwarded call adds once; and the same request written by hand on a kept-alive socket,
-which tells the client library's share from the server's.
+which tells the client library's share from the server's. ``--baseline SRC`` also starts a
+pair of replicas from another source tree (say, ``git archive main src | tar -x -C /tmp/main``),
+its rounds interleaved with these, so that a change is compared with what it replaces under the
+same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import statistics
@@ -69,35 +73,45 @@ def quantiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-async def main(rounds: int, warmup: int) -> None:
+async def main(rounds: int, warmup: int, baseline: Path | None) -> None:
     print(f"{platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, Python {platform.python_version()}")
     runtime = RUNTIME if (RUNTIME / "bin" / "python3").exists() else None
-    samples: dict[str, list[float]] = {"direct": [], "forwarded": [], "bare": [], "raw": []}
+    names = ("direct", "forwarded", "bare", "raw", "baseline direct", "baseline forwarded")
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    conversation = "bench-forward"
     with postgres_cluster() as cluster:
         url = cluster.create_database()
-        async with replicas(2, url, runtime, MCP_SANDBOX_LOG_LEVEL="WARNING") as (owner, other):
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=60) as to_owner,
-                httpx2.AsyncClient(headers=headers, timeout=60) as to_other,
-            ):
-                conversation = "bench-forward"
+        async with contextlib.AsyncExitStack() as stack:
+            pairs = []  # (prefix, the owner's URL and client, the other's URL and client)
+            for prefix, source in (("", None), ("baseline ", baseline)):
+                if prefix and source is None:
+                    continue
+                env = {"MCP_SANDBOX_LOG_LEVEL": "WARNING"} | ({"PYTHONPATH": str(source)} if source else {})
+                database = cluster.create_database() if prefix else url
+                owner, other = await stack.enter_async_context(replicas(2, database, runtime, **env))
+                to_owner = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=60))
+                to_other = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=60))
                 await timed(to_owner, owner.url, conversation)  # the owner takes the lease
-                host = owner.url.split("//", 1)[1]
-                reader, writer = await asyncio.open_connection(*host.split(":"))
-                for n in range(warmup + rounds):
-                    here = await timed(to_owner, owner.url, conversation)
-                    there = await timed(to_other, other.url, conversation)
-                    started = time.perf_counter()
-                    (await to_owner.get(f"{owner.url}/healthz")).raise_for_status()
-                    bare = (time.perf_counter() - started) * 1000
-                    raw = await raw_health(reader, writer, host)
+                pairs.append((prefix, owner.url, to_owner, other.url, to_other))
+            _, owner_url, to_owner, _, _ = pairs[0]
+            host = owner_url.split("//", 1)[1]
+            reader, writer = await asyncio.open_connection(*host.split(":"))
+            for n in range(warmup + rounds):
+                for prefix, here_url, here_web, there_url, there_web in pairs[:: 1 if n % 2 else -1]:
+                    here = await timed(here_web, here_url, conversation)
+                    there = await timed(there_web, there_url, conversation)
                     if n >= warmup:
-                        samples["direct"].append(here)
-                        samples["forwarded"].append(there)
-                        samples["bare"].append(bare)
-                        samples["raw"].append(raw)
-                writer.close()
+                        samples[f"{prefix}direct"].append(here)
+                        samples[f"{prefix}forwarded"].append(there)
+                started = time.perf_counter()
+                (await to_owner.get(f"{owner_url}/healthz")).raise_for_status()
+                bare = (time.perf_counter() - started) * 1000
+                raw = await raw_health(reader, writer, host)
+                if n >= warmup:
+                    samples["bare"].append(bare)
+                    samples["raw"].append(raw)
+            writer.close()
     print(f"print(1) in one conversation, {rounds} calls each ({warmup} warm-up), milliseconds")
     print(f"  {'':<48} {'median':>8} {'p95':>8}")
     rows = (
@@ -111,11 +125,19 @@ async def main(rounds: int, warmup: int) -> None:
         print(f"  {label:<48} {median:8.2f} {p95:8.2f}")
     overhead = statistics.median(samples["forwarded"]) - statistics.median(samples["direct"])
     print(f"  {'overhead of forwarding (difference of medians)':<48} {overhead:8.2f}")
+    if baseline is not None:
+        print(f"the same at the same time, replicas from {baseline}")
+        for label, name in (("direct", "baseline direct"), ("forwarded", "baseline forwarded")):
+            median, p95 = quantiles(samples[name])
+            print(f"  {label:<48} {median:8.2f} {p95:8.2f}")
+        before = statistics.median(samples["baseline forwarded"]) - statistics.median(samples["baseline direct"])
+        print(f"  {'overhead of forwarding (difference of medians)':<48} {before:8.2f}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--baseline", type=Path, help="a source tree's src/ to run a second pair of replicas from")
     options = parser.parse_args()
-    anyio.run(main, options.rounds, options.warmup)
+    anyio.run(main, options.rounds, options.warmup, options.baseline)

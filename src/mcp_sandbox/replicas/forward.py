@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import httpx2
 import mcp_types as types
 
 from mcp_sandbox.replicas.leases import Leases
+from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
 from mcp_sandbox.replicas.restores import Restores
 from mcp_sandbox.replicas.signing import Verifier, sign
 
@@ -63,19 +63,18 @@ def _state_lost(result: types.CallToolResult) -> types.CallToolResult:
 
 
 class Forwarder:
-    """Posts calls to other replicas: one HTTP/1.1 client, its connections kept alive, for the server's life."""
+    """Posts calls to other replicas on kept-alive HTTP/1.1 connections (:mod:`.peers`), for the server's life.
 
-    def __init__(self, me: str, key: bytes, read_timeout: float) -> None:
+    ``idle``: how long an idle connection is kept for the next call (less than the replicas' keep-alive).
+    """
+
+    def __init__(self, me: str, key: bytes, read_timeout: float, idle: float = 2.5) -> None:
         self._me = me
         self._key = key
-        self._client = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(read_timeout, connect=_CONNECT_SECONDS),
-            limits=httpx2.Limits(max_keepalive_connections=32, keepalive_expiry=30.0),
-            trust_env=False,
-        )
+        self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._peers.aclose()
 
     async def forward(
         self, owner: str, tool: str, arguments: dict[str, Any] | None, tenant: str
@@ -87,23 +86,23 @@ class Forwarder:
         """
         body = json.dumps({"to": owner, "from": self._me, "tool": tool, "tenant": tenant, "arguments": arguments})
         content = body.encode("utf-8")
-        headers = {"content-type": "application/json", **sign(self._key, content, time.time())}
+        headers = [("content-type", "application/json"), *sign(self._key, content, time.time()).items()]
         try:
-            reply = await self._client.post(owner.rstrip("/") + CALL_PATH, content=content, headers=headers)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            reply = await self._peers.post(owner.rstrip("/") + CALL_PATH, content, headers)
+        except Unreachable as exc:
             raise _Unreachable(str(exc)) from exc
-        except httpx2.HTTPError as exc:
+        except PeerError as exc:
             logger.error("the replica %s stopped answering a forwarded %s call: %s", owner, tool, exc)
             return error_result(
                 "the replica running this conversation stopped answering during the call: the code may or may not"
                 " have run, and the interpreter's state (variables, imports) is lost; the workspace's files are kept"
             )
-        if reply.status_code == 409:
+        if reply.status == 409:
             raise Moved(owner)
-        if reply.status_code != 200:
-            logger.error("the replica %s refused a forwarded %s call: HTTP %d", owner, tool, reply.status_code)
+        if reply.status != 200:
+            logger.error("the replica %s refused a forwarded %s call: HTTP %d", owner, tool, reply.status)
             return error_result("the replica running this conversation refused the call (the server's log says why)")
-        return types.CallToolResult.model_validate_json(reply.content)
+        return types.CallToolResult.model_validate_json(reply.body)
 
 
 class Router:

@@ -38,7 +38,9 @@ async def open_replica(
     ttl = settings.http.replica_lease
     leases = Leases(LeaseTable(database, me), ttl, fence, active)
     key = derive_key(secret, FORWARD_KEY)
-    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK)
+    # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
+    idle = settings.http.keep_alive_timeout / 2
+    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle)
     try:
         yield Router(leases, forwarder, Verifier(key), restore)
     finally:

@@ -8,6 +8,7 @@ names the replica it is for, so it cannot be replayed at another.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 
@@ -18,8 +19,17 @@ SIGNATURE_HEADER = "x-mcp-sandbox-signature"
 WINDOW = 30.0
 
 
+@functools.lru_cache(maxsize=4)
+def _keyed(key: bytes) -> hmac.HMAC:
+    """The HMAC state after ``key``, computed once per key and copied per request."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
 def _mac(key: bytes, stamp: str, body: bytes) -> str:
-    return hmac.new(key, stamp.encode("ascii") + b"\n" + body, hashlib.sha256).hexdigest()
+    mac = _keyed(key).copy()
+    mac.update(stamp.encode("ascii") + b"\n")
+    mac.update(body)
+    return mac.hexdigest()
 
 
 def sign(key: bytes, body: bytes, now: float) -> dict[str, str]:
