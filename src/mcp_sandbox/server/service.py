@@ -54,7 +54,7 @@ from mcp_sandbox.workspace import (
     load_secret,
     sweep,
 )
-from mcp_sandbox.workspace.runner_data import RunnerData
+from mcp_sandbox.workspace.runner_data import RunnerData, import_runner_data
 from mcp_sandbox.workspace.shared_secret import load_shared_secret
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
@@ -283,38 +283,6 @@ async def _sweep_periodically(service: Service) -> None:
         await anyio.sleep(service.settings.workspaces.retention_interval)
 
 
-def _import_runner_data(settings: Settings, layout: StateLayout, store: WorkspaceStore) -> RunnerData | None:
-    """The earlier code runner's data when its ``SANDBOX_ROOT`` and ``FILE_SECRET`` are set, imported now."""
-    root, secret = settings.workspaces.runner_data, settings.workspaces.runner_secret
-    if root is None or secret is None:
-        if root is not None or secret is not None:
-            logger.warning("SANDBOX_ROOT and FILE_SECRET are needed together to import the earlier runner's data")
-        return None
-    data = RunnerData(root, secret, layout.runner_import, store)
-    imported = data.import_all()
-    fresh = [item for item in imported if not item.already]
-    for item in fresh:
-        logger.info(
-            "imported the earlier runner's conversation %s: %d files, %d bytes, %d skipped (not regular files)",
-            item.digest,
-            item.files,
-            item.bytes,
-            item.skipped,
-        )
-    # At WARNING, the default level: the operator sees that the data was taken over.
-    logger.warning(
-        "the earlier runner's data in %s: %d conversations imported now (%d files, %d bytes, %d skipped), %d before;"
-        " each joins its conversation when tenant default first names it",
-        root,
-        len(fresh),
-        sum(i.files for i in fresh),
-        sum(i.bytes for i in fresh),
-        sum(i.skipped for i in fresh),
-        len(imported) - len(fresh),
-    )
-    return data
-
-
 @contextlib.asynccontextmanager
 async def open_service(
     settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
@@ -370,7 +338,13 @@ async def open_service(
         ):
             service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
             service.mirror, service.secret = mirror, secret
-            service.runner_data = await anyio.to_thread.run_sync(_import_runner_data, settings, layout, workspaces)
+            service.runner_data = await anyio.to_thread.run_sync(
+                import_runner_data,
+                settings.workspaces.runner_data,
+                settings.workspaces.runner_secret,
+                layout.runner_import,
+                workspaces,
+            )
             service.metrics = Metrics(service.gauges, service.stored)
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)

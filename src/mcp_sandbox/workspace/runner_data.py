@@ -29,7 +29,7 @@ from mcp_sandbox.workspace.files import OpenFile, open_file_in
 from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.store import WorkspaceStore
 
-__all__ = ["Imported", "RunnerData"]
+__all__ = ["Imported", "RunnerData", "import_runner_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +172,40 @@ class RunnerData:
             except OSError as exc:
                 raise WorkspaceError("no such file") from exc
         return open_file_in(root, name)
+
+
+def import_runner_data(
+    root: Path | None, secret: str | None, holding: Path, store: WorkspaceStore
+) -> RunnerData | None:
+    """The earlier code runner's data when its ``SANDBOX_ROOT`` and ``FILE_SECRET`` are set, imported now.
+
+    Raises:
+        WorkspaceError: ``root`` cannot be read, or a copy cannot be written.
+    """
+    if root is None or secret is None:
+        if root is not None or secret is not None:
+            logger.warning("SANDBOX_ROOT and FILE_SECRET are needed together to import the earlier runner's data")
+        return None
+    data = RunnerData(root, secret, holding, store)
+    imported = data.import_all()
+    fresh = [item for item in imported if not item.already]
+    for item in fresh:
+        logger.info(
+            "imported the earlier runner's conversation %s: %d files, %d bytes, %d skipped (not regular files)",
+            item.digest,
+            item.files,
+            item.bytes,
+            item.skipped,
+        )
+    # At WARNING, the default level: the operator sees that the data was taken over.
+    logger.warning(
+        "the earlier runner's data in %s: %d conversations imported now (%d files, %d bytes, %d skipped), %d before;"
+        " each joins its conversation when tenant default first names it",
+        root,
+        len(fresh),
+        sum(i.files for i in fresh),
+        sum(i.bytes for i in fresh),
+        sum(i.skipped for i in fresh),
+        len(imported) - len(fresh),
+    )
+    return data
