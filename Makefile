@@ -285,10 +285,11 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas)
+bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
+	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/fork.py
 	$(BIN)/python bench/js_latency.py
 	$(BIN)/python bench/runner_cpu.py

@@ -52,7 +52,8 @@ def quantiles(samples: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), at(0.95), at(0.99)
 
 
-def server(state_dir: Path, ready: str) -> StdioServerParameters:
+def server(state_dir: Path, ready: str, **env: str) -> StdioServerParameters:
+    """``serve`` over stdio with ``session_ready`` set to ``ready``; ``env`` adds or overrides variables."""
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)],
@@ -63,6 +64,7 @@ def server(state_dir: Path, ready: str) -> StdioServerParameters:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             # The sources under test, when given (the SDK passes only a few variables on).
             **{name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ},
+            **env,
         },
     )
 
