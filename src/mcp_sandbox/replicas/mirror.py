@@ -131,6 +131,8 @@ class Mirror:
             if manifest.get(name, (-1, -1, ""))[:2] != (info.st_size, info.st_mtime_ns)
         ]
         gone = [name for name in manifest if name not in local]
+        if not changed and not gone:
+            return Changes()  # the manifest stays as it is: rewriting it is most of a write-back's cost
 
         def upload(item: tuple[str, os.stat_result]) -> tuple[str, tuple[int, int, str]] | None:
             name, info = item
@@ -190,8 +192,13 @@ class Mirror:
         fetched = {item.name for item in wanted}
         fresh: Manifest = {name: entry for name, entry in manifest.items() if name in remote and name not in fetched}
 
+        try:
+            staging = os.open(self._staging, DIR_FLAGS)
+        except OSError as exc:
+            raise disk_error(exc, "cannot restore the workspace") from exc
+
         def download(item: StoredObject) -> tuple[str, tuple[int, int, str]]:
-            return item.name, self._download(under, root, item.name, owner)
+            return item.name, self._download(under, root, staging, item.name, owner)
 
         try:
             for name, entry in self.objects.parallel(download, wanted):
@@ -199,42 +206,44 @@ class Mirror:
             for name in extras:
                 _unlink_in(root, name)
         finally:
+            os.close(staging)
             self._save(manifest_path, fresh)
         return Changes(len(wanted), sum(item.size for item in wanted), len(extras))
 
-    def _download(self, under: str, root: int, name: str, owner: tuple[int, int] | None) -> tuple[int, int, str]:
+    def _download(
+        self, under: str, root: int, staging: int, name: str, owner: tuple[int, int] | None
+    ) -> tuple[int, int, str]:
         """Fetch object ``name`` into the workspace (a temporary file in ``uploads/`` renamed into place)."""
         try:
             check_filename(name)
         except ValidationError as exc:
             raise WorkspaceError(f"the object store holds a file under an unacceptable name: {exc}") from None
-        staging = os.open(self._staging, DIR_FLAGS)
         temporary = f"{os.getpid()}-{secrets.token_hex(12)}"
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(temporary, flags, 0o600, dir_fd=staging)
-            try:
-                with os.fdopen(os.dup(fd), "wb") as into:
-                    etag = self.objects.get(under + name, into)
-                os.fchmod(fd, 0o600)
-                if owner is not None:
-                    os.fchown(fd, *owner)
-                parent = open_parent(root, name, create=True, owner=owner)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=staging), "wb") as into:
+                renamed = False
                 try:
-                    os.rename(temporary, name.rsplit("/", 1)[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                    etag = self.objects.get(under + name, into)
+                    into.flush()
+                    os.fchmod(into.fileno(), 0o600)
+                    if owner is not None:
+                        os.fchown(into.fileno(), *owner)
+                    parent = open_parent(root, name, create=True, owner=owner)
+                    try:
+                        os.rename(temporary, name.rsplit("/", 1)[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                        renamed = True
+                    finally:
+                        os.close(parent)
+                    info = os.fstat(into.fileno())
                 finally:
-                    os.close(parent)
-                info = os.fstat(fd)
-            finally:
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temporary, dir_fd=staging)
+                    if not renamed:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(temporary, dir_fd=staging)
         except FileNotFoundError:
             raise WorkspaceError(f"{name}: removed from the object store while it was restored") from None
         except OSError as exc:
             raise disk_error(exc, f"{name}: cannot restore the file") from exc
-        finally:
-            os.close(staging)
         return info.st_size, info.st_mtime_ns, etag
 
     # --- a tenant's library (saved tools and memories) ---
