@@ -2,7 +2,8 @@
 
 Real ``serve --transport http`` processes: what a run writes and what an upload stores is in the
 store before the answer; a run that changes nothing uploads nothing and a deleted file leaves the
-store; two replicas (their own state directories, one PostgreSQL database, one store) see the
+store; what a session writes after its run answered reaches the store while it is idle and
+when the server stops; two replicas (their own state directories, one PostgreSQL database, one store) see the
 same files and serve each other's signed links.
 """
 
@@ -28,6 +29,7 @@ from mcp_test_helpers import (
     http_client,
     http_server,
     new_conversation,
+    poll,
     run_over_http,
     upload,
 )
@@ -201,3 +203,45 @@ async def test_a_store_gone_mid_service_refuses_uploads_and_warns_in_run_results
         data = await run_over_http(base, ALICE, "open('out.txt', 'w').write('x')", conversationId=conversation)
         assert data["status"] == "success"
         assert data["warning"]  # the answer says its files were not saved
+
+
+# A run that leaves a thread behind, writing a file some seconds after the run has answered.
+_LATE_WRITER = """
+import threading, time
+def later():
+    time.sleep(4)
+    with open('late.txt.part', 'w') as out:
+        out.write('written after the answer')
+    __import__('os').rename('late.txt.part', 'late.txt')
+threading.Thread(target=later, daemon=True).start()
+print('started')
+"""
+
+
+async def test_what_a_session_writes_after_its_run_answered_reaches_the_store_while_idle(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url, conversation = store_url(), new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1s")
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        data = await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        assert data["stdout"] == "started\n"
+        assert "late.txt" not in _files(s3_endpoint, url)  # not written yet when the run answered
+        # No further call: the idle write-back takes it to the store.
+        with anyio.fail_after(60):
+            await poll(lambda: "late.txt" in _files(s3_endpoint, url), interval=0.25)
+        assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
+async def test_what_a_session_wrote_since_the_last_write_back_is_stored_when_the_server_stops(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url, conversation = store_url(), new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1h")  # no pass before the stop
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        with anyio.fail_after(60):
+            await poll(lambda: any((state_dir / "workspaces").glob("*/late.txt")), interval=0.25)
+        assert "late.txt" not in _files(s3_endpoint, url)
+    # SIGTERM: the sessions are closed, then what they left is written back before the server exits.
+    assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
