@@ -3,12 +3,14 @@
 Real ``serve --transport http`` processes: what a run writes and what an upload stores is in the
 store before the answer; a run that changes nothing uploads nothing and a deleted file leaves the
 store; what a session writes after its run answered reaches the store while it is idle and
-when the server stops; two replicas (their own state directories, one PostgreSQL database, one store) see the
-same files and serve each other's signed links.
+when the server stops; two replicas (their own state directories, one PostgreSQL database, one
+store) see the same files and serve each other's signed links, and the earlier runner's links
+of files adopted through one of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import uuid
 from pathlib import Path
@@ -245,3 +247,37 @@ async def test_what_a_session_wrote_since_the_last_write_back_is_stored_when_the
         assert "late.txt" not in _files(s3_endpoint, url)
     # SIGTERM: the sessions are closed, then what they left is written back before the server exits.
     assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
+async def test_the_earlier_runners_links_download_through_a_replica_that_never_held_the_files(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    token, secret, conversation = "runner-token-0123456789abcdef", "the-runners-file-secret", new_conversation()
+    root = tmp_path / "sandbox-root"  # the earlier runner's data, on the first replica's disk only
+    digest = hashlib.sha256((conversation + secret).encode()).hexdigest()
+    (root / digest / "sub").mkdir(parents=True)
+    (root / digest / "data.csv").write_bytes(b"name,age\nAlice,30\n")
+    (root / digest / "sub" / "note.txt").write_bytes(b"nested")
+    url = store_url()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_DATABASE_URL=postgres.create_database(), MCP_API_TOKEN=token)
+    runner = {"SANDBOX_ROOT": str(root), "FILE_SECRET": secret}
+    async with (
+        http_server(state_dir, env={**env, **runner}, runtime=sandbox_runtime) as first,
+        http_server(state_dir.with_name("two"), env=env, runtime=sandbox_runtime) as second,
+    ):
+        # The conversation's first call adopts the runner's files on the first replica.
+        data = await run_over_http(first, token, "print(open('data.csv').read())", conversationId=conversation)
+        assert data["stdout"] == "name,age\nAlice,30\n\n"
+        async with bearer_web(None) as web:
+            with anyio.fail_after(CALL_BOUND):
+                there = await web.get(f"{second}/files/{digest}/data.csv")
+                nested = await web.get(f"{second}/files/{digest}/sub/note.txt")
+                ranged = await web.get(f"{second}/files/{digest}/data.csv", headers={"Range": "bytes=0-3"})
+                missing = await web.get(f"{second}/files/{digest}/nothing.txt")
+                unknown = await web.get(f"{second}/files/{'0' * 64}/data.csv")
+                climbing = await web.get(f"{second}/files/{digest}/..%2F..%2Fsecret")
+    assert (there.status_code, there.content) == (200, b"name,age\nAlice,30\n")
+    assert (nested.status_code, nested.content) == (200, b"nested")
+    assert (ranged.status_code, ranged.content) == (206, b"name")
+    assert (missing.status_code, unknown.status_code) == (404, 404)
+    assert climbing.status_code in (403, 404)  # refused before the route, or by it

@@ -7,15 +7,18 @@ without reading any file. :meth:`Mirror.restore` makes the local directory equal
 copy: it downloads what is missing or differs and removes local extras. What is mirrored is what
 the listing serves (and the metadata index counts): regular files under acceptable names, read
 and written through the no-follow helpers of :mod:`mcp_sandbox.workspace.files`, so a run's
-symlinks lead nowhere; restored files are the tenant's host uid's, as uploads are. Transfers run
-in parallel on the store's threads; the methods block (call them from a worker thread).
+symlinks lead nowhere; restored files are the tenant's host uid's, as uploads are. The earlier
+runner's links name their conversation at ``prefix/runner-links/<digest>``. Transfers run in
+parallel on the store's threads; the methods block (call them from a worker thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -30,6 +33,8 @@ from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_parent
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
 __all__ = ["Changes", "Mirror"]
+
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a conversation's directory
 
 # name -> (size, st_mtime_ns, ETag): what the store holds for the local file of that size and mtime.
 Manifest = dict[str, tuple[int, int, str]]
@@ -319,6 +324,33 @@ class Mirror:
             raise
         return OpenFile(fd=fd, name=name, size=os.fstat(fd).st_size, mtime=time.time())
 
+    # --- the earlier code runner's permanent links ---
+
+    def record_link(self, digest: str, key: str) -> None:
+        """Record that the earlier runner's links ``/files/{digest}/…`` are now conversation ``key``'s
+        files (its data adopted here), so every replica can serve them from the store.
+
+        Raises:
+            WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
+        """
+        self._workspaces.directory(key)  # checks the key's form
+        self.objects.put(_link(digest), key.encode("ascii"))
+
+    def linked(self, digest: str) -> str | None:
+        """The conversation whose files the runner's links ``/files/{digest}/…`` are, if one was recorded.
+
+        Raises:
+            WorkspaceError: ``digest`` is not of its form, the store refused, or holds no key there.
+        """
+        into = io.BytesIO()
+        try:
+            self.objects.get(_link(digest), into)
+        except FileNotFoundError:
+            return None
+        key = into.getvalue().decode("ascii", errors="replace")
+        self._workspaces.directory(key)  # checks the key's form
+        return key
+
     def forget(self, key: str) -> None:
         """Delete conversation ``key``'s objects and manifest (retention, a deleted conversation).
 
@@ -332,6 +364,12 @@ class Mirror:
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too
+
+
+def _link(digest: str) -> str:
+    if not _DIGEST_RE.match(digest):
+        raise WorkspaceError("not a link of the earlier runner")
+    return f"runner-links/{digest}"
 
 
 def _open_in(root: int, name: str) -> OpenFile:
