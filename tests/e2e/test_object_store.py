@@ -235,6 +235,28 @@ async def test_what_a_session_writes_after_its_run_answered_reaches_the_store_wh
         assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
 
 
+async def test_idle_write_backs_outlive_a_store_that_is_down_and_catch_up_once_it_is_back(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    name = f"idle-{uuid.uuid4().hex[:12]}"
+    bucket(s3_endpoint, name, exists=True)
+    url, conversation = f"s3://{name}/p", new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1s")
+    log = tmp_path / "server.log"
+    config = str(_config(tmp_path))
+    async with http_server(state_dir, "--config", config, env=env, runtime=sandbox_runtime, log_path=log) as base:
+        await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        bucket(s3_endpoint, name, exists=False)  # the store refuses every write-back from now on
+        with anyio.fail_after(60):
+            await poll(lambda: "idle write-back to the object store failed" in log.read_text(errors="replace"))
+        # The server goes on serving, and the file waits on its disk for the store.
+        assert (await run_over_http(base, ALICE, "print(6 * 7)"))["stdout"] == "42\n"
+        bucket(s3_endpoint, name, exists=True)
+        with anyio.fail_after(60):
+            await poll(lambda: "late.txt" in _files(s3_endpoint, url), interval=0.25)
+    assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
 async def test_what_a_session_wrote_since_the_last_write_back_is_stored_when_the_server_stops(
     tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
 ) -> None:
