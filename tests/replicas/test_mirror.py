@@ -3,6 +3,7 @@ and sandboxed code's symlinks followed by neither."""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,3 +139,15 @@ def test_a_restore_brings_back_every_file_byte_for_byte_whatever_its_size(
         assert (directory / name).read_bytes() == content, name
         assert (directory / name).stat().st_mode & 0o777 == 0o600
     assert mirror.write_back(key) == Changes()  # the restored files are what the store holds
+
+
+def test_a_missing_object_is_file_not_found_and_the_next_reads_are_whole(mirror: Mirror) -> None:
+    store = mirror.objects
+    store.put("probe/present.bin", b"p" * 70_000)
+    for _ in range(3):  # the same pooled connection serves the refusals and the reads after them
+        with pytest.raises(FileNotFoundError):
+            store.get("probe/absent.bin", io.BytesIO())
+        into = io.BytesIO(b"left from before")
+        into.seek(0, io.SEEK_END)
+        assert store.get("probe/present.bin", into)
+        assert into.getvalue() == b"left from before" + b"p" * 70_000

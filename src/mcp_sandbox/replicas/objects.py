@@ -184,17 +184,24 @@ class ObjectStore:
         request = AWSRequest(method="GET", url=url).prepare()
         request.stream_output = True
         reply = self._http.send(request)
+        raw, whole = reply.raw, False
         try:
             etag, length = reply.headers.get("ETag"), reply.headers.get("Content-Length")
             if reply.status_code != 200 or etag is None or length is None:
+                raw.drain_conn()  # an error's short body: the connection stays usable
+                whole = True
                 return None
             received = 0
-            for chunk in reply.raw.stream(_CHUNK, decode_content=False):
+            for chunk in raw.stream(_CHUNK, decode_content=False):
                 into.write(chunk)
                 received += len(chunk)
-            return etag if received == int(length) else None  # urllib3 is told not to check it
+            whole = received == int(length)  # urllib3 is told not to check it
+            return etag if whole else None
         finally:
-            reply.raw.release_conn()
+            if whole:
+                raw.release_conn()
+            else:  # unread or torn: a connection with bytes left in it must not serve another GET
+                raw.close()
 
     def list(self, under: str) -> list[StoredObject]:
         """Every object whose name starts with ``under`` (names relative to ``under``).
