@@ -327,13 +327,13 @@ class Mirror:
     # --- the earlier code runner's permanent links ---
 
     def record_link(self, digest: str, key: str) -> None:
-        """Record that the earlier runner's links ``/files/{digest}/…`` are now conversation ``key``'s
-        files (its data adopted here), so every replica can serve them from the store.
+        """Write back conversation ``key`` (the earlier runner's data just adopted into it) and record
+        that the runner's links ``/files/{digest}/…`` are its files, so every replica serves them.
 
         Raises:
             WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
         """
-        self._workspaces.directory(key)  # checks the key's form
+        self.write_back(key)
         self.objects.put(_link(digest), key.encode("ascii"))
 
     def linked(self, digest: str) -> str | None:

@@ -138,12 +138,8 @@ class Service:
         if conversation is not None and self.runner_data is not None:
             adopted = await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
             if adopted and self.mirror is not None:  # its old links answer through every replica
-                digest = self.runner_data.digest(conversation)
-                try:
-                    await self.write_back(key)
-                    await anyio.to_thread.run_sync(self.mirror.record_link, digest, key)
-                except WorkspaceError as exc:
-                    logger.warning("the earlier runner's links of a conversation stay on this replica: %s", exc)
+                with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
+                    await anyio.to_thread.run_sync(self.mirror.record_link, self.runner_data.digest(conversation), key)
         return directory
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
