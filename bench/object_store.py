@@ -11,6 +11,9 @@ directly, so the figures are the store's and the mirror's, not a run's:
   directory and the manifest), over the 100 x 1 MB workspace.
 - **write-back, 1 MB written**: one of those files rewritten with new content before each one.
 
+Each line gives the wall time, the CPU time of this process (the mirror and boto3) and of the
+store's process: on a busy machine the wall time follows the load, the CPU times do not.
+
 Usage: ``.venv/bin/python bench/object_store.py [--runs N]``.
 """
 
@@ -38,14 +41,36 @@ from s3_helpers import s3_env, s3_server, store_url  # noqa: E402
 MB = 1 << 20
 
 
-def _median_ms(runs: int, before: Callable[[], object], measured: Callable[[], object]) -> float:
-    times = []
+def _store_cpu() -> float:
+    """CPU seconds the store (``weed``, a child of this process) has used."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == os.getpid():  # its parent
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _median_ms(runs: int, before: Callable[[], object], measured: Callable[[], object]) -> tuple[float, float, float]:
+    """Medians of the wall time, this process's CPU time and the store's CPU time, in ms."""
+    times: list[tuple[float, float, float]] = []
     for _ in range(runs):
         before()
-        started = time.perf_counter()
+        store = _store_cpu()  # before the clocks start: reading /proc is not the mirror's cost
+        started, cpu = time.perf_counter(), time.process_time()
         measured()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        wall, here = time.perf_counter() - started, time.process_time() - cpu
+        times.append((wall, here, _store_cpu() - store))
+    wall, here, store = (statistics.median(column) * 1000 for column in zip(*times, strict=True))
+    return wall, here, store
+
+
+def _print(label: str, ms: tuple[float, float, float], form: str) -> None:
+    wall, here, store = ms
+    print(f"{label:44}{wall:>7{form}} ms{here:>7{form}} ms{store:>8{form}} ms")
 
 
 def main() -> None:
@@ -63,7 +88,7 @@ def main() -> None:
         objects.check()
         mirror = Mirror(objects, store)
         try:
-            print(f"{'':44}{'median':>10}")
+            print(f"{'':44}{'wall':>10}{'CPU here':>10}{'CPU store':>11}  (medians)")
             for count, size in ((100, MB), (1000, 100 << 10)):
                 key = store.key("bench", f"restore-{count}")
                 directory = store.ensure(key)
@@ -78,16 +103,15 @@ def main() -> None:
                 def restore(key: str = key) -> None:
                     mirror.restore(key, None)
 
-                ms = _median_ms(args.runs, forget, restore)
                 label = f"restore {count} x {size // 1024} KB ({count * size / MB:.0f} MB)"
-                print(f"{label:44}{ms:>8.0f} ms")
+                _print(label, _median_ms(args.runs, forget, restore), ".0f")
 
             key = store.key("bench", "restore-100")
             ms = _median_ms(args.runs * 4, lambda: None, lambda: mirror.write_back(key))
-            print(f"{'write-back, nothing changed (100 files)':44}{ms:>8.1f} ms")
+            _print("write-back, nothing changed (100 files)", ms, ".1f")
             target = store.directory(key) / "f0000.bin"
             ms = _median_ms(args.runs * 4, lambda: target.write_bytes(os.urandom(MB)), lambda: mirror.write_back(key))
-            print(f"{'write-back, 1 MB written (100 files)':44}{ms:>8.1f} ms")
+            _print("write-back, 1 MB written (100 files)", ms, ".1f")
         finally:
             objects.close()
 

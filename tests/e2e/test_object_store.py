@@ -2,12 +2,15 @@
 
 Real ``serve --transport http`` processes: what a run writes and what an upload stores is in the
 store before the answer; a run that changes nothing uploads nothing and a deleted file leaves the
-store; two replicas (their own state directories, one PostgreSQL database, one store) see the
-same files and serve each other's signed links.
+store; what a session writes after its run answered reaches the store while it is idle and
+when the server stops; two replicas (their own state directories, one PostgreSQL database, one
+store) see the same files and serve each other's signed links, and the earlier runner's links
+of files adopted through one of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import uuid
 from pathlib import Path
@@ -29,6 +32,7 @@ from mcp_test_helpers import (
     http_client,
     http_server,
     new_conversation,
+    poll,
     run_over_http,
     upload,
 )
@@ -229,3 +233,101 @@ async def test_a_store_gone_mid_service_refuses_uploads_and_warns_in_run_results
         data = await run_over_http(base, ALICE, "open('out.txt', 'w').write('x')", conversationId=conversation)
         assert data["status"] == "success"
         assert data["warning"]  # the answer says its files were not saved
+
+
+# A run that leaves a thread behind, writing a file some seconds after the run has answered.
+_LATE_WRITER = """
+import threading, time
+def later():
+    time.sleep(4)
+    with open('late.txt.part', 'w') as out:
+        out.write('written after the answer')
+    __import__('os').rename('late.txt.part', 'late.txt')
+threading.Thread(target=later, daemon=True).start()
+print('started')
+"""
+
+
+async def test_what_a_session_writes_after_its_run_answered_reaches_the_store_while_idle(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url, conversation = store_url(), new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1s")
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        data = await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        assert data["stdout"] == "started\n"
+        assert "late.txt" not in _files(s3_endpoint, url)  # not written yet when the run answered
+        # No further call: the idle write-back takes it to the store.
+        with anyio.fail_after(60):
+            await poll(lambda: "late.txt" in _files(s3_endpoint, url), interval=0.25)
+        assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
+async def test_idle_write_backs_outlive_a_store_that_is_down_and_catch_up_once_it_is_back(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    name = f"idle-{uuid.uuid4().hex[:12]}"
+    bucket(s3_endpoint, name, exists=True)
+    url, conversation = f"s3://{name}/p", new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1s")
+    log = tmp_path / "server.log"
+    config = str(_config(tmp_path))
+    async with http_server(state_dir, "--config", config, env=env, runtime=sandbox_runtime, log_path=log) as base:
+        await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        bucket(s3_endpoint, name, exists=False)  # the store refuses every write-back from now on
+        with anyio.fail_after(60):
+            await poll(lambda: "idle write-back to the object store failed" in log.read_text(errors="replace"))
+        # The server goes on serving, and the file waits on its disk for the store.
+        assert (await run_over_http(base, ALICE, "print(6 * 7)"))["stdout"] == "42\n"
+        bucket(s3_endpoint, name, exists=True)
+        with anyio.fail_after(60):
+            await poll(lambda: "late.txt" in _files(s3_endpoint, url), interval=0.25)
+    assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
+async def test_what_a_session_wrote_since_the_last_write_back_is_stored_when_the_server_stops(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url, conversation = store_url(), new_conversation()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_WRITE_BACK_INTERVAL="1h")  # no pass before the stop
+    async with http_server(state_dir, "--config", str(_config(tmp_path)), env=env, runtime=sandbox_runtime) as base:
+        await run_over_http(base, ALICE, _LATE_WRITER, conversationId=conversation)
+        with anyio.fail_after(60):
+            await poll(lambda: any((state_dir / "workspaces").glob("*/late.txt")), interval=0.25)
+        assert "late.txt" not in _files(s3_endpoint, url)
+    # SIGTERM: the sessions are closed, then what they left is written back before the server exits.
+    assert _files(s3_endpoint, url)["late.txt"] == b"written after the answer"
+
+
+async def test_the_earlier_runners_links_download_through_a_replica_that_never_held_the_files(
+    tmp_path: Path, state_dir: Path, s3_endpoint: str, postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    token, secret, conversation = "runner-token-0123456789abcdef", "the-runners-file-secret", new_conversation()
+    root = tmp_path / "sandbox-root"  # the earlier runner's data, on the first replica's disk only
+    digest = hashlib.sha256((conversation + secret).encode()).hexdigest()
+    (root / digest / "sub").mkdir(parents=True)
+    (root / digest / "data.csv").write_bytes(b"name,age\nAlice,30\n")
+    (root / digest / "sub" / "note.txt").write_bytes(b"nested")
+    url = store_url()
+    env = _server_env(s3_endpoint, url, MCP_SANDBOX_DATABASE_URL=postgres.create_database(), MCP_API_TOKEN=token)
+    runner = {"SANDBOX_ROOT": str(root), "FILE_SECRET": secret}
+    async with (
+        http_server(state_dir, env={**env, **runner}, runtime=sandbox_runtime) as first,
+        http_server(state_dir.with_name("two"), env=env, runtime=sandbox_runtime) as second,
+    ):
+        # The conversation's first call adopts the runner's files on the first replica.
+        data = await run_over_http(first, token, "print(open('data.csv').read())", conversationId=conversation)
+        assert data["stdout"] == "name,age\nAlice,30\n\n"
+        async with bearer_web(None) as web:
+            with anyio.fail_after(CALL_BOUND):
+                there = await web.get(f"{second}/files/{digest}/data.csv")
+                nested = await web.get(f"{second}/files/{digest}/sub/note.txt")
+                ranged = await web.get(f"{second}/files/{digest}/data.csv", headers={"Range": "bytes=0-3"})
+                missing = await web.get(f"{second}/files/{digest}/nothing.txt")
+                unknown = await web.get(f"{second}/files/{'0' * 64}/data.csv")
+                climbing = await web.get(f"{second}/files/{digest}/..%2F..%2Fsecret")
+    assert (there.status_code, there.content) == (200, b"name,age\nAlice,30\n")
+    assert (nested.status_code, nested.content) == (200, b"nested")
+    assert (ranged.status_code, ranged.content) == (206, b"name")
+    assert (missing.status_code, unknown.status_code) == (404, 404)
+    assert climbing.status_code in (403, 404)  # refused before the route, or by it

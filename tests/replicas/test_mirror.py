@@ -3,6 +3,7 @@ and sandboxed code's symlinks followed by neither."""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +114,40 @@ def test_a_new_conversation_restores_to_nothing_and_makes_no_directory(
 ) -> None:
     assert mirror.restore(key, "alice") == Changes()
     assert not _workspace(settings, key).exists()
+
+
+def test_a_restore_brings_back_every_file_byte_for_byte_whatever_its_size(
+    mirror: Mirror, settings: Settings, key: str
+) -> None:
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    contents = {f"f{size}.bin": os.urandom(size) for size in (0, 1, 65_537, 3 << 20)}
+    contents |= {f"many/{number:03}.txt": f"file {number}\n".encode() for number in range(200)}
+    for name, content in contents.items():
+        (directory / name).parent.mkdir(exist_ok=True)
+        (directory / name).write_bytes(content)
+    mirror.write_back(key)
+    manifest = settings.paths.state_dir / "mirror" / f"{key}.json"
+    before = manifest.stat().st_mtime_ns
+    assert mirror.write_back(key) == Changes()
+    assert manifest.stat().st_mtime_ns == before  # nothing changed: not even the manifest rewritten
+
+    for name in contents:
+        (directory / name).unlink()
+    assert mirror.restore(key, "alice").transferred == len(contents)
+    for name, content in contents.items():
+        assert (directory / name).read_bytes() == content, name
+        assert (directory / name).stat().st_mode & 0o777 == 0o600
+    assert mirror.write_back(key) == Changes()  # the restored files are what the store holds
+
+
+def test_a_missing_object_is_file_not_found_and_the_next_reads_are_whole(mirror: Mirror) -> None:
+    store = mirror.objects
+    store.put("probe/present.bin", b"p" * 70_000)
+    for _ in range(3):  # the same pooled connection serves the refusals and the reads after them
+        with pytest.raises(FileNotFoundError):
+            store.get("probe/absent.bin", io.BytesIO())
+        into = io.BytesIO(b"left from before")
+        into.seek(0, io.SEEK_END)
+        assert store.get("probe/present.bin", into)
+        assert into.getvalue() == b"left from before" + b"p" * 70_000

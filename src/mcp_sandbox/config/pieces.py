@@ -135,6 +135,15 @@ class PathSettings:
         ),
         check=object_store_url,
     )
+    write_back_interval: float = setting(
+        30.0,
+        (
+            "With `object_store_url`: how often what a conversation's session changes between calls "
+            "(its background processes) is written back to the store, and once more when the session ends."
+        ),
+        check=duration,
+        unit=DURATION,
+    )
     data_dir: Path = computed(
         lambda: default_data_dir(os.environ),
         "Where `mcp-sandbox setup` builds the sandbox's runtimes (`python/`, `js/`).",

@@ -7,15 +7,18 @@ without reading any file. :meth:`Mirror.restore` makes the local directory equal
 copy: it downloads what is missing or differs and removes local extras. What is mirrored is what
 the listing serves (and the metadata index counts): regular files under acceptable names, read
 and written through the no-follow helpers of :mod:`mcp_sandbox.workspace.files`, so a run's
-symlinks lead nowhere; restored files are the tenant's host uid's, as uploads are. Transfers run
-in parallel on the store's threads; the methods block (call them from a worker thread).
+symlinks lead nowhere; restored files are the tenant's host uid's, as uploads are. The earlier
+runner's links name their conversation at ``prefix/runner-links/<digest>``. Transfers run in
+parallel on the store's threads; the methods block (call them from a worker thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -30,6 +33,8 @@ from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_parent
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
 __all__ = ["Changes", "Mirror"]
+
+_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a conversation's directory
 
 # name -> (size, st_mtime_ns, ETag): what the store holds for the local file of that size and mtime.
 Manifest = dict[str, tuple[int, int, str]]
@@ -131,6 +136,8 @@ class Mirror:
             if manifest.get(name, (-1, -1, ""))[:2] != (info.st_size, info.st_mtime_ns)
         ]
         gone = [name for name in manifest if name not in local]
+        if not changed and not gone:
+            return Changes()  # the manifest stays as it is: rewriting it is most of a write-back's cost
 
         def upload(item: tuple[str, os.stat_result]) -> tuple[str, tuple[int, int, str]] | None:
             name, info = item
@@ -212,8 +219,13 @@ class Mirror:
         fetched = {item.name for item in wanted}
         fresh: Manifest = {name: entry for name, entry in manifest.items() if name in remote and name not in fetched}
 
+        try:
+            staging = os.open(self._staging, DIR_FLAGS)
+        except OSError as exc:
+            raise disk_error(exc, "cannot restore the workspace") from exc
+
         def download(item: StoredObject) -> tuple[str, tuple[int, int, str]]:
-            return item.name, self._download(under, root, item.name, owner)
+            return item.name, self._download(under, root, staging, item.name, owner)
 
         try:
             for name, entry in self.objects.parallel(download, wanted):
@@ -221,42 +233,44 @@ class Mirror:
             for name in extras:
                 _unlink_in(root, name)
         finally:
+            os.close(staging)
             self._save(manifest_path, fresh)
         return Changes(len(wanted), sum(item.size for item in wanted), len(extras))
 
-    def _download(self, under: str, root: int, name: str, owner: tuple[int, int] | None) -> tuple[int, int, str]:
+    def _download(
+        self, under: str, root: int, staging: int, name: str, owner: tuple[int, int] | None
+    ) -> tuple[int, int, str]:
         """Fetch object ``name`` into the workspace (a temporary file in ``uploads/`` renamed into place)."""
         try:
             check_filename(name)
         except ValidationError as exc:
             raise WorkspaceError(f"the object store holds a file under an unacceptable name: {exc}") from None
-        staging = os.open(self._staging, DIR_FLAGS)
         temporary = f"{os.getpid()}-{secrets.token_hex(12)}"
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(temporary, flags, 0o600, dir_fd=staging)
-            try:
-                with os.fdopen(os.dup(fd), "wb") as into:
-                    etag = self.objects.get(under + name, into)
-                os.fchmod(fd, 0o600)
-                if owner is not None:
-                    os.fchown(fd, *owner)
-                parent = open_parent(root, name, create=True, owner=owner)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=staging), "wb") as into:
+                renamed = False
                 try:
-                    os.rename(temporary, name.rsplit("/", 1)[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                    etag = self.objects.get(under + name, into)
+                    into.flush()
+                    os.fchmod(into.fileno(), 0o600)
+                    if owner is not None:
+                        os.fchown(into.fileno(), *owner)
+                    parent = open_parent(root, name, create=True, owner=owner)
+                    try:
+                        os.rename(temporary, name.rsplit("/", 1)[-1], src_dir_fd=staging, dst_dir_fd=parent)
+                        renamed = True
+                    finally:
+                        os.close(parent)
+                    info = os.fstat(into.fileno())
                 finally:
-                    os.close(parent)
-                info = os.fstat(fd)
-            finally:
-                os.close(fd)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temporary, dir_fd=staging)
+                    if not renamed:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(temporary, dir_fd=staging)
         except FileNotFoundError:
             raise WorkspaceError(f"{name}: removed from the object store while it was restored") from None
         except OSError as exc:
             raise disk_error(exc, f"{name}: cannot restore the file") from exc
-        finally:
-            os.close(staging)
         return info.st_size, info.st_mtime_ns, etag
 
     # --- a tenant's library (saved tools and memories) ---
@@ -332,6 +346,33 @@ class Mirror:
             raise
         return OpenFile(fd=fd, name=name, size=os.fstat(fd).st_size, mtime=time.time())
 
+    # --- the earlier code runner's permanent links ---
+
+    def record_link(self, digest: str, key: str) -> None:
+        """Write back conversation ``key`` (the earlier runner's data just adopted into it) and record
+        that the runner's links ``/files/{digest}/…`` are its files, so every replica serves them.
+
+        Raises:
+            WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
+        """
+        self.write_back(key)
+        self.objects.put(_link(digest), key.encode("ascii"))
+
+    def linked(self, digest: str) -> str | None:
+        """The conversation whose files the runner's links ``/files/{digest}/…`` are, if one was recorded.
+
+        Raises:
+            WorkspaceError: ``digest`` is not of its form, the store refused, or holds no key there.
+        """
+        into = io.BytesIO()
+        try:
+            self.objects.get(_link(digest), into)
+        except FileNotFoundError:
+            return None
+        key = into.getvalue().decode("ascii", errors="replace")
+        self._workspaces.directory(key)  # checks the key's form
+        return key
+
     def forget(self, key: str) -> None:
         """Delete conversation ``key``'s objects and manifest (retention, a deleted conversation).
 
@@ -345,6 +386,12 @@ class Mirror:
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too
+
+
+def _link(digest: str) -> str:
+    if not _DIGEST_RE.match(digest):
+        raise WorkspaceError("not a link of the earlier runner")
+    return f"runner-links/{digest}"
 
 
 def _open_in(root: int, name: str) -> OpenFile:

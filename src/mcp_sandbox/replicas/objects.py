@@ -2,10 +2,13 @@
 
 boto3 is synchronous: every method blocks, so the caller runs it in a worker thread, and
 :meth:`ObjectStore.parallel` runs many transfers at once on a small pool of threads (one client,
-which boto3 documents as thread-safe). The endpoint, region and credentials come from the
-standard AWS environment, never from settings: no error or log line here names them, and every
-boto3 error is turned into a :class:`~mcp_sandbox.errors.WorkspaceError` that says only what
-failed (the operator's log gets the error code).
+which boto3 documents as thread-safe). A GET goes out as a presigned URL on botocore's own HTTP
+session, its body streamed into the file: the client's full request pipeline costs several times
+the CPU of the request itself, which decides the restore of many small files; anything but a
+complete 200 falls back to the client's ``get_object`` (its retries, its error codes). The
+endpoint, region and credentials come from the standard AWS environment, never from settings: no
+error or log line here names them, and every boto3 error is turned into a
+:class:`~mcp_sandbox.errors.WorkspaceError` that says only what failed (the log gets its code).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, TypeVar
@@ -33,6 +37,7 @@ R = TypeVar("R")
 TRANSFER_THREADS = 16  # the pool of each store: S3 round trips wait on the network, not the CPU
 _CONNECT_SECONDS = 5
 _READ_SECONDS = 60
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +71,10 @@ class ObjectStore:
                 "(install mcp-sandbox with its `s3` extra: pip install 'mcp-sandbox[s3]')"
             )
         import boto3
+        import botocore.session
         from botocore.config import Config
+        from botocore.httpsession import URLLib3Session
+        from botocore.utils import get_environ_proxies
 
         self.bucket, self.prefix = split_url(url)
         self.url = url
@@ -80,12 +88,27 @@ class ObjectStore:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        self._client: S3Client = boto3.session.Session().client("s3", config=config)
+        core = botocore.session.get_session()
+        # Timestamps (LastModified) are never read here: parsing each with dateutil costs more
+        # CPU than the rest of a listed object.
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
+        self._client: S3Client = boto3.session.Session(botocore_session=core).client("s3", config=config)
+        endpoint = self._client.meta.endpoint_url
+        # The HTTP session of direct GETs, made as botocore makes the client's (same CA bundle,
+        # proxies, timeouts, a connection per transfer thread).
+        verify: str | bool = core.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or True
+        self._http = URLLib3Session(
+            verify=verify,  # type: ignore[arg-type]  # a CA bundle's path, or True (the stubs say bool)
+            proxies=get_environ_proxies(endpoint),
+            timeout=(_CONNECT_SECONDS, _READ_SECONDS),  # type: ignore[arg-type]  # the client's is a pair too
+            max_pool_connections=TRANSFER_THREADS * 2,
+        )
         self._pool = concurrent.futures.ThreadPoolExecutor(TRANSFER_THREADS, thread_name_prefix="object-store")
 
     def close(self) -> None:
-        """Stop the transfer threads (idempotent)."""
+        """Stop the transfer threads and close the connections (idempotent)."""
         self._pool.shutdown(wait=True)
+        self._http.close()
 
     def _fail(self, exc: Exception, what: str) -> WorkspaceError:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
@@ -126,11 +149,22 @@ class ObjectStore:
             FileNotFoundError: there is no such object.
             WorkspaceError: the store refused or could not be reached.
         """
+        start = into.tell()
+        try:
+            etag = self._get_direct(name, into)
+        except Exception as exc:  # botocore and urllib3 errors have no common base
+            # The type only: the text of some names the endpoint, or the signed URL.
+            logger.debug("object store %s: direct GET failed (%s), retried by the client", self.url, type(exc).__name__)
+            etag = None
+        if etag is not None:
+            return etag
+        into.seek(start)
+        into.truncate()
         try:
             reply = self._client.get_object(Bucket=self.bucket, Key=self.prefix + name)
             body = reply["Body"]
             try:
-                for chunk in body.iter_chunks(1 << 20):
+                for chunk in body.iter_chunks(_CHUNK):
                     into.write(chunk)
             finally:
                 body.close()
@@ -139,6 +173,35 @@ class ObjectStore:
         except Exception as exc:
             raise self._fail(exc, "read a file") from None
         return reply["ETag"]
+
+    def _get_direct(self, name: str, into: IO[bytes]) -> str | None:
+        """A presigned GET of ``name`` streamed into ``into``: its ETag, or None unless the store
+        answered 200 with the whole body."""
+        from botocore.awsrequest import AWSRequest
+
+        params = {"Bucket": self.bucket, "Key": self.prefix + name}
+        url = self._client.generate_presigned_url("get_object", Params=params, ExpiresIn=_READ_SECONDS * 2)
+        request = AWSRequest(method="GET", url=url).prepare()
+        request.stream_output = True
+        reply = self._http.send(request)
+        raw, whole = reply.raw, False
+        try:
+            etag, length = reply.headers.get("ETag"), reply.headers.get("Content-Length")
+            if reply.status_code != 200 or etag is None or length is None:
+                raw.drain_conn()  # an error's short body: the connection stays usable
+                whole = True
+                return None
+            received = 0
+            for chunk in raw.stream(_CHUNK, decode_content=False):
+                into.write(chunk)
+                received += len(chunk)
+            whole = received == int(length)  # urllib3 is told not to check it
+            return etag if whole else None
+        finally:
+            if whole:
+                raw.release_conn()
+            else:  # unread or torn: a connection with bytes left in it must not serve another GET
+                raw.close()
 
     def list(self, under: str) -> list[StoredObject]:
         """Every object whose name starts with ``under`` (names relative to ``under``).

@@ -42,6 +42,7 @@ from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.history import History
+from mcp_sandbox.server.idle_writes import IdleWrites, flushed
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.urls import UrlSigner
@@ -135,7 +136,10 @@ class Service:
                     await anyio.to_thread.run_sync(os.rmdir, directory)  # only while empty
             raise
         if conversation is not None and self.runner_data is not None:
-            await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
+            adopted = await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
+            if adopted and self.mirror is not None:  # its old links answer through every replica
+                with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
+                    await anyio.to_thread.run_sync(self.mirror.record_link, self.runner_data.digest(conversation), key)
         return directory
 
     async def refresh_files(self, key: str) -> list[FileEntry]:
@@ -349,6 +353,7 @@ async def open_service(
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
+            idle = None if mirror is None else IdleWrites.started(service, group)  # later writes of sessions
             if http and settings.http.replica_url is not None:
                 service.router = await replica.enter_async_context(
                     open_replica(
@@ -356,13 +361,18 @@ async def open_service(
                         metadata.database,
                         secret,
                         engine.end_session,
-                        lambda: engine.live_sessions() | set(service.in_use),
+                        lambda: engine.live_sessions() | set(service.in_use) | (idle.pending if idle else set()),
                         service.restore_files,
                     )
                 )
                 group.start_soon(service.router.leases.keep)
                 leases = service.router.leases
-                service.lifecycle.on_drain(lambda: leases.release_all(keep=set(service.in_use)), leases.release_all)
+                service.lifecycle.on_drain(
+                    lambda: flushed(idle, leases.release_all(keep=set(service.in_use))),
+                    lambda: flushed(idle, leases.release_all()),
+                )
+            if idle is not None:  # after the sessions are closed, before the leases are given back
+                replica.push_async_callback(idle.flush)
             group.start_soon(_sweep_periodically, service)
             group.start_soon(_flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the

@@ -153,6 +153,15 @@ class RunnerData:
         logger.info("adopted %d files of the earlier runner's %s… into a conversation", adopted, digest[:12])
         return adopted
 
+    def key_of(self, digest: str) -> str | None:
+        """The workspace key of the conversation that adopted ``digest``'s files here, if one did."""
+        if not _DIGEST_RE.match(digest):
+            return None
+        try:
+            return (self._holding / f"{digest}.key").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+
     def open_file(self, digest: str, name: str) -> OpenFile:
         """Open file ``name`` of the runner's link ``/files/{digest}/{name}``, adopted or not yet.
 

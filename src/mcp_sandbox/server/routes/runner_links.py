@@ -3,7 +3,8 @@
 Those links were unsigned and never expired: whoever holds one downloads the file, with no token,
 as there. They answer only for files imported from that runner's ``SANDBOX_ROOT`` (before and after
 their conversation adopts them), never for a workspace of this server's own; other files are
-reached by signed links (:mod:`.files`).
+reached by signed links (:mod:`.files`). With an object store, a replica that has not the adopted
+files (or not the current copy) reads them from the store, as signed links do.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from starlette.routing import BaseRoute, Route
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
 from mcp_sandbox.server.routes.files import file_response
+from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.workspace import OpenFile, check_filename
 
 __all__ = ["runner_link_routes"]
 
@@ -31,11 +34,17 @@ def _serve(service: Service) -> Callable[[Request], Any]:
         started = time.perf_counter()
         data = service.runner_data
         digest, name = str(request.path_params["digest"]), str(request.path_params["name"])
+        opened: OpenFile | None
         try:
             if data is None:
                 raise WorkspaceError("no such file")
+            key = await anyio.to_thread.run_sync(data.key_of, digest)
+            if key is not None and not local_is_current(service, key):
+                raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(data.open_file, digest, name)
         except (ValidationError, WorkspaceError, OSError):
+            opened = await _from_store(service, digest, name)
+        if opened is None:
             service.events.emit(FileServed(None, "missing", 0, time.perf_counter() - started, 404))
             return JSONResponse({"error": "no such file"}, status_code=404)
         response = file_response(request, opened, name)
@@ -44,6 +53,22 @@ def _serve(service: Service) -> Callable[[Request], Any]:
         return response
 
     return serve
+
+
+async def _from_store(service: Service, digest: str, name: str) -> OpenFile | None:
+    """File ``name`` of the conversation that adopted ``digest``'s files (on any replica), read from
+    the object store; None without a store, or when no such link or file is there."""
+    mirror = service.mirror
+    if mirror is None:
+        return None
+    try:
+        check_filename(name)
+        key = await anyio.to_thread.run_sync(mirror.linked, digest)
+        if key is None:
+            return None
+        return await anyio.to_thread.run_sync(mirror.open_remote, key, name)
+    except (ValidationError, WorkspaceError, OSError):
+        return None
 
 
 def runner_link_routes(service: Service) -> list[BaseRoute]:
