@@ -28,7 +28,6 @@ from mcp_sandbox.config.defaults import (
 )
 from mcp_sandbox.config.file import ConfigFile, parse_config_file, read_config_file
 from mcp_sandbox.config.pieces import (
-    AdmissionSettings,
     LimitSettings,
     PathSettings,
     PoolSettings,
@@ -36,7 +35,7 @@ from mcp_sandbox.config.pieces import (
     SessionSettings,
     WorkspaceSettings,
 )
-from mcp_sandbox.config.serving import CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
 from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
 from mcp_sandbox.config.tenancy import with_tenant_caps

@@ -1,4 +1,4 @@
-"""The pieces of the settings a run uses: limits, paths, sandbox, pool, sessions, workspaces, admission.
+"""The pieces of the settings a run uses: limits, paths, sandbox, pool, sessions, workspaces.
 
 Each a frozen piece of :class:`~mcp_sandbox.config.settings.Settings`, its fields declared with
 :func:`~.fields.setting`; each checks its own values when made.
@@ -44,7 +44,6 @@ from mcp_sandbox.config.fields import (
 from mcp_sandbox.errors import ConfigError
 
 __all__ = [
-    "AdmissionSettings",
     "LimitSettings",
     "PathSettings",
     "PoolSettings",
@@ -385,26 +384,6 @@ class WorkspaceSettings:
         None,
         "The earlier code runner's `FILE_SECRET`, which named its conversations' directories.",
         alias="FILE_SECRET",
-    )
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionSettings:
-    """Admission control: runs at once, and how many may wait, for how long."""
-
-    max_concurrent_runs: int = setting(4, "Runs at once, of all kinds.", check=positive)
-    max_queued_runs: int = setting(64, "Runs waiting for a slot.", check=non_negative)
-    queue_timeout: float = setting(30.0, "How long a run may wait for a slot.", check=duration, unit=DURATION)
-    tenant_concurrent_runs: int | None = setting(
-        None,
-        "Runs of one tenant executing at once (unset: 2 with several tenants, else no cap of its own).",
-        check=positive,
-    )
-    tenant_queued_runs: int | None = setting(
-        None, "Runs of one tenant waiting for a slot (unset: 16 with several tenants).", check=non_negative
     )
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The pieces of the settings a server uses: code mode, the HTTP service, egress.
+"""The pieces of the settings a server uses: code mode, the HTTP service, egress, admission.
 
 Each a frozen piece of :class:`~mcp_sandbox.config.settings.Settings`, its fields declared with
 :func:`~.fields.setting`; each checks its own values when made.
@@ -21,6 +21,7 @@ from mcp_sandbox.config.fields import (
     duration_or_zero,
     http_url,
     internal,
+    non_negative,
     one_of,
     port,
     ports,
@@ -31,7 +32,7 @@ from mcp_sandbox.config.fields import (
 )
 from mcp_sandbox.config.tenants import Tenant
 
-__all__ = ["CodeModeSettings", "EgressSettings", "HttpSettings"]
+__all__ = ["AdmissionSettings", "CodeModeSettings", "EgressSettings", "HttpSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +203,26 @@ class EgressSettings:
     )
     # Not a setting anyone gives: each tenant's egress, from its [tenants.<name>] table.
     tenants: tuple[Tenant, ...] = internal(())
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """Admission control: runs at once, and how many may wait, for how long."""
+
+    max_concurrent_runs: int = setting(4, "Runs at once, of all kinds.", check=positive)
+    max_queued_runs: int = setting(64, "Runs waiting for a slot.", check=non_negative)
+    queue_timeout: float = setting(30.0, "How long a run may wait for a slot.", check=duration, unit=DURATION)
+    tenant_concurrent_runs: int | None = setting(
+        None,
+        "Runs of one tenant executing at once (unset: 2 with several tenants, else no cap of its own).",
+        check=positive,
+    )
+    tenant_queued_runs: int | None = setting(
+        None, "Runs of one tenant waiting for a slot (unset: 16 with several tenants).", check=non_negative
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

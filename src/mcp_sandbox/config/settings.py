@@ -19,7 +19,6 @@ from typing import Any
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
 from mcp_sandbox.config.fields import check_fields, internal, one_of, piece, setting, setting_fields
 from mcp_sandbox.config.pieces import (
-    AdmissionSettings,
     LimitSettings,
     PathSettings,
     PoolSettings,
@@ -27,7 +26,7 @@ from mcp_sandbox.config.pieces import (
     SessionSettings,
     WorkspaceSettings,
 )
-from mcp_sandbox.config.serving import CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 
 __all__ = ["PLACES", "SETTINGS", "Settings"]
 

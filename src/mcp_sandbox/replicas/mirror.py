@@ -29,7 +29,7 @@ from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
-from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_parent, open_regular
+from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_file_in, open_parent, unlink_in
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
 __all__ = ["Changes", "Mirror"]
@@ -142,7 +142,7 @@ class Mirror:
         def upload(item: tuple[str, os.stat_result]) -> tuple[str, tuple[int, int, str]] | None:
             name, info = item
             try:
-                opened = _open_in(root, name)
+                opened = open_file_in(os.dup(root), name)
             except WorkspaceError:
                 return None  # removed or replaced by a symlink meanwhile: the next write-back sees it
             with opened, os.fdopen(os.dup(opened.fd), "rb") as body:
@@ -231,7 +231,7 @@ class Mirror:
             for name, entry in self.objects.parallel(download, wanted):
                 fresh[name] = entry
             for name in extras:
-                _unlink_in(root, name)
+                unlink_in(root, name)
         finally:
             os.close(staging)
             self._save(manifest_path, fresh)
@@ -392,25 +392,3 @@ def _link(digest: str) -> str:
     if not _DIGEST_RE.match(digest):
         raise WorkspaceError("not a link of the earlier runner")
     return f"runner-links/{digest}"
-
-
-def _open_in(root: int, name: str) -> OpenFile:
-    parent = open_parent(root, name)
-    try:
-        return open_regular(parent, name.rsplit("/", 1)[-1], name)
-    finally:
-        os.close(parent)
-
-
-def _unlink_in(root: int, name: str) -> None:
-    try:
-        parent = open_parent(root, name)
-    except WorkspaceError:
-        return  # its directory is gone already
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name.rsplit("/", 1)[-1], dir_fd=parent)
-    except OSError as exc:
-        raise disk_error(exc, f"{name}: cannot remove") from exc
-    finally:
-        os.close(parent)

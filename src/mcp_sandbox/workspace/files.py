@@ -10,6 +10,7 @@ changes what the code made, except the files the host writes itself.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -31,6 +32,7 @@ __all__ = [
     "open_file_in",
     "open_parent",
     "open_regular",
+    "unlink_in",
 ]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,6 +211,25 @@ def open_file_in(root_fd: int, name: str) -> OpenFile:
         os.close(root_fd)
     try:
         return open_regular(parent, name.rsplit("/", 1)[-1], name)
+    finally:
+        os.close(parent)
+
+
+def unlink_in(root_fd: int, name: str) -> None:
+    """Remove the file ``name`` under the directory ``root_fd``, if it is there (no link followed on the way).
+
+    Raises:
+        WorkspaceError: it cannot be removed.
+    """
+    try:
+        parent = open_parent(root_fd, name)
+    except WorkspaceError:
+        return  # its directory is gone already
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name.rsplit("/", 1)[-1], dir_fd=parent)
+    except OSError as exc:
+        raise disk_error(exc, f"{name}: cannot remove") from exc
     finally:
         os.close(parent)
 
