@@ -38,7 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 PANDAS = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))"
 SCRIPTS = {"print(1)": "print(1)", "pandas script": PANDAS}
-PATHS = {"from nothing": "0", "born of a zygote": "1"}
+PATHS = {"from nothing": "0", "born of a zygote": "2"}  # 2, the default: a preloading one and a light one
 TOKENS = {"default": "default-bench-token-0123456789abcdef", "token tenant": "alice-bench-token-0123456789abcdef"}
 START_BOUND = 60.0
 

@@ -1,18 +1,19 @@
 """Memory per idle session and throughput in existing conversations: sessions born of a zygote or not.
 
 Two servers over stdio (the official SDK client), in turn, ``--rounds`` times in alternation: the
-default (a conversation's first run claims a session-ready sandbox, its zygote preloaded
-``pool_preload``) and ``session_ready=0`` (the session's sandbox started for its first run). On
-each, ``--sessions`` conversations are opened with ``print(1)``, ``--pause`` apart (on the
-default server each also waits for an idle session-ready sandbox: every session is born), and
-left idle; then each runs the pandas script of ``run.py`` and is left idle again. After each step,
-the memory every session holds: USS and PSS summed over its sandbox's processes
-(``/proc/<pid>/smaps_rollup``), and its cgroup's charge (``memory.current``, or
-``memory.usage_in_bytes`` on cgroup v1), medians per session; and the growth of the server's whole
-process tree divided by the sessions. Then ``print(1)`` runs per second in existing conversations
-with 1 and 4 concurrent callers, each its own conversation, and the CPU per run. A session's
-sandbox is told from the pools' by its ``/workspace``: a conversation's directory. Run as root: a
-zygote is not dumpable, its ``/proc`` entries are root's.
+default (a conversation's first run claims a session-ready sandbox, one whose zygote preloaded
+nothing for a first run that names no ``pool_preload`` module, as ``print(1)``) and
+``session_ready=0`` (the session's sandbox started for its first run). On each, ``--sessions``
+conversations are opened with ``print(1)``, ``--pause`` apart (on the default server each also
+waits for an idle light session-ready sandbox: every session is born), and left idle; then each
+runs the pandas script of ``run.py`` and is left idle again. After each step, the memory every
+session holds: USS and PSS summed over its sandbox's processes (``/proc/<pid>/smaps_rollup``),
+and its cgroup's charge (``memory.current``, or ``memory.usage_in_bytes`` on cgroup v1), medians
+per session; and the growth of the server's whole process tree divided by the sessions. Then
+``print(1)`` runs per second in existing conversations with 1 and 4 concurrent callers, each its
+own conversation, and the CPU per run. A session's sandbox is told from the pools' by its
+``/workspace``: a conversation's directory. Run as root: a zygote is not dumpable, its ``/proc``
+entries are root's.
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def is_zygotes(sandbox: int) -> bool:
     return False
 
 
+def is_light(sandbox: int) -> bool:
+    """Whether the sandbox started as ``sandbox`` runs a zygote that preloaded nothing."""
+    with contextlib.suppress(OSError):
+        return b"--zygote=\0" in Path(f"/proc/{sandbox}/cmdline").read_bytes()
+    return False
+
+
 def cgroup_bytes(pid: int) -> int | None:
     """What the memory cgroup of ``pid`` is charged (None: it has none of its own)."""
     with contextlib.suppress(OSError):
@@ -130,11 +138,12 @@ def take_stock(pid: int, conversations: set[int], figures: Figures, step: str, *
 
 
 async def wait_ready(pid: int, runs: Path, bound: float = 60.0) -> None:
-    """Wait (at most ``bound`` s) for an idle session-ready sandbox: a zygote's child waiting on a slot in ``runs/``."""
+    """Wait (at most ``bound`` s) for an idle light session-ready sandbox (a first run of ``print(1)`` takes one):
+    a zygote's child waiting on a slot in ``runs/``."""
     with anyio.move_on_after(bound):
         while True:
             slots = {entry.inode() for entry in os.scandir(runs)}
-            for sandbox in filter(is_zygotes, children(pid)):
+            for sandbox in filter(is_light, children(pid)):
                 tree = processes(sandbox)
                 if workspaces_of(tree) & slots and len(tree) >= 4:  # bwrap twice, the zygote and its child
                     await anyio.sleep(0.5)  # its READY follows the fork

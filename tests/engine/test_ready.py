@@ -90,6 +90,21 @@ async def test_a_conversations_first_run_is_born_of_a_zygote_on_its_files_and_ke
     assert workspace.stat().st_mode & 0o777 == 0o700
 
 
+async def test_a_first_run_naming_no_preloaded_module_is_born_light_and_one_naming_pandas_preloaded(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    # A light session holds only what its code loads; one whose code names pandas starts with it loaded.
+    # The names are computed: the choice is a substring test of the code (the second run's comment).
+    loaded = "import sys\nprint(sorted(name for name in ('num' + 'py', 'pan' + 'das') if name in sys.modules))\n"
+    async with _ready_engine(running_engine, session_ready=2) as engine:
+        light = await _born(engine, loaded, _conversation(engine, state_dir, "light"), "light")
+        await _wait_ready(engine, 2)  # the light one's replacement
+        heavy = await _born(engine, loaded + "# pandas", _conversation(engine, state_dir, "heavy"), "heavy")
+
+    assert light.stdout == "[]\n"
+    assert heavy.stdout == "['numpy', 'pandas']\n"
+
+
 async def test_two_conversations_born_of_zygotes_never_see_each_others_files(
     running_engine: RunningEngine, state_dir: Path
 ) -> None:

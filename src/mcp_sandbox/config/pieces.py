@@ -333,11 +333,11 @@ class SessionSettings:
         check=positive,
     )
     session_ready: int = setting(
-        1,
+        2,
         (
             "Sandboxes kept ready to become a new session (bwrap): a conversation's first Python "
-            "run forks from a preloaded zygote (0: none); per tenant's own uid, at most "
-            "`tenant_concurrent_runs` of them."
+            "run forks from a zygote, every other one preloading `pool_preload` for a run naming "
+            "them, the rest light (0: none); per tenant's own uid, at most `tenant_concurrent_runs`."
         ),
         check=non_negative,
     )

@@ -213,18 +213,19 @@ class Opener:
 
     @contextlib.asynccontextmanager
     async def session_zygote(
-        self, slot: Path, uid: int | None = None
+        self, slot: Path, uid: int | None = None, *, preloaded: bool = True
     ) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes, Path | None]]:
         """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote, as ``uid``.
 
-        The zygote imports ``pool_preload``; the first run's EXEC makes its pre-forked child the
-        session's interpreter (see :mod:`.ready`). Yields the interpreter, its /tools view, the
-        seccomp guard of its child and, as :meth:`session` does, the directory of the relay's socket.
+        The zygote imports ``pool_preload`` if ``preloaded`` (else nothing); the first run's EXEC
+        makes its pre-forked child the session's interpreter (see :mod:`.ready`). Yields the
+        interpreter, its /tools view, the seccomp guard of its child and, as :meth:`session` does,
+        the directory of the relay's socket.
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.
         """
-        preload = ",".join(self.settings.pool.pool_preload)
+        preload = ",".join(self.settings.pool.pool_preload) if preloaded else ""
         async with contextlib.AsyncExitStack() as stack:
             sockets = self._relay_sockets(stack)
 

@@ -3,7 +3,8 @@
 A conversation's first run would otherwise start a session's sandbox from nothing. Instead a few
 sandboxes are kept ready (bwrap, Python) per host uid (:mod:`.ready_uids`): each has a session's
 policy and limits (where network may be granted, its relay's empty socket directory, as a
-session's), its runner a zygote that preloaded ``pool_preload`` and forked its child, and at
+session's), its runner a zygote that preloaded ``pool_preload`` (or, in every other one, nothing:
+an idle session born of it holds less memory) and forked its child, and at
 ``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a conversation's is
 (0700, the uid's). A bind follows the directory, not its path: a new
 session claims a sandbox by moving the conversation's entries into the slot and renaming the
@@ -108,6 +109,7 @@ class ReadySandbox:
     limits: Limits
     sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     pool: ReadyPool = field(repr=False)  # the pool that started it (its replacement comes from there)
+    preloaded: bool = True  # its zygote imported ``pool_preload`` (else nothing)
     claimed: bool = False
     taken: bool = False  # a session's owner task holds it (see held())
     done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
@@ -193,8 +195,8 @@ class ReadyPool:
         if self._awake or self._group is None or self._retiring:
             return
         self._awake = True
-        for _ in range(self._size):
-            self._group.start_soon(self._own)
+        for index in range(self._size):
+            self._group.start_soon(self._own, 0.0, index % 2 == 0)  # preloading, light, preloading, ...
 
     def settle(self, ready: ReadySandbox) -> None:
         """After the first run of the session ``ready`` was claimed for: start one in its place.
@@ -206,18 +208,22 @@ class ReadyPool:
         if not ready.taken:
             ready.release()
         if self._group is not None and not self._retiring:
-            self._group.start_soon(self._own, _REFILL_SECONDS)
+            self._group.start_soon(self._own, _REFILL_SECONDS, ready.preloaded)  # of the same kind
 
-    async def claim(self, workspace: Path) -> ReadySandbox | None:
+    async def claim(self, workspace: Path, *, preloaded: bool = True) -> ReadySandbox | None:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
 
-        Only one whose limits are a session's on ``workspace`` now (settings reloaded since it
-        started: not that one). The caller calls :meth:`settle` once the session's first run is over.
+        One whose zygote preloaded ``pool_preload`` if ``preloaded`` (the first run names one of
+        those modules), else a light one, where one of that kind is idle; else one of the other
+        kind (still quicker than a start). Only one whose limits are a session's on ``workspace``
+        now (settings reloaded since it started: not that one). The caller calls :meth:`settle`
+        once the session's first run is over.
         """
         self.wake()
         wanted = self._opener.session_policy(workspace, ()).limits
         while self._idle:
-            ready = self._idle.pop()
+            ready = next((idle for idle in reversed(self._idle) if idle.preloaded == preloaded), self._idle[-1])
+            self._idle.remove(ready)
             if ready.interpreter.exited.is_set() or ready.limits != wanted:
                 ready.release()
                 continue
@@ -238,19 +244,19 @@ class ReadyPool:
             return ready
         return None
 
-    async def _own(self, delay: float = 0.0) -> None:
+    async def _own(self, delay: float = 0.0, preloaded: bool = True) -> None:
         """After ``delay``, start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done."""
         if self._group is None or self._retiring:
             return
         self._owners += 1
         try:
-            await self._own_one(delay)
+            await self._own_one(delay, preloaded)
         finally:
             self._owners -= 1
             if self._drained is not None and not self._owners:
                 self._drained.set()
 
-    async def _own_one(self, delay: float) -> None:
+    async def _own_one(self, delay: float, preloaded: bool) -> None:
         assert self._group is not None
         if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
             await anyio.sleep(wait)
@@ -264,7 +270,7 @@ class ReadyPool:
             self._retry_at = time.monotonic() + RETRY_SECONDS
             logger.error("no slot for a session-ready sandbox: %s", exc)
             if not self._retiring:
-                self._group.start_soon(self._own)
+                self._group.start_soon(self._own, 0.0, preloaded)
             return
         ready: ReadySandbox | None = None
         try:
@@ -272,9 +278,10 @@ class ReadyPool:
                 uid = self._settings.sandbox.sandbox_uid if self.uid is None else self.uid
                 os.chown(slot, uid, self._settings.sandbox.sandbox_gid)
             limits = self._opener.session_policy(slot, ()).limits
-            async with self._opener.session_zygote(slot, self.uid) as (interpreter, tools, guard, sockets):
+            zygote = self._opener.session_zygote(slot, self.uid, preloaded=preloaded)
+            async with zygote as (interpreter, tools, guard, sockets):
                 self._opener.pool_started("ready", "python")
-                ready = ReadySandbox(interpreter, tools, guard, slot, limits, sockets, self)
+                ready = ReadySandbox(interpreter, tools, guard, slot, limits, sockets, self, preloaded)
                 if self._retiring:  # retired while it started
                     ready.release()
                 else:
@@ -294,7 +301,7 @@ class ReadyPool:
             if ready is None or not ready.claimed:
                 await remove_shielded(slot)  # never a claimed one: it is the conversation's directory now
                 if self._group is not None and not self._retiring:
-                    self._group.start_soon(self._own)
+                    self._group.start_soon(self._own, 0.0, preloaded)
 
 
 async def _done_on_exit(ready: ReadySandbox) -> None:

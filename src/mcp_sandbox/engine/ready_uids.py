@@ -53,7 +53,7 @@ class ReadyByUid:
         async with self.default.running(), self._others.running():
             yield self
 
-    async def claim(self, workspace: Path, tenant: str) -> ReadySandbox | None:
+    async def claim(self, workspace: Path, tenant: str, *, preloaded: bool = True) -> ReadySandbox | None:
         """A ready sandbox of ``tenant``'s host uid whose ``/workspace`` is now ``workspace``, or None.
 
         See :meth:`.ReadyPool.claim`; the caller calls :meth:`settle` once the session's first run is over.
@@ -63,12 +63,12 @@ class ReadyByUid:
         """
         uid = await self._opener.host_uid(tenant)
         if uid is None:
-            return await self.default.claim(workspace)
+            return await self.default.claim(workspace, preloaded=preloaded)
         async with self._others.use(uid) as entry:
             if entry is None:
                 return None
             await entry.started.wait()
-            return await entry.item.claim(workspace)
+            return await entry.item.claim(workspace, preloaded=preloaded)
 
     def settle(self, ready: ReadySandbox) -> None:
         """After the first run of the session ``ready`` was claimed for (see :meth:`.ReadyPool.settle`)."""

@@ -132,6 +132,11 @@ def zygote_policy(
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
 
 
+def needs_preload(settings: Settings, code: str) -> bool:
+    """Whether ``code`` names a ``pool_preload`` module (a substring test: a computed name is missed)."""
+    return any(module in code for module in settings.pool.pool_preload)
+
+
 JS_PACKAGES_MOUNT = "/node_modules"
 
 

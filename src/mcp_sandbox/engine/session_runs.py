@@ -17,6 +17,7 @@ from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Shared, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
+from mcp_sandbox.engine.runtimes import needs_preload
 from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.sessions import Lease, SessionManager
 from mcp_sandbox.engine.verdict import (
@@ -59,10 +60,17 @@ class SessionPlacement:
         # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
         born = request.workspace is not None and not self._shared(request.workspace)
+        # A light one unless the code names a preloaded module or a fork's variables may need them.
+        preloaded = request.fork_state is not None or needs_preload(settings, request.code)
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
                 self._sessions.lease(
-                    request.session, workspace=request.workspace, reset=request.reset, tenant=request.tenant, born=born
+                    request.session,
+                    workspace=request.workspace,
+                    reset=request.reset,
+                    tenant=request.tenant,
+                    born=born,
+                    preloaded=preloaded,
                 ) as lease,
                 disk_bound(request.workspace, overrun.bound) as overrun,
             ):

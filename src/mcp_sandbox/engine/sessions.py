@@ -148,13 +148,21 @@ class SessionManager:
 
     @contextlib.asynccontextmanager
     async def lease(
-        self, key: str, *, workspace: Path | None, reset: bool, tenant: str = "default", born: bool = False
+        self,
+        key: str,
+        *,
+        workspace: Path | None,
+        reset: bool,
+        tenant: str = "default",
+        born: bool = False,
+        preloaded: bool = True,
     ) -> AsyncIterator[Lease]:
         """Hold session ``key`` for one run: wait for its previous run, start its interpreter if needed.
 
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
         differs from the one it was started with. The caller bounds the wait (its deadline).
-        With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is idle.
+        With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is
+        idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`).
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
@@ -171,7 +179,8 @@ class SessionManager:
             new = live is None
             if live is None:
                 group = self._require_group()
-                ready = await self._ready.claim(workspace, tenant) if born and workspace is not None else None
+                if born and workspace is not None:
+                    ready = await self._ready.claim(workspace, tenant, preloaded=preloaded)
                 live = await group.start(self._own, session, workspace, ready)
             yield Lease(live.interpreter, live.tools, new, live)
         finally:

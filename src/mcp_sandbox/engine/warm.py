@@ -27,7 +27,7 @@ from mcp_sandbox.engine.interpreter import Exited, Interpreter
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
-from mcp_sandbox.engine.runtimes import limits_for
+from mcp_sandbox.engine.runtimes import limits_for, needs_preload
 from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.engine.verdict import captured, death, explain_file_size, judge_fresh, timed_out
@@ -158,8 +158,8 @@ class WarmPool:
                 group.cancel_scope.cancel()
 
     def needs_preload(self, code: str) -> bool:
-        """Whether ``code`` names a ``pool_preload`` module (a substring test: a computed name is missed)."""
-        return any(module in code for module in self.settings.pool.pool_preload)
+        """Whether ``code`` names a ``pool_preload`` module (see :func:`.runtimes.needs_preload`)."""
+        return needs_preload(self.settings, code)
 
     async def take(self, *, preloaded: bool = True) -> Warm | None:
         """An idle warm sandbox (a preloading one if ``preloaded``), or None; with none idle the pool grows if it may.
