@@ -201,6 +201,23 @@ class RunCgroup:
             with contextlib.suppress(OSError):
                 kill_members(directory)
 
+    def kill_nested(self, spare: str) -> None:
+        """SIGKILL every process in the cgroups a container runtime nested in ours, but ``spare``'s.
+
+        ``spare`` is the runtime's monitor (podman's conmon), left to see its container die.
+        """
+        for directory in {*self.directories.values()}:
+            with contextlib.suppress(OSError):  # nothing nested (yet), or gone meanwhile
+                for child in kernfs.subdirectories(directory):
+                    if os.path.basename(child) == spare:
+                        continue
+                    kill_file = f"{child}/cgroup.kill"
+                    with contextlib.suppress(OSError):
+                        if self._support.version == 2 and os.path.exists(kill_file):
+                            kernfs.write(kill_file, "1")
+                        else:
+                            kill_members(child)
+
     def remove(self) -> bool:
         """Try once to remove the cgroup directories; True when all are gone. Never raises.
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from mcp_sandbox.sandbox import kernfs
 from mcp_sandbox.sandbox.backends.runner import Runner, runner_of
 
-__all__ = ["ContainerRunner", "container_runner"]
+__all__ = ["MONITOR", "ContainerRunner", "container_runner"]
 
-_MONITOR = "conmon"  # podman's monitor's cgroup, beside the container's
+MONITOR = "conmon"  # podman's monitor's cgroup, beside the container's
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def container_runner(parent: Path) -> ContainerRunner | None:
     found: list[tuple[Path, list[str]]] = []
     with contextlib.suppress(OSError):
         for child in parent.iterdir():
-            if child.is_dir() and child.name != _MONITOR:
+            if child.is_dir() and child.name != MONITOR:
                 procs = kernfs.read(child / "cgroup.procs").split()
                 if procs:
                     found.append((child, procs))

@@ -61,7 +61,7 @@ from mcp_sandbox.sandbox.backends.container.argv import (
     server_env,
 )
 from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
-from mcp_sandbox.sandbox.backends.container.ending import ContainerRunner, container_runner
+from mcp_sandbox.sandbox.backends.container.ending import MONITOR, ContainerRunner, container_runner
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.backends.container.probe import probe_container
 from mcp_sandbox.sandbox.backends.container.rootless import RootlessProblems, rootless_problems
@@ -133,8 +133,11 @@ class ContainerSandbox(ProcessSandbox):
     async def _kill(self) -> None:
         # The client first, and gone: one still creating the container when a removal found
         # nothing yet would leave it created, never started. Then by name: the container outlives
-        # its client (and the client may be gone already).
+        # its client (and the client may be gone already). Its processes are killed through our
+        # cgroup at once: `rm` takes a while to start, and a run over its disk quota must stop now.
         self._kill_session()
+        if self._cgroup is not None:
+            self._cgroup.kill_nested(spare=MONITOR)
         with anyio.move_on_after(self.teardown_seconds):
             await self._process.wait()
         await self._engine.remove([self.name])
