@@ -39,6 +39,7 @@ def test_the_public_surface_is_exactly_the_documented_names() -> None:
         "ExecutionRequest",
         "ExecutionResult",
         "FrameError",
+        "LeaseLostError",
         "QuotaExceededError",
         "SandboxError",
         "SandboxStartError",

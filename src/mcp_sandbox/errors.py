@@ -15,7 +15,8 @@
     │   └── ToolCallDenied        the policy forbids a tool call (server not allowed, tool denied, cap)
     ├── WorkspaceError            a conversation's files cannot be stored or read as asked
     │   ├── QuotaExceededError    the write would take a conversation past its byte or file quota
-    │   └── DiskFullError         the server's disk (the state directory's filesystem) is full
+    │   ├── DiskFullError         the server's disk (the state directory's filesystem) is full
+    │   └── LeaseLostError        this replica lost the conversation's lease: retry (another runs it)
     └── BusyError                 the server is at capacity (sessions, queue); try again later
 
 Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
@@ -33,6 +34,7 @@ __all__ = [
     "DiskFullError",
     "DownstreamError",
     "FrameError",
+    "LeaseLostError",
     "QuotaExceededError",
     "SandboxError",
     "SandboxStartError",
@@ -122,6 +124,11 @@ class DiskFullError(WorkspaceError):
 
     The message names no host path: tenants read it.
     """
+
+
+class LeaseLostError(WorkspaceError):
+    """This replica no longer holds the conversation's lease (another one took it): nothing was
+    recorded; the same request, sent again, reaches the replica that runs the conversation now."""
 
 
 class BusyError(SandboxError):

@@ -15,10 +15,12 @@ import anyio
 import mcp_types as types
 import pytest
 
+from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
-from mcp_sandbox.workspace import Metadata
+from mcp_sandbox.workspace import FileEntry, Metadata
+from mcp_sandbox.workspace.fencing import Fence
 from mcp_test_helpers import free_port
 from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
 
@@ -52,6 +54,37 @@ def test_a_lease_is_held_by_one_replica_until_it_expires_or_is_given_back(metada
     assert (renewed.mine, renewed.fresh, renewed.epoch, renewed.expires) == (True, False, 1, 115.0)
     assert (taken.mine, taken.fresh, taken.taken_over, taken.epoch) == (True, True, True, 2)
     assert (given.mine, given.fresh, given.taken_over, given.epoch) == (True, True, False, 3)
+
+
+def test_writes_fenced_by_a_lost_or_lapsed_lease_record_nothing_and_the_owners_do(metadata: Metadata) -> None:
+    a, b = LeaseTable(metadata.database, A), LeaseTable(metadata.database, B)
+    lapsed_key = "d" * 64
+    for key in (KEY, lapsed_key):
+        metadata.touch_conversation(key, "alice", 1.0)
+    now = time.time()
+    stalled = Fence(A, a.claim(KEY, now - 20.0, 10.0).epoch)  # a's lease ran out 10 s ago
+    owner = Fence(B, b.claim(KEY, now, 10.0).epoch)  # and b took it
+    lapsed = Fence(A, a.claim(lapsed_key, now - 20.0, 10.0).epoch)  # ran out, taken by no one yet
+    late = FileEntry("late.bin", 10, 1.0)
+
+    for fence, key in ((stalled, KEY), (lapsed, lapsed_key)):
+        with pytest.raises(LeaseLostError):
+            metadata.record_file_within_quota(key, late, 100, 10, fence)
+        with pytest.raises(LeaseLostError):
+            metadata.record_files(key, [late], fence=fence)
+        with pytest.raises(LeaseLostError):
+            metadata.fence_check(key, fence)()
+    admit = metadata.admitting(KEY, owner, 100, 10)
+    assert admit is not None and metadata.admitting(KEY, None, 100, 10) is None  # one server: no fence
+    admit(FileEntry("kept.bin", 60, 1.0))
+    with pytest.raises(QuotaExceededError) as over:
+        admit(FileEntry("over.bin", 50, 1.0))
+    metadata.fence_check(KEY, owner)()
+    assert (over.value.limit, over.value.used, over.value.quota) == ("bytes", 60, 100)
+    assert {(row.key, row.bytes, row.files) for row in metadata.conversations_by_last_use()} == {
+        (KEY, 60, 1),
+        (lapsed_key, 0, 0),
+    }
 
 
 def test_a_stale_epoch_renews_nothing_and_a_release_racing_a_renewal_keeps_the_lease(metadata: Metadata) -> None:

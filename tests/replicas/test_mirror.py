@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from mcp_sandbox.config import Settings, load_settings
-from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
@@ -151,3 +151,29 @@ def test_a_missing_object_is_file_not_found_and_the_next_reads_are_whole(mirror:
         into.seek(0, io.SEEK_END)
         assert store.get("probe/present.bin", into)
         assert into.getvalue() == b"left from before" + b"p" * 70_000
+
+
+def test_a_write_back_of_a_replica_that_lost_the_lease_puts_nothing_or_writes_no_manifest(
+    mirror: Mirror, settings: Settings, key: str, url: str, s3_endpoint: str
+) -> None:
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_text("alpha")
+    checks: list[str] = []
+
+    def fence(lost_at: int) -> Callable[[], None]:
+        def check() -> None:
+            checks.append("check")
+            if len(checks) >= lost_at:
+                raise LeaseLostError("another replica took the lease")
+
+        return check
+
+    with pytest.raises(LeaseLostError):
+        mirror.write_back(key, fence(lost_at=1))  # lost before it began
+    assert objects(s3_endpoint, url) == {}
+    checks.clear()
+    with pytest.raises(LeaseLostError):
+        mirror.write_back(key, fence(lost_at=2))  # lost while it was putting the objects
+    assert not (settings.paths.state_dir / "mirror" / f"{key}.json").exists()
+    assert mirror.write_back(key) == Changes(transferred=1, bytes=5)  # no manifest: everything is sent again

@@ -161,6 +161,11 @@ class Leases:
         """Whether this replica holds ``key``'s lease (as far as it knows: a claim asks the database)."""
         return key in self._held
 
+    def epoch(self, key: str) -> int:
+        """The epoch of ``key``'s lease as this replica holds it (0: not held): the fence of its writes."""
+        held = self._held.get(key)
+        return 0 if held is None else held.epoch
+
     def live(self) -> set[str]:
         """The conversations some replica holds the lease of now: in use there (blocks: call it from a
         worker thread).

@@ -29,6 +29,7 @@ from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
+from mcp_sandbox.workspace.fencing import Check, unfenced
 from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_file_in, open_parent, unlink_in
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
@@ -111,23 +112,24 @@ class Mirror:
 
     # --- write-back ---
 
-    def write_back(self, key: str) -> Changes:
-        """Upload conversation ``key``'s changed files, delete the objects of removed ones.
+    def write_back(self, key: str, fence: Check = unfenced) -> Changes:
+        """Upload conversation ``key``'s changed files, delete the objects of removed ones; ``fence()``
+        checks that this replica still holds the lease, before anything is put and before the manifest.
 
         Raises:
-            WorkspaceError: the workspace cannot be read, or the store refused (the manifest
-                keeps what did reach the store, so the next write-back retries the rest).
+            LeaseLostError: ``fence`` found the lease lost. WorkspaceError: the workspace cannot be read, or
+                the store refused (the manifest keeps what reached the store: the next write-back does the rest).
         """
         with self._lock(key):
             root = self._open_root(key)
             if root is None:
                 return Changes()
             try:
-                return self._write_back(root, self._under(key), self._manifest_path(key))
+                return self._write_back(root, self._under(key), self._manifest_path(key), fence)
             finally:
                 os.close(root)
 
-    def _write_back(self, root: int, under: str, manifest_path: Path) -> Changes:
+    def _write_back(self, root: int, under: str, manifest_path: Path, fence: Check = unfenced) -> Changes:
         manifest = self._load(manifest_path)
         local = self._local(root)
         changed = [
@@ -138,6 +140,7 @@ class Mirror:
         gone = [name for name in manifest if name not in local]
         if not changed and not gone:
             return Changes()  # the manifest stays as it is: rewriting it is most of a write-back's cost
+        fence()
 
         def upload(item: tuple[str, os.stat_result]) -> tuple[str, tuple[int, int, str]] | None:
             name, info = item
@@ -157,8 +160,11 @@ class Mirror:
                 self.objects.delete(under + name for name in gone)
                 for name in gone:
                     del manifest[name]
-        finally:
+        except BaseException:
             self._save(manifest_path, manifest)
+            raise
+        fence()  # the lease lost meanwhile: no manifest (what was put is the new owner's to account for)
+        self._save(manifest_path, manifest)
         return Changes(len(changed), sum(info.st_size for _, info in changed), len(gone))
 
     # --- restore ---

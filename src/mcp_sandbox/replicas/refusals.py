@@ -2,17 +2,17 @@
 
 An upload that lands on a replica not running its conversation is stored by the owner's
 ``upload_file``, whose refusal is a text result. Its ``_meta`` says which refusal it was (quota
-with its figures, full disk, other), so the receiving replica raises the same error and answers
-the same HTTP status (413, 507, 409) as the owner would have answered the upload itself.
+with its figures, full disk, the lease lost, other), so the receiving replica raises the same error
+and answers the same HTTP status (413, 507, 503, 409) as the owner would have answered the upload itself.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mcp_sandbox.errors import DiskFullError, QuotaExceededError, WorkspaceError
+from mcp_sandbox.errors import DiskFullError, LeaseLostError, QuotaExceededError, WorkspaceError
 
-__all__ = ["REFUSAL_META", "refusal_meta", "refusal_of"]
+__all__ = ["REFUSAL_META", "http_status", "refusal_meta", "refusal_of"]
 
 REFUSAL_META = "mcp-sandbox/refused"
 
@@ -23,6 +23,8 @@ def refusal_meta(exc: Exception) -> dict[str, Any] | None:
         return {REFUSAL_META: {"kind": "quota", "limit": exc.limit, "used": exc.used, "quota": exc.quota}}
     if isinstance(exc, DiskFullError):
         return {REFUSAL_META: {"kind": "disk"}}
+    if isinstance(exc, LeaseLostError):
+        return {REFUSAL_META: {"kind": "lease"}}
     return None
 
 
@@ -36,4 +38,16 @@ def refusal_of(meta: dict[str, Any] | None, message: str) -> WorkspaceError:
         )
     if kind == "disk":
         return DiskFullError(message)
+    if kind == "lease":
+        return LeaseLostError(message)
     return WorkspaceError(message)
+
+
+def http_status(exc: WorkspaceError) -> int:
+    """The HTTP status of an upload refused with ``exc``: 413 over the quota, 507 a full disk, 503 the
+    lease lost (send it again: the balancer reaches the replica that runs the conversation now), else 409."""
+    if isinstance(exc, QuotaExceededError):
+        return 413
+    if isinstance(exc, DiskFullError):
+        return 507
+    return 503 if isinstance(exc, LeaseLostError) else 409

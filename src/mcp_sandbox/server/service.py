@@ -55,6 +55,7 @@ from mcp_sandbox.workspace import (
     load_secret,
     sweep,
 )
+from mcp_sandbox.workspace.fencing import Fence
 from mcp_sandbox.workspace.runner_data import RunnerData, import_runner_data
 from mcp_sandbox.workspace.shared_secret import load_shared_secret
 
@@ -142,23 +143,30 @@ class Service:
                     await anyio.to_thread.run_sync(self.mirror.record_link, self.runner_data.digest(conversation), key)
         return directory
 
-    async def refresh_files(self, key: str) -> list[FileEntry]:
-        """List the conversation's files (never following the sandbox's symlinks) and record them.
+    def fence(self, key: str) -> Fence | None:
+        """The lease conversation ``key``'s writes are fenced by now (:mod:`.workspace.fencing`); None: one server."""
+        return None if self.router is None else Fence(self.router.me, self.router.leases.epoch(key))
+
+    async def refresh_files(self, key: str, fence: Fence | None = None) -> list[FileEntry]:
+        """List the conversation's files (never following the sandbox's symlinks) and record them, fenced
+        by ``fence`` (default: :meth:`fence`; LeaseLostError: the lease is lost, nothing was recorded).
 
         A listing the metadata database cannot record (a full disk) is still returned: the index
         is brought up to date by the next listing, and retention measures the disk anyway.
         """
-        return await anyio.to_thread.run_sync(lambda: self.metadata.record_listing(key, self.workspaces.list_files))
+        lease = fence or self.fence(key)
+        return await anyio.to_thread.run_sync(self.metadata.record_listing, key, self.workspaces.list_files, lease)
 
-    async def write_back(self, key: str) -> None:
-        """Copy conversation ``key``'s changed files to the object store (no-op without one); call it
-        before answering a run or acknowledging an upload.
+    async def write_back(self, key: str, fence: Fence | None = None) -> None:
+        """Copy conversation ``key``'s changed files to the object store (no-op without one), fenced by
+        ``fence`` (default: :meth:`fence`); call it before answering a run or acknowledging an upload.
 
         Raises:
-            WorkspaceError: the store refused or could not be reached.
+            WorkspaceError: the store refused or could not be reached; LeaseLostError: the lease is lost.
         """
         if self.mirror is not None:
-            await anyio.to_thread.run_sync(self.mirror.write_back, key)
+            check = self.metadata.fence_check(key, fence or self.fence(key))
+            await anyio.to_thread.run_sync(self.mirror.write_back, key, check)
 
     async def restore_files(self, key: str) -> None:
         """Make conversation ``key``'s local directory equal to the object store's copy (no-op without

@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.errors import LeaseLostError, QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import METADATA_FILE
 from mcp_sandbox.workspace.database import Database, Transaction
+from mcp_sandbox.workspace.fencing import Check, Fence, hold, unfenced
 from mcp_sandbox.workspace.files import FileEntry, Usage
 from mcp_sandbox.workspace.schema import MIGRATIONS
+from mcp_sandbox.workspace.writing import Admit
 
 __all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
 
@@ -128,13 +130,17 @@ class Metadata:
 
         self._db.run(touch)
 
-    def record_files(self, key: str, entries: Iterable[FileEntry], usage: Usage | None = None) -> None:
-        """Replace conversation ``key``'s recorded files and usage (after a run or an upload).
+    def record_files(
+        self, key: str, entries: Iterable[FileEntry], usage: Usage | None = None, fence: Fence | None = None
+    ) -> None:
+        """Replace conversation ``key``'s recorded files and usage (after a run or an upload), if
+        ``fence`` (when given) still holds its lease (:mod:`.fencing`).
 
         ``usage`` is what :meth:`WorkspaceStore.usage` measured (it also counts the files a
         listing hides); without it, the listed entries' sizes and count are recorded.
 
         Raises:
+            LeaseLostError: ``fence`` no longer holds the lease; nothing was recorded.
             WorkspaceError: the conversation has no row (call :meth:`touch_conversation` first),
                 or the database refused the write.
         """
@@ -144,6 +150,7 @@ class Metadata:
         measured = usage
 
         def record(tx: Transaction) -> None:
+            hold(tx, self._sql, key, fence)
             updated = tx.execute(
                 "UPDATE conversations SET bytes = ?, files = ? WHERE key = ?", (measured.bytes, measured.files, key)
             )
@@ -157,15 +164,19 @@ class Metadata:
 
         self._db.run(record)
 
-    def record_listing(self, key: str, list_files: Callable[[str], Iterable[FileEntry]]) -> list[FileEntry]:
-        """List conversation ``key``'s files with ``list_files(key)`` and :meth:`record_files` them;
-        return the listing, also when the database refused it (logged: the next listing records).
+    def record_listing(
+        self, key: str, list_files: Callable[[str], Iterable[FileEntry]], fence: Fence | None = None
+    ) -> list[FileEntry]:
+        """List conversation ``key``'s files with ``list_files(key)`` and :meth:`record_files` them
+        (fenced by ``fence``); return the listing, also when the database refused it (logged: the
+        next listing records).
 
         One listing and its record at a time per conversation: two uploads each listing and
         recording afterwards interleaved, and the one that listed first, recording last, replaced
         the index's count with a listing that lacked the other's file (issue 37).
 
         Raises:
+            LeaseLostError: ``fence`` no longer holds the lease; nothing was recorded.
             WorkspaceError: the workspace cannot be listed.
         """
         with self._guard:
@@ -175,7 +186,9 @@ class Metadata:
             with lock:
                 listing = list(list_files(key))
                 try:
-                    self.record_files(key, listing)
+                    self.record_files(key, listing, fence=fence)
+                except LeaseLostError:
+                    raise
                 except WorkspaceError as exc:
                     logger.warning("could not record a conversation's files in the metadata database: %s", exc)
                 return listing
@@ -187,19 +200,25 @@ class Metadata:
                 else:
                     del self._listings[key]
 
-    def record_file_within_quota(self, key: str, entry: FileEntry, quota_bytes: int, quota_files: int) -> bool:
+    def record_file_within_quota(
+        self, key: str, entry: FileEntry, quota_bytes: int, quota_files: int, fence: Fence | None = None
+    ) -> bool:
         """Record ``entry`` (new, or replacing the file of its name) in conversation ``key`` if its
-        recorded usage then stays within ``quota_bytes`` and ``quota_files``; return whether it did.
+        recorded usage then stays within ``quota_bytes`` and ``quota_files`` and ``fence`` (when
+        given) still holds its lease; return whether it fitted.
 
-        The check and the write are one transaction that locks the conversation's row first (see
-        :mod:`.database`): of writers that together would pass the quota, on any number of
-        servers sharing the database, only those that fit are recorded.
+        The checks and the write are one transaction that locks the lease's row and then the
+        conversation's (see :mod:`.database`): of writers that together would pass the quota, on
+        any number of servers sharing the database, only those that fit are recorded, and none of
+        a replica that lost the lease.
 
         Raises:
+            LeaseLostError: ``fence`` no longer holds the lease; nothing was recorded.
             WorkspaceError: the conversation has no row, or the database refused the write.
         """
 
         def claim(tx: Transaction) -> bool:
+            hold(tx, self._sql, key, fence)
             rows = tx.query(f"SELECT bytes, files FROM conversations WHERE key = ?{self._sql.for_update}", (key,))
             if not rows:
                 raise WorkspaceError("no such conversation in the metadata database")
@@ -218,6 +237,36 @@ class Metadata:
             return True
 
         return self._db.run(claim)
+
+    def admitting(self, key: str, fence: Fence | None, quota_bytes: int, quota_files: int) -> Admit | None:
+        """What an upload's commit calls among replicas (:meth:`PendingWrite.commit`): records its file
+        with :meth:`record_file_within_quota`, refusing it when that does not fit (None without a fence)."""
+        if fence is None:
+            return None
+
+        def admit(entry: FileEntry) -> None:
+            if self.record_file_within_quota(key, entry, quota_bytes, quota_files, fence):
+                return
+            query = "SELECT bytes, files FROM conversations WHERE key = ?"
+            used, files = self._db.run(lambda tx: tx.query(query, (key,)), write=False)[0]
+            if files >= quota_files:
+                message = f"{entry.name}: the conversation has {files} files, its quota is {quota_files}"
+                raise QuotaExceededError("files", int(files), quota_files, message)
+            quota = f"its quota of {quota_bytes} bytes ({used} are used)"
+            message = f"{entry.name}: the conversation's files would exceed {quota}"
+            raise QuotaExceededError("bytes", int(used), quota_bytes, message)
+
+        return admit
+
+    def fence_check(self, key: str, fence: Fence | None) -> Check:
+        """A check that ``fence`` still holds conversation ``key``'s lease (none without a fence), for a
+        write-back to call before it puts objects and before its manifest.
+
+        The check raises LeaseLostError when it does not, WorkspaceError when the database cannot be reached.
+        """
+        if fence is None:
+            return unfenced
+        return lambda: self._db.run(lambda tx: hold(tx, self._sql, key, fence), write=False)
 
     def record_execution(self, record: ExecutionRecord) -> None:
         """Add one execution to the history.

@@ -45,7 +45,7 @@ from mcp_sandbox.workspace.owner import hand_over
 from mcp_sandbox.workspace.removal import remove_tree
 from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
-from mcp_sandbox.workspace.writing import PendingWrite
+from mcp_sandbox.workspace.writing import Admit, PendingWrite
 
 __all__ = ["WorkspaceStore"]
 
@@ -325,19 +325,21 @@ class WorkspaceStore:
             "files", usage.files, quota, f"{name}: the conversation has {usage.files} files, its quota is {quota}"
         )
 
-    def write_file(self, key: str, name: str, data: bytes | Iterable[bytes], tenant: str | None = None) -> FileEntry:
-        """Store ``data`` (bytes, or an iterable of chunks of unknown total) as ``name``, atomically.
+    def write_file(
+        self, key: str, name: str, data: bytes | Iterable[bytes], tenant: str | None = None, admit: Admit | None = None
+    ) -> FileEntry:
+        """Store ``data`` (bytes, or chunks of unknown total) as ``name``, atomically (``admit``: see ``commit``).
 
         Raises:
             ValidationError: ``name`` is not an acceptable file name.
             QuotaExceededError: the write would exceed the byte or file quota; nothing changed.
-            WorkspaceError: see :meth:`begin_write`; nothing changed.
+            WorkspaceError: see :meth:`begin_write` and :meth:`PendingWrite.commit`; nothing changed.
         """
         chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
         with self.begin_write(key, name, tenant) as pending:
             for chunk in chunks:
                 pending.write(chunk)
-            return pending.commit()
+            return pending.commit(admit)
 
     def open_file(self, key: str, name: str) -> OpenFile:
         """Open regular file ``name`` of conversation ``key`` for serving; the caller closes it.

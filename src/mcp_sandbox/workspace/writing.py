@@ -15,12 +15,15 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.workspace.files import FileEntry, disk_error
 from mcp_sandbox.workspace.reservations import Reservation
 
-__all__ = ["PendingWrite"]
+__all__ = ["Admit", "PendingWrite"]
+
+Admit = Callable[[FileEntry], None]  # see PendingWrite.commit
 
 
 class PendingWrite:
@@ -123,12 +126,17 @@ class PendingWrite:
             self.abort()
             raise disk_error(exc, f"{self.name}: cannot write in the workspace") from exc
 
-    def commit(self) -> FileEntry:
+    def commit(self, admit: Admit | None = None) -> FileEntry:
         """Flush the file to disk and rename it over ``name``; return what was stored.
+
+        ``admit(entry)``, when given, runs once the local quota check passed, just before the rename
+        (under the conversation's lock): among replicas it records the file in the metadata
+        database, fenced by the lease and within the quota there; raising refuses the file.
 
         Raises:
             QuotaExceededError: what the conversation holds now (other writes committed meanwhile)
                 leaves no room for the file; nothing stored has changed.
+            LeaseLostError: ``admit`` found the conversation's lease lost; the same holds.
             WorkspaceError: the file could not be flushed or renamed (e.g. ``name`` became a
                 directory meanwhile); nothing stored has changed.
         """
@@ -138,8 +146,10 @@ class PendingWrite:
             os.fsync(self._fd)
             info = os.fstat(self._fd)
             with self._reservation.committing(info.st_size, self._replaced_size()):
+                if admit is not None:
+                    admit(FileEntry(name=self.name, size=info.st_size, mtime=info.st_mtime))
                 os.rename(self._temporary, self._leaf, src_dir_fd=self._staging, dst_dir_fd=self._parent)
-        except QuotaExceededError:
+        except WorkspaceError:  # over the quota, or the lease lost: the file never enters the workspace
             self.abort()
             raise
         except OSError as exc:

@@ -31,8 +31,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_sandbox.errors import BusyError, DiskFullError, QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed, FileStored
+from mcp_sandbox.replicas.refusals import http_status
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.routes.replica_files import forward_upload, local_is_current
 from mcp_sandbox.server.service import Service
@@ -291,6 +292,10 @@ def _upload(service: Service) -> Callable[[Request], Any]:
     ) -> dict[str, Any]:
         workers = uploads.workers
         started = time.perf_counter()
+        # Among replicas, what it records is fenced by the lease it holds now: a replica stalled past
+        # its lease meanwhile (another took it over) records nothing (workspace/fencing.py).
+        fence, limits = service.fence(key), service.settings.workspaces
+        admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
         try:
             with service.using(key):
                 await service.touch(key, tenant, conversation)
@@ -302,12 +307,12 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                         pending.expect(declared)
                     async for chunk in _batched(stream):
                         await anyio.to_thread.run_sync(pending.write, chunk, limiter=workers)
-                    entry = await anyio.to_thread.run_sync(pending.commit, limiter=workers)
+                    entry = await anyio.to_thread.run_sync(pending.commit, admit, limiter=workers)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pending.abort, limiter=workers)
-                await service.refresh_files(key)
-                await service.write_back(key)  # in the object store before it is acknowledged
+                await service.refresh_files(key, fence)
+                await service.write_back(key, fence)  # in the object store before it is acknowledged
         except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
             outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "http", outcome, 0, time.perf_counter() - started))
@@ -337,12 +342,8 @@ def _upload(service: Service) -> Callable[[Request], Any]:
             return _problem(429, str(exc))
         except ValidationError as exc:
             return _problem(400, str(exc))
-        except QuotaExceededError as exc:
-            return _problem(413, str(exc))
-        except DiskFullError as exc:
-            return _problem(507, str(exc))
-        except WorkspaceError as exc:
-            return _problem(409, str(exc))
+        except WorkspaceError as exc:  # the quota 413, a full disk 507, the lease lost 503 (retry), else 409
+            return _problem(http_status(exc), str(exc))
         except ClientDisconnect:
             return Response(status_code=400)
 

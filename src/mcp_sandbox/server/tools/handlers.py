@@ -170,12 +170,15 @@ class ToolHandlers:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
+                fence = service.fence(key)  # the lease this call runs under (see workspace/fencing.py)
+                limits = service.settings.workspaces
+                admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
                 await service.touch(key, tenant, arguments.conversation)
                 entry = await anyio.to_thread.run_sync(
-                    service.workspaces.write_file, key, arguments.filename, iter([arguments.content])
+                    service.workspaces.write_file, key, arguments.filename, iter([arguments.content]), None, admit
                 )
-                await service.refresh_files(key)
-                await service.write_back(key)  # in the object store before it is acknowledged
+                await service.refresh_files(key, fence)
+                await service.write_back(key, fence)  # in the object store before it is acknowledged
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))

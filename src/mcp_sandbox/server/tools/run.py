@@ -25,7 +25,7 @@ import mcp_types as types
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
-from mcp_sandbox.errors import BusyError, SandboxError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, LeaseLostError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
@@ -206,15 +206,20 @@ class RunTool:
             data["fork"] = call.fork.report(result.forked)
         files_bytes = 0
         if call.key is not None:
-            entries = await service.refresh_files(call.key)
+            try:
+                entries = await service.refresh_files(call.key)
+            except LeaseLostError as exc:  # taken over meanwhile: what this run wrote here is not the conversation's
+                entries = []
+                data["warning"] = f"Files not saved: {exc}."
+            else:
+                if (warning := over_quota(service.settings, entries)) is not None:
+                    data["warning"] = warning
+                try:
+                    await service.write_back(call.key)  # the run's files in the object store before the answer
+                except WorkspaceError as exc:
+                    data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
             files_bytes = sum(entry.size for entry in entries)
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
-            if (warning := over_quota(service.settings, entries)) is not None:
-                data["warning"] = warning
-            try:
-                await service.write_back(call.key)  # the run's files in the object store before the answer
-            except WorkspaceError as exc:
-                data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
         service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
         content += [
