@@ -140,8 +140,9 @@ class Mirror:
             after.files.pop(name, None)
         small += repack(after, manifest, local)
 
+        spool = self._staging
         jobs = [functools.partial(write_file, self.objects, root, under, item) for item in large]
-        jobs += [functools.partial(write_pack, self.objects, root, under, batch) for batch in batches(small)]
+        jobs += [functools.partial(write_pack, self.objects, root, under, spool, batch) for batch in batches(small)]
         stored = list(self.objects.parallel(lambda job: job(), jobs))
         for pack, size, entries in stored:
             if pack is not None:

@@ -13,6 +13,7 @@ import io
 import os
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from mcp_sandbox.errors import ValidationError, WorkspaceError
@@ -104,37 +105,46 @@ def read_index(objects: ObjectStore, under: str) -> Index:
     return Index.decode(into.getvalue())
 
 
-def write_pack(objects: ObjectStore, root: int, under: str, batch: list[tuple[str, os.stat_result]]) -> Stored:
-    """Store the files ``batch`` of the workspace open at ``root`` as one new pack.
+def write_pack(
+    objects: ObjectStore, root: int, under: str, spool: Path, batch: list[tuple[str, os.stat_result]]
+) -> Stored:
+    """Store the files ``batch`` of the workspace open at ``root`` as one new pack (made in an
+    unnamed temporary file in the directory ``spool``, not in memory).
 
     A file that grew past :data:`SMALL` meanwhile is stored on its own instead; one removed or
     replaced by a symlink is left out (the next write-back sees it).
 
     Raises:
-        WorkspaceError: the store refused.
+        WorkspaceError: the store or the disk refused.
     """
-    pack, body = new_pack(), io.BytesIO()
+    pack = new_pack()
     entries: list[tuple[str, Entry]] = []
-    for name, _ in batch:
-        try:
-            opened = open_file_in(os.dup(root), name)
-        except WorkspaceError:
-            continue
-        with opened:
-            mtime = os.fstat(opened.fd).st_mtime_ns
-            if opened.size >= SMALL:
-                with os.fdopen(os.dup(opened.fd), "rb") as alone:
-                    entries.append((name, (opened.size, mtime, objects.put(under + name, alone))))
-                continue
-            offset = body.tell()
-            for chunk in opened.chunks(SMALL):
-                body.write(chunk)
-            # The bytes read: a file that shrank meanwhile differs from its entry and is sent again.
-            entries.append((name, (body.tell() - offset, mtime, pack_tag(pack, offset))))
-    size = body.tell()
-    if not any(is_pack_tag(entry[2]) for _, entry in entries):
-        return None, 0, entries
-    objects.put(under + pack, body.getvalue())
+    try:
+        with os.fdopen(os.open(spool, os.O_RDWR | os.O_TMPFILE | os.O_CLOEXEC, 0o600), "w+b") as body:
+            for name, _ in batch:
+                try:
+                    opened = open_file_in(os.dup(root), name)
+                except WorkspaceError:
+                    continue
+                with opened:
+                    mtime = os.fstat(opened.fd).st_mtime_ns
+                    if opened.size >= SMALL:
+                        with os.fdopen(os.dup(opened.fd), "rb") as alone:
+                            entries.append((name, (opened.size, mtime, objects.put(under + name, alone))))
+                        continue
+                    offset = body.tell()
+                    for chunk in opened.chunks(SMALL):
+                        body.write(chunk)
+                    # The bytes read: a file that shrank meanwhile differs from its entry and is sent again.
+                    entries.append((name, (body.tell() - offset, mtime, pack_tag(pack, offset))))
+            size = body.tell()
+            if not any(is_pack_tag(entry[2]) for _, entry in entries):
+                return None, 0, entries
+            body.flush()
+            body.seek(0)
+            objects.put(under + pack, body)
+    except OSError as exc:
+        raise disk_error(exc, "cannot store the workspace's files") from exc
     return pack, size, entries
 
 
