@@ -10,6 +10,8 @@ directly, so the figures are the store's and the mirror's, not a run's:
 - **write-back, nothing changed**: what every run of a conversation pays after it (a walk of the
   directory and the manifest), over the 100 x 1 MB workspace.
 - **write-back, 1 MB written**: one of those files rewritten with new content before each one.
+- **write-back, 100 KB written**: the same over the 1,000 x 100 KB workspace (a small file, which
+  goes into a pack with the workspace's index of packed files rewritten).
 
 Each line gives the wall time, the CPU time of this process (the mirror and boto3) and of the
 store's process: on a busy machine the wall time follows the load, the CPU times do not.
@@ -112,6 +114,12 @@ def main() -> None:
             target = store.directory(key) / "f0000.bin"
             ms = _median_ms(args.runs * 4, lambda: target.write_bytes(os.urandom(MB)), lambda: mirror.write_back(key))
             _print("write-back, 1 MB written (100 files)", ms, ".1f")
+            key = store.key("bench", "restore-1000")
+            small = store.directory(key) / "f0000.bin"
+            ms = _median_ms(
+                args.runs * 4, lambda: small.write_bytes(os.urandom(100 << 10)), lambda: mirror.write_back(key)
+            )
+            _print("write-back, 100 KB written (1,000 files)", ms, ".1f")
         finally:
             objects.close()
 

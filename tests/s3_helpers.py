@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import os
 import random
 import secrets
@@ -30,7 +31,18 @@ from typing import Any
 
 import pytest
 
-__all__ = ["BUCKET", "bucket", "delete_object", "objects", "require_s3", "s3_env", "s3_server", "store_url"]
+__all__ = [
+    "BUCKET",
+    "bucket",
+    "delete_file",
+    "delete_object",
+    "files",
+    "objects",
+    "require_s3",
+    "s3_env",
+    "s3_server",
+    "store_url",
+]
 
 BUCKET = "mcp-sandbox-test"
 _PREFIX = "mcp-sandbox-test-s3-"
@@ -173,6 +185,38 @@ def objects(endpoint: str, url: str) -> dict[str, bytes]:
         for item in page.get("Contents", []):
             found[item["Key"][len(prefix) :]] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
     return found
+
+
+_PACKS = "/.mcp-sandbox-packs/"
+
+
+def files(endpoint: str, url: str) -> dict[str, bytes]:
+    """The files the store holds under ``url``, each named as its own object would be
+    (``workspaces/<key>/<name>``), whether it is one or is in a pack its workspace's index names."""
+    found = objects(endpoint, url)
+    stored = {name: body for name, body in found.items() if _PACKS not in name}
+    for name, body in found.items():
+        if name.endswith(_PACKS + "index.json"):
+            workspace = name.removesuffix(_PACKS + "index.json") + "/"
+            for file, (pack, offset, length) in json.loads(body)["files"].items():
+                stored[workspace + file] = found[workspace + pack][offset : offset + length]
+    return stored
+
+
+def delete_file(endpoint: str, url: str, name: str) -> None:
+    """Remove file ``name`` (``workspaces/<key>/<file>``) from the store behind the server's back:
+    its object, or its entry in its workspace's index of packed files."""
+    workspace, _, file = name.partition("/")[2].partition("/")
+    workspace = f"workspaces/{workspace}"
+    found = objects(endpoint, url)
+    index_name = workspace + _PACKS + "index.json"
+    if index_name in found and file in (index := json.loads(found[index_name]))["files"]:
+        del index["files"][file]
+        client = _client(endpoint)
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        client.put_object(Bucket=bucket, Key=prefix.strip("/") + "/" + index_name, Body=json.dumps(index).encode())
+    else:
+        delete_object(endpoint, url, name)
 
 
 def delete_object(endpoint: str, url: str, name: str) -> None:

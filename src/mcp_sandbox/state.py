@@ -23,7 +23,7 @@
       uploads/                  0700  files being uploaded, renamed into a workspace when complete
         <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
       mirror/                   0700  with object_store_url: what the store holds of each workspace and
-        <key>.json              0600    library (size, mtime, ETag per file; replicas/mirror.py)
+        <key>.json              0600    library (size, mtime, ETag or pack per file; replicas/mirror.py)
       stubs/                    0711  generated stub packages of downstream tools (bridge/stubs.py)
       logs/                     0700  each stdio downstream server's stderr (bridge/clients.py)
         egress.log              0600  one JSON line per egress connection, rotated (egress/audit.py)

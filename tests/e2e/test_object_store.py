@@ -37,7 +37,7 @@ from mcp_test_helpers import (
     upload,
 )
 from postgres_helpers import Cluster
-from s3_helpers import bucket, delete_object, objects, s3_env, store_url
+from s3_helpers import bucket, delete_file, files, objects, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -52,7 +52,7 @@ def _config(directory: Path) -> Path:
 
 def _files(endpoint: str, url: str) -> dict[str, bytes]:
     """The store's workspace files under ``url``: {file name: content} (one conversation's)."""
-    found = objects(endpoint, url)
+    found = files(endpoint, url)
     return {name.split("/", 2)[2]: data for name, data in found.items() if name.startswith("workspaces/")}
 
 
@@ -128,8 +128,8 @@ async def test_a_run_that_changes_nothing_uploads_nothing_and_deleted_files_leav
         )
         assert set(_files(s3_endpoint, url)) == {"a.txt", "b.txt"}
         # Removed behind the server's back: a run that changes nothing must not put it there again.
-        (name,) = [name for name in objects(s3_endpoint, url) if name.endswith("/a.txt")]
-        delete_object(s3_endpoint, url, name)
+        (name,) = [name for name in files(s3_endpoint, url) if name.endswith("/a.txt")]
+        delete_file(s3_endpoint, url, name)
         await run_over_http(base, ALICE, "print(sorted(__import__('os').listdir()))", conversationId=conversation)
         assert set(_files(s3_endpoint, url)) == {"b.txt"}
 

@@ -30,7 +30,7 @@ from mcp_sandbox.workspace import derive_key
 from mcp_test_helpers import CALL_BOUND, new_conversation, structured, upload
 from postgres_helpers import Cluster
 from replica_helpers import lease_rows, shared_secret
-from s3_helpers import objects
+from s3_helpers import files
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.anyio, pytest.mark.slow]
 
@@ -117,7 +117,7 @@ def indexed_bytes(replicas: ReplicaSet, conversation: str) -> int:
 def stored(s3_endpoint: str, replicas: ReplicaSet, conversation: str) -> dict[str, bytes]:
     """The conversation's files in the store (keys under the set's prefix naming it)."""
     key = conversation_key(replicas, conversation)
-    return {name: body for name, body in objects(s3_endpoint, replicas.store_url).items() if key in name}
+    return {name: body for name, body in files(s3_endpoint, replicas.store_url).items() if key in name}
 
 
 async def test_concurrent_uploads_through_two_replicas_cannot_pass_the_quota(

@@ -25,7 +25,7 @@ import pytest
 from mcp_test_helpers import new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas
-from s3_helpers import objects, s3_env, store_url
+from s3_helpers import files, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
 
@@ -106,7 +106,7 @@ async def test_an_owner_stalled_past_its_lease_mid_upload_is_refused_and_the_quo
         stalled = replies[0]
         retried = await upload(owner.url, TOKEN, conversation, "stalled.bin", b"s" * (60 << 10))
         listed = await call(other, "run_python", {"conversationId": conversation, "code": LIST})
-        stored = await anyio.to_thread.run_sync(objects, s3_endpoint, prefix)
+        stored = await anyio.to_thread.run_sync(files, s3_endpoint, prefix)
 
         assert taken.status_code == 201, taken.text
         assert stalled.status_code == 503, stalled.text  # the lease was lost: send it again

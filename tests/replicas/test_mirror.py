@@ -15,7 +15,7 @@ from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
-from s3_helpers import objects, s3_env, store_url
+from s3_helpers import files, objects, s3_env, store_url
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_write_back_sends_changes_only_and_restore_makes_the_directory_equal_to_
 
     (directory / "a.txt").unlink()
     assert mirror.write_back(key) == Changes(deleted=1)
-    assert sorted(name.split("/", 2)[2] for name in objects(s3_endpoint, url)) == ["d/b.txt"]
+    assert sorted(name.split("/", 2)[2] for name in files(s3_endpoint, url)) == ["d/b.txt"]
 
 
 def test_write_back_does_not_follow_a_symlink_the_code_made(

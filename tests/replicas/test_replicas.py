@@ -28,7 +28,7 @@ from mcp_sandbox.workspace import derive_key
 from mcp_test_helpers import http_client, http_server, mcp_sandbox_cli, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas, shared_secret
-from s3_helpers import objects, s3_env, store_url
+from s3_helpers import files, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
 
@@ -351,7 +351,7 @@ async def test_a_tenant_over_its_budget_loses_only_the_conversations_no_replica_
         await run(second, on_second, "y = 2\nopen('b.bin', 'wb').write(b'b' * (600 << 10))")
 
         def stored() -> set[str]:
-            return {name.rsplit("/", 1)[-1] for name in objects(s3_endpoint, prefix)}
+            return {name.rsplit("/", 1)[-1] for name in files(s3_endpoint, prefix)}
 
         # 1.5 MiB over a budget of 1: the idle conversation goes once its lease is given back; the
         # two with a live session, each on its own replica, stay (nothing else can be evicted).

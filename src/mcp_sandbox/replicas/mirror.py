@@ -1,44 +1,54 @@
-"""A conversation's workspace mirrored to the object store, at ``prefix/workspaces/<key>/<name>``.
+"""A conversation's workspace mirrored to the object store, under ``prefix/workspaces/<key>/``.
 
 :meth:`Mirror.write_back` uploads the files that changed since the last write-back or restore
-and deletes the objects of files that are gone: a manifest per workspace (``state_dir/mirror/
-<key>.json``: size, ``st_mtime_ns`` and the object's ETag of each file) tells what changed
-without reading any file. :meth:`Mirror.restore` makes the local directory equal to the store's
-copy: it downloads what is missing or differs and removes local extras. What is mirrored is what
-the listing serves (and the metadata index counts): regular files under acceptable names, read
-and written through the no-follow helpers of :mod:`mcp_sandbox.workspace.files`, so a run's
-symlinks lead nowhere; restored files are the tenant's host uid's, as uploads are. The earlier
-runner's links name their conversation at ``prefix/runner-links/<digest>``. Transfers run in
-parallel on the store's threads; the methods block (call them from a worker thread).
+and deletes what is gone: a manifest per workspace (``state_dir/mirror/<key>.json``: size,
+``st_mtime_ns`` and ETag or pack of each file) tells what changed without reading any file.
+Small files go into packs named by an index (:mod:`.packs`: a thousand small files restore in a
+few requests, not a thousand), large ones are an object each, at ``<key>/<name>`` as before packs
+(a store written then restores as it is). :meth:`Mirror.restore` makes the local directory equal
+to the store's copy. What is mirrored is what the listing serves: regular files under acceptable
+names, read and written through the no-follow helpers (:mod:`.transfers`), owned by the tenant's
+host uid. The earlier runner's links name their conversation at ``prefix/runner-links/<digest>``.
+Transfers run in parallel on the store's threads; the methods block (call them from a thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
-import json
 import os
 import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
+from mcp_sandbox.replicas.packs import (
+    INDEX,
+    PACKS,
+    SMALL,
+    Index,
+    Manifest,
+    batches,
+    is_pack_tag,
+    load_manifest,
+    repack,
+    save_manifest,
+    untag,
+)
+from mcp_sandbox.replicas.transfers import Placer, read_index, read_pack, write_file, write_pack
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
 from mcp_sandbox.workspace.fencing import Check, unfenced
-from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, open_file_in, open_parent, unlink_in
+from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, unlink_in
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
 __all__ = ["Changes", "Mirror"]
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a conversation's directory
-
-# name -> (size, st_mtime_ns, ETag): what the store holds for the local file of that size and mtime.
-Manifest = dict[str, tuple[int, int, str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,32 +80,9 @@ class Mirror:
     def _under(key: str) -> str:
         return f"workspaces/{key}/"
 
-    # --- the manifest ---
-
     def _manifest_path(self, key: str) -> Path:
         self._workspaces.directory(key)  # checks the key's form
         return self._manifests / f"{key}.json"
-
-    @staticmethod
-    def _load(path: Path) -> Manifest:
-        try:
-            raw = json.loads(path.read_bytes())
-            return {str(name): (int(size), int(mtime), str(etag)) for name, (size, mtime, etag) in raw.items()}
-        except (FileNotFoundError, ValueError, TypeError, AttributeError):
-            return {}  # none yet, or torn by a crash: everything counts as changed
-
-    def _save(self, path: Path, manifest: Manifest) -> None:
-        try:
-            self._manifests.mkdir(mode=0o700, exist_ok=True)
-            temporary = path.with_name(f".{os.getpid()}-{secrets.token_hex(6)}")
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(json.dumps(manifest))
-            temporary.replace(path)
-        except OSError as exc:
-            raise disk_error(exc, "cannot record what the object store holds") from exc
-
-    # --- the local side ---
 
     def _open_root(self, key: str) -> int | None:
         try:
@@ -125,12 +112,14 @@ class Mirror:
             if root is None:
                 return Changes()
             try:
-                return self._write_back(root, self._under(key), self._manifest_path(key), fence)
+                return self._write_back(root, self._under(key), self._manifest_path(key), packed=True, fence=fence)
             finally:
                 os.close(root)
 
-    def _write_back(self, root: int, under: str, manifest_path: Path, fence: Check = unfenced) -> Changes:
-        manifest = self._load(manifest_path)
+    def _write_back(
+        self, root: int, under: str, manifest_path: Path, *, packed: bool, fence: Check = unfenced
+    ) -> Changes:
+        manifest = load_manifest(manifest_path)
         local = self._local(root)
         changed = [
             (name, info)
@@ -141,30 +130,49 @@ class Mirror:
         if not changed and not gone:
             return Changes()  # the manifest stays as it is: rewriting it is most of a write-back's cost
         fence()
+        small = [(name, info) for name, info in changed if packed and info.st_size < SMALL]
+        large = [(name, info) for name, info in changed if not packed or info.st_size >= SMALL]
+        touched = [*gone, *dict(changed)]
+        index = Index()
+        if packed and (small or not manifest or any(is_pack_tag(manifest.get(n, (0, 0, ""))[2]) for n in touched)):
+            index = read_index(self.objects, under)  # the store's: a packed file changed or went
+        after = index.copy()
+        for name in touched:
+            after.files.pop(name, None)
+        small += repack(after, manifest, local)
 
-        def upload(item: tuple[str, os.stat_result]) -> tuple[str, tuple[int, int, str]] | None:
-            name, info = item
-            try:
-                opened = open_file_in(os.dup(root), name)
-            except WorkspaceError:
-                return None  # removed or replaced by a symlink meanwhile: the next write-back sees it
-            with opened, os.fdopen(os.dup(opened.fd), "rb") as body:
-                etag = self.objects.put(under + name, body)
-            return name, (info.st_size, info.st_mtime_ns, etag)
-
+        spool = self._staging
+        jobs = [functools.partial(write_file, self.objects, root, under, item) for item in large]
+        jobs += [functools.partial(write_pack, self.objects, root, under, spool, batch) for batch in batches(small)]
+        stored = list(self.objects.parallel(lambda job: job(), jobs))
+        for pack, size, entries in stored:
+            if pack is not None:
+                after.packs[pack] = size
+            for name, entry in entries:
+                if is_pack_tag(entry[2]):
+                    after.files[name] = (*untag(entry[2]), entry[0])
+        dead = [pack for pack, used in after.live().items() if used == 0]
+        for pack in dead:
+            del after.packs[pack]
+        superseded = [under + name for name in gone if not is_pack_tag(manifest[name][2])]
+        # Objects of files now packed, and packs no file uses: deleted once the index no longer needs them.
+        superseded += [under + name for name in after.files if not is_pack_tag(manifest.get(name, (0, 0, "pack:"))[2])]
+        superseded += [under + pack for pack in dead]
+        fence()  # the lease lost meanwhile: no index, no manifest (what was put is the new owner's to account for)
+        if after != index:
+            # The packs it names are stored: from here on they are the workspace's files.
+            if after.files:
+                self.objects.put(under + INDEX, after.encode())
+            else:
+                superseded.append(under + INDEX)
         try:
-            for done in self.objects.parallel(upload, changed):
-                if done is not None:
-                    manifest[done[0]] = done[1]
-            if gone:
-                self.objects.delete(under + name for name in gone)
-                for name in gone:
-                    del manifest[name]
-        except BaseException:
-            self._save(manifest_path, manifest)
-            raise
-        fence()  # the lease lost meanwhile: no manifest (what was put is the new owner's to account for)
-        self._save(manifest_path, manifest)
+            for name in gone:
+                del manifest[name]
+            manifest.update(entry for _, _, entries in stored for entry in entries)
+            if superseded:
+                self.objects.delete(superseded)
+        finally:
+            save_manifest(manifest_path, manifest)
         return Changes(len(changed), sum(info.st_size for _, info in changed), len(gone))
 
     # --- restore ---
@@ -182,10 +190,8 @@ class Mirror:
         """:meth:`restore` conversation ``key`` unless this server has its directory already, then
         make the directory; one caller at a time per conversation.
 
-        Concurrent first requests of a conversation each found no directory and each restored: a
-        later restore removed, as extras the store lacked, files an earlier request had stored
-        meanwhile and not yet written back (acknowledged files lost, and their room in the quota
-        given again).
+        Once: a second restore would remove, as extras the store lacks, files the first
+        requests stored meanwhile and did not yet write back.
 
         Raises:
             WorkspaceError: see :meth:`restore`.
@@ -198,86 +204,74 @@ class Mirror:
             return changes
 
     def _restore_key(self, key: str, tenant: str | None) -> Changes:
-        remote = {item.name: item for item in self.objects.list(self._under(key))}
-        if not remote and not self._workspaces.directory(key).is_dir():
+        listed = self.objects.list(self._under(key))
+        if not listed and not self._workspaces.directory(key).is_dir():
             return Changes()  # a new conversation: no directory made for nothing
         self._workspaces.ensure(key, tenant)
         root = self._open_root(key)
         if root is None:
             raise WorkspaceError("the conversation's workspace vanished while it was restored")
         try:
-            return self._restore(root, self._under(key), self._manifest_path(key), remote)
+            return self._restore(root, self._under(key), self._manifest_path(key), listed, packed=True)
         finally:
             os.close(root)
 
-    def _restore(self, root: int, under: str, manifest_path: Path, remote: dict[str, StoredObject]) -> Changes:
-        manifest = self._load(manifest_path)
+    def _restore(
+        self, root: int, under: str, manifest_path: Path, listed: list[StoredObject], *, packed: bool
+    ) -> Changes:
+        manifest = load_manifest(manifest_path)
+        index = read_index(self.objects, under) if packed and any(item.name == INDEX for item in listed) else Index()
+        kept = {item.name: item for item in listed if not (packed and item.name.startswith(PACKS))}
+        orphans = {item.name for item in listed if packed and item.name.startswith(PACKS)} - {INDEX}
+        if not set(index.packs) <= orphans:
+            raise WorkspaceError("a pack of the workspace is missing from the object store")
+        orphans -= set(index.packs)
+        shadowed = [name for name in kept if name in index.files]  # an older copy the index replaced
+        remote = {name: (item.size, item.etag) for name, item in kept.items()}
+        remote |= {name: (length, index.tag(name)) for name, (_, _, length) in index.files.items()}
         local = self._local(root)
         info = os.fstat(root)
         owner = (info.st_uid, info.st_gid) if os.geteuid() == 0 else None
-        wanted: list[StoredObject] = []
-        for item in remote.values():
-            have, known = local.get(item.name), manifest.get(item.name)
-            if have is not None and known == (have.st_size, have.st_mtime_ns, item.etag):
-                continue
-            wanted.append(item)
+        wanted: list[str] = []
+        for name, (_, tag) in remote.items():
+            have, known = local.get(name), manifest.get(name)
+            if have is None or known != (have.st_size, have.st_mtime_ns, tag):
+                wanted.append(name)
         extras = [name for name in local if name not in remote]
-        fetched = {item.name for item in wanted}
+        fetched = set(wanted)
         fresh: Manifest = {name: entry for name, entry in manifest.items() if name in remote and name not in fetched}
+        by_pack: dict[str, list[str]] = {}
+        for name in wanted:
+            if name in index.files:
+                by_pack.setdefault(index.files[name][0], []).append(name)
 
         try:
             staging = os.open(self._staging, DIR_FLAGS)
         except OSError as exc:
             raise disk_error(exc, "cannot restore the workspace") from exc
+        place = functools.partial(Placer, root, staging, owner)
 
-        def download(item: StoredObject) -> tuple[str, tuple[int, int, str]]:
-            return item.name, self._download(under, root, staging, item.name, owner)
+        def download(name: str) -> list[tuple[str, tuple[int, int, str]]]:
+            return [(name, place(name).fill(lambda into: self.objects.get(under + name, into)))]
 
+        def unpack(pack: str) -> list[tuple[str, tuple[int, int, str]]]:
+            return read_pack(self.objects, under, pack, index, by_pack[pack], place)
+
+        jobs = [functools.partial(download, name) for name in wanted if name not in index.files]
+        jobs += [functools.partial(unpack, pack) for pack in by_pack]
         try:
-            for name, entry in self.objects.parallel(download, wanted):
-                fresh[name] = entry
+            for entries in self.objects.parallel(lambda job: job(), jobs):
+                fresh.update(entries)
             for name in extras:
                 unlink_in(root, name)
+            if orphans or shadowed:
+                # Left by a write-back that never finished, or replaced by the index: nothing names them.
+                with contextlib.suppress(WorkspaceError):
+                    self.objects.delete([under + name for name in (*orphans, *shadowed)])
         finally:
             os.close(staging)
-            self._save(manifest_path, fresh)
-        return Changes(len(wanted), sum(item.size for item in wanted), len(extras))
-
-    def _download(
-        self, under: str, root: int, staging: int, name: str, owner: tuple[int, int] | None
-    ) -> tuple[int, int, str]:
-        """Fetch object ``name`` into the workspace (a temporary file in ``uploads/`` renamed into place)."""
-        try:
-            check_filename(name)
-        except ValidationError as exc:
-            raise WorkspaceError(f"the object store holds a file under an unacceptable name: {exc}") from None
-        temporary = f"{os.getpid()}-{secrets.token_hex(12)}"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            with os.fdopen(os.open(temporary, flags, 0o600, dir_fd=staging), "wb") as into:
-                renamed = False
-                try:
-                    etag = self.objects.get(under + name, into)
-                    into.flush()
-                    os.fchmod(into.fileno(), 0o600)
-                    if owner is not None:
-                        os.fchown(into.fileno(), *owner)
-                    parent = open_parent(root, name, create=True, owner=owner)
-                    try:
-                        os.rename(temporary, name.rsplit("/", 1)[-1], src_dir_fd=staging, dst_dir_fd=parent)
-                        renamed = True
-                    finally:
-                        os.close(parent)
-                    info = os.fstat(into.fileno())
-                finally:
-                    if not renamed:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(temporary, dir_fd=staging)
-        except FileNotFoundError:
-            raise WorkspaceError(f"{name}: removed from the object store while it was restored") from None
-        except OSError as exc:
-            raise disk_error(exc, f"{name}: cannot restore the file") from exc
-        return info.st_size, info.st_mtime_ns, etag
+            save_manifest(manifest_path, fresh)
+        return Changes(len(wanted), sum(remote[name][0] for name in wanted), len(extras))
 
     # --- a tenant's library (saved tools and memories) ---
 
@@ -301,7 +295,7 @@ class Mirror:
             if root is None:
                 return Changes()
             try:
-                return self._write_back(root, under, manifest)
+                return self._write_back(root, under, manifest, packed=False)
             finally:
                 os.close(root)
 
@@ -313,8 +307,8 @@ class Mirror:
         """
         under, manifest = self._library(directory)
         with self._lock(under):
-            remote = {item.name: item for item in self.objects.list(under)}
-            if not remote and not directory.is_dir():
+            listed = self.objects.list(under)
+            if not listed and not directory.is_dir():
                 return Changes()
             try:
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -322,7 +316,7 @@ class Mirror:
             except OSError as exc:
                 raise disk_error(exc, "the library cannot be written") from exc
             try:
-                return self._restore(root, under, manifest, remote)
+                return self._restore(root, under, manifest, listed, packed=False)
             finally:
                 os.close(root)
 
@@ -341,9 +335,15 @@ class Mirror:
             fd = os.open(self._staging, os.O_RDWR | os.O_TMPFILE | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise disk_error(exc, f"{name}: cannot read the file") from exc
+        under = self._under(key)
         try:
+            index = read_index(self.objects, under)
             with os.fdopen(os.dup(fd), "wb") as into:
-                self.objects.get(self._under(key) + name, into)
+                if name in index.files:
+                    pack, offset, length = index.files[name]
+                    self.objects.get_range(under + pack, offset, length, into)
+                else:
+                    self.objects.get(under + name, into)
         except FileNotFoundError:
             os.close(fd)
             raise WorkspaceError(f"{name}: no such file in the workspace") from None

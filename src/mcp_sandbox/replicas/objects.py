@@ -174,6 +174,34 @@ class ObjectStore:
             raise self._fail(exc, "read a file") from None
         return reply["ETag"]
 
+    def get_range(self, name: str, offset: int, length: int, into: IO[bytes]) -> None:
+        """Write ``length`` bytes of object ``name`` from ``offset`` into ``into``.
+
+        Raises:
+            FileNotFoundError: there is no such object.
+            WorkspaceError: the store refused, could not be reached, or sent another length.
+        """
+        if length == 0:
+            return
+        received = 0
+        try:
+            reply = self._client.get_object(
+                Bucket=self.bucket, Key=self.prefix + name, Range=f"bytes={offset}-{offset + length - 1}"
+            )
+            body = reply["Body"]
+            try:
+                for chunk in body.iter_chunks(_CHUNK):
+                    into.write(chunk)
+                    received += len(chunk)
+            finally:
+                body.close()
+        except self._client.exceptions.NoSuchKey:
+            raise FileNotFoundError(name) from None
+        except Exception as exc:
+            raise self._fail(exc, "read a file") from None
+        if received != length:
+            raise self._fail(RuntimeError("short range"), "read a file")
+
     def _get_direct(self, name: str, into: IO[bytes]) -> str | None:
         """A presigned GET of ``name`` streamed into ``into``: its ETag, or None unless the store
         answered 200 with the whole body."""
