@@ -160,19 +160,7 @@ class ObjectStore:
             return etag
         into.seek(start)
         into.truncate()
-        try:
-            reply = self._client.get_object(Bucket=self.bucket, Key=self.prefix + name)
-            body = reply["Body"]
-            try:
-                for chunk in body.iter_chunks(_CHUNK):
-                    into.write(chunk)
-            finally:
-                body.close()
-        except self._client.exceptions.NoSuchKey:
-            raise FileNotFoundError(name) from None
-        except Exception as exc:
-            raise self._fail(exc, "read a file") from None
-        return reply["ETag"]
+        return self._read(name, into, None)[0]
 
     def get_range(self, name: str, offset: int, length: int, into: IO[bytes]) -> None:
         """Write ``length`` bytes of object ``name`` from ``offset`` into ``into``.
@@ -183,11 +171,23 @@ class ObjectStore:
         """
         if length == 0:
             return
-        received = 0
+        if self._read(name, into, f"bytes={offset}-{offset + length - 1}")[1] != length:
+            raise self._fail(RuntimeError("short range"), "read a file")
+
+    def _read(self, name: str, into: IO[bytes], byte_range: str | None) -> tuple[str, int]:
+        """Object ``name`` (``byte_range`` of it, if given) written into ``into`` by the client: its
+        ETag and the bytes written.
+
+        Raises:
+            FileNotFoundError: there is no such object.
+            WorkspaceError: the store refused or could not be reached.
+        """
+        key, received = self.prefix + name, 0
         try:
-            reply = self._client.get_object(
-                Bucket=self.bucket, Key=self.prefix + name, Range=f"bytes={offset}-{offset + length - 1}"
-            )
+            if byte_range is None:
+                reply = self._client.get_object(Bucket=self.bucket, Key=key)
+            else:
+                reply = self._client.get_object(Bucket=self.bucket, Key=key, Range=byte_range)
             body = reply["Body"]
             try:
                 for chunk in body.iter_chunks(_CHUNK):
@@ -199,8 +199,7 @@ class ObjectStore:
             raise FileNotFoundError(name) from None
         except Exception as exc:
             raise self._fail(exc, "read a file") from None
-        if received != length:
-            raise self._fail(RuntimeError("short range"), "read a file")
+        return reply["ETag"], received
 
     def _get_direct(self, name: str, into: IO[bytes]) -> str | None:
         """A presigned GET of ``name`` streamed into ``into``: its ETag, or None unless the store
