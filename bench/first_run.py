@@ -1,9 +1,9 @@
-"""A conversation's first run over MCP stdio: a session started from nothing against one born of a zygote.
+"""A conversation's first run over MCP stdio: a session started from nothing against one born of a ready one.
 
 Each sample is the first `run_python` call of a new `conversationId` (so a new session), end to
 end over stdio with the official SDK client, on two servers run in turn, several rounds in
 alternation: one with `session_ready=0` (today's path: a session's sandbox started for the
-call) and one with the default (a session-ready sandbox claimed, its zygote's child the
+call) and one with the default (a session-ready sandbox claimed, its runner the
 session's interpreter). Calls are paced (`--pause`) so the pool refills between them, and idle
 sessions expire after 1 s so that no eviction falls on a measured call. Medians, p95, p99 in ms.
 
@@ -38,7 +38,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 PANDAS = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\nprint(int(df.a.sum()))"
 SCRIPTS = {"print(1)": "print(1)", "pandas script": PANDAS}
-PATHS = {"from nothing": "0", "born of a zygote": "2"}  # 2, the default: a preloading one and a light one
+PATHS = {"from nothing": "0", "born of a ready sandbox": "2"}  # 2, the default: a preloading one and a light one
 TOKENS = {"default": "default-bench-token-0123456789abcdef", "token tenant": "alice-bench-token-0123456789abcdef"}
 START_BOUND = 60.0
 
@@ -191,14 +191,14 @@ async def main() -> None:
             median, p95, p99 = quantiles(samples)
             medians[path, label] = median
             print(f"  {label + ', ' + path:<52} {median:8.2f} {p95:8.2f} {p99:8.2f}  n={len(samples)}")
-    print("ratios (from nothing / born of a zygote, medians)")
+    print("ratios (from nothing / born of a ready sandbox, medians)")
     for label in SCRIPTS:
-        ratio = medians["from nothing", label] / medians["born of a zygote", label]
+        ratio = medians["from nothing", label] / medians["born of a ready sandbox", label]
         print(f"  {label:<52} {ratio:8.1f}x")
     if not tenants["default"]["print(1)"]:
         print("(not root: no token tenant's line, every tenant would share one uid)")
         return
-    print(f"\nborn of a zygote, end to end over Streamable HTTP (ms){'median':>12} {'p95':>8} {'p99':>8}")
+    print(f"\nborn of a ready sandbox, end to end over Streamable HTTP (ms){'median':>12} {'p95':>8} {'p99':>8}")
     for label in SCRIPTS:
         for tenant in TOKENS:
             median, p95, p99 = quantiles(tenants[tenant][label])

@@ -1,7 +1,7 @@
-"""Memory per idle session and throughput in existing conversations: sessions born of a zygote or not.
+"""Memory per idle session and throughput in existing conversations: sessions born of a ready sandbox or not.
 
 Two servers over stdio (the official SDK client), in turn, ``--rounds`` times in alternation: the
-default (a conversation's first run claims a session-ready sandbox, one whose zygote preloaded
+default (a conversation's first run claims a session-ready sandbox, one whose runner preloaded
 nothing for a first run that names no ``pool_preload`` module, as ``print(1)``) and
 ``session_ready=0`` (the session's sandbox started for its first run). On each, ``--sessions``
 conversations are opened with ``print(1)``, ``--pause`` apart (on the default server each also
@@ -12,8 +12,8 @@ and its cgroup's charge (``memory.current``, or ``memory.usage_in_bytes`` on cgr
 per session; and the growth of the server's whole process tree divided by the sessions. Then
 ``print(1)`` runs per second in existing conversations with 1 and 4 concurrent callers, each its
 own conversation, and the CPU per run. A session's sandbox is told from the pools' by its
-``/workspace``: a conversation's directory. Run as root: a zygote is not dumpable, its ``/proc``
-entries are root's.
+``/workspace``: a conversation's directory. Run as root: a sandbox's processes run as its host
+uid, and bwrap's own ``/proc`` entries are root's.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Figures:
     cgroup: dict[str, list[float]] = field(default_factory=lambda: {step: [] for step in STEPS})
     tree: dict[str, list[float]] = field(default_factory=lambda: {step: [] for step in STEPS})
     pools: list[tuple[int, float]] = field(default_factory=list)  # the sandboxes that are no session's: count, PSS
-    born: list[int] = field(default_factory=list)  # sessions whose runner is a zygote's child, per round
+    born: list[int] = field(default_factory=list)  # sessions whose runner a session-ready sandbox started, per round
     rate: dict[int, list[float]] = field(default_factory=lambda: {callers: [] for callers in CALLERS})
     cpu: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: {callers: [] for callers in CALLERS})
 
@@ -82,17 +82,17 @@ def workspaces_of(tree: list[int]) -> set[int]:
     return inodes
 
 
-def is_zygotes(sandbox: int) -> bool:
-    """Whether the sandbox started as ``sandbox`` runs a zygote (a session in it was born of one)."""
+def is_born(sandbox: int) -> bool:
+    """Whether the sandbox started as ``sandbox`` is a session-ready one (a session in it was born of it)."""
     with contextlib.suppress(OSError):
-        return b"--zygote" in Path(f"/proc/{sandbox}/cmdline").read_bytes()
+        return b"--ready=" in Path(f"/proc/{sandbox}/cmdline").read_bytes()
     return False
 
 
 def is_light(sandbox: int) -> bool:
-    """Whether the sandbox started as ``sandbox`` runs a zygote that preloaded nothing."""
+    """Whether the sandbox started as ``sandbox`` is a session-ready one whose runner preloaded nothing."""
     with contextlib.suppress(OSError):
-        return b"--zygote=\0" in Path(f"/proc/{sandbox}/cmdline").read_bytes()
+        return b"--ready=\0" in Path(f"/proc/{sandbox}/cmdline").read_bytes()
     return False
 
 
@@ -112,11 +112,11 @@ def cgroup_bytes(pid: int) -> int | None:
 
 
 def take_stock(pid: int, conversations: set[int], figures: Figures, step: str, *, born: bool) -> tuple[int, int]:
-    """Record the memory of each session of ``conversations`` whose runner is (``born``) or is not a zygote's child.
+    """Record the memory of each session of ``conversations`` that was (``born``) or was not born of a ready sandbox.
 
-    Return how many sessions there are, and how many of them were born of a zygote.
+    Return how many sessions there are, and how many of them were born of one.
     """
-    sessions = zygotes = others = 0
+    sessions = borns = others = 0
     pools = 0.0
     for sandbox in children(pid):
         uss, pss, anon = memory_of(sandbox)
@@ -125,8 +125,8 @@ def take_stock(pid: int, conversations: set[int], figures: Figures, step: str, *
             pools += pss / 1024
             continue
         sessions += 1
-        zygotes += is_zygotes(sandbox)
-        if is_zygotes(sandbox) != born:
+        borns += is_born(sandbox)
+        if is_born(sandbox) != born:
             continue  # on the default server, a session that came before the pool had refilled
         figures.uss[step].append(uss / 1024)
         figures.pss[step].append(pss / 1024)
@@ -134,19 +134,19 @@ def take_stock(pid: int, conversations: set[int], figures: Figures, step: str, *
         if (charged := cgroup_bytes(sandbox)) is not None:
             figures.cgroup[step].append(charged / (1 << 20))
     figures.pools.append((others, pools))
-    return sessions, zygotes
+    return sessions, borns
 
 
 async def wait_ready(pid: int, runs: Path, bound: float = 60.0) -> None:
     """Wait (at most ``bound`` s) for an idle light session-ready sandbox (a first run of ``print(1)`` takes one):
-    a zygote's child waiting on a slot in ``runs/``."""
+    a runner waiting on a slot in ``runs/``."""
     with anyio.move_on_after(bound):
         while True:
             slots = {entry.inode() for entry in os.scandir(runs)}
             for sandbox in filter(is_light, children(pid)):
                 tree = processes(sandbox)
-                if workspaces_of(tree) & slots and len(tree) >= 4:  # bwrap twice, the zygote and its child
-                    await anyio.sleep(0.5)  # its READY follows the fork
+                if workspaces_of(tree) & slots and len(tree) >= 3:  # bwrap twice and the runner
+                    await anyio.sleep(0.5)  # its READY follows its imports
                     return
             await anyio.sleep(0.1)
 
@@ -178,12 +178,12 @@ async def measure(state_dir: Path, ready: str, options: argparse.Namespace, figu
                 await anyio.sleep(pause)
             await settle(pause)
             measured = {entry.inode() for entry in os.scandir(workspaces)} - before
-            sessions, zygotes = take_stock(pid, measured, figures, step, born=born)
-            if sessions != count:  # a sandbox's zygote is not dumpable: its /proc entries are root's
+            sessions, borns = take_stock(pid, measured, figures, step, born=born)
+            if sessions != count:  # bwrap's /proc entries are root's
                 raise RuntimeError(f"{sessions} sessions found, {count} expected (run as root)")
             figures.tree[step].append((memory_of(pid)[1] - tree) / 1024 / count)
             if step == STEPS[0]:
-                figures.born.append(zygotes)
+                figures.born.append(borns)
         await throughput(client, pid, conversations[: max(CALLERS)], options.seconds, figures)
 
 
@@ -228,7 +228,7 @@ def report(figures: dict[str, Figures]) -> None:
     pools = [statistics.median(pss for _, pss in figures[path].pools) for path in paths]
     counts = "/".join(f"{statistics.median(count for count, _ in figures[path].pools):g}" for path in paths)
     print(f"  {f'the sandboxes that are no session ({counts}): PSS in all':<58} {pools[0]:8.1f} {pools[1]:8.1f}")
-    print(f"  sessions born of a zygote per round: {figures[paths[0]].born} and {figures[paths[1]].born}")
+    print(f"  sessions born of a ready sandbox per round: {figures[paths[0]].born} and {figures[paths[1]].born}")
     print(f"\n{'print(1) in existing conversations (runs/s, medians)':<56}{header}")
     for callers in CALLERS:
         nothing, born = (statistics.median(figures[path].rate[callers]) for path in paths)

@@ -1,7 +1,7 @@
 """A conversation's first run born of a session-ready sandbox, through the tools (in memory and over real stdio).
 
-The run's code says whether its interpreter is a zygote's child (its parent runs ``boot.py
---zygote=...``): the tests call until one is, so they cannot pass on sessions started from nothing.
+The run's code says whether its interpreter is a session-ready sandbox's runner (``boot.py
+--ready=...``): the tests call until one is, so they cannot pass on sessions started from nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from mcp_test_helpers import CALL_BOUND, memory_client, run_python, stdio_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-_PARENT = "import os\nprint(b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read(), flush=True)\n"
+_PARENT = "import os\nprint(b'--ready=' in open('/proc/self/cmdline', 'rb').read(), flush=True)\n"
 _BORN_BOUND = 60.0  # the session-ready sandbox starts with the first conversation's run
 
 
@@ -47,7 +47,7 @@ async def client(
 
 
 async def _born_run(client: Client, conversation: str, code: str) -> dict[str, Any]:
-    """The first run of a new session of ``conversation`` (``reset``), once one is born of a zygote."""
+    """The first run of a new session of ``conversation`` (``reset``), once one is born of a session-ready sandbox."""
     deadline = time.monotonic() + _BORN_BOUND
     while True:
         data = structured(
@@ -57,11 +57,11 @@ async def _born_run(client: Client, conversation: str, code: str) -> dict[str, A
         head, _, rest = data["stdout"].partition("\n")
         if head == "True":
             return {**data, "stdout": rest}
-        assert time.monotonic() < deadline, "no session was born of a zygote"
+        assert time.monotonic() < deadline, "no session was born of a session-ready sandbox"
         await anyio.sleep(0.2)
 
 
-async def test_a_conversations_first_run_born_of_a_zygote_sees_its_uploads_and_keeps_its_variables(
+async def test_a_conversations_first_run_born_of_a_ready_sandbox_sees_its_uploads_and_keeps_its_variables(
     client: Client,
 ) -> None:
     conversation = f"c-{uuid.uuid4().hex}"

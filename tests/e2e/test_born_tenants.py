@@ -1,7 +1,7 @@
 """Each token tenant's new conversations are born of session-ready sandboxes of its own host uid, seen
 through a real HTTP server with two tenants and neither of them ``default``.
 
-A run says whether its interpreter is a zygote's child (its parent runs ``boot.py --zygote=...``);
+A run says whether its interpreter is a session-ready sandbox's runner (``boot.py --ready=...``);
 the host owner of the file it writes is the host uid it ran as; the metrics count the session-ready
 sandboxes started (``mcp_sandbox_pool_starts_total{pool="ready"}``). As root only: where the server
 is not root, every tenant runs as one uid and shares one pool.
@@ -76,7 +76,7 @@ async def _first_run(base: str, state_dir: Path, tenant: str) -> tuple[bool, int
     marker = f"born-{uuid.uuid4().hex}"
     code = f"""
         import os
-        born = b'--zygote=' in open(f'/proc/{{os.getppid()}}/cmdline', 'rb').read()
+        born = b'--ready=' in open('/proc/self/cmdline', 'rb').read()
         print(born, open('/workspace/given.txt').read())
         open('/workspace/{marker}', 'w').write('x')
         kept = 21

@@ -316,10 +316,10 @@ async def test_a_fork_cut_short_while_its_source_dumps_ends_the_sources_interpre
     assert forked_id["stdout"] == "[]\n"
 
 
-_PARENT = "import os\nprint(b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read(), flush=True)\n"
+_PARENT = "import os\nprint(b'--ready=' in open('/proc/self/cmdline', 'rb').read(), flush=True)\n"
 
 
-async def test_a_forks_first_run_is_born_of_a_session_ready_zygote_with_the_variables(client: Client) -> None:
+async def test_a_forks_first_run_is_born_of_a_session_ready_sandbox_with_the_variables(client: Client) -> None:
     source = _new()
     await _ok(client, "import pandas as pd\nframe = pd.DataFrame({'a': [1, 2, 3]})", source)
 

@@ -1,7 +1,7 @@
 """Sessions born of session-ready sandboxes where network may be granted: the ready sandbox holds the
 relay and the empty socket directory a session's does, so only the per-run grant differs.
 
-Each run says whether its interpreter is a zygote's child (its parent runs ``boot.py --zygote=...``),
+Each run says whether its interpreter is a session-ready sandbox's runner (``boot.py --ready=...``),
 so these tests cannot pass on a session started from nothing. A born session without a grant has
 no route out; one granted network reaches only its allowed names, and only during granted runs.
 """
@@ -32,7 +32,7 @@ def direct():
         return "ok"
     except OSError as error:
         return errno.errorcode.get(error.errno or 0, type(error).__name__)
-born = b'--zygote=' in open(f'/proc/{{os.getppid()}}/cmdline', 'rb').read()
+born = b'--ready=' in open('/proc/self/cmdline', 'rb').read()
 print(json.dumps([born, fetch("http://web.test/")[0], fetch("http://other.test/")[0], direct(),
                   "HTTPS_PROXY" in os.environ]))
 """

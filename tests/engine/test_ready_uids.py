@@ -2,7 +2,7 @@
 its own uid, a ready sandbox of one tenant's uid never serves another, and an idle tenant's pool is
 retired.
 
-A run says whether its interpreter is a zygote's child (its parent runs ``boot.py --zygote=...``);
+A run says whether its interpreter is a session-ready sandbox's runner (``boot.py --ready=...``);
 the host owner of the file it writes is the host uid it ran as. As root only: where the server is
 not root, every tenant runs as one uid and shares one pool.
 """
@@ -34,7 +34,7 @@ pytestmark = [
 _FLAGS: dict[str, Any] = {"pool_size": 0, "pool_min": 0, "tenant_concurrent_runs": 1, "session_ready": 2}
 _PROBE = """
 import os
-born = b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read()
+born = b'--ready=' in open('/proc/self/cmdline', 'rb').read()
 print(born, sorted(os.listdir('/workspace')))
 open('/workspace/mine', 'w').write('x')
 """

@@ -81,11 +81,12 @@ def _read_to_end(fds: list[int]) -> dict[int, bytes]:
 class Runner:
     """boot.py on one end of a socketpair; the test on the other."""
 
-    def __init__(self) -> None:
+    def __init__(self, *options: str) -> None:
+        """``options``: the runner's own, before the channel's descriptor (``--ready=MODULES``)."""
         self.host, child = socket.socketpair()
         with child:
             self.process = subprocess.Popen(
-                [str(PYTHON), "-I", "-B", str(BOOT), str(child.fileno())],
+                [str(PYTHON), "-I", "-B", str(BOOT), *options, str(child.fileno())],
                 pass_fds=(child.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -510,3 +511,26 @@ def test_a_host_that_hangs_up_without_a_request_ends_the_runner(runner: Runner) 
 
     assert returncode == EXIT_PROTOCOL
     assert runner.rest() == []
+
+
+# --- a session-ready sandbox's runner ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("modules", "loaded"), [("fractions", "True"), ("", "False")])
+def test_a_ready_runner_imports_its_modules_first_then_serves_a_session(modules: str, loaded: str) -> None:
+    # `--ready=MODULES`: started ahead of its session, it imports MODULES before it says READY,
+    # and then is a session's runner: one namespace over runs, each run's own exit code.
+    runner = Runner(f"--ready={modules},no_such_module_here")
+    try:
+        assert runner.ready[0] is Kind.READY
+        first = runner.run("import sys\nprint('fractions' in sys.modules)\nkept = 41")
+        missing = runner.run("import no_such_module_here")
+        second = runner.run("kept += 1\nprint(kept)\nraise SystemExit(3)")
+        returncode, own_out, own_err = runner.hang_up()
+    finally:
+        runner.close()
+
+    assert (first.stdout, first.exit_code) == (f"{loaded}\n", 0)
+    assert missing.exit_code == 1 and "ModuleNotFoundError" in missing.stderr  # the run sees it itself
+    assert (second.stdout, second.exit_code) == ("42\n", 3)
+    assert (returncode, own_out, own_err) == (3, "", "")

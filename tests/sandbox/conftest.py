@@ -84,7 +84,8 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
         values.update(flags)
         settings = load_settings(env={}, flags=values)
         engine = Engine(settings, get_backend(backend_name, settings))
-        return SandboxRunner(settings, engine, warm=sandbox_kind == "warm", fork=sandbox_kind == "fork")
+        kinds = {"warm": sandbox_kind == "warm", "fork": sandbox_kind == "fork", "born": sandbox_kind == "born"}
+        return SandboxRunner(settings, engine, **kinds)
 
     return make
 

@@ -112,13 +112,16 @@ class SandboxRunner:
     ``warm``: each run is served by a warm sandbox (the engine runs, its pool has one ready);
     on a container backend, and for TypeScript and JavaScript everywhere, by a pre-started
     single-use sandbox. ``fork``: each Python run is the first of a session forked from a live
-    one (its variables carried), in an engine of its own, which ends it.
+    one (its variables carried), in an engine of its own, which ends it. ``born``: each Python
+    run is the first of a conversation's session born of a session-ready sandbox, in an engine of
+    its own (bwrap only: the container backends keep none).
     """
 
     settings: Settings
     engine: Engine
     warm: bool = False
     fork: bool = False
+    born: bool = False
 
     async def run(
         self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
@@ -132,6 +135,8 @@ class SandboxRunner:
         language = request.language
         if self.fork and language == "python" and request.session is None:
             return await self._forked(request)
+        if self.born and language == "python" and request.session is None:
+            return await self._born(request)
         with anyio.fail_after(request.timeout + HOST_BOUND):
             if not self.warm or request.workspace is not None:  # a conversation's is never a warm sandbox's
                 return await self.engine.execute(request)
@@ -164,6 +169,28 @@ class SandboxRunner:
                 result = await engine.execute(forked)
                 if result.status != "error" or result.forked is not None:
                     assert result.forked is not None and result.forked.variables == 1, result
+                return result
+
+    async def _born(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run ``request`` as the first run of a conversation's session, born of the one session-ready sandbox."""
+        settings = self.settings.replace(session_ready=1, pool_size=0, pool_min=0, pool_preload="")
+        workspace = request.workspace
+        if workspace is None:
+            workspace = settings.paths.state_dir / f"conversation-{uuid.uuid4().hex}"
+            workspace.mkdir(mode=0o700, parents=True)
+            if os.geteuid() == 0:
+                os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
+        with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
+            async with Engine(settings, self.engine.backend).running() as engine:
+                engine.ready.wake()
+                # The pool has no event to wait on.
+                while engine.ready.idle == 0:  # noqa: ASYNC110
+                    await anyio.sleep(_POLL)
+                ready = engine.ready._idle[0]
+                result = await engine.execute(
+                    dataclasses.replace(request, session=f"born-{uuid.uuid4().hex}", workspace=workspace)
+                )
+                assert ready.claimed, "the run's session was not born of the session-ready sandbox"
                 return result
 
     async def report(

@@ -336,8 +336,8 @@ class SessionSettings:
         2,
         (
             "Sandboxes kept ready to become a new session (bwrap): a conversation's first Python "
-            "run forks from a zygote, every other one preloading `pool_preload` for a run naming "
-            "them, the rest light (0: none); per tenant's own uid, at most `tenant_concurrent_runs`."
+            "run takes one, its runner started ahead, every other one preloading `pool_preload` for a "
+            "run naming them, the rest light (0: none); per tenant's own uid, at most `tenant_concurrent_runs`."
         ),
         check=non_negative,
     )

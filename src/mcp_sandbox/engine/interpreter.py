@@ -165,7 +165,6 @@ class Interpreter:
         last: bool,
         file_size: int | None = None,
         early: bool = False,
-        guard: bytes | None = None,
         state: str | None = None,
     ) -> SandboxOutcome | None:
         """Run ``request``'s code once; ``record`` gets its output, images and end as they come.
@@ -175,12 +174,10 @@ class Interpreter:
         runs, as the backend judges (:meth:`Sandbox.runner_ended`), and returns that outcome
         (the sandbox is torn down after the answer). None: the outcome is the sandbox's.
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
-        ``guard``: to a zygote, the seccomp guard of its pre-forked child, which this run (not
-        ``last``) makes a session's interpreter (see the runtime's ``zygote.py``).
         ``state``: a fork's first run, its source's variables to load before the code.
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(request, last=last, file_size=file_size, guard=guard, state=state)
+        frame = self._exec(request, last=last, file_size=file_size, state=state)
         return await self._serve_exec(record, frame, request, last=last, early=early)
 
     async def snapshot(self, budget: int) -> str | None:

@@ -212,18 +212,17 @@ class Opener:
         return made if sockets is None else with_egress(made, sockets, for_life=False)
 
     @contextlib.asynccontextmanager
-    async def session_zygote(
+    async def ready_session(
         self, slot: Path, uid: int | None = None, *, preloaded: bool = True
-    ) -> AsyncIterator[tuple[Interpreter, ToolsView, bytes, Path | None]]:
-        """A sandbox ready to become a session's: a session's policy on ``slot``, its runner a zygote, as ``uid``.
+    ) -> AsyncIterator[tuple[Interpreter, ToolsView, Path | None]]:
+        """A session's sandbox started ahead: a session's policy on ``slot``, as ``uid``, its runner READY.
 
-        The zygote imports ``pool_preload`` if ``preloaded`` (else nothing); the first run's EXEC
-        makes its pre-forked child the session's interpreter (see :mod:`.ready`). Yields the
-        interpreter, its /tools view, the seccomp guard of its child and, as :meth:`session` does,
-        the directory of the relay's socket.
+        The runner imports ``pool_preload`` first if ``preloaded`` (else nothing), then serves the
+        session's runs itself (``runner.py --ready``, see :mod:`.ready`). Yields what
+        :meth:`session` does: the interpreter, its /tools view and the relay's socket directory.
 
         Raises:
-            SandboxStartError: it did not start, or its zygote cannot fork safely.
+            SandboxStartError: it did not start.
         """
         preload = ",".join(self.settings.pool.pool_preload) if preloaded else ""
         async with contextlib.AsyncExitStack() as stack:
@@ -231,10 +230,10 @@ class Opener:
 
             def policy(workspace: Path | None, mounts: tuple[Mount, ...]) -> SandboxPolicy:
                 made = self.session_policy(workspace, mounts, sockets)
-                return dataclasses.replace(made, command=(*made.command, f"--zygote={preload}"))
+                return dataclasses.replace(made, command=(*made.command, f"--ready={preload}"))
 
             interpreter, tools, _ = await stack.enter_async_context(self.long_lived(slot, policy, uid))
-            yield interpreter, tools, zygote_guard(interpreter), sockets
+            yield interpreter, tools, sockets
 
     def _relay_sockets(self, stack: contextlib.AsyncExitStack) -> Path | None:
         """Where network may be granted, a session's (empty) directory for the proxy's socket; ``stack`` removes it."""

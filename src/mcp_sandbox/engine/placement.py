@@ -16,7 +16,7 @@ from mcp_sandbox.sandbox.policy import Mount
 
 __all__ = ["DEATH_SETTLE_SECONDS", "Placement", "Shared", "tool_mounts"]
 
-# Whether another run is using a workspace now (a session is then not born of a zygote on it).
+# Whether another run is using a workspace now (a session is then not born of a session-ready sandbox on it).
 Shared = Callable[[Path], bool]
 
 # How long a zygote that died during a run may take to be seen gone (for its outcome).

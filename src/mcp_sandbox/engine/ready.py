@@ -1,17 +1,13 @@
-"""Session-ready sandboxes: zygotes started ahead on an empty slot, each to become a conversation's session.
+"""Session-ready sandboxes: sessions' sandboxes started ahead on an empty slot, each to become a conversation's.
 
-A conversation's first run would otherwise start a session's sandbox from nothing. Instead a few
-sandboxes are kept ready (bwrap, Python) per host uid (:mod:`.ready_uids`): each has a session's
-policy and limits (where network may be granted, its relay's empty socket directory, as a
-session's), its runner a zygote that preloaded ``pool_preload`` (or, in every other one, nothing:
-an idle session born of it holds less memory) and forked its child, and at
-``/workspace`` a bind of a *slot*, an empty directory in ``runs/`` made as a conversation's is
-(0700, the uid's). A bind follows the directory, not its path: a new
-session claims a sandbox by moving the conversation's entries into the slot and renaming the
-slot over the conversation's (now empty) directory (:func:`adopt`), so the sandbox's
-``/workspace`` is the conversation's directory, at its path. Its first run's EXEC makes the
-pre-forked child the session's interpreter (the runtime's ``zygote.py``); the sandbox is the
-session's until it ends, then destroyed (the files stay at their path); the pool starts another.
+A few are kept per host uid (:mod:`.ready_uids`), bwrap and Python: each has a session's policy
+and limits (and relay, where network may be granted), its runner (``runner.py --ready``, the
+session's interpreter to be) imported ``pool_preload`` (or, in every other one, nothing) and
+waits for the session's first EXEC, and its ``/workspace`` is a bind of a *slot*, an empty
+directory in ``runs/`` made as a conversation's is (0700, the uid's). A bind follows the
+directory, not its path: a session claims a sandbox by moving the conversation's entries into the
+slot and renaming the slot over the conversation's (now empty) directory (:func:`adopt`). The
+sandbox is the session's until it ends, then destroyed (the files stay); the pool starts another.
 """
 
 from __future__ import annotations
@@ -100,16 +96,15 @@ def _move_entries(source: int, target: int) -> None:
 
 @dataclass(eq=False)
 class ReadySandbox:
-    """One session-ready sandbox: its zygote's interpreter, ``/tools`` view, child's guard, slot and limits."""
+    """One session-ready sandbox: its runner's interpreter, ``/tools`` view, slot and limits."""
 
     interpreter: Interpreter
     tools: ToolsView
-    guard: bytes
     slot: Path
     limits: Limits
     sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     pool: ReadyPool = field(repr=False)  # the pool that started it (its replacement comes from there)
-    preloaded: bool = True  # its zygote imported ``pool_preload`` (else nothing)
+    preloaded: bool = True  # its runner imported ``pool_preload`` (else nothing)
     claimed: bool = False
     taken: bool = False  # a session's owner task holds it (see held())
     done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
@@ -140,7 +135,7 @@ class ReadyPool:
 
     They start when the first session asks for one (:meth:`wake`): a server whose runs name no
     conversation keeps none. :meth:`claim` hands one to a new session (the pool starts another
-    once that session's first run is over, :meth:`settle`); one whose zygote died while idle is
+    once that session's first run is over, :meth:`settle`); one whose runner died while idle is
     replaced; one that cannot start stops the pool for ``RETRY_SECONDS`` (sessions start from
     nothing meanwhile).
     """
@@ -213,7 +208,7 @@ class ReadyPool:
     async def claim(self, workspace: Path, *, preloaded: bool = True) -> ReadySandbox | None:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
 
-        One whose zygote preloaded ``pool_preload`` if ``preloaded`` (the first run names one of
+        One whose runner preloaded ``pool_preload`` if ``preloaded`` (the first run names one of
         those modules), else a light one, where one of that kind is idle; else one of the other
         kind (still quicker than a start). Only one whose limits are a session's on ``workspace``
         now (settings reloaded since it started: not that one). The caller calls :meth:`settle`
@@ -278,10 +273,10 @@ class ReadyPool:
                 uid = self._settings.sandbox.sandbox_uid if self.uid is None else self.uid
                 os.chown(slot, uid, self._settings.sandbox.sandbox_gid)
             limits = self._opener.session_policy(slot, ()).limits
-            zygote = self._opener.session_zygote(slot, self.uid, preloaded=preloaded)
-            async with zygote as (interpreter, tools, guard, sockets):
+            started = self._opener.ready_session(slot, self.uid, preloaded=preloaded)
+            async with started as (interpreter, tools, sockets):
                 self._opener.pool_started("ready", "python")
-                ready = ReadySandbox(interpreter, tools, guard, slot, limits, sockets, self, preloaded)
+                ready = ReadySandbox(interpreter, tools, slot, limits, sockets, self, preloaded)
                 if self._retiring:  # retired while it started
                     ready.release()
                 else:
@@ -305,7 +300,7 @@ class ReadyPool:
 
 
 async def _done_on_exit(ready: ReadySandbox) -> None:
-    """An idle sandbox whose zygote died is replaced; a claimed one is its session's to notice."""
+    """An idle sandbox whose runner died is replaced; a claimed one is its session's to notice."""
     await ready.interpreter.exited.wait()
     if not ready.claimed:
         ready.done.set()

@@ -57,7 +57,7 @@ class SessionPlacement:
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         lease: Lease | None = None
         overrun = Overrun(DiskBound.conversation(settings))
-        # Born of a zygote only on a workspace no other run uses (the lease, which renames it, comes
+        # Born of a session-ready sandbox only on a workspace no other run uses (the lease, which renames it, comes
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
         born = request.workspace is not None and not self._shared(request.workspace)
         # A light one unless the code names a preloaded module or a fork's variables may need them.
@@ -85,11 +85,8 @@ class SessionPlacement:
                             environment = {**proxies, **request.environment}
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
-                        guard = lease.first_guard()  # a session born of a zygote: its first run
                         fork = request.fork_state if lease.new else None  # a fork's first run: its variables
-                        await lease.interpreter.run(
-                            record, run, last=False, file_size=file_size, guard=guard, state=fork
-                        )
+                        await lease.interpreter.run(record, run, last=False, file_size=file_size, state=fork)
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.

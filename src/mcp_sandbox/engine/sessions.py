@@ -42,7 +42,6 @@ class _Live:
     tools: ToolsView
     sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     workspace: Path | None  # as requested (None: a scratch workspace of its own)
-    guard: bytes | None = None  # born of a zygote: its child's seccomp guard, sent with the first run
     stop: anyio.Event = field(default_factory=anyio.Event)  # ask the owner task to close it
     closed: anyio.Event = field(default_factory=anyio.Event)  # the owner task has closed it
     ended: str | None = None  # why the host stopped it while a run may have been using it
@@ -71,11 +70,6 @@ class Lease:
     def sockets(self) -> Path | None:
         """The directory the sandbox's relay reaches the egress proxy's socket in; None without a relay."""
         return self._live.sockets
-
-    def first_guard(self) -> bytes | None:
-        """Born of a zygote and not run yet: its child's seccomp guard for this first EXEC (once)."""
-        guard, self._live.guard = self._live.guard, None
-        return guard
 
     @property
     def ended(self) -> str | None:
@@ -203,7 +197,7 @@ class SessionManager:
         try:
             async with session.lock:
                 live = session.live if self._sessions.get(key) is session else None
-                alive = live is not None and live.guard is None and not live.interpreter.exited.is_set()
+                alive = live is not None and not live.interpreter.exited.is_set()
                 yield live.interpreter if alive and live is not None else None
         finally:
             session.last_used = anyio.current_time()
@@ -304,7 +298,7 @@ class SessionManager:
         try:
             opened = self._opener.session(workspace, session.tenant) if ready is None else ready.held()
             async with opened as (runner, tools, sockets):
-                live = _Live(runner, tools, sockets, workspace, None if ready is None else ready.guard)
+                live = _Live(runner, tools, sockets, workspace)
                 session.live = live
                 task_status.started(live)
                 async with anyio.create_task_group() as watch:

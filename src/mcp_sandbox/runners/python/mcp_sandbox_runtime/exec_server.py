@@ -72,19 +72,17 @@ class _Stdio:
         self._run_streams = None
 
 
-def serve_until_last(server: Server, first: tuple[Exec, list[int]] | None = None) -> int:
-    """Serve EXEC frames on ``server``'s connection (``first``, already accepted, before them) until
-    the host hangs up or a ``last`` one was served; the last run's exit code, else :data:`EXIT_PROTOCOL`.
+def serve_until_last(server: Server) -> int:
+    """Serve EXEC frames on ``server``'s connection until the host hangs up or a ``last`` one was
+    served; the last run's exit code, else :data:`EXIT_PROTOCOL`.
 
-    The runner of a fresh run or a session serves this way, and so does a zygote's child that
-    became a session's interpreter. The namespace is closed on the way out.
+    The runner of a fresh run or a session serves this way (a session's started ahead too). The
+    namespace is closed on the way out.
     """
     connection = server.connection
     exit_code: int | None = None
     try:
         last = False
-        if first is not None:
-            exit_code, last = server.serve(*first), first[0].last
         while not last and (command := connection.next_command()) is not None:
             frame, fds = command
             accepted = accept_exec(frame, fds)
@@ -192,6 +190,7 @@ def prepare_single() -> MainNamespace:
     """What a zygote's child does before its EXEC comes, off the run's path: the run's interpreter
     state, and :func:`relay.add_packages` (as every run does first). The child is this run's only,
     so doing it earlier changes nothing the code can see; its copy-on-write page faults happen now.
+    A session-ready runner does it before its session's first EXEC, for the same reason.
 
     The steps every run takes before its code (its output streams, the library's names, the
     compiler) are taken once on throwaway objects, for the same reason: the pages they write

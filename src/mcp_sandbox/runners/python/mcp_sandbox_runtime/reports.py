@@ -2,8 +2,7 @@
 
 A pre-forked child reports on its report pipe, before it lets go of the channel, how its wait
 for an EXEC ended (:data:`RUNNING` with the run's number, and the run's seccomp guard the first
-time; or :data:`SESSION` when the EXEC made it a session's interpreter; or :data:`HUNG_UP`,
-:data:`REFUSED`, :data:`BROKEN`). As its last act it writes a byte to
+time; or :data:`HUNG_UP`, :data:`REFUSED`, :data:`BROKEN`). As its last act it writes a byte to
 its ending pipe, and the zygote reads its exit code from the kernel (:func:`ending`) before the
 process is torn down.
 """
@@ -15,11 +14,11 @@ import select
 import struct
 import time
 
-__all__ = ["BROKEN", "HUNG_UP", "REFUSED", "RUNNING", "SESSION", "ending", "exit_code", "receive", "send"]
+__all__ = ["BROKEN", "HUNG_UP", "REFUSED", "RUNNING", "ending", "exit_code", "receive", "send"]
 
 # What a pre-forked child tells the zygote before it lets go of the channel: status, run number.
 _HEAD = struct.Struct("=iQ")
-RUNNING, HUNG_UP, REFUSED, BROKEN, SESSION = range(5)
+RUNNING, HUNG_UP, REFUSED, BROKEN = range(4)
 _PF_EXITING = 0x4
 _ENDING_SECONDS = 0.05  # how long a child that let go of its ending pipe may take to be seen exiting
 

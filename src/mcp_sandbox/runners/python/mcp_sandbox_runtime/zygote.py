@@ -8,9 +8,8 @@ first time, the run's seccomp guard, which later children install before they wa
 descriptors of its own, and exits. The zygote never runs user code and cannot be inspected by a
 child (not dumpable; ptrace refused by seccomp). It sends EXITED at once (exit code, 128 + signal),
 restores the sandbox (``restore.py``), forks the next child and says READY again, or says in that
-READY why it could not restore it (the host then throws the sandbox away). An EXEC that is not
-``last`` (the first run of a session born of a session-ready sandbox) makes the waiting child
-that session's interpreter for good; the zygote then restores nothing and only reaps.
+READY why it could not restore it (the host then throws the sandbox away). Every EXEC a zygote
+serves is ``last``: a session's sandbox started ahead runs ``runner.py --ready`` instead.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import _socket
 import base64
 import contextlib
-import fcntl
 import gc
 import math
 import os
@@ -26,7 +24,7 @@ import resource
 import signal
 import sys
 
-from . import exec_server, host, kernel, preload, relay, reports, restore
+from . import exec_server, host, kernel, preload, reports, restore
 from .frames import DEFAULT_MAX_FRAME, Done, Error, Exec, Exited, Frame, FrameError, FrameParser, Ready, decode, pack
 from .namespace import MainNamespace
 
@@ -145,9 +143,9 @@ def _waiting_child(control: _Control, report: int, guard: str | None) -> int:
         reports.send(report, reports.HUNG_UP)
         return 0
     frame, fds = command
-    if isinstance(frame, Exec) and not frame.last:
-        return _become_session(control, report, frame, fds, namespace, guard)
     accepted = exec_server.accept_exec(frame, fds, descriptors=3)
+    if isinstance(accepted, Exec) and not accepted.last:
+        accepted = "a zygote serves one run per child: its EXEC must be the last"
     if isinstance(accepted, str):
         host.close_fds(fds)
         with contextlib.suppress(OSError):
@@ -158,53 +156,6 @@ def _waiting_child(control: _Control, report: int, guard: str | None) -> int:
     reports.send(report, reports.RUNNING, accepted.run, (accepted.guard or "") if guard is None else "")
     control.sock.close()  # the run never holds the zygote's channel
     return _child(accepted, fds, namespace, guard)
-
-
-def _become_session(
-    control: _Control, report: int, frame: Exec, fds: list[int], namespace: MainNamespace, installed: str | None
-) -> int:
-    """A pre-forked child whose EXEC is not ``last``: become a session's interpreter, as ``runner.py`` is.
-
-    It serves that run and every later EXEC on the sandbox's own channel (with the run's pipes,
-    as a session's runner does) in one namespace, until the host hangs up. The zygote, told
-    :data:`.reports.SESSION`, restores nothing from now on (the workspace is a conversation's)
-    and only waits for this process to end.
-    """
-    global _ENDING
-    accepted = exec_server.accept_exec(frame, fds, descriptors=2)
-    if isinstance(accepted, str):
-        host.close_fds(fds)
-        reports.send(report, reports.REFUSED)
-        return exec_server.EXIT_PROTOCOL
-    reports.send(report, reports.SESSION, accepted.run)
-    os.close(_ENDING)  # the zygote waits for this process's end itself: no descriptor of its stays open
-    _ENDING = -1
-    if accepted.guard is None or accepted.guard != installed:
-        try:
-            kernel.install_guard(base64.b64decode(accepted.guard or ""))
-        except (OSError, ValueError) as error:
-            os.write(2, f"mcp-sandbox: cannot install the session's seccomp guard: {error}\n".encode())
-            return exec_server.EXIT_PROTOCOL
-    kernel.prctl(kernel.PR_SET_DUMPABLE, 1)
-    # A sandbox that may be granted network: the relay a session's runner starts (its threads only
-    # now, in this process: the zygote forks, so it starts none).
-    if (problem := relay.start()) is not None:
-        os.write(2, f"mcp-sandbox runner: {problem}\n".encode())
-    # Descriptors numbered as a runner's (see runner.py): the channel 3, the process's own output
-    # 4 and 5; the run's pipes, already here, out of their way until they go on 1 and 2.
-    fds = [_lift(fd) for fd in fds]
-    channel = _lift(control.sock.detach())
-    connection = host.connect(channel)
-    os.close(channel)
-    server = exec_server.Server(connection, namespace=namespace)
-    return exec_server.serve_until_last(server, (accepted, fds))
-
-
-def _lift(fd: int) -> int:
-    """``fd`` moved to the lowest free number from 10 up (close-on-exec)."""
-    lifted = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
-    os.close(fd)
-    return lifted
 
 
 def _rehearse() -> None:
@@ -306,23 +257,6 @@ def _exit(code: int, connection: host.HostConnection | None = None, done: Done |
     os._exit(code)
 
 
-def _outlive(child: int, ending: int) -> int:
-    """The zygote of a sandbox its child made a session's: reap every process until that child ends.
-
-    Nothing is restored (``/workspace`` is now a conversation's, and the sandbox goes with the
-    session); the processes the session's runs leave behind are reaped here, so none lingers as
-    a zombie against the pids limit. Returns the child's exit code, the sandbox's.
-    """
-    os.close(ending)
-    while True:
-        try:
-            pid, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return exec_server.EXIT_PROTOCOL
-        if pid == child:
-            return reports.exit_code(status)
-
-
 def main(channel_fd: int, modules: list[str]) -> int:
     """Fork the first run's child, announce READY; per run EXITED, restore, fork the next, READY.
 
@@ -366,8 +300,6 @@ def main(channel_fd: int, modules: list[str]) -> int:
             kind, run_id, guard = reports.receive(report)
             if kind == reports.RUNNING and guard and _GUARD is None:
                 _GUARD = guard
-            if kind == reports.SESSION:
-                return _outlive(child, ending)
             if kind != reports.RUNNING:
                 os.close(ending)
                 os.waitpid(child, 0)
