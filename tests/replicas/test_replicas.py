@@ -144,6 +144,7 @@ async def test_the_internal_route_refuses_unsigned_forged_replayed_and_misdirect
         stale["x-mcp-sandbox-time"] = f"{time.time() - 3600:.3f}"
 
         assert [r.status_code for r in (unsigned, forged_reply, with_a_bearer)] == [401, 401, 401]
+        assert (await web.get(endpoint)).status_code == 405
         assert elsewhere.status_code == 400
         assert (await web.post(endpoint, content=stale_content, headers=stale)).status_code == 401
         assert lease_rows(url) == []  # nothing ran: no conversation was even claimed
