@@ -14,6 +14,7 @@ fails once sent is not retried: the peer may have run it (:class:`Broken`).
 from __future__ import annotations
 
 import select
+import socket
 import ssl
 import time
 import urllib.parse
@@ -51,6 +52,7 @@ class Reply:
 class _Connection:
     stream: anyio.abc.ByteStream
     reader: Reader
+    sock: socket.socket  # looked up once: anyio's extra() builds its table of attributes on every call
     idle_since: float = 0.0
     keep: bool = False  # the last answer came whole and allows another request
 
@@ -58,11 +60,10 @@ class _Connection:
         """Idle for less than ``idle`` and not closed by the peer (nothing may arrive between answers)."""
         if now - self.idle_since >= idle:
             return False
-        sock = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        if sock.fileno() < 0:
+        if self.sock.fileno() < 0:
             return False
         poll = select.poll()
-        poll.register(sock, select.POLLIN)
+        poll.register(self.sock, select.POLLIN)
         return not poll.poll(0)
 
 
@@ -123,7 +124,7 @@ class Peers:
                     stream = await anyio.connect_tcp(host, port)
         except (OSError, TimeoutError) as exc:
             raise Unreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
-        return _Connection(stream, Reader(stream))
+        return _Connection(stream, Reader(stream), stream.extra(anyio.abc.SocketAttribute.raw_socket))
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
