@@ -7,7 +7,8 @@ the owner (direct) and one to the other replica (forwarded to the owner over the
 route, signed, on a kept-alive HTTP/1.1 connection), alternating, so that a shared machine's
 load falls on both. Calls are plain JSON-RPC ``tools/call`` posts to ``/mcp`` (curl's way), one
 client connection kept alive per replica. Wall time per call, median and p95 in milliseconds;
-the overhead is the difference of the medians. For scale, a ``GET /healthz`` on the owner each
+the overhead is the difference of the medians, and the median of each round's difference
+(the two calls of a round see about the same load). For scale, a ``GET /healthz`` on the owner each
 round: one bare HTTP round trip through the same stack (uvicorn and httpx2, both on h11 here),
 which a forwarded call adds once; and the same request written by hand on a kept-alive socket,
 which tells the client library's share from the server's. ``--baseline SRC`` also starts a
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from postgres_helpers import postgres_cluster
 from replica_helpers import TOKEN, replicas
 
+PAIRED = "  the median of each round's difference"
 RUNTIME = Path(__file__).resolve().parents[1] / ".runtime" / "python"
 
 
@@ -71,6 +73,12 @@ async def raw_health(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
 def quantiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def paired(samples: dict[str, list[float]], prefix: str) -> float:
+    """The median of each round's forwarded minus direct: less moved by load that changes between rounds."""
+    pairs = zip(samples[f"{prefix}forwarded"], samples[f"{prefix}direct"], strict=True)
+    return statistics.median(forwarded - direct for forwarded, direct in pairs)
 
 
 async def main(rounds: int, warmup: int, baseline: Path | None) -> None:
@@ -125,6 +133,7 @@ async def main(rounds: int, warmup: int, baseline: Path | None) -> None:
         print(f"  {label:<48} {median:8.2f} {p95:8.2f}")
     overhead = statistics.median(samples["forwarded"]) - statistics.median(samples["direct"])
     print(f"  {'overhead of forwarding (difference of medians)':<48} {overhead:8.2f}")
+    print(f"  {PAIRED:<48} {paired(samples, ''):8.2f}")
     if baseline is not None:
         print(f"the same at the same time, replicas from {baseline}")
         for label, name in (("direct", "baseline direct"), ("forwarded", "baseline forwarded")):
@@ -132,6 +141,7 @@ async def main(rounds: int, warmup: int, baseline: Path | None) -> None:
             print(f"  {label:<48} {median:8.2f} {p95:8.2f}")
         before = statistics.median(samples["baseline forwarded"]) - statistics.median(samples["baseline direct"])
         print(f"  {'overhead of forwarding (difference of medians)':<48} {before:8.2f}")
+        print(f"  {PAIRED:<48} {paired(samples, 'baseline '):8.2f}")
 
 
 if __name__ == "__main__":

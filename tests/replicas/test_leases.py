@@ -255,3 +255,20 @@ def test_a_signature_is_accepted_once_within_its_window_and_only_with_the_key() 
     assert verifier.refusal(None, None, body, now) is not None
     assert verifier.refusal(stamp, mac, body, now + 1) is None
     assert verifier.refusal(stamp, mac, body, now + 2) is not None  # replayed
+
+
+def test_a_replay_is_refused_after_thousands_of_other_calls_until_its_stamp_leaves_the_window() -> None:
+    key, now = b"k" * 32, 1000.0
+    verifier = Verifier(key, window=30.0)
+
+    def check(body: bytes, sent: float, at: float) -> str | None:
+        headers = sign(key, body, sent)
+        return verifier.refusal(headers["x-mcp-sandbox-time"], headers["x-mcp-sandbox-signature"], body, at)
+
+    first = b'{"n": -1}'
+    accepted = check(first, now + 29, now)  # a sender whose clock is ahead, within the window
+    others = [check(b'{"n": %d}' % n, now + n / 100, now + n / 100) for n in range(5000)]  # 50 busy seconds
+
+    assert accepted is None and others == [None] * 5000
+    assert check(first, now + 29, now + 58) is not None  # replayed: its stamp is still in the window
+    assert check(first, now + 29, now + 60) is not None  # its stamp is out of the window now

@@ -1,4 +1,4 @@
-"""The internal hop's client against a real HTTP/1.1 peer on loopback (h11 on a TCP listener).
+"""The internal hop's client against a real HTTP/1.1 peer on loopback (h11 on a TCP listener, checking its requests).
 
 The peer behaves as a replica's server can: answers and keeps the connection, closes it while
 idle (its keep-alive expired, or it was restarted), reads a call and dies, or never answers.
@@ -26,7 +26,7 @@ BOUND = 10.0
 @dataclass
 class Peer:
     url: str
-    mode: str = "answer"  # answer | close after answering | hang up | silent
+    mode: str = "answer"  # answer | close after answering | hang up | silent | chunked | closing | garbage
     connections: int = 0
     requests: list[bytes] = field(default_factory=list)
     closed: anyio.Event = field(default_factory=anyio.Event)  # the last connection ended
@@ -62,13 +62,26 @@ class Peer:
                             self.hung_up.set()
                             return
                         answer = b'{"echo": %d}' % len(self.requests)
+                        if self.mode == "garbage":
+                            await stream.send(b"HTTP/1.1 two hundred\r\ncontent-length: 2\r\n\r\n{}")
+                            continue
+                        if self.mode == "chunked":  # no length: h11 sends chunks, each in its own write
+                            await stream.send(http.send(h11.Response(status_code=200, headers=[])) or b"")
+                            for part in (answer[:3], answer[3:]):
+                                await anyio.sleep(0.01)  # separate segments (the client reads what came)
+                                await stream.send(http.send(h11.Data(data=part)) or b"")
+                            await stream.send(http.send(h11.EndOfMessage()) or b"")
+                            http.start_next_cycle()
+                            continue
                         headers = [("content-type", "application/json"), ("content-length", str(len(answer)))]
+                        if self.mode == "closing":
+                            headers.append(("connection", "close"))
                         out = http.send(h11.Response(status_code=200, headers=headers)) or b""
                         await stream.send(
                             out + (http.send(h11.Data(data=answer)) or b"") + (http.send(h11.EndOfMessage()) or b"")
                         )
-                        if self.mode == "close after answering":
-                            return  # without saying so, as a keep-alive that expires
+                        if self.mode in ("close after answering", "closing"):
+                            return  # "closing" said so; the other, as a keep-alive that expires, did not
                         http.start_next_cycle()
                     elif isinstance(event, h11.ConnectionClosed):
                         return
@@ -183,3 +196,47 @@ async def test_a_body_larger_than_a_chunk_arrives_whole_and_the_connection_is_ke
     assert (large.status, small.status) == (200, 200)
     assert running.requests == [body, b"small"]
     assert running.connections == 1
+
+
+async def test_an_answer_in_chunks_arrives_whole_and_the_connection_is_kept() -> None:
+    async with peer() as running, client() as peers:
+        running.mode = "chunked"
+        with anyio.fail_after(BOUND):
+            replies = [await peers.post(running.url, b"%d" % n, HEADERS) for n in range(2)]
+
+    assert [(reply.status, reply.body) for reply in replies] == [(200, b'{"echo": 1}'), (200, b'{"echo": 2}')]
+    assert running.connections == 1
+
+
+async def test_a_connection_the_answer_says_is_closing_is_not_used_again() -> None:
+    async with peer() as running, client() as peers:
+        running.mode = "closing"
+        with anyio.fail_after(BOUND):
+            first = await peers.post(running.url, b"first", HEADERS)
+            running.mode = "answer"
+            second = await peers.post(running.url, b"second", HEADERS)
+
+    assert (first.body, second.body) == (b'{"echo": 1}', b'{"echo": 2}')
+    assert running.connections == 2
+
+
+async def test_a_malformed_answer_is_a_broken_call_never_sent_again() -> None:
+    async with peer() as running, client() as peers:
+        running.mode = "garbage"
+        with anyio.fail_after(BOUND), pytest.raises(Broken):
+            await peers.post(running.url, b"once", HEADERS)
+        running.mode = "answer"
+        with anyio.fail_after(BOUND):
+            after = await peers.post(running.url, b"next", HEADERS)
+
+    assert running.requests == [b"once", b"next"]  # it may have run: never retried
+    assert after.status == 200
+    assert running.connections == 2  # the connection that carried nonsense is not used again
+
+
+async def test_a_header_that_would_split_the_request_is_refused_before_anything_is_sent() -> None:
+    async with peer() as running, client() as peers:
+        with anyio.fail_after(BOUND), pytest.raises(Unreachable):
+            await peers.post(running.url, b"{}", [("x-mcp-sandbox-time", "1\r\nx-injected: 1")])
+
+    assert running.requests == []

@@ -114,6 +114,25 @@ async def test_a_cleanly_stopped_replica_gives_its_leases_back_so_the_next_call_
         assert owners(url) == {other.url}
 
 
+async def test_a_call_forwarded_to_a_remembered_owner_that_is_gone_lands_on_the_new_owner(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    lease = 600.0  # the owner the forwarding replica remembers is not stale for the whole test
+    async with replicas(3, url, sandbox_runtime, MCP_SANDBOX_REPLICA_LEASE=f"{lease:g}") as (first, second, third):
+        conversation = new_conversation()
+        await run(first, conversation, "x = 1")
+        remembered = await run(second, conversation, "print(x)")  # forwarded: second remembers first
+
+        assert await first.stop() == 0  # its lease given back
+        await run(third, conversation, "x = 'on third'")  # third takes the lease
+        after = await run(second, conversation, "print(x)", bound=60)
+
+        assert remembered["stdout"] == "1\n", remembered
+        assert after["stdout"] == "on third\n", after  # not first's (gone), and no wait for a lease
+        assert owners(url) == {third.url}
+
+
 def _signed(key: bytes, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     content = json.dumps(body).encode()
     return content, {"content-type": "application/json", **sign(key, content, time.time())}
@@ -144,6 +163,7 @@ async def test_the_internal_route_refuses_unsigned_forged_replayed_and_misdirect
         stale["x-mcp-sandbox-time"] = f"{time.time() - 3600:.3f}"
 
         assert [r.status_code for r in (unsigned, forged_reply, with_a_bearer)] == [401, 401, 401]
+        assert (await web.get(endpoint)).status_code == 405
         assert elsewhere.status_code == 400
         assert (await web.post(endpoint, content=stale_content, headers=stale)).status_code == 401
         assert lease_rows(url) == []  # nothing ran: no conversation was even claimed

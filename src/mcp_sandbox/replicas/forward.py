@@ -12,6 +12,7 @@ in the middle of a call is not retried: the code may have run, so the result say
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -70,6 +71,7 @@ class Forwarder:
 
     def __init__(self, me: str, key: bytes, read_timeout: float, idle: float = 2.5) -> None:
         self._me = me
+        self._sequence = itertools.count()  # two identical calls in one millisecond: two signatures
         self._key = key
         self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle)
 
@@ -84,7 +86,8 @@ class Forwarder:
         Raises:
             Moved: the owner no longer holds the lease. _Unreachable: the owner cannot be reached.
         """
-        body = json.dumps({"to": owner, "from": self._me, "tool": tool, "tenant": tenant, "arguments": arguments})
+        call = {"to": owner, "from": self._me, "n": next(self._sequence), "tool": tool, "tenant": tenant}
+        body = json.dumps({**call, "arguments": arguments})
         content = body.encode("utf-8")
         headers = [("content-type", "application/json"), *sign(self._key, content, time.time()).items()]
         try:

@@ -1,19 +1,20 @@
 """The internal hop's HTTP/1.1 client: one POST to another replica, on a kept-alive connection.
 
-h11 on anyio's TCP streams rather than httpx2 or its httpcore2: the hop posts one JSON body to
-a known peer and reads one answer, and the general clients' layers (URL and header models,
-auth and redirect steps, the pool's locks and events) cost more CPU than the round trip itself
-(docs/performance.md, forwarding between replicas). What they do that matters here is kept:
-connections are pooled per peer; an idle one is reused only while younger than ``idle`` (less
-than the peer's keep-alive, so the peer does not close it under a request) and not closed by the
-peer meanwhile (a readable idle socket is closed or broken); a large body is sent in chunks;
-https peers get httpx2's TLS context. A request that fails once sent is not retried: the peer
-may have run it (:class:`Broken`).
+Its own wire (:mod:`.wire`) on anyio's TCP streams rather than httpx2, httpcore2 or h11: the hop
+posts one JSON body to a known peer and reads one answer, and the general clients' layers (URL
+and header models, auth and redirect steps, the pool's locks and events, h11's event machinery)
+cost more CPU than the round trip itself (docs/performance.md, forwarding between replicas).
+What they do that matters here is kept: connections are pooled per peer; an idle one is reused
+only while younger than ``idle`` (less than the peer's keep-alive, so the peer does not close it
+under a request) and not closed by the peer meanwhile (a readable idle socket is closed or
+broken); a large body is sent in chunks; https peers get httpx2's TLS context. A request that
+fails once sent is not retried: the peer may have run it (:class:`Broken`).
 """
 
 from __future__ import annotations
 
 import select
+import socket
 import ssl
 import time
 import urllib.parse
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
-import h11
+
+from mcp_sandbox.replicas.wire import Reader, WireError, request_head
 
 __all__ = ["Broken", "PeerError", "Peers", "Reply", "Unreachable"]
 
@@ -49,18 +51,19 @@ class Reply:
 @dataclass
 class _Connection:
     stream: anyio.abc.ByteStream
-    http: h11.Connection
+    reader: Reader
+    sock: socket.socket  # looked up once: anyio's extra() builds its table of attributes on every call
     idle_since: float = 0.0
+    keep: bool = False  # the last answer came whole and allows another request
 
     def reusable(self, now: float, idle: float) -> bool:
         """Idle for less than ``idle`` and not closed by the peer (nothing may arrive between answers)."""
         if now - self.idle_since >= idle:
             return False
-        sock = self.stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        if sock.fileno() < 0:
+        if self.sock.fileno() < 0:
             return False
         poll = select.poll()
-        poll.register(sock, select.POLLIN)
+        poll.register(self.sock, select.POLLIN)
         return not poll.poll(0)
 
 
@@ -121,7 +124,7 @@ class Peers:
                     stream = await anyio.connect_tcp(host, port)
         except (OSError, TimeoutError) as exc:
             raise Unreachable(f"{host}:{port}: {exc or type(exc).__name__}") from exc
-        return _Connection(stream, h11.Connection(h11.CLIENT))
+        return _Connection(stream, Reader(stream), stream.extra(anyio.abc.SocketAttribute.raw_socket))
 
     def _tls_context(self) -> ssl.SSLContext:
         if self._tls is None:
@@ -133,49 +136,33 @@ class Peers:
     async def _exchange(
         self, connection: _Connection, host: str, target: str, body: bytes, headers: list[tuple[str, str]]
     ) -> Reply:
-        http, stream = connection.http, connection.stream
+        stream = connection.stream
+        connection.keep = False
         try:
-            head = [("host", host), ("content-length", str(len(body))), *headers]
-            request = http.send(h11.Request(method="POST", target=target, headers=head)) or b""
+            head = request_head(host, target, len(body), headers)
+        except ValueError as exc:
+            raise Unreachable(str(exc)) from exc
+        try:
             # One deadline for the exchange: the answer starts once the call has run, then comes at once.
             with anyio.fail_after(self._read_timeout):
-                http.send_with_data_passthrough(h11.Data(data=body))  # the body itself, sent below
-                http.send(h11.EndOfMessage())
                 if len(body) <= _CHUNK:
-                    await stream.send(request + body)  # one write: one segment, one wake-up of the peer
+                    await stream.send(head + body)  # one write: one segment, one wake-up of the peer
                 else:  # a forwarded upload: in chunks, never copied whole
-                    await stream.send(request)
+                    await stream.send(head)
                     view = memoryview(body)
                     for offset in range(0, len(body), _CHUNK):
                         await stream.send(bytes(view[offset : offset + _CHUNK]))
-                status = 0
-                parts: list[bytes] = []
-                while True:
-                    event = http.next_event()
-                    if event is h11.NEED_DATA:
-                        try:
-                            http.receive_data(await stream.receive(_CHUNK))
-                        except anyio.EndOfStream:
-                            http.receive_data(b"")
-                    elif isinstance(event, h11.Response):
-                        status = event.status_code
-                    elif isinstance(event, h11.Data):
-                        parts.append(bytes(event.data))
-                    elif isinstance(event, h11.EndOfMessage):
-                        return Reply(status, b"".join(parts))
-                    elif isinstance(event, h11.ConnectionClosed):
-                        raise Broken("the connection was closed before the answer")
-        except (OSError, TimeoutError, h11.ProtocolError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                answer = await connection.reader.answer()
+        except (OSError, TimeoutError, WireError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise Broken(str(exc) or type(exc).__name__) from exc
+        connection.keep = answer.keep and not connection.reader.pending
+        return Reply(answer.status, answer.body)
 
     async def _give_back(self, origin: tuple[str, str, int], connection: _Connection) -> None:
-        http = connection.http
         pool = self._pools.setdefault(origin, [])
-        done = http.our_state is h11.DONE and http.their_state is h11.DONE
-        if self._closed or not done or len(pool) >= self._keep:
+        if self._closed or not connection.keep or len(pool) >= self._keep:
             await anyio.aclose_forcefully(connection.stream)
             return
-        http.start_next_cycle()
         connection.idle_since = time.monotonic()
         pool.append(connection)
 

@@ -8,6 +8,7 @@ names the replica it is for, so it cannot be replayed at another.
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
 import hmac
@@ -44,7 +45,11 @@ class Verifier:
     def __init__(self, key: bytes, window: float = WINDOW) -> None:
         self._key = key
         self._window = window
-        self._seen: dict[str, float] = {}
+        self._seen: set[str] = set()
+        # The signatures seen, in the order they came, each kept until its timestamp cannot be in
+        # the window any more (two windows after it came: the sender's clock may be one ahead);
+        # dropped from the front, so a check costs the same however many calls came.
+        self._expiries: collections.deque[tuple[float, str]] = collections.deque()
 
     def refusal(self, stamp: str | None, signature: str | None, body: bytes, now: float) -> str | None:
         """Why the request is refused (for the log, not the caller), or None when it is signed, fresh and new."""
@@ -58,9 +63,11 @@ class Verifier:
             return "a timestamp outside the replay window (are the replicas' clocks synchronised?)"
         if not hmac.compare_digest(_mac(self._key, stamp, body), signature):
             return "a wrong signature (do the replicas share the server secret?)"
-        if len(self._seen) > 1024:
-            self._seen = {mac: until for mac, until in self._seen.items() if until > now}
+        expiries = self._expiries
+        while expiries and expiries[0][0] < now:
+            self._seen.discard(expiries.popleft()[1])
         if signature in self._seen:
             return "a replayed request"
-        self._seen[signature] = sent + self._window
+        self._seen.add(signature)
+        expiries.append((now + 2 * self._window, signature))
         return None

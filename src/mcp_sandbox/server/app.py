@@ -33,6 +33,7 @@ from mcp_sandbox.server.transport.stdio_early import INSTRUCTIONS, SERVER_NAME, 
 
 if TYPE_CHECKING:
     import mcp_types as types
+    from starlette.types import ASGIApp
 
     from mcp_sandbox.server.auth.tokens import TokenTable
     from mcp_sandbox.server.lifecycle import StopSignals
@@ -175,7 +176,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.routes.conversations import conversation_routes
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
-    from mcp_sandbox.server.routes.internal import CALL_PATH, internal_routes
+    from mcp_sandbox.server.routes.internal import with_internal_route
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes
@@ -188,16 +189,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
         handlers = ToolHandlers(service)
-        internal = []
-        if (router := service.router) is not None:
-            # The tenants as the tokens name them now (SIGHUP reloads them); the body is a call's, wrapped.
-            known: Callable[[str], bool] = (lambda name: name in tokens.tenants) if tokens else DEFAULT_TENANT.__eq__
-            # A call's body, or an HTTP upload forwarded as upload_file (base64 of up to the quota).
-            upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
-            limit = max(settings.http.max_request_size, upload) + (64 << 10)
-            internal = internal_routes(router.me, router.verifier, known, handlers.forwarded, limit)
         routes = [
-            *internal,
             *file_routes(service, guard),
             *renew_routes(service, guard),
             *conversation_routes(service, guard),
@@ -208,8 +200,15 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         ]
         # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:
         # health says up or down, metrics needs a token of its own.
-        any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH, CALL_PATH)
-        app = build_http_app(settings, build_server(service, handlers), tokens, routes, any_host)
+        any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH)
+        app: ASGIApp = build_http_app(settings, build_server(service, handlers), tokens, routes, any_host)
+        if (router := service.router) is not None:
+            # The tenants as the tokens name them now (SIGHUP reloads them); the body is a call's, wrapped.
+            known: Callable[[str], bool] = (lambda name: name in tokens.tenants) if tokens else DEFAULT_TENANT.__eq__
+            # A call's body, or an HTTP upload forwarded as upload_file (base64 of up to the quota).
+            upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
+            limit = max(settings.http.max_request_size, upload) + (64 << 10)
+            app = with_internal_route(app, router.me, router.verifier, known, handlers.forwarded, limit)
         await serve_http(settings, app, service.lifecycle, signals)
 
 

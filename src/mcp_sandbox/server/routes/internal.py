@@ -4,7 +4,9 @@ Not for clients: no bearer token is asked, the signature is (:mod:`~mcp_sandbox.
 anything unsigned, stale, replayed, meant for another replica or naming an unknown tenant is
 refused (401, 400) before anything runs. The call runs as the tenant the body names, and its tool
 result is the answer; 409 says this replica does not hold the conversation (the caller claims
-again). A caller that hangs up cancels the call, as an MCP client's cancellation would.
+again). A caller that hangs up cancels the call, as an MCP client's cancellation would. The route
+is answered ahead of the app (:func:`with_internal_route`): the app's middleware (Host and
+Origin checks, bearer tokens, Starlette's routing) is for clients, and cost the hop CPU per call.
 """
 
 from __future__ import annotations
@@ -17,21 +19,20 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.replicas.forward import CALL_PATH, FORWARDED_TOOLS, Moved
 from mcp_sandbox.replicas.signing import SIGNATURE_HEADER, TIME_HEADER, Verifier
 
-__all__ = ["CALL_PATH", "internal_routes"]
+__all__ = ["CALL_PATH", "with_internal_route"]
 
 logger = logging.getLogger(__name__)
 
 Serve = Callable[[str, dict[str, Any] | None, str], Awaitable[types.CallToolResult]]
 
 
-async def _answer(send: Send, status: int, body: bytes = b"") -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+async def _answer(send: Send, status: int, body: bytes = b"", more: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *more]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -53,12 +54,16 @@ async def _body(receive: Receive, limit: int) -> bytes | None:
             return b"".join(parts)
 
 
-def internal_routes(
-    me: str, verifier: Verifier, known_tenant: Callable[[str], bool], serve: Serve, limit: int
-) -> list[Route]:
-    """The route; ``me`` is this replica's ``replica_url``, ``serve(tool, arguments, tenant)`` runs a call."""
+def with_internal_route(
+    app: ASGIApp, me: str, verifier: Verifier, known_tenant: Callable[[str], bool], serve: Serve, limit: int
+) -> ASGIApp:
+    """``app`` with :data:`CALL_PATH` answered ahead of it; ``me`` is this replica's ``replica_url``,
+    ``serve(tool, arguments, tenant)`` runs a call, ``limit`` bounds the body."""
 
     async def call(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await _answer(send, 405, more=((b"allow", b"POST"),))
+            return
         body = await _body(receive, limit)
         if body is None:
             await _answer(send, 413)
@@ -85,38 +90,31 @@ def internal_routes(
         if not valid:
             await _answer(send, 400)
             return
-        result: types.CallToolResult | None = None
-        owner = ""
-        gone = anyio.Event()
+        answered = False
         async with anyio.create_task_group() as group:
 
             async def hang_up() -> None:  # the caller went away: so does the call
                 while (await receive())["type"] != "http.disconnect":
                     pass
-                gone.set()
-                group.cancel_scope.cancel()
+                if not answered:  # (once answered, the server says "disconnect" to every receive)
+                    group.cancel_scope.cancel()
 
             group.start_soon(hang_up)
             try:
                 result = await serve(tool, arguments, tenant)
             except Moved as moved:
-                owner = str(moved)
+                answered = True
+                await _answer(send, 409, json.dumps({"owner": str(moved)}).encode())
+            else:
+                answered = True
+                # Answered before the watcher is stopped: the caller reads while this replica tidies up.
+                await _answer(send, 200, result.model_dump_json(by_alias=True, exclude_none=True).encode())
             group.cancel_scope.cancel()
-        if gone.is_set():
-            return
-        if result is None:
-            await _answer(send, 409, json.dumps({"owner": owner}).encode())
-            return
-        await _answer(send, 200, result.model_dump_json(by_alias=True, exclude_none=True).encode())
 
-    return [Route(CALL_PATH, endpoint=_Asgi(call), methods=["POST"])]
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == CALL_PATH:
+            await call(scope, receive, send)
+        else:
+            await app(scope, receive, send)
 
-
-class _Asgi:
-    """A plain ASGI callable as a route endpoint (Starlette treats functions as request handlers)."""
-
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
-        self._app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+    return dispatch

@@ -205,7 +205,7 @@ def build_http_app(
     return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
 
-async def serve_http(settings: Settings, app: Starlette, lifecycle: Lifecycle, signals: StopSignals) -> None:
+async def serve_http(settings: Settings, app: ASGIApp, lifecycle: Lifecycle, signals: StopSignals) -> None:
     """Serve ``app`` until SIGINT/SIGTERM: SIGTERM drains the ``lifecycle``'s runs first (SIGINT,
     or a second SIGTERM, stops them at once) and SIGHUP reloads (see :mod:`~mcp_sandbox.server.lifecycle`);
     ``signals`` took them before the server started (see :func:`~mcp_sandbox.server.lifecycle.stop_signals`).

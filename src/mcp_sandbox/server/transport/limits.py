@@ -24,6 +24,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.server.transport.coalesce import CoalescingTransport
 
 __all__ = ["RateLimitedLog", "SlowBodyGuard", "protocol_class", "raise_open_files_limit", "uvicorn_limits"]
 
@@ -128,7 +129,7 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
             if address is not None:
                 self._address = address
                 per_address[address] += 1
-            super().connection_made(transport)
+            super().connection_made(CoalescingTransport(transport, self.loop))  # a response: one segment
             self._arm_header_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
