@@ -1,9 +1,15 @@
-"""A slice of the conformance suite on born sessions: each attack runs as a conversation's first run.
+"""A slice of the conformance suite on sessions: each attack runs as a session's first run.
 
-The tests are the suite's own, collected here again with ``sandbox_kind`` "born" (see
-``harness.SandboxRunner.born``): the session-ready sandbox's runner, started ahead, serves the
-attack as its session's first run, and must see exactly what a sandbox started for the run
-sees. On bwrap only: the container backends keep no session-ready sandboxes.
+The tests are the suite's own, collected here again with ``sandbox_kind``:
+
+- "fork" (``harness.SandboxRunner.fork``): the fork's interpreter loads its source's variables,
+  then the attack runs in it. On every backend, as the suite: on podman and docker the fork is a
+  session container of its own;
+- "born" (``harness.SandboxRunner.born``): the session-ready sandbox's runner, started ahead,
+  serves the attack as its session's first run. On bwrap only: the container backends keep no
+  session-ready sandboxes.
+
+Each must see exactly what a sandbox started for the run sees.
 """
 
 from __future__ import annotations
@@ -50,10 +56,10 @@ __all__ = [
 ]
 
 
-@pytest.fixture(params=["born"])
+@pytest.fixture(params=["fork", "born"])
 def sandbox_kind(request: pytest.FixtureRequest, backend_name: str) -> str:
-    """Every attack here runs as the first run of a session born of a session-ready sandbox (bwrap's)."""
-    if backend_name != "bwrap":
-        pytest.skip("only bwrap keeps session-ready sandboxes")
+    """Every attack here runs as the first run of a forked session, or of a born one (bwrap's)."""
     kind: str = request.param
+    if kind == "born" and backend_name != "bwrap":
+        pytest.skip("only bwrap keeps session-ready sandboxes")
     return kind
