@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import anyio.lowlevel
@@ -18,13 +18,17 @@ pytestmark = pytest.mark.anyio
 BOUND = 10.0
 
 
-def _pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+@pytest.fixture
+async def wired() -> AsyncIterator[tuple[CoalescingTransport, socket.socket]]:
+    """A coalescing transport over one end of a loopback TCP connection, and the other end."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         ours = socket.create_connection(listener.getsockname())
         theirs, _ = listener.accept()
     theirs.setblocking(False)
-    yield ours, theirs
-    ours.close()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
+    yield CoalescingTransport(transport, loop), theirs
+    transport.close()
     theirs.close()
 
 
@@ -35,18 +39,10 @@ def _read(peer: socket.socket) -> bytes:
     return peer.recv(1 << 16)
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    yield from _pair()
-
-
 async def test_a_head_is_sent_with_the_body_that_follows_it_in_one_piece(
-    pair: tuple[socket.socket, socket.socket],
+    wired: tuple[CoalescingTransport, socket.socket],
 ) -> None:
-    ours, peer = pair
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
-    coalescing = CoalescingTransport(transport, loop)
+    coalescing, peer = wired
 
     coalescing.write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
     with pytest.raises(BlockingIOError):
@@ -55,14 +51,10 @@ async def test_a_head_is_sent_with_the_body_that_follows_it_in_one_piece(
     whole = _read(peer)
 
     assert whole == b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody"
-    transport.close()
 
 
-async def test_a_lone_write_is_sent_when_the_step_ends(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
-    coalescing = CoalescingTransport(transport, loop)
+async def test_a_lone_write_is_sent_when_the_step_ends(wired: tuple[CoalescingTransport, socket.socket]) -> None:
+    coalescing, peer = wired
 
     coalescing.write(b"event: one\n\n")
     with anyio.fail_after(BOUND):
@@ -70,14 +62,10 @@ async def test_a_lone_write_is_sent_when_the_step_ends(pair: tuple[socket.socket
     alone = _read(peer)
 
     assert alone == b"event: one\n\n"
-    transport.close()
 
 
-async def test_closing_sends_what_is_pending_first(pair: tuple[socket.socket, socket.socket]) -> None:
-    ours, peer = pair
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
-    coalescing = CoalescingTransport(transport, loop)
+async def test_closing_sends_what_is_pending_first(wired: tuple[CoalescingTransport, socket.socket]) -> None:
+    coalescing, peer = wired
 
     coalescing.write(b"last words")
     coalescing.close()
