@@ -83,13 +83,13 @@ async def test_a_conversation_with_network_keeps_files_between_its_runs(client: 
     assert structured(second)["stdout"] == "hello over the proxy\n"
 
 
-async def test_a_conversations_first_run_with_network_is_born_of_a_zygote_and_reaches_the_host(
+async def test_a_conversations_first_run_with_network_is_born_of_a_ready_sandbox_and_reaches_the_host(
     client: Client, web_port: int
 ) -> None:
-    # Its parent runs `boot.py --zygote=...`: the session was born of a session-ready sandbox.
+    # Its interpreter runs `boot.py --ready=...`: the session was born of a session-ready sandbox.
     code = (
-        "import os, urllib.request\n"
-        "print(b'--zygote=' in open(f'/proc/{os.getppid()}/cmdline', 'rb').read())\n"
+        "import urllib.request\n"
+        "print(b'--ready=' in open('/proc/self/cmdline', 'rb').read())\n"
         f"print(urllib.request.urlopen('http://{NAME}:{web_port}/').read().decode())"
     )
     deadline = anyio.current_time() + 60  # the first conversation wakes the session-ready pool
@@ -103,7 +103,7 @@ async def test_a_conversations_first_run_with_network_is_born_of_a_zygote_and_re
         assert ran["status"] == "success", ran
         if ran["stdout"].startswith("True\n"):
             break
-        assert anyio.current_time() < deadline, "no session with network was born of a zygote"
+        assert anyio.current_time() < deadline, "no session with network was born of a session-ready sandbox"
         await anyio.sleep(0.2)
     assert (ran["session"], ran["stdout"]) == ("new", "True\nhello over the proxy\n")
     with anyio.fail_after(CALL_BOUND):
