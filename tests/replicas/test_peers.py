@@ -15,6 +15,7 @@ import anyio.abc
 import h11
 import pytest
 
+from mcp_sandbox.replicas.forward import CALL_PATH, Forwarder
 from mcp_sandbox.replicas.peers import Broken, Peers, Unreachable
 from mcp_test_helpers import free_port
 
@@ -240,3 +241,17 @@ async def test_a_header_that_would_split_the_request_is_refused_before_anything_
             await peers.post(running.url, b"{}", [("x-mcp-sandbox-time", "1\r\nx-injected: 1")])
 
     assert running.requests == []
+
+
+async def test_an_owner_answering_200_with_no_tool_result_gives_an_error_result_not_a_crash() -> None:
+    async with peer() as running:
+        forwarder = Forwarder("http://127.0.0.1:1", b"k" * 32, BOUND)
+        try:
+            with anyio.fail_after(BOUND):
+                result = await forwarder.forward(running.url.removesuffix(CALL_PATH), "run_python", {}, "alice")
+        finally:
+            await forwarder.aclose()
+
+    assert len(running.requests) == 1  # it reached the owner, which answered {"echo": 1}
+    assert result.is_error
+    assert "answered the call with no tool result" in result.content[0].text  # type: ignore[union-attr]

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import pydantic
 
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
@@ -105,7 +106,14 @@ class Forwarder:
         if reply.status != 200:
             logger.error("the replica %s refused a forwarded %s call: HTTP %d", owner, tool, reply.status)
             return error_result("the replica running this conversation refused the call (the server's log says why)")
-        return types.CallToolResult.model_validate_json(reply.body)
+        try:
+            return types.CallToolResult.model_validate_json(reply.body)
+        except pydantic.ValidationError as exc:  # a peer of another version, or not a replica of ours
+            logger.error("the replica %s answered a forwarded %s call with no tool result: %s", owner, tool, exc)
+            return error_result(
+                "the replica running this conversation answered the call with no tool result: the code may or may"
+                " not have run (the server's log says why)"
+            )
 
 
 class Router:
