@@ -256,13 +256,14 @@ test: setup browser promtool postgres haproxy downstream conformance-tools conta
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
 # The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
-# tests that need a real sandbox are marked `sandbox` (tests/conftest.py marks them by fixture).
-check: venv ## Fast lane: ruff, ruff format --check, mypy, lint-imports, pytest -m "not sandbox and not e2e and not slow"
+# tests that need a real sandbox are marked `sandbox`, those that start PostgreSQL, SeaweedFS or
+# HAProxy `services` (tests/conftest.py marks both by fixture).
+check: venv ## Fast lane: ruff, ruff format --check, mypy, lint-imports, pytest -m "not sandbox and not e2e and not slow and not services"
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -m "not sandbox and not e2e and not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -m "not sandbox and not e2e and not slow and not services" $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check and lint-imports (the layers contract in pyproject.toml)
 	$(BIN)/ruff check src tests bench

@@ -125,9 +125,24 @@ _REAL_SANDBOX_FIXTURES = frozenset(
 )
 
 
+# Fixtures that start a service of the tests' own (a PostgreSQL cluster, SeaweedFS, HAProxy):
+# seconds each, so `make check`, the edit loop's lane, leaves their tests to `make test`.
+_SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
+
+
+def _uses_a_service(item: pytest.Item) -> bool:
+    if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)  # metadata_target's PostgreSQL half asks for it late
+    return callspec is not None and callspec.params.get("metadata_target") == "postgresql"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``sandbox`` every test that uses a fixture starting a real sandbox (see above)."""
+    """Mark ``sandbox`` every test that uses a fixture starting a real sandbox, ``services`` every
+    test that starts a service (see above)."""
     for item in items:
         if _REAL_SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
+        if _uses_a_service(item):
+            item.add_marker(pytest.mark.services)
