@@ -91,7 +91,7 @@ def test_a_gate_someone_else_could_have_written_is_not_run(built: Path, tamper: 
     elif tamper == "directory writable by others":
         path.parent.chmod(0o757)
     elif tamper == "gate_dir writable by others":
-        built.chmod(0o1777)
+        built.chmod(0o777)  # not sticky: anyone may swap the build directory
     elif tamper == "file owned by nobody":
         if os.geteuid() != 0:
             pytest.skip("needs root, to give the file away")
@@ -188,13 +188,42 @@ def test_a_parent_of_gate_dir_another_user_owns_refuses_the_gate(private_dir: Pa
     assert problem is not None and str(parent) in problem and f"uid {_NOBODY}" in problem
 
 
-def test_a_parent_writable_by_others_refuses_the_gate_even_when_sticky(private_dir: Path) -> None:
+def test_a_parent_writable_by_others_refuses_the_gate_unless_sticky(private_dir: Path) -> None:
+    parent = private_dir / "shared"
+    parent.mkdir()
+    build_gate(parent / "gate", log=lambda _: None)
+    parent.chmod(0o777)  # anyone may rename gate/ away and put their own in its place
+
+    assert "writable by group or others" in (gate.refusal(parent / "gate") or "")
+
+    parent.chmod(0o1777)  # as /tmp: others may add entries, not move ours (a checkout cloned under /tmp)
+    assert gate.refusal(parent / "gate") is None
+
+
+def test_a_sticky_parent_does_not_let_another_users_directory_in_it_pass(private_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory away")
+    parent = private_dir / "shared"
+    parent.mkdir()
+    build_gate(parent / "theirs" / "gate", log=lambda _: None)
+    parent.chmod(0o1777)
+    os.chown(parent / "theirs", _NOBODY, _NOBODY)  # what another user's own directory in /tmp is
+
+    problem = gate.refusal(parent / "theirs" / "gate")
+
+    assert problem is not None and f"uid {_NOBODY}" in problem
+
+
+def test_a_sticky_directory_another_user_owns_refuses_the_gate(private_dir: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory away")
     parent = private_dir / "shared"
     parent.mkdir()
     build_gate(parent / "gate", log=lambda _: None)
     parent.chmod(0o1777)
+    os.chown(parent, _NOBODY, _NOBODY)  # its owner may remove any entry of a sticky directory
 
-    assert "writable by group or others" in (gate.refusal(parent / "gate") or "")
+    assert f"uid {_NOBODY}" in (gate.refusal(parent / "gate") or "")
 
 
 def test_the_descriptor_checked_is_what_runs_when_the_path_is_swapped_after_the_check(built: Path) -> None:

@@ -8,8 +8,11 @@ into ``<gate_dir>/<digest>/mcp-sandbox-gate``; the digest covers the source and 
 flags, so a build is never run for other sources. The server runs it as itself (root, for a root
 server), so it is used only when nobody else could have written it or swapped it: the file, its
 directory, ``gate_dir`` and every parent up to ``/`` owned by root or by us and writable by
-nobody else; and the descriptor that was checked is what runs (``/proc/self/fd/N``), not the
-path again. Without a usable build, sandboxes start through ``sh`` and ``setpriv``, as correctly.
+nobody else, but for a sticky directory (``/tmp``): others may add entries there but not rename
+or remove ours, so what follows it on the way, itself owned by root or by us, stays ours (the
+rule sudo and systemd apply to a path); and the descriptor that was checked is what runs
+(``/proc/self/fd/N``), not the path again. Without a usable build, sandboxes start through
+``sh`` and ``setpriv``, as correctly.
 """
 
 from __future__ import annotations
@@ -63,12 +66,18 @@ def _walk(path: Path) -> int:
             info = os.fstat(fd)
             if info.st_uid not in ours:
                 raise _Untrusted(f"{shown} is owned by uid {info.st_uid}, neither root nor this server's user")
-            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not _sticky_directory(info):
                 raise _Untrusted(f"{shown} is writable by group or others (mode {stat.filemode(info.st_mode)})")
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _sticky_directory(info: os.stat_result) -> bool:
+    """Whether ``info`` is a sticky directory (the gate itself is a file): nobody but its owner and
+    an entry's owner may rename or remove an entry, and the walk checks the next entry's owner."""
+    return stat.S_ISDIR(info.st_mode) and bool(info.st_mode & stat.S_ISVTX)
 
 
 class _Untrusted(Exception):
@@ -80,8 +89,9 @@ def open_checked(directory: Path) -> int | str:
 
     Not there (never built, or built from other sources), not a regular executable file, or
     something on its path, from ``/`` down, owned by another user, writable by group or others
-    (sticky or not), or a symbolic link. The caller runs the descriptor, never the path again
-    (:func:`exec_path`), so nothing can be swapped in between, and closes it.
+    (but for a sticky directory on the way, such as ``/tmp``), or a symbolic link. The caller
+    runs the descriptor, never the path again (:func:`exec_path`), so nothing can be swapped in
+    between, and closes it.
     """
     path = built_path(Path(os.path.realpath(directory)))
     try:
