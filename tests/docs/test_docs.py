@@ -95,6 +95,12 @@ def test_every_page_in_docs_is_linked_from_the_readme_or_the_index() -> None:
     assert INDEX.resolve() in linked, "README.md must link docs/index.md"
 
 
+def test_the_index_lists_each_page_once() -> None:
+    listed = [target for target in links(INDEX) if "#" not in target]
+    twice = sorted({target for target in listed if listed.count(target) > 1})
+    assert not twice, f"docs/index.md lists these pages more than once: {twice}"
+
+
 def test_the_settings_table_sits_between_its_markers() -> None:
     text = (DOCS / "configuration.md").read_text(encoding="utf-8")
     start, end = "<!-- settings-table:start -->", "<!-- settings-table:end -->"

@@ -202,7 +202,19 @@ def test_a_host_without_the_runtime_gets_no_entry_but_the_fix(
     # --force writes it all the same, and says again why it will not start yet.
     assert main(["install", "claude-code", "--force"]) == 0
     assert "sandbox" in json.loads(path.read_text())["mcpServers"]
-    assert "python_runtime" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "python_runtime" in err and "the entry is written" in err
+
+
+def test_a_printed_entry_on_a_host_without_the_runtime_is_said_to_be_printed_not_written(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MCP_SANDBOX_PYTHON_RUNTIME", str(home / "no-runtime"))
+    assert main(["install", "claude-code", "--print"]) == 0
+    captured = capsys.readouterr()
+    assert "sandbox" in json.loads(captured.out)["mcpServers"]
+    assert "the entry is printed" in captured.err and "written" not in captured.err
+    assert not (home / ".claude.json").exists()
 
 
 def test_a_backend_that_does_not_work_here_is_named_with_its_reason(

@@ -142,7 +142,12 @@ def run_install(settings: Settings, args: argparse.Namespace, env: Mapping[str, 
     found = problems(settings)
     if found:
         refused = not (args.force or args.print_only)
-        head = "will not add the entry" if refused else "the entry is written, but the server cannot start here yet"
+        if refused:
+            head = "will not add the entry"
+        elif args.print_only:
+            head = "the entry is printed, but the server cannot start here yet"
+        else:
+            head = "the entry is written, but the server cannot start here yet"
         print(f"mcp-sandbox install: {head}:", file=sys.stderr)
         for problem in found:
             print(f"  - {problem}", file=sys.stderr)
