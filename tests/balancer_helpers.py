@@ -19,6 +19,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -49,6 +50,7 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CONFIG = REPO / "deploy" / "haproxy.cfg"
+ADMIN_SOCKET = "haproxy-admin.sock"  # the runtime API's socket, in the replica set's root
 HAPROXY_HINT = "HAProxy is not installed: run `make haproxy` (Debian's haproxy package)"
 _PR_SET_PDEATHSIG = 1
 _START_BOUND = 90.0
@@ -72,9 +74,10 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def balancer_config(text: str, bind: str, servers: Sequence[str]) -> str:
-    """deploy/haproxy.cfg's ``text`` with its ``bind`` address and its servers' addresses replaced
-    (``servers`` in order); nothing else changes."""
+def balancer_config(text: str, bind: str, servers: Sequence[str], admin_socket: Path) -> str:
+    """deploy/haproxy.cfg's ``text`` with its ``bind`` address, its servers' addresses (``servers``
+    in order) and its runtime API's socket replaced; nothing else changes."""
+    text = re.sub(r"(?m)^(\s*stats socket\s+)\S+", rf"\g<1>{admin_socket}", text)
     lines = text.splitlines(keepends=True)
     binds = [i for i, line in enumerate(lines) if re.match(r"\s*bind\s", line)]
     listed = [i for i, line in enumerate(lines) if re.match(r"\s*server\s", line)]
@@ -193,6 +196,17 @@ class ReplicaSet:
     metrics_token: str
     root: Path
 
+    def admin(self, command: str) -> str:
+        """What HAProxy's runtime API (the config's ``stats socket``) answers to ``command``."""
+        with socket.socket(socket.AF_UNIX) as api:
+            api.settimeout(10)
+            api.connect(str(self.root / ADMIN_SOCKET))
+            api.sendall(f"{command}\n".encode())
+            answer = b""
+            while chunk := api.recv(65536):
+                answer += chunk
+        return answer.decode()
+
     @asynccontextmanager
     async def client(self, mode: str = "auto") -> AsyncIterator[Client]:
         """An SDK client calling ``/mcp`` through the balancer (``mode="legacy"``: the handshake
@@ -300,7 +314,10 @@ async def replica_set(
             for replica in replicas:
                 group.start_soon(replica.start)
         config = balancer_config(
-            HAPROXY_CONFIG.read_text(), f"127.0.0.1:{bind_port}", [f"127.0.0.1:{r.port}" for r in replicas]
+            HAPROXY_CONFIG.read_text(),
+            f"127.0.0.1:{bind_port}",
+            [f"127.0.0.1:{r.port}" for r in replicas],
+            root / ADMIN_SOCKET,
         )
         async with _haproxy(config, root, bind_port) as url:
             yield ReplicaSet(url, replicas, store, database_url, token, metrics_token, root)

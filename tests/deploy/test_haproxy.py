@@ -27,13 +27,19 @@ def test_haproxy_accepts_the_config_file() -> None:
 
 def test_the_tests_change_only_the_addresses() -> None:
     original = HAPROXY_CONFIG.read_text()
-    changed = balancer_config(original, "127.0.0.1:4000", ["127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003"])
+    changed = balancer_config(
+        original, "127.0.0.1:4000", ["127.0.0.1:4001", "127.0.0.1:4002", "127.0.0.1:4003"], Path("/t/admin.sock")
+    )
     different = [
         (before, after)
         for before, after in zip(original.splitlines(), changed.splitlines(), strict=True)
         if before != after
     ]
     assert different == [
+        (
+            "    stats socket /run/haproxy-admin.sock mode 600 level admin",
+            "    stats socket /t/admin.sock mode 600 level admin",
+        ),
         ("    bind 0.0.0.0:8080", "    bind 127.0.0.1:4000"),
         ("    server replica1 10.0.0.11:8765 check", "    server replica1 127.0.0.1:4001 check"),
         ("    server replica2 10.0.0.12:8765 check", "    server replica2 127.0.0.1:4002 check"),

@@ -8,6 +8,7 @@ the session header. Each replica's own ``/metrics`` says how many runs it served
 from __future__ import annotations
 
 import anyio
+import httpx2
 import pytest
 
 from balancer_helpers import ReplicaSet
@@ -73,3 +74,32 @@ async def test_a_replica_killed_with_sigkill_loses_no_call_and_takes_calls_again
                 result = await client.call_tool("run_python", {"code": "print('back')"})
                 assert not result.is_error, result
                 await anyio.sleep(0.2)  # the balancer's checks (rise 2, inter 2s) bring it back
+
+
+async def test_the_balancer_answers_the_replicas_internal_route_itself(balanced: ReplicaSet) -> None:
+    # Straight to a replica, an unsigned call is refused by the route (401); through the balancer
+    # it never reaches one.
+    async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
+        direct = await web.post(f"{balanced.replicas[0].url}/internal/v1/call", content=b"{}")
+        through = await web.post(f"{balanced.url}/internal/v1/call", content=b"{}")
+        client_route = await web.get(f"{balanced.url}/readyz")
+    assert direct.status_code == 401
+    assert through.status_code == 404
+    assert client_route.status_code == 200
+
+
+async def test_a_replica_drained_on_the_runtime_api_gets_no_new_call(balanced: ReplicaSet) -> None:
+    drained = balanced.replicas[0]
+    assert balanced.admin(f"set server replicas/{drained.name} state drain").strip() == ""
+    try:
+        before = await balanced.runs()
+        async with balanced.client() as client:
+            for index in range(RUNS):
+                with anyio.fail_after(CALL_BOUND):
+                    result = await client.call_tool("run_python", {"code": f"print({index})"})
+                assert not result.is_error, result
+        after = await balanced.runs()
+    finally:
+        balanced.admin(f"set server replicas/{drained.name} state ready")
+    served = {name: after[name] - before.get(name, 0) for name in after}
+    assert served[drained.name] == 0 and sum(served.values()) == RUNS, served
