@@ -126,7 +126,11 @@ def _cmd_serve(config: Config, transport: str) -> int:
     settings = config.settings
     early = None
     caught: list[int] = []
+    listeners = None
     if transport == "http":
+        from mcp_sandbox.server.transport.listeners import bind_listeners
+
+        listeners = bind_listeners(settings)  # before the imports: a port in use is said at once
         # A stop signal during the imports and the start-up is the server's to honour (it stops in
         # order, see server/lifecycle.py's stop_signals), not the default action's.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -139,7 +143,7 @@ def _cmd_serve(config: Config, transport: str) -> int:
         early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, config, transport, early, caught)
+    anyio.run(serve, config, transport, early, caught, listeners)
     return 0
 
 

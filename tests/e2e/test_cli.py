@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,22 @@ def test_run_dash_c_prints_the_output_and_exits_zero(state_dir: Path, sandbox_ru
 
     assert done.returncode == 0, done.stderr
     assert done.stdout == "1\n"
+
+
+def test_a_port_in_use_is_one_line_before_the_service_opens(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ("serve", "--transport", "http", "--host", "127.0.0.1", "--port", str(port))
+        done = mcp_sandbox_cli(*args, state_dir=state_dir, runtime=sandbox_runtime)
+
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"mcp-sandbox: cannot listen on 127.0.0.1:{port}: address already in use"
+        " (another server on it? choose another with --port)"
+    ]
+    assert not state_dir.exists()  # said before the service (and its state directory) opened
 
 
 @pytest.mark.parametrize("setting", ["MCP_SANDBOX_SANDBOX_UID", "MCP_SANDBOX_SANDBOX_GID"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -144,16 +145,23 @@ async def _serve_stdio_opening(settings: Settings, early: EarlyStdio | None) -> 
 
 
 async def serve(
-    config: Config, transport: str, early: EarlyStdio | None = None, caught: list[int] | None = None
+    config: Config,
+    transport: str,
+    early: EarlyStdio | None = None,
+    caught: list[int] | None = None,
+    listeners: list[socket.socket] | None = None,
 ) -> None:
     """Open the service and serve ``config`` over ``transport`` (``stdio`` or ``http``) until told to stop.
 
     ``early``: over stdio, the wire :func:`~mcp_sandbox.server.transport.stdio_early.begin` took at start
     (the CLI's ``serve``, which also checks ``stdio_conversation`` before that). ``caught``: over HTTP,
-    the stop signals the CLI recorded before this (each stops the server in order).
+    the stop signals the CLI recorded before this (each stops the server in order). ``listeners``:
+    over HTTP, the sockets the CLI bound first (:func:`~.transport.listeners.bind_listeners`; by
+    default bound here); closed when the server ends.
 
     Raises:
-        ConfigError: HTTP beyond loopback without a token, or another refused configuration.
+        ConfigError: HTTP beyond loopback without a token, a port that cannot be bound, or another
+            refused configuration.
         BackendUnavailableError: the backend cannot serve here (see :func:`~mcp_sandbox.engine.startup.open_engine`).
     """
     settings = config.serving(transport)  # its per-tenant caps finished for this many tenants
@@ -163,14 +171,23 @@ async def serve(
     from mcp_sandbox.server.auth.tokens import TokenTable
     from mcp_sandbox.server.lifecycle import stop_signals
     from mcp_sandbox.server.transport.http import check_exposure
+    from mcp_sandbox.server.transport.listeners import bind_listeners
 
-    tokens = TokenTable(config.tokens)
-    check_exposure(settings, tokens)
-    with anyio.CancelScope() as starting, stop_signals(starting, caught or []) as signals:
-        await _serve_http(settings, tokens, signals)
+    if listeners is None:
+        listeners = bind_listeners(settings)
+    try:
+        tokens = TokenTable(config.tokens)
+        check_exposure(settings, tokens)
+        with anyio.CancelScope() as starting, stop_signals(starting, caught or []) as signals:
+            await _serve_http(settings, tokens, signals, listeners)
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
-async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSignals) -> None:
+async def _serve_http(
+    settings: Settings, tokens: TokenTable, signals: StopSignals, listeners: list[socket.socket]
+) -> None:
     """Open the service and serve it over HTTP (see :func:`serve`)."""
     from mcp_sandbox.server.auth.tokens import DEFAULT_TENANT
     from mcp_sandbox.server.routes.conversations import conversation_routes
@@ -209,7 +226,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
             upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
             limit = max(settings.http.max_request_size, upload) + (64 << 10)
             app = with_internal_route(app, router.me, router.verifier, known, handlers.forwarded, limit)
-        await serve_http(settings, app, service.lifecycle, signals)
+        await serve_http(settings, app, service.lifecycle, signals, listeners)
 
 
 async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
@@ -219,8 +220,8 @@ class DrainingServer(uvicorn.Server):
         self._lifecycle.draining = True
         self._wake(self._at_once)
 
-    async def serve_draining(self) -> None:
-        """Serve until SIGINT, or SIGTERM and the drain; SIGHUP runs the lifecycle's reloaders."""
+    async def serve_draining(self, sockets: list[socket.socket]) -> None:
+        """Serve on ``sockets`` until SIGINT, or SIGTERM and the drain; SIGHUP runs the lifecycle's reloaders."""
         term = anyio.Event()
         now = anyio.Event()  # a second SIGTERM, or SIGINT: stop the runs at once
         # A signal handler may not touch the event loop's objects directly: the wake-up is
@@ -257,5 +258,5 @@ class DrainingServer(uvicorn.Server):
         async with anyio.create_task_group() as group:
             group.start_soon(drain)
             group.start_soon(reload)
-            await self.serve()
+            await self.serve(sockets)
             group.cancel_scope.cancel()

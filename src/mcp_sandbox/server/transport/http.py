@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable, Collection, Sequence
 from urllib.parse import urlsplit
 
@@ -46,7 +47,14 @@ from mcp_sandbox.server.transport.limits import (
 )
 from mcp_sandbox.server.transport.mcp_route import McpRoute
 
-__all__ = ["auth_guard", "build_http_app", "check_exposure", "is_loopback", "serve_http", "transport_security"]
+__all__ = [
+    "auth_guard",
+    "build_http_app",
+    "check_exposure",
+    "is_loopback",
+    "serve_http",
+    "transport_security",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -205,11 +213,14 @@ def build_http_app(
     return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
 
 
-async def serve_http(settings: Settings, app: ASGIApp, lifecycle: Lifecycle, signals: StopSignals) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM: SIGTERM drains the ``lifecycle``'s runs first (SIGINT,
-    or a second SIGTERM, stops them at once) and SIGHUP reloads (see :mod:`~mcp_sandbox.server.lifecycle`);
-    ``signals`` took them before the server started (see :func:`~mcp_sandbox.server.lifecycle.stop_signals`).
-    Connections, headers and bodies are bounded (see :mod:`.limits`).
+async def serve_http(
+    settings: Settings, app: ASGIApp, lifecycle: Lifecycle, signals: StopSignals, listeners: list[socket.socket]
+) -> None:
+    """Serve ``app`` on ``listeners`` (:func:`~.listeners.bind_listeners`) until SIGINT/SIGTERM: SIGTERM drains
+    the ``lifecycle``'s runs first (SIGINT, or a second SIGTERM, stops them at once) and SIGHUP
+    reloads (see :mod:`~mcp_sandbox.server.lifecycle`); ``signals`` took them before the server
+    started (see :func:`~mcp_sandbox.server.lifecycle.stop_signals`). Connections, headers and
+    bodies are bounded (see :mod:`.limits`).
     """
     raise_open_files_limit()
     install_log_limits()
@@ -223,4 +234,4 @@ async def serve_http(settings: Settings, app: ASGIApp, lifecycle: Lifecycle, sig
         timeout_graceful_shutdown=round(settings.http.shutdown_grace),
         **uvicorn_limits(settings),
     )
-    await DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals).serve_draining()
+    await DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals).serve_draining(listeners)

@@ -1,0 +1,45 @@
+"""The HTTP server's listening sockets, bound at the very start: a port in use is said at once.
+
+Kept free of heavy imports (no uvicorn, no MCP SDK): the CLI binds before it imports the server,
+so a busy port is one line within a second, not an error at the end of the service's start.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError
+
+__all__ = ["bind_listeners"]
+
+
+def bind_listeners(settings: Settings) -> list[socket.socket]:
+    """The sockets :func:`serve_http` will listen on, bound now, before the service opens.
+
+    A port in use is then said at once, in one line, not seconds later inside the service's
+    closing. Bound, not listening: a connection is refused until the server serves, as before.
+    Every address ``http.host`` resolves to (``localhost``: both families), as uvicorn binds them.
+
+    Raises:
+        ConfigError: an address cannot be bound (in use, not this host's, not permitted).
+    """
+    host, port = settings.http.host, settings.http.port
+    bound: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _name, address in dict.fromkeys(found):
+            listener = socket.socket(family, kind, proto)
+            bound.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio's create_server: each family its own socket
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+    except OSError as exc:
+        for listener in bound:
+            listener.close()
+        reason = exc.strerror or str(exc)
+        hint = " (another server on it? choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"cannot listen on {host}:{port}: {reason.lower()}{hint}") from exc
+    return bound
