@@ -187,13 +187,19 @@ async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(d
                     "run_python", {"code": "print(await mcp_echoer.echo(text='via tool'))", "servers": ["echoer"]}
                 )
                 assert tool.structured_content is not None and "via tool" in tool.structured_content["stdout"], tool
+                # No cgroup in the container: RLIMIT_AS stands in, and the hog's MemoryError is
+                # said and counted as the memory limit, as a cgroup's kill is on a host.
+                hog = await client.call_tool("run_python", {"code": "hog = b'1' * (8 << 30)"})
+                assert hog.structured_content is not None and hog.structured_content["status"] == "error", hog
+                assert "memory limit of" in hog.structured_content["error"], hog
             download = await web.get(url)
             assert download.status_code == 200 and download.content == b"hi"
             scrape = await web.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS}"})
             assert 'mcp_sandbox_tool_calls_total{outcome="ok",server="echoer"} 1.0' in scrape.text
+            assert 'cause="memory_limit",language="python"' in scrape.text
         audit = await _docker("exec", name, "cat", "/var/lib/mcp-sandbox/logs/audit.jsonl")
         events = [json.loads(line)["event"] for line in audit.stdout.splitlines()]
-        assert events.count("run") == 4 and "upload" in events and "download" in events and "tool_call" in events
+        assert events.count("run") == 5 and "upload" in events and "download" in events and "tool_call" in events
         assert TOKEN not in audit.stdout
         whoami = await _docker("exec", name, "/usr/bin/id", "-u")
         assert whoami.stdout.strip() == "10001"

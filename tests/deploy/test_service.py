@@ -349,9 +349,11 @@ async def test_memory_and_pids_limits_show_as_limit_events(state_dir: Path, sand
         hog = data(await call(client, "run_python", {"code": "hog = b'1' * (1 << 30)\nprint(len(hog))"}))
         forks = data(await call(client, "run_python", {"code": _FORKS}))
         assert hog["status"] == "error" and forks["status"] == "error", (hog, forks)
-        # Where the host enforces the limit with a cgroup, the engine says so and counts it; where an
-        # rlimit stands in (MemoryError, EAGAIN), no limit event is claimed. Either way they agree.
+        # Where the host enforces the limit with a cgroup, the engine says so and counts it, and so
+        # where RLIMIT_AS stands in (the run's MemoryError); where RLIMIT_NPROC stands in (EAGAIN), no
+        # pids event is claimed. Either way they agree.
         memory_said = "memory limit" in (hog.get("error") or "")
+        assert memory_said, hog
         pids_said = "process limit" in (forks.get("error") or "")
         assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="memory") == float(memory_said)
         assert await metric(web, live.base, "mcp_sandbox_limit_events_total", limit="pids") == float(pids_said)

@@ -51,6 +51,21 @@ async def test_an_uncaught_exception_is_an_error_with_exit_code_one_and_its_trac
     assert "line 2" in result.stderr
 
 
+async def test_a_run_ending_on_its_own_memory_error_names_the_memory_limit(execute: Run) -> None:
+    # What an allocation past RLIMIT_AS gives, where no memory cgroup is writable (a container).
+    result = await execute("hog = []\nraise MemoryError()")
+
+    assert (result.status, result.exit_code, result.limits) == ("error", 1, ("memory",))
+    assert result.error is not None and result.error.startswith("memory limit of ")
+    assert "MemoryError" in result.stderr
+
+
+async def test_a_memory_error_caught_by_the_code_is_no_limit_hit(execute: Run) -> None:
+    result = await execute("try:\n    raise MemoryError()\nexcept MemoryError:\n    print('coped')")
+
+    assert (result.status, result.limits, result.error) == ("success", (), None)
+
+
 @pytest.mark.parametrize(("code", "status", "exit_code"), [(3, "error", 3), (0, "success", 0)])
 async def test_sys_exit_gives_its_code(execute: Run, code: int, status: str, exit_code: int) -> None:
     result = await execute(f"import sys\nsys.exit({code})")

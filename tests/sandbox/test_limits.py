@@ -87,8 +87,9 @@ async def test_memory_bomb_is_killed_and_reported(make_sandbox: RunnerFactory, b
     memory = {c.name: c for c in backend_probe.capabilities}.get("memory limit")
     if memory is not None and memory.enforced:
         assert result.error is not None and "memory" in result.error
-    else:  # an address-space rlimit stands in: the allocation fails inside
+    else:  # an address-space rlimit stands in: the allocation fails inside, and is said as the limit
         assert "MemoryError" in result.stderr
+        assert result.error is not None and "memory limit of 128 MiB reached" in result.error
     await _host_still_works(sandbox)
 
 

@@ -50,6 +50,7 @@ class RunRecord:
     images_dropped: int = 0
     done: bool = False  # the runner reported the run's end (DONE)
     exit_code: int | None = None  # the exit code DONE reported
+    exception: str | None = None  # the uncaught exception's name DONE reported (the code's own word)
     channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
     protocol_error: str | None = None
     forked: Forked | None = None  # a fork's first run: what its DONE says it carried
@@ -94,6 +95,7 @@ async def _serve(
                     continue  # a previous run's, or forged by the code: not this run's end
                 record.done = True
                 record.exit_code = frame.exit_code
+                record.exception = frame.exception
                 record.forked = frame.fork
                 return
             elif isinstance(frame, Display):

@@ -87,6 +87,22 @@ def limits_hit(outcome: SandboxOutcome | None) -> tuple[str, ...]:
     return tuple(hit)
 
 
+def _out_of_memory(settings: Settings, record: RunRecord, result: ExecutionResult) -> ExecutionResult:
+    """``result`` naming the memory limit, when the run reported ending on its own ``MemoryError``.
+
+    Where no memory cgroup is writable (a container, a Kubernetes pod, a user without delegated
+    cgroups) the limit is ``RLIMIT_AS``, under which an allocation fails with ``MemoryError``
+    instead of the kernel killing the process: the same limit hit, said and counted
+    (``limits``: memory) as a cgroup's kill is. It is the code's own word (DONE's exception),
+    so code that raises ``MemoryError`` itself is counted so too: it affects only its own run.
+    """
+    if not record.done or record.exception != "MemoryError" or "memory" in result.limits:
+        return result
+    note = f"memory limit of {human_bytes(settings.limits.memory)} reached: an allocation failed (MemoryError)"
+    error = f"{result.error}; {note}" if result.error else note
+    return dataclasses.replace(result, error=error, limits=(*result.limits, "memory"))
+
+
 def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, session: bool) -> str | None:
     """Why an interpreter ended without reporting its run (None: it exited 0 without saying more)."""
     code = outcome.returncode
@@ -123,7 +139,8 @@ def judge_fresh(
         note = f"process limit of {settings.limits.pids} reached"
         error = f"{error}; {note}" if error else note
     status: Status = "success" if code == 0 and error is None else "error"
-    return dataclasses.replace(result, status=status, exit_code=code, error=error, limits=limits_hit(outcome))
+    judged = dataclasses.replace(result, status=status, exit_code=code, error=error, limits=limits_hit(outcome))
+    return _out_of_memory(settings, record, judged)
 
 
 def judge_session(
@@ -142,7 +159,7 @@ def judge_session(
     if record.done and record.protocol_error is None:
         reported = record.exit_code if record.exit_code is not None else 1
         status: Status = "success" if reported == 0 else "error"
-        return dataclasses.replace(result, status=status, exit_code=reported)
+        return _out_of_memory(settings, record, dataclasses.replace(result, status=status, exit_code=reported))
     if ended is not None:
         error = f"{ended}; {STATE_LOST}"
     elif outcome is None:  # pragma: no cover - discard() always records one
