@@ -631,3 +631,21 @@ def test_the_runners_variables_alone_make_runner_replies_the_default() -> None:
     assert load_settings(env={"MCP_HTTP_ADDR": ":8080"}).output_mode == "runner"
     assert load_settings(env={"MCP_API_TOKEN": "x" * 20, "MCP_SANDBOX_OUTPUT_MODE": "json"}).output_mode == "json"
     assert load_settings(env={"MCP_SANDBOX_TOKEN": "x" * 20}).output_mode == "compact"
+
+
+@pytest.mark.parametrize("url", ["http://[fd00::1]:8765", "https://[::1]", "http://10.0.0.11:8765", "http://a.example"])
+def test_a_replica_url_with_any_address_family_is_accepted(url: str) -> None:
+    assert load_settings(env={"MCP_SANDBOX_REPLICA_URL": url}).http.replica_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://fd00::1:8765", "IPv6 address without brackets"),  # what $(POD_IP) made on an IPv6 cluster
+        ("http://10.0.0.11:port", "no valid port"),
+        ("http://10.0.0.11:99999", "no valid port"),
+    ],
+)
+def test_a_replica_url_that_cannot_be_reached_as_written_is_refused_naming_why(url: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=f"^replica_url: .*{said}"):
+        load_settings(env={"MCP_SANDBOX_REPLICA_URL": url})

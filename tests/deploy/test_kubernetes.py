@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -174,13 +175,28 @@ def test_the_replicas_share_the_database_the_store_and_the_tokens_from_secrets()
     assert env["AWS_REGION"]["value"]
 
 
-def test_each_replica_is_reached_at_its_pod_ip() -> None:
-    names = [entry["name"] for entry in _server()["env"]]
-    env = _env()
-    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert env["MCP_SANDBOX_REPLICA_URL"]["value"] == "http://$(POD_IP):8765"
-    # $(VAR) expands only variables defined earlier in the list.
-    assert names.index("POD_IP") < names.index("MCP_SANDBOX_REPLICA_URL")
+_ENTRYPOINT = "exec /usr/bin/tini -- /usr/local/bin/mcp-sandbox serve --transport http"
+
+
+@pytest.mark.parametrize(
+    ("pod_ip", "url"),
+    [("10.244.1.7", "http://10.244.1.7:8765"), ("fd00:10:244::7", "http://[fd00:10:244::7]:8765")],
+)
+def test_each_replica_is_reached_at_its_pod_ip_on_either_address_family(pod_ip: str, url: str) -> None:
+    assert _env()["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    shell, flag, script = _server()["command"]
+    assert (shell, flag) == ("/bin/sh", "-c") and script.endswith(_ENTRYPOINT)
+    # The script as the pod runs it, but for the server it execs: env shows what it would get.
+    shown = subprocess.run(
+        [shell, flag, script.replace(_ENTRYPOINT, "exec /usr/bin/env")],
+        env={"POD_IP": pod_ip, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.splitlines()
+    assert f"MCP_SANDBOX_REPLICA_URL={url}" in shown
+    assert load_settings(env={"MCP_SANDBOX_REPLICA_URL": url}).http.replica_url == url
 
 
 def test_every_replica_gets_the_same_server_secret_privately() -> None:

@@ -190,9 +190,18 @@ def object_store_url(name: str, value: str | None) -> None:
 
 
 def http_url(name: str, value: str | None) -> None:
-    """An http(s) URL, or None."""
-    if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+    """An http(s) URL, or None; an IPv6 address in brackets (``http://[fd00::1]:8765``)."""
+    if value is None:
+        return
+    if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
         raise ConfigError(f"{name}: {value!r} is not an http(s) URL")
+    host = urllib.parse.urlsplit(value).netloc.rpartition("@")[2]
+    if not host.startswith("[") and host.count(":") > 1:  # fd00::1:8765: an address, or one and a port?
+        raise ConfigError(f"{name}: {value!r} has an IPv6 address without brackets: write http://[ADDRESS]:PORT")
+    try:
+        urllib.parse.urlsplit(value).port  # noqa: B018 - parsing the port is the check
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {value!r} has no valid port: {exc}") from None
 
 
 # What ``database_url`` accepts (libpq's two spellings); unset means the SQLite file in ``state_dir``.
