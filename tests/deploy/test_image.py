@@ -189,6 +189,14 @@ async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(d
                 assert tool.structured_content is not None and "via tool" in tool.structured_content["stdout"], tool
                 # No cgroup in the container: RLIMIT_AS stands in, and the hog's MemoryError is
                 # said and counted as the memory limit, as a cgroup's kill is on a host.
+                # RLIMIT_NPROC stands in for a pids cgroup too, and counts every thread of the server's
+                # uid: a program of 150 threads beside it must not stop sandboxes from starting.
+                beside = await _docker("exec", "--detach", "--user", "10001", name, "/usr/bin/python3", "-c", _CROWD)
+                assert beside.returncode == 0, beside.stderr
+                await _wait_for_threads(name, 150)
+                crowded = await client.call_tool("run_python", {"code": "print('started')"})
+                assert crowded.structured_content is not None, crowded
+                assert crowded.structured_content["stdout"] == "started\n", crowded
                 hog = await client.call_tool("run_python", {"code": "hog = b'1' * (8 << 30)"})
                 assert hog.structured_content is not None and hog.structured_content["status"] == "error", hog
                 assert "memory limit of" in hog.structured_content["error"], hog
@@ -199,7 +207,7 @@ async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(d
             assert 'cause="memory_limit",language="python"' in scrape.text
         audit = await _docker("exec", name, "cat", "/var/lib/mcp-sandbox/logs/audit.jsonl")
         events = [json.loads(line)["event"] for line in audit.stdout.splitlines()]
-        assert events.count("run") == 5 and "upload" in events and "download" in events and "tool_call" in events
+        assert events.count("run") == 6 and "upload" in events and "download" in events and "tool_call" in events
         assert TOKEN not in audit.stdout
         whoami = await _docker("exec", name, "/usr/bin/id", "-u")
         assert whoami.stdout.strip() == "10001"
@@ -209,6 +217,29 @@ async def test_the_image_serves_runs_uploads_downloads_and_code_mode_over_http(d
             print(logs.stdout[-3000:], logs.stderr[-3000:])
             await _docker("rm", "--force", name)
             await _docker("volume", "rm", "--force", volume)
+
+
+async def _wait_for_threads(name: str, count: int) -> None:
+    """Until the container runs a process of at least ``count`` threads (bounded)."""
+    script = (
+        "import glob\nprint(max(int(line.split()[1]) for f in glob.glob('/proc/[0-9]*/status')"
+        " for line in open(f) if line.startswith('Threads:')))"
+    )
+    with anyio.fail_after(60):
+        while True:
+            shown = await _docker("exec", name, "/usr/bin/python3", "-c", script)
+            if shown.returncode == 0 and int(shown.stdout.strip() or 0) >= count:
+                return
+            await anyio.sleep(0.2)  # a program's threads start on their own time
+
+
+# A program of 150 threads, each asleep (what a browser or an IDE of the same user holds).
+_CROWD = """
+import threading, time
+for _ in range(150):
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+time.sleep(600)
+"""
 
 
 class _Done:

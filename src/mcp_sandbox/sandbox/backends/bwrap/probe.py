@@ -13,6 +13,7 @@ from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.launcher import GATE_CLOSED, LaunchSpec, admit, gated, open_gate
+from mcp_sandbox.sandbox.nproc import tasks_of
 from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import seccomp_available, write_bpf
 
@@ -106,7 +107,14 @@ def _try_sandbox(backend: Probed, bwrap: str) -> str | None:
     if process.returncode == GATE_CLOSED:
         return f"bwrap could not be started: the sandbox's first process did not pass its gate: {stderr.strip()}"
     if process.returncode != 0:
-        return f"bwrap failed (exit {process.returncode}): {stderr.strip() or 'no message'}"
+        said = stderr.strip() or "no message"
+        if "Resource temporarily unavailable" in said and not backend.cgroups.enforces("pids"):
+            uid = spec.uid if spec.uid is not None else os.getuid()
+            said += (
+                f" (EAGAIN: the process limit RLIMIT_NPROC, which counts every thread uid {uid} runs, all its"
+                f" programs together: {tasks_of(uid)} now; not user namespaces; a pids cgroup lifts it)"
+            )
+        return f"bwrap failed (exit {process.returncode}): {said}"
     return None
 
 
@@ -149,7 +157,11 @@ def probe_bwrap(backend: Probed, bwrap: str) -> BackendProbe:
             cgroups.enforces("pids"),
             f"{cg} pids controller{where}"
             if cgroups.enforces("pids")
-            else f"RLIMIT_NPROC per host uid: {cgroups.reason}",
+            # No ": " before the reason, which bwrap's three cgroup limits share (missing_summary).
+            else (
+                f"RLIMIT_NPROC per host uid, pids above the {tasks_of(host_uid)} tasks uid {host_uid} runs"
+                f" (its other programs' too), counted at each start: {cgroups.reason}"
+            ),
         ),
         Capability(
             "cpu quota",

@@ -26,6 +26,7 @@ from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgr
 from mcp_sandbox.sandbox.backends.runner import Runner, find_runner
 from mcp_sandbox.sandbox.cgroups import CgroupSupport, RunCgroup, detect_cgroups, sweep_stale
 from mcp_sandbox.sandbox.launcher import LaunchSpec, admit, gated, open_gate
+from mcp_sandbox.sandbox.nproc import nproc_limit
 from mcp_sandbox.sandbox.policy import Limits, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import compiled_bpf
 from mcp_sandbox.state import StateLayout
@@ -184,9 +185,9 @@ class BwrapBackend:
         support = self.cgroups
         if not support.enforces("memory") and limits.address_space:
             rlimits.append((resource.RLIMIT_AS, limits.memory))  # weaker stand-in, reported by probe
-        if not support.enforces("pids"):
-            rlimits.append((resource.RLIMIT_NPROC, limits.pids))  # per host uid, reported by probe
         uid, gid = self.host_ids(policy)
+        if not support.enforces("pids"):  # counts all the uid runs: see sandbox/nproc.py; the probe says so
+            rlimits.append((resource.RLIMIT_NPROC, nproc_limit(os.getuid() if uid is None else uid, limits.pids)))
         return LaunchSpec(
             cgroup_procs=cgroup.procs_files if cgroup else (),
             rlimits=tuple(rlimits),
