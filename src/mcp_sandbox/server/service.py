@@ -327,7 +327,7 @@ async def open_service(
         secret = await anyio.to_thread.run_sync(
             lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
         )
-        workspaces = WorkspaceStore(settings, secret)
+        workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
         if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
             logger.info("deleted %d partial uploads a crash left", swept)
         mirror = None

@@ -28,6 +28,7 @@ from mcp_sandbox.config import DEFAULT_TENANT, Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
+from mcp_sandbox.workspace.changes import ChangeGate
 from mcp_sandbox.workspace.cloning import FORK_PREFIX, CloneCounts, fork_directory
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
@@ -73,15 +74,16 @@ class WorkspaceStore:
     (``anyio.to_thread.run_sync``). They are safe to call concurrently.
     """
 
-    def __init__(self, settings: Settings, secret: bytes) -> None:
+    def __init__(self, settings: Settings, secret: bytes, gate: ChangeGate | None = None) -> None:
         self.settings = settings
+        self.gate = ChangeGate() if gate is None else gate  # the change locks, shared with the engine
         self._layout = StateLayout.of(settings)
         self.root = self._layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the tenant's host uid's files, so that sandboxed code can change them.
         self._uids = TenantUids(settings)
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
-        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage)
+        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage, self.gate)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -213,8 +215,7 @@ class WorkspaceStore:
             raise WorkspaceError(f"the conversation's workspace cannot be opened: {exc.strerror}") from exc
 
     def _require_root(self, key: str, name: str) -> int:
-        root = self._open_root(key)
-        if root is None:
+        if (root := self._open_root(key)) is None:
             raise WorkspaceError(f"{name}: no such file in the workspace")
         return root
 
@@ -376,17 +377,16 @@ class WorkspaceStore:
             os.close(parent)
 
     def fork(self, source: str, target: str, tenant: str) -> CloneCounts:
-        """Copy conversation ``source``'s files into the new conversation ``target`` (see :mod:`.cloning`).
+        """Copy conversation ``source``'s files into the new ``target`` (:mod:`.cloning`); no upload lands meanwhile.
 
         Raises:
             QuotaExceededError: the source's files are over a conversation's quota; nothing copied.
             WorkspaceError: ``target`` exists, or the copy failed; nothing is left of it.
         """
         quota = Usage(bytes=self.settings.workspaces.quota_bytes, files=self.settings.workspaces.quota_files)
-        owner = self._uids.ids(tenant)
-        return fork_directory(
-            self.directory(source), self.directory(target), owner, self.usage(source), quota, max_depth=MAX_DEPTH
-        )
+        owner, paths = self._uids.ids(tenant), (self.directory(source), self.directory(target))
+        with self.gate.changing(source, target):
+            return fork_directory(*paths, owner, self.usage(source), quota, max_depth=MAX_DEPTH)
 
     def delete(self, key: str) -> None:
         """Delete conversation ``key``'s whole workspace. Only when no sandbox runs in it.
