@@ -3,7 +3,8 @@
 Everything that changes what a conversation's directory *is* or adds files to it from the host
 goes through :class:`ChangeGate`: an upload's commit (its rename into place, :mod:`.reservations`),
 a born session's adoption of the directory by a session-ready sandbox (``engine.ready.adopt``),
-a fork's copy (both the source, held still, and the new one), a file's deletion. Each holds the
+a fork's copy (both the source, held still, and the new one), a replica's restore of it from the
+object store (an earlier runner's files imported into it are uploads, each gated as one). Each holds the
 conversation's lock for the step; structural steps (adoption, a fork's copy) for their whole
 length, so an upload can never land half-way through one: an upload that recreated a folder
 adoption had just moved out made its final rename fail, and the failed rollback split the
@@ -22,11 +23,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from mcp_sandbox.errors import QuotaExceededError
 
 __all__ = ["ChangeGate"]
+
+T = TypeVar("T")
 
 
 class ChangeGate:
@@ -49,6 +53,11 @@ class ChangeGate:
             for key in sorted(set(keys)):
                 held.enter_context(self.lock(key))
             yield
+
+    def run(self, key: str, change: Callable[..., T], *args: object) -> T:
+        """``change(*args)`` under conversation ``key``'s change lock (for a worker thread: it blocks)."""
+        with self.lock(key):
+            return change(*args)
 
     @contextlib.contextmanager
     def reserving(
