@@ -6,8 +6,11 @@ session's interpreter to be) imported ``pool_preload`` (or, in every other one, 
 waits for the session's first EXEC, and its ``/workspace`` is a bind of a *slot*, an empty
 directory in ``runs/`` made as a conversation's is (0700, the uid's). A bind follows the
 directory, not its path: a session claims a sandbox by moving the conversation's entries into the
-slot and renaming the slot over the conversation's (now empty) directory (:func:`adopt`). The
-sandbox is the session's until it ends, then destroyed (the files stay); the pool starts another.
+slot and renaming the slot over the conversation's (now empty) directory (:func:`adopt`), under
+the conversation's change lock (``workspace.changes``: no upload lands meanwhile). The sandbox is
+the session's until it ends, then destroyed (the files stay); the pool starts another. One whose
+adoption failed is destroyed too: its slot held the conversation's entries, so no other
+conversation may ever get it (issue 43).
 """
 
 from __future__ import annotations
