@@ -17,7 +17,7 @@ import collections
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
@@ -37,8 +37,12 @@ from mcp_sandbox.engine.uid_pools import PoolsByUid
 from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend
+from mcp_sandbox.workspace.changes import ChangeGate
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "Prepare"]
+
+# What a run needs done once admitted (see Engine.execute).
+Prepare = Callable[[ExecutionRequest], Awaitable[ExecutionRequest]]
 
 
 class Engine:
@@ -51,14 +55,17 @@ class Engine:
         events: EventHub | None = None,
         *,
         egress_resolver: Resolver = system_resolver,
+        gate: ChangeGate | None = None,
     ) -> None:
-        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts)."""
+        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts);
+        ``gate``: the conversations' change locks, shared with the workspace store (``workspace.changes``)."""
         self.settings = settings
+        self.gate = ChangeGate() if gate is None else gate
         self.backend = backend
         self.events = events if events is not None else EventHub()
         self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
         self._ready = ReadyByUid(settings, self._opener, zygotes=backend.warm_pool)
-        self._sessions = SessionManager(settings, self._opener, self._ready)
+        self._sessions = SessionManager(settings, self._opener, self._ready, self.gate)
         self._using: collections.Counter[Path] = collections.Counter()  # runs per workspace now
         self._pools = PoolsByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._admission = Admission(
@@ -186,8 +193,12 @@ class Engine:
             if not self._using[workspace]:
                 del self._using[workspace]
 
-    async def execute(self, request: ExecutionRequest) -> ExecutionResult:
+    async def execute(self, request: ExecutionRequest, prepare: Prepare | None = None) -> ExecutionResult:
         """Run ``request`` and describe the outcome. Never raises for what the code did.
+
+        ``prepare``: what must happen once the run is admitted, before it runs (a fork's copy: a
+        call refused for capacity copies nothing); it returns the request to run, and what it
+        raises is raised.
 
         Raises:
             SandboxStartError: the sandbox could not be started at all.
@@ -198,6 +209,8 @@ class Engine:
         """
         queued = time.perf_counter()
         async with self._admission.slot(request.tenant):
+            if prepare is not None:
+                request = await prepare(request)
             with self._use(request.workspace):
                 started = time.perf_counter()
                 self.events.emit(RunAdmitted(wait=started - queued))

@@ -6,8 +6,11 @@ session's interpreter to be) imported ``pool_preload`` (or, in every other one, 
 waits for the session's first EXEC, and its ``/workspace`` is a bind of a *slot*, an empty
 directory in ``runs/`` made as a conversation's is (0700, the uid's). A bind follows the
 directory, not its path: a session claims a sandbox by moving the conversation's entries into the
-slot and renaming the slot over the conversation's (now empty) directory (:func:`adopt`). The
-sandbox is the session's until it ends, then destroyed (the files stay); the pool starts another.
+slot and renaming the slot over the conversation's (now empty) directory (:func:`adopt`), under
+the conversation's change lock (``workspace.changes``: no upload lands meanwhile). The sandbox is
+the session's until it ends, then destroyed (the files stay); the pool starts another. One whose
+adoption failed is destroyed too: its slot held the conversation's entries, so no other
+conversation may ever get it (issue 43).
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import errno
 import itertools
 import logging
 import os
+import stat
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +39,7 @@ from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox.policy import Limits
 
-__all__ = ["ReadyPool", "ReadySandbox", "adopt"]
+__all__ = ["ReadyPool", "ReadySandbox", "SplitAdoptionError", "adopt"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,38 +49,40 @@ _CLOSE_SECONDS = 10.0  # how long a session's end may wait for its sandbox to be
 # server lists the workspace first) goes out before a start forks on the event loop.
 _REFILL_SECONDS = 0.1
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# How often adopt() moves what appeared in the conversation's directory meanwhile (an upload).
-_ADOPT_TRIES = 3
 _FEW_ENTRIES = 32  # a conversation with at most this many top-level entries is adopted on the event loop
 
 
 def adopt(slot: Path, workspace: Path) -> None:
     """Make ``slot`` the conversation's directory at ``workspace``: move its entries in, rename it over.
 
-    O(top-level entries): each entry is one rename (never followed, never copied); the empty
-    directory left is then replaced by ``slot`` in one rename. On any failure every entry moved
-    goes back, and the error is raised: the conversation's files stay where they were.
+    The caller holds the conversation's change lock (:mod:`~mcp_sandbox.workspace.changes`), so
+    no upload lands meanwhile. O(top-level entries): each entry is one rename (never followed,
+    never copied); the empty directory left is then replaced by ``slot`` in one rename. On any
+    failure every entry moved goes back (:func:`_move_back`) and the error is raised.
 
     Raises:
         OSError: the two are not on one filesystem, or an entry could not be moved.
+        SplitAdoptionError: not every entry could be moved back; what is left is in ``slot``.
     """
     source = os.open(workspace, _DIRECTORY)
     target = os.open(slot, _DIRECTORY)
     try:
-        for _ in range(_ADOPT_TRIES):
+        try:
+            _move_entries(source, target)
+            os.rename(slot, workspace)
+        except OSError:
             try:
-                _move_entries(source, target)
-                os.rename(slot, workspace)
-                return
+                _move_back(target, source)
             except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):  # not a file that came meanwhile
-                    _move_entries(target, source)
-                    raise
-        _move_entries(target, source)
-        raise OSError(errno.EBUSY, "the conversation's directory kept changing")
+                raise SplitAdoptionError(f"entries of {workspace} are left in {slot}: {exc}") from exc
+            raise
     finally:
         os.close(source)
         os.close(target)
+
+
+class SplitAdoptionError(OSError):
+    """A failed adoption could not move every entry back: the slot must be kept, its sandbox destroyed."""
 
 
 def _few_entries(directory: Path) -> bool:
@@ -87,11 +94,63 @@ def _few_entries(directory: Path) -> bool:
         return False
 
 
+def _names(directory: int) -> list[str]:
+    with os.scandir(directory) as listing:
+        return [entry.name for entry in listing]
+
+
 def _move_entries(source: int, target: int) -> None:
-    with os.scandir(source) as listing:
-        names = [entry.name for entry in listing]
-    for name in names:
+    for name in _names(source):
         os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
+
+
+def _move_back(slot: int, workspace: int) -> None:
+    """Move every entry of ``slot`` back into ``workspace``, merging into what appeared there meanwhile.
+
+    A directory that came back meanwhile (an upload that went around the change lock recreating
+    ``d3/``) is merged into, entry by entry; an entry whose name is taken by one of another kind
+    comes back under a free name (``name.restored``, ``name.restored-2``, ...). Only an I/O
+    error leaves anything in the slot (raised).
+    """
+    for name in _names(slot):
+        try:
+            os.rename(name, name, src_dir_fd=slot, dst_dir_fd=workspace)
+            continue
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
+                raise
+        mine = os.stat(name, dir_fd=slot, follow_symlinks=False)
+        theirs = os.stat(name, dir_fd=workspace, follow_symlinks=False)
+        if stat.S_ISDIR(mine.st_mode) and stat.S_ISDIR(theirs.st_mode):
+            inner_slot = os.open(name, _DIRECTORY, dir_fd=slot)
+            try:
+                inner = os.open(name, _DIRECTORY, dir_fd=workspace)
+                try:
+                    _move_back(inner_slot, inner)
+                finally:
+                    os.close(inner)
+            finally:
+                os.close(inner_slot)
+            os.rmdir(name, dir_fd=slot)
+            continue
+        free = next(
+            f"{name}.restored{suffix}" for suffix in _suffixes() if not _exists(workspace, f"{name}.restored{suffix}")
+        )
+        os.rename(name, free, src_dir_fd=slot, dst_dir_fd=workspace)
+
+
+def _suffixes() -> Iterator[str]:
+    yield ""
+    for number in itertools.count(2):
+        yield f"-{number}"
+
+
+def _exists(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 @dataclass(eq=False)
@@ -205,14 +264,16 @@ class ReadyPool:
         if self._group is not None and not self._retiring:
             self._group.start_soon(self._own, _REFILL_SECONDS, ready.preloaded)  # of the same kind
 
-    async def claim(self, workspace: Path, *, preloaded: bool = True) -> ReadySandbox | None:
+    async def claim(self, workspace: Path, lock: threading.Lock, *, preloaded: bool = True) -> ReadySandbox | None:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
 
-        One whose runner preloaded ``pool_preload`` if ``preloaded`` (the first run names one of
-        those modules), else a light one, where one of that kind is idle; else one of the other
+        ``lock``: the conversation's change lock, held for the adoption (no upload lands inside
+        it). One whose runner preloaded ``pool_preload`` if ``preloaded`` (the first run names one
+        of those modules), else a light one, where one of that kind is idle; else one of the other
         kind (still quicker than a start). Only one whose limits are a session's on ``workspace``
-        now (settings reloaded since it started: not that one). The caller calls :meth:`settle`
-        once the session's first run is over.
+        now (settings reloaded since it started: not that one). A sandbox whose adoption failed
+        is destroyed, never offered again: its slot held the conversation's entries. The caller
+        calls :meth:`settle` once the session's first run is over.
         """
         self.wake()
         wanted = self._opener.session_policy(workspace, ()).limits
@@ -224,17 +285,24 @@ class ReadyPool:
                 continue
             ready.claimed = True  # from now on nothing removes its slot: it may hold the conversation's files
             try:
-                if _few_entries(workspace):  # a few renames: quicker here than a worker thread's round trip
-                    adopt(ready.slot, workspace)
+                # A few renames: quicker here than a worker thread's round trip, if no upload is committing.
+                if _few_entries(workspace) and lock.acquire(blocking=False):
+                    try:
+                        adopt(ready.slot, workspace)
+                    finally:
+                        lock.release()
                 else:
-                    await anyio.to_thread.run_sync(adopt, ready.slot, workspace)
+                    await anyio.to_thread.run_sync(_adopt_locked, ready.slot, workspace, lock)
+            except SplitAdoptionError as exc:  # the slot keeps what could not go back: never removed
+                logger.error("a session-ready sandbox's slot keeps a conversation's entries: %s", exc)
+                ready.release()
+                if self._group is not None and not self._retiring:
+                    self._group.start_soon(self._own, 0.0, ready.preloaded)
+                return None
             except OSError as exc:
-                logger.info("a session-ready sandbox was not used: %s", exc)
-                ready.claimed = False
-                if ready.interpreter.exited.is_set():
-                    ready.release()
-                else:
-                    self._idle.append(ready)
+                logger.info("a session-ready sandbox was not used (it is destroyed): %s", exc)
+                ready.claimed = False  # its slot is empty again: removed with it
+                ready.release()
                 return None
             return ready
         return None
@@ -297,6 +365,11 @@ class ReadyPool:
                 await remove_shielded(slot)  # never a claimed one: it is the conversation's directory now
                 if self._group is not None and not self._retiring:
                     self._group.start_soon(self._own, 0.0, preloaded)
+
+
+def _adopt_locked(slot: Path, workspace: Path, lock: threading.Lock) -> None:
+    with lock:
+        adopt(slot, workspace)
 
 
 async def _done_on_exit(ready: ReadySandbox) -> None:

@@ -12,6 +12,7 @@ sessions end. A ready sandbox of one uid never serves another tenant.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -53,7 +54,9 @@ class ReadyByUid:
         async with self.default.running(), self._others.running():
             yield self
 
-    async def claim(self, workspace: Path, tenant: str, *, preloaded: bool = True) -> ReadySandbox | None:
+    async def claim(
+        self, workspace: Path, tenant: str, lock: threading.Lock, *, preloaded: bool = True
+    ) -> ReadySandbox | None:
         """A ready sandbox of ``tenant``'s host uid whose ``/workspace`` is now ``workspace``, or None.
 
         See :meth:`.ReadyPool.claim`; the caller calls :meth:`settle` once the session's first run is over.
@@ -63,12 +66,12 @@ class ReadyByUid:
         """
         uid = await self._opener.host_uid(tenant)
         if uid is None:
-            return await self.default.claim(workspace, preloaded=preloaded)
+            return await self.default.claim(workspace, lock, preloaded=preloaded)
         async with self._others.use(uid) as entry:
             if entry is None:
                 return None
             await entry.started.wait()
-            return await entry.item.claim(workspace, preloaded=preloaded)
+            return await entry.item.claim(workspace, lock, preloaded=preloaded)
 
     def settle(self, ready: ReadySandbox) -> None:
         """After the first run of the session ``ready`` was claimed for (see :meth:`.ReadyPool.settle`)."""

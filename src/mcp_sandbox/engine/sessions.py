@@ -26,6 +26,7 @@ from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_uids import ReadyByUid
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import BusyError
+from mcp_sandbox.workspace.changes import ChangeGate
 
 __all__ = ["Lease", "SessionManager"]
 
@@ -98,10 +99,12 @@ class SessionManager:
     starts the sandbox, keeps it until told to stop or until it dies, then closes it.
     """
 
-    def __init__(self, settings: Settings, opener: Opener, ready: ReadyByUid) -> None:
+    def __init__(self, settings: Settings, opener: Opener, ready: ReadyByUid, gate: ChangeGate | None = None) -> None:
+        """``gate``: the conversations' change locks, held while a born session adopts one (:mod:`.ready`)."""
         self._settings = settings
         self._opener = opener
         self._ready = ready
+        self._gate = ChangeGate() if gate is None else gate
         self._sessions: dict[str, _Session] = {}
         self._group: TaskGroup | None = None
 
@@ -174,7 +177,7 @@ class SessionManager:
             if live is None:
                 group = self._require_group()
                 if born and workspace is not None:
-                    ready = await self._ready.claim(workspace, tenant, preloaded=preloaded)
+                    ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)
                 live = await group.start(self._own, session, workspace, ready)
             yield Lease(live.interpreter, live.tools, new, live)
         finally:

@@ -127,7 +127,7 @@ class Service:
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
         # First seen here: another server of the store may have written it (replicas restore per lease).
         if not existed and self.mirror is not None and self.router is None:
-            await anyio.to_thread.run_sync(self.mirror.restore_new, key, tenant)
+            await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
@@ -177,7 +177,7 @@ class Service:
         """
         if self.mirror is not None:
             tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
-            await anyio.to_thread.run_sync(self.mirror.restore, key, tenant)
+            await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore, key, tenant)
 
     def metrics_or_fail(self) -> Metrics:
         """The metrics :func:`open_service` made (a Service built by hand has none)."""
@@ -327,7 +327,7 @@ async def open_service(
         secret = await anyio.to_thread.run_sync(
             lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
         )
-        workspaces = WorkspaceStore(settings, secret)
+        workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
         if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
             logger.info("deleted %d partial uploads a crash left", swept)
         mirror = None

@@ -2,11 +2,12 @@
 
 The source is the tenant's own sandbox's directory and may hold anything (see :mod:`.files`): every
 step opens one name relative to the directory fd before it with ``O_NOFOLLOW``. Regular files are
-cloned with ``FICLONE`` (copy-on-write: btrfs, XFS, bcachefs), else ``copy_file_range`` (in-kernel
-copy), else read and written; directories and symlinks are made again (a link is copied as a link,
-never followed); FIFOs, sockets and devices are left out, and so is anything another uid than the
-source directory's owns (a hard link to someone else's file: the host reads as root, the copy
-would be the tenant's). Everything made is owned by ``owner``, without set-id bits.
+cloned with ``FICLONE`` (copy-on-write: btrfs, XFS, bcachefs), else their data (holes stay holes) by
+``copy_file_range`` (in-kernel copy), else read and written; directories and symlinks are made again
+(a link is copied as a link, never followed); FIFOs, sockets and devices are left out, and so is
+anything another uid than the source directory's owns (a hard link to someone else's file: the host
+reads as root, the copy would be the tenant's). Everything made is owned by ``owner``, without
+set-id bits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import fcntl
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,30 +46,59 @@ class CloneCounts:
 
 
 def _copy_data(source: int, target: int, size: int) -> bool:
-    """Copy ``size`` bytes; True when they were reflinked (shared blocks until either side writes)."""
+    """Copy ``size`` bytes; True when they were reflinked (shared blocks until either side writes).
+
+    Otherwise only the source's data is copied, hole by hole (``SEEK_DATA``/``SEEK_HOLE``): a
+    sparse file stays sparse in the copy instead of taking its full size in blocks on every fork.
+    """
     try:
         fcntl.ioctl(target, FICLONE, source)
         return True
     except OSError as exc:
         if exc.errno not in (errno.EOPNOTSUPP, errno.EXDEV, errno.EINVAL, errno.ENOTTY, errno.EPERM):
             raise
-    copied = 0
+    for start, end in _data_stretches(source, size):
+        _copy_range(source, target, start, end)
+    os.ftruncate(target, min(size, os.fstat(source).st_size))  # a hole at the end is a size, not data
+    return False
+
+
+def _data_stretches(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """Where the first ``size`` bytes of ``fd`` hold data, as (start, end); all of it where holes are not told."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole from here on
+                return
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            yield offset, size
+            return
+        if start >= size:
+            return
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end
+        offset = end
+
+
+def _copy_range(source: int, target: int, start: int, end: int) -> None:
+    """Copy bytes ``start`` to ``end`` at the same offsets: in the kernel where it can, else read and written."""
+    copied = start
     try:
-        while copied < size:
-            done = os.copy_file_range(source, target, min(_CHUNK, size - copied))
-            if done == 0:
-                break
+        while copied < end:
+            done = os.copy_file_range(source, target, min(_CHUNK, end - copied), copied, copied)
+            if done == 0:  # the source shrank meanwhile
+                return
             copied += done
-        return False
+        return
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
             raise
-    os.lseek(source, copied, os.SEEK_SET)
-    os.lseek(target, copied, os.SEEK_SET)
-    while copied < size and (chunk := os.read(source, min(1 << 20, size - copied))):
-        os.write(target, chunk)
+    while copied < end and (chunk := os.pread(source, min(1 << 20, end - copied), copied)):
+        os.pwrite(target, chunk, copied)
         copied += len(chunk)
-    return False
 
 
 def _copy_file(

@@ -5,7 +5,8 @@ saw room for themselves and all of them were stored (issue 21). Now every chunk 
 is *reserved* under a lock against what all the conversation's writes in progress have
 reserved, and the quota is *checked again at commit*, under the conversation's lock, against
 what is in the workspace then (writes in progress are outside it, in ``uploads/``, so what it
-holds is what is committed); the rename happens under that lock, so two commits never both
+holds is what is committed); the rename happens under that lock (the conversation's change lock,
+:mod:`.changes`, so no commit lands inside an adoption or a fork's copy), so two commits never both
 take the last room. A write refused a reservation holds no room from that moment (it is being
 aborted).
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from mcp_sandbox.errors import QuotaExceededError
+from mcp_sandbox.workspace.changes import ChangeGate
 from mcp_sandbox.workspace.files import Usage
 
 __all__ = ["QuotaBook", "Reservation"]
@@ -64,18 +66,20 @@ class Reservation:
 class QuotaBook:
     """Reservations of the writes in progress, per conversation key. Thread-safe."""
 
-    def __init__(self, quota_bytes: int, quota_files: int, usage: Callable[[str], Usage]) -> None:
+    def __init__(
+        self, quota_bytes: int, quota_files: int, usage: Callable[[str], Usage], gate: ChangeGate | None = None
+    ) -> None:
+        """``gate``: whose change locks commits hold (:mod:`.changes`; None: a gate of its own)."""
         self.quota_bytes = quota_bytes
         self.quota_files = quota_files
         self._usage = usage
+        self._gate = ChangeGate() if gate is None else gate
         self._lock = threading.Lock()
         self._open: dict[str, set[Reservation]] = collections.defaultdict(set)
-        self._key_locks: dict[str, threading.Lock] = {}
 
     def key_lock(self, key: str) -> threading.Lock:
-        """The lock commits (and discards) of conversation ``key`` hold."""
-        with self._lock:
-            return self._key_locks.setdefault(key, threading.Lock())
+        """The lock commits (and discards) of conversation ``key`` hold: its change lock (:mod:`.changes`)."""
+        return self._gate.lock(key)
 
     def open(self, key: str, name: str, usage: Usage, replaced: int | None) -> Reservation:
         """Register a write of ``name`` that begins now; ``usage`` is the conversation's, as measured."""

@@ -28,7 +28,8 @@ from mcp_sandbox.config import DEFAULT_TENANT, Settings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
-from mcp_sandbox.workspace.cloning import FORK_PREFIX, CloneCounts, fork_directory
+from mcp_sandbox.workspace.changes import ChangeGate
+from mcp_sandbox.workspace.cloning import CloneCounts, fork_directory
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
     FileEntry,
@@ -40,23 +41,19 @@ from mcp_sandbox.workspace.files import (
     open_file_in,
     open_parent,
 )
-from mcp_sandbox.workspace.names import RESERVED_PREFIX, check_filename
+from mcp_sandbox.workspace.names import check_filename
 from mcp_sandbox.workspace.owner import hand_over
+from mcp_sandbox.workspace.partials import MAX_DEPTH, MAX_LIST_ENTRIES, sweep_partials
 from mcp_sandbox.workspace.removal import remove_tree
 from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
 from mcp_sandbox.workspace.writing import Admit, PendingWrite
 
-__all__ = ["WorkspaceStore"]
+__all__ = ["MAX_DEPTH", "MAX_LIST_ENTRIES", "WorkspaceStore"]
 
 logger = logging.getLogger(__name__)
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-# How versions before uploads/ named a partial upload, in the directory of the file it was for.
-_OLD_PARTIAL = RESERVED_PREFIX + "upload-"
-
-MAX_LIST_ENTRIES = 100_000
-MAX_DEPTH = 64
 
 
 def _framed(value: str) -> bytes:
@@ -73,15 +70,16 @@ class WorkspaceStore:
     (``anyio.to_thread.run_sync``). They are safe to call concurrently.
     """
 
-    def __init__(self, settings: Settings, secret: bytes) -> None:
+    def __init__(self, settings: Settings, secret: bytes, gate: ChangeGate | None = None) -> None:
         self.settings = settings
+        self.gate = ChangeGate() if gate is None else gate  # the change locks, shared with the engine
         self._layout = StateLayout.of(settings)
         self.root = self._layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the tenant's host uid's files, so that sandboxed code can change them.
         self._uids = TenantUids(settings)
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
-        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage)
+        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage, self.gate)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -110,41 +108,8 @@ class WorkspaceStore:
             raise disk_error(exc, "cannot create the workspaces directory") from exc
 
     def sweep_partials(self) -> int:
-        """Delete what uploads cut by a crash left: dead servers' files in ``uploads/``, and the
-        partial files older versions left in workspaces. Return how many were deleted.
-
-        Call it at start: a live server's uploads in ``uploads/`` are never touched (their names
-        start with its pid), and this version writes no partial file into a workspace.
-        """
-        removed = 0
-        for entry in self._layout.stale_uploads():
-            with contextlib.suppress(FileNotFoundError):
-                entry.unlink()
-                removed += 1
-        for entry in self.root.glob(FORK_PREFIX + "*") if self.root.is_dir() else ():
-            pid = entry.name.removeprefix(FORK_PREFIX).partition("-")[0]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():  # a fork its server's crash cut short
-                with contextlib.suppress(OSError):
-                    remove_tree(entry)
-                    removed += 1
-        for key in self.keys():
-            root = self._open_root(key)
-            if root is None:
-                continue
-            try:
-                walk = Walk(root, max_depth=MAX_DEPTH, max_entries=MAX_LIST_ENTRIES, servable_only=False)
-                for parts in [parts for parts, _ in walk if parts[-1].startswith(_OLD_PARTIAL)]:
-                    parent = open_parent(root, "/".join(parts))
-                    try:
-                        os.unlink(parts[-1], dir_fd=parent)
-                        removed += 1
-                    finally:
-                        os.close(parent)
-            except (OSError, WorkspaceError):
-                continue  # changed meanwhile, or unreadable: the next start looks again
-            finally:
-                os.close(root)
-        return removed
+        """Delete what uploads and forks cut by a crash left (see :mod:`.partials`); how many were deleted."""
+        return sweep_partials(self._layout, self.root, self.keys(), self._open_root)
 
     def ensure(self, key: str, tenant: str | None = None) -> Path:
         """Create conversation ``key``'s directory if needed (0700, ``tenant``'s host uid's); return it.
@@ -213,8 +178,7 @@ class WorkspaceStore:
             raise WorkspaceError(f"the conversation's workspace cannot be opened: {exc.strerror}") from exc
 
     def _require_root(self, key: str, name: str) -> int:
-        root = self._open_root(key)
-        if root is None:
+        if (root := self._open_root(key)) is None:
             raise WorkspaceError(f"{name}: no such file in the workspace")
         return root
 
@@ -283,16 +247,17 @@ class WorkspaceStore:
         usage = self.usage(key)
         # At the file quota only a replacement can succeed: then make no directories for it.
         full = usage.files >= self.settings.workspaces.quota_files
-        root = self._require_root(key, name)
-        try:
-            owner = self._owner(root)
-            parent = open_parent(root, name, create=not full, owner=owner)
-        except WorkspaceError:
-            if full:
-                raise self._files_exceeded(name, usage) from None
-            raise
-        finally:
-            os.close(root)
+        with self.gate.changing(key):  # no folder made inside an adoption or a fork's copy
+            root = self._require_root(key, name)
+            try:
+                owner = self._owner(root)
+                parent = open_parent(root, name, create=not full, owner=owner)
+            except WorkspaceError:
+                if full:
+                    raise self._files_exceeded(name, usage) from None
+                raise
+            finally:
+                os.close(root)
         leaf = name.rsplit("/", 1)[-1]
         try:
             try:
@@ -313,8 +278,18 @@ class WorkspaceStore:
             os.close(parent)
             raise disk_error(exc, f"{name}: cannot write in the workspace") from exc
         reservation = self._quota.open(key, name, usage, replaced)
+
+        def reopen() -> int:  # at commit: the parent where the conversation's directory is then
+            root = self._require_root(key, name)
+            try:
+                return open_parent(root, name, create=True, owner=owner)
+            finally:
+                os.close(root)
+
         try:
-            return PendingWrite(parent, leaf, name, staging_fd=staging, reservation=reservation, owner=owner)
+            return PendingWrite(
+                parent, leaf, name, staging_fd=staging, reservation=reservation, owner=owner, reopen=reopen
+            )
         except BaseException:
             reservation.release()
             raise
@@ -376,17 +351,16 @@ class WorkspaceStore:
             os.close(parent)
 
     def fork(self, source: str, target: str, tenant: str) -> CloneCounts:
-        """Copy conversation ``source``'s files into the new conversation ``target`` (see :mod:`.cloning`).
+        """Copy conversation ``source``'s files into the new ``target`` (:mod:`.cloning`); no upload lands meanwhile.
 
         Raises:
             QuotaExceededError: the source's files are over a conversation's quota; nothing copied.
             WorkspaceError: ``target`` exists, or the copy failed; nothing is left of it.
         """
         quota = Usage(bytes=self.settings.workspaces.quota_bytes, files=self.settings.workspaces.quota_files)
-        owner = self._uids.ids(tenant)
-        return fork_directory(
-            self.directory(source), self.directory(target), owner, self.usage(source), quota, max_depth=MAX_DEPTH
-        )
+        owner, paths = self._uids.ids(tenant), (self.directory(source), self.directory(target))
+        with self.gate.changing(source, target):
+            return fork_directory(*paths, owner, self.usage(source), quota, max_depth=MAX_DEPTH)
 
     def delete(self, key: str) -> None:
         """Delete conversation ``key``'s whole workspace. Only when no sandbox runs in it.

@@ -41,10 +41,13 @@ class PendingWrite:
         staging_fd: int,
         reservation: Reservation,
         owner: tuple[int, int] | None,
+        reopen: Callable[[], int] | None = None,
     ) -> None:
         """Create the temporary file in ``staging_fd`` (``uploads/``, on the workspace's filesystem).
 
-        Takes ownership of ``parent_fd``, ``staging_fd`` and ``reservation``.
+        Takes ownership of ``parent_fd``, ``staging_fd`` and ``reservation``. ``reopen``, when
+        given, opens the parent afresh at commit, under the conversation's change lock: a born
+        session's adoption may have moved the conversation's directory since (the old one is gone).
 
         ``reservation`` holds this write's share of the conversation's quota: every chunk is
         reserved before it is written, and the quota is checked again at commit (see
@@ -55,6 +58,7 @@ class PendingWrite:
         """
         self.name = name
         self._parent = parent_fd
+        self._reopen = reopen
         self._staging = staging_fd
         self._leaf = leaf
         self._reservation = reservation
@@ -148,6 +152,10 @@ class PendingWrite:
             with self._reservation.committing(info.st_size, self._replaced_size()):
                 if admit is not None:
                     admit(FileEntry(name=self.name, size=info.st_size, mtime=info.st_mtime))
+                if self._reopen is not None:
+                    fresh = self._reopen()
+                    os.close(self._parent)
+                    self._parent = fresh
                 os.rename(self._temporary, self._leaf, src_dir_fd=self._staging, dst_dir_fd=self._parent)
         except WorkspaceError:  # over the quota, or the lease lost: the file never enters the workspace
             self.abort()

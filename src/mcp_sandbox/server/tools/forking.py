@@ -1,13 +1,18 @@
 """``forkFrom``: a new conversation made of a copy of another of the same tenant, files and variables.
 
-The source is held still (its running call waited for, within the call's timeout) while its
-variables are dumped in its own sandbox and its files are copied, so both are of one moment;
-the fork's first run loads the variables before its code (see ``SessionManager.holding`` and
-the runtime's ``fork.py``). The host carries the variables as opaque bytes, never unpickled.
+A fork is made once its run is admitted (``Engine.execute``'s ``prepare``): a call refused for
+capacity copies nothing. Its bytes are reserved first against the tenant's and the server's disk
+budgets (:mod:`~mcp_sandbox.workspace.changes`), until the call's answer has recorded them:
+concurrent forks cannot pass a budget together. The source is held still (its running call waited
+for, within the call's timeout) while its variables are dumped in its own sandbox and its files are
+copied, so both are of one moment; the fork's first run loads the variables before its code (see
+``SessionManager.holding`` and the runtime's ``fork.py``). The host carries the variables as opaque
+bytes, never unpickled.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +54,13 @@ class Fork:
 
 
 async def fork_conversation(
-    service: Service, tenant: str, source_id: str, key: str, *, python: bool, wait: float
+    service: Service, tenant: str, source_id: str, key: str, held: contextlib.ExitStack, *, python: bool, wait: float
 ) -> Fork:
-    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``.
+    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``; bytes reserved on ``held``.
 
     Raises:
-        ValidationError: ``key`` exists, the source does not (for this tenant), or it is over quota.
+        ValidationError: ``key`` exists, the source does not (for this tenant), it is over quota,
+            or its copy would take the tenant or the server past a disk budget; nothing was copied.
         BusyError: the source was still running a call after ``wait`` seconds; nothing was copied.
         WorkspaceError: the copy failed (a full disk); nothing of it is left.
     """
@@ -71,6 +77,12 @@ async def fork_conversation(
         raise ValidationError("conversationId", "that conversation exists; a fork makes a new one (choose a new id)")
     if not source_exists and source not in live:
         raise ValidationError("forkFrom", f"no conversation {source_id!r}")
+    size, holding = await anyio.to_thread.run_sync(_measure, service, tenant, source)
+    budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
+    try:
+        held.enter_context(store.gate.reserving(tenant, size, holding, budgets))
+    except QuotaExceededError as exc:
+        raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
     sessions = service.settings.sessions.sessions
     budget = FORK_VARIABLES_BYTES if python and sessions else None
     counts: CloneCounts | None = None
@@ -91,3 +103,10 @@ async def fork_conversation(
         else:
             why_not = "the conversation forked had no live interpreter (idle past its TTL) or could not dump them"
     return Fork(source_id, counts, state, why_not)
+
+
+def _measure(service: Service, tenant: str, source: str) -> tuple[int, tuple[int, int]]:
+    """The source's bytes, and what the tenant's and all conversations hold (as last recorded)."""
+    size = service.workspaces.usage(source).bytes
+    everyone = service.metadata.conversations_by_last_use()
+    return size, (sum(row.bytes for row in everyone if row.tenant == tenant), sum(row.bytes for row in everyone))

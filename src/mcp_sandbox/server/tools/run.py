@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ import mcp_types as types
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
+from mcp_sandbox.engine.executor import Prepare
 from mcp_sandbox.errors import BusyError, LeaseLostError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
@@ -65,6 +67,7 @@ class RunCall:
     busy: bool = False  # refused for capacity (or draining)
     timeout_clamped: dict[str, float] | None = None  # {"requested", "used"} when above max_timeout
     fork: Fork | None = None  # forkFrom: the copy this call's conversation was made of
+    prepare: Prepare | None = None  # forkFrom: the copy, made once the run is admitted
 
 
 def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
@@ -126,7 +129,7 @@ class RunTool:
                 result = ExecutionResult(status="error", exit_code=None, error=STOPPED_MESSAGE)
                 with stop:  # cancelled when the server stops with the run still going: it is answered so
                     request = await self.request(call, raw, listener, held)
-                    result = await service.engine.execute(request)
+                    result = await service.engine.execute(request, call.prepare)
             except (ValidationError, BusyError, SandboxError) as exc:
                 result = refused(call, exc)
             return await self.answer(call, result)
@@ -157,17 +160,12 @@ class RunTool:
         workspace = None
         if call.key is not None:
             held.enter_context(service.using(call.key))
-            if arguments.fork_from is not None:
+            if arguments.fork_from is not None:  # copied once the run is admitted (see _forking)
                 held.enter_context(service.using(service.workspaces.key(call.tenant, arguments.fork_from)))
-                call.fork = await fork_conversation(
-                    service,
-                    call.tenant,
-                    arguments.fork_from,
-                    call.key,
-                    python=call.language == "python",
-                    wait=timeout,
-                )
-            workspace = await service.touch(call.key, call.tenant, arguments.conversation)
+                call.prepare = self._forking(call, arguments.fork_from, arguments.conversation, timeout, held)
+                workspace = service.workspaces.directory(call.key)
+            else:
+                workspace = await service.touch(call.key, call.tenant, arguments.conversation)
             if (base := service.file_base_url(call.key)) is not None:
                 environment["FILE_BASE_URL"] = base
         return ExecutionRequest(
@@ -182,8 +180,23 @@ class RunTool:
             on_output=listener,
             egress=self._egress.grant(call.tenant, arguments.network, arguments.conversation),
             tenant=call.tenant,
-            fork_state=None if call.fork is None else call.fork.state,
         )
+
+    def _forking(
+        self, call: RunCall, source: str, conversation: str | None, timeout: float, held: contextlib.ExitStack
+    ) -> Prepare:
+        """What a fork's run does once admitted: copy the source, then make the new conversation's row."""
+        service = self._service
+        assert call.key is not None
+        key = call.key
+
+        async def prepare(request: ExecutionRequest) -> ExecutionRequest:
+            python = call.language == "python"
+            call.fork = await fork_conversation(service, call.tenant, source, key, held, python=python, wait=timeout)
+            await service.touch(key, call.tenant, conversation)
+            return dataclasses.replace(request, fork_state=call.fork.state)
+
+        return prepare
 
     async def _tool_access(self, servers: Sequence[str], tenant: str, key: str | None) -> LibraryAccess:
         """What the run may call: the code-mode servers it names, and its tenant's library."""
