@@ -41,7 +41,7 @@ class _Service(Protocol):
     @property
     def in_use(self) -> Collection[str]: ...
 
-    async def write_back(self, key: str) -> None: ...
+    async def write_back(self, key: str) -> tuple[str, ...]: ...
 
 
 class IdleWrites:
@@ -49,7 +49,7 @@ class IdleWrites:
 
     def __init__(
         self,
-        write_back: Callable[[str], Awaitable[None]],
+        write_back: Callable[[str], Awaitable[object]],
         live: Callable[[], Collection[str]],
         busy: Callable[[], Collection[str]],
         holds: Callable[[str], bool] | None,
