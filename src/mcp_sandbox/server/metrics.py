@@ -125,7 +125,7 @@ class Metrics:
         self.transfer = Counter(f"{_PREFIX}_file_bytes", "Bytes uploaded and downloaded", ["direction"], registry=r)
         self.unsaved = Counter(
             f"{_PREFIX}_unsaved_files",
-            "Files not in the object store as on disk: a write-back could not store them, or a restore get them",
+            "Files not in the object store as on disk: not stored by a write-back, or not got by a restore",
             ["stage"],
             registry=r,
         )
