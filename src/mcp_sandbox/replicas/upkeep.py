@@ -49,18 +49,25 @@ def reads_index(objects: ObjectStore, under: str, manifest: Manifest, changed: F
 
 def index_to_update(objects: ObjectStore, under: str) -> tuple[Index, bool]:
     """The store's index under ``under``, and whether it is damaged: then an empty index, which the
-    write-back fills from the local copy (a LIST of the packs checks that those it names are there).
+    write-back fills from the local copy. A LIST of the packs, sent beside the index's GET, checks
+    that those it names are there (one could be deleted behind the owner's back).
 
     Raises:
         WorkspaceError: the store refused.
     """
-    try:
-        index = read_index(objects, under)
-    except DamagedIndex:
+
+    def fetch(what: str) -> Index | dict[str, int] | None:
+        if what == "packs":
+            return stored_packs(objects, under)
+        try:
+            return read_index(objects, under)
+        except DamagedIndex:
+            return None
+
+    found, stored = objects.parallel(fetch, ["index", "packs"])
+    if not isinstance(found, Index) or not isinstance(stored, dict) or found.missing(stored):
         return Index(), True
-    if index.files and index.missing(stored_packs(objects, under)):
-        return Index(), True
-    return index, False
+    return found, False
 
 
 def keep_stored(after: Index, before: Index, unsaved: list[str]) -> None:
