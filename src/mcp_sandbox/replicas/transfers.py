@@ -125,10 +125,11 @@ class Placer:
 
 
 def write_file(objects: ObjectStore, root: int, under: str, item: tuple[str, os.stat_result]) -> Stored:
-    """Store file ``item`` of the workspace open at ``root`` as an object of its own.
+    """Store file ``item`` of the workspace open at ``root`` as an object of its own; one that
+    cannot be read, or the store refuses, is named unsaved (the rest of the write-back goes on).
 
     Raises:
-        WorkspaceError: the store refused.
+        DiskFullError: the server's disk is full.
     """
     name, info = item
     unsaved: list[str] = []
