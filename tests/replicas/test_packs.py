@@ -202,20 +202,29 @@ def test_a_missing_pack_loses_only_its_files_and_the_owners_next_write_back_rebu
     assert old_pack not in _stored(s3_endpoint, url)[1]
 
 
-def test_an_inconsistent_index_is_rebuilt_on_the_next_write_back(
+def test_an_index_naming_a_deleted_empty_pack_restores_whole_and_is_rebuilt_on_the_next_write_back(
     replica: Callable[[str], Replica], s3_endpoint: str, url: str
 ) -> None:
-    # What main's write-back left after a pack of only empty files: an entry naming a pack the index lacks.
     first, first_state = replica("first")
     directory = _workspace(first_state)
     directory.mkdir(parents=True)
     (directory / "a.txt").write_bytes(b"alpha")
     first.write_back(KEY)
-    index = {"format": 1, "files": {"a.txt": [f"{PACKS}000000000000000000000000", 0, 5]}, "packs": {}}
-    first.objects.put(f"workspaces/{KEY}/{PACKS}index.json", json.dumps(index).encode())
-    (directory / "b.txt").write_bytes(b"beta")
+    # What main left after a write-back of only empty files: the index names a pack it and the store lack.
+    (directory / "empty").write_bytes(b"")
     first.write_back(KEY)
-    assert _stored(s3_endpoint, url)[0] == {"a.txt": b"alpha", "b.txt": b"beta"}
+    raw = json.loads(objects(s3_endpoint, url)[f"workspaces/{KEY}/{PACKS}index.json"])
+    (empty_pack,) = {raw["files"]["empty"][0]}
+    del raw["packs"][empty_pack]  # main deleted the empty pack and wrote the index naming it
+    first.objects.delete([f"workspaces/{KEY}/{empty_pack}"])
+    first.objects.put(f"workspaces/{KEY}/{PACKS}index.json", json.dumps(raw).encode())
+
+    second, second_state = replica("second")  # the owner's disk copy gone: a restore gets every file
+    assert second.restore(KEY, "alice").lost == ()
+    assert _tree(_workspace(second_state)) == {"a.txt": b"alpha", "empty": b""}
+    (directory / "b.txt").write_bytes(b"beta")
+    first.write_back(KEY)  # the owner's next write-back rebuilds the index
+    assert _stored(s3_endpoint, url)[0] == {"a.txt": b"alpha", "empty": b"", "b.txt": b"beta"}
 
 
 def test_empty_files_alone_in_a_pack_survive_write_back_and_restore(

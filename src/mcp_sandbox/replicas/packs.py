@@ -149,6 +149,11 @@ class Index:
         for name in names:
             try:
                 pack, offset, length = str(files[name][0]), int(files[name][1]), int(files[name][2])
+                if length == 0 and offset == 0 and pack not in stored and pack.startswith(PACKS):
+                    # An empty file needs no bytes: what an earlier version left when it deleted its empty pack.
+                    sound.files[name] = (pack, 0, 0)
+                    sound.packs[pack] = 0
+                    continue
                 size = int(packs[pack])
             except (ValueError, TypeError, KeyError, IndexError, AttributeError):
                 lost.append(name)

@@ -250,8 +250,9 @@ def read_pack(
         raise disk_error(exc, "cannot restore the workspace") from exc
     with os.fdopen(fd, "w+b") as spool:
         try:
-            objects.get(under + pack, spool)
-            spool.flush()
+            if index.packs[pack]:  # a pack of empty files has no bytes to fetch
+                objects.get(under + pack, spool)
+                spool.flush()
         except FileNotFoundError:
             raise WorkspaceError("a pack of the workspace was removed from the object store") from None
         except OSError as exc:
