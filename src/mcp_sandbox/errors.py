@@ -16,6 +16,8 @@
     ├── WorkspaceError            a conversation's files cannot be stored or read as asked
     │   ├── QuotaExceededError    the write would take a conversation past its byte or file quota
     │   ├── DiskFullError         the server's disk (the state directory's filesystem) is full
+    │   ├── DamagedIndex          (replicas/packs.py) the object store's index of packed files
+    │   │                         cannot be used: the owner's next write-back rebuilds it
     │   └── LeaseLostError        this replica lost the conversation's lease: retry (another runs it)
     └── BusyError                 the server is at capacity (sessions, queue); try again later
 

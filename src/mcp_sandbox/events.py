@@ -1,7 +1,8 @@
 """What happened in the server, as typed events, and the hub that hands them to observers.
 
 The engine, the bridge, the egress proxy and the server's routes *emit* events (a run finished,
-a run waited for its slot, a tool was called, a connection left, a file was stored or served);
+a run waited for its slot, a tool was called, a connection left, a file was stored or served, files
+could not be saved to the object store);
 observers (the metrics, the audit log and the run history, see ``server/service.py``)
 *subscribe*. Emitting code knows nothing of Prometheus, log files or databases, and an observer
 that fails is logged, never felt by the run.
@@ -22,6 +23,7 @@ __all__ = [
     "EventHub",
     "FileServed",
     "FileStored",
+    "FilesUnsaved",
     "Observer",
     "PoolStarted",
     "RunAdmitted",
@@ -132,7 +134,18 @@ class FileServed:
     status: int
 
 
-Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | PoolStarted | FileStored | FileServed
+@dataclass(frozen=True, slots=True)
+class FilesUnsaved:
+    """``files`` files of a conversation are not in the object store as they are on disk: a write-back
+    could not store them (``stage``: ``write_back``), or a restore could not get them from a damaged
+    store (``restore``). The run's result, or the log, names them."""
+
+    conversation: str
+    stage: str
+    files: int
+
+
+Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | PoolStarted | FileStored | FileServed | FilesUnsaved
 Observer = Callable[[Event], None]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.events import EgressConnection
+from mcp_sandbox.events import EgressConnection, FilesUnsaved
 from mcp_sandbox.events import RunFinished as Run
 from mcp_sandbox.server.metrics import Metrics, failure_cause
 
@@ -62,6 +62,16 @@ def test_warm_runs_resolve_below_a_millisecond_and_there_are_no_created_series()
     assert "_created" not in text
 
 
+def test_files_not_saved_are_counted_by_stage() -> None:
+    metrics = Metrics(dict, dict)
+    metrics.observe(FilesUnsaved("a" * 64, "write_back", 2))
+    metrics.observe(FilesUnsaved("a" * 64, "restore", 1))
+    text = metrics.render().decode()
+    assert 'mcp_sandbox_unsaved_files_total{stage="write_back"} 2.0' in text
+    assert 'mcp_sandbox_unsaved_files_total{stage="restore"} 1.0' in text
+    assert "McpSandboxFilesNotSaved" in ALERTS.read_text()
+
+
 def test_the_alert_rules_pass_promtool() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -71,7 +81,7 @@ def test_the_alert_rules_pass_promtool() -> None:
         pytest.skip(reason)
     checked = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
 
 
 def dashboard_metrics() -> set[str]:

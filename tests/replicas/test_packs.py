@@ -13,7 +13,6 @@ from typing import IO
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.replicas.packs import PACK_BYTES, PACKS, SMALL
@@ -158,9 +157,7 @@ def test_a_workspace_stored_one_object_per_file_restores_and_is_written_back_in_
     assert _tree(_workspace(fresh_state)) == logical
 
 
-def test_a_pack_no_index_names_is_swept_and_a_missing_one_fails_the_restore(
-    replica: Callable[[str], Replica], s3_endpoint: str, url: str
-) -> None:
+def test_a_pack_no_index_names_is_swept(replica: Callable[[str], Replica], s3_endpoint: str, url: str) -> None:
     first, first_state = replica("first")
     _workspace(first_state).mkdir(parents=True)
     (_workspace(first_state) / "a.txt").write_bytes(b"alpha")
@@ -171,11 +168,102 @@ def test_a_pack_no_index_names_is_swept_and_a_missing_one_fails_the_restore(
     second.restore(KEY, "alice")
     assert f"{PACKS}0123456789abcdef01234567" not in _stored(s3_endpoint, url)[1]
 
-    (pack,) = [name for name in _stored(s3_endpoint, url)[1] if name.startswith(PACKS) and "index" not in name]
-    second.objects.delete([f"workspaces/{KEY}/{pack}"])
-    third, _ = replica("third")
-    with pytest.raises(WorkspaceError):
-        third.restore(KEY, "alice")
+
+def test_a_missing_pack_loses_only_its_files_and_the_owners_next_write_back_rebuilds_the_index(
+    replica: Callable[[str], Replica], s3_endpoint: str, url: str
+) -> None:
+    first, first_state = replica("first")
+    directory = _workspace(first_state)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_bytes(b"alpha")
+    first.write_back(KEY)
+    (old_pack,) = [name for name in _stored(s3_endpoint, url)[1] if name.startswith(PACKS) and "index" not in name]
+    (directory / "b.txt").write_bytes(b"beta")
+    (directory / "big.bin").write_bytes(b"B" * SMALL)
+    first.write_back(KEY)
+    first.objects.delete([f"workspaces/{KEY}/{old_pack}"])  # behind the owner's back
+
+    second, second_state = replica("second")
+    (_workspace(second_state)).mkdir(parents=True)
+    (_workspace(second_state) / "a.txt").write_bytes(b"an older alpha")  # a stale copy: kept, never removed
+    changes = second.restore(KEY, "alice")
+    assert changes.lost == ("a.txt",)  # named, and every other file restored
+    assert _tree(_workspace(second_state)) == {"a.txt": b"an older alpha", "b.txt": b"beta", "big.bin": b"B" * SMALL}
+
+    (directory / "c.txt").write_bytes(b"gamma")  # the owner's next write-back finds the index damaged
+    assert first.write_back(KEY).unsaved == ()
+    expected = {"a.txt": b"alpha", "b.txt": b"beta", "big.bin": b"B" * SMALL, "c.txt": b"gamma"}
+    assert _stored(s3_endpoint, url)[0] == expected
+    third, third_state = replica("third")
+    assert third.restore(KEY, "alice").lost == ()
+    assert _tree(_workspace(third_state)) == expected
+    (directory / "d.txt").write_bytes(b"delta")
+    assert first.write_back(KEY) == Changes(transferred=1, bytes=5)  # repaired: changes only again
+    assert old_pack not in _stored(s3_endpoint, url)[1]
+
+
+def test_an_index_naming_a_deleted_empty_pack_restores_whole_and_is_rebuilt_on_the_next_write_back(
+    replica: Callable[[str], Replica], s3_endpoint: str, url: str
+) -> None:
+    first, first_state = replica("first")
+    directory = _workspace(first_state)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_bytes(b"alpha")
+    first.write_back(KEY)
+    # What main left after a write-back of only empty files: the index names a pack it and the store lack.
+    (directory / "empty").write_bytes(b"")
+    first.write_back(KEY)
+    raw = json.loads(objects(s3_endpoint, url)[f"workspaces/{KEY}/{PACKS}index.json"])
+    (empty_pack,) = {raw["files"]["empty"][0]}
+    del raw["packs"][empty_pack]  # main deleted the empty pack and wrote the index naming it
+    first.objects.delete([f"workspaces/{KEY}/{empty_pack}"])
+    first.objects.put(f"workspaces/{KEY}/{PACKS}index.json", json.dumps(raw).encode())
+
+    second, second_state = replica("second")  # the owner's disk copy gone: a restore gets every file
+    assert second.restore(KEY, "alice").lost == ()
+    assert _tree(_workspace(second_state)) == {"a.txt": b"alpha", "empty": b""}
+    (directory / "b.txt").write_bytes(b"beta")
+    first.write_back(KEY)  # the owner's next write-back rebuilds the index
+    assert _stored(s3_endpoint, url)[0] == {"a.txt": b"alpha", "empty": b"", "b.txt": b"beta"}
+
+
+def test_empty_files_alone_in_a_pack_survive_write_back_and_restore(
+    replica: Callable[[str], Replica], s3_endpoint: str, url: str
+) -> None:
+    first, first_state = replica("first")
+    directory = _workspace(first_state)
+    directory.mkdir(parents=True)
+    (directory / "empty").write_bytes(b"")  # what a full disk leaves behind (ENOSPC after open)
+    first.write_back(KEY)
+    (directory / "later.txt").write_bytes(b"later")
+    first.write_back(KEY)  # reads the index the first one wrote
+    (directory / "empty2").write_bytes(b"")
+    first.write_back(KEY)
+    assert _stored(s3_endpoint, url)[0] == {"empty": b"", "later.txt": b"later", "empty2": b""}
+    second, second_state = replica("second")
+    assert second.restore(KEY, "alice").lost == ()
+    assert _tree(_workspace(second_state)) == {"empty": b"", "later.txt": b"later", "empty2": b""}
+
+
+@pytest.mark.parametrize("length", [946, 1024])
+def test_a_large_file_whose_key_would_pass_1024_bytes_is_stored_and_restored_under_its_name(
+    replica: Callable[[str], Replica], s3_endpoint: str, url: str, length: int
+) -> None:
+    first, first_state = replica("first")
+    directory = _workspace(first_state)
+    parts = ["d" * 200] * 4  # components of at most 255 bytes, as every file system has
+    name = "/".join([*parts, "f" * (length - 804 - 4)]) + ".bin"
+    assert len(name.encode()) == length
+    (directory / "/".join(parts)).mkdir(parents=True)
+    (directory / name).write_bytes(b"L" * (SMALL + 1))
+    (directory / "small.txt").write_bytes(b"small")
+    assert first.write_back(KEY).unsaved == ()
+    assert _stored(s3_endpoint, url)[0] == {name: b"L" * (SMALL + 1), "small.txt": b"small"}
+    second, second_state = replica("second")
+    second.restore(KEY, "alice")
+    assert (_workspace(second_state) / name).read_bytes() == b"L" * (SMALL + 1)
+    with second.open_remote(KEY, name) as opened:
+        assert b"".join(opened.chunks()) == b"L" * (SMALL + 1)
 
 
 def test_packs_are_cut_near_their_size_and_fetched_once_each(

@@ -4,12 +4,12 @@
 and deletes what is gone: a manifest per workspace (``state_dir/mirror/<key>.json``: size,
 ``st_mtime_ns`` and ETag or pack of each file) tells what changed without reading any file.
 Small files go into packs named by an index (:mod:`.packs`: a thousand small files restore in a
-few requests, not a thousand), large ones are an object each, at ``<key>/<name>`` as before packs
-(a store written then restores as it is). :meth:`Mirror.restore` makes the local directory equal
-to the store's copy. What is mirrored is what the listing serves: regular files under acceptable
-names, read and written through the no-follow helpers (:mod:`.transfers`), owned by the tenant's
-host uid. The earlier runner's links name their conversation at ``prefix/runner-links/<digest>``.
-Transfers run in parallel on the store's threads; the methods block (call them from a thread).
+few requests), large ones are an object each, at ``<key>/<name>`` as before packs; a file the
+store could not take is that file's failure (:mod:`.upkeep`). :meth:`Mirror.restore` makes the
+local directory equal to the store's copy. What is mirrored is what the listing serves: regular
+files under acceptable names, read and written through the no-follow helpers (:mod:`.transfers`),
+owned by the tenant's host uid. The earlier runner's links name their conversation at
+``prefix/runner-links/<digest>``. Transfers run on the store's threads; the methods block.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import (
     INDEX,
     PACKS,
-    SMALL,
     Index,
     Manifest,
     batches,
@@ -40,6 +39,7 @@ from mcp_sandbox.replicas.packs import (
     untag,
 )
 from mcp_sandbox.replicas.transfers import Placer, read_index, read_pack, write_file, write_pack
+from mcp_sandbox.replicas.upkeep import index_to_update, keep_stored, reads_index, restorable, split
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
 from mcp_sandbox.workspace.fencing import Check, unfenced
@@ -53,11 +53,13 @@ _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a con
 
 @dataclass(frozen=True, slots=True)
 class Changes:
-    """What one write-back or restore moved: files and bytes transferred, files deleted."""
+    """What one write-back or restore moved: files and bytes sent, files deleted, not stored, not restored."""
 
     transferred: int = 0
     bytes: int = 0
     deleted: int = 0
+    unsaved: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
 
 
 class Mirror:
@@ -130,28 +132,29 @@ class Mirror:
         if not changed and not gone:
             return Changes()  # the manifest stays as it is: rewriting it is most of a write-back's cost
         fence()
-        small = [(name, info) for name, info in changed if packed and info.st_size < SMALL]
-        large = [(name, info) for name, info in changed if not packed or info.st_size >= SMALL]
         touched = [*gone, *dict(changed)]
-        index = Index()
-        if packed and (small or not manifest or any(is_pack_tag(manifest.get(n, (0, 0, ""))[2]) for n in touched)):
-            index = read_index(self.objects, under)  # the store's: a packed file changed or went
+        index, damaged = Index(), False
+        if packed and reads_index(self.objects, under, manifest, changed, touched):
+            index, damaged = index_to_update(self.objects, under)  # the store's: a packed file changed or went
+        changed = list(local.items()) if damaged else changed  # rebuilt from this copy: every file sent again
+        small, large = split(self.objects, under, changed, packed=packed)
         after = index.copy()
         for name in touched:
             after.files.pop(name, None)
         small += repack(after, manifest, local)
 
-        spool = self._staging
         jobs = [functools.partial(write_file, self.objects, root, under, item) for item in large]
-        jobs += [functools.partial(write_pack, self.objects, root, under, spool, batch) for batch in batches(small)]
+        jobs += [functools.partial(write_pack, self.objects, root, under, self._staging, b) for b in batches(small)]
         stored = list(self.objects.parallel(lambda job: job(), jobs))
-        for pack, size, entries in stored:
+        unsaved = sorted({name for *_, names in stored for name in names})
+        for pack, size, entries, _ in stored:
             if pack is not None:
                 after.packs[pack] = size
             for name, entry in entries:
                 if is_pack_tag(entry[2]):
                     after.files[name] = (*untag(entry[2]), entry[0])
-        dead = [pack for pack, used in after.live().items() if used == 0]
+        keep_stored(after, index, unsaved)
+        dead = after.unused()
         for pack in dead:
             del after.packs[pack]
         superseded = [under + name for name in gone if not is_pack_tag(manifest[name][2])]
@@ -159,7 +162,7 @@ class Mirror:
         superseded += [under + name for name in after.files if not is_pack_tag(manifest.get(name, (0, 0, "pack:"))[2])]
         superseded += [under + pack for pack in dead]
         fence()  # the lease lost meanwhile: no index, no manifest (what was put is the new owner's to account for)
-        if after != index:
+        if after != index or damaged:
             # The packs it names are stored: from here on they are the workspace's files.
             if after.files:
                 self.objects.put(under + INDEX, after.encode())
@@ -168,12 +171,13 @@ class Mirror:
         try:
             for name in gone:
                 del manifest[name]
-            manifest.update(entry for _, _, entries in stored for entry in entries)
+            manifest.update(entry for _, _, entries, _ in stored for entry in entries)
             if superseded:
                 self.objects.delete(superseded)
         finally:
             save_manifest(manifest_path, manifest)
-        return Changes(len(changed), sum(info.st_size for _, info in changed), len(gone))
+        sent = [info.st_size for name, info in changed if name not in unsaved]
+        return Changes(len(sent), sum(sent), len(gone), unsaved=tuple(unsaved))
 
     # --- restore ---
 
@@ -220,12 +224,8 @@ class Mirror:
         self, root: int, under: str, manifest_path: Path, listed: list[StoredObject], *, packed: bool
     ) -> Changes:
         manifest = load_manifest(manifest_path)
-        index = read_index(self.objects, under) if packed and any(item.name == INDEX for item in listed) else Index()
+        index, lost, orphans = restorable(self.objects, under, listed) if packed else (Index(), [], set[str]())
         kept = {item.name: item for item in listed if not (packed and item.name.startswith(PACKS))}
-        orphans = {item.name for item in listed if packed and item.name.startswith(PACKS)} - {INDEX}
-        if not set(index.packs) <= orphans:
-            raise WorkspaceError("a pack of the workspace is missing from the object store")
-        orphans -= set(index.packs)
         shadowed = [name for name in kept if name in index.files]  # an older copy the index replaced
         remote = {name: (item.size, item.etag) for name, item in kept.items()}
         remote |= {name: (length, index.tag(name)) for name, (_, _, length) in index.files.items()}
@@ -237,7 +237,7 @@ class Mirror:
             have, known = local.get(name), manifest.get(name)
             if have is None or known != (have.st_size, have.st_mtime_ns, tag):
                 wanted.append(name)
-        extras = [name for name in local if name not in remote]
+        extras = [name for name in local if name not in remote] if orphans is not None else []  # damaged: kept
         fetched = set(wanted)
         fresh: Manifest = {name: entry for name, entry in manifest.items() if name in remote and name not in fetched}
         by_pack: dict[str, list[str]] = {}
@@ -267,11 +267,11 @@ class Mirror:
             if orphans or shadowed:
                 # Left by a write-back that never finished, or replaced by the index: nothing names them.
                 with contextlib.suppress(WorkspaceError):
-                    self.objects.delete([under + name for name in (*orphans, *shadowed)])
+                    self.objects.delete([under + name for name in (*(orphans or ()), *shadowed)])
         finally:
             os.close(staging)
             save_manifest(manifest_path, fresh)
-        return Changes(len(wanted), sum(remote[name][0] for name in wanted), len(extras))
+        return Changes(len(wanted), sum(remote[name][0] for name in wanted), len(extras), lost=tuple(lost))
 
     # --- a tenant's library (saved tools and memories) ---
 

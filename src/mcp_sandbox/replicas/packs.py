@@ -5,10 +5,21 @@ restore of a thousand small files was bound by requests, not bytes. A write-back
 the changed files under :data:`SMALL` bytes into packs (objects of up to about
 :data:`PACK_BYTES`, the files one after another) under ``<workspace>/.mcp-sandbox-packs/`` (a
 name no file can have), and :data:`INDEX` there names each packed file's pack, offset and length;
-larger files stay one object each. The index is replaced after the packs it names are stored and
-before the answer; packs it no longer names are deleted, and a pack mostly of superseded files is
-rewritten from the local copies. Only workspaces are packed: a conversation has one writer (its
-lease holder), while a tenant's library is written back by every replica, file by file.
+larger files stay one object each, unless their object's key would pass the store's 1,024 bytes
+(a name near the 1,024 bytes a workspace accepts): such a file goes in a pack too, whatever its
+size, and is restored under its real name from the index. The index is replaced after the packs
+it names are stored and before the answer; packs it no longer names are deleted, and a pack
+mostly of superseded files is rewritten from the local copies. Only workspaces are packed: a
+conversation has one writer (its lease holder), while a tenant's library is written back by
+every replica, file by file.
+
+A pack is in use while a file of the index names it, whatever its size: a pack of empty files
+is an empty object. (Counting a pack's live *bytes* deleted such a pack while the index still
+named it, and every later read of that index failed.) Empty files keep their pack rather than
+going without one so that the index's format, which every replica reads, stays as it was.
+An index that cannot be read, or names a pack the store lacks, is :class:`DamagedIndex`: the
+owner's next write-back rebuilds it from its local copy, and a restore takes every file it
+still can and names the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ __all__ = [
     "PACKS",
     "PACK_BYTES",
     "SMALL",
+    "DamagedIndex",
     "Index",
     "Manifest",
     "batches",
@@ -48,6 +60,10 @@ _TAG = "pack:"
 
 # name -> (size, st_mtime_ns, ETag or pack tag): what the store holds for the local file of that size and mtime.
 Manifest = dict[str, tuple[int, int, str]]
+
+
+class DamagedIndex(WorkspaceError):
+    """The store's index of packed files is unreadable, inconsistent, or names a pack the store lacks."""
 
 
 def new_pack() -> str:
@@ -91,9 +107,9 @@ class Index:
         """The index in ``raw`` (decoded JSON).
 
         Raises:
-            WorkspaceError: it is not an index this version reads.
+            DamagedIndex: it is not an index this version reads, or names a pack without its bytes.
         """
-        unreadable = WorkspaceError("the object store's index of packed files is unreadable")
+        unreadable = DamagedIndex("the object store's index of packed files is unreadable")
         if not isinstance(raw, dict) or raw.get("format") != 1:
             raise unreadable
         try:
@@ -106,17 +122,63 @@ class Index:
             raise unreadable from None
         for pack, offset, length in files.values():
             if not pack.startswith(PACKS) or offset < 0 or length < 0 or offset + length > packs.get(pack, -1):
-                raise WorkspaceError("the object store's index of packed files is inconsistent") from None
+                raise DamagedIndex("the object store's index of packed files is inconsistent") from None
         return cls(files, packs)
 
     @classmethod
     def decode(cls, data: bytes) -> Index:
-        """Raises: WorkspaceError: see :meth:`from_json`."""
+        """Raises: DamagedIndex: see :meth:`from_json`."""
         try:
             raw = json.loads(data)
         except ValueError:
-            raise WorkspaceError("the object store's index of packed files is unreadable") from None
+            raise DamagedIndex("the object store's index of packed files is unreadable") from None
         return cls.from_json(raw)
+
+    @classmethod
+    def salvage(cls, data: bytes, stored: dict[str, int]) -> tuple[Index, list[str]]:
+        """What can still be restored of the index ``data``, given the packs ``stored`` (name ->
+        size) the store lists: the consistent entries whose pack is there at its size, and the
+        names of the files it names otherwise (an unreadable index: nothing, and nothing named)."""
+        try:
+            raw = json.loads(data)
+            files, packs = raw["files"], raw["packs"]
+            names = [str(name) for name in files]
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return cls(), []
+        sound, lost = cls(), []
+        for name in names:
+            try:
+                pack, offset, length = str(files[name][0]), int(files[name][1]), int(files[name][2])
+                if length == 0 and offset == 0 and pack not in stored and pack.startswith(PACKS):
+                    # An empty file needs no bytes: what an earlier version left when it deleted its empty pack.
+                    sound.files[name] = (pack, 0, 0)
+                    sound.packs[pack] = 0
+                    continue
+                size = int(packs[pack])
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                lost.append(name)
+                continue
+            if (
+                not pack.startswith(PACKS)
+                or offset < 0
+                or length < 0
+                or offset + length > size
+                or stored.get(pack) != size
+            ):
+                lost.append(name)
+                continue
+            sound.files[name] = (pack, offset, length)
+            sound.packs[pack] = size
+        return sound, lost
+
+    def missing(self, stored: dict[str, int]) -> bool:
+        """Whether a pack a file names is not among ``stored`` (name -> size) at the size the index says."""
+        return any(stored.get(pack) != self.packs[pack] for pack, _, _ in self.files.values())
+
+    def unused(self) -> list[str]:
+        """The packs no file names (a pack of empty files is in use: its size says nothing)."""
+        named = {pack for pack, _, _ in self.files.values()}
+        return [pack for pack in self.packs if pack not in named]
 
     def live(self) -> dict[str, int]:
         """The bytes of each pack that files of the index still use."""

@@ -4,6 +4,10 @@ A restored file is written to a temporary file in ``uploads/`` and renamed into 
 the no-follow helpers of :mod:`mcp_sandbox.workspace.files` (a run's symlinks lead nowhere),
 0600 and the workspace owner's (the tenant's host uid), as uploads are. A pack is read into an
 unnamed temporary file, never memory, and each of its files copied out of it by the kernel.
+
+One file's failure is that file's: a file that is still there but cannot be read, or that the
+store refuses, is named among the job's unsaved files and the write-back goes on with the rest
+(a file removed or replaced by a symlink meanwhile is no longer a workspace file: it is skipped).
 """
 
 from __future__ import annotations
@@ -12,21 +16,66 @@ import contextlib
 import io
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import DiskFullError, ValidationError, WorkspaceError
 from mcp_sandbox.replicas.objects import ObjectStore
-from mcp_sandbox.replicas.packs import INDEX, SMALL, Index, is_pack_tag, new_pack, pack_tag
-from mcp_sandbox.workspace import check_filename
+from mcp_sandbox.replicas.packs import INDEX, PACKS, SMALL, Index, is_pack_tag, new_pack, pack_tag
+from mcp_sandbox.workspace import OpenFile, check_filename
 from mcp_sandbox.workspace.files import disk_error, open_file_in, open_parent
 
-__all__ = ["Entry", "Placer", "Stored", "read_index", "read_pack", "write_file", "write_pack"]
+__all__ = [
+    "Entry",
+    "Placer",
+    "Stored",
+    "key_fits",
+    "read_index",
+    "read_pack",
+    "salvage_index",
+    "stored_packs",
+    "write_file",
+    "write_pack",
+]
 
 Entry = tuple[int, int, str]  # a manifest entry: size, st_mtime_ns, ETag (or pack tag)
-# What one upload job stored: the pack (or None) and its size, and each file's manifest entry.
-Stored = tuple[str | None, int, list[tuple[str, Entry]]]
+# What one upload job stored: the pack (or None) and its size, each file's manifest entry, and
+# the files it could not store.
+Stored = tuple[str | None, int, list[tuple[str, Entry]], list[str]]
+_MAX_KEY = 1024  # S3's limit on an object's key, in UTF-8 bytes
+
+
+def key_fits(objects: ObjectStore, name: str) -> bool:
+    """Whether object ``name`` (relative to the store's prefix) has a key S3 takes."""
+    return len((objects.prefix + name).encode()) <= _MAX_KEY
+
+
+def _still_there(root: int, name: str) -> bool:
+    """Whether ``name`` is still a regular file under ``root`` (reached without following a link)."""
+    try:
+        parent = open_parent(root, name)
+    except WorkspaceError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(parent)
+
+
+def _open(root: int, name: str, unsaved: list[str]) -> OpenFile | None:
+    """File ``name`` opened for reading; None if it is gone, or could not be read (then it is in ``unsaved``)."""
+    try:
+        return open_file_in(os.dup(root), name)
+    except DiskFullError:
+        raise
+    except WorkspaceError:
+        if _still_there(root, name):
+            unsaved.append(name)  # e.g. a file a server not run as root may not read (chmod 000)
+        return None
 
 
 class Placer:
@@ -76,19 +125,23 @@ class Placer:
 
 
 def write_file(objects: ObjectStore, root: int, under: str, item: tuple[str, os.stat_result]) -> Stored:
-    """Store file ``item`` of the workspace open at ``root`` as an object of its own.
+    """Store file ``item`` of the workspace open at ``root`` as an object of its own; one that
+    cannot be read, or the store refuses, is named unsaved (the rest of the write-back goes on).
 
     Raises:
-        WorkspaceError: the store refused.
+        DiskFullError: the server's disk is full.
     """
     name, info = item
-    try:
-        opened = open_file_in(os.dup(root), name)
-    except WorkspaceError:
-        return None, 0, []  # removed or replaced by a symlink meanwhile: the next write-back sees it
+    unsaved: list[str] = []
+    opened = _open(root, name, unsaved)
+    if opened is None:
+        return None, 0, [], unsaved
     with opened, os.fdopen(os.dup(opened.fd), "rb") as body:
-        etag = objects.put(under + name, body)
-    return None, 0, [(name, (info.st_size, info.st_mtime_ns, etag))]
+        try:
+            etag = objects.put(under + name, body)
+        except WorkspaceError:
+            return None, 0, [], [name]  # the store refused this one (logged): the rest go on
+    return None, 0, [(name, (info.st_size, info.st_mtime_ns, etag))], []
 
 
 def read_index(objects: ObjectStore, under: str) -> Index:
@@ -105,32 +158,61 @@ def read_index(objects: ObjectStore, under: str) -> Index:
     return Index.decode(into.getvalue())
 
 
+def stored_packs(objects: ObjectStore, under: str) -> dict[str, int]:
+    """The packs the store lists under ``under`` (name relative to ``under`` -> size), the index aside.
+
+    Raises:
+        WorkspaceError: the store refused.
+    """
+    return {PACKS + item.name: item.size for item in objects.list(under + PACKS) if PACKS + item.name != INDEX}
+
+
+def salvage_index(objects: ObjectStore, under: str, stored: dict[str, int]) -> tuple[Index, list[str]]:
+    """The index under ``under`` as far as it can be restored from the packs ``stored``, and the
+    files it names that cannot be (see :meth:`Index.salvage`).
+
+    Raises:
+        WorkspaceError: the store refused.
+    """
+    into = io.BytesIO()
+    try:
+        objects.get(under + INDEX, into)
+    except FileNotFoundError:
+        return Index(), []
+    return Index.salvage(into.getvalue(), stored)
+
+
 def write_pack(
     objects: ObjectStore, root: int, under: str, spool: Path, batch: list[tuple[str, os.stat_result]]
 ) -> Stored:
     """Store the files ``batch`` of the workspace open at ``root`` as one new pack (made in an
     unnamed temporary file in the directory ``spool``, not in memory).
 
-    A file that grew past :data:`SMALL` meanwhile is stored on its own instead; one removed or
-    replaced by a symlink is left out (the next write-back sees it).
+    A file that grew past :data:`SMALL` meanwhile is stored on its own instead (where its key
+    fits); one removed or replaced by a symlink is left out (the next write-back sees it); one
+    that cannot be read, or the store refuses, is named unsaved, as is every file of a pack the
+    store refuses.
 
     Raises:
-        WorkspaceError: the store or the disk refused.
+        WorkspaceError: the disk refused.
     """
     pack = new_pack()
     entries: list[tuple[str, Entry]] = []
+    unsaved: list[str] = []
     try:
         with os.fdopen(os.open(spool, os.O_RDWR | os.O_TMPFILE | os.O_CLOEXEC, 0o600), "w+b") as body:
             for name, _ in batch:
-                try:
-                    opened = open_file_in(os.dup(root), name)
-                except WorkspaceError:
+                opened = _open(root, name, unsaved)
+                if opened is None:
                     continue
                 with opened:
                     mtime = os.fstat(opened.fd).st_mtime_ns
-                    if opened.size >= SMALL:
+                    if opened.size >= SMALL and key_fits(objects, under + name):
                         with os.fdopen(os.dup(opened.fd), "rb") as alone:
-                            entries.append((name, (opened.size, mtime, objects.put(under + name, alone))))
+                            try:
+                                entries.append((name, (opened.size, mtime, objects.put(under + name, alone))))
+                            except WorkspaceError:
+                                unsaved.append(name)
                         continue
                     offset = body.tell()
                     for chunk in opened.chunks(SMALL):
@@ -138,14 +220,19 @@ def write_pack(
                     # The bytes read: a file that shrank meanwhile differs from its entry and is sent again.
                     entries.append((name, (body.tell() - offset, mtime, pack_tag(pack, offset))))
             size = body.tell()
-            if not any(is_pack_tag(entry[2]) for _, entry in entries):
-                return None, 0, entries
+            packed = [name for name, entry in entries if is_pack_tag(entry[2])]
+            if not packed:
+                return None, 0, entries, unsaved
             body.flush()
             body.seek(0)
-            objects.put(under + pack, body)
+            try:
+                objects.put(under + pack, body)
+            except WorkspaceError:  # the store refused the pack: its files are unsaved, the others stored
+                own = [(name, entry) for name, entry in entries if not is_pack_tag(entry[2])]
+                return None, 0, own, [*unsaved, *packed]
     except OSError as exc:
         raise disk_error(exc, "cannot store the workspace's files") from exc
-    return pack, size, entries
+    return pack, size, entries, unsaved
 
 
 def read_pack(
@@ -163,8 +250,9 @@ def read_pack(
         raise disk_error(exc, "cannot restore the workspace") from exc
     with os.fdopen(fd, "w+b") as spool:
         try:
-            objects.get(under + pack, spool)
-            spool.flush()
+            if index.packs[pack]:  # a pack of empty files has no bytes to fetch
+                objects.get(under + pack, spool)
+                spool.flush()
         except FileNotFoundError:
             raise WorkspaceError("a pack of the workspace was removed from the object store") from None
         except OSError as exc:

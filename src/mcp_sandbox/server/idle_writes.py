@@ -41,7 +41,7 @@ class _Service(Protocol):
     @property
     def in_use(self) -> Collection[str]: ...
 
-    async def write_back(self, key: str) -> None: ...
+    async def write_back(self, key: str) -> tuple[str, ...]: ...
 
 
 class IdleWrites:
@@ -49,7 +49,7 @@ class IdleWrites:
 
     def __init__(
         self,
-        write_back: Callable[[str], Awaitable[None]],
+        write_back: Callable[[str], Awaitable[Collection[str]]],
         live: Callable[[], Collection[str]],
         busy: Callable[[], Collection[str]],
         holds: Callable[[str], bool] | None,
@@ -106,9 +106,12 @@ class IdleWrites:
                 self.pending.discard(key)  # another replica's now, or given back after its last write-back
                 continue
             try:
-                await self._write_back(key)
+                unsaved = await self._write_back(key)
             except Exception as exc:  # a store that is down must not stop the server: retried next pass
                 logger.warning("conversation %s…: idle write-back to the object store failed: %s", key[:8], exc)
+                continue
+            if unsaved:  # files the store did not take: still pending, their lease kept, retried next pass
+                logger.warning("conversation %s…: %d files not written back to the object store", key[:8], len(unsaved))
                 continue
             if key not in live:
                 self.pending.discard(key)

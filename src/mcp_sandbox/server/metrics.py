@@ -22,6 +22,7 @@ from mcp_sandbox.events import (
     Event,
     FileServed,
     FileStored,
+    FilesUnsaved,
     PoolStarted,
     RunAdmitted,
     RunFinished,
@@ -122,6 +123,12 @@ class Metrics:
         self.uploads = Counter(f"{_PREFIX}_uploads", "Uploads by outcome", ["via", "outcome"], registry=r)
         self.downloads = Counter(f"{_PREFIX}_downloads", "Signed downloads by outcome", ["outcome"], registry=r)
         self.transfer = Counter(f"{_PREFIX}_file_bytes", "Bytes uploaded and downloaded", ["direction"], registry=r)
+        self.unsaved = Counter(
+            f"{_PREFIX}_unsaved_files",
+            "Files not in the object store as on disk: not stored by a write-back, or not got by a restore",
+            ["stage"],
+            registry=r,
+        )
         r.register(_Gauges(gauges, stored))
 
     def observe(self, event: Event) -> None:
@@ -154,6 +161,8 @@ class Metrics:
             case FileServed():
                 self.downloads.labels(event.outcome).inc()
                 self.transfer.labels("out").inc(event.size)
+            case FilesUnsaved():
+                self.unsaved.labels(event.stage).inc(event.files)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

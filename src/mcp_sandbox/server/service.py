@@ -34,10 +34,10 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
-from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
+from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, FilesUnsaved, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
-from mcp_sandbox.replicas.mirror import Mirror
+from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
 from mcp_sandbox.sandbox.backends.base import Backend
@@ -127,7 +127,10 @@ class Service:
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
         # First seen here: another server of the store may have written it (replicas restore per lease).
         if not existed and self.mirror is not None and self.router is None:
-            await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant)
+            restored = await anyio.to_thread.run_sync(
+                self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant
+            )
+            self._count_unsaved(key, restored)
         directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
         try:
             await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
@@ -157,16 +160,26 @@ class Service:
         lease = fence or self.fence(key)
         return await anyio.to_thread.run_sync(self.metadata.record_listing, key, self.workspaces.list_files, lease)
 
-    async def write_back(self, key: str, fence: Fence | None = None) -> None:
+    async def write_back(self, key: str, fence: Fence | None = None) -> tuple[str, ...]:
         """Copy conversation ``key``'s changed files to the object store (no-op without one), fenced by
         ``fence`` (default: :meth:`fence`); call it before answering a run or acknowledging an upload.
+        Returns the files it could not store (counted): the rest are stored, and the index with them.
 
         Raises:
             WorkspaceError: the store refused or could not be reached; LeaseLostError: the lease is lost.
         """
-        if self.mirror is not None:
-            check = self.metadata.fence_check(key, fence or self.fence(key))
-            await anyio.to_thread.run_sync(self.mirror.write_back, key, check)
+        if self.mirror is None:
+            return ()
+        check = self.metadata.fence_check(key, fence or self.fence(key))
+        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check)
+        self._count_unsaved(key, changes)
+        return changes.unsaved
+
+    def _count_unsaved(self, key: str, changes: Changes) -> None:
+        if changes.unsaved:
+            self.events.emit(FilesUnsaved(key, "write_back", len(changes.unsaved)))
+        if changes.lost:
+            self.events.emit(FilesUnsaved(key, "restore", len(changes.lost)))
 
     async def restore_files(self, key: str) -> None:
         """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
@@ -177,7 +190,8 @@ class Service:
         """
         if self.mirror is not None:
             tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
-            await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore, key, tenant)
+            restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore, key, tenant)
+            self._count_unsaved(key, restored)
 
     def metrics_or_fail(self) -> Metrics:
         """The metrics :func:`open_service` made (a Service built by hand has none)."""
@@ -262,7 +276,13 @@ class _Busy(Collection[str]):
 
 # Audit lines: event name and the event's own fields (sizes, times, names, outcomes; see events.py),
 # less those only the run history reads (the line has its own time).
-_AUDITED: dict[type, str] = {RunFinished: "run", ToolCalled: "tool_call", FileStored: "upload", FileServed: "download"}
+_AUDITED: dict[type, str] = {
+    RunFinished: "run",
+    ToolCalled: "tool_call",
+    FileStored: "upload",
+    FileServed: "download",
+    FilesUnsaved: "unsaved_files",
+}
 _NOT_AUDITED = frozenset({"started_at", "run_ms"})
 
 

@@ -312,7 +312,8 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pending.abort, limiter=workers)
                 await service.refresh_files(key, fence)
-                await service.write_back(key, fence)  # in the object store before it is acknowledged
+                if entry.name in await service.write_back(key, fence):  # in the object store before it is acknowledged
+                    raise WorkspaceError(f"{entry.name}: the object store did not take the file; upload it again")
         except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
             outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "http", outcome, 0, time.perf_counter() - started))

@@ -178,7 +178,8 @@ class ToolHandlers:
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content]), None, admit
                 )
                 await service.refresh_files(key, fence)
-                await service.write_back(key, fence)  # in the object store before it is acknowledged
+                if entry.name in await service.write_back(key, fence):  # in the object store before it is acknowledged
+                    raise WorkspaceError(f"{entry.name}: the object store did not take the file; upload it again")
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))

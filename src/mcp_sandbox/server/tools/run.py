@@ -99,6 +99,13 @@ def over_quota(settings: Settings, entries: list[FileEntry]) -> str | None:
     )
 
 
+def unsaved_warning(names: Sequence[str], shown: int = 10) -> str:
+    """The warning naming files the object store did not take (the first ``shown`` of them)."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    listed = ", ".join(f"/workspace/{name}" for name in names[:shown])
+    return f"Files not saved: {listed}{more} (the object store did not take them; they stay on this server)."
+
+
 def _output_bytes(result: ExecutionResult) -> tuple[int, int]:
     """The sizes of the run's stdout and stderr in bytes."""
     return (
@@ -228,9 +235,12 @@ class RunTool:
                 if (warning := over_quota(service.settings, entries)) is not None:
                     data["warning"] = warning
                 try:
-                    await service.write_back(call.key)  # the run's files in the object store before the answer
+                    unsaved = await service.write_back(call.key)  # the run's files in the store before the answer
                 except WorkspaceError as exc:
                     data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
+                else:
+                    if unsaved:
+                        data["warning"] = " ".join(filter(None, [data.get("warning"), unsaved_warning(unsaved)]))
             files_bytes = sum(entry.size for entry in entries)
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
         service.events.emit(self._finished(call, result, files_bytes))
