@@ -10,6 +10,7 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.replays import SeenCalls
 from mcp_sandbox.replicas.signing import Verifier
 from mcp_sandbox.workspace.database import Database
 from mcp_sandbox.workspace.secret import derive_key
@@ -42,7 +43,7 @@ async def open_replica(
     idle = settings.http.keep_alive_timeout / 2
     forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle)
     try:
-        yield Router(leases, forwarder, Verifier(key), restore)
+        yield Router(leases, forwarder, Verifier(key, seen=SeenCalls(database)), restore)
     finally:
         with anyio.CancelScope(shield=True):
             await leases.release_all()
