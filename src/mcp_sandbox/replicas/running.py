@@ -41,7 +41,7 @@ async def open_replica(
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
     idle = settings.http.keep_alive_timeout / 2
-    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle)
+    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle, settings.http.replica_ca)
     try:
         yield Router(leases, forwarder, Verifier(key, seen=SeenCalls(database)), restore)
     finally:
