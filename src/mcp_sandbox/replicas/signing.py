@@ -16,8 +16,6 @@ import hashlib
 import hmac
 from typing import Protocol
 
-import anyio.to_thread
-
 from mcp_sandbox.errors import WorkspaceError
 
 __all__ = ["SIGNATURE_HEADER", "TIME_HEADER", "WINDOW", "Seen", "Verifier", "sign"]
@@ -47,7 +45,7 @@ def sign(key: bytes, body: bytes, now: float) -> dict[str, str]:
 
 
 class Seen(Protocol):
-    def first(self, signature: str, until: float, now: float) -> bool:
+    async def first(self, signature: str, until: float, now: float) -> bool:
         """Record ``signature`` until ``until``; False when it was recorded before (a replay)."""
         ...
 
@@ -96,7 +94,7 @@ class Verifier:
         # Kept while any replica could accept it: the sender's clock may be a window ahead.
         until = float(stamp) + 2 * self._window
         try:
-            first = await anyio.to_thread.run_sync(self._recorded.first, signature, until, now)
+            first = await self._recorded.first(signature, until, now)
         except WorkspaceError as exc:
             return f"a request that could not be recorded against replays ({exc})"
         return None if first else "a replayed request (seen before this replica restarted, or by another)"
