@@ -225,10 +225,14 @@ class RunnerData:
         if names is None or name not in names.files:
             raise WorkspaceError("no such file")
         opened = self._store.open_file(key, name)
-        if not names.serves(opened):
+        try:
+            if names.serves(opened):
+                return opened
+        except OSError:
             opened.close()
-            raise WorkspaceError("no such file")
-        return opened
+            raise
+        opened.close()
+        raise WorkspaceError("no such file")
 
 
 def import_runner_data(

@@ -7,7 +7,8 @@ never for a file written since nor for a workspace of this server's own, and the
 where runner data is configured; other files are reached by signed links (:mod:`.files`). A
 refusal is audited through the service's tally (one line a minute), never a line per request.
 With an object store, a replica that has not the adopted files (or not the current copy) reads
-them from the store, as signed links do, and serves the imported ones only (:mod:`~mcp_sandbox.replicas.imported`).
+them from the store, as signed links do, and serves the imported ones only
+(:mod:`~mcp_sandbox.replicas.imported`).
 """
 
 from __future__ import annotations
@@ -76,10 +77,13 @@ async def _from_store(service: Service, digest: str, name: str) -> OpenFile | No
         opened = await anyio.to_thread.run_sync(mirror.open_remote, key, name)
     except (ValidationError, WorkspaceError, OSError):
         return None
-    if not await anyio.to_thread.run_sync(names.serves, opened):
-        opened.close()
-        return None
-    return opened
+    try:
+        if await anyio.to_thread.run_sync(names.serves, opened):
+            return opened
+    except OSError:
+        pass
+    opened.close()
+    return None
 
 
 def runner_link_routes(service: Service) -> list[BaseRoute]:
