@@ -2,7 +2,8 @@
 
 Each replica has its own state directory and port, its ``replica_url`` the loopback URL of that
 port, and the same ``database_url`` and token as the others. :class:`Replica` keeps the process,
-so a test can stop it cleanly (SIGTERM) or kill it (``kill -9`` of its whole process group).
+so a test can stop it cleanly (SIGTERM) or kill it (``kill -9`` of its whole process group), and
+start it again (:meth:`Replica.restart`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -37,6 +38,11 @@ class Replica:
     state: Path
     process: anyio.abc.Process
     log: IO[bytes] = field(repr=False)
+    launch: Callable[[], Awaitable[anyio.abc.Process]] = field(repr=False)
+
+    async def restart(self) -> None:
+        """Start it again once stopped: the same URL, state directory and settings (a rollout's restart)."""
+        self.process = await self.launch()
 
     def kill(self) -> None:
         """``kill -9`` of the server and everything in its process group (its sandboxes)."""
@@ -65,6 +71,44 @@ def _state_dirs(count: int) -> Iterator[list[Path]]:
         remove_tree(parent)
 
 
+async def _launch(
+    url: str, state: Path, log: IO[bytes], database_url: str, runtime: Path | None, env: dict[str, str]
+) -> anyio.abc.Process:
+    """The replica at ``url`` started, with ``state`` and ``log``; returned once it listens (else stopped)."""
+    port = int(url.rsplit(":", 1)[1])
+    command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
+    command += ["--state-dir", str(state)]
+    environment = {
+        "MCP_SANDBOX_TOKEN": TOKEN,
+        "MCP_SANDBOX_DATABASE_URL": database_url,
+        "MCP_SANDBOX_REPLICA_URL": url,
+        "MCP_SANDBOX_POOL_MIN": "0",
+        "MCP_SANDBOX_PRESTART_SIZE": "0",
+        "MCP_SANDBOX_SESSION_READY": "0",
+        "MCP_SANDBOX_SHUTDOWN_GRACE": "5",
+        "MCP_SANDBOX_LOG_LEVEL": "INFO",
+        **env,
+    }
+    process = await anyio.open_process(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        env=_server_env(runtime, environment),
+        start_new_session=True,
+    )
+    try:
+        with anyio.fail_after(90):
+            await _wait_listening(process, "127.0.0.1", port)
+    except BaseException:
+        log.seek(0)
+        print(log.read().decode(errors="replace")[-4000:])
+        with anyio.CancelScope(shield=True):
+            await _stop_server(process, 15)
+        raise
+    return process
+
+
 @contextlib.asynccontextmanager
 async def replicas(count: int, database_url: str, runtime: Path | None, **env: str) -> AsyncIterator[list[Replica]]:
     """``count`` replicas started together (see the module docstring); each stopped at the end."""
@@ -72,38 +116,12 @@ async def replicas(count: int, database_url: str, runtime: Path | None, **env: s
         started: list[Replica] = []
         try:
             for state in states:
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--port", str(port)]
-                command += ["--state-dir", str(state)]
-                environment = {
-                    "MCP_SANDBOX_TOKEN": TOKEN,
-                    "MCP_SANDBOX_DATABASE_URL": database_url,
-                    "MCP_SANDBOX_REPLICA_URL": url,
-                    "MCP_SANDBOX_POOL_MIN": "0",
-                    "MCP_SANDBOX_PRESTART_SIZE": "0",
-                    "MCP_SANDBOX_SESSION_READY": "0",
-                    "MCP_SANDBOX_SHUTDOWN_GRACE": "5",
-                    "MCP_SANDBOX_LOG_LEVEL": "INFO",
-                    **env,
-                }
-                log = logs.enter_context(tempfile.TemporaryFile())
-                process = await anyio.open_process(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    env=_server_env(runtime, environment),
-                    start_new_session=True,
-                )
-                replica = Replica(url, state, process, log)
-                started.append(replica)
-                try:
-                    with anyio.fail_after(90):
-                        await _wait_listening(process, "127.0.0.1", port)
-                except BaseException:
-                    print(replica.output()[-4000:])
-                    raise
+                url, log = f"http://127.0.0.1:{free_port()}", logs.enter_context(tempfile.TemporaryFile())
+
+                def launch(url: str = url, state: Path = state, log: IO[bytes] = log) -> Awaitable[anyio.abc.Process]:
+                    return _launch(url, state, log, database_url, runtime, env)
+
+                started.append(Replica(url, state, await launch(), log, launch))
             yield started
         except BaseException:
             for replica in started:

@@ -1,10 +1,12 @@
-"""``mcp-sandbox doctor``: which backends work here, what each enforces, the runtimes and the metadata index."""
+"""``mcp-sandbox doctor``: which backends work here, what each enforces, the runtimes and the metadata index,
+and the versions of the sandbox programs and the kernel, with the escape advisories that hit them."""
 
 from __future__ import annotations
 
 import http.server
 import os
 import platform
+import re
 import sys
 import threading
 from typing import TextIO
@@ -23,6 +25,7 @@ from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
 from mcp_sandbox.sandbox import gate
 from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
+from mcp_sandbox.sandbox.host_versions import host_versions
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import check_tenant_uids
 from mcp_sandbox.workspace.database import describe_url, redact
@@ -209,6 +212,30 @@ def _report_disk_quota(settings: Settings, out: TextIO) -> None:
     )
 
 
+def _report_versions(out: TextIO) -> None:
+    """The sandbox programs' and the kernel's versions, and a warning per escape advisory that hits one."""
+    found = host_versions()
+    shown = []
+    for item in found:
+        if item.shown is None:
+            shown.append(f"{item.component} not installed")
+            continue
+        token = re.search(r"\d+\.\d+\S*", item.shown)
+        text = f"{item.component} {token[0] if token else item.shown}"
+        shown.append(text + (f" (package {item.package})" if item.package else ""))
+    out.write(f"versions: {', '.join(shown)}\n")
+    warned = False
+    for item in found:
+        for advisory in item.advisories:
+            warned = True
+            out.write(f"  WARNING {item.component}: {advisory.ids}, fixed in {advisory.fixed_in}: {advisory.what}\n")
+    if warned:
+        out.write(
+            "  (a distribution's patched build may carry a fix under an older version: check its security"
+            " tracker; see docs/security.md, the host's escape history)\n"
+        )
+
+
 def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
     """Whether tenants share one host uid, and with it the kernel's per-user counters."""
     shared = "tenants share one host uid and its per-user kernel counters (inotify, pipe buffers, processes)"
@@ -263,6 +290,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
     out.write(f"server uid {os.geteuid()}; sandbox host uid ")
     out.write(f"{settings.sandbox.sandbox_uid}\n" if os.geteuid() == 0 else "the server's own (not root)\n")
+    _report_versions(out)
     _report_tenant_uids(settings, out)
     out.write(f"state dir: {settings.paths.state_dir}\n")
     metadata_ok = _report_metadata(settings, out)

@@ -112,6 +112,9 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     assert "bwrap" in done.stdout
     assert "memory limit" in done.stdout
     assert "bwrap version      bubblewrap " in done.stdout, done.stdout  # GHSA-pxhw-h44j-8pfx is fixed in 0.12.0
+    # The host's escape history: every sandbox program's version and the kernel's, on one line.
+    versions = next(line for line in done.stdout.splitlines() if line.startswith("versions: "))
+    assert all(f"{name} " in versions for name in ("bwrap", "podman", "crun", "runc", "kernel")), versions
     # `make runtime` bundled the TypeScript runner (provision/bundles.py): no slower start to report.
     assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
     # ... and built the sandbox's gate (provision/gate.py), which every sandbox started through.

@@ -313,7 +313,8 @@ async def test_the_earlier_runners_links_download_through_a_replica_that_never_h
     runner = {"SANDBOX_ROOT": str(root), "FILE_SECRET": secret}
     async with (
         http_server(state_dir, env={**env, **runner}, runtime=sandbox_runtime) as first,
-        http_server(state_dir.with_name("two"), env=env, runtime=sandbox_runtime) as second,
+        # Its FILE_SECRET without the disk: the links' route, served from the store.
+        http_server(state_dir.with_name("two"), env={**env, "FILE_SECRET": secret}, runtime=sandbox_runtime) as second,
     ):
         # The conversation's first call adopts the runner's files on the first replica.
         data = await run_over_http(first, token, "print(open('data.csv').read())", conversationId=conversation)
@@ -326,6 +327,17 @@ async def test_the_earlier_runners_links_download_through_a_replica_that_never_h
                 missing = await web.get(f"{second}/files/{digest}/nothing.txt")
                 unknown = await web.get(f"{second}/files/{'0' * 64}/data.csv")
                 climbing = await web.get(f"{second}/files/{digest}/..%2F..%2Fsecret")
+        # Written and changed after the import: in the store, and not served by an old link there.
+        code = "open('later.txt', 'w').write('later'); open('sub/note.txt', 'w').write('NESTED')"
+        await run_over_http(first, token, code, conversationId=conversation)
+        stored = _files(s3_endpoint, url)
+        assert (stored["later.txt"], stored["sub/note.txt"]) == (b"later", b"NESTED")
+        async with bearer_web(None) as web:
+            with anyio.fail_after(CALL_BOUND):
+                later = await web.get(f"{second}/files/{digest}/later.txt")
+                changed = await web.get(f"{second}/files/{digest}/sub/note.txt")
+                kept = await web.get(f"{second}/files/{digest}/data.csv")
+    assert (later.status_code, changed.status_code, kept.status_code) == (404, 404, 200)
     assert (there.status_code, there.content) == (200, b"name,age\nAlice,30\n")
     assert (nested.status_code, nested.content) == (200, b"nested")
     assert (ranged.status_code, ranged.content) == (206, b"name")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,6 +15,7 @@ import mcp_types as types
 import pytest
 import uvicorn
 
+from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.forward import Forwarder
 from mcp_sandbox.replicas.signing import Verifier
 from mcp_sandbox.server.routes.internal import with_internal_route
@@ -28,9 +32,9 @@ async def _nothing_else(scope: Any, receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def owner(calls: list[dict[str, Any] | None]) -> AsyncIterator[str]:
+async def owner(calls: list[dict[str, Any] | None], tls: tuple[Path, Path] | None = None) -> AsyncIterator[str]:
     listening = socket.create_server(("127.0.0.1", 0))  # listening before the server starts: no wait
-    url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{listening.getsockname()[1]}"
 
     async def serve(tool: str, arguments: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         calls.append(arguments)
@@ -38,7 +42,9 @@ async def owner(calls: list[dict[str, Any] | None]) -> AsyncIterator[str]:
         return types.CallToolResult(content=[types.TextContent(type="text", text="ran")])
 
     app = with_internal_route(_nothing_else, url, Verifier(KEY), "default".__eq__, serve, 1 << 20)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    certificate, private_key = tls or (None, None)
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", ssl_certfile=certificate, ssl_keyfile=private_key)
+    server = uvicorn.Server(config)
     with listening:
         async with anyio.create_task_group() as group:
             group.start_soon(server.serve, [listening])
@@ -66,3 +72,53 @@ async def test_two_identical_calls_forwarded_at_once_both_run_and_neither_is_tak
 
     assert [result.is_error for result in results] == [False] * 3, results
     assert calls == [{"code": "print(1)"}] * 3
+
+
+def _certificates(directory: Path, name: str) -> tuple[Path, Path, Path]:
+    """An internal CA, and a certificate it signed for 127.0.0.1 (the openssl CLI): CA, cert, key."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=directory)
+
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", f"/CN={name}")
+    openssl("req", *curve, "-keyout", "replica.key", "-out", "replica.csr", "-subj", "/CN=replica")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        "x509", "-req", "-in", "replica.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "replica.pem", "-days", "2", "-extfile", "san.ext",
+    )  # fmt: skip
+    return directory / "ca.pem", directory / "replica.pem", directory / "replica.key"
+
+
+async def test_an_https_replica_url_is_reached_through_the_configured_ca_and_no_other(tmp_path: Path) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS hop test needs openssl")
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ca, certificate, private_key = _certificates(tmp_path / "ours", "replicas-test-ca")
+    other_ca, _, _ = _certificates(tmp_path / "theirs", "another-ca")
+    calls: list[dict[str, Any] | None] = []
+    async with owner(calls, (certificate, private_key)) as url:
+        assert url.startswith("https://")
+        trusting = Forwarder("https://127.0.0.1:1", KEY, BOUND, ca=ca)
+        stranger = Forwarder("https://127.0.0.1:1", KEY, BOUND, ca=other_ca)
+        system = Forwarder("https://127.0.0.1:1", KEY, BOUND)  # the default bundle does not know ours
+        try:
+            with anyio.fail_after(BOUND):
+                ran = await trusting.forward(url, "run_python", {"code": "print(1)"}, "default")
+                again = await trusting.forward(url, "run_python", {"code": "print(2)"}, "default")  # kept alive
+                for forwarder in (stranger, system):  # unverified: no connection, nothing sent
+                    with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+                        await forwarder.forward(url, "run_python", {"code": "print(3)"}, "default")
+        finally:
+            for forwarder in (trusting, stranger, system):
+                await forwarder.aclose()
+    assert (ran.is_error, again.is_error) == (False, False), (ran, again)
+    assert calls == [{"code": "print(1)"}, {"code": "print(2)"}]
+
+
+def test_a_replica_ca_that_is_not_a_pem_file_is_refused_naming_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not a certificate")
+    with pytest.raises(ConfigError, match="replica_ca"):
+        Forwarder("https://127.0.0.1:1", KEY, BOUND, ca=tmp_path / "ca.pem")

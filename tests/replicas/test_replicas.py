@@ -178,6 +178,33 @@ async def test_the_internal_route_refuses_unsigned_forged_replayed_and_misdirect
         assert checked["stdout"] == "x\n"  # the signed call ran once
 
 
+async def test_a_captured_forwarded_call_replayed_after_its_owner_restarts_is_refused(
+    postgres: Cluster, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    async with replicas(2, url, sandbox_runtime) as (target, other), httpx2.AsyncClient(timeout=60) as web:
+        conversation = new_conversation()
+        marker = "print(open('/workspace/ran.txt', 'a').write('x'))"
+        arguments = {"code": marker, "conversationId": conversation}
+        body = {"to": target.url, "from": other.url, "tool": "run_python", "tenant": "default", "arguments": arguments}
+        endpoint = target.url + CALL_PATH
+        content = json.dumps(body).encode()
+        # Stamped ahead (within the window): the restart below fits in the window with room to spare.
+        key = derive_key(shared_secret(url), FORWARD_KEY)
+        headers = {"content-type": "application/json", **sign(key, content, time.time() + 20)}
+
+        signed = await web.post(endpoint, content=content, headers=headers)  # seen on the hop
+        assert signed.status_code == 200, signed.text
+        assert await target.stop() == 0
+        await target.restart()  # a rollout: the owner's memory of seen calls is gone
+        replayed = await web.post(endpoint, content=content, headers=headers)
+
+        assert replayed.status_code == 401, replayed.text
+        assert "a replayed request" in target.output()
+        checked = await run(target, conversation, "print(open('/workspace/ran.txt').read())")
+        assert checked["stdout"] == "x\n"  # the captured call ran once
+
+
 @pytest.mark.parametrize(
     ("transport", "env"),
     [

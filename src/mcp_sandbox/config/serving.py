@@ -97,6 +97,14 @@ class HttpSettings:
         ),
         check=http_url,
     )
+    replica_ca: Path | None = setting(
+        None,
+        (
+            "With an `https://` `replica_url`: a PEM file of the CAs the replicas' certificates are checked"
+            " against on the internal hop, instead of the default bundle"
+            " ([Scaling out](scaling.md#the-internal-hop-what-a-captured-call-can-do-and-tls))."
+        ),
+    )
     replica_lease: float = setting(
         15.0,
         (

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -67,14 +68,18 @@ def _state_lost(result: types.CallToolResult) -> types.CallToolResult:
 class Forwarder:
     """Posts calls to other replicas on kept-alive HTTP/1.1 connections (:mod:`.peers`), for the server's life.
 
-    ``idle``: how long an idle connection is kept for the next call (less than the replicas' keep-alive).
+    ``idle``: how long an idle connection is kept for the next call (less than the replicas' keep-alive);
+    ``ca``: the CAs that vouch for https replicas (``replica_ca``), else the system's.
+
+    Raises:
+        ConfigError: ``ca`` is not a readable PEM file of CA certificates.
     """
 
-    def __init__(self, me: str, key: bytes, read_timeout: float, idle: float = 2.5) -> None:
+    def __init__(self, me: str, key: bytes, read_timeout: float, idle: float = 2.5, ca: Path | None = None) -> None:
         self._me = me
         self._sequence = itertools.count()  # two identical calls in one millisecond: two signatures
         self._key = key
-        self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle)
+        self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle, ca=ca)
 
     async def aclose(self) -> None:
         await self._peers.aclose()

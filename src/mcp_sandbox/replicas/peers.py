@@ -7,7 +7,8 @@ cost more CPU than the round trip itself (docs/performance.md, forwarding betwee
 What they do that matters here is kept: connections are pooled per peer; an idle one is reused
 only while younger than ``idle`` (less than the peer's keep-alive, so the peer does not close it
 under a request) and not closed by the peer meanwhile (a readable idle socket is closed or
-broken); a large body is sent in chunks; https peers get httpx2's TLS context. A request that
+broken); a large body is sent in chunks; https peers get httpx2's TLS context, or one trusting
+only ``replica_ca`` when it is set. A request that
 fails once sent is not retried: the peer may have run it (:class:`Broken`).
 """
 
@@ -19,10 +20,12 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import anyio.abc
 
+from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.wire import Reader, WireError, request_head
 
 __all__ = ["Broken", "PeerError", "Peers", "Reply", "Unreachable"]
@@ -70,13 +73,20 @@ class _Connection:
 class Peers:
     """Kept-alive HTTP/1.1 connections to other replicas, at most ``keep`` idle per peer."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, idle: float, keep: int = 32) -> None:
+    def __init__(
+        self, connect_timeout: float, read_timeout: float, idle: float, keep: int = 32, ca: Path | None = None
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
         self._idle = idle
         self._keep = keep
         self._pools: dict[tuple[str, str, int], list[_Connection]] = {}
         self._tls: ssl.SSLContext | None = None
+        if ca is not None:  # an internal CA: only it vouches for the replicas (read now: a bad file stops the start)
+            try:
+                self._tls = ssl.create_default_context(cafile=ca)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"replica_ca: {ca} is not a readable PEM file of CA certificates ({exc})") from exc
         self._closed = False
 
     async def post(self, url: str, body: bytes, headers: list[tuple[str, str]]) -> Reply:

@@ -10,6 +10,7 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.replays import SeenCalls
 from mcp_sandbox.replicas.signing import Verifier
 from mcp_sandbox.workspace.database import Database
 from mcp_sandbox.workspace.secret import derive_key
@@ -32,18 +33,20 @@ async def open_replica(
 ) -> AsyncIterator[Router]:
     """The router of replica ``settings.http.replica_url``; its leases are released (bounded) when the
     block exits. The caller runs ``router.leases.keep()`` in a task group of its own meanwhile."""
-    me = settings.http.replica_url
-    if me is None:
-        raise RuntimeError("open_replica needs replica_url")
+    me, url = settings.http.replica_url, settings.paths.database_url
+    if me is None or url is None:
+        raise RuntimeError("open_replica needs replica_url and database_url")
     ttl = settings.http.replica_lease
     leases = Leases(LeaseTable(database, me), ttl, fence, active)
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
     idle = settings.http.keep_alive_timeout / 2
-    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle)
+    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle, settings.http.replica_ca)
+    seen = SeenCalls(url)
     try:
-        yield Router(leases, forwarder, Verifier(key), restore)
+        yield Router(leases, forwarder, Verifier(key, seen=seen), restore)
     finally:
         with anyio.CancelScope(shield=True):
             await leases.release_all()
             await forwarder.aclose()
+            await seen.aclose()

@@ -37,6 +37,7 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, FilesUnsaved, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
@@ -64,8 +65,9 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 logger = logging.getLogger(__name__)
 
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
-# Downloads refused for a link not signed with the server's key: anyone can send them, unauthenticated,
-# so they are summed into one audit line a minute (and counted in mcp_sandbox_downloads_total).
+# Downloads refused to someone unknown (a link not signed with the server's key, an expired one, an
+# earlier runner's link that serves nothing): anyone can send them, unauthenticated, so they are
+# summed into one audit line a minute (and counted in mcp_sandbox_downloads_total).
 REFUSALS_INTERVAL = 60.0
 
 
@@ -142,8 +144,12 @@ class Service:
         if conversation is not None and self.runner_data is not None:
             adopted = await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
             if adopted and self.mirror is not None:  # its old links answer through every replica
+                digest = self.runner_data.digest(conversation)
+                names = await anyio.to_thread.run_sync(self.runner_data.names_of, digest)
                 with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
-                    await anyio.to_thread.run_sync(self.mirror.record_link, self.runner_data.digest(conversation), key)
+                    if names is not None:  # first: a replica finding the link finds what it may serve
+                        await anyio.to_thread.run_sync(record_names, self.mirror.objects, digest, names)
+                    await anyio.to_thread.run_sync(self.mirror.record_link, digest, key)
         return directory
 
     def fence(self, key: str) -> Fence | None:
@@ -288,7 +294,9 @@ _NOT_AUDITED = frozenset({"started_at", "run_ms"})
 
 def _auditor(log: AuditLog, refusals: Tally) -> Callable[[Event], None]:
     def record(event: Event) -> None:
-        if isinstance(event, FileServed) and event.outcome == "invalid":
+        # A refusal to someone unknown (no valid signature, no token: conversation None) is tallied:
+        # anyone who reaches the port can cause it, and a line each would rotate everyone's records away.
+        if isinstance(event, FileServed) and event.conversation is None and event.status >= 400:
             refusals.note(outcome=event.outcome)
             return
         name = _AUDITED.get(type(event))

@@ -26,7 +26,7 @@ from mcp_sandbox.workspace.schema import POSTGRES_MIGRATIONS
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresDatabase", "read_version"]
+__all__ = ["PostgresDatabase", "connect_async", "driver", "read_version"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,28 @@ def _driver() -> Any:
             "database_url names PostgreSQL, but psycopg is not installed: pip install 'mcp-sandbox[postgres]'"
         ) from exc
     return psycopg
+
+
+def driver() -> Any:
+    """psycopg, for a caller with a connection of its own (:func:`connect`).
+
+    Raises:
+        ConfigError: psycopg is missing.
+    """
+    return _driver()
+
+
+async def connect_async(url: str) -> psycopg.AsyncConnection[tuple[Any, ...]]:
+    """An asynchronous connection of its own to ``url``, in autocommit (for a statement on the
+    request's path: no worker thread to wake), with the metadata index's timeout and name.
+
+    Raises:
+        ConfigError: psycopg is missing. psycopg.Error: the database cannot be reached.
+    """
+    connection: psycopg.AsyncConnection[tuple[Any, ...]] = await _driver().AsyncConnection.connect(
+        url, autocommit=True, connect_timeout=CONNECT_SECONDS, application_name="mcp-sandbox"
+    )
+    return connection
 
 
 def _connect(url: str) -> psycopg.Connection[tuple[Any, ...]]:

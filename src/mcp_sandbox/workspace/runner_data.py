@@ -6,7 +6,9 @@ be recovered from the digest, so :meth:`RunnerData.import_all` copies each such 
 state directory, keyed by its digest (regular files and directories; symlinks and other files are
 skipped and counted). The first call of tenant ``default`` (the one that runner's token becomes)
 naming a conversation whose digest matches adopts those files into its workspace (:meth:`adopt`),
-and digest → workspace key is kept so the old links keep answering (:meth:`open_file`).
+and digest → workspace key is kept so the old links keep answering (:meth:`open_file`), for the
+adopted files only: their names, sizes and hashes are kept beside the key (:mod:`.runner_names`),
+and a file written later, or changed since, is not served by an old link.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from mcp_sandbox.config.tokens import DEFAULT_TENANT
 from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.workspace.files import OpenFile, open_file_in
 from mcp_sandbox.workspace.names import check_filename
+from mcp_sandbox.workspace.runner_names import Hashing, ImportedNames
 from mcp_sandbox.workspace.store import WorkspaceStore
 
 __all__ = ["Imported", "RunnerData", "import_runner_data"]
@@ -75,6 +78,7 @@ class RunnerData:
         self._holding = holding
         self._store = store
         self._lock = threading.Lock()
+        self._names: dict[str, ImportedNames] = {}
 
     def digest(self, conversation: str) -> str:
         """The runner's name for ``conversation``'s directory and links."""
@@ -96,6 +100,8 @@ class RunnerData:
             if not _DIGEST_RE.match(entry.name) or not entry.is_dir(follow_symlinks=False):
                 continue
             digest = entry.name
+            if (self._holding / f"{digest}.key").exists() and not self._names_path(digest).exists():
+                self._record_from_source(digest, Path(entry.path))
             if (self._holding / digest).exists() or (self._holding / f"{digest}.key").exists():
                 done.append(Imported(digest, 0, 0, 0, already=True))
                 continue
@@ -123,6 +129,36 @@ class RunnerData:
             raise WorkspaceError(f"importing {digest[:12]}… from SANDBOX_ROOT: {exc.strerror}") from exc
         return Imported(digest, files, size, skipped)
 
+    def _names_path(self, digest: str) -> Path:
+        return self._holding / f"{digest}.names"
+
+    def _record_from_source(self, digest: str, source: Path) -> None:
+        """Record the names an adoption by an older version took, from ``SANDBOX_ROOT`` (never changed
+        by this server): without a record, the old links of an adopted conversation answer nothing."""
+        files: dict[str, tuple[int, str]] = {}
+        try:
+            for name, path, info in _walk(source):
+                if info is not None:
+                    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as src:
+                        hashing = Hashing(_chunks(src))
+                        for _ in hashing:
+                            pass
+                    files[name] = (hashing.size, hashing.hexdigest)
+        except OSError as exc:
+            logger.warning("the earlier runner's links of %s… stay closed: %s", digest[:12], exc)
+            return
+        ImportedNames(files).save(self._names_path(digest))
+
+    def names_of(self, digest: str) -> ImportedNames | None:
+        """The files adopted from ``digest`` (the only ones its old links serve); None before adoption."""
+        if not _DIGEST_RE.match(digest):
+            return None
+        with self._lock:
+            names = self._names.get(digest)
+            if names is None and (names := ImportedNames.load(self._names_path(digest))) is not None:
+                self._names[digest] = names
+            return names
+
     def adopt(self, tenant: str, conversation: str, key: str) -> int:
         """Move the imported files of ``conversation`` (if any, not adopted yet) into workspace ``key``.
 
@@ -136,16 +172,19 @@ class RunnerData:
         with self._lock:
             if not directory.is_dir():
                 return 0
-            adopted = 0
+            files: dict[str, tuple[int, str]] = {}
             for name, path, info in _walk(directory):
                 if info is None:
                     continue
                 try:
                     with open(path, "rb") as src:
-                        self._store.write_file(key, name, _chunks(src))
-                    adopted += 1
+                        hashing = Hashing(_chunks(src))
+                        self._store.write_file(key, name, hashing)
+                    files[name] = (hashing.size, hashing.hexdigest)
                 except (ValidationError, QuotaExceededError, WorkspaceError) as exc:
                     logger.warning("the earlier runner's file %r of %s… was not adopted: %s", name, digest[:12], exc)
+            adopted = len(files)
+            ImportedNames(files).save(self._names_path(digest))  # before the key: no adopted link without it
             marker = self._holding / f"{digest}.key"
             marker.with_suffix(".tmp").write_text(key, encoding="utf-8")
             marker.with_suffix(".tmp").replace(marker)
@@ -163,24 +202,37 @@ class RunnerData:
             return None
 
     def open_file(self, digest: str, name: str) -> OpenFile:
-        """Open file ``name`` of the runner's link ``/files/{digest}/{name}``, adopted or not yet.
+        """Open file ``name`` of the runner's link ``/files/{digest}/{name}``, adopted or not yet: an
+        imported file, unchanged since (:mod:`.runner_names`), never one written after the import.
 
         Raises:
             ValidationError: ``name`` is not an acceptable file name.
-            WorkspaceError: no such digest imported, or no such regular file.
+            WorkspaceError: no such digest imported, or no such file imported, or changed since.
         """
         check_filename(name)
         if not _DIGEST_RE.match(digest):
             raise WorkspaceError("no such file")
-        with self._lock:
-            marker = self._holding / f"{digest}.key"
-            if marker.exists():
-                return self._store.open_file(marker.read_text(encoding="utf-8"), name)
-            try:
-                root = os.open(self._holding / digest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError as exc:
-                raise WorkspaceError("no such file") from exc
-        return open_file_in(root, name)
+        with self._lock:  # adoption moves the directory: look at both in one state
+            key = self.key_of(digest)
+            if key is None:
+                try:
+                    root = os.open(self._holding / digest, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+                except OSError as exc:
+                    raise WorkspaceError("no such file") from exc
+        if key is None:
+            return open_file_in(root, name)  # the imported copy itself: only this server writes there
+        names = self.names_of(digest)
+        if names is None or name not in names.files:
+            raise WorkspaceError("no such file")
+        opened = self._store.open_file(key, name)
+        try:
+            if names.serves(opened):
+                return opened
+        except OSError:
+            opened.close()
+            raise
+        opened.close()
+        raise WorkspaceError("no such file")
 
 
 def import_runner_data(
@@ -193,7 +245,10 @@ def import_runner_data(
     """
     if root is None or secret is None:
         if root is not None or secret is not None:
-            logger.warning("SANDBOX_ROOT and FILE_SECRET are needed together to import the earlier runner's data")
+            logger.warning(
+                "SANDBOX_ROOT and FILE_SECRET are needed together to import the earlier runner's data"
+                " (FILE_SECRET alone, with an object store: its links are served from the store only)"
+            )
         return None
     data = RunnerData(root, secret, holding, store)
     imported = data.import_all()

@@ -62,6 +62,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             secret TEXT NOT NULL
         ) STRICT""",
     ),
+    # Forwarded calls seen, by signature, until their window is over: no replay after a restart.
+    (
+        """CREATE TABLE forwarded_calls (
+            signature TEXT PRIMARY KEY,
+            expires REAL NOT NULL
+        ) STRICT, WITHOUT ROWID""",
+        "CREATE INDEX forwarded_calls_by_expiry ON forwarded_calls(expires)",
+    ),
 )
 
 # The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
@@ -114,5 +122,12 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             secret TEXT NOT NULL
         )""",
+    ),
+    (
+        """CREATE TABLE forwarded_calls (
+            signature TEXT PRIMARY KEY,
+            expires DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX forwarded_calls_by_expiry ON forwarded_calls(expires)",
     ),
 )

@@ -1,7 +1,7 @@
 """``POST /internal/v1/call``: a tool call another replica forwarded here, signed with the shared secret.
 
 Not for clients: no bearer token is asked, the signature is (:mod:`~mcp_sandbox.replicas.signing`);
-anything unsigned, stale, replayed, meant for another replica or naming an unknown tenant is
+anything unsigned, stale, replayed (even across a restart), meant for another replica or naming an unknown tenant is
 refused (401, 400) before anything runs. The call runs as the tenant the body names, and its tool
 result is the answer; 409 says this replica does not hold the conversation (the caller claims
 again). A caller that hangs up cancels the call, as an MCP client's cancellation would. The route
@@ -69,7 +69,7 @@ def with_internal_route(
             await _answer(send, 413)
             return
         headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
-        why = verifier.refusal(headers.get(TIME_HEADER), headers.get(SIGNATURE_HEADER), body, time.time())
+        why = await verifier.check(headers.get(TIME_HEADER), headers.get(SIGNATURE_HEADER), body, time.time())
         if why is not None:
             client = scope.get("client")
             logger.warning("refused an internal call from %s: %s", client[0] if client else "?", why)

@@ -2,9 +2,13 @@
 
 Those links were unsigned and never expired: whoever holds one downloads the file, with no token,
 as there. They answer only for files imported from that runner's ``SANDBOX_ROOT`` (before and after
-their conversation adopts them), never for a workspace of this server's own; other files are
-reached by signed links (:mod:`.files`). With an object store, a replica that has not the adopted
-files (or not the current copy) reads them from the store, as signed links do.
+their conversation adopts them, and only while unchanged: :mod:`~mcp_sandbox.workspace.runner_names`),
+never for a file written since nor for a workspace of this server's own, and the route exists only
+where runner data is configured; other files are reached by signed links (:mod:`.files`). A
+refusal is audited through the service's tally (one line a minute), never a line per request.
+With an object store, a replica that has not the adopted files (or not the current copy) reads
+them from the store, as signed links do, and serves the imported ones only
+(:mod:`~mcp_sandbox.replicas.imported`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
+from mcp_sandbox.replicas.imported import linked_names
 from mcp_sandbox.server.routes.files import file_response
 from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
@@ -63,14 +68,30 @@ async def _from_store(service: Service, digest: str, name: str) -> OpenFile | No
         return None
     try:
         check_filename(name)
+        names = await anyio.to_thread.run_sync(linked_names, mirror.objects, digest)
+        if names is None or name not in names.files:
+            return None
         key = await anyio.to_thread.run_sync(mirror.linked, digest)
         if key is None:
             return None
-        return await anyio.to_thread.run_sync(mirror.open_remote, key, name)
+        opened = await anyio.to_thread.run_sync(mirror.open_remote, key, name)
     except (ValidationError, WorkspaceError, OSError):
         return None
+    try:
+        if await anyio.to_thread.run_sync(names.serves, opened):
+            return opened
+    except OSError:
+        pass
+    opened.close()
+    return None
 
 
 def runner_link_routes(service: Service) -> list[BaseRoute]:
-    """The route of the runner's links (after the signed links' route, which has more segments)."""
+    """The route of the runner's links (after the signed links' route, which has more segments); none
+    where no runner data is configured (``runner_data`` and ``runner_secret``, or ``runner_secret``
+    alone on a replica of an object store, which serves them from there): nothing of this
+    server's own is reached by such a link."""
+    from_store = service.mirror is not None and service.settings.workspaces.runner_secret is not None
+    if service.runner_data is None and not from_store:
+        return []
     return [Route("/files/{digest}/{name:path}", endpoint=_serve(service), methods=["GET", "HEAD"])]
