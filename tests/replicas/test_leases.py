@@ -143,7 +143,7 @@ async def test_a_lease_whose_call_waits_for_its_restore_is_kept_until_the_call_e
 
     restoring, restored = anyio.Event(), anyio.Event()
 
-    async def restore(key: str) -> None:
+    async def restore(key: str, epoch: int) -> None:
         restoring.set()
         await restored.wait()
 
@@ -218,7 +218,7 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
     LeaseTable(metadata.database, dead).claim(KEY, time.time(), ttl)
     restored: list[str] = []
 
-    async def restore(key: str) -> None:
+    async def restore(key: str, epoch: int) -> None:
         restored.append(key)
 
     async def nothing(key: str) -> None:

@@ -120,7 +120,7 @@ class Router:
     """Runs a call of a conversation here or on its owner (see the module docstring)."""
 
     def __init__(
-        self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str], Awaitable[None]]
+        self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str, int], Awaitable[None]]
     ) -> None:
         self.leases = leases
         self.verifier = verifier  # checks the calls other replicas forward here

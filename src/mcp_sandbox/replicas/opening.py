@@ -13,9 +13,9 @@ __all__ = ["open_mirror"]
 logger = logging.getLogger(__name__)
 
 
-def open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
+def open_mirror(url: str, workspaces: WorkspaceStore, grace: float = 0.0) -> Mirror:
     """The mirror into the store at ``url``, reached once: an unreachable store is a start-up
-    error, never a silent fall-back to local disk.
+    error, never a silent fall-back to local disk; packs no index names are swept once ``grace`` old.
 
     Raises:
         ConfigError: boto3 is missing, or the store cannot be reached.
@@ -27,4 +27,4 @@ def open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
         objects.close()
         raise
     logger.info("workspaces mirrored to the object store %s", url)
-    return Mirror(objects, workspaces)
+    return Mirror(objects, workspaces, grace)

@@ -92,17 +92,17 @@ def write_file(objects: ObjectStore, root: int, under: str, item: tuple[str, os.
 
 
 def read_index(objects: ObjectStore, under: str) -> Index:
-    """The index of packed files under ``under`` (empty if there is none).
+    """The index of packed files under ``under`` (empty if there is none), with the ETag it was read at.
 
     Raises:
         WorkspaceError: the store refused, or the index is unreadable.
     """
     into = io.BytesIO()
     try:
-        objects.get(under + INDEX, into)
+        etag = objects.get(under + INDEX, into)
     except FileNotFoundError:
         return Index()
-    return Index.decode(into.getvalue())
+    return Index.decode(into.getvalue(), etag)
 
 
 def write_pack(

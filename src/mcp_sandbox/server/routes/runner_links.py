@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
+from mcp_sandbox.replicas.links import linked
 from mcp_sandbox.server.routes.files import file_response
 from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
@@ -63,7 +64,7 @@ async def _from_store(service: Service, digest: str, name: str) -> OpenFile | No
         return None
     try:
         check_filename(name)
-        key = await anyio.to_thread.run_sync(mirror.linked, digest)
+        key = await anyio.to_thread.run_sync(linked, mirror.objects, service.workspaces, digest)
         if key is None:
             return None
         return await anyio.to_thread.run_sync(mirror.open_remote, key, name)
