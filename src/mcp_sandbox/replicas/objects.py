@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, UnavailableError, WorkspaceError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -51,6 +51,19 @@ class StoredObject:
     size: int
     etag: str
     modified: str = ""
+
+
+def _down(exc: Exception) -> bool:
+    """Whether ``exc`` (a botocore error, after the client's retries) says the store is down or cannot
+    be reached, not that it refused: no connection, a timeout, or a 5xx answer."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    if isinstance(exc, BotoConnectionError | HTTPClientError):  # refused, timed out, closed, DNS
+        return True
+    response = getattr(exc, "response", None)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
+    return isinstance(status, int) and status >= 500
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -117,6 +130,8 @@ class ObjectStore:
     def _fail(self, exc: Exception, what: str) -> WorkspaceError:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
         logger.warning("object store %s: %s failed: %s", self.url, what, code or type(exc).__name__)
+        if _down(exc):
+            return UnavailableError("the object store")
         return WorkspaceError(f"the object store could not {what}" + (f" ({code})" if code else ""))
 
     def check(self) -> None:

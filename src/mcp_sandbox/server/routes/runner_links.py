@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
 from mcp_sandbox.replicas.links import linked
 from mcp_sandbox.server.routes.files import file_response
@@ -43,6 +43,8 @@ def _serve(service: Service) -> Callable[[Request], Any]:
             if key is not None and not local_is_current(service, key):
                 raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(data.open_file, digest, name)
+        except UnavailableError:
+            raise  # answered 503 by the app, with Retry-After
         except (ValidationError, WorkspaceError, OSError):
             opened = await _from_store(service, digest, name)
         if opened is None:
@@ -68,6 +70,8 @@ async def _from_store(service: Service, digest: str, name: str) -> OpenFile | No
         if key is None:
             return None
         return await anyio.to_thread.run_sync(mirror.open_remote, key, name)
+    except UnavailableError:
+        raise
     except (ValidationError, WorkspaceError, OSError):
         return None
 
