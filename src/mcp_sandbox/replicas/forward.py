@@ -7,7 +7,12 @@ the call is posted to that replica's internal route (:data:`CALL_PATH`), signed,
 result returned unchanged (progress notifications are not forwarded). An owner that cannot be
 reached (connection refused: it died) is waited out until its lease expires, bounded by the
 lease time; then this replica takes the lease and runs the call. An owner that stops answering
-in the middle of a call is not retried: the code may have run, so the result says so.
+in the middle of a call is not retried: the code may have run, so the result says so. An owner
+that is frozen (stopped, paused) keeps its connection open and answers nothing: while a call is
+forwarded, its lease is read again each time it should have been renewed, and once it expired
+unrenewed the hop is cancelled and the call taken over as after a death (the frozen owner's
+writes are fenced by the lease it lost), so a frozen owner holds a call about ``replica_lease``,
+not the forwarded call's whole read timeout.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import anyio
 import mcp_types as types
 import pydantic
 
+from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
 from mcp_sandbox.replicas.restores import Restores
@@ -41,6 +47,7 @@ STATE_LOST_NOTE = (
 _CONNECT_SECONDS = 2.0
 _ATTEMPTS = 4
 _KNOWN_OWNERS = 4096  # owners remembered from claims, to forward without asking the database
+_LAPSE_MARGIN = 0.1  # read a forwarded call's lease this long after its expiry (a renewal just made is seen)
 
 Local = Callable[[], Awaitable[types.CallToolResult]]
 
@@ -51,6 +58,10 @@ class Moved(Exception):
 
 class _Unreachable(Exception):
     """The owner refused the connection or could not be reached: nothing was sent."""
+
+
+class _Lapsed(Exception):
+    """The owner's lease expired unrenewed while a call was forwarded to it: it is frozen or gone."""
 
 
 def error_result(message: str) -> types.CallToolResult:
@@ -169,9 +180,11 @@ class Router:
         known = self._owners.get(key)
         if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
             try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
-                return await self._forwarder.forward(known[0], tool, arguments, tenant)
+                return await self._forward_watched(key, known[0], known[1], tool, arguments, tenant)
             except (Moved, _Unreachable):
                 pass
+            except _Lapsed:
+                lost = True
         self._owners.pop(key, None)
         for _ in range(_ATTEMPTS):
             claim = await self.leases.claim(key)
@@ -179,9 +192,16 @@ class Router:
                 return await self._here(key, local, claim.epoch, lost or claim.taken_over)
             self._remember(key, claim.owner, claim.expires)
             try:
-                return await self._forwarder.forward(claim.owner, tool, arguments, tenant)
+                return await self._forward_watched(key, claim.owner, claim.expires, tool, arguments, tenant)
             except Moved:
                 self._owners.pop(key, None)
+                continue
+            except _Lapsed:
+                self._owners.pop(key, None)
+                logger.warning(
+                    "the replica %s let its lease lapse during a forwarded call: taking it over", claim.owner
+                )
+                lost = True
                 continue
             except _Unreachable as exc:
                 self._owners.pop(key, None)
@@ -189,6 +209,47 @@ class Router:
                 lost = True
                 await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
         return error_result("the replica running this conversation does not answer: retry in a moment")
+
+    async def _forward_watched(
+        self, key: str, owner: str, expires: float, tool: str, arguments: dict[str, Any] | None, tenant: str
+    ) -> types.CallToolResult:
+        """``forward`` to ``owner``, cancelled once ``owner``'s lease of ``key`` expired unrenewed.
+
+        Raises:
+            Moved, _Unreachable: see :meth:`Forwarder.forward`. _Lapsed: the lease expired meanwhile.
+        """
+        outcome: list[types.CallToolResult | Exception] = []
+        async with anyio.create_task_group() as group:
+
+            async def hop() -> None:
+                try:
+                    outcome.append(await self._forwarder.forward(owner, tool, arguments, tenant))
+                except (Moved, _Unreachable) as exc:
+                    outcome.append(exc)
+                group.cancel_scope.cancel()
+
+            group.start_soon(hop)
+            await self._lapse(key, owner, expires)
+            group.cancel_scope.cancel()
+        if not outcome:
+            raise _Lapsed(owner)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    async def _lapse(self, key: str, owner: str, expires: float) -> None:
+        """Return once ``owner``'s lease of ``key`` is no longer ``owner``'s or expired (read again at
+        each expiry it had: one read per lease time while the owner renews it)."""
+        while True:
+            await anyio.sleep(max(expires - time.time(), 0.0) + _LAPSE_MARGIN)
+            try:
+                held = await anyio.to_thread.run_sync(self.leases.table.holder, key)
+            except WorkspaceError:  # the database cannot be read: nothing says the owner is gone
+                expires = time.time() + self.leases.ttl / 3
+                continue
+            if held is None or held[0] != owner or held[1] <= time.time():
+                return
+            expires = held[1]
 
     async def serve_forwarded(self, key: str, local: Local, draining: bool) -> types.CallToolResult:
         """A call another replica forwarded here: run it if this replica holds (or can take) the lease.

@@ -97,6 +97,16 @@ class LeaseTable:
 
         return self._db.run(renew)
 
+    def holder(self, key: str) -> tuple[str, float] | None:
+        """Who holds conversation ``key``'s lease as the database says now, and until when; None: no one ever did.
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        sql = "SELECT owner, expires FROM leases WHERE key = ?"
+        rows = self._db.run(lambda tx: tx.query(sql, (key,)), write=False)
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
+
     def live(self, now: float) -> set[str]:
         """The keys of the leases some replica holds at ``now`` (neither expired nor given back).
 
