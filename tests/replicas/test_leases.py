@@ -17,7 +17,7 @@ import pytest
 
 from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
 from mcp_sandbox.replicas.forward import Forwarder, Router
-from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE, Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
 from mcp_sandbox.workspace import FileEntry, Metadata
 from mcp_sandbox.workspace.fencing import Fence
@@ -210,7 +210,7 @@ async def test_a_replica_that_cannot_reach_the_database_ends_its_sessions_before
         metadata.close()
 
 
-async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_says_the_state_was_lost(
+async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_marks_the_state_lost(
     metadata: Metadata,
 ) -> None:
     ttl = 1.0
@@ -239,8 +239,10 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
         await forwarder.aclose()
 
     assert restored == [KEY]
-    assert result.structured_content == {"status": "success", "stateLost": True}
+    assert result.structured_content == {"status": "success"}  # said by the next run (tools/run.py), not any call
     assert next(block.text for block in result.content if isinstance(block, types.TextContent)) == "ran"
+    assert leases.table.take_lost(KEY) == LAPSED_ELSEWHERE
+    assert leases.table.take_lost(KEY) is None  # said once
 
 
 def test_a_signature_is_accepted_once_within_its_window_and_only_with_the_key() -> None:

@@ -1,8 +1,10 @@
-"""A conversation taken from a frozen owner: the forwarded call given up within the lease, the state loss said.
+"""A conversation taken over: the call forwarded to a frozen owner given up within the lease, the state loss said.
 
 Real replicas sharing a PostgreSQL database (and a SeaweedFS store where files matter). An owner
 stopped (SIGSTOP) keeps its connections open and answers nothing: a call forwarded to it waited
-the whole read timeout of the hop (``max_timeout`` + 60 s), not the lease (issue 44, item 5).
+the whole read timeout of the hop (``max_timeout`` + 60 s), not the lease (issue 44, item 5). After
+a takeover whose first call was an upload, the upload carried ``stateLost`` and the run that
+followed, on a fresh interpreter, did not (item 6).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE
 from postgres_helpers import Cluster
 from replica_helpers import Replica, call, lease_rows, replicas
+from s3_helpers import s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
 
@@ -59,3 +63,24 @@ async def test_a_call_forwarded_to_a_frozen_owner_is_taken_over_within_about_the
     assert after["stdout"] == "False\n", after  # a fresh interpreter, on the replica that took it over
     assert after["stateLost"] is True, after
     assert waited < 6 * LEASE, waited  # the lease, a restore and a run: not max_timeout + 60 s
+
+
+async def test_after_a_takeover_whose_first_call_is_an_upload_the_next_run_says_the_state_was_lost(
+    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url = postgres.create_database()
+    env = {**s3_env(s3_endpoint), "MCP_SANDBOX_OBJECT_STORE_URL": store_url(), "MCP_SANDBOX_REPLICA_LEASE": "3"}
+    async with replicas(2, url, sandbox_runtime, **env) as (owner, other):
+        conversation = "conv-upload-first-" + os.urandom(6).hex()
+        await run(owner, conversation, "x = 1")
+        owner.kill()
+        arguments = {"conversationId": conversation, "filename": "a.txt", "content": "YQ=="}
+        uploaded = await call(other, "upload_file", arguments, 8 * LEASE)  # waits out the lease, takes it over
+        after = await run(other, conversation, "print('x' in globals(), open('/workspace/a.txt').read())")
+        again = await run(other, conversation, "x = 2")
+
+    assert not uploaded.is_error, uploaded
+    assert "stateLost" not in (uploaded.structured_content or {}), uploaded  # an upload has no interpreter
+    assert after["stdout"] == "False a\n", after
+    assert (after["stateLost"], after["stateLostReason"]) == (True, LAPSED_ELSEWHERE), after
+    assert "stateLost" not in again, again  # said once

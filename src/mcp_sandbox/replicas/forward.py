@@ -1,14 +1,14 @@
 """Where a call runs: here when this replica holds the conversation's lease, else forwarded to its owner.
 
 :class:`Router` claims the lease of the call's conversation. Ours: the call runs here (the
-workspace's files restored first when the lease is new here, and the result saying the
-interpreter's state was lost when it was taken from a replica that died). Another replica's:
-the call is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool
-result returned unchanged (progress notifications are not forwarded). An owner that cannot be
-reached (connection refused: it died) is waited out until its lease expires, bounded by the
-lease time; then this replica takes the lease and runs the call. An owner that stops answering
-in the middle of a call is not retried: the code may have run, so the result says so. An owner
-that is frozen (stopped, paused) keeps its connection open and answers nothing: while a call is
+workspace's files restored first when the lease is new here; a lease taken after it lapsed
+marks the interpreter lost, which the next run says: :mod:`.leases`). Another replica's: the call
+is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool result
+returned unchanged (progress notifications are not forwarded). An owner that cannot be reached
+(connection refused: it died) is waited out until its lease expires, bounded by the lease time;
+then this replica takes the lease and runs the call. An owner that stops answering in the
+middle of a call is not retried: the code may have run, so the result says so. An owner that is
+frozen (stopped, paused) keeps its connection open and answers nothing: while a call is
 forwarded, its lease is read again each time it should have been renewed, and once it expired
 unrenewed the hop is cancelled and the call taken over as after a death (the frozen owner's
 writes are fenced by the lease it lost), so a frozen owner holds a call about ``replica_lease``,
@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 CALL_PATH = "/internal/v1/call"
 FORWARDED_TOOLS = frozenset({"run_python", "run_code", "upload_file"})
 STATE_LOST_NOTE = (
-    "the replica that ran this conversation stopped: its interpreter's state (variables, imports) is lost and this"
-    " run started a fresh one; the workspace's files are kept"
+    "{reason}: its interpreter's state (variables, imports) is lost and this run started a fresh one;"
+    " the workspace's files are kept"
 )
 _CONNECT_SECONDS = 2.0
 _ATTEMPTS = 4
@@ -66,13 +66,6 @@ class _Lapsed(Exception):
 
 def error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
-
-
-def _state_lost(result: types.CallToolResult) -> types.CallToolResult:
-    """``result`` saying that the interpreter's state was lost (``stateLost`` and a line of text)."""
-    structured = dict(result.structured_content or {}, stateLost=True)
-    note = types.TextContent(type="text", text=f"({STATE_LOST_NOTE})")
-    return result.model_copy(update={"structured_content": structured, "content": [*result.content, note]})
 
 
 class Forwarder:
@@ -157,10 +150,9 @@ class Router:
         self._restores.prune(self.leases.held)
         await self._restores.ready(key, epoch)
 
-    async def _here(self, key: str, local: Local, epoch: int, lost: bool) -> types.CallToolResult:
+    async def _here(self, key: str, local: Local, epoch: int) -> types.CallToolResult:
         await self.ready(key, epoch)
-        result = await local()
-        return _state_lost(result) if lost else result
+        return await local()
 
     async def call(
         self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
@@ -176,20 +168,17 @@ class Router:
     async def _call(
         self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
     ) -> types.CallToolResult:
-        lost = False
         known = self._owners.get(key)
         if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
             try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
                 return await self._forward_watched(key, known[0], known[1], tool, arguments, tenant)
-            except (Moved, _Unreachable):
-                pass
-            except _Lapsed:
-                lost = True
+            except (Moved, _Unreachable, _Lapsed):
+                pass  # claimed below: a lapsed lease is taken, and its loss marked (leases.py)
         self._owners.pop(key, None)
         for _ in range(_ATTEMPTS):
             claim = await self.leases.claim(key)
             if claim.mine:
-                return await self._here(key, local, claim.epoch, lost or claim.taken_over)
+                return await self._here(key, local, claim.epoch)
             self._remember(key, claim.owner, claim.expires)
             try:
                 return await self._forward_watched(key, claim.owner, claim.expires, tool, arguments, tenant)
@@ -198,15 +187,11 @@ class Router:
                 continue
             except _Lapsed:
                 self._owners.pop(key, None)
-                logger.warning(
-                    "the replica %s let its lease lapse during a forwarded call: taking it over", claim.owner
-                )
-                lost = True
+                logger.warning("the replica %s let its lease lapse during a call: taking the call over", claim.owner)
                 continue
             except _Unreachable as exc:
                 self._owners.pop(key, None)
                 logger.warning("the replica %s does not answer (%s): waiting for its lease to expire", claim.owner, exc)
-                lost = True
                 await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
         return error_result("the replica running this conversation does not answer: retry in a moment")
 
@@ -267,4 +252,4 @@ class Router:
             claim = await self.leases.claim(key)
             if not claim.mine:
                 raise Moved(claim.owner)
-            return await self._here(key, local, claim.epoch, claim.taken_over)
+            return await self._here(key, local, claim.epoch)

@@ -2,7 +2,7 @@
 
 A link ``/files/{digest}/…`` of the earlier runner names a directory by the digest of its
 conversation; once that data is adopted into a conversation, ``prefix/runner-links/<digest>``
-holds the conversation's key.
+holds the conversation's key (written by :meth:`.Mirror.record_link`).
 """
 
 from __future__ import annotations
@@ -11,27 +11,20 @@ import io
 import re
 
 from mcp_sandbox.errors import WorkspaceError
-from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.workspace import WorkspaceStore
 
-__all__ = ["linked", "record_link"]
+__all__ = ["link_name", "linked"]
 
 _DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a conversation's directory
 
 
-def record_link(mirror: Mirror, digest: str, key: str) -> None:
-    """Write back conversation ``key`` (the earlier runner's data just adopted into it) and record
-    that the runner's links ``/files/{digest}/…`` are its files, so every replica serves them.
+def link_name(digest: str) -> str:
+    """The object naming the conversation of the runner's links ``/files/{digest}/…``.
 
     Raises:
-        WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
+        WorkspaceError: ``digest`` is not of its form.
     """
-    mirror.write_back(key)
-    mirror.objects.put(_link(digest), key.encode("ascii"))
-
-
-def _link(digest: str) -> str:
     if not _DIGEST_RE.match(digest):
         raise WorkspaceError("not a link of the earlier runner")
     return f"runner-links/{digest}"
@@ -45,7 +38,7 @@ def linked(objects: ObjectStore, workspaces: WorkspaceStore, digest: str) -> str
     """
     into = io.BytesIO()
     try:
-        objects.get(_link(digest), into)
+        objects.get(link_name(digest), into)
     except FileNotFoundError:
         return None
     key = into.getvalue().decode("ascii", errors="replace")

@@ -25,6 +25,7 @@ from pathlib import Path
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas import indexing
 from mcp_sandbox.replicas.indexing import stop_point
+from mcp_sandbox.replicas.links import link_name
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import (
     INDEX,
@@ -363,6 +364,16 @@ class Mirror:
             os.close(fd)
             raise
         return OpenFile(fd=fd, name=name, size=os.fstat(fd).st_size, mtime=time.time())
+
+    def record_link(self, digest: str, key: str) -> None:
+        """Write back conversation ``key`` (the earlier runner's data just adopted into it) and record
+        that the runner's links ``/files/{digest}/…`` are its files, so every replica serves them.
+
+        Raises:
+            WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
+        """
+        self.write_back(key)
+        self.objects.put(link_name(digest), key.encode("ascii"))
 
     def forget(self, key: str) -> None:
         """Delete conversation ``key``'s objects and manifest (retention, a deleted conversation).

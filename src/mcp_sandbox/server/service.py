@@ -37,7 +37,6 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, RunFinished, ToolCalled
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
-from mcp_sandbox.replicas.links import record_link
 from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
@@ -63,9 +62,6 @@ from mcp_sandbox.workspace.shared_secret import load_shared_secret
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 
 logger = logging.getLogger(__name__)
-# Packs no index names are swept once this many lease times old: an owner stalled past its lease may
-# still be writing one its index is about to name (see replicas/indexing.py).
-_SWEEP_LEASES = 4
 
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
 # Downloads refused for a link not signed with the server's key: anyone can send them, unauthenticated,
@@ -144,7 +140,7 @@ class Service:
             adopted = await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
             if adopted and self.mirror is not None:  # its old links answer through every replica
                 with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
-                    await anyio.to_thread.run_sync(record_link, self.mirror, self.runner_data.digest(conversation), key)
+                    await anyio.to_thread.run_sync(self.mirror.record_link, self.runner_data.digest(conversation), key)
         return directory
 
     def fence(self, key: str) -> Fence | None:
@@ -169,9 +165,8 @@ class Service:
             WorkspaceError: the store refused or could not be reached; LeaseLostError: the lease is lost.
         """
         if self.mirror is not None:
-            lease = fence or self.fence(key)
-            check = self.metadata.fence_check(key, lease)
-            await anyio.to_thread.run_sync(self.mirror.write_back, key, check, 0 if lease is None else lease.epoch)
+            check = self.metadata.fence_check(key, lease := fence or self.fence(key))
+            await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
 
     async def restore_files(self, key: str, epoch: int) -> None:
         """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
@@ -337,8 +332,7 @@ async def open_service(
             logger.info("deleted %d partial uploads a crash left", swept)
         mirror = None
         if settings.paths.object_store_url is not None:
-            grace = _SWEEP_LEASES * settings.http.replica_lease if settings.http.replica_url is not None else 0.0
-            mirror = await anyio.to_thread.run_sync(open_mirror, settings.paths.object_store_url, workspaces, grace)
+            mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
     except BaseException:
         metadata.close()
         raise

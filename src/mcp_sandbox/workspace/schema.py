@@ -62,6 +62,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             secret TEXT NOT NULL
         ) STRICT""",
     ),
+    # Conversations whose interpreter was lost (a lease lapsed, a replica stopped): said on the next run.
+    (
+        """CREATE TABLE state_lost (
+            key TEXT PRIMARY KEY,
+            reason TEXT NOT NULL,
+            at REAL NOT NULL
+        ) STRICT, WITHOUT ROWID""",
+    ),
 )
 
 # The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
@@ -113,6 +121,13 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE server_secret (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             secret TEXT NOT NULL
+        )""",
+    ),
+    (
+        """CREATE TABLE state_lost (
+            key TEXT PRIMARY KEY,
+            reason TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
         )""",
     ),
 )
