@@ -63,7 +63,7 @@ def _down(exc: Exception) -> bool:
         return True
     response = getattr(exc, "response", None)
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
-    return isinstance(status, int) and status >= 500
+    return isinstance(status, int) and status >= 500 and status != 501  # 501: a feature it lacks, not an outage
 
 
 def split_url(url: str) -> tuple[str, str]:
