@@ -50,12 +50,13 @@ async def test_an_upload_while_postgresql_is_down_answers_503_with_retry_after(
     async with replicas(1, postgres.create_database(), sandbox_runtime, **env) as (replica,):
         conversation = new_conversation()
         assert (await upload(replica.url, TOKEN, conversation, "first.txt", b"1")).status_code == 201
-        await anyio.to_thread.run_sync(postgres.stop)
+        # On this thread, not a worker's: the postmaster dies with the thread that started it (PDEATHSIG).
+        postgres.stop()
         try:
             with anyio.fail_after(60):
                 refused = await upload(replica.url, TOKEN, conversation, "second.txt", b"2")
         finally:
-            await anyio.to_thread.run_sync(postgres.start)
+            postgres.start()
 
     assert refused.status_code == 503, refused.text
     assert refused.headers["Retry-After"].isdigit()
