@@ -45,6 +45,7 @@ def test_the_public_surface_is_exactly_the_documented_names() -> None:
         "SandboxStartError",
         "Settings",
         "ToolCallDenied",
+        "UnavailableError",
         "ValidationError",
         "WorkspaceError",
         "__version__",

@@ -25,6 +25,7 @@ from mcp_sandbox.errors import (
     SandboxError,
     SandboxStartError,
     ToolCallDenied,
+    UnavailableError,
     ValidationError,
     WorkspaceError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "SandboxStartError",
     "Settings",
     "ToolCallDenied",
+    "UnavailableError",
     "ValidationError",
     "WorkspaceError",
     "__version__",

@@ -18,12 +18,17 @@
     │   ├── DiskFullError         the server's disk (the state directory's filesystem) is full
     │   ├── DamagedIndex          (replicas/packs.py) the object store's index of packed files
     │   │                         cannot be used: the owner's next write-back rebuilds it
-    │   └── LeaseLostError        this replica lost the conversation's lease: retry (another runs it)
+    │   ├── LeaseLostError        this replica lost the conversation's lease: retry (another runs it)
+    │   └── UnavailableError      the metadata database or the object store cannot be reached:
+    │                             retry (HTTP 503 with Retry-After; a tool's error result saying so)
     └── BusyError                 the server is at capacity (sessions, queue); try again later
 
 Foreign errors (``OSError`` from process spawning, ``json`` errors from frames, ...)
 are translated at the boundary with ``raise ... from exc``. Exactly one place,
-``mcp_sandbox.server.tools``, turns these errors into tool results.
+``mcp_sandbox.server.tools``, turns these errors into tool results. The storage clients
+(``workspace.postgres_db``, ``replicas.objects``) translate a connection that cannot be made or
+a service that answers it is down into :class:`UnavailableError`, which the HTTP routes answer
+with 503 once (``server.routes.outages``): never 404 (no such file) nor 409 (do not retry).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ __all__ = [
     "SandboxError",
     "SandboxStartError",
     "ToolCallDenied",
+    "UnavailableError",
     "ValidationError",
     "WorkspaceError",
 ]
@@ -131,6 +137,21 @@ class DiskFullError(WorkspaceError):
 class LeaseLostError(WorkspaceError):
     """This replica no longer holds the conversation's lease (another one took it): nothing was
     recorded; the same request, sent again, reaches the replica that runs the conversation now."""
+
+
+class UnavailableError(WorkspaceError):
+    """A service the server stores into cannot be reached now (an outage, not a refusal): nothing
+    was done, and the same request, sent again later, may succeed.
+
+    Attributes:
+        service: what is down, as tenants read it ("the metadata database", "the object store").
+    """
+
+    RETRY_SECONDS = 5  # what a client is told to wait (HTTP Retry-After) before sending it again
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"{service} is unavailable: nothing was done; retry in a moment")
+        self.service = service
 
 
 class BusyError(SandboxError):

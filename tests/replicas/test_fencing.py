@@ -22,6 +22,7 @@ import httpx2
 import psycopg
 import pytest
 
+from mcp_sandbox.replicas.indexing import STOP_BEFORE_INDEX
 from mcp_test_helpers import new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas
@@ -118,3 +119,49 @@ async def test_an_owner_stalled_past_its_lease_mid_upload_is_refused_and_the_quo
         assert listed.structured_content["stdout"] == "['first.txt', 'second.bin']\n", listed
         assert staged(owner) == []  # the stalled file is gone from uploads/, never renamed into the workspace
         assert list(owner.state.rglob("stalled.bin")) == []
+
+
+def stopped_by_itself(replica: Replica) -> bool:
+    """Whether the replica's server process is stopped (``T`` in ``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{replica.process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "T"
+
+
+async def test_an_owner_stalled_before_its_index_write_leaves_the_new_owners_index_and_files(
+    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    url, prefix = postgres.create_database(), store_url()
+    env = {
+        **s3_env(s3_endpoint),
+        "MCP_SANDBOX_OBJECT_STORE_URL": prefix,
+        "MCP_SANDBOX_REPLICA_LEASE": f"{LEASE:g}",
+        # The replica that writes back stalled.txt stops itself after its last fence check, before its index write.
+        STOP_BEFORE_INDEX: "stalled.txt",
+    }
+    async with replicas(2, url, sandbox_runtime, **env) as (owner, other):
+        conversation = new_conversation()
+        assert (await upload(owner.url, TOKEN, conversation, "first.txt", b"1" * 1000)).status_code == 201
+        replies: list[httpx2.Response] = []
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as group:
+
+                async def send() -> None:
+                    replies.append(await upload(owner.url, TOKEN, conversation, "stalled.txt", b"s" * 2000))
+
+                group.start_soon(send)
+                await wait_for(lambda: stopped_by_itself(owner), 30)
+                try:
+                    await wait_for(lambda: all(r[2] < time.time() for r in lease_rows(url)), 30)
+                    taken = await upload(other.url, TOKEN, conversation, "second.txt", b"2" * 3000)
+                finally:
+                    os.kill(owner.process.pid, signal.SIGCONT)
+        stalled = replies[0]
+        acknowledged = {"first.txt", "second.txt"} | ({"stalled.txt"} if stalled.status_code == 201 else set())
+        stored = await anyio.to_thread.run_sync(files, s3_endpoint, prefix)  # every pack the index names is there
+        listed = await call(other, "run_python", {"conversationId": conversation, "code": LIST})
+
+        assert taken.status_code == 201, taken.text
+        assert stalled.status_code == 503, stalled.text  # never acknowledged: sent again, it reaches the new owner
+        assert acknowledged <= {name.rsplit("/", 1)[-1] for name in stored}, sorted(stored)
+        assert listed.structured_content is not None, listed
+        assert listed.structured_content["stdout"] == "['first.txt', 'second.txt']\n", listed

@@ -17,7 +17,7 @@ import pytest
 
 from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
 from mcp_sandbox.replicas.forward import Forwarder, Router
-from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE, LAPSED_HERE, STOPPED, Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
 from mcp_sandbox.workspace import FileEntry, Metadata
 from mcp_sandbox.workspace.fencing import Fence
@@ -143,7 +143,7 @@ async def test_a_lease_whose_call_waits_for_its_restore_is_kept_until_the_call_e
 
     restoring, restored = anyio.Event(), anyio.Event()
 
-    async def restore(key: str) -> None:
+    async def restore(key: str, epoch: int) -> None:
         restoring.set()
         await restored.wait()
 
@@ -210,7 +210,7 @@ async def test_a_replica_that_cannot_reach_the_database_ends_its_sessions_before
         metadata.close()
 
 
-async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_says_the_state_was_lost(
+async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_marks_the_state_lost(
     metadata: Metadata,
 ) -> None:
     ttl = 1.0
@@ -218,7 +218,7 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
     LeaseTable(metadata.database, dead).claim(KEY, time.time(), ttl)
     restored: list[str] = []
 
-    async def restore(key: str) -> None:
+    async def restore(key: str, epoch: int) -> None:
         restored.append(key)
 
     async def nothing(key: str) -> None:
@@ -239,8 +239,10 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
         await forwarder.aclose()
 
     assert restored == [KEY]
-    assert result.structured_content == {"status": "success", "stateLost": True}
+    assert result.structured_content == {"status": "success"}  # said by the next run (tools/run.py), not any call
     assert next(block.text for block in result.content if isinstance(block, types.TextContent)) == "ran"
+    assert leases.table.take_lost(KEY) == LAPSED_ELSEWHERE
+    assert leases.table.take_lost(KEY) is None  # said once
 
 
 def test_a_signature_is_accepted_once_within_its_window_and_only_with_the_key() -> None:
@@ -272,3 +274,21 @@ def test_a_replay_is_refused_after_thousands_of_other_calls_until_its_stamp_leav
     assert accepted is None and others == [None] * 5000
     assert check(first, now + 29, now + 58) is not None  # replayed: its stamp is still in the window
     assert check(first, now + 29, now + 60) is not None  # its stamp is out of the window now
+
+
+def test_a_lapsed_lease_taken_again_or_one_given_back_with_its_session_marks_the_state_lost_once(
+    metadata: Metadata,
+) -> None:
+    mine, other = LeaseTable(metadata.database, A), LeaseTable(metadata.database, "http://b.invalid")
+    mine.claim(KEY, 100.0, 1.0)
+    mine.claim(KEY, 200.0, 1.0)  # its own lease lapsed (the database or the replica stalled): taken again
+    assert mine.take_lost(KEY) == LAPSED_HERE
+    assert mine.take_lost(KEY) is None
+    other.claim(KEY, 300.0, 1.0)  # taken over after it lapsed
+    assert mine.take_lost(KEY) == LAPSED_ELSEWHERE
+    other.release({KEY: (3, 1e18)}, lost={KEY})  # a rollout: given back with a live session
+    assert mine.take_lost(KEY) == STOPPED
+    mine.claim(KEY, 400.0, 1.0)  # a lease given back is not lapsed: nothing more to say
+    mine.release({KEY: (4, 1e18)})
+    mine.claim(KEY, 500.0, 1.0)
+    assert mine.take_lost(KEY) is None

@@ -177,3 +177,51 @@ def test_a_write_back_of_a_replica_that_lost_the_lease_puts_nothing_or_writes_no
         mirror.write_back(key, fence(lost_at=2))  # lost while it was putting the objects
     assert not (settings.paths.state_dir / "mirror" / f"{key}.json").exists()
     assert mirror.write_back(key) == Changes(transferred=1, bytes=5)  # no manifest: everything is sent again
+
+
+def test_seaweedfs_refuses_a_conditional_write_on_a_stale_etag_or_an_existing_name(mirror: Mirror) -> None:
+    store = mirror.objects
+    assert store.put_if("probe/index.json", b"one", None)  # none there yet
+    assert not store.put_if("probe/index.json", b"two", None)  # If-None-Match: * on an existing name
+    current = store.get("probe/index.json", io.BytesIO())
+    store.put("probe/index.json", b"three")
+    assert not store.put_if("probe/index.json", b"four", current)  # If-Match a stale ETag: 412
+    assert store.put_if("probe/index.json", b"five", store.get("probe/index.json", io.BytesIO()))
+    into = io.BytesIO()
+    store.get("probe/index.json", into)
+    assert into.getvalue() == b"five"
+
+
+def test_a_writer_of_an_earlier_epoch_cannot_replace_the_index_a_takeover_sealed(
+    mirror: Mirror, settings: Settings, key: str, url: str, s3_endpoint: str
+) -> None:
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_text("alpha")
+    mirror.write_back(key, epoch=1)
+    stale = Mirror(mirror.objects, WorkspaceStore(settings, load_secret(settings.paths.state_dir)))
+    mirror.restore(key, "alice", epoch=2)  # taken over in epoch 2: the index says so before anything is swept
+    (directory / "a.txt").write_text("alpha, later")
+
+    with pytest.raises(LeaseLostError):
+        stale.write_back(key, epoch=1)
+    assert files(s3_endpoint, url)[f"workspaces/{key}/a.txt"] == b"alpha"
+    mirror.write_back(key, epoch=2)
+    assert files(s3_endpoint, url)[f"workspaces/{key}/a.txt"] == b"alpha, later"
+
+
+def test_a_pack_no_index_names_is_swept_by_a_restore_only_once_older_than_the_grace(
+    mirror: Mirror, settings: Settings, key: str, url: str, s3_endpoint: str
+) -> None:
+    directory = _workspace(settings, key)
+    directory.mkdir(parents=True)
+    (directory / "a.txt").write_text("alpha")
+    mirror.write_back(key, epoch=1)
+    orphan = f"workspaces/{key}/.mcp-sandbox-packs/{'0' * 24}"  # a stalled owner's pack, its index not yet written
+    mirror.objects.put(orphan, b"packed files")
+    patient = Mirror(mirror.objects, WorkspaceStore(settings, load_secret(settings.paths.state_dir)), grace=3600)
+
+    patient.restore(key, "alice", epoch=2)
+    assert orphan in objects(s3_endpoint, url)  # young: kept
+    mirror.restore(key, "alice", epoch=3)  # no grace: swept
+    assert orphan not in objects(s3_endpoint, url)

@@ -22,6 +22,7 @@ import pytest
 from mcp.types import CallToolResult
 
 from mcp_sandbox.replicas.forward import CALL_PATH
+from mcp_sandbox.replicas.leases import STOPPED
 from mcp_sandbox.replicas.running import FORWARD_KEY
 from mcp_sandbox.replicas.signing import sign
 from mcp_sandbox.workspace import derive_key
@@ -110,7 +111,7 @@ async def test_a_cleanly_stopped_replica_gives_its_leases_back_so_the_next_call_
         after = await run(other, conversation, "print('x' in globals())", bound=60)
 
         assert after["stdout"] == "False\n", after
-        assert "stateLost" not in after  # given back, not taken from a dead replica
+        assert (after["stateLost"], after["stateLostReason"]) == (True, STOPPED)  # given back with its session
         assert owners(url) == {other.url}
 
 
@@ -330,7 +331,8 @@ async def test_a_draining_replica_hands_its_idle_conversations_over_at_once(
             moved = await run(other, idle, "print('x' in globals())", bound=30)
             refused = await call(other, "run_python", {"code": "print(y)", "conversationId": busy}, 30)
 
-            assert moved["stdout"] == "False\n" and "stateLost" not in moved, moved  # given back, not taken
+            assert moved["stdout"] == "False\n" and moved["stateLost"] is True, moved  # given back with its session
+            assert moved["stateLostReason"] == STOPPED, moved
             assert refused.is_error and "shutting down" in str(data(refused).get("error")), refused
             assert {o for k, o, e, _ in lease_rows(url) if e > time.time()} == {owner.url, other.url}
             owner.process.send_signal(signal.SIGTERM)  # a second one: the busy run is stopped now

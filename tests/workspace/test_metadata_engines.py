@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, UnavailableError, WorkspaceError
 from mcp_sandbox.workspace import FileEntry, Metadata
 from mcp_sandbox.workspace.metadata import MIGRATIONS
 from mcp_test_helpers import mcp_sandbox_cli
@@ -121,11 +121,11 @@ def test_a_database_that_is_down_fails_the_call_naming_it_in_the_log_and_serves_
         metadata.touch_conversation(KEY, "alice", 1.0)
         own_cluster.stop()
 
-        with caplog.at_level(logging.ERROR), pytest.raises(WorkspaceError) as caught:
+        with caplog.at_level(logging.ERROR), pytest.raises(UnavailableError) as caught:
             metadata.touch_conversation(KEY, "alice", 2.0)
 
-        # Tenants read the error: it says what, not where. The operator's log says where.
-        assert "cannot be reached" in str(caught.value)
+        # Tenants read the error: it says what (an outage: retry), not where. The operator's log says where.
+        assert caught.value.service == "the metadata database"
         assert "127.0.0.1" not in str(caught.value)
         logged = "\n".join(record.getMessage() for record in caplog.records)
         assert f"postgres@127.0.0.1:{own_cluster.port}/{database}" in logged, logged

@@ -1,13 +1,18 @@
 """Where a call runs: here when this replica holds the conversation's lease, else forwarded to its owner.
 
 :class:`Router` claims the lease of the call's conversation. Ours: the call runs here (the
-workspace's files restored first when the lease is new here, and the result saying the
-interpreter's state was lost when it was taken from a replica that died). Another replica's:
-the call is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool
-result returned unchanged (progress notifications are not forwarded). An owner that cannot be
-reached (connection refused: it died) is waited out until its lease expires, bounded by the
-lease time; then this replica takes the lease and runs the call. An owner that stops answering
-in the middle of a call is not retried: the code may have run, so the result says so.
+workspace's files restored first when the lease is new here; a lease taken after it lapsed
+marks the interpreter lost, which the next run says: :mod:`.leases`). Another replica's: the call
+is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool result
+returned unchanged (progress notifications are not forwarded). An owner that cannot be reached
+(connection refused: it died) is waited out until its lease expires, bounded by the lease time;
+then this replica takes the lease and runs the call. An owner that stops answering in the
+middle of a call is not retried: the code may have run, so the result says so. An owner that is
+frozen (stopped, paused) keeps its connection open and answers nothing: while a call is
+forwarded, its lease is read again each time it should have been renewed, and once it expired
+unrenewed the hop is cancelled and the call taken over as after a death (the frozen owner's
+writes are fenced by the lease it lost), so a frozen owner holds a call about ``replica_lease``,
+not the forwarded call's whole read timeout.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import anyio
 import mcp_types as types
 import pydantic
 
+from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
 from mcp_sandbox.replicas.restores import Restores
@@ -36,12 +42,13 @@ logger = logging.getLogger(__name__)
 CALL_PATH = "/internal/v1/call"
 FORWARDED_TOOLS = frozenset({"run_python", "run_code", "upload_file"})
 STATE_LOST_NOTE = (
-    "the replica that ran this conversation stopped: its interpreter's state (variables, imports) is lost and this"
-    " run started a fresh one; the workspace's files are kept"
+    "{reason}: its interpreter's state (variables, imports) is lost and this run started a fresh one;"
+    " the workspace's files are kept"
 )
 _CONNECT_SECONDS = 2.0
 _ATTEMPTS = 4
 _KNOWN_OWNERS = 4096  # owners remembered from claims, to forward without asking the database
+_LAPSE_MARGIN = 0.1  # read a forwarded call's lease this long after its expiry (a renewal just made is seen)
 
 Local = Callable[[], Awaitable[types.CallToolResult]]
 
@@ -54,15 +61,12 @@ class _Unreachable(Exception):
     """The owner refused the connection or could not be reached: nothing was sent."""
 
 
+class _Lapsed(Exception):
+    """The owner's lease expired unrenewed while a call was forwarded to it: it is frozen or gone."""
+
+
 def error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
-
-
-def _state_lost(result: types.CallToolResult) -> types.CallToolResult:
-    """``result`` saying that the interpreter's state was lost (``stateLost`` and a line of text)."""
-    structured = dict(result.structured_content or {}, stateLost=True)
-    note = types.TextContent(type="text", text=f"({STATE_LOST_NOTE})")
-    return result.model_copy(update={"structured_content": structured, "content": [*result.content, note]})
 
 
 class Forwarder:
@@ -125,7 +129,7 @@ class Router:
     """Runs a call of a conversation here or on its owner (see the module docstring)."""
 
     def __init__(
-        self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str], Awaitable[None]]
+        self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str, int], Awaitable[None]]
     ) -> None:
         self.leases = leases
         self.verifier = verifier  # checks the calls other replicas forward here
@@ -151,10 +155,9 @@ class Router:
         self._restores.prune(self.leases.held)
         await self._restores.ready(key, epoch)
 
-    async def _here(self, key: str, local: Local, epoch: int, lost: bool) -> types.CallToolResult:
+    async def _here(self, key: str, local: Local, epoch: int) -> types.CallToolResult:
         await self.ready(key, epoch)
-        result = await local()
-        return _state_lost(result) if lost else result
+        return await local()
 
     async def call(
         self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
@@ -170,30 +173,73 @@ class Router:
     async def _call(
         self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
     ) -> types.CallToolResult:
-        lost = False
         known = self._owners.get(key)
         if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
             try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
-                return await self._forwarder.forward(known[0], tool, arguments, tenant)
-            except (Moved, _Unreachable):
-                pass
+                return await self._forward_watched(key, known[0], known[1], tool, arguments, tenant)
+            except (Moved, _Unreachable, _Lapsed):
+                pass  # claimed below: a lapsed lease is taken, and its loss marked (leases.py)
         self._owners.pop(key, None)
         for _ in range(_ATTEMPTS):
             claim = await self.leases.claim(key)
             if claim.mine:
-                return await self._here(key, local, claim.epoch, lost or claim.taken_over)
+                return await self._here(key, local, claim.epoch)
             self._remember(key, claim.owner, claim.expires)
             try:
-                return await self._forwarder.forward(claim.owner, tool, arguments, tenant)
+                return await self._forward_watched(key, claim.owner, claim.expires, tool, arguments, tenant)
             except Moved:
                 self._owners.pop(key, None)
+                continue
+            except _Lapsed:
+                self._owners.pop(key, None)
+                logger.warning("the replica %s let its lease lapse during a call: taking the call over", claim.owner)
                 continue
             except _Unreachable as exc:
                 self._owners.pop(key, None)
                 logger.warning("the replica %s does not answer (%s): waiting for its lease to expire", claim.owner, exc)
-                lost = True
                 await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
         return error_result("the replica running this conversation does not answer: retry in a moment")
+
+    async def _forward_watched(
+        self, key: str, owner: str, expires: float, tool: str, arguments: dict[str, Any] | None, tenant: str
+    ) -> types.CallToolResult:
+        """``forward`` to ``owner``, cancelled once ``owner``'s lease of ``key`` expired unrenewed.
+
+        Raises:
+            Moved, _Unreachable: see :meth:`Forwarder.forward`. _Lapsed: the lease expired meanwhile.
+        """
+        outcome: list[types.CallToolResult | Exception] = []
+        async with anyio.create_task_group() as group:
+
+            async def hop() -> None:
+                try:
+                    outcome.append(await self._forwarder.forward(owner, tool, arguments, tenant))
+                except (Moved, _Unreachable) as exc:
+                    outcome.append(exc)
+                group.cancel_scope.cancel()
+
+            group.start_soon(hop)
+            await self._lapse(key, owner, expires)
+            group.cancel_scope.cancel()
+        if not outcome:
+            raise _Lapsed(owner)
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    async def _lapse(self, key: str, owner: str, expires: float) -> None:
+        """Return once ``owner``'s lease of ``key`` is no longer ``owner``'s or expired (read again at
+        each expiry it had: one read per lease time while the owner renews it)."""
+        while True:
+            await anyio.sleep(max(expires - time.time(), 0.0) + _LAPSE_MARGIN)
+            try:
+                held = await anyio.to_thread.run_sync(self.leases.table.holder, key)
+            except WorkspaceError:  # the database cannot be read: nothing says the owner is gone
+                expires = time.time() + self.leases.ttl / 3
+                continue
+            if held is None or held[0] != owner or held[1] <= time.time():
+                return
+            expires = held[1]
 
     async def serve_forwarded(self, key: str, local: Local, draining: bool) -> types.CallToolResult:
         """A call another replica forwarded here: run it if this replica holds (or can take) the lease.
@@ -211,4 +257,4 @@ class Router:
             claim = await self.leases.claim(key)
             if not claim.mine:
                 raise Moved(claim.owner)
-            return await self._here(key, local, claim.epoch, claim.taken_over)
+            return await self._here(key, local, claim.epoch)

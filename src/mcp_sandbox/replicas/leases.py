@@ -18,7 +18,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -32,6 +32,10 @@ __all__ = ["Claim", "LeaseTable", "Leases"]
 logger = logging.getLogger(__name__)
 
 RELEASED = 0.0  # the expiry of a lease given back
+# Why a conversation's interpreter was lost, as its next run says (stateLostReason).
+LAPSED_ELSEWHERE = "the replica that ran this conversation stopped or stalled past its lease"
+LAPSED_HERE = "this replica lost the conversation's lease for a while (the database or the replica stalled)"
+STOPPED = "the replica that ran this conversation was stopped (a restart, a rollout)"
 _FOREVER = 1e18  # later than any expiry: release whatever this replica last set
 
 
@@ -80,6 +84,8 @@ class LeaseTable:
             mine = owner == self.me
             held = bool(before) and before[0][0] == self.me and before[0][1] > now
             taken = bool(before) and before[0][0] != self.me and before[0][1] != RELEASED
+            if mine and before and RELEASED < before[0][1] <= now:  # it lapsed unreleased: its interpreter is gone
+                _mark_lost(tx, [key], LAPSED_HERE if before[0][0] == self.me else LAPSED_ELSEWHERE, now)
             return Claim(str(owner), int(epoch), float(expires), mine, mine and not held, mine and taken)
 
         return self._db.run(claim)
@@ -97,6 +103,16 @@ class LeaseTable:
 
         return self._db.run(renew)
 
+    def holder(self, key: str) -> tuple[str, float] | None:
+        """Who holds conversation ``key``'s lease as the database says now, and until when; None: no one ever did.
+
+        Raises:
+            WorkspaceError: the database cannot be read.
+        """
+        sql = "SELECT owner, expires FROM leases WHERE key = ?"
+        rows = self._db.run(lambda tx: tx.query(sql, (key,)), write=False)
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
+
     def live(self, now: float) -> set[str]:
         """The keys of the leases some replica holds at ``now`` (neither expired nor given back).
 
@@ -106,9 +122,10 @@ class LeaseTable:
         rows = self._db.run(lambda tx: tx.query("SELECT key FROM leases WHERE expires > ?", (now,)), write=False)
         return {str(key) for (key,) in rows}
 
-    def release(self, held: dict[str, tuple[int, float]]) -> None:
+    def release(self, held: dict[str, tuple[int, float]], lost: Collection[str] = ()) -> None:
         """Give back the leases ``held`` (key: epoch and the expiry this replica last set) that are
-        still ours and not renewed since (a claim racing the release keeps its lease).
+        still ours and not renewed since (a claim racing the release keeps its lease); the
+        conversations ``lost`` lose their interpreter with it (the replica stops): marked so.
 
         Raises:
             WorkspaceError: the database refused or cannot be reached.
@@ -119,8 +136,34 @@ class LeaseTable:
                 "UPDATE leases SET expires = ? WHERE key = ? AND owner = ? AND epoch = ? AND expires <= ?",
                 [(RELEASED, key, self.me, epoch, expires) for key, (epoch, expires) in held.items()],
             )
+            _mark_lost(tx, lost, STOPPED, time.time())
 
         self._db.run(release)
+
+    def take_lost(self, key: str) -> str | None:
+        """Why conversation ``key``'s interpreter was lost since its last run, if it was; the mark is
+        taken (said once, on the run that starts the fresh interpreter).
+
+        Raises:
+            WorkspaceError: the database refused or cannot be reached (the mark stays).
+        """
+
+        def take(tx: Transaction) -> str | None:
+            rows = tx.query("SELECT reason FROM state_lost WHERE key = ?", (key,))
+            if rows:
+                tx.execute("DELETE FROM state_lost WHERE key = ?", (key,))
+            return str(rows[0][0]) if rows else None
+
+        return self._db.run(take)
+
+
+def _mark_lost(tx: Transaction, keys: Iterable[str], reason: str, now: float) -> None:
+    """Record that the interpreters of conversations ``keys`` were lost, and why (said on their next run)."""
+    tx.executemany(
+        "INSERT INTO state_lost (key, reason, at) VALUES (?, ?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET reason = excluded.reason, at = excluded.at",
+        [(key, reason, now) for key in keys],
+    )
 
 
 @dataclass(slots=True)
@@ -148,6 +191,7 @@ class Leases:
         self.ttl = ttl
         self._fence = fence
         self._active = active
+        self._kept_live: set[str] = set()  # kept by a drain with a session: marked lost once given back
         self._held: dict[str, _Held] = {}
         self._releasing: set[str] = set()  # given back by the tick now: a claim asks the database
         self._calls: collections.Counter[str] = collections.Counter()  # see calling()
@@ -265,12 +309,15 @@ class Leases:
         """Give back every lease held but those of ``keep`` (drain, shutdown), bounded by a third
         of the lease time."""
         keep = keep or set()
+        live = self._active() | self._kept_live  # their interpreters end with this replica
+        self._kept_live = keep & live
         held = {k: (h.epoch, _FOREVER) for k, h in self._held.items() if k not in keep}
         self._held = {k: h for k, h in self._held.items() if k in keep}
         if not held:
             return
+        lost = set(held) & live
         with anyio.move_on_after(self.ttl / 3, shield=True):
             try:
-                await anyio.to_thread.run_sync(self.table.release, held, abandon_on_cancel=True)
+                await anyio.to_thread.run_sync(self.table.release, held, lost, abandon_on_cancel=True)
             except WorkspaceError as exc:
                 logger.error("cannot release this replica's leases (they expire by themselves): %s", exc)

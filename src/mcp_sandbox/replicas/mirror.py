@@ -5,26 +5,28 @@ and deletes what is gone: a manifest per workspace (``state_dir/mirror/<key>.jso
 ``st_mtime_ns`` and ETag or pack of each file) tells what changed without reading any file.
 Small files go into packs named by an index (:mod:`.packs`: a thousand small files restore in a
 few requests), large ones are an object each, at ``<key>/<name>`` as before packs; a file the
-store could not take is that file's failure (:mod:`.upkeep`). :meth:`Mirror.restore` makes the
-local directory equal to the store's copy. What is mirrored is what the listing serves: regular
-files under acceptable names, read and written through the no-follow helpers (:mod:`.transfers`),
-owned by the tenant's host uid. The earlier runner's links name their conversation at
-``prefix/runner-links/<digest>``. Transfers run on the store's threads; the methods block.
+store could not take is that file's failure (:mod:`.upkeep`), and the index is written only by
+the conversation's lease holder (:mod:`.indexing`). :meth:`Mirror.restore` makes the local
+directory equal to the store's copy. What is mirrored is what the listing serves: regular files
+under acceptable names, read and written through the no-follow helpers (:mod:`.transfers`),
+owned by the tenant's host uid. The earlier runner's links name their conversation in
+:mod:`.links`. Transfers run on the store's threads; the methods block.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import io
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.replicas import indexing
+from mcp_sandbox.replicas.indexing import stop_point
+from mcp_sandbox.replicas.links import link_name
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import (
     INDEX,
@@ -48,7 +50,7 @@ from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
 
 __all__ = ["Changes", "Mirror"]
 
-_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")  # the earlier runner's name of a conversation's directory
+_RESTORE_ATTEMPTS = 3  # an earlier owner's index landing during a restore: read again
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +67,9 @@ class Changes:
 class Mirror:
     """The workspaces of ``workspaces`` mirrored into ``objects``."""
 
-    def __init__(self, objects: ObjectStore, workspaces: WorkspaceStore) -> None:
+    def __init__(self, objects: ObjectStore, workspaces: WorkspaceStore, grace: float = 0.0) -> None:
         self.objects = objects
+        self._grace = grace  # packs no index names are swept once this old (see .indexing)
         self._workspaces = workspaces
         layout = StateLayout.of(workspaces.settings)
         self._manifests = layout.mirror
@@ -101,9 +104,10 @@ class Mirror:
 
     # --- write-back ---
 
-    def write_back(self, key: str, fence: Check = unfenced) -> Changes:
+    def write_back(self, key: str, fence: Check = unfenced, epoch: int = 0) -> Changes:
         """Upload conversation ``key``'s changed files, delete the objects of removed ones; ``fence()``
-        checks that this replica still holds the lease, before anything is put and before the manifest.
+        checks that this replica still holds the lease (of ``epoch``; 0: one server), before anything
+        is put, and before and after the index (:mod:`.indexing`).
 
         Raises:
             LeaseLostError: ``fence`` found the lease lost. WorkspaceError: the workspace cannot be read, or
@@ -114,12 +118,13 @@ class Mirror:
             if root is None:
                 return Changes()
             try:
-                return self._write_back(root, self._under(key), self._manifest_path(key), packed=True, fence=fence)
+                under, manifest = self._under(key), self._manifest_path(key)
+                return self._write_back(root, under, manifest, packed=True, fence=fence, epoch=epoch)
             finally:
                 os.close(root)
 
     def _write_back(
-        self, root: int, under: str, manifest_path: Path, *, packed: bool, fence: Check = unfenced
+        self, root: int, under: str, manifest_path: Path, *, packed: bool, fence: Check = unfenced, epoch: int = 0
     ) -> Changes:
         manifest = load_manifest(manifest_path)
         local = self._local(root)
@@ -164,8 +169,9 @@ class Mirror:
         fence()  # the lease lost meanwhile: no index, no manifest (what was put is the new owner's to account for)
         if after != index or damaged:
             # The packs it names are stored: from here on they are the workspace's files.
-            if after.files:
-                self.objects.put(under + INDEX, after.encode())
+            if after.files or epoch:  # a replica's empty index stays: it keeps the epoch (see .indexing)
+                stop_point(touched)
+                indexing.replace(self.objects, under, index, after, epoch, fence)
             else:
                 superseded.append(under + INDEX)
         try:
@@ -181,14 +187,19 @@ class Mirror:
 
     # --- restore ---
 
-    def restore(self, key: str, tenant: str | None) -> Changes:
-        """Make conversation ``key``'s directory (``tenant``'s) equal to the store's copy.
+    def restore(self, key: str, tenant: str | None, epoch: int = 0) -> Changes:
+        """Make conversation ``key``'s directory (``tenant``'s) equal to the store's copy, and mark
+        its index with lease ``epoch`` (the one just taken here; 0: one server) before sweeping.
 
         Raises:
             WorkspaceError: the directory cannot be made or written, or the store refused.
+            LeaseLostError: a later epoch wrote the index.
         """
         with self._lock(key):
-            return self._restore_key(key, tenant)
+            for _ in range(_RESTORE_ATTEMPTS):
+                with contextlib.suppress(indexing.IndexMoved):  # an earlier owner's write landed first
+                    return self._restore_key(key, tenant, epoch)
+            raise WorkspaceError("the workspace kept changing in the object store while it was restored: retry")
 
     def restore_new(self, key: str, tenant: str | None) -> Changes:
         """:meth:`restore` conversation ``key`` unless this server has its directory already, then
@@ -207,7 +218,7 @@ class Mirror:
             self._workspaces.ensure(key, tenant)
             return changes
 
-    def _restore_key(self, key: str, tenant: str | None) -> Changes:
+    def _restore_key(self, key: str, tenant: str | None, epoch: int = 0) -> Changes:
         listed = self.objects.list(self._under(key))
         if not listed and not self._workspaces.directory(key).is_dir():
             return Changes()  # a new conversation: no directory made for nothing
@@ -216,16 +227,19 @@ class Mirror:
         if root is None:
             raise WorkspaceError("the conversation's workspace vanished while it was restored")
         try:
-            return self._restore(root, self._under(key), self._manifest_path(key), listed, packed=True)
+            return self._restore(root, self._under(key), self._manifest_path(key), listed, packed=True, epoch=epoch)
         finally:
             os.close(root)
 
     def _restore(
-        self, root: int, under: str, manifest_path: Path, listed: list[StoredObject], *, packed: bool
+        self, root: int, under: str, manifest_path: Path, listed: list[StoredObject], *, packed: bool, epoch: int = 0
     ) -> Changes:
         manifest = load_manifest(manifest_path)
         index, lost, orphans = restorable(self.objects, under, listed) if packed else (Index(), [], set[str]())
         kept = {item.name: item for item in listed if not (packed and item.name.startswith(PACKS))}
+        if orphans:  # packs no index names: swept only once older than the grace (an older owner's may land)
+            listed_orphans = (item for item in listed if item.name in orphans)
+            orphans = set(indexing.aged(listed_orphans, self._grace, time.time()))
         shadowed = [name for name in kept if name in index.files]  # an older copy the index replaced
         remote = {name: (item.size, item.etag) for name, item in kept.items()}
         remote |= {name: (length, index.tag(name)) for name, (_, _, length) in index.files.items()}
@@ -264,6 +278,8 @@ class Mirror:
                 fresh.update(entries)
             for name in extras:
                 unlink_in(root, name)
+            if packed and epoch and orphans is not None:  # damaged: the owner's next write-back rebuilds it
+                indexing.seal(self.objects, under, index, epoch)  # before the sweep: no older index lands after it
             if orphans or shadowed:
                 # Left by a write-back that never finished, or replaced by the index: nothing names them.
                 with contextlib.suppress(WorkspaceError):
@@ -352,8 +368,6 @@ class Mirror:
             raise
         return OpenFile(fd=fd, name=name, size=os.fstat(fd).st_size, mtime=time.time())
 
-    # --- the earlier code runner's permanent links ---
-
     def record_link(self, digest: str, key: str) -> None:
         """Write back conversation ``key`` (the earlier runner's data just adopted into it) and record
         that the runner's links ``/files/{digest}/…`` are its files, so every replica serves them.
@@ -362,22 +376,7 @@ class Mirror:
             WorkspaceError: ``digest`` or ``key`` is not of its form, or the store refused.
         """
         self.write_back(key)
-        self.objects.put(_link(digest), key.encode("ascii"))
-
-    def linked(self, digest: str) -> str | None:
-        """The conversation whose files the runner's links ``/files/{digest}/…`` are, if one was recorded.
-
-        Raises:
-            WorkspaceError: ``digest`` is not of its form, the store refused, or holds no key there.
-        """
-        into = io.BytesIO()
-        try:
-            self.objects.get(_link(digest), into)
-        except FileNotFoundError:
-            return None
-        key = into.getvalue().decode("ascii", errors="replace")
-        self._workspaces.directory(key)  # checks the key's form
-        return key
+        self.objects.put(link_name(digest), key.encode("ascii"))
 
     def forget(self, key: str) -> None:
         """Delete conversation ``key``'s objects and manifest (retention, a deleted conversation).
@@ -392,9 +391,3 @@ class Mirror:
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too
-
-
-def _link(digest: str) -> str:
-    if not _DIGEST_RE.match(digest):
-        raise WorkspaceError("not a link of the earlier runner")
-    return f"runner-links/{digest}"

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from mcp_sandbox.errors import ConfigError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, UnavailableError, WorkspaceError
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -38,15 +38,32 @@ TRANSFER_THREADS = 16  # the pool of each store: S3 round trips wait on the netw
 _CONNECT_SECONDS = 5
 _READ_SECONDS = 60
 _CHUNK = 1 << 20
+# A conditional write lost: S3 says 412 PreconditionFailed, or 409 while another conditional write is under way.
+_PRECONDITION_FAILED = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412", "409"})
 
 
 @dataclass(frozen=True, slots=True)
 class StoredObject:
-    """One object under the prefix: its name relative to the prefix, size and ETag."""
+    """One object under the prefix: its name relative to the prefix, size, ETag and when it was
+    last written (the store's ``LastModified`` as it sent it: parsed only where an age matters)."""
 
     name: str
     size: int
     etag: str
+    modified: str = ""
+
+
+def _down(exc: Exception) -> bool:
+    """Whether ``exc`` (a botocore error, after the client's retries) says the store is down or cannot
+    be reached, not that it refused: no connection, a timeout, or a 5xx answer."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    if isinstance(exc, BotoConnectionError | HTTPClientError):  # refused, timed out, closed, DNS
+        return True
+    response = getattr(exc, "response", None)
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) if isinstance(response, dict) else 0
+    return isinstance(status, int) and status >= 500 and status != 501  # 501: a feature it lacks, not an outage
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -113,6 +130,8 @@ class ObjectStore:
     def _fail(self, exc: Exception, what: str) -> WorkspaceError:
         code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
         logger.warning("object store %s: %s failed: %s", self.url, what, code or type(exc).__name__)
+        if _down(exc):
+            return UnavailableError("the object store")
         return WorkspaceError(f"the object store could not {what}" + (f" ({code})" if code else ""))
 
     def check(self) -> None:
@@ -141,6 +160,29 @@ class ObjectStore:
         except Exception as exc:
             raise self._fail(exc, "store a file") from None
         return reply["ETag"]
+
+    def put_if(self, name: str, body: bytes, etag: str | None) -> bool:
+        """Store ``body`` as ``name`` only if the object is still the one of ETag ``etag`` (None: only
+        if there is none); whether it was stored (False: another write came first).
+
+        A conditional write (``If-Match``, ``If-None-Match: *``), which S3, MinIO and SeaweedFS
+        honour: the store, not the writer, decides which of two racing writers wins.
+
+        Raises:
+            WorkspaceError: the store refused otherwise or could not be reached.
+        """
+        key = self.prefix + name
+        try:
+            if etag is None:
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+            else:
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=body, IfMatch=etag)
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code") if hasattr(exc, "response") else None
+            if code in _PRECONDITION_FAILED:
+                return False
+            raise self._fail(exc, "store a file") from None
+        return True
 
     def get(self, name: str, into: IO[bytes]) -> str:
         """Write object ``name`` into ``into``; return its ETag.
@@ -242,7 +284,12 @@ class ObjectStore:
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=start)
             for page in pages:
                 items = page.get("Contents", [])
-                found += [StoredObject(item["Key"][len(start) :], item["Size"], item["ETag"]) for item in items]
+                found += [
+                    StoredObject(
+                        item["Key"][len(start) :], item["Size"], item["ETag"], str(item.get("LastModified", ""))
+                    )
+                    for item in items
+                ]
         except Exception as exc:
             raise self._fail(exc, "list files") from None
         return found

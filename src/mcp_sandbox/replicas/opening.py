@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from mcp_sandbox.config import Settings
+from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.workspace import WorkspaceStore
@@ -12,14 +14,21 @@ __all__ = ["open_mirror"]
 
 logger = logging.getLogger(__name__)
 
+# An owner stalled past its lease may still be writing a pack its index is about to name (.indexing).
+SWEEP_LEASES = 4
 
-def open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
-    """The mirror into the store at ``url``, reached once: an unreachable store is a start-up
-    error, never a silent fall-back to local disk.
+
+def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
+    """The mirror into the store at ``object_store_url``, reached once: an unreachable store is a
+    start-up error, never a silent fall-back to local disk. Among replicas, packs no index names are
+    swept once :data:`SWEEP_LEASES` lease times old.
 
     Raises:
         ConfigError: boto3 is missing, or the store cannot be reached.
     """
+    url = settings.paths.object_store_url
+    if url is None:
+        raise ConfigError("object_store_url is not set")
     objects = ObjectStore(url)
     try:
         objects.check()
@@ -27,4 +36,5 @@ def open_mirror(url: str, workspaces: WorkspaceStore) -> Mirror:
         objects.close()
         raise
     logger.info("workspaces mirrored to the object store %s", url)
-    return Mirror(objects, workspaces)
+    lease = settings.http.replica_lease if settings.http.replica_url is not None else 0.0
+    return Mirror(objects, workspaces, SWEEP_LEASES * lease)

@@ -11,7 +11,9 @@ size, and is restored under its real name from the index. The index is replaced 
 it names are stored and before the answer; packs it no longer names are deleted, and a pack
 mostly of superseded files is rewritten from the local copies. Only workspaces are packed: a
 conversation has one writer (its lease holder), while a tenant's library is written back by
-every replica, file by file.
+every replica, file by file. The index records the lease epoch of its writer, and is replaced
+only by a conditional write on the ETag it was read with (:mod:`.indexing`): an owner stalled
+past its lease cannot replace the index of the replica that took the conversation over.
 
 A pack is in use while a file of the index names it, whatever its size: a pack of empty files
 is an empty object. (Counting a pack's live *bytes* deleted such a pack while the index still
@@ -88,16 +90,20 @@ def untag(tag: str) -> tuple[str, int]:
 
 @dataclass
 class Index:
-    """The packed files of a workspace: ``files`` name -> (pack, offset, length), ``packs`` pack -> size."""
+    """The packed files of a workspace: ``files`` name -> (pack, offset, length), ``packs`` pack -> size;
+    ``epoch``, the lease epoch of the replica that wrote it (0: one server), and ``etag``, the
+    store's ETag of the object it was read from (None: there was none)."""
 
     files: dict[str, tuple[str, int, int]] = field(default_factory=dict)
     packs: dict[str, int] = field(default_factory=dict)
+    epoch: int = 0
+    etag: str | None = field(default=None, compare=False)
 
     def copy(self) -> Index:
-        return Index(dict(self.files), dict(self.packs))
+        return Index(dict(self.files), dict(self.packs), self.epoch, self.etag)
 
     def to_json(self) -> dict[str, object]:
-        return {"format": 1, "files": self.files, "packs": self.packs}
+        return {"format": 1, "files": self.files, "packs": self.packs, "epoch": self.epoch}
 
     def encode(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
@@ -118,34 +124,38 @@ class Index:
                 for name, (pack, offset, length) in raw["files"].items()
             }
             packs = {str(pack): int(size) for pack, size in raw["packs"].items()}
+            epoch = int(raw.get("epoch", 0))  # an index written before epochs were recorded: 0
         except (KeyError, ValueError, TypeError, AttributeError):
             raise unreadable from None
         for pack, offset, length in files.values():
             if not pack.startswith(PACKS) or offset < 0 or length < 0 or offset + length > packs.get(pack, -1):
                 raise DamagedIndex("the object store's index of packed files is inconsistent") from None
-        return cls(files, packs)
+        return cls(files, packs, epoch)
 
     @classmethod
-    def decode(cls, data: bytes) -> Index:
+    def decode(cls, data: bytes, etag: str | None = None) -> Index:
         """Raises: DamagedIndex: see :meth:`from_json`."""
         try:
             raw = json.loads(data)
         except ValueError:
             raise DamagedIndex("the object store's index of packed files is unreadable") from None
-        return cls.from_json(raw)
+        index = cls.from_json(raw)
+        index.etag = etag
+        return index
 
     @classmethod
-    def salvage(cls, data: bytes, stored: dict[str, int]) -> tuple[Index, list[str]]:
+    def salvage(cls, data: bytes, stored: dict[str, int]) -> tuple[Index, list[str]] | None:
         """What can still be restored of the index ``data``, given the packs ``stored`` (name ->
-        size) the store lists: the consistent entries whose pack is there at its size, and the
-        names of the files it names otherwise (an unreadable index: nothing, and nothing named)."""
+        size) the store lists: the consistent entries whose pack is there at its size (with the
+        index's epoch), and the names of the files it names otherwise; None for an unreadable one."""
         try:
             raw = json.loads(data)
             files, packs = raw["files"], raw["packs"]
             names = [str(name) for name in files]
+            epoch = int(raw.get("epoch", 0))
         except (ValueError, TypeError, KeyError, AttributeError):
-            return cls(), []
-        sound, lost = cls(), []
+            return None
+        sound, lost = cls(epoch=epoch), []
         for name in names:
             try:
                 pack, offset, length = str(files[name][0]), int(files[name][1]), int(files[name][2])

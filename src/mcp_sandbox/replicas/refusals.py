@@ -2,7 +2,7 @@
 
 An upload that lands on a replica not running its conversation is stored by the owner's
 ``upload_file``, whose refusal is a text result. Its ``_meta`` says which refusal it was (quota
-with its figures, full disk, the lease lost, other), so the receiving replica raises the same error
+with its figures, full disk, the lease lost, an outage, other), so the receiving replica raises the same error
 and answers the same HTTP status (413, 507, 503, 409) as the owner would have answered the upload itself.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_sandbox.errors import DiskFullError, LeaseLostError, QuotaExceededError, WorkspaceError
+from mcp_sandbox.errors import DiskFullError, LeaseLostError, QuotaExceededError, UnavailableError, WorkspaceError
 
 __all__ = ["REFUSAL_META", "http_status", "refusal_meta", "refusal_of"]
 
@@ -25,6 +25,8 @@ def refusal_meta(exc: Exception) -> dict[str, Any] | None:
         return {REFUSAL_META: {"kind": "disk"}}
     if isinstance(exc, LeaseLostError):
         return {REFUSAL_META: {"kind": "lease"}}
+    if isinstance(exc, UnavailableError):
+        return {REFUSAL_META: {"kind": "unavailable", "service": exc.service}}
     return None
 
 
@@ -40,6 +42,8 @@ def refusal_of(meta: dict[str, Any] | None, message: str) -> WorkspaceError:
         return DiskFullError(message)
     if kind == "lease":
         return LeaseLostError(message)
+    if kind == "unavailable" and isinstance(found, dict):
+        return UnavailableError(str(found.get("service", "a service the server needs")))
     return WorkspaceError(message)
 
 
@@ -50,4 +54,4 @@ def http_status(exc: WorkspaceError) -> int:
         return 413
     if isinstance(exc, DiskFullError):
         return 507
-    return 503 if isinstance(exc, LeaseLostError) else 409
+    return 503 if isinstance(exc, LeaseLostError | UnavailableError) else 409

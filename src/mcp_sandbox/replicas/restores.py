@@ -28,9 +28,9 @@ class _Restore:
 
 
 class Restores:
-    """Runs ``restore(key)`` once per (key, epoch); concurrent callers wait for that one run."""
+    """Runs ``restore(key, epoch)`` once per (key, epoch); concurrent callers wait for that one run."""
 
-    def __init__(self, restore: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, restore: Callable[[str, int], Awaitable[None]]) -> None:
         self._restore = restore
         self._entries: dict[str, _Restore] = {}
 
@@ -52,7 +52,7 @@ class Restores:
         entry = _Restore(epoch, anyio.Event())
         self._entries[key] = entry
         try:
-            await self._restore(key)
+            await self._restore(key, epoch)
             entry.ok = True
         finally:
             if not entry.ok and self._entries.get(key) is entry:

@@ -29,7 +29,7 @@ async def open_replica(
     secret: bytes,
     fence: Callable[[str], Awaitable[object]],
     active: Callable[[], set[str]],
-    restore: Callable[[str], Awaitable[None]],
+    restore: Callable[[str, int], Awaitable[None]],
 ) -> AsyncIterator[Router]:
     """The router of replica ``settings.http.replica_url``; its leases are released (bounded) when the
     block exits. The caller runs ``router.leases.keep()`` in a task group of its own meanwhile."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import secrets
 import stat
@@ -145,17 +146,17 @@ def write_file(objects: ObjectStore, root: int, under: str, item: tuple[str, os.
 
 
 def read_index(objects: ObjectStore, under: str) -> Index:
-    """The index of packed files under ``under`` (empty if there is none).
+    """The index of packed files under ``under`` (empty if there is none), with the ETag it was read at.
 
     Raises:
         WorkspaceError: the store refused, or the index is unreadable.
     """
     into = io.BytesIO()
     try:
-        objects.get(under + INDEX, into)
+        etag = objects.get(under + INDEX, into)
     except FileNotFoundError:
         return Index()
-    return Index.decode(into.getvalue())
+    return Index.decode(into.getvalue(), etag)
 
 
 def stored_packs(objects: ObjectStore, under: str) -> dict[str, int]:
@@ -167,19 +168,42 @@ def stored_packs(objects: ObjectStore, under: str) -> dict[str, int]:
     return {PACKS + item.name: item.size for item in objects.list(under + PACKS) if PACKS + item.name != INDEX}
 
 
-def salvage_index(objects: ObjectStore, under: str, stored: dict[str, int]) -> tuple[Index, list[str]]:
-    """The index under ``under`` as far as it can be restored from the packs ``stored``, and the
-    files it names that cannot be (see :meth:`Index.salvage`).
+def salvage_index(objects: ObjectStore, under: str, stored: dict[str, int]) -> tuple[Index, list[str]] | None:
+    """The index under ``under`` as far as it can be restored from the packs ``stored``, with the
+    ETag it was read at, and the files it names that cannot be (see :meth:`Index.salvage`); None
+    for an index that cannot be read at all.
 
     Raises:
         WorkspaceError: the store refused.
     """
     into = io.BytesIO()
     try:
-        objects.get(under + INDEX, into)
+        etag = objects.get(under + INDEX, into)
     except FileNotFoundError:
         return Index(), []
-    return Index.salvage(into.getvalue(), stored)
+    salvaged = Index.salvage(into.getvalue(), stored)
+    if salvaged is not None:
+        salvaged[0].etag = etag
+    return salvaged
+
+
+def index_in_place(objects: ObjectStore, under: str) -> Index:
+    """An empty index standing where the (damaged) one under ``under`` is: its ETag, and its epoch
+    where that can still be read, so that the index rebuilt in its place replaces it conditionally.
+
+    Raises:
+        WorkspaceError: the store refused.
+    """
+    into = io.BytesIO()
+    try:
+        etag = objects.get(under + INDEX, into)
+    except FileNotFoundError:
+        return Index()
+    try:
+        epoch = int(json.loads(into.getvalue()).get("epoch", 0))
+    except (ValueError, TypeError, AttributeError):
+        epoch = 0
+    return Index(epoch=epoch, etag=etag)
 
 
 def write_pack(

@@ -15,7 +15,7 @@ import os
 
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import INDEX, PACKS, SMALL, DamagedIndex, Index, Manifest, is_pack_tag
-from mcp_sandbox.replicas.transfers import key_fits, read_index, salvage_index, stored_packs
+from mcp_sandbox.replicas.transfers import index_in_place, key_fits, read_index, salvage_index, stored_packs
 
 __all__ = ["index_to_update", "keep_stored", "reads_index", "restorable", "split"]
 
@@ -48,7 +48,8 @@ def reads_index(objects: ObjectStore, under: str, manifest: Manifest, changed: F
 
 
 def index_to_update(objects: ObjectStore, under: str) -> tuple[Index, bool]:
-    """The store's index under ``under``, and whether it is damaged: then an empty index, which the
+    """The store's index under ``under``, and whether it is damaged: then an empty index with the
+    damaged one's ETag and epoch (it is replaced conditionally, :mod:`.indexing`), which the
     write-back fills from the local copy. A LIST of the packs, sent beside the index's GET, checks
     that those it names are there (one could be deleted behind the owner's back).
 
@@ -65,8 +66,10 @@ def index_to_update(objects: ObjectStore, under: str) -> tuple[Index, bool]:
             return None
 
     found, stored = objects.parallel(fetch, ["index", "packs"])
-    if not isinstance(found, Index) or not isinstance(stored, dict) or found.missing(stored):
-        return Index(), True
+    if isinstance(found, Index) and isinstance(stored, dict) and found.missing(stored):
+        return Index(epoch=found.epoch, etag=found.etag), True
+    if not isinstance(found, Index) or not isinstance(stored, dict):
+        return index_in_place(objects, under), True
     return found, False
 
 
@@ -93,9 +96,12 @@ def restorable(
     packs = {item.name: item.size for item in listed if item.name.startswith(PACKS)}
     if packs.pop(INDEX, None) is None:
         return Index(), [], set(packs)
-    index, lost = salvage_index(objects, under, packs)
+    salvaged = salvage_index(objects, under, packs)
+    if salvaged is None:
+        logger.warning("a restore found the object store's index of packed files unreadable under %s", under)
+        return Index(), [], None
+    index, lost = salvaged
     if lost:
         logger.warning("a restore could not get %d files from a damaged object store: %s", len(lost), lost[:20])
-    if lost or not index.files:  # an index naming no file is never written: that one is unreadable
         return index, lost, None
     return index, lost, set(packs) - set(index.packs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -176,8 +177,8 @@ class Service:
         """
         if self.mirror is None:
             return ()
-        check = self.metadata.fence_check(key, fence or self.fence(key))
-        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check)
+        check = self.metadata.fence_check(key, lease := fence or self.fence(key))
+        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
         self._count_unsaved(key, changes)
         return changes.unsaved
 
@@ -187,16 +188,17 @@ class Service:
         if changes.lost:
             self.events.emit(FilesUnsaved(key, "restore", len(changes.lost)))
 
-    async def restore_files(self, key: str) -> None:
+    async def restore_files(self, key: str, epoch: int) -> None:
         """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
-        one): a replica taking over a conversation another one served calls it first.
+        one): a replica taking over a conversation another one served calls it first, in lease ``epoch``.
 
         Raises:
             WorkspaceError: the store or the disk refused.
         """
         if self.mirror is not None:
             tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
-            restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, self.mirror.restore, key, tenant)
+            restore = functools.partial(self.mirror.restore, key, tenant, epoch)
+            restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, restore)
             self._count_unsaved(key, restored)
 
     def metrics_or_fail(self) -> Metrics:
@@ -360,7 +362,7 @@ async def open_service(
             logger.info("deleted %d partial uploads a crash left", swept)
         mirror = None
         if settings.paths.object_store_url is not None:
-            mirror = await anyio.to_thread.run_sync(open_mirror, settings.paths.object_store_url, workspaces)
+            mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
     except BaseException:
         metadata.close()
         raise

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from mcp_sandbox.errors import ConfigError, DiskFullError, WorkspaceError
+from mcp_sandbox.errors import ConfigError, DiskFullError, UnavailableError, WorkspaceError
 from mcp_sandbox.workspace.database import Dialect, Transaction, describe_url, redact
 from mcp_sandbox.workspace.files import DISK_FULL
 from mcp_sandbox.workspace.schema import POSTGRES_MIGRATIONS
@@ -189,7 +189,7 @@ class PostgresDatabase:
                         continue  # the server restarted or failed over: once more, on a new connection
                     # The operator reads the log; tenants read that the index is unreachable, not where it is.
                     logger.error("the metadata database %s cannot be reached: %s", self.description, self._reason(exc))
-                    raise WorkspaceError("the metadata database cannot be reached (the server's log says why)") from exc
+                    raise UnavailableError("the metadata database") from exc
                 except driver.Error as exc:
                     self._drop_broken()
                     raise self._refused(exc, write) from exc

@@ -62,6 +62,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             secret TEXT NOT NULL
         ) STRICT""",
     ),
+    # Conversations whose interpreter was lost (a lease lapsed, a replica stopped): said on the next run.
+    (
+        """CREATE TABLE state_lost (
+            key TEXT PRIMARY KEY,
+            reason TEXT NOT NULL,
+            at REAL NOT NULL
+        ) STRICT, WITHOUT ROWID""",
+    ),
     # Forwarded calls seen, by signature, until their window is over: no replay after a restart.
     (
         """CREATE TABLE forwarded_calls (
@@ -121,6 +129,13 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE server_secret (
             id INTEGER PRIMARY KEY CHECK (id = 1),
             secret TEXT NOT NULL
+        )""",
+    ),
+    (
+        """CREATE TABLE state_lost (
+            key TEXT PRIMARY KEY,
+            reason TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
         )""",
     ),
     (

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import check_conversation_id
@@ -88,6 +88,8 @@ def _list(service: Service) -> Callable[[Request], Any]:
             rows = await anyio.to_thread.run_sync(service.metadata.conversations_of, tenant)
         except ValidationError as exc:
             return _problem(400, str(exc))
+        except UnavailableError:
+            raise  # answered 503 by the app, with Retry-After
         except WorkspaceError as exc:
             return _problem(503, str(exc))
         except ClientDisconnect:

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
+from mcp_sandbox.errors import BusyError, QuotaExceededError, UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed, FileStored
 from mcp_sandbox.replicas.refusals import http_status
 from mcp_sandbox.server.auth.tokens import tenant_of
@@ -153,11 +153,15 @@ def _download(service: Service) -> Callable[[Request], Any]:
             if not local_is_current(service, key):
                 raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(service.workspaces.open_file, key, name)
+        except UnavailableError:
+            raise  # answered 503 by the app (transport/outages.py): the file may well exist
         except (ValidationError, WorkspaceError, OSError):
             if service.mirror is None:
                 return _problem(404, "no such file")
             try:  # a link another replica made: its conversation's files are in the object store
                 opened = await anyio.to_thread.run_sync(service.mirror.open_remote, key, name)
+            except UnavailableError:
+                raise
             except (ValidationError, WorkspaceError, OSError):
                 return _problem(404, "no such file")
         return file_response(request, opened, name)
@@ -343,6 +347,8 @@ def _upload(service: Service) -> Callable[[Request], Any]:
             return _problem(429, str(exc))
         except ValidationError as exc:
             return _problem(400, str(exc))
+        except UnavailableError:
+            raise  # answered 503 by the app, with Retry-After
         except WorkspaceError as exc:  # the quota 413, a full disk 507, the lease lost 503 (retry), else 409
             return _problem(http_status(exc), str(exc))
         except ClientDisconnect:

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
@@ -47,6 +47,8 @@ def _renew(service: Service) -> Callable[[Request], Any]:
             listing = await anyio.to_thread.run_sync(service.workspaces.list_files, key)
         except ValidationError as exc:
             return _problem(400, str(exc))
+        except UnavailableError:
+            raise  # answered 503 by the app, with Retry-After
         except WorkspaceError as exc:
             return _problem(409, str(exc))
         files = [entry for entry in listing.files if name is None or entry.name == name]

@@ -23,9 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from mcp_sandbox.errors import ValidationError, WorkspaceError
+from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
 from mcp_sandbox.replicas.imported import linked_names
+from mcp_sandbox.replicas.links import linked
 from mcp_sandbox.server.routes.files import file_response
 from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
@@ -47,6 +48,8 @@ def _serve(service: Service) -> Callable[[Request], Any]:
             if key is not None and not local_is_current(service, key):
                 raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(data.open_file, digest, name)
+        except UnavailableError:
+            raise  # answered 503 by the app, with Retry-After
         except (ValidationError, WorkspaceError, OSError):
             opened = await _from_store(service, digest, name)
         if opened is None:
@@ -71,10 +74,12 @@ async def _from_store(service: Service, digest: str, name: str) -> OpenFile | No
         names = await anyio.to_thread.run_sync(linked_names, mirror.objects, digest)
         if names is None or name not in names.files:
             return None
-        key = await anyio.to_thread.run_sync(mirror.linked, digest)
+        key = await anyio.to_thread.run_sync(linked, mirror.objects, service.workspaces, digest)
         if key is None:
             return None
         opened = await anyio.to_thread.run_sync(mirror.open_remote, key, name)
+    except UnavailableError:
+        raise
     except (ValidationError, WorkspaceError, OSError):
         return None
     try:

@@ -29,6 +29,7 @@ from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.engine.executor import Prepare
 from mcp_sandbox.errors import BusyError, LeaseLostError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
+from mcp_sandbox.replicas.forward import STATE_LOST_NOTE
 from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.tools.arguments import (
@@ -224,6 +225,11 @@ class RunTool:
             data["timeoutClamped"] = call.timeout_clamped
         if call.fork is not None:
             data["fork"] = call.fork.report(result.forked)
+        lost = None
+        if call.key is not None and data.get("session") == "new":  # the interpreter lost since the last run?
+            lost = await _take_state_lost(service, call.key)
+            if lost is not None:
+                data["stateLost"], data["stateLostReason"] = True, lost
         files_bytes = 0
         if call.key is not None:
             try:
@@ -245,6 +251,8 @@ class RunTool:
             data["files"] = [listed_file(service, call.key, entry) for entry in entries]
         service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
+        if lost is not None:
+            content.append(types.TextContent(type="text", text=f"({STATE_LOST_NOTE.format(reason=lost)})"))
         content += [
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
             for image in result.images
@@ -272,3 +280,16 @@ class RunTool:
             path=result.path,
             truncated=result.truncated,
         )
+
+
+async def _take_state_lost(service: Service, key: str) -> str | None:
+    """Why conversation ``key``'s interpreter was lost since its last run (a lease lapsed, its replica
+    stopped: replicas/leases.py), taken so that only the run starting the fresh interpreter says it;
+    None when it was not, on one server, or when the database cannot say now (the mark stays)."""
+    if service.router is None:
+        return None
+    try:
+        return await anyio.to_thread.run_sync(service.router.leases.table.take_lost, key)
+    except WorkspaceError as exc:
+        logger.warning("cannot read whether a conversation's interpreter was lost: %s", exc)
+        return None

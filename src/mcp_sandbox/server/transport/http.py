@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.errors import ConfigError
+from mcp_sandbox.errors import ConfigError, UnavailableError
 from mcp_sandbox.server.auth.bearer import RequireBearer, oauth_discovery_routes
 from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
 from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle, StopSignals
@@ -46,6 +46,7 @@ from mcp_sandbox.server.transport.limits import (
     uvicorn_limits,
 )
 from mcp_sandbox.server.transport.mcp_route import McpRoute
+from mcp_sandbox.server.transport.outages import answer_unavailable
 
 __all__ = [
     "auth_guard",
@@ -210,7 +211,12 @@ def build_http_app(
         *extra_routes,
         *oauth_discovery_routes(),
     ]
-    return Starlette(routes=routes, middleware=middleware, lifespan=lambda _app: mcp.run())
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={UnavailableError: answer_unavailable},  # every route's outage: 503, Retry-After
+        lifespan=lambda _app: mcp.run(),
+    )
 
 
 async def serve_http(
