@@ -28,7 +28,8 @@ import httpx2
 import pytest
 
 from balancer_helpers import Replica, ReplicaSet, replica_set
-from mcp_sandbox.workspace import remove_tree
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.workspace import WorkspaceStore, remove_tree
 from mcp_test_helpers import http_server, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import lease_rows
@@ -40,6 +41,7 @@ __all__ = ["LEASE", "Nemesis", "faulty_cluster", "soak_rounds"]
 
 LEASE = 3.0  # seconds: a dead or frozen owner is replaced within this
 RECOVERY = 90.0  # the bound on any wait for the cluster to come back
+TENANT = "default"  # the tenant of MCP_SANDBOX_TOKEN
 DISK = "48m"  # the third replica's state directory: room for its pool, little more
 
 
@@ -124,9 +126,23 @@ class Nemesis:
                     return next(r for r in self.cluster.replicas if r.url == url)
                 await anyio.sleep(0.05)  # leases are another process's state
 
-    def idle(self) -> bool:
-        """No replica holds a lease (each gives back those no call uses within a third of the lease)."""
-        return not any(expires > time.time() for _, _, expires, _ in lease_rows(self.cluster.database_url))
+    def key(self, conversation: str) -> str:
+        """The workspace key (and lease key) of the tenant's ``conversation`` on this cluster."""
+        settings = load_settings(env={}, flags={"state_dir": str(self.cluster.replicas[0].state_dir)})
+        secret = (self.cluster.replicas[0].state_dir / "secret").read_bytes()
+        return WorkspaceStore(settings, secret).key(TENANT, conversation)
+
+    async def owner(self, conversation: str, bound: float = 30.0) -> Replica:
+        """The replica holding ``conversation``'s lease, polled until one does (within ``bound``)."""
+        key = self.key(conversation)
+        with anyio.fail_after(bound):
+            while True:
+                rows = await anyio.to_thread.run_sync(lease_rows, self.cluster.database_url)
+                now = time.time()
+                for row_key, owner, expires, _ in rows:
+                    if row_key == key and expires > now:
+                        return next(r for r in self.cluster.replicas if r.url == owner)
+                await anyio.sleep(0.05)  # leases are another process's state
 
     def leases_expired(self, replica: Replica) -> Callable[[], bool]:
         return lambda: all(
