@@ -78,7 +78,7 @@ class Model:
     conversations: list[Conversation]
     refused: list[str] = field(default_factory=list)  # writes refused while no fault was on
     held: list[str] = field(default_factory=list)  # calls that did not answer within their bound
-    statuses: list[str] = field(default_factory=list)  # an upload answered neither 201 nor 503
+    statuses: list[str] = field(default_factory=list)  # an upload answered neither 201, 503 nor 507
     state: list[str] = field(default_factory=list)  # a variable gone without stateLost saying so
     lost: list[str] = field(default_factory=list)  # acknowledged files not read back
     corrupt: list[str] = field(default_factory=list)  # a file read back with content never sent
@@ -191,7 +191,7 @@ class _Writer:
         if status == 201:
             conversation.acked[path] = sha(data)
             return
-        if status is not None and status != 503:
+        if status is not None and status not in (503, 507):  # unavailable; or this replica's disk is full
             self.model.statuses.append(f"{path[:40]}: {status} {reply.text[:200]}")
         self._refused(conversation, f"{path[:40]}: {status}")
 
