@@ -78,7 +78,7 @@ class Model:
     conversations: list[Conversation]
     refused: list[str] = field(default_factory=list)  # writes refused while no fault was on
     held: list[str] = field(default_factory=list)  # calls that did not answer within their bound
-    statuses: list[str] = field(default_factory=list)  # an upload answered neither 201, 503 nor 507
+    statuses: list[str] = field(default_factory=list)  # an upload refused as if it were the client's fault
     state: list[str] = field(default_factory=list)  # a variable gone without stateLost saying so
     lost: list[str] = field(default_factory=list)  # acknowledged files not read back
     corrupt: list[str] = field(default_factory=list)  # a file read back with content never sent
@@ -191,7 +191,9 @@ class _Writer:
         if status == 201:
             conversation.acked[path] = sha(data)
             return
-        if status is not None and status not in (503, 507):  # unavailable; or this replica's disk is full
+        # A refusal says "not now" (the server's 503, a full disk's 507, the balancer's 502 or 504
+        # for a replica that died with the request), never the client's fault (a 4xx).
+        if status is not None and status not in (502, 503, 504, 507):
             self.model.statuses.append(f"{path[:40]}: {status} {reply.text[:200]}")
         self._refused(conversation, f"{path[:40]}: {status}")
 

@@ -168,7 +168,9 @@ async def _held_write_back(nemesis: Nemesis, model: Model) -> CallToolResult | N
             with nemesis.frozen(owner):
                 nemesis.weed.resume()
                 await until(nemesis.leases_expired(owner), LEASE * 10)
-                await nemesis.phase(model, ops=1)  # taken over: the new owners write and acknowledge
+                # Taken over: the new owners write and acknowledge. A call still held by the frozen
+                # owner is the frozen scenario's finding, not this one's.
+                await nemesis.phase(model, faulty=True, bound=FROZEN_BOUND, ops=1)
     return held[0] if held else None
 
 
@@ -177,6 +179,7 @@ async def test_an_owner_held_in_its_write_back_past_its_lease_does_not_replace_t
 ) -> None:
     async for model in scenario(nemesis, "held index write"):
         answer = await _held_write_back(nemesis, model)
+        model.held.clear()
         conversation = model.conversations[0]
         conversation.sent["late.bin"] = sha(LATE_CONTENT)
         warning = str((answer.structured_content or {}).get("warning")) if answer is not None else UNSAVED
