@@ -29,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mcp_test_helpers import CALL_BOUND, new_conversation, upload
 
-__all__ = ["Conversation", "Model", "Phase", "check", "mcp_client", "workload"]
+__all__ = ["UNSAVED", "Conversation", "Model", "Phase", "check", "check_links", "mcp_client", "sha", "workload"]
 
 UNSAVED = "Files not saved"
 # Every file under /workspace and its sha256, as one JSON line.
@@ -164,6 +164,8 @@ class _Writer:
         result = await self._tool(path, "run_python", {"code": code, "conversationId": conversation.id})
         data_ = getattr(result, "structured_content", None) or {}
         if result is None or result.is_error or UNSAVED in str(data_.get("warning", "")):
+            # A run that failed may have written part of its file itself (a full disk): any content goes.
+            del conversation.sent[path]
             self._refused(conversation, f"{path}: {data_.get('warning') or getattr(result, 'content', 'no answer')}")
             return
         if data_.get("stateLost"):

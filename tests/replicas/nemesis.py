@@ -37,7 +37,7 @@ from s3_helpers import Weed, s3_env, weed_server
 
 from .model import Model, Phase, check, check_links, workload
 
-__all__ = ["LEASE", "Nemesis", "faulty_cluster", "soak_rounds"]
+__all__ = ["LEASE", "RECOVERY", "Nemesis", "faulty_cluster", "require_root", "soak_rounds", "until"]
 
 LEASE = 3.0  # seconds: a dead or frozen owner is replaced within this
 RECOVERY = 90.0  # the bound on any wait for the cluster to come back
