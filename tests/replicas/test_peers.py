@@ -15,8 +15,10 @@ import anyio.abc
 import h11
 import pytest
 
+from mcp_sandbox.errors import LeaseLostError
 from mcp_sandbox.replicas.forward import CALL_PATH, Forwarder
 from mcp_sandbox.replicas.peers import Broken, Peers, Unreachable
+from mcp_sandbox.replicas.refusals import http_status, refusal_of
 from mcp_test_helpers import free_port
 
 pytestmark = pytest.mark.anyio
@@ -255,3 +257,18 @@ async def test_an_owner_answering_200_with_no_tool_result_gives_an_error_result_
     assert len(running.requests) == 1  # it reached the owner, which answered {"echo": 1}
     assert result.is_error
     assert "answered the call with no tool result" in result.content[0].text  # type: ignore[union-attr]
+
+
+async def test_an_owner_that_dies_during_a_call_refuses_it_as_a_lost_lease_so_an_upload_is_sent_again() -> None:
+    async with peer() as running:
+        running.mode = "hang up"
+        forwarder = Forwarder("http://127.0.0.1:1", b"k" * 32, BOUND)
+        try:
+            with anyio.fail_after(BOUND):
+                result = await forwarder.forward(running.url.removesuffix(CALL_PATH), "upload_file", {}, "alice")
+        finally:
+            await forwarder.aclose()
+
+    assert result.is_error and "stopped answering during the call" in result.content[0].text  # type: ignore[union-attr]
+    refused = refusal_of(result.meta, "")
+    assert isinstance(refused, LeaseLostError) and http_status(refused) == 503  # not 409: resending is right

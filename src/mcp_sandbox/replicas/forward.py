@@ -29,9 +29,10 @@ import anyio
 import mcp_types as types
 import pydantic
 
-from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
+from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.replicas.restores import Restores
 from mcp_sandbox.replicas.signing import Verifier, sign
 
@@ -65,8 +66,8 @@ class _Lapsed(Exception):
     """The owner's lease expired unrenewed while a call was forwarded to it: it is frozen or gone."""
 
 
-def error_result(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+def error_result(message: str, meta: dict[str, Any] | None = None) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True, _meta=meta)
 
 
 class Forwarder:
@@ -106,10 +107,12 @@ class Forwarder:
             raise _Unreachable(str(exc)) from exc
         except PeerError as exc:
             logger.error("the replica %s stopped answering a forwarded %s call: %s", owner, tool, exc)
-            return error_result(
+            said = (
                 "the replica running this conversation stopped answering during the call: the code may or may not"
                 " have run, and the interpreter's state (variables, imports) is lost; the workspace's files are kept"
             )
+            # Refused as a lost lease: an upload sent again (503) reaches the replica that takes it over.
+            return error_result(said, refusal_meta(LeaseLostError(said)))
         if reply.status == 409:
             raise Moved(owner)
         if reply.status != 200:
