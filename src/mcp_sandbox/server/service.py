@@ -19,7 +19,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
-from mcp_sandbox.events import Event, EventHub, FileServed, FileStored, FilesUnsaved, RunFinished, ToolCalled
+from mcp_sandbox.events import EventHub, FilesUnsaved
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.imported import record_names
@@ -43,6 +43,7 @@ from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
 from mcp_sandbox.sandbox.backends.base import Backend
+from mcp_sandbox.server.audit_trail import REFUSALS_INTERVAL, auditor, flush_periodically
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.idle_writes import IdleWrites, flushed
 from mcp_sandbox.server.lifecycle import Lifecycle
@@ -66,10 +67,6 @@ __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 logger = logging.getLogger(__name__)
 
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
-# Downloads refused to someone unknown (a link not signed with the server's key, an expired one, an
-# earlier runner's link that serves nothing): anyone can send them, unauthenticated, so they are
-# summed into one audit line a minute (and counted in mcp_sandbox_downloads_total).
-REFUSALS_INTERVAL = 60.0
 
 
 @dataclass
@@ -282,40 +279,6 @@ class _Busy(Collection[str]):
         return len(self._keys())
 
 
-# Audit lines: event name and the event's own fields (sizes, times, names, outcomes; see events.py),
-# less those only the run history reads (the line has its own time).
-_AUDITED: dict[type, str] = {
-    RunFinished: "run",
-    ToolCalled: "tool_call",
-    FileStored: "upload",
-    FileServed: "download",
-    FilesUnsaved: "unsaved_files",
-}
-_NOT_AUDITED = frozenset({"started_at", "run_ms"})
-
-
-def _auditor(log: AuditLog, refusals: Tally) -> Callable[[Event], None]:
-    def record(event: Event) -> None:
-        # A refusal to someone unknown (no valid signature, no token: conversation None) is tallied:
-        # anyone who reaches the port can cause it, and a line each would rotate everyone's records away.
-        if isinstance(event, FileServed) and event.conversation is None and event.status >= 400:
-            refusals.note(outcome=event.outcome)
-            return
-        name = _AUDITED.get(type(event))
-        if name is not None:
-            # The fields as they are (strings, numbers, tuples of strings): asdict's deep copy is not needed.
-            fields = (field.name for field in dataclasses.fields(event) if field.name not in _NOT_AUDITED)
-            log.record(name, **{field: getattr(event, field) for field in fields})
-
-    return record
-
-
-async def _flush_periodically(tally: Tally) -> None:
-    while True:
-        await anyio.sleep(REFUSALS_INTERVAL)
-        tally.flush()
-
-
 async def _sweep_periodically(service: Service) -> None:
     while True:
         try:
@@ -368,7 +331,7 @@ async def open_service(
         raise
     audit = AuditLog.open(layout.audit_log)
     refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
-    events.subscribe(_auditor(audit, refusals))
+    events.subscribe(auditor(audit, refusals))
     try:
         urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
         async with (
@@ -412,7 +375,7 @@ async def open_service(
             if idle is not None:  # after the sessions are closed, before the leases are given back
                 replica.push_async_callback(idle.flush)
             group.start_soon(_sweep_periodically, service)
-            group.start_soon(_flush_periodically, refusals)
+            group.start_soon(flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
             # service: the cyclic GC stops walking it, whose full collections otherwise stall a
             # run now and then.
