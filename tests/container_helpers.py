@@ -27,6 +27,7 @@ __all__ = [
     "docker_daemon",
     "podman_usable",
     "remove_containers",
+    "server_image_in_docker",
     "server_ready",
 ]
 
@@ -141,3 +142,27 @@ async def server_ready(web: httpx2.AsyncClient, base: str, bound: float = 120) -
             except httpx2.TransportError:
                 pass  # not listening yet
             await anyio.sleep(0.1)
+
+
+def server_image_in_docker(image: str) -> None:
+    """The server's image (scripts/build-server-image.sh) in the tests' docker engine, built there
+    when missing or made from other sources (its label carries the digest of what went in); kept in
+    the engine's state between runs. Within :func:`docker_daemon`."""
+    build = _REPO / "scripts" / "build-server-image.sh"
+    digest = subprocess.run(["bash", str(build), "--digest"], capture_output=True, text=True, check=True).stdout
+    label = subprocess.run(
+        [
+            str(DOCKER_WRAPPER),
+            "image",
+            "inspect",
+            "--format",
+            '{{index .Config.Labels "io.mcp-sandbox.digest"}}',
+            image,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    if label.strip() != digest.strip():
+        env = {**os.environ, "CONTAINER_CLI": str(DOCKER_WRAPPER)}
+        subprocess.run(["bash", str(build), image], env=env, check=True, timeout=1200)

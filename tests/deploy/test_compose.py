@@ -26,7 +26,7 @@ import anyio
 import httpx2
 import pytest
 
-from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon, server_ready
+from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon, server_image_in_docker, server_ready
 from mcp_test_helpers import CALL_BOUND, free_port, http_client
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -162,6 +162,7 @@ def test_debians_docker_compose_1_29_cannot_run_the_file_as_the_docs_say() -> No
     with docker_daemon() as why:
         if why is not None:
             _needs(why)
+        server_image_in_docker(IMAGE)  # else `up` stops at pulling it, before the option it refuses
         project = f"mcpcompose{uuid.uuid4().hex[:8]}"
         env = {**_compose_env(free_port()), "DOCKER_HOST": f"unix://{DOCKER_RUN / 'docker.sock'}"}
         compose = ["docker-compose", "-p", project, "-f", str(COMPOSE)]

@@ -23,7 +23,7 @@ import anyio
 import httpx2
 import pytest
 
-from container_helpers import DOCKER_WRAPPER, docker_daemon, server_ready
+from container_helpers import DOCKER_WRAPPER, docker_daemon, server_image_in_docker, server_ready
 from mcp_sandbox.sandbox.seccomp import server_oci_profile
 from mcp_test_helpers import CALL_BOUND, free_port, http_client
 
@@ -93,32 +93,7 @@ def docker() -> Iterator[None]:
             if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
                 pytest.fail(why, pytrace=False)
             pytest.skip(why)
-        digest = subprocess.run(
-            ["bash", str(REPO / "scripts" / "build-server-image.sh"), "--digest"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        label = subprocess.run(
-            [
-                str(DOCKER_WRAPPER),
-                "image",
-                "inspect",
-                "--format",
-                '{{index .Config.Labels "io.mcp-sandbox.digest"}}',
-                IMAGE,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        if label != digest:  # built once per change of what goes in; kept in the engine's state between runs
-            subprocess.run(
-                ["bash", str(REPO / "scripts" / "build-server-image.sh"), IMAGE],
-                env={**os.environ, "CONTAINER_CLI": str(DOCKER_WRAPPER)},
-                check=True,
-                timeout=1200,
-            )
+        server_image_in_docker(IMAGE)
         yield
 
 
