@@ -151,12 +151,22 @@ def read_index(objects: ObjectStore, under: str) -> Index:
     Raises:
         WorkspaceError: the store refused, or the index is unreadable.
     """
+    found = _index_object(objects, under)
+    return Index() if found is None else Index.decode(*found)
+
+
+def _index_object(objects: ObjectStore, under: str) -> tuple[bytes, str] | None:
+    """The bytes of the index object under ``under`` and its ETag; None where there is none.
+
+    Raises:
+        WorkspaceError: the store refused.
+    """
     into = io.BytesIO()
     try:
         etag = objects.get(under + INDEX, into)
     except FileNotFoundError:
-        return Index()
-    return Index.decode(into.getvalue(), etag)
+        return None
+    return into.getvalue(), etag
 
 
 def stored_packs(objects: ObjectStore, under: str) -> dict[str, int]:
@@ -176,12 +186,11 @@ def salvage_index(objects: ObjectStore, under: str, stored: dict[str, int]) -> t
     Raises:
         WorkspaceError: the store refused.
     """
-    into = io.BytesIO()
-    try:
-        etag = objects.get(under + INDEX, into)
-    except FileNotFoundError:
+    found = _index_object(objects, under)
+    if found is None:
         return Index(), []
-    salvaged = Index.salvage(into.getvalue(), stored)
+    data, etag = found
+    salvaged = Index.salvage(data, stored)
     if salvaged is not None:
         salvaged[0].etag = etag
     return salvaged
@@ -194,13 +203,12 @@ def index_in_place(objects: ObjectStore, under: str) -> Index:
     Raises:
         WorkspaceError: the store refused.
     """
-    into = io.BytesIO()
-    try:
-        etag = objects.get(under + INDEX, into)
-    except FileNotFoundError:
+    found = _index_object(objects, under)
+    if found is None:
         return Index()
+    data, etag = found
     try:
-        epoch = int(json.loads(into.getvalue()).get("epoch", 0))
+        epoch = int(json.loads(data).get("epoch", 0))
     except (ValueError, TypeError, AttributeError):
         epoch = 0
     return Index(epoch=epoch, etag=etag)
