@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.server
 import importlib.util
@@ -500,3 +501,23 @@ def private_tmpdir(prefix: str) -> Path:
     directory = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     directory.chmod(0o711)
     return directory
+
+
+def fill_disk(directory: Path) -> Path:
+    """Write a file in ``directory`` until its filesystem has no room left (ENOSPC checked); the file."""
+    filler = directory / f"filler-{uuid.uuid4().hex}"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        for size in (1 << 20, 4096, 1):  # big writes, then the last bytes
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    try:
+        (directory / "probe").write_bytes(b"x")
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
+    else:
+        raise AssertionError(f"{directory} still had room after it was filled")
+    return filler

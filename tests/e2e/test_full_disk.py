@@ -8,8 +8,6 @@ by a file the test writes beside the server's.
 from __future__ import annotations
 
 import base64
-import contextlib
-import errno
 import os
 import sqlite3
 import subprocess
@@ -22,7 +20,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_test_helpers import CALL_BOUND, auth_tokens, http_client, http_server, new_conversation, upload
+from mcp_test_helpers import CALL_BOUND, auth_tokens, fill_disk, http_client, http_server, new_conversation, upload
 
 pytestmark = [
     pytest.mark.e2e,
@@ -44,23 +42,6 @@ def small_state_dir(state_dir: Path) -> Iterator[Path]:
         yield state_dir
     finally:
         subprocess.run(["umount", "-l", str(state_dir)], check=True)
-
-
-def _fill(state_dir: Path) -> Path:
-    """Write a file beside the server's until the filesystem has no room left; return it."""
-    filler = state_dir / f"filler-{uuid.uuid4().hex}"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        for size in (1 << 20, 4096, 1):  # big writes, then the last bytes
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, b"\0" * size)
-    finally:
-        os.close(fd)
-    with pytest.raises(OSError) as refused:
-        (state_dir / "probe").write_bytes(b"x")
-    assert refused.value.errno == errno.ENOSPC
-    return filler
 
 
 async def _call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
@@ -102,7 +83,7 @@ async def test_a_full_disk_says_so_without_host_paths_and_the_server_recovers(
                 client, "run_python", {"code": "save_memory('first', 1)", "conversationId": existing}
             )
             assert not failed, text
-            filler = _fill(state_dir)
+            filler = fill_disk(state_dir)
             seen: list[str] = []
             try:
                 for tool, arguments in [

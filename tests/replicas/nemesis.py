@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
 import os
 import signal
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 from balancer_helpers import Replica, ReplicaSet, replica_set
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.workspace import WorkspaceStore, remove_tree
-from mcp_test_helpers import http_server, new_conversation, upload
+from mcp_test_helpers import fill_disk, http_server, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import lease_rows
 from s3_helpers import Weed, s3_env, weed_server
@@ -173,20 +171,10 @@ class Nemesis:
     def disk_full(self) -> Iterator[None]:
         """The small disk filled to the last byte for the block; freed at its end."""
         assert self.small_disk is not None
-        filler = self.small_disk / f"filler-{uuid.uuid4().hex}"
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        filler = fill_disk(self.small_disk)
         try:
-            for size in (1 << 20, 4096, 1):  # big writes, then the last bytes
-                with contextlib.suppress(OSError):
-                    while True:
-                        os.write(fd, b"\0" * size)
-            try:
-                (self.small_disk / "probe").write_bytes(b"x")
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
             yield
         finally:
-            os.close(fd)
             filler.unlink()
 
 
