@@ -1,9 +1,7 @@
-"""File routes: signed downloads (``GET /files/...``) and authenticated uploads (``POST /upload``).
+"""File routes: authenticated uploads (``POST /upload``), beside the signed downloads of :mod:`.downloads`.
 
-Downloads need no token (the signed URL is the credential) and serve regular files only, opened
-without following any symlink the sandbox made (see ``workspace/files.py``), from the open
-file descriptor, with ranges. Uploads stream the body into the conversation's workspace,
-atomically and within its quota (reserved as it streams, checked again at commit).
+Uploads stream the body into the conversation's workspace, atomically and within its quota
+(reserved as it streams, checked again at commit).
 
 A slow upload must not freeze anyone else: the body is read on the event loop, and only the
 disk writes go to threads, ``upload_workers`` of them kept for uploads alone (runs never wait
@@ -15,43 +13,29 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import mimetypes
-import os
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl
 
 import anyio
 import anyio.to_thread
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, UnavailableError, ValidationError, WorkspaceError
-from mcp_sandbox.events import FileServed, FileStored
+from mcp_sandbox.events import FileStored
 from mcp_sandbox.replicas.refusals import http_status
 from mcp_sandbox.server.auth.tokens import tenant_of
-from mcp_sandbox.server.routes.replica_files import forward_upload, local_is_current
+from mcp_sandbox.server.routes.downloads import CHUNK, download_route, problem
+from mcp_sandbox.server.routes.replica_files import forward_upload
 from mcp_sandbox.server.service import Service
-from mcp_sandbox.server.urls import FILES_PATH
-from mcp_sandbox.workspace import OpenFile, check_conversation_id, check_filename
+from mcp_sandbox.workspace import check_conversation_id, check_filename
 
-__all__ = ["file_response", "file_routes"]
-
-_CHUNK = 256 << 10
-_INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "text/plain", "application/pdf"})
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
-# Files a browser may display rather than download; nothing that runs script on our origin.
-_SECURITY_HEADERS = {
-    "X-Content-Type-Options": "nosniff",
-    "Content-Security-Policy": "sandbox; default-src 'none'",
-    "Cache-Control": "private, max-age=0",
-    "Referrer-Policy": "no-referrer",
-}
+__all__ = ["file_routes"]
 
 
 def _conversation_of(value: object) -> str:
@@ -77,121 +61,6 @@ def _check_utf8_query(request: Request, *fields: str) -> None:
                 raise ValidationError(key, "is not valid UTF-8 (percent-encode the name's UTF-8 bytes)") from None
 
 
-def _problem(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=_SECURITY_HEADERS)
-
-
-def _disposition(name: str, media_type: str) -> str:
-    base = name.rsplit("/", 1)[-1]
-    fallback = re.sub(r"[^A-Za-z0-9._ -]", "_", base) or "file"
-    kind = "inline" if media_type in _INLINE_TYPES else "attachment"
-    return f"{kind}; filename=\"{fallback}\"; filename*=UTF-8''{quote(base, safe='')}"
-
-
-def _byte_range(header: str | None, size: int) -> tuple[int, int] | str | None:
-    """The (start, end inclusive) of a single-range request; None for the whole file; "bad" if unsatisfiable."""
-    if header is None:
-        return None
-    match = _RANGE_RE.match(header.strip())
-    if match is None:
-        return None  # several ranges or another unit: answering with the whole file is allowed
-    first, last = match.groups()
-    if not first and not last:
-        return None
-    if not first:  # the last N bytes
-        length = int(last)
-        if length == 0 or size == 0:
-            return "bad"
-        return max(0, size - length), size - 1
-    start = int(first)
-    end = min(int(last), size - 1) if last else size - 1
-    if start >= size or end < start:
-        return "bad"
-    return start, end
-
-
-async def _read(opened: OpenFile, start: int, end: int) -> AsyncIterator[bytes]:
-    try:
-        position = start
-        while position <= end:
-            chunk = await anyio.to_thread.run_sync(os.pread, opened.fd, min(_CHUNK, end + 1 - position), position)
-            if not chunk:
-                break  # the file shrank while we read it: stop, the client sees a short body
-            position += len(chunk)
-            yield chunk
-    finally:
-        opened.close()
-
-
-def _download(service: Service) -> Callable[[Request], Any]:
-    async def download(request: Request) -> Response:
-        started = time.perf_counter()
-        response = await answer(request)
-        outcome = {200: "ok", 206: "ok", 410: "expired", 403: "invalid", 404: "missing"}.get(
-            response.status_code, "bad"
-        )
-        key = request.path_params["conversation"] if outcome in ("ok", "missing") else None  # a signed key only
-        size = int(response.headers.get("content-length", 0)) if outcome == "ok" and request.method == "GET" else 0
-        service.events.emit(FileServed(key, outcome, size, time.perf_counter() - started, response.status_code))
-        return response
-
-    async def answer(request: Request) -> Response:
-        params = request.path_params
-        name = str(params["name"])
-        verdict = service.urls.check(params["conversation"], params["expires"], params["signature"], name, time.time())
-        if verdict.verdict == "expired":
-            return _problem(
-                410,
-                "this download link has expired: run code in the conversation again, or ask "
-                "GET /files/renew?conversationId=<id>&name=<file> with your bearer token, for a new one",
-            )
-        if not verdict.ok:
-            return _problem(403, "invalid download link")
-        key = params["conversation"]
-        try:
-            check_filename(name)
-            if not local_is_current(service, key):
-                raise WorkspaceError("another replica runs this conversation")
-            opened = await anyio.to_thread.run_sync(service.workspaces.open_file, key, name)
-        except UnavailableError:
-            raise  # answered 503 by the app (transport/outages.py): the file may well exist
-        except (ValidationError, WorkspaceError, OSError):
-            if service.mirror is None:
-                return _problem(404, "no such file")
-            try:  # a link another replica made: its conversation's files are in the object store
-                opened = await anyio.to_thread.run_sync(service.mirror.open_remote, key, name)
-            except UnavailableError:
-                raise
-            except (ValidationError, WorkspaceError, OSError):
-                return _problem(404, "no such file")
-        return file_response(request, opened, name)
-
-    return download
-
-
-def file_response(request: Request, opened: OpenFile, name: str) -> Response:
-    """``opened``, file ``name``, as the reply to ``request`` (a GET or HEAD, with its ``Range``); it closes it."""
-    media_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    headers = {
-        **_SECURITY_HEADERS,
-        "Accept-Ranges": "bytes",
-        "Content-Disposition": _disposition(name, media_type),
-        "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(opened.mtime)),
-    }
-    span = _byte_range(request.headers.get("range"), opened.size)
-    if span == "bad":
-        opened.close()
-        return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{opened.size}"})
-    status, (start, end) = (206, span) if isinstance(span, tuple) else (200, (0, opened.size - 1))
-    headers["Content-Length"] = str(end + 1 - start)
-    if status == 206:
-        headers["Content-Range"] = f"bytes {start}-{end}/{opened.size}"
-    if request.method == "HEAD":
-        opened.close()
-        return Response(status_code=status, headers=headers, media_type=media_type)
-    return StreamingResponse(_read(opened, start, end), status_code=status, headers=headers, media_type=media_type)
-
-
 class _TooLarge(Exception):
     pass
 
@@ -205,7 +74,7 @@ class _BodyLimit:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self._limit()
-        too_large = _problem(413, f"the upload is larger than {limit} bytes")
+        too_large = problem(413, f"the upload is larger than {limit} bytes")
         declared = dict(scope.get("headers", [])).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await too_large(scope, receive, send)
@@ -262,7 +131,7 @@ class _Uploads:
                 del self._active[tenant]
 
 
-async def _batched(stream: AsyncIterator[bytes], size: int = _CHUNK) -> AsyncIterator[bytes]:
+async def _batched(stream: AsyncIterator[bytes], size: int = CHUNK) -> AsyncIterator[bytes]:
     """Coalesce a body's chunks (one byte each, from a slow client) into writes of ``size`` bytes."""
     buffer = bytearray()
     async for chunk in stream:
@@ -330,7 +199,7 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         try:
             service.lifecycle.refuse_when_draining()
         except BusyError as exc:
-            return _problem(503, str(exc))
+            return problem(503, str(exc))
         try:
             with uploads.hold(tenant):
                 content_type = request.headers.get("content-type", "")
@@ -344,13 +213,13 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                 stored = await store(tenant, conversation, filename, request.stream(), declared)
                 return JSONResponse({"files": [stored]}, status_code=201)
         except BusyError as exc:
-            return _problem(429, str(exc))
+            return problem(429, str(exc))
         except ValidationError as exc:
-            return _problem(400, str(exc))
+            return problem(400, str(exc))
         except UnavailableError:
             raise  # answered 503 by the app, with Retry-After
         except WorkspaceError as exc:  # the quota 413, a full disk 507, the lease lost 503 (retry), else 409
-            return _problem(http_status(exc), str(exc))
+            return problem(http_status(exc), str(exc))
         except ClientDisconnect:
             return Response(status_code=400)
 
@@ -374,7 +243,7 @@ async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -
             filename = check_filename(value.filename or "", "filename")
 
             async def chunks(upload: Any = value) -> AsyncIterator[bytes]:
-                while chunk := await upload.read(_CHUNK):
+                while chunk := await upload.read(CHUNK):
                     yield chunk
 
             stored.append(await store(tenant, conversation, filename, chunks()))
@@ -384,7 +253,7 @@ async def _multipart(request: Request, tenant: str, store: Callable[..., Any]) -
 
 
 def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[BaseRoute]:
-    """The download route (signed URL) and the upload route (behind ``guard``, the bearer check);
+    """The download route (signed URL, :mod:`.downloads`) and the upload route (behind ``guard``, the bearer check);
     the app checks Host and Origin on both, as on every route."""
     upload_app = request_response(_upload(service))
 
@@ -393,10 +262,6 @@ def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[B
         return service.settings.workspaces.quota_bytes + (1 << 20)
 
     return [
-        Route(
-            FILES_PATH + "/{conversation}/{expires}/{signature}/{name:path}",
-            endpoint=_download(service),
-            methods=["GET", "HEAD"],
-        ),
+        download_route(service),
         Route("/upload", endpoint=guard(_BodyLimit(upload_app, limit)), methods=["POST"]),
     ]

@@ -27,7 +27,7 @@ from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
 from mcp_sandbox.replicas.imported import linked_names
 from mcp_sandbox.replicas.links import linked
-from mcp_sandbox.server.routes.files import file_response
+from mcp_sandbox.server.routes.downloads import file_response
 from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import OpenFile, check_filename
