@@ -16,7 +16,7 @@ import mcp_types as types
 import pytest
 
 from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
-from mcp_sandbox.replicas.forward import Forwarder, Router
+from mcp_sandbox.replicas.forward import Forwarder, Here, Router
 from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE, LAPSED_HERE, STOPPED, Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
 from mcp_sandbox.workspace import FileEntry, Metadata
@@ -157,7 +157,9 @@ async def test_a_lease_whose_call_waits_for_its_restore_is_kept_until_the_call_e
     results: list[types.CallToolResult] = []
 
     async def call() -> None:
-        results.append(await router.call("upload_file", {}, "default", KEY, local))
+        with router.calling(KEY):
+            where = await router.route(KEY, "upload_file", {}, "default")
+            results.append(await local() if isinstance(where, Here) else where.result)
 
     try:
         with anyio.fail_after(ttl * 5):
@@ -234,7 +236,9 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
     router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
     try:
         with anyio.fail_after(ttl + 10):
-            result = await router.call("run_python", {"code": "1"}, "default", KEY, local)
+            with router.calling(KEY):
+                where = await router.route(KEY, "run_python", {"code": "1"}, "default")
+                result = await local() if isinstance(where, Here) else where.result
     finally:
         await forwarder.aclose()
 

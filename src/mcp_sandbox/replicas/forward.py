@@ -1,10 +1,12 @@
 """Where a call runs: here when this replica holds the conversation's lease, else forwarded to its owner.
 
-:class:`Router` claims the lease of the call's conversation. Ours: the call runs here (the
-workspace's files restored first when the lease is new here; a lease taken after it lapsed
-marks the interpreter lost, which the next run says: :mod:`.leases`). Another replica's: the call
-is posted to that replica's internal route (:data:`CALL_PATH`), signed, and its tool result
-returned unchanged (progress notifications are not forwarded). An owner that cannot be reached
+:class:`Router` claims the lease of the call's conversation and returns a decision the caller
+acts on; it never runs the call itself. Ours: :class:`Here`, with the lease's epoch, and the
+caller runs the call (the workspace's files are restored first when the lease is new here; a
+lease taken after it lapsed marks the interpreter lost, which the next run says: :mod:`.leases`).
+Another replica's: the call is posted to that replica's internal route (:data:`CALL_PATH`),
+signed, and :class:`Forwarded` carries its tool result unchanged (progress notifications are not
+forwarded); the owner's side decides with :meth:`Router.accept`. An owner that cannot be reached
 (connection refused: it died) is waited out until its lease expires, bounded by the lease time;
 then this replica takes the lease and runs the call. An owner that stops answering in the
 middle of a call is not retried: the code may have run, so the result says so. An owner that is
@@ -17,11 +19,13 @@ not the forwarded call's whole read timeout.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,18 @@ from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.replicas.restores import Restores
 from mcp_sandbox.replicas.signing import Verifier, sign
 
-__all__ = ["CALL_PATH", "FORWARDED_TOOLS", "STATE_LOST_NOTE", "Forwarder", "Moved", "Router", "error_result"]
+__all__ = [
+    "CALL_PATH",
+    "FORWARDED_TOOLS",
+    "STATE_LOST_NOTE",
+    "Forwarded",
+    "Forwarder",
+    "Here",
+    "Moved",
+    "Owner",
+    "Router",
+    "error_result",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +65,6 @@ _CONNECT_SECONDS = 2.0
 _ATTEMPTS = 4
 _KNOWN_OWNERS = 4096  # owners remembered from claims, to forward without asking the database
 _LAPSE_MARGIN = 0.1  # read a forwarded call's lease this long after its expiry (a renewal just made is seen)
-
-Local = Callable[[], Awaitable[types.CallToolResult]]
 
 
 class Moved(Exception):
@@ -128,8 +141,35 @@ class Forwarder:
             )
 
 
+@dataclass(frozen=True)
+class Here:
+    """Run the call here: this replica holds the conversation's lease in ``epoch``, its files restored."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Replica ``url`` holds the conversation's lease, until ``expires`` as far as its claim said."""
+
+    url: str
+    expires: float
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """The call was sent to replica ``owner``: ``result`` is its answer (or why none came)."""
+
+    owner: str
+    result: types.CallToolResult
+
+
 class Router:
-    """Runs a call of a conversation here or on its owner (see the module docstring)."""
+    """Decides where a call of a conversation runs (see the module docstring); the caller acts on it.
+
+    The caller keeps the lease for the whole call: ``with router.calling(key):`` around the
+    decision and the work done on it.
+    """
 
     def __init__(
         self, leases: Leases, forwarder: Forwarder, verifier: Verifier, restore: Callable[[str, int], Awaitable[None]]
@@ -149,33 +189,31 @@ class Router:
                 self._owners.clear()
         self._owners[key] = (owner, expires)
 
-    async def ready(self, key: str, epoch: int) -> None:
-        """Return once conversation ``key``'s files are here for lease ``epoch`` (see :mod:`.restores`).
+    def calling(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """Keep ``key``'s lease, once claimed, until the block ends (:meth:`.Leases.calling`)."""
+        return self.leases.calling(key)
+
+    async def place(self, key: str) -> Here | Owner:
+        """Claim conversation ``key``'s lease: :class:`Here` once its files are here for the lease's
+        epoch (see :mod:`.restores`), else the :class:`Owner` that holds it.
 
         Raises:
-            WorkspaceError: the restore failed.
+            WorkspaceError: the database cannot be reached, or the restore failed.
         """
+        claim = await self.leases.claim(key)
+        if not claim.mine:
+            return Owner(claim.owner, claim.expires)
         self._restores.prune(self.leases.held)
-        await self._restores.ready(key, epoch)
+        await self._restores.ready(key, claim.epoch)
+        return Here(claim.epoch)
 
-    async def _here(self, key: str, local: Local, epoch: int) -> types.CallToolResult:
-        await self.ready(key, epoch)
-        return await local()
-
-    async def call(
-        self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
-    ) -> types.CallToolResult:
-        """The call's result, run by ``local()`` here or by the conversation's owner.
+    async def route(self, key: str, tool: str, arguments: dict[str, Any] | None, tenant: str) -> Here | Forwarded:
+        """:class:`Here` when this replica holds (or takes) conversation ``key``'s lease, else the call
+        :class:`Forwarded` to its owner with the owner's answer.
 
         Raises:
-            WorkspaceError: the database cannot be reached (the lease cannot be claimed).
+            WorkspaceError: the database cannot be reached (the lease cannot be claimed), or the restore failed.
         """
-        with self.leases.calling(key):
-            return await self._call(tool, arguments, tenant, key, local)
-
-    async def _call(
-        self, tool: str, arguments: dict[str, Any] | None, tenant: str, key: str, local: Local
-    ) -> types.CallToolResult:
         known = self._owners.get(key)
         if known is not None and known[1] - time.time() > self.leases.ttl / 2 and not self.leases.holds(key):
             try:  # the owner learnt by the last claim (the owner checks its own lease anyway)
@@ -183,29 +221,50 @@ class Router:
             except (Moved, _Unreachable, _Lapsed):
                 pass  # claimed below: a lapsed lease is taken, and its loss marked (leases.py)
         self._owners.pop(key, None)
+        owner = ""
         for _ in range(_ATTEMPTS):
-            claim = await self.leases.claim(key)
-            if claim.mine:
-                return await self._here(key, local, claim.epoch)
-            self._remember(key, claim.owner, claim.expires)
+            where = await self.place(key)
+            if isinstance(where, Here):
+                return where
+            owner = where.url
+            self._remember(key, owner, where.expires)
             try:
-                return await self._forward_watched(key, claim.owner, claim.expires, tool, arguments, tenant)
+                return await self._forward_watched(key, owner, where.expires, tool, arguments, tenant)
             except Moved:
                 self._owners.pop(key, None)
                 continue
             except _Lapsed:
                 self._owners.pop(key, None)
-                logger.warning("the replica %s let its lease lapse during a call: taking the call over", claim.owner)
+                logger.warning("the replica %s let its lease lapse during a call: taking the call over", owner)
                 continue
             except _Unreachable as exc:
                 self._owners.pop(key, None)
-                logger.warning("the replica %s does not answer (%s): waiting for its lease to expire", claim.owner, exc)
-                await anyio.sleep(min(max(claim.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
-        return error_result("the replica running this conversation does not answer: retry in a moment")
+                logger.warning("the replica %s does not answer (%s): waiting for its lease to expire", owner, exc)
+                await anyio.sleep(min(max(where.expires - time.time(), 0.0), self.leases.ttl) + 0.05)
+        said = "the replica running this conversation does not answer: retry in a moment"
+        return Forwarded(owner, error_result(said))
+
+    async def accept(self, key: str, draining: bool) -> Here:
+        """Whether a call another replica forwarded here runs here: :class:`Here` if this replica holds
+        (or can take) conversation ``key``'s lease. ``draining``: this replica takes no lease; one it
+        still holds has a call going (the call answers that the server is shutting down), one it gave
+        back sends the caller to claim it.
+
+        Raises:
+            Moved: another replica holds it (or may take it). WorkspaceError: see :meth:`place`.
+        """
+        if draining:
+            if self.leases.holds(key):
+                return Here(self.leases.epoch(key))
+            raise Moved(self.me)
+        where = await self.place(key)
+        if isinstance(where, Owner):
+            raise Moved(where.url)
+        return where
 
     async def _forward_watched(
         self, key: str, owner: str, expires: float, tool: str, arguments: dict[str, Any] | None, tenant: str
-    ) -> types.CallToolResult:
+    ) -> Forwarded:
         """``forward`` to ``owner``, cancelled once ``owner``'s lease of ``key`` expired unrenewed.
 
         Raises:
@@ -228,7 +287,7 @@ class Router:
             raise _Lapsed(owner)
         if isinstance(outcome[0], Exception):
             raise outcome[0]
-        return outcome[0]
+        return Forwarded(owner, outcome[0])
 
     async def _lapse(self, key: str, owner: str, expires: float) -> None:
         """Return once ``owner``'s lease of ``key`` is no longer ``owner``'s or expired (read again at
@@ -243,21 +302,3 @@ class Router:
             if held is None or held[0] != owner or held[1] <= time.time():
                 return
             expires = held[1]
-
-    async def serve_forwarded(self, key: str, local: Local, draining: bool) -> types.CallToolResult:
-        """A call another replica forwarded here: run it if this replica holds (or can take) the lease.
-        ``draining``: this replica takes no lease; one it still holds has a call going (``local``
-        answers that the server is shutting down), one it gave back sends the caller to claim it.
-
-        Raises:
-            Moved: another replica holds it (or may take it). WorkspaceError: the database cannot be reached.
-        """
-        if draining:
-            if self.leases.holds(key):
-                return await local()
-            raise Moved(self.me)
-        with self.leases.calling(key):
-            claim = await self.leases.claim(key)
-            if not claim.mine:
-                raise Moved(claim.owner)
-            return await self._here(key, local, claim.epoch)

@@ -28,10 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
+from mcp_sandbox.replicas.forward import Forwarded, Here
 from mcp_sandbox.replicas.refusals import http_status
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.routes.downloads import CHUNK, download_route, problem
-from mcp_sandbox.server.routes.replica_files import forward_upload
+from mcp_sandbox.server.routes.replica_files import stored_by_owner, upload_arguments
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import check_conversation_id, check_filename
 
@@ -143,6 +144,10 @@ async def _batched(stream: AsyncIterator[bytes], size: int = CHUNK) -> AsyncIter
         yield bytes(buffer)
 
 
+async def _once(content: bytes) -> AsyncIterator[bytes]:
+    yield content
+
+
 def _upload(service: Service) -> Callable[[Request], Any]:
     uploads = _Uploads(service.settings.http.tenant_uploads, service.settings.http.upload_workers)
 
@@ -153,12 +158,15 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         key = service.workspaces.key(tenant, conversation)
         if (router := service.router) is None:
             return await store_here(tenant, conversation, key, filename, stream, declared)
-        with router.leases.calling(key):  # the lease is kept from the claim until the file is stored
-            claim = await router.leases.claim(key)
-            if not claim.mine:  # another replica runs this conversation: the file goes there
-                return await forward_upload(service, store, tenant, conversation, filename, stream)
-            await router.ready(key, claim.epoch)
-            return await store_here(tenant, conversation, key, filename, stream, declared)
+        with router.calling(key):  # the lease is kept from the claim until the file is stored
+            if isinstance(await router.place(key), Here):
+                return await store_here(tenant, conversation, key, filename, stream, declared)
+            # Another replica runs this conversation: the file goes there, read whole first.
+            content = b"".join([chunk async for chunk in stream])
+            where = await router.route(key, "upload_file", upload_arguments(conversation, filename, content), tenant)
+            if isinstance(where, Forwarded):
+                return stored_by_owner(where)
+            return await store_here(tenant, conversation, key, filename, _once(content), 0)  # taken over meanwhile
 
     async def store_here(
         tenant: str, conversation: str, key: str, filename: str, stream: AsyncIterator[bytes], declared: int

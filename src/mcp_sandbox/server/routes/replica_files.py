@@ -1,26 +1,25 @@
 """Files among replicas: an upload stored by the replica running its conversation; the copy downloads read.
 
 A conversation's live session runs on the replica holding its lease (:mod:`mcp_sandbox.replicas`):
-an upload that lands on another replica is sent to it as an ``upload_file`` call, so the session
-sees the file at once, and the owner enforces the quota. A replica's local copy of a
-conversation it does not hold may be left from an earlier lease and stale, so its downloads read
-the object store, which has every acknowledged file.
+an upload that lands on another replica is sent to it as an ``upload_file`` call (the upload
+route acts on the router's decision), so the session sees the file at once, and the owner
+enforces the quota. A replica's local copy of a conversation it does not hold may be left from
+an earlier lease and stale, so its downloads read the object store, which has every
+acknowledged file.
 """
 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import mcp_types as types
 
+from mcp_sandbox.replicas.forward import Forwarded
 from mcp_sandbox.replicas.refusals import refusal_of
 from mcp_sandbox.server.service import Service
 
-__all__ = ["forward_upload", "local_is_current"]
-
-Store = Callable[[str, str, str, AsyncIterator[bytes]], Awaitable[dict[str, Any]]]
+__all__ = ["local_is_current", "stored_by_owner", "upload_arguments"]
 
 
 def local_is_current(service: Service, key: str) -> bool:
@@ -30,33 +29,20 @@ def local_is_current(service: Service, key: str) -> bool:
     return service.mirror is None or router is None or router.leases.holds(key)
 
 
-async def forward_upload(
-    service: Service, store: Store, tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes]
-) -> dict[str, Any]:
-    """Store one file through the replica that runs ``conversation`` (its ``upload_file``): its
-    listing (name, size, url). The body is read whole first (the route's size limit bounds it);
-    ``store`` stores it here if this replica takes the lease meanwhile (the owner went away).
+def upload_arguments(conversation: str, filename: str, content: bytes) -> dict[str, Any]:
+    """The ``upload_file`` call that stores ``content`` through the replica that runs ``conversation``
+    (the route's size limit bounds it)."""
+    return {"conversationId": conversation, "filename": filename, "content": base64.b64encode(content).decode()}
+
+
+def stored_by_owner(forwarded: Forwarded) -> dict[str, Any]:
+    """The owner's listing (name, size, url) of the file its ``upload_file`` stored.
 
     Raises:
         WorkspaceError: the owner refused it (its message says why; a QuotaExceededError or a
             DiskFullError when it was one, so the HTTP status is the owner's own).
     """
-    router = service.router
-    if router is None:
-        raise RuntimeError("an upload is forwarded only among replicas")
-    content = b"".join([chunk async for chunk in stream])
-    encoded = base64.b64encode(content).decode()
-    arguments = {"conversationId": conversation, "filename": filename, "content": encoded}
-
-    async def here() -> types.CallToolResult:
-        async def once() -> AsyncIterator[bytes]:
-            yield content
-
-        stored = await store(tenant, conversation, filename, once())
-        return types.CallToolResult(content=[], structured_content=stored)
-
-    key = service.workspaces.key(tenant, conversation)
-    result = await router.call("upload_file", arguments, tenant, key, here)
+    result = forwarded.result
     if result.is_error or result.structured_content is None:
         text = " ".join(block.text for block in result.content if isinstance(block, types.TextContent))
         raise refusal_of(result.meta, text or "the replica running this conversation refused the upload")

@@ -6,6 +6,7 @@ Errors become tool results in these two modules only.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from mcp_types import INVALID_PARAMS
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
-from mcp_sandbox.replicas.forward import FORWARDED_TOOLS
+from mcp_sandbox.replicas.forward import FORWARDED_TOOLS, Forwarded
 from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
@@ -95,23 +96,22 @@ class ToolHandlers:
         name, raw = params.name, params.arguments
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
         router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
-        if router is not None and (key := self._replica_key(raw, tenant)) is not None:
-
-            async def local() -> types.CallToolResult:
+        if router is None or (key := self._replica_key(raw, tenant)) is None:
+            return await self._local(ctx, name, raw, tenant)
+        # A fork runs on the replica of its source, whose interpreter holds the variables it carries;
+        # there the new conversation is claimed in turn.
+        source = self._replica_key(raw, tenant, "forkFrom")
+        claimed = [source, key] if source is not None and source != key else [key]
+        try:
+            with contextlib.ExitStack() as leases:
+                for conversation in claimed:
+                    leases.enter_context(router.calling(conversation))  # kept until the call ends
+                    where = await router.route(conversation, name, raw, tenant)
+                    if isinstance(where, Forwarded):
+                        return where.result
                 return await self._local(ctx, name, raw, tenant)
-
-            async def new_conversation() -> types.CallToolResult:  # claimed where its source lives
-                return await router.call(name, raw, tenant, key, local)
-
-            try:
-                # A fork runs on the replica of its source, whose interpreter holds the variables it carries.
-                source = self._replica_key(raw, tenant, "forkFrom")
-                if source is not None and source != key:
-                    return await router.call(name, raw, tenant, source, new_conversation)
-                return await router.call(name, raw, tenant, key, local)
-            except WorkspaceError as exc:
-                return _error_result(str(exc))
-        return await self._local(ctx, name, raw, tenant)
+        except WorkspaceError as exc:
+            return _error_result(str(exc))
 
     async def forwarded(self, name: str, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
         """A call another replica forwarded here (no progress is reported).
@@ -123,12 +123,10 @@ class ToolHandlers:
         key = self._replica_key(raw, tenant)
         if router is None or key is None:
             return await self._local(None, name, raw, tenant)
-
-        async def local() -> types.CallToolResult:
-            return await self._local(None, name, raw, tenant)
-
         try:
-            return await router.serve_forwarded(key, local, self._service.lifecycle.draining)
+            with router.calling(key):
+                await router.accept(key, self._service.lifecycle.draining)  # else Moved: the caller claims again
+                return await self._local(None, name, raw, tenant)
         except WorkspaceError as exc:
             return _error_result(str(exc))
 
