@@ -237,7 +237,7 @@ def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(
         assert secret.encode() not in raw
         assert not any(secret in value for value in values)
     # The one exception by design: with database_url, replicas share the server secret through
-    # server_secret (workspace/shared_secret.py); recording runs never writes it.
+    # server_secret (replicas/shared_secret.py); recording runs never writes it.
     assert metadata_target.query("SELECT * FROM server_secret") == []
     assert not [
         (table, column)

@@ -1,6 +1,6 @@
 """Requests between replicas, signed: an HMAC of the timestamp and the body with a key of the shared secret.
 
-Only replicas hold the server secret (the database shares it, :mod:`~mcp_sandbox.workspace.shared_secret`),
+Only replicas hold the server secret (the database shares it, :mod:`.shared_secret`),
 so only they can sign. A signature is accepted within :data:`WINDOW` seconds of its timestamp
 (the replicas' clocks agree within that) and once: a replayed request is refused, and the body
 names the replica it is for, so it cannot be replayed at another. Once means across restarts

@@ -42,6 +42,7 @@ from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.opening import open_mirror
 from mcp_sandbox.replicas.running import open_replica
+from mcp_sandbox.replicas.shared_secret import load_shared_secret
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.audit_trail import REFUSALS_INTERVAL, auditor, flush_periodically
 from mcp_sandbox.server.history import History
@@ -60,7 +61,6 @@ from mcp_sandbox.workspace import (
 )
 from mcp_sandbox.workspace.fencing import Fence
 from mcp_sandbox.workspace.runner_data import RunnerData, import_runner_data
-from mcp_sandbox.workspace.shared_secret import load_shared_secret
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
 

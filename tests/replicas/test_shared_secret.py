@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_sandbox.replicas.shared_secret import load_shared_secret
 from mcp_sandbox.workspace import Metadata
-from mcp_sandbox.workspace.shared_secret import load_shared_secret
 from postgres_helpers import MetadataTarget
 
 
