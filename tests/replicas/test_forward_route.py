@@ -17,8 +17,8 @@ import uvicorn
 
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.forward import Forwarder
+from mcp_sandbox.replicas.internal_route import with_internal_route
 from mcp_sandbox.replicas.signing import Verifier
-from mcp_sandbox.server.routes.internal import with_internal_route
 
 pytestmark = pytest.mark.anyio
 

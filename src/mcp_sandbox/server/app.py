@@ -189,11 +189,11 @@ async def _serve_http(
     settings: Settings, tokens: TokenTable, signals: StopSignals, listeners: list[socket.socket]
 ) -> None:
     """Open the service and serve it over HTTP (see :func:`serve`)."""
+    from mcp_sandbox.replicas.internal_route import with_internal_route
     from mcp_sandbox.server.auth.tokens import DEFAULT_TENANT
     from mcp_sandbox.server.routes.conversations import conversation_routes
     from mcp_sandbox.server.routes.files import file_routes
     from mcp_sandbox.server.routes.health import HEALTH_PATH, READY_PATH, health_routes
-    from mcp_sandbox.server.routes.internal import with_internal_route
     from mcp_sandbox.server.routes.metrics import METRICS_PATH, metrics_route
     from mcp_sandbox.server.routes.playground import playground_routes
     from mcp_sandbox.server.routes.renew import renew_routes

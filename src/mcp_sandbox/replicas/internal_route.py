@@ -1,6 +1,6 @@
 """``POST /internal/v1/call``: a tool call another replica forwarded here, signed with the shared secret.
 
-Not for clients: no bearer token is asked, the signature is (:mod:`~mcp_sandbox.replicas.signing`);
+Not for clients: no bearer token is asked, the signature is (:mod:`.signing`);
 anything unsigned, stale, replayed (even across a restart), meant for another replica or naming an unknown tenant is
 refused (401, 400) before anything runs. The call runs as the tenant the body names, and its tool
 result is the answer; 409 says this replica does not hold the conversation (the caller claims
