@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
-from mcp_sandbox.server.routes.replica_files import local_is_current
+from mcp_sandbox.replicas.files import local_is_current
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.server.urls import FILES_PATH
 from mcp_sandbox.workspace import OpenFile, check_filename
@@ -116,7 +116,7 @@ def _download(service: Service) -> Callable[[Request], Any]:
         key = params["conversation"]
         try:
             check_filename(name)
-            if not local_is_current(service, key):
+            if not local_is_current(service.mirror, service.router, key):
                 raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(service.workspaces.open_file, key, name)
         except UnavailableError:

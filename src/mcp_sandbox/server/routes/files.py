@@ -28,11 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mcp_sandbox.errors import BusyError, QuotaExceededError, UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
+from mcp_sandbox.replicas.files import stored_by_owner, upload_arguments
 from mcp_sandbox.replicas.forward import Forwarded, Here
 from mcp_sandbox.replicas.refusals import http_status
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.routes.downloads import CHUNK, download_route, problem
-from mcp_sandbox.server.routes.replica_files import stored_by_owner, upload_arguments
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import check_conversation_id, check_filename
 

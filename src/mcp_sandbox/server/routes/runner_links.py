@@ -25,10 +25,10 @@ from starlette.routing import BaseRoute, Route
 
 from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
+from mcp_sandbox.replicas.files import local_is_current
 from mcp_sandbox.replicas.imported import linked_names
 from mcp_sandbox.replicas.links import linked
 from mcp_sandbox.server.routes.downloads import file_response
-from mcp_sandbox.server.routes.replica_files import local_is_current
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import OpenFile, check_filename
 
@@ -45,7 +45,7 @@ def _serve(service: Service) -> Callable[[Request], Any]:
             if data is None:
                 raise WorkspaceError("no such file")
             key = await anyio.to_thread.run_sync(data.key_of, digest)
-            if key is not None and not local_is_current(service, key):
+            if key is not None and not local_is_current(service.mirror, service.router, key):
                 raise WorkspaceError("another replica runs this conversation")
             opened = await anyio.to_thread.run_sync(data.open_file, digest, name)
         except UnavailableError:

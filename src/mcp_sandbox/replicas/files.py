@@ -1,6 +1,6 @@
 """Files among replicas: an upload stored by the replica running its conversation; the copy downloads read.
 
-A conversation's live session runs on the replica holding its lease (:mod:`mcp_sandbox.replicas`):
+A conversation's live session runs on the replica holding its lease (:mod:`.leases`):
 an upload that lands on another replica is sent to it as an ``upload_file`` call (the upload
 route acts on the router's decision), so the session sees the file at once, and the owner
 enforces the quota. A replica's local copy of a conversation it does not hold may be left from
@@ -15,18 +15,17 @@ from typing import Any
 
 import mcp_types as types
 
-from mcp_sandbox.replicas.forward import Forwarded
+from mcp_sandbox.replicas.forward import Forwarded, Router
+from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.refusals import refusal_of
-from mcp_sandbox.server.service import Service
 
 __all__ = ["local_is_current", "stored_by_owner", "upload_arguments"]
 
 
-def local_is_current(service: Service, key: str) -> bool:
+def local_is_current(mirror: Mirror | None, router: Router | None, key: str) -> bool:
     """Whether this server's copy of conversation ``key`` is the one to serve: always for one server;
     among replicas, only while this one holds its lease."""
-    router = service.router
-    return service.mirror is None or router is None or router.leases.holds(key)
+    return mirror is None or router is None or router.leases.holds(key)
 
 
 def upload_arguments(conversation: str, filename: str, content: bytes) -> dict[str, Any]:
