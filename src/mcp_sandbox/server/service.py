@@ -38,6 +38,7 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub, FilesUnsaved
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
 from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.opening import open_mirror
@@ -46,7 +47,6 @@ from mcp_sandbox.replicas.shared_secret import load_shared_secret
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.audit_trail import REFUSALS_INTERVAL, auditor, flush_periodically
 from mcp_sandbox.server.history import History
-from mcp_sandbox.server.idle_writes import IdleWrites, flushed
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.urls import UrlSigner
@@ -354,7 +354,17 @@ async def open_service(
             events.subscribe(service.metrics.observe)
             events.subscribe(History(metadata, writes).observe)
             service.lifecycle.on_reload("servers", service.reload_servers)
-            idle = None if mirror is None else IdleWrites.started(service, group)  # later writes of sessions
+            idle = None  # later writes of sessions
+            if mirror is not None:
+                idle = IdleWrites(
+                    service.write_back,
+                    engine.live_sessions,
+                    lambda: service.in_use,
+                    lambda key: service.router is None or service.router.leases.holds(key),
+                    settings.paths.write_back_interval,
+                )
+                events.subscribe(idle.observe)
+                group.start_soon(idle.run)
             if http and settings.http.replica_url is not None:
                 service.router = await replica.enter_async_context(
                     open_replica(

@@ -13,35 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from typing import Protocol
 
 import anyio
-from anyio.abc import TaskGroup
 
-from mcp_sandbox.config import Settings
-from mcp_sandbox.engine import Engine
-from mcp_sandbox.events import Event, EventHub, RunFinished
-from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.events import Event, RunFinished
 
 __all__ = ["IdleWrites", "flushed"]
 
 logger = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 30.0  # the most a drain or a shutdown waits for the last write-backs
-
-
-class _Service(Protocol):
-    """What of the service (``server/service.py``) this needs."""
-
-    settings: Settings
-    engine: Engine
-    events: EventHub
-    router: Router | None
-
-    @property
-    def in_use(self) -> Collection[str]: ...
-
-    async def write_back(self, key: str) -> tuple[str, ...]: ...
 
 
 class IdleWrites:
@@ -63,20 +44,6 @@ class IdleWrites:
         self._holds = holds
         self._interval = interval
         self.pending: set[str] = set()
-
-    @classmethod
-    def started(cls, service: _Service, group: TaskGroup) -> IdleWrites:
-        """Subscribed to ``service``'s runs and writing back in ``group`` (until it is cancelled)."""
-        idle = cls(
-            service.write_back,
-            service.engine.live_sessions,
-            lambda: service.in_use,
-            lambda key: service.router is None or service.router.leases.holds(key),
-            service.settings.paths.write_back_interval,
-        )
-        service.events.subscribe(idle.observe)
-        group.start_soon(idle.run)
-        return idle
 
     def observe(self, event: Event) -> None:
         """An observer of the event hub: a conversation's finished run makes it pending."""
