@@ -205,10 +205,10 @@ async def test_retention_deletes_a_conversations_objects_with_its_directory(
     async with open_service(settings, http=True) as service:
         key = service.workspaces.key("alice", new_conversation())
         with service.using(key):
-            await service.touch(key, "alice")
+            await service.storage.touch(key, "alice")
             await anyio.to_thread.run_sync(service.workspaces.write_file, key, "kept.txt", b"kept")
-            await service.refresh_files(key)
-            await service.write_back(key)
+            await service.storage.refresh_files(key)
+            await service.storage.write_back(key)
         assert set(_files(s3_endpoint, url)) == {"kept.txt"}
         with sqlite3.connect(state_dir / "metadata.sqlite3") as db:
             db.execute("UPDATE conversations SET last_used = 0")  # idle since 1970

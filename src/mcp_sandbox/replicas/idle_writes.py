@@ -35,15 +35,17 @@ class IdleWrites:
         busy: Callable[[], Collection[str]],
         holds: Callable[[str], bool] | None,
         interval: float,
+        pending: set[str],
     ) -> None:
         """``live``: conversations with a session; ``busy``: with a call in flight (it writes back
-        itself); ``holds``: whether this replica holds a conversation's lease (None: one server)."""
+        itself); ``holds``: whether this replica holds a conversation's lease (None: one server);
+        ``pending``: the set kept of the conversations to write back (shared: they are busy)."""
         self._write_back = write_back
         self._live = live
         self._busy = busy
         self._holds = holds
         self._interval = interval
-        self.pending: set[str] = set()
+        self.pending = pending
 
     def observe(self, event: Event) -> None:
         """An observer of the event hub: a conversation's finished run makes it pending."""

@@ -15,29 +15,32 @@ from mcp_sandbox.replicas.signing import Verifier
 from mcp_sandbox.workspace.database import Database
 from mcp_sandbox.workspace.secret import derive_key
 
-__all__ = ["FORWARD_KEY", "open_replica"]
+__all__ = ["FORWARD_KEY", "open_replica", "replica_leases"]
 
 FORWARD_KEY = "replica-forward"  # the purpose of the key that signs forwarded calls
 # A forwarded call may run for the longest time limit, and its answer then be written.
 _ANSWER_SLACK = 60.0
 
 
+def replica_leases(
+    settings: Settings, database: Database, fence: Callable[[str], Awaitable[object]], active: Callable[[], set[str]]
+) -> Leases:
+    """The leases of replica ``settings.http.replica_url`` (see :class:`.Leases` for ``fence`` and ``active``)."""
+    me = settings.http.replica_url
+    if me is None:
+        raise RuntimeError("replica_leases needs replica_url")
+    return Leases(LeaseTable(database, me), settings.http.replica_lease, fence, active)
+
+
 @contextlib.asynccontextmanager
 async def open_replica(
-    settings: Settings,
-    database: Database,
-    secret: bytes,
-    fence: Callable[[str], Awaitable[object]],
-    active: Callable[[], set[str]],
-    restore: Callable[[str, int], Awaitable[None]],
+    settings: Settings, leases: Leases, secret: bytes, restore: Callable[[str, int], Awaitable[None]]
 ) -> AsyncIterator[Router]:
-    """The router of replica ``settings.http.replica_url``; its leases are released (bounded) when the
-    block exits. The caller runs ``router.leases.keep()`` in a task group of its own meanwhile."""
+    """The router of replica ``settings.http.replica_url`` over ``leases``, which are released (bounded)
+    when the block exits. The caller runs ``leases.keep()`` in a task group of its own meanwhile."""
     me, url = settings.http.replica_url, settings.paths.database_url
     if me is None or url is None:
         raise RuntimeError("open_replica needs replica_url and database_url")
-    ttl = settings.http.replica_lease
-    leases = Leases(LeaseTable(database, me), ttl, fence, active)
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
     idle = settings.http.keep_alive_timeout / 2

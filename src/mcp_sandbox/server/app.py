@@ -212,7 +212,7 @@ async def _serve_http(
             *conversation_routes(service, guard),
             *runner_link_routes(service),
             *health_routes(service.ready),
-            metrics_route(lambda: settings.http.metrics_token, service.metrics_or_fail()),
+            metrics_route(lambda: settings.http.metrics_token, service.metrics),
             *playground_routes(),
         ]
         # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:

@@ -3,29 +3,27 @@
 :func:`open_service` owns them all for the server's lifetime (stdio or HTTP): it checks the
 backend, opens the metadata database, loads (or creates) the server secret, sweeps retention
 at start and then periodically, and closes sessions and downstream servers on the way out.
-It also owns what watches the service: the event hub the engine, the bridge and the routes
-emit to, the metrics, the audit log and the run history subscribed to it, and the lifecycle
-(drain, reload). With ``replica_url``, it holds the replica's leases and forwarding
-(:mod:`mcp_sandbox.replicas`), given back on drain and at the end.
+Small openers build the parts first (the stores, the replication, the observers: the event
+hub's metrics, audit log and run history), then :class:`Service` is built once with all it
+owns; nothing is assigned to it later. With ``replica_url``, it holds the replica's leases and
+forwarding (:mod:`mcp_sandbox.replicas`), given back on drain and at the end.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
 import gc
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Collection, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import NamedTuple
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
+from anyio.abc import TaskGroup
 
 from mcp_sandbox.audit import AuditLog, Tally
 from mcp_sandbox.bridge.discovery import Discovery, discover
@@ -35,31 +33,25 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
-from mcp_sandbox.events import EventHub, FilesUnsaved
+from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
-from mcp_sandbox.replicas.imported import record_names
-from mcp_sandbox.replicas.mirror import Changes, Mirror
+from mcp_sandbox.replicas.leases import Leases
+from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.opening import open_mirror
-from mcp_sandbox.replicas.running import open_replica
+from mcp_sandbox.replicas.running import open_replica, replica_leases
 from mcp_sandbox.replicas.shared_secret import load_shared_secret
 from mcp_sandbox.sandbox.backends.base import Backend
 from mcp_sandbox.server.audit_trail import REFUSALS_INTERVAL, auditor, flush_periodically
+from mcp_sandbox.server.busy import Busy
 from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
+from mcp_sandbox.server.storage import Storage
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import (
-    FileEntry,
-    Metadata,
-    WorkspaceStore,
-    derive_key,
-    load_secret,
-    sweep,
-)
-from mcp_sandbox.workspace.fencing import Fence
+from mcp_sandbox.workspace import Metadata, WorkspaceStore, derive_key, load_secret, sweep
 from mcp_sandbox.workspace.runner_data import RunnerData, import_runner_data
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
@@ -69,46 +61,51 @@ logger = logging.getLogger(__name__)
 RETENTION_INTERVAL = 300.0  # the default of settings.retention_interval (a sweep also runs at start)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Service:
-    """Everything a tool call or a file route needs. ``http``: download URLs exist."""
+    """Everything a tool call or a file route needs, built once by :func:`open_service`. ``http``:
+    download URLs exist."""
 
     settings: Settings
     engine: Engine
     mediator: Mediator
-    workspaces: WorkspaceStore
-    metadata: Metadata
+    # The conversations' files and records; each step in a worker thread.
+    storage: Storage
     urls: UrlSigner
     http: bool
     # Each tenant's egress rules, checked once at start (a malformed pattern refuses to start).
     egress: TenantEgress
-    events: EventHub = dataclasses.field(default_factory=EventHub)
-    lifecycle: Lifecycle = dataclasses.field(default_factory=Lifecycle)
-    metrics: Metrics | None = None
-    # The earlier code runner's data, imported at start (its SANDBOX_ROOT and FILE_SECRET set).
-    runner_data: RunnerData | None = None
+    events: EventHub
+    lifecycle: Lifecycle
+    metrics: Metrics
+    # Which conversations are busy here: retention and the leases leave them alone.
+    busy: Busy
     # With replica_url: which replica runs each conversation, and the forwarding to it.
-    router: Router | None = None
-    # The workspaces' copy in the object store (object_store_url), else None: local disk only.
-    mirror: Mirror | None = None
+    router: Router | None
     # The server secret (shared through the database when database_url is set): keys derive from it.
-    secret: bytes = dataclasses.field(default=b"", repr=False)
+    secret: bytes = dataclasses.field(repr=False)
 
-    in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    @property
+    def workspaces(self) -> WorkspaceStore:
+        return self.storage.workspaces
 
-    @contextlib.contextmanager
-    def using(self, key: str | None) -> Iterator[None]:
-        """Mark a conversation busy for the block, so retention spares it."""
-        if key is None:
-            yield
-            return
-        self.in_use[key] += 1
-        try:
-            yield
-        finally:
-            self.in_use[key] -= 1
-            if not self.in_use[key]:
-                del self.in_use[key]
+    @property
+    def metadata(self) -> Metadata:
+        return self.storage.metadata
+
+    @property
+    def mirror(self) -> Mirror | None:
+        """The workspaces' copy in the object store (object_store_url), else None: local disk only."""
+        return self.storage.mirror
+
+    @property
+    def runner_data(self) -> RunnerData | None:
+        """The earlier code runner's data, imported at start (its SANDBOX_ROOT and FILE_SECRET set)."""
+        return self.storage.runner_data
+
+    def using(self, key: str | None) -> contextlib.AbstractContextManager[None]:
+        """Mark a conversation busy for the block, so retention spares it (:meth:`.Busy.using`)."""
+        return self.busy.using(key)
 
     def file_url(self, key: str, name: str) -> str | None:
         return self.urls.file_url(key, name, time.time()) if self.http else None
@@ -116,121 +113,9 @@ class Service:
     def file_base_url(self, key: str) -> str | None:
         return self.urls.base_url(key, time.time()) if self.http else None
 
-    async def touch(self, key: str, tenant: str, conversation: str | None = None) -> Path:
-        """Create the conversation's directory if needed and mark it used now (call it within
-        :meth:`using`); ``conversation``, its id, adopts the earlier runner's files imported for it.
-
-        Raises:
-            WorkspaceError: either could not be done (a full disk): a directory this call made
-                is removed again, so no conversation has a directory without its row.
-        """
-        existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
-        # First seen here: another server of the store may have written it (replicas restore per lease).
-        if not existed and self.mirror is not None and self.router is None:
-            restored = await anyio.to_thread.run_sync(
-                self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant
-            )
-            self._count_unsaved(key, restored)
-        directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
-        try:
-            await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
-        except WorkspaceError:
-            if not existed and self.in_use[key] <= 1:  # no other request of this conversation in flight
-                with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
-                    await anyio.to_thread.run_sync(os.rmdir, directory)  # only while empty
-            raise
-        if conversation is not None and self.runner_data is not None:
-            adopted = await anyio.to_thread.run_sync(self.runner_data.adopt, tenant, conversation, key)
-            if adopted and self.mirror is not None:  # its old links answer through every replica
-                digest = self.runner_data.digest(conversation)
-                names = await anyio.to_thread.run_sync(self.runner_data.names_of, digest)
-                with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
-                    if names is not None:  # first: a replica finding the link finds what it may serve
-                        await anyio.to_thread.run_sync(record_names, self.mirror.objects, digest, names)
-                    await anyio.to_thread.run_sync(self.mirror.record_link, digest, key)
-        return directory
-
-    def fence(self, key: str) -> Fence | None:
-        """The lease conversation ``key``'s writes are fenced by now (:mod:`.workspace.fencing`); None: one server."""
-        return None if self.router is None else Fence(self.router.me, self.router.leases.epoch(key))
-
-    async def refresh_files(self, key: str, fence: Fence | None = None) -> list[FileEntry]:
-        """List the conversation's files (never following the sandbox's symlinks) and record them, fenced
-        by ``fence`` (default: :meth:`fence`; LeaseLostError: the lease is lost, nothing was recorded).
-
-        A listing the metadata database cannot record (a full disk) is still returned: the index
-        is brought up to date by the next listing, and retention measures the disk anyway.
-        """
-        lease = fence or self.fence(key)
-        return await anyio.to_thread.run_sync(self.metadata.record_listing, key, self.workspaces.list_files, lease)
-
-    async def write_back(self, key: str, fence: Fence | None = None) -> tuple[str, ...]:
-        """Copy conversation ``key``'s changed files to the object store (no-op without one), fenced by
-        ``fence`` (default: :meth:`fence`); call it before answering a run or acknowledging an upload.
-        Returns the files it could not store (counted): the rest are stored, and the index with them.
-
-        Raises:
-            WorkspaceError: the store refused or could not be reached; LeaseLostError: the lease is lost.
-        """
-        if self.mirror is None:
-            return ()
-        check = self.metadata.fence_check(key, lease := fence or self.fence(key))
-        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
-        self._count_unsaved(key, changes)
-        return changes.unsaved
-
-    def _count_unsaved(self, key: str, changes: Changes) -> None:
-        if changes.unsaved:
-            self.events.emit(FilesUnsaved(key, "write_back", len(changes.unsaved)))
-        if changes.lost:
-            self.events.emit(FilesUnsaved(key, "restore", len(changes.lost)))
-
-    async def restore_files(self, key: str, epoch: int) -> None:
-        """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
-        one): a replica taking over a conversation another one served calls it first, in lease ``epoch``.
-
-        Raises:
-            WorkspaceError: the store or the disk refused.
-        """
-        if self.mirror is not None:
-            tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
-            restore = functools.partial(self.mirror.restore, key, tenant, epoch)
-            restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, restore)
-            self._count_unsaved(key, restored)
-
-    def metrics_or_fail(self) -> Metrics:
-        """The metrics :func:`open_service` made (a Service built by hand has none)."""
-        if self.metrics is None:
-            raise RuntimeError("this service was not opened with open_service: it has no metrics")
-        return self.metrics
-
     def ready(self) -> bool:
         """Whether runs can be served now: not draining, and the warm pool up where there is one."""
-        if self.lifecycle.draining:
-            return False
-        engine = self.engine
-        if not engine.backend.warm_pool or self.settings.pool.pool_min == 0:
-            return True
-        return engine.pool.up > 0
-
-    def gauges(self) -> dict[str, float]:
-        """What the metrics read at each scrape (called from a worker thread: plain reads only)."""
-        engine = self.engine
-        return {
-            "runs_running": engine.admission.running,
-            "queue_length": engine.admission.waiting,
-            "warm_pool_size": engine.pools.warm_size,  # every host uid's together: no tenant's name in a label
-            "warm_pool_idle": engine.pools.warm_idle,
-            "prestarted_size": engine.pools.prestarted_size,
-            "prestarted_idle": engine.pools.prestarted_ready,
-            "sessions": len(engine.live_sessions()),
-            "draining": float(self.lifecycle.draining),
-            "ready": float(self.ready()),
-        }
-
-    def stored(self) -> dict[str, int]:
-        """Bytes stored per tenant, as the metadata index last recorded them."""
-        return stored_per_tenant((row.tenant, row.bytes) for row in self.metadata.conversations_by_last_use())
+        return _ready(self.engine, self.lifecycle, self.settings.pool.pool_min)
 
     async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
@@ -238,45 +123,47 @@ class Service:
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
-        """Apply the retention policy now; conversations in use here, or leased by any replica, are spared."""
+        """Apply the retention policy now; conversations busy here, or leased by any replica, are spared."""
         forget = None if self.mirror is None else self.mirror.forget
         try:
             leased = set() if self.router is None else await anyio.to_thread.run_sync(self.router.leases.live)
         except WorkspaceError as exc:
             logger.warning("retention skipped: the conversations other replicas use cannot be read: %s", exc)
             return
+        busy = self.busy.from_thread(leased)
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), _Busy(self, leased), forget)
+            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), busy, forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
 
 
-class _Busy(Collection[str]):
-    """The conversations in use, read live from the sweep's worker thread.
+def _ready(engine: Engine, lifecycle: Lifecycle, pool_min: int) -> bool:
+    if lifecycle.draining:
+        return False
+    if not engine.backend.warm_pool or pool_min == 0:
+        return True
+    return engine.pool.up > 0
 
-    Retention checks each conversation just before deleting it; the answer is computed on the
-    event loop, which owns the sessions and the in-use counts.
-    """
 
-    def __init__(self, service: Service, leased: set[str]) -> None:
-        self._service = service
-        self._leased = leased
+def _gauges(engine: Engine, lifecycle: Lifecycle, pool_min: int) -> dict[str, float]:
+    """What the metrics read at each scrape (called from a worker thread: plain reads only)."""
+    return {
+        "runs_running": engine.admission.running,
+        "queue_length": engine.admission.waiting,
+        "warm_pool_size": engine.pools.warm_size,  # every host uid's together: no tenant's name in a label
+        "warm_pool_idle": engine.pools.warm_idle,
+        "prestarted_size": engine.pools.prestarted_size,
+        "prestarted_idle": engine.pools.prestarted_ready,
+        "sessions": len(engine.live_sessions()),
+        "draining": float(lifecycle.draining),
+        "ready": float(_ready(engine, lifecycle, pool_min)),
+    }
 
-    def _snapshot(self) -> set[str]:
-        return set(self._service.engine.live_sessions()) | set(self._service.in_use) | self._leased
 
-    def _keys(self) -> set[str]:
-        return anyio.from_thread.run_sync(self._snapshot)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
-
-    def __len__(self) -> int:
-        return len(self._keys())
+def _stored(metadata: Metadata) -> dict[str, int]:
+    """Bytes stored per tenant, as the metadata index last recorded them."""
+    return stored_per_tenant((row.tenant, row.bytes) for row in metadata.conversations_by_last_use())
 
 
 async def _sweep_periodically(service: Service) -> None:
@@ -286,6 +173,78 @@ async def _sweep_periodically(service: Service) -> None:
         except OSError as exc:
             logger.error("retention sweep failed: %s", exc)
         await anyio.sleep(service.settings.workspaces.retention_interval)
+
+
+async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None) -> Engine:
+    if backend is not None:
+        engine = Engine(settings, backend, events)
+        engine.prepare()
+        return engine
+    # In a worker thread: probing the backend runs processes, and the event loop may be serving.
+    return await anyio.to_thread.run_sync(open_engine, settings, events)
+
+
+class _Stores(NamedTuple):
+    metadata: Metadata
+    secret: bytes
+    workspaces: WorkspaceStore
+    mirror: Mirror | None
+
+
+@contextlib.asynccontextmanager
+async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) -> AsyncIterator[_Stores]:
+    """The metadata index, the server secret, the workspaces and their object-store copy; closed at the end."""
+    # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
+    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
+    logger.info("metadata index: %s", metadata.description)
+    mirror = None
+    try:
+        try:  # with database_url, servers share the secret in the database
+            shared = settings.paths.database_url is not None
+            secret = await anyio.to_thread.run_sync(
+                lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
+            )
+            workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
+            if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
+                logger.info("deleted %d partial uploads a crash left", swept)
+            if settings.paths.object_store_url is not None:
+                mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
+        except BaseException:
+            metadata.close()
+            raise
+        try:
+            yield _Stores(metadata, secret, workspaces, mirror)
+        finally:
+            metadata.close()
+    finally:
+        if mirror is not None:
+            mirror.objects.close()
+
+
+@contextlib.asynccontextmanager
+async def _replication(
+    settings: Settings, leases: Leases | None, secret: bytes, storage: Storage, idle: IdleWrites | None
+) -> AsyncIterator[Router | None]:
+    """The replica's router (None: one server); on the way out, the last idle write-backs, then the
+    leases given back."""
+    async with contextlib.AsyncExitStack() as stack:
+        router = None
+        if leases is not None:
+            router = await stack.enter_async_context(open_replica(settings, leases, secret, storage.restore_files))
+        if idle is not None:  # after the sessions are closed, before the leases are given back
+            stack.push_async_callback(idle.flush)
+        yield router
+
+
+def _observers(
+    settings: Settings, engine: Engine, lifecycle: Lifecycle, metadata: Metadata, events: EventHub, writes: TaskGroup
+) -> Metrics:
+    """The metrics and the run history, subscribed to ``events`` (history written in ``writes``)."""
+    pool_min = settings.pool.pool_min
+    metrics = Metrics(functools.partial(_gauges, engine, lifecycle, pool_min), functools.partial(_stored, metadata))
+    events.subscribe(metrics.observe)
+    events.subscribe(History(metadata, writes).observe)
+    return metrics
 
 
 @contextlib.asynccontextmanager
@@ -302,102 +261,82 @@ async def open_service(
     """
     layout = StateLayout.of(settings)
     egress = TenantEgress(settings)
-    # In a worker thread: probing the backend runs processes, and the event loop may be serving.
     events = EventHub()
-    if backend is None:
-        engine = await anyio.to_thread.run_sync(open_engine, settings, events)
-    else:
-        engine = Engine(settings, backend, events)
-        engine.prepare()
+    engine = await _open_engine(settings, events, backend)
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
-    # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
-    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
-    logger.info("metadata index: %s", metadata.description)
-    try:  # with database_url, servers share the secret in the database
-        shared = settings.paths.database_url is not None
-        secret = await anyio.to_thread.run_sync(
-            lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
-        )
-        workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
-        if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
-            logger.info("deleted %d partial uploads a crash left", swept)
-        mirror = None
-        if settings.paths.object_store_url is not None:
-            mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
-    except BaseException:
-        metadata.close()
-        raise
-    audit = AuditLog.open(layout.audit_log)
-    refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
-    events.subscribe(auditor(audit, refusals))
-    try:
-        urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
-        async with (
-            contextlib.AsyncExitStack() as replica,  # exits last: leases are given back once sessions are closed
-            open_mediator(settings, discovery, events) as mediator,
-            engine.running(),
-            anyio.create_task_group() as group,
-            anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
-        ):
-            service = Service(settings, engine, mediator, workspaces, metadata, urls, http, egress, events)
-            service.mirror, service.secret = mirror, secret
-            service.runner_data = await anyio.to_thread.run_sync(
+    async with _open_stores(settings, layout, engine) as (metadata, secret, workspaces, mirror):
+        audit = AuditLog.open(layout.audit_log)
+        refusals = Tally(audit, "download_refused", REFUSALS_INTERVAL)
+        events.subscribe(auditor(audit, refusals))
+        try:
+            runner_data = await anyio.to_thread.run_sync(
                 import_runner_data,
                 settings.workspaces.runner_data,
                 settings.workspaces.runner_secret,
                 layout.runner_import,
                 workspaces,
             )
-            service.metrics = Metrics(service.gauges, service.stored)
-            events.subscribe(service.metrics.observe)
-            events.subscribe(History(metadata, writes).observe)
-            service.lifecycle.on_reload("servers", service.reload_servers)
+            busy = Busy(engine.live_sessions)
+            leases = None
+            if http and settings.http.replica_url is not None:
+                leases = replica_leases(settings, metadata.database, engine.end_session, busy.now)
+            storage = Storage(workspaces, metadata, events, busy, mirror=mirror, leases=leases, runner_data=runner_data)
             idle = None  # later writes of sessions
             if mirror is not None:
+                holds = None if leases is None else leases.holds
+                interval = settings.paths.write_back_interval
                 idle = IdleWrites(
-                    service.write_back,
-                    engine.live_sessions,
-                    lambda: service.in_use,
-                    lambda key: service.router is None or service.router.leases.holds(key),
-                    settings.paths.write_back_interval,
+                    storage.write_back, engine.live_sessions, busy.in_flight, holds, interval, busy.unsaved
                 )
-                events.subscribe(idle.observe)
-                group.start_soon(idle.run)
-            if http and settings.http.replica_url is not None:
-                service.router = await replica.enter_async_context(
-                    open_replica(
-                        settings,
-                        metadata.database,
-                        secret,
-                        engine.end_session,
-                        lambda: engine.live_sessions() | set(service.in_use) | (idle.pending if idle else set()),
-                        service.restore_files,
+            urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
+            lifecycle = Lifecycle()
+            async with (
+                _replication(settings, leases, secret, storage, idle) as router,  # exits last
+                open_mediator(settings, discovery, events) as mediator,
+                engine.running(),
+                anyio.create_task_group() as group,
+                anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
+            ):
+                metrics = _observers(settings, engine, lifecycle, metadata, events, writes)
+                service = Service(
+                    settings=settings,
+                    engine=engine,
+                    mediator=mediator,
+                    storage=storage,
+                    urls=urls,
+                    http=http,
+                    egress=egress,
+                    events=events,
+                    lifecycle=lifecycle,
+                    metrics=metrics,
+                    busy=busy,
+                    router=router,
+                    secret=secret,
+                )
+                lifecycle.on_reload("servers", service.reload_servers)
+                if idle is not None:
+                    events.subscribe(idle.observe)
+                    group.start_soon(idle.run)
+                if leases is not None:
+                    group.start_soon(leases.keep)
+                    held = leases
+                    lifecycle.on_drain(
+                        lambda: flushed(idle, held.release_all(keep=busy.in_flight())),
+                        lambda: flushed(idle, held.release_all()),
                     )
-                )
-                group.start_soon(service.router.leases.keep)
-                leases = service.router.leases
-                service.lifecycle.on_drain(
-                    lambda: flushed(idle, leases.release_all(keep=set(service.in_use))),
-                    lambda: flushed(idle, leases.release_all()),
-                )
-            if idle is not None:  # after the sessions are closed, before the leases are given back
-                replica.push_async_callback(idle.flush)
-            group.start_soon(_sweep_periodically, service)
-            group.start_soon(flush_periodically, refusals)
-            # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
-            # service: the cyclic GC stops walking it, whose full collections otherwise stall a
-            # run now and then.
-            gc.freeze()
-            try:
-                yield service
-            finally:
-                gc.unfreeze()
-                group.cancel_scope.cancel()
-    finally:
-        refusals.flush()
-        audit.close()
-        metadata.close()
-        if mirror is not None:
-            mirror.objects.close()
+                group.start_soon(_sweep_periodically, service)
+                group.start_soon(flush_periodically, refusals)
+                # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
+                # service: the cyclic GC stops walking it, whose full collections otherwise stall a
+                # run now and then.
+                gc.freeze()
+                try:
+                    yield service
+                finally:
+                    gc.unfreeze()
+                    group.cancel_scope.cancel()
+        finally:
+            refusals.flush()
+            audit.close()

@@ -175,11 +175,11 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         started = time.perf_counter()
         # Among replicas, what it records is fenced by the lease it holds now: a replica stalled past
         # its lease meanwhile (another took it over) records nothing (workspace/fencing.py).
-        fence, limits = service.fence(key), service.settings.workspaces
+        fence, limits = service.storage.fence(key), service.settings.workspaces
         admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
         try:
             with service.using(key):
-                await service.touch(key, tenant, conversation)
+                await service.storage.touch(key, tenant, conversation)
                 pending = await anyio.to_thread.run_sync(
                     service.workspaces.begin_write, key, filename, tenant, limiter=workers
                 )
@@ -192,8 +192,9 @@ def _upload(service: Service) -> Callable[[Request], Any]:
                 finally:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(pending.abort, limiter=workers)
-                await service.refresh_files(key, fence)
-                if entry.name in await service.write_back(key, fence):  # in the object store before it is acknowledged
+                await service.storage.refresh_files(key, fence)
+                # In the object store before it is acknowledged.
+                if entry.name in await service.storage.write_back(key, fence):
                     raise WorkspaceError(f"{entry.name}: the object store did not take the file; upload it again")
         except (QuotaExceededError, WorkspaceError, ClientDisconnect) as exc:
             outcome = {QuotaExceededError: "quota", ClientDisconnect: "disconnected"}.get(type(exc), "refused")

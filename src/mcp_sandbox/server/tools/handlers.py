@@ -168,15 +168,16 @@ class ToolHandlers:
             arguments = parse(UploadFileArguments, raw, self._context)
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
-                fence = service.fence(key)  # the lease this call runs under (see workspace/fencing.py)
+                fence = service.storage.fence(key)  # the lease this call runs under (see workspace/fencing.py)
                 limits = service.settings.workspaces
                 admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
-                await service.touch(key, tenant, arguments.conversation)
+                await service.storage.touch(key, tenant, arguments.conversation)
                 entry = await anyio.to_thread.run_sync(
                     service.workspaces.write_file, key, arguments.filename, iter([arguments.content]), None, admit
                 )
-                await service.refresh_files(key, fence)
-                if entry.name in await service.write_back(key, fence):  # in the object store before it is acknowledged
+                await service.storage.refresh_files(key, fence)
+                # In the object store before it is acknowledged.
+                if entry.name in await service.storage.write_back(key, fence):
                     raise WorkspaceError(f"{entry.name}: the object store did not take the file; upload it again")
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")

@@ -173,7 +173,7 @@ class RunTool:
                 call.prepare = self._forking(call, arguments.fork_from, arguments.conversation, timeout, held)
                 workspace = service.workspaces.directory(call.key)
             else:
-                workspace = await service.touch(call.key, call.tenant, arguments.conversation)
+                workspace = await service.storage.touch(call.key, call.tenant, arguments.conversation)
             if (base := service.file_base_url(call.key)) is not None:
                 environment["FILE_BASE_URL"] = base
         return ExecutionRequest(
@@ -201,7 +201,7 @@ class RunTool:
         async def prepare(request: ExecutionRequest) -> ExecutionRequest:
             python = call.language == "python"
             call.fork = await fork_conversation(service, call.tenant, source, key, held, python=python, wait=timeout)
-            await service.touch(key, call.tenant, conversation)
+            await service.storage.touch(key, call.tenant, conversation)
             return dataclasses.replace(request, fork_state=call.fork.state)
 
         return prepare
@@ -233,7 +233,7 @@ class RunTool:
         files_bytes = 0
         if call.key is not None:
             try:
-                entries = await service.refresh_files(call.key)
+                entries = await service.storage.refresh_files(call.key)
             except LeaseLostError as exc:  # taken over meanwhile: what this run wrote here is not the conversation's
                 entries = []
                 data["warning"] = f"Files not saved: {exc}."
@@ -241,7 +241,9 @@ class RunTool:
                 if (warning := over_quota(service.settings, entries)) is not None:
                     data["warning"] = warning
                 try:
-                    unsaved = await service.write_back(call.key)  # the run's files in the store before the answer
+                    unsaved = await service.storage.write_back(
+                        call.key
+                    )  # the run's files in the store before the answer
                 except WorkspaceError as exc:
                     data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
                 else:

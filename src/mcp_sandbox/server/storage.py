@@ -1,0 +1,141 @@
+"""A conversation's storage as calls see it: its directory, its metadata rows, its object-store copy.
+
+Each step reaches a disk, a database or the object store, so each runs in a worker thread
+here and nowhere else in the server: the tools and the routes await :class:`Storage`'s methods.
+Among replicas, what a call records is fenced by the lease it runs under
+(:mod:`mcp_sandbox.workspace.fencing`); the earlier code runner's imported files are adopted by
+the conversation that first names them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.events import EventHub, FilesUnsaved
+from mcp_sandbox.replicas.imported import record_names
+from mcp_sandbox.replicas.leases import Leases
+from mcp_sandbox.replicas.mirror import Changes, Mirror
+from mcp_sandbox.server.busy import Busy
+from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore
+from mcp_sandbox.workspace.fencing import Fence
+from mcp_sandbox.workspace.runner_data import RunnerData
+
+__all__ = ["Storage"]
+
+
+class Storage:
+    """The conversations' files and records. ``mirror``: the object store's copy (None: local disk
+    only); ``leases``: this replica's (None: one server); ``runner_data``: the earlier runner's
+    data, imported at start."""
+
+    def __init__(
+        self,
+        workspaces: WorkspaceStore,
+        metadata: Metadata,
+        events: EventHub,
+        busy: Busy,
+        *,
+        mirror: Mirror | None,
+        leases: Leases | None,
+        runner_data: RunnerData | None,
+    ) -> None:
+        self.workspaces = workspaces
+        self.metadata = metadata
+        self.mirror = mirror
+        self.runner_data = runner_data
+        self._events = events
+        self._busy = busy
+        self._leases = leases
+
+    def fence(self, key: str) -> Fence | None:
+        """The lease conversation ``key``'s writes are fenced by now (:mod:`.workspace.fencing`); None: one server."""
+        return None if self._leases is None else Fence(self._leases.table.me, self._leases.epoch(key))
+
+    async def touch(self, key: str, tenant: str, conversation: str | None = None) -> Path:
+        """Create the conversation's directory if needed and mark it used now (call it within
+        :meth:`.Busy.using`); ``conversation``, its id, adopts the earlier runner's files imported for it.
+
+        Raises:
+            WorkspaceError: either could not be done (a full disk): a directory this call made
+                is removed again, so no conversation has a directory without its row.
+        """
+        existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
+        # First seen here: another server of the store may have written it (replicas restore per lease).
+        if not existed and self.mirror is not None and self._leases is None:
+            restored = await anyio.to_thread.run_sync(
+                self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant
+            )
+            self._count_unsaved(key, restored)
+        directory = await anyio.to_thread.run_sync(self.workspaces.ensure, key, tenant)
+        try:
+            await anyio.to_thread.run_sync(self.metadata.touch_conversation, key, tenant, time.time())
+        except WorkspaceError:
+            if not existed and self._busy.calls(key) <= 1:  # no other request of this conversation in flight
+                with anyio.CancelScope(shield=True), contextlib.suppress(OSError):
+                    await anyio.to_thread.run_sync(os.rmdir, directory)  # only while empty
+            raise
+        if conversation is not None and self.runner_data is not None:
+            await self._adopt(key, tenant, conversation, self.runner_data)
+        return directory
+
+    async def _adopt(self, key: str, tenant: str, conversation: str, data: RunnerData) -> None:
+        adopted = await anyio.to_thread.run_sync(data.adopt, tenant, conversation, key)
+        if adopted and self.mirror is not None:  # its old links answer through every replica
+            digest = data.digest(conversation)
+            names = await anyio.to_thread.run_sync(data.names_of, digest)
+            with contextlib.suppress(WorkspaceError):  # the store's refusal is logged; they stay local
+                if names is not None:  # first: a replica finding the link finds what it may serve
+                    await anyio.to_thread.run_sync(record_names, self.mirror.objects, digest, names)
+                await anyio.to_thread.run_sync(self.mirror.record_link, digest, key)
+
+    async def refresh_files(self, key: str, fence: Fence | None = None) -> list[FileEntry]:
+        """List the conversation's files (never following the sandbox's symlinks) and record them, fenced
+        by ``fence`` (default: :meth:`fence`; LeaseLostError: the lease is lost, nothing was recorded).
+
+        A listing the metadata database cannot record (a full disk) is still returned: the index
+        is brought up to date by the next listing, and retention measures the disk anyway.
+        """
+        lease = fence or self.fence(key)
+        return await anyio.to_thread.run_sync(self.metadata.record_listing, key, self.workspaces.list_files, lease)
+
+    async def write_back(self, key: str, fence: Fence | None = None) -> tuple[str, ...]:
+        """Copy conversation ``key``'s changed files to the object store (no-op without one), fenced by
+        ``fence`` (default: :meth:`fence`); call it before answering a run or acknowledging an upload.
+        Returns the files it could not store (counted): the rest are stored, and the index with them.
+
+        Raises:
+            WorkspaceError: the store refused or could not be reached; LeaseLostError: the lease is lost.
+        """
+        if self.mirror is None:
+            return ()
+        check = self.metadata.fence_check(key, lease := fence or self.fence(key))
+        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
+        self._count_unsaved(key, changes)
+        return changes.unsaved
+
+    async def restore_files(self, key: str, epoch: int) -> None:
+        """Make conversation ``key``'s local directory equal to the object store's copy (no-op without
+        one): a replica taking over a conversation another one served calls it first, in lease ``epoch``.
+
+        Raises:
+            WorkspaceError: the store or the disk refused.
+        """
+        if self.mirror is not None:
+            tenant = await anyio.to_thread.run_sync(self.metadata.tenant_of, key)
+            restore = functools.partial(self.mirror.restore, key, tenant, epoch)
+            restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, restore)
+            self._count_unsaved(key, restored)
+
+    def _count_unsaved(self, key: str, changes: Changes) -> None:
+        if changes.unsaved:
+            self._events.emit(FilesUnsaved(key, "write_back", len(changes.unsaved)))
+        if changes.lost:
+            self._events.emit(FilesUnsaved(key, "restore", len(changes.lost)))
