@@ -16,7 +16,7 @@ import mcp_types as types
 import pytest
 
 from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
-from mcp_sandbox.replicas.forward import Forwarder, Here, Router
+from mcp_sandbox.replicas.forward import Forwarder, Here, Moved, Owner, Router
 from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE, LAPSED_HERE, STOPPED, Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
 from mcp_sandbox.workspace import FileEntry, Metadata
@@ -247,6 +247,43 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
     assert next(block.text for block in result.content if isinstance(block, types.TextContent)) == "ran"
     assert leases.table.take_lost(KEY) == LAPSED_ELSEWHERE
     assert leases.table.take_lost(KEY) is None  # said once
+
+
+async def test_the_router_decides_here_with_the_epoch_or_names_the_owner_and_the_owners_side_agrees(
+    metadata: Metadata,
+) -> None:
+    restored: list[tuple[str, int]] = []
+
+    async def restore(key: str, epoch: int) -> None:
+        restored.append((key, epoch))
+
+    async def nothing(key: str) -> None:
+        return None
+
+    ttl = 30.0
+    other = "c" * 63 + "d"
+    LeaseTable(metadata.database, B).claim(other, time.time(), ttl)
+    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, set)
+    forwarder = Forwarder(A, b"k" * 32, 5.0)
+    router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
+    try:
+        with router.calling(KEY):
+            here = await router.place(KEY)
+            accepted = await router.accept(KEY, draining=False)
+            kept = await router.accept(KEY, draining=True)  # a held lease still serves its call
+        elsewhere = await router.place(other)
+        with pytest.raises(Moved) as moved:
+            await router.accept(other, draining=False)
+        with pytest.raises(Moved) as draining:
+            await router.accept(other, draining=True)  # a draining replica takes no lease
+    finally:
+        await forwarder.aclose()
+
+    assert here == accepted == kept == Here(1)
+    assert restored == [(KEY, 1)]  # once per epoch, however many calls decide
+    assert isinstance(elsewhere, Owner)
+    assert elsewhere.url == B
+    assert (str(moved.value), str(draining.value)) == (B, A)
 
 
 def test_a_signature_is_accepted_once_within_its_window_and_only_with_the_key() -> None:

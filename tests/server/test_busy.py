@@ -1,0 +1,37 @@
+"""Which conversations are busy: one answer for the leases and for retention."""
+
+from __future__ import annotations
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from mcp_sandbox.server.busy import Busy
+
+pytestmark = pytest.mark.anyio
+
+
+def test_a_conversation_is_busy_with_a_session_a_call_in_flight_or_files_not_written_back() -> None:
+    sessions = {"session"}
+    busy = Busy(lambda: sessions)
+    busy.unsaved.add("unsaved")
+
+    with busy.using("call"), busy.using("call"), busy.using(None):
+        assert busy.now() == {"session", "call", "unsaved"}
+        assert (busy.in_flight(), busy.calls("call")) == ({"call"}, 2)
+    sessions.clear()
+
+    assert busy.now() == {"unsaved"}
+    assert (busy.in_flight(), busy.calls("call")) == (set(), 0)
+
+
+async def test_retention_reads_the_busy_conversations_live_from_its_worker_thread() -> None:
+    busy = Busy(set)
+    seen = busy.from_thread({"leased elsewhere"})
+
+    with busy.using("call"):
+        during = await anyio.to_thread.run_sync(lambda: ("call" in seen, sorted(seen), len(seen)))
+    after = await anyio.to_thread.run_sync(lambda: "call" in seen)
+
+    assert during == (True, ["call", "leased elsewhere"], 2)
+    assert after is False
