@@ -1,7 +1,8 @@
 """Real replicas for the tests: ``mcp-sandbox serve`` processes on loopback sharing one PostgreSQL database.
 
 Each replica has its own state directory and port, its ``replica_url`` the loopback URL of that
-port, and the same ``database_url`` and token as the others. :class:`Replica` keeps the process,
+port (or, with an :class:`InternalHop`, of an internal listener of its own, over mutual TLS when
+the hop has certificates), and the same ``database_url`` and token as the others. :class:`Replica` keeps the process,
 so a test can stop it cleanly (SIGTERM) or kill it (``kill -9`` of its whole process group), and
 start it again (:meth:`Replica.restart`).
 """
@@ -14,7 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -27,18 +28,42 @@ from mcp.types import CallToolResult
 from mcp_sandbox.workspace import remove_tree
 from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, _wait_listening, free_port, http_client
 
-__all__ = ["TOKEN", "Replica", "call", "lease_rows", "replicas", "shared_secret"]
+__all__ = ["TOKEN", "InternalHop", "Replica", "call", "lease_rows", "replicas", "replicas_apart", "shared_secret"]
 
 TOKEN = "replica-token-0123456789abcdef"
 
 
+@dataclass(frozen=True)
+class InternalHop:
+    """Each replica's ``internal_port`` its own; with ``identities`` (one certificate and key per
+    replica) and ``ca``, the hop is mutual TLS (``internal_cert``, ``internal_key``, ``replica_ca``)."""
+
+    ca: Path | None = None
+    identities: Sequence[tuple[Path, Path]] = ()
+
+    def of(self, n: int, port: int) -> tuple[str, dict[str, str]]:
+        """Replica ``n``'s ``replica_url`` on internal ``port``, and its settings."""
+        env = {"MCP_SANDBOX_INTERNAL_PORT": str(port)}
+        if not self.identities:
+            return f"http://127.0.0.1:{port}", env
+        certificate, key = self.identities[n]
+        env |= {"MCP_SANDBOX_INTERNAL_CERT": str(certificate), "MCP_SANDBOX_INTERNAL_KEY": str(key)}
+        if self.ca is not None:
+            env["MCP_SANDBOX_REPLICA_CA"] = str(self.ca)
+        return f"https://127.0.0.1:{port}", env
+
+
 @dataclass
 class Replica:
-    url: str
+    url: str  # where clients reach it; also its replica_url unless it has an internal listener
     state: Path
     process: anyio.abc.Process
     log: IO[bytes] = field(repr=False)
     launch: Callable[[], Awaitable[anyio.abc.Process]] = field(repr=False)
+    replica_url: str = ""
+
+    def __post_init__(self) -> None:
+        self.replica_url = self.replica_url or self.url
 
     async def restart(self) -> None:
         """Start it again once stopped: the same URL, state directory and settings (a rollout's restart)."""
@@ -81,7 +106,6 @@ async def _launch(
     environment = {
         "MCP_SANDBOX_TOKEN": TOKEN,
         "MCP_SANDBOX_DATABASE_URL": database_url,
-        "MCP_SANDBOX_REPLICA_URL": url,
         "MCP_SANDBOX_POOL_MIN": "0",
         "MCP_SANDBOX_PRESTART_SIZE": "0",
         "MCP_SANDBOX_SESSION_READY": "0",
@@ -112,16 +136,37 @@ async def _launch(
 @contextlib.asynccontextmanager
 async def replicas(count: int, database_url: str, runtime: Path | None, **env: str) -> AsyncIterator[list[Replica]]:
     """``count`` replicas started together (see the module docstring); each stopped at the end."""
+    async with _replicas(count, database_url, runtime, None, env) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def replicas_apart(
+    count: int, database_url: str, runtime: Path | None, hop: InternalHop
+) -> AsyncIterator[list[Replica]]:
+    """As :func:`replicas`, each with an internal listener of its own (``hop``)."""
+    async with _replicas(count, database_url, runtime, hop, {}) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def _replicas(
+    count: int, database_url: str, runtime: Path | None, hop: InternalHop | None, env: dict[str, str]
+) -> AsyncIterator[list[Replica]]:
     with _state_dirs(count) as states, contextlib.ExitStack() as logs:
         started: list[Replica] = []
         try:
-            for state in states:
+            for n, state in enumerate(states):
                 url, log = f"http://127.0.0.1:{free_port()}", logs.enter_context(tempfile.TemporaryFile())
+                replica_url, own = hop.of(n, free_port()) if hop is not None else (url, {})
+                own["MCP_SANDBOX_REPLICA_URL"] = replica_url
 
-                def launch(url: str = url, state: Path = state, log: IO[bytes] = log) -> Awaitable[anyio.abc.Process]:
-                    return _launch(url, state, log, database_url, runtime, env)
+                def launch(
+                    url: str = url, state: Path = state, log: IO[bytes] = log, own: dict[str, str] = own
+                ) -> Awaitable[anyio.abc.Process]:
+                    return _launch(url, state, log, database_url, runtime, {**own, **env})
 
-                started.append(Replica(url, state, await launch(), log, launch))
+                started.append(Replica(url, state, await launch(), log, launch, replica_url))
             yield started
         except BaseException:
             for replica in started:

@@ -285,6 +285,23 @@ def _report_metadata(settings: Settings, out: TextIO) -> bool:
     return True
 
 
+def _report_replicas(settings: Settings, out: TextIO) -> None:
+    """Where the other replicas reach this one, and whether ``/internal/`` has a port of its own."""
+    http = settings.http
+    if http.replica_url is None:
+        return
+    out.write(f"replica: reached by the others at {http.replica_url}")
+    if http.internal_port is None:
+        out.write(
+            "\n  WARNING: no internal_port: the public port serves the replicas' /internal/ route too;"
+            " set internal_port (and internal_cert for TLS), or keep /internal/ off the balancer\n"
+        )
+        return
+    tls = "mutual TLS" if http.internal_cert and http.replica_ca and http.internal_verify_clients else "TLS"
+    kind = tls if http.internal_cert else "plain HTTP"
+    out.write(f"; /internal/ on port {http.internal_port} only ({kind})\n")
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -294,6 +311,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
     _report_tenant_uids(settings, out)
     out.write(f"state dir: {settings.paths.state_dir}\n")
     metadata_ok = _report_metadata(settings, out)
+    _report_replicas(settings, out)
     probes = available_backends(settings)
     for probe in probes:
         _report_backend(probe, out)

@@ -649,3 +649,35 @@ def test_a_replica_url_with_any_address_family_is_accepted(url: str) -> None:
 def test_a_replica_url_that_cannot_be_reached_as_written_is_refused_naming_why(url: str, said: str) -> None:
     with pytest.raises(ConfigError, match=f"^replica_url: .*{said}"):
         load_settings(env={"MCP_SANDBOX_REPLICA_URL": url})
+
+
+_REPLICA = {"MCP_SANDBOX_REPLICA_URL": "https://10.0.0.11:8766"}
+_TLS = {"MCP_SANDBOX_INTERNAL_CERT": "/etc/replica.pem", "MCP_SANDBOX_INTERNAL_KEY": "/etc/replica.key"}
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"MCP_SANDBOX_INTERNAL_PORT": "8766"}, "^internal_port: .*set replica_url"),
+        ({**_REPLICA, "MCP_SANDBOX_INTERNAL_PORT": "8765"}, "^internal_port: 8765 is the public port"),
+        ({**_REPLICA, "MCP_SANDBOX_INTERNAL_PORT": "0"}, "^internal_port: 0 is not a TCP port"),
+        ({**_REPLICA, "MCP_SANDBOX_INTERNAL_PORT": "8766", "MCP_SANDBOX_INTERNAL_CERT": "/c.pem"}, "set both"),
+        ({**_REPLICA, **_TLS}, "^internal_cert: .*set internal_port"),
+        (
+            {**_TLS, "MCP_SANDBOX_REPLICA_URL": "http://10.0.0.11:8766", "MCP_SANDBOX_INTERNAL_PORT": "8766"},
+            "^replica_url: .*https://",
+        ),
+    ],
+    ids=["without-replicas", "the-public-port", "not-a-port", "cert-without-key", "tls-without-port", "plain-url"],
+)
+def test_an_internal_listener_that_does_not_fit_is_refused_naming_the_setting(env: dict[str, str], said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        load_config(env={**env, "MCP_SANDBOX_DATABASE_URL": "postgresql://app@db/app"}).serving("http")
+
+
+def test_an_internal_listener_on_a_port_of_its_own_with_tls_is_accepted() -> None:
+    env = {**_REPLICA, **_TLS, "MCP_SANDBOX_INTERNAL_PORT": "8766", "MCP_SANDBOX_DATABASE_URL": "postgresql://db/app"}
+    http = load_config(env=env).serving("http").http
+
+    assert (http.internal_port, http.internal_host, http.internal_verify_clients) == (8766, None, True)
+    assert http.internal_cert == Path("/etc/replica.pem")

@@ -3,8 +3,11 @@
 Debian 12 packages no Compose v2, and its docker-compose 1.29 cannot run the file (it hands
 ``systempaths=unconfined`` to the engine, which refuses it: the last test here pins that, on the
 docker engine the tests start); podman-compose runs it as written,
-with the run arguments docs/deployment.md gives. The test runs exactly that command line, calls
-/healthz and a run over HTTP, brings it down, and checks that nothing of the project is left.
+with the run arguments docs/deployment.md gives. The test brings it up with deploy/compose-up.sh
+(``up -d``, then a wait for /readyz) on a published port other than the default, calls /healthz
+and a run over HTTP whose download link must name that port, brings it down without the
+variables ``up`` needed, and checks that nothing of the project is left; a server that cannot
+start makes compose-up.sh exit non-zero, showing why.
 
 Podman runs on these machines only inside a mount namespace without the hybrid cgroup's v2 mount
 (tests/containers/podman-wrapper). Here every podman call of the test enters one such namespace,
@@ -27,12 +30,13 @@ import httpx2
 import pytest
 
 from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon, server_image_in_docker, server_ready
-from mcp_test_helpers import CALL_BOUND, free_port, http_client
+from mcp_test_helpers import CALL_BOUND, free_port, http_client, new_conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "deploy" / "compose.yaml"
+COMPOSE_UP = REPO / "deploy" / "compose-up.sh"
 IMAGE = "localhost/mcp-sandbox:latest"
 TOKEN = "compose-token-0123456789abcdef"
 METRICS = "compose-metrics-0123456789abcdef"
@@ -101,15 +105,20 @@ def _compose_env(port: int) -> dict[str, str]:
         "MCP_SANDBOX_TOKEN": TOKEN,
         "MCP_SANDBOX_METRICS_TOKEN": METRICS,
         "MCP_SANDBOX_PUBLISHED_PORT": str(port),
-        "MCP_SANDBOX_PUBLIC_URL": f"http://127.0.0.1:{port}",
     }
 
 
+def _without_secrets(env: dict[str, str]) -> dict[str, str]:
+    """What a shell that never exported the tokens has: `down` must work with it."""
+    return {key: value for key, value in env.items() if not key.endswith("_TOKEN")}
+
+
 async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_nothing(podman: Path) -> None:
-    port = free_port()
+    port = free_port()  # not the default 8765: the links must follow it
     project = f"mcpcompose{uuid.uuid4().hex[:8]}"
     env = _compose_env(port)
-    compose = ["podman-compose", "--podman-path", str(podman), "-p", project, "-f", str(COMPOSE)]
+    command = ["podman-compose", "--podman-path", str(podman), "-p", project]
+    compose = [*command, "-f", str(COMPOSE)]
     label = f"label=io.podman.compose.project={project}"
 
     async def podman_out(*args: str) -> str:
@@ -121,7 +130,9 @@ async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_no
     started = time.monotonic()
     try:
         with anyio.fail_after(300):
-            up = await anyio.run_process([*compose, f"--podman-run-args={RUN_ARGS}", "up", "-d"], env=env, check=False)
+            up = await anyio.run_process(
+                [str(COMPOSE_UP), *command, f"--podman-run-args={RUN_ARGS}"], env=env, check=False
+            )
         assert up.returncode == 0, up.stdout.decode()[-3000:] + up.stderr.decode()[-3000:]
         up_seconds = time.monotonic() - started
         async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:
@@ -131,6 +142,12 @@ async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_no
             async with http_client(base, TOKEN) as client:
                 ran = await client.call_tool("run_python", {"code": "import numpy; print(numpy.arange(4).sum())"})
                 assert ran.structured_content is not None and ran.structured_content["stdout"].strip() == "6", ran
+                code = "open('/data/out.txt', 'w').write('made')"
+                made = await client.call_tool("run_python", {"code": code, "conversationId": new_conversation()})
+            assert made.structured_content is not None, made
+            (link,) = [f["url"] for f in made.structured_content["files"] if f["name"] == "out.txt"]
+            assert link.startswith(f"{base}/files/"), link  # the published port, not the container's
+            assert (await web.get(link)).text == "made"
             assert (await web.post(f"{base}/mcp", json={})).status_code == 401  # no token, no service
             scrape = await web.get(f"{base}/metrics", headers={"Authorization": f"Bearer {METRICS}"})
             assert scrape.status_code == 200 and "mcp_sandbox_runs_total" in scrape.text
@@ -144,15 +161,39 @@ async def test_podman_compose_brings_the_deployment_up_serves_runs_and_leaves_no
     finally:
         with anyio.CancelScope(shield=True), anyio.fail_after(300):
             down_started = time.monotonic()
-            down = await anyio.run_process([*compose, "down", "-t", DOWN_TIMEOUT, "-v"], env=env, check=False)
+            down = await anyio.run_process(
+                [*compose, "down", "-t", DOWN_TIMEOUT, "-v"], env=_without_secrets(env), check=False
+            )
             down_seconds = time.monotonic() - down_started
             # podman-compose 1.0.3's `down` leaves the project's network (docs/deployment.md says so).
             await podman_out("network", "rm", f"{project}_default")
     assert down.returncode == 0, down.stdout.decode()[-3000:] + down.stderr.decode()[-3000:]
+    assert b"Traceback" not in down.stderr, down.stderr.decode()[-3000:]
     print(f"podman-compose up {up_seconds:.1f} s, ready {ready_seconds:.1f} s, down {down_seconds:.1f} s")
     for kind, name in (("ps --all", "{{.Names}}"), ("volume ls", "{{.Name}}"), ("network ls", "{{.Name}}")):
         left = await podman_out(*kind.split(), "--filter", label, "--format", name)
         assert left == "", f"{kind}: {left}"
+
+
+async def test_compose_up_exits_non_zero_showing_why_when_the_server_cannot_start(podman: Path) -> None:
+    port = free_port()
+    project = f"mcpcompose{uuid.uuid4().hex[:8]}"
+    # A setting the server refuses: it exits at start, and the container's restarts never serve.
+    env = {**_compose_env(port), "MCP_SANDBOX_METRICS_TOKEN": "short", "MCP_SANDBOX_UP_TIMEOUT": "15"}
+    command = ["podman-compose", "--podman-path", str(podman), "-p", project]
+    try:
+        with anyio.fail_after(300):
+            up = await anyio.run_process([str(COMPOSE_UP), *command], env=env, check=False)
+            unset = await anyio.run_process([str(COMPOSE_UP), *command], env=_without_secrets(env), check=False)
+    finally:
+        with anyio.CancelScope(shield=True), anyio.fail_after(300):
+            down = [*command, "-f", str(COMPOSE), "down", "-t", "1", "-v"]
+            await anyio.run_process(down, env=_without_secrets(env), check=False)
+            await anyio.run_process([str(podman), "network", "rm", f"{project}_default"], check=False)
+
+    assert up.returncode == 1, up.stdout.decode()[-3000:]
+    assert b"metrics_token: must be at least 16 characters" in up.stderr, up.stderr.decode()[-3000:]
+    assert unset.returncode == 2 and b"set MCP_SANDBOX_TOKEN" in unset.stderr, unset.stderr.decode()
 
 
 def test_debians_docker_compose_1_29_cannot_run_the_file_as_the_docs_say() -> None:

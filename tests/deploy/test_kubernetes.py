@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import load_config, load_settings
 from mcp_sandbox.server.lifecycle import ANSWER_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,7 +81,8 @@ def test_the_kustomization_lists_every_manifest_of_the_directory() -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_manifest_validates_against_the_kubernetes_api_schemas(version: str) -> None:
     manifests = _manifests()
-    assert {doc["kind"] for doc in manifests} == {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget"}
+    kinds = {"ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
+    assert {doc["kind"] for doc in manifests} == kinds
     for manifest in manifests:
         kubernetes_validate.validate(manifest, version, strict=True)
 
@@ -121,7 +122,7 @@ def _server_of(deployment: Manifest) -> Manifest:
 
 def test_readiness_asks_readyz_and_liveness_healthz_on_the_served_port() -> None:
     server = _server()
-    (port,) = server["ports"]
+    port, _internal = server["ports"]
     assert port == {"name": "http", "containerPort": 8765, "protocol": "TCP"}
     assert server["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert server["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
@@ -178,11 +179,26 @@ def test_the_replicas_share_the_database_the_store_and_the_tokens_from_secrets()
 _ENTRYPOINT = "exec /usr/bin/tini -- /usr/local/bin/mcp-sandbox serve --transport http"
 
 
+def test_the_service_exposes_the_public_port_and_only_the_replicas_reach_the_internal_one(tmp_path: Path) -> None:
+    settings = load_settings(env={}, flags={}, config_file=_config_toml(tmp_path))
+    ports = {port["name"]: port["containerPort"] for port in _server()["ports"]}
+    assert ports == {"http": settings.http.port, "internal": settings.http.internal_port}
+    (exposed,) = _one("Service")["spec"]["ports"]
+    assert exposed["targetPort"] == "http"
+    policy = _one("NetworkPolicy")["spec"]
+    selector = _one("Deployment")["spec"]["selector"]
+    assert policy["podSelector"] == selector and policy["policyTypes"] == ["Ingress"]
+    anyone, replicas = policy["ingress"]
+    assert "from" not in anyone and anyone["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert replicas["from"] == [{"podSelector": selector}]
+    assert replicas["ports"] == [{"port": "internal", "protocol": "TCP"}]
+
+
 @pytest.mark.parametrize(
     ("pod_ip", "url"),
-    [("10.244.1.7", "http://10.244.1.7:8765"), ("fd00:10:244::7", "http://[fd00:10:244::7]:8765")],
+    [("10.244.1.7", "http://10.244.1.7:8766"), ("fd00:10:244::7", "http://[fd00:10:244::7]:8766")],
 )
-def test_each_replica_is_reached_at_its_pod_ip_on_either_address_family(pod_ip: str, url: str) -> None:
+def test_each_replica_is_reached_at_its_pod_ip_on_either_address_family(pod_ip: str, url: str, tmp_path: Path) -> None:
     assert _env()["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     shell, flag, script = _server()["command"]
     assert (shell, flag) == ("/bin/sh", "-c") and script.endswith(_ENTRYPOINT)
@@ -196,7 +212,9 @@ def test_each_replica_is_reached_at_its_pod_ip_on_either_address_family(pod_ip: 
         timeout=30,
     ).stdout.splitlines()
     assert f"MCP_SANDBOX_REPLICA_URL={url}" in shown
-    assert load_settings(env={"MCP_SANDBOX_REPLICA_URL": url}).http.replica_url == url
+    env = {"MCP_SANDBOX_REPLICA_URL": url, "MCP_SANDBOX_DATABASE_URL": "postgresql://db/app"}
+    http = load_config(env=env, config_file=_config_toml(tmp_path)).serving("http").http
+    assert http.replica_url == url and url.endswith(f":{http.internal_port}")  # the internal listener
 
 
 def test_every_replica_gets_the_same_server_secret_privately() -> None:

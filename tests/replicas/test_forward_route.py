@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.forward import Forwarder
 from mcp_sandbox.replicas.internal_route import with_internal_route
 from mcp_sandbox.replicas.signing import Verifier
+from tls_helpers import certificates
 
 pytestmark = pytest.mark.anyio
 
@@ -74,30 +73,9 @@ async def test_two_identical_calls_forwarded_at_once_both_run_and_neither_is_tak
     assert calls == [{"code": "print(1)"}] * 3
 
 
-def _certificates(directory: Path, name: str) -> tuple[Path, Path, Path]:
-    """An internal CA, and a certificate it signed for 127.0.0.1 (the openssl CLI): CA, cert, key."""
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=directory)
-
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", f"/CN={name}")
-    openssl("req", *curve, "-keyout", "replica.key", "-out", "replica.csr", "-subj", "/CN=replica")
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl(
-        "x509", "-req", "-in", "replica.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "replica.pem", "-days", "2", "-extfile", "san.ext",
-    )  # fmt: skip
-    return directory / "ca.pem", directory / "replica.pem", directory / "replica.key"
-
-
 async def test_an_https_replica_url_is_reached_through_the_configured_ca_and_no_other(tmp_path: Path) -> None:
-    if shutil.which("openssl") is None:
-        pytest.skip("the TLS hop test needs openssl")
-    (tmp_path / "ours").mkdir()
-    (tmp_path / "theirs").mkdir()
-    ca, certificate, private_key = _certificates(tmp_path / "ours", "replicas-test-ca")
-    other_ca, _, _ = _certificates(tmp_path / "theirs", "another-ca")
+    ca, [(certificate, private_key)] = certificates(tmp_path / "ours", "replicas-test-ca")
+    other_ca, _ = certificates(tmp_path / "theirs", "another-ca", 0)
     calls: list[dict[str, Any] | None] = []
     async with owner(calls, (certificate, private_key)) as url:
         assert url.startswith("https://")

@@ -74,6 +74,7 @@ async def test_a_conversations_variables_survive_calls_sent_to_different_replica
         assert owners(url) == {first.url}  # one owner all along: the others forwarded
         assert len({(r.state / "secret").read_bytes() for r in (first, second, third)}) == 1
         assert (first.state / "secret").read_bytes() == shared_secret(url)
+        assert "replica_url is set without internal_port" in first.output()  # /internal/ on the public port
 
 
 async def test_a_killed_owner_is_replaced_within_the_lease_time_and_the_result_says_the_variables_were_lost(

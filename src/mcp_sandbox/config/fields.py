@@ -147,9 +147,9 @@ def positive_number(name: str, value: float) -> None:
         raise ConfigError(f"{name}: must be a positive number")
 
 
-def port(name: str, value: int) -> None:
-    """A TCP port."""
-    if not 0 < value < 65536:
+def port(name: str, value: int | None) -> None:
+    """A TCP port (None, where allowed: none)."""
+    if value is not None and not 0 < value < 65536:
         raise ConfigError(f"{name}: {value} is not a TCP port")
 
 

@@ -30,9 +30,11 @@ from mcp_sandbox.config.fields import (
     secret,
     setting,
 )
+from mcp_sandbox.config.fields import port as tcp_port  # HttpSettings' field `port` shadows the check
 from mcp_sandbox.config.tenants import Tenant
+from mcp_sandbox.errors import ConfigError
 
-__all__ = ["AdmissionSettings", "CodeModeSettings", "EgressSettings", "HttpSettings"]
+__all__ = ["AdmissionSettings", "CodeModeSettings", "EgressSettings", "HttpSettings", "check_internal_listener"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +103,36 @@ class HttpSettings:
         None,
         (
             "With an `https://` `replica_url`: a PEM file of the CAs the replicas' certificates are checked"
-            " against on the internal hop, instead of the default bundle"
+            " against on the internal hop, instead of the default bundle; with `internal_cert`, the CAs"
+            " whose certificates the internal listener asks callers for (mutual TLS)"
             " ([Scaling out](scaling.md#the-internal-hop-what-a-captured-call-can-do-and-tls))."
+        ),
+    )
+    internal_port: int | None = setting(
+        None,
+        (
+            "With `replica_url`: the port of the replicas' own listener, the only one serving `/internal/`"
+            " (the public port answers 404 there); `replica_url` names it. Unset: the public port serves"
+            " `/internal/` too ([Scaling out](scaling.md#the-internal-listener))."
+        ),
+        check=tcp_port,
+    )
+    internal_host: str | None = setting(
+        None, "The address the internal listener (`internal_port`) listens on (unset: `host`)."
+    )
+    internal_cert: Path | None = setting(
+        None,
+        (
+            "A PEM certificate (chain) for the internal listener, which then speaks TLS only (`replica_url`"
+            " `https://`); a replica presents it when it calls another. With `internal_key`."
+        ),
+    )
+    internal_key: Path | None = setting(None, "The PEM private key of `internal_cert`.")
+    internal_verify_clients: bool = setting(
+        True,
+        (
+            "With `internal_cert` and `replica_ca`: the internal listener accepts only callers presenting"
+            " a certificate signed by `replica_ca` (mutual TLS)."
         ),
     )
     replica_lease: float = setting(
@@ -234,3 +264,23 @@ class AdmissionSettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+
+def check_internal_listener(http: HttpSettings) -> None:
+    """The internal listener's settings agree with each other and with ``replica_url``.
+
+    Raises:
+        ConfigError: naming the setting that does not fit.
+    """
+    if http.internal_port is not None:
+        if http.replica_url is None:
+            raise ConfigError("internal_port: the internal listener serves replicas: set replica_url too")
+        if http.internal_port == http.port and (http.internal_host or http.host) == http.host:
+            raise ConfigError(f"internal_port: {http.internal_port} is the public port too: choose another")
+    if (http.internal_cert is None) != (http.internal_key is None):
+        raise ConfigError("internal_cert and internal_key: set both (the certificate and its private key) or neither")
+    if http.internal_cert is not None:
+        if http.internal_port is None:
+            raise ConfigError("internal_cert: TLS is served on the internal listener only: set internal_port too")
+        if http.replica_url is not None and not http.replica_url.startswith("https://"):
+            raise ConfigError("replica_url: the internal listener speaks TLS (internal_cert): make it https://")

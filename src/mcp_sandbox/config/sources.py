@@ -25,6 +25,7 @@ from mcp_sandbox.config.defaults import (
     default_state_dir,
 )
 from mcp_sandbox.config.file import ConfigFile, read_config_file
+from mcp_sandbox.config.serving import check_internal_listener
 from mcp_sandbox.config.settings import SETTINGS, Settings
 from mcp_sandbox.config.tenancy import read_tenants, with_tenant_caps
 from mcp_sandbox.config.tenants import Tenant
@@ -104,8 +105,10 @@ class Config:
         many tenants as the tokens name; over stdio, one.
 
         Raises:
-            ConfigError: ``replica_url`` is set for a transport other than HTTP, or without ``database_url``.
+            ConfigError: ``replica_url`` is set for a transport other than HTTP, or without ``database_url``;
+                the internal listener's settings do not fit (:func:`~.serving.check_internal_listener`).
         """
+        check_internal_listener(self.settings.http)
         if self.settings.http.replica_url is not None:
             if transport != "http":
                 raise ConfigError(f"replica_url: replicas serve over HTTP, not {transport}: unset replica_url")

@@ -87,17 +87,27 @@ class Forwarder:
     """Posts calls to other replicas on kept-alive HTTP/1.1 connections (:mod:`.peers`), for the server's life.
 
     ``idle``: how long an idle connection is kept for the next call (less than the replicas' keep-alive);
-    ``ca``: the CAs that vouch for https replicas (``replica_ca``), else the system's.
+    ``ca``: the CAs that vouch for https replicas (``replica_ca``), else the system's; ``identity``:
+    the certificate and key this replica presents to https replicas (``internal_cert``, ``internal_key``).
 
     Raises:
-        ConfigError: ``ca`` is not a readable PEM file of CA certificates.
+        ConfigError: ``ca`` is not a readable PEM file of CA certificates, or ``identity`` not a
+            certificate and its key.
     """
 
-    def __init__(self, me: str, key: bytes, read_timeout: float, idle: float = 2.5, ca: Path | None = None) -> None:
+    def __init__(
+        self,
+        me: str,
+        key: bytes,
+        read_timeout: float,
+        idle: float = 2.5,
+        ca: Path | None = None,
+        identity: tuple[Path, Path] | None = None,
+    ) -> None:
         self._me = me
         self._sequence = itertools.count()  # two identical calls in one millisecond: two signatures
         self._key = key
-        self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle, ca=ca)
+        self._peers = Peers(_CONNECT_SECONDS, read_timeout, idle, ca=ca, identity=identity)
 
     async def aclose(self) -> None:
         await self._peers.aclose()

@@ -8,7 +8,8 @@ What they do that matters here is kept: connections are pooled per peer; an idle
 only while younger than ``idle`` (less than the peer's keep-alive, so the peer does not close it
 under a request) and not closed by the peer meanwhile (a readable idle socket is closed or
 broken); a large body is sent in chunks; https peers get httpx2's TLS context, or one trusting
-only ``replica_ca`` when it is set. A request that
+only ``replica_ca`` when it is set, and this replica's certificate (``internal_cert``) for a peer
+that asks for one (mutual TLS). A request that
 fails once sent is not retried: the peer may have run it (:class:`Broken`).
 """
 
@@ -74,7 +75,13 @@ class Peers:
     """Kept-alive HTTP/1.1 connections to other replicas, at most ``keep`` idle per peer."""
 
     def __init__(
-        self, connect_timeout: float, read_timeout: float, idle: float, keep: int = 32, ca: Path | None = None
+        self,
+        connect_timeout: float,
+        read_timeout: float,
+        idle: float,
+        keep: int = 32,
+        ca: Path | None = None,
+        identity: tuple[Path, Path] | None = None,
     ) -> None:
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
@@ -87,6 +94,15 @@ class Peers:
                 self._tls = ssl.create_default_context(cafile=ca)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"replica_ca: {ca} is not a readable PEM file of CA certificates ({exc})") from exc
+        if identity is not None:  # presented to a peer that asks (mutual TLS)
+            certificate, key = identity
+            try:
+                self._tls_context().load_cert_chain(certificate, key)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"internal_cert, internal_key: {certificate} and {key} are not a PEM certificate"
+                    f" and its key ({exc})"
+                ) from exc
         self._closed = False
 
     async def post(self, url: str, body: bytes, headers: list[tuple[str, str]]) -> Reply:

@@ -44,7 +44,9 @@ async def open_replica(
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
     idle = settings.http.keep_alive_timeout / 2
-    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle, settings.http.replica_ca)
+    http = settings.http
+    identity = (http.internal_cert, http.internal_key) if http.internal_cert and http.internal_key else None
+    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle, http.replica_ca, identity)
     seen = SeenCalls(url)
     try:
         yield Router(leases, forwarder, Verifier(key, seen=seen), restore)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from mcp_sandbox.server.lifecycle import StopSignals
     from mcp_sandbox.server.service import Service
     from mcp_sandbox.server.tools.handlers import ToolHandlers
+    from mcp_sandbox.server.transport.listeners import Listeners
 
 __all__ = ["build_server", "serve", "serve_stdio"]
 
@@ -149,7 +149,7 @@ async def serve(
     transport: str,
     early: EarlyStdio | None = None,
     caught: list[int] | None = None,
-    listeners: list[socket.socket] | None = None,
+    listeners: Listeners | None = None,
 ) -> None:
     """Open the service and serve ``config`` over ``transport`` (``stdio`` or ``http``) until told to stop.
 
@@ -178,16 +178,18 @@ async def serve(
     try:
         tokens = TokenTable(config.tokens)
         check_exposure(settings, tokens)
+        if settings.http.replica_url is not None and settings.http.internal_port is None:
+            logger.warning(
+                "replica_url is set without internal_port: the public port serves /internal/ too; "
+                "keep it off the balancer, or set internal_port (docs/scaling.md, the internal listener)"
+            )
         with anyio.CancelScope() as starting, stop_signals(starting, caught or []) as signals:
             await _serve_http(settings, tokens, signals, listeners)
     finally:
-        for listener in listeners:
-            listener.close()
+        listeners.close()
 
 
-async def _serve_http(
-    settings: Settings, tokens: TokenTable, signals: StopSignals, listeners: list[socket.socket]
-) -> None:
+async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSignals, listeners: Listeners) -> None:
     """Open the service and serve it over HTTP (see :func:`serve`)."""
     from mcp_sandbox.replicas.internal_route import with_internal_route
     from mcp_sandbox.server.auth.tokens import DEFAULT_TENANT
@@ -201,7 +203,10 @@ async def _serve_http(
     from mcp_sandbox.server.service import open_service
     from mcp_sandbox.server.tools.handlers import ToolHandlers
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
+    from mcp_sandbox.server.transport.internal import InternalListener, internal_tls, without_internal
 
+    tls = internal_tls(settings)  # a bad certificate stops the start before the service opens
+    internal: InternalListener | None = None
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
         guard = auth_guard(settings, tokens)
@@ -225,8 +230,16 @@ async def _serve_http(
             # A call's body, or an HTTP upload forwarded as upload_file (base64 of up to the quota).
             upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
             limit = max(settings.http.max_request_size, upload) + (64 << 10)
-            app = with_internal_route(app, router.me, router.verifier, known, handlers.forwarded, limit)
-        await serve_http(settings, app, service.lifecycle, signals, listeners)
+
+            def route(rest: ASGIApp) -> ASGIApp:
+                return with_internal_route(rest, router.me, router.verifier, known, handlers.forwarded, limit)
+
+            if listeners.internal:  # internal_port: /internal/ there only, over TLS with internal_cert
+                app = without_internal(app)
+                internal = InternalListener(settings, route, listeners.internal, tls)
+            else:
+                app = route(app)
+        await serve_http(settings, app, service.lifecycle, signals, listeners.public, internal)
 
 
 async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:

@@ -20,9 +20,11 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import anyio
 import uvicorn
+from uvicorn.server import ServerState
 
 from mcp_sandbox.errors import BusyError
 
@@ -200,13 +202,28 @@ class DrainingServer(uvicorn.Server):
     new ones with an error, and then hands over to uvicorn's shutdown for what is left of the grace.
     """
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, grace: float, signals: StopSignals) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        lifecycle: Lifecycle,
+        grace: float,
+        signals: StopSignals,
+        also: Callable[[ServerState, dict[str, Any]], Awaitable[list[asyncio.Server]]] | None = None,
+    ) -> None:
         super().__init__(config)
         self._lifecycle = lifecycle
         self._grace = grace
         self._signals = signals
+        self._also = also
         self._wake: Callable[[bool], None] | None = None
         self._at_once = False
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start, and then ``also``'s servers (the internal listener) beside it: closed,
+        drained and stopped with the others."""
+        await super().startup(sockets)
+        if self._also is not None and self.started:
+            self.servers += await self._also(self.server_state, self.lifespan.state)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._wake is None:

@@ -39,6 +39,7 @@ from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
 from mcp_sandbox.server.lifecycle import DrainingServer, Lifecycle, StopSignals
 from mcp_sandbox.server.transport.hosts import HostCheck
 from mcp_sandbox.server.transport.http_sessions import SessionQuota, SseIdle
+from mcp_sandbox.server.transport.internal import InternalListener
 from mcp_sandbox.server.transport.limits import (
     SlowBodyGuard,
     install_log_limits,
@@ -220,9 +221,15 @@ def build_http_app(
 
 
 async def serve_http(
-    settings: Settings, app: ASGIApp, lifecycle: Lifecycle, signals: StopSignals, listeners: list[socket.socket]
+    settings: Settings,
+    app: ASGIApp,
+    lifecycle: Lifecycle,
+    signals: StopSignals,
+    listeners: list[socket.socket],
+    internal: InternalListener | None = None,
 ) -> None:
-    """Serve ``app`` on ``listeners`` (:func:`~.listeners.bind_listeners`) until SIGINT/SIGTERM: SIGTERM drains
+    """Serve ``app`` on ``listeners`` (:func:`~.listeners.bind_listeners`), and ``internal`` beside it
+    (:mod:`.internal`), until SIGINT/SIGTERM: SIGTERM drains
     the ``lifecycle``'s runs first (SIGINT, or a second SIGTERM, stops them at once) and SIGHUP
     reloads (see :mod:`~mcp_sandbox.server.lifecycle`); ``signals`` took them before the server
     started (see :func:`~mcp_sandbox.server.lifecycle.stop_signals`). Connections, headers and
@@ -240,4 +247,6 @@ async def serve_http(
         timeout_graceful_shutdown=round(settings.http.shutdown_grace),
         **uvicorn_limits(settings),
     )
-    await DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals).serve_draining(listeners)
+    also = internal.start if internal is not None else None
+    server = DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals, also)
+    await server.serve_draining(listeners)

@@ -8,24 +8,29 @@ from __future__ import annotations
 
 import errno
 import socket
+from dataclasses import dataclass, field
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.config.serving import check_internal_listener
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["bind_listeners"]
+__all__ = ["Listeners", "bind_listeners"]
 
 
-def bind_listeners(settings: Settings) -> list[socket.socket]:
-    """The sockets :func:`serve_http` will listen on, bound now, before the service opens.
+@dataclass(frozen=True)
+class Listeners:
+    """The public sockets (clients, the balancer) and the internal ones (``internal_port``: the
+    replicas' ``/internal/`` routes; none when unset)."""
 
-    A port in use is then said at once, in one line, not seconds later inside the service's
-    closing. Bound, not listening: a connection is refused until the server serves, as before.
-    Every address ``http.host`` resolves to (``localhost``: both families), as uvicorn binds them.
+    public: list[socket.socket]
+    internal: list[socket.socket] = field(default_factory=list)
 
-    Raises:
-        ConfigError: an address cannot be bound (in use, not this host's, not permitted).
-    """
-    host, port = settings.http.host, settings.http.port
+    def close(self) -> None:
+        for listener in (*self.public, *self.internal):
+            listener.close()
+
+
+def _bind(host: str, port: int, setting: str) -> list[socket.socket]:
     bound: list[socket.socket] = []
     try:
         found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -40,6 +45,32 @@ def bind_listeners(settings: Settings) -> list[socket.socket]:
         for listener in bound:
             listener.close()
         reason = exc.strerror or str(exc)
-        hint = " (another server on it? choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
+        hint = f" (another server on it? choose another with {setting})" if exc.errno == errno.EADDRINUSE else ""
         raise ConfigError(f"cannot listen on {host}:{port}: {reason.lower()}{hint}") from exc
     return bound
+
+
+def bind_listeners(settings: Settings) -> Listeners:
+    """The sockets :func:`serve_http` will listen on, bound now, before the service opens.
+
+    A port in use is then said at once, in one line, not seconds later inside the service's
+    closing. Bound, not listening: a connection is refused until the server serves, as before.
+    Every address ``http.host`` resolves to (``localhost``: both families), as uvicorn binds them;
+    with ``internal_port``, those of ``internal_host`` (else ``host``) on that port too.
+
+    Raises:
+        ConfigError: an address cannot be bound (in use, not this host's, not permitted), or the
+            internal listener's settings do not fit.
+    """
+    http = settings.http
+    check_internal_listener(http)  # (before binding: the public port twice would bind, then not listen)
+    public = _bind(http.host, http.port, "--port")
+    if http.internal_port is None:
+        return Listeners(public)
+    try:
+        internal = _bind(http.internal_host or http.host, http.internal_port, "internal_port")
+    except ConfigError:
+        for listener in public:
+            listener.close()
+        raise
+    return Listeners(public, internal)
