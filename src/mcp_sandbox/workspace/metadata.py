@@ -90,12 +90,7 @@ class Metadata:
 
     @classmethod
     def open(cls, path: Path, database_url: str | None = None) -> Metadata:
-        """Open the database: ``database_url`` (``settings.paths.database_url``) when set, else
-        the SQLite file at ``path`` (normally ``StateLayout.metadata``).
-
-        Raises:
-            ConfigError: see the constructor.
-        """
+        """Open the database at ``database_url`` when set, else the SQLite file at ``path``; raises as constructing."""
         return cls(path, database_url)
 
     @property
@@ -344,6 +339,12 @@ class Metadata:
             write=False,
         )
         return [ConversationRecord(*row) for row in rows]
+
+    def bytes_held(self, tenant: str) -> tuple[int, int]:
+        """The bytes ``tenant``'s conversations and all conversations hold, as last recorded (or WorkspaceError)."""
+        sums = "SELECT SUM(CASE WHEN tenant = ? THEN bytes ELSE 0 END), SUM(bytes) FROM conversations"
+        [(mine, everyone)] = self._db.run(lambda tx: tx.query(sums, (tenant,)), write=False)
+        return int(mine or 0), int(everyone or 0)  # NULL: no conversations
 
     def conversations_of(self, tenant: str) -> list[ConversationRecord]:
         """``tenant``'s conversations, most recently used first (no other tenant's row).

@@ -117,6 +117,4 @@ async def fork_conversation(
 
 def _measure(service: Service, tenant: str, source: str) -> tuple[int, tuple[int, int]]:
     """The source's bytes, and what the tenant's and all conversations hold (as last recorded)."""
-    size = service.workspaces.usage(source).bytes
-    everyone = service.metadata.conversations_by_last_use()
-    return size, (sum(row.bytes for row in everyone if row.tenant == tenant), sum(row.bytes for row in everyone))
+    return service.workspaces.usage(source).bytes, service.metadata.bytes_held(tenant)
