@@ -381,12 +381,17 @@ class Metadata:
         return bool(rows)
 
     def forget_conversation(self, key: str) -> None:
-        """Delete conversation ``key``'s row and its files' rows (its executions stay).
+        """Delete conversation ``key``'s row, its files' rows and its mark of a lost interpreter (its executions stay).
 
         Raises:
             WorkspaceError: the database refused the write.
         """
-        self._db.run(lambda tx: tx.execute("DELETE FROM conversations WHERE key = ?", (key,)))
+
+        def forget(tx: Transaction) -> None:
+            tx.execute("DELETE FROM conversations WHERE key = ?", (key,))
+            tx.execute("DELETE FROM state_lost WHERE key = ?", (key,))
+
+        self._db.run(forget)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
