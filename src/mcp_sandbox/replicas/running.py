@@ -30,6 +30,7 @@ async def open_replica(
     fence: Callable[[str], Awaitable[object]],
     active: Callable[[], set[str]],
     restore: Callable[[str, int], Awaitable[None]],
+    sessions: Callable[[], set[str]],
 ) -> AsyncIterator[Router]:
     """The router of replica ``settings.http.replica_url``; its leases are released (bounded) when the
     block exits. The caller runs ``router.leases.keep()`` in a task group of its own meanwhile."""
@@ -37,7 +38,7 @@ async def open_replica(
     if me is None or url is None:
         raise RuntimeError("open_replica needs replica_url and database_url")
     ttl = settings.http.replica_lease
-    leases = Leases(LeaseTable(database, me), ttl, fence, active)
+    leases = Leases(LeaseTable(database, me), ttl, fence, active, sessions)
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
     idle = settings.http.keep_alive_timeout / 2

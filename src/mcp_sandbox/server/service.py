@@ -364,6 +364,7 @@ async def open_service(
                         engine.end_session,
                         lambda: engine.live_sessions() | set(service.in_use) | (idle.pending if idle else set()),
                         service.restore_files,
+                        engine.live_sessions,
                     )
                 )
                 group.start_soon(service.router.leases.keep)
