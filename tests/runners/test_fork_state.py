@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from mcp_sandbox.runners.python.mcp_sandbox_runtime import fork
+from mcp_sandbox.runners.python.mcp_sandbox_runtime import exec_server, fork, frames
 
 MiB = 1 << 20
 
@@ -91,3 +91,16 @@ def test_a_state_that_is_not_a_dump_carries_nothing_and_says_so() -> None:
     assert target == {}
     assert report["variables"] == 0
     assert report["skipped"][0].startswith("all variables (")
+
+
+def test_a_runner_takes_a_forks_state_only_as_the_descriptor_after_the_run_pipes_and_a_zygote_never() -> None:
+    state = frames.Exec(1, "x", (), {}, 0, 0, False, state=True)
+    plain = frames.Exec(1, "x", (), {}, 0, 0, False)
+
+    assert exec_server.accept_exec(state, [3, 4, 5]) is state
+    assert exec_server.accept_exec(plain, [3, 4]) is plain
+    assert exec_server.accept_exec(plain, []) is plain  # the process's own stdio
+    for frame, fds in ((state, [3, 4]), (state, []), (plain, [3, 4, 5])):
+        assert isinstance(exec_server.accept_exec(frame, fds), str)
+    # A zygote's EXEC carries the run's channel third: a state there would be read from it.
+    assert isinstance(exec_server.accept_exec(state, [3, 4, 5], descriptors=3), str)

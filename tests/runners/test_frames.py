@@ -341,7 +341,7 @@ def test_a_typed_frame_is_immutable_has_slots_and_equals_only_its_own_kind() -> 
 
 
 def test_a_forks_fields_travel_in_exec_and_done_and_a_malformed_report_is_refused() -> None:
-    exec_frame = frames.Exec(3, "x", (), {}, 0, 0, False, state="c3RhdGU=", snapshot=1 << 20)
+    exec_frame = frames.Exec(3, "x", (), {}, 0, 0, False, state=True, snapshot=1 << 20)
     done = frames.Done(3, 0, None, frames.Forked(2, 5, ("g (TypeError: cannot pickle 'generator' object)",)))
 
     assert frames.decode(Kind.EXEC, exec_frame.encode()) == exec_frame

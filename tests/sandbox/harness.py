@@ -22,6 +22,7 @@ import anyio
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.fork_state import ForkState
 from mcp_test_helpers import host_processes
 
 __all__ = [
@@ -164,9 +165,12 @@ class SandboxRunner:
                 started = await engine.execute(ExecutionRequest(code="carried = 1", timeout=HOST_BOUND, session=source))
                 assert started.status == "success", started
                 async with engine.fork_source(source, 1 << 20) as state:
-                    assert state is not None, "the source's variables were not dumped"
+                    assert isinstance(state, ForkState), f"the source's variables were not dumped: {state}"
                 forked = dataclasses.replace(request, session=fork, fork_state=state)
-                result = await engine.execute(forked)
+                try:
+                    result = await engine.execute(forked)
+                finally:
+                    state.close()
                 if result.status != "error" or result.forked is not None:
                     assert result.forked is not None and result.forked.variables == 1, result
                 return result

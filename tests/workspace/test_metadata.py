@@ -123,6 +123,18 @@ def test_a_tenants_conversations_come_most_recently_used_first_and_only_its_own(
     assert metadata.conversations_of("carol") == []
 
 
+def test_the_bytes_a_tenants_conversations_and_everyones_hold_are_summed_by_the_database(metadata: Metadata) -> None:
+    empty = metadata.bytes_held("alice")
+    for key, tenant, size in (("a", "alice", 5), ("b", "bob", 7), ("c", "alice", 11)):
+        metadata.touch_conversation(key * 64, tenant, 1.0)
+        metadata.record_files(key * 64, [FileEntry("f", size, 1.0)])
+
+    assert empty == (0, 0)
+    assert metadata.bytes_held("alice") == (16, 23)
+    assert metadata.bytes_held("bob") == (7, 23)
+    assert metadata.bytes_held("carol") == (0, 23)
+
+
 def test_recorded_files_replace_the_previous_ones_and_set_the_usage(
     metadata: Metadata, metadata_target: MetadataTarget
 ) -> None:

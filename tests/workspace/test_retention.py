@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.replicas.leases import STOPPED, LeaseTable
 from mcp_sandbox.workspace import ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
 from postgres_helpers import MetadataTarget
 
@@ -116,6 +117,20 @@ def test_a_row_without_a_directory_is_forgotten_when_idle(
 
     assert report.idle == [key]
     assert metadata.conversations_by_last_use() == []
+
+
+def test_a_deleted_conversations_mark_of_a_lost_interpreter_goes_with_it(
+    store: WorkspaceStore, metadata: Metadata, budget_settings: Settings
+) -> None:
+    old = _conversation(store, metadata, "old", 10, NOW - 31 * DAY)
+    recent = _conversation(store, metadata, "recent", 10, NOW - 29 * DAY)
+    leases = LeaseTable(metadata.database, "http://a.replica:1")
+    leases.release({}, lost=[old, recent])  # a replica stopped with both interpreters live
+
+    sweep(store, metadata, budget_settings, NOW, busy=())
+
+    assert leases.take_lost(old) is None  # no row left to outlive the conversation
+    assert leases.take_lost(recent) == STOPPED
 
 
 def test_a_sweep_within_every_limit_deletes_nothing(

@@ -23,6 +23,7 @@ from pathlib import Path
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import Resolver, system_resolver
 from mcp_sandbox.engine.admission import Admission
+from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.placement import Placement
@@ -149,22 +150,34 @@ class Engine:
         return await self._sessions.end(key)
 
     @contextlib.asynccontextmanager
-    async def fork_source(self, key: str, budget: int | None) -> AsyncIterator[str | None]:
+    async def fork_source(
+        self, key: str, budget: int | None, grow: Callable[[int], None] | None = None
+    ) -> AsyncIterator[ForkState | str | None]:
         """Hold session ``key`` between two runs (waiting for its running one; the caller bounds
-        the wait) and yield its variables as a fork's state, or None where it has no live interpreter.
+        the wait) and yield its variables as a fork's state, or why they are not carried, or None
+        where it has no live interpreter.
 
         ``budget``: the bytes of variables carried at most (larger ones are skipped, named);
-        None: none are (the session is only held still while its files are copied).
+        None: none are (the session is only held still while its files are copied). The state is
+        spooled to a file as the source's sandbox writes it (:mod:`.fork_state`), each chunk
+        reserved first with ``grow``; the caller owns the :class:`ForkState` yielded (closes it).
+
+        Raises:
+            QuotaExceededError: ``grow`` refused a chunk (a disk budget); nothing is left of it.
+            OSError: the file for the state cannot be made.
         """
         async with self._sessions.holding(key) as interpreter:
-            state = None
+            taken: ForkState | str | None = None
             if interpreter is not None and budget is not None:
+                spool = Spool(self._opener.layout.prepare_runs(), budget, grow)
                 try:
-                    state = await interpreter.snapshot(budget)
+                    dumped = await interpreter.snapshot(budget, spool.feed)
                 except BaseException:  # cut short mid-dump: the interpreter cannot serve its next run
+                    spool.close()
                     await interpreter.kill()
                     raise
-            yield state
+                taken = spool.taken(dumped)
+            yield taken
 
     def live_sessions(self) -> set[str]:
         """Keys of the sessions that exist now (their workspaces are in use)."""

@@ -16,12 +16,13 @@ import contextlib
 import functools
 import itertools
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
 
 from mcp_sandbox.egress import grant_environment
 from mcp_sandbox.engine.channel import Channel
+from mcp_sandbox.engine.fork_state import ForkState, state_pipe
 from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.serving import RunCaps, RunRecord, serve_run
@@ -140,7 +141,7 @@ class Interpreter:
         cpu_seconds: int | None = None,
         guard: bytes | None = None,
         file_size: int | None = None,
-        state: str | None = None,
+        state: bool = False,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -165,7 +166,7 @@ class Interpreter:
         last: bool,
         file_size: int | None = None,
         early: bool = False,
-        state: str | None = None,
+        state: ForkState | None = None,
     ) -> SandboxOutcome | None:
         """Run ``request``'s code once; ``record`` gets its output, images and end as they come.
 
@@ -174,20 +175,22 @@ class Interpreter:
         runs, as the backend judges (:meth:`Sandbox.runner_ended`), and returns that outcome
         (the sandbox is torn down after the answer). None: the outcome is the sandbox's.
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
-        ``state``: a fork's first run, its source's variables to load before the code.
+        ``state``: a fork's first run, its source's variables to load before the code (sent
+        through a pipe of their own while the runner reads them, see :mod:`.fork_state`).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(request, last=last, file_size=file_size, state=state)
-        return await self._serve_exec(record, frame, request, last=last, early=early)
+        frame = self._exec(request, last=last, file_size=file_size, state=state is not None)
+        return await self._serve_exec(record, frame, request, last=last, early=early, state=state)
 
-    async def snapshot(self, budget: int) -> str | None:
-        """This session's variables as a fork's state (opaque base64, about ``budget`` bytes at most); None if not.
+    async def snapshot(self, budget: int, sink: Callable[[bytes], None]) -> bool:
+        """Dump this session's variables as a fork's state (about ``budget`` bytes at most) into ``sink``;
+        whether the runtime says it wrote them all.
 
-        The runtime pickles them inside the sandbox and writes them as the run's stdout: the host
-        never unpickles them, only carries them to the fork's sandbox. Bounded by the caller.
+        The runtime pickles them inside the sandbox and writes them as the run's stdout, which is
+        handed to ``sink`` chunk by chunk (a :class:`.fork_state.Spool`'s) and kept nowhere else: the
+        host never unpickles them, nor holds them whole. Bounded by the caller.
         """
-        cap = 4 * (budget // 3) + (1 << 20)  # base64 of the budget, and room for the payload's frame
-        record = RunRecord.capped(cap)
+        record = RunRecord(CappedOutput(0, sink), CappedOutput(_OWN_OUTPUT_CAP))
         frame = Exec(
             run=next(self._ids),
             code="",
@@ -199,33 +202,43 @@ class Interpreter:
             snapshot=budget,
         )
         await self._serve_exec(record, frame, None, last=False, early=False)
-        if not record.done or record.exit_code != 0 or record.stdout.truncated:
-            return None
-        return record.stdout.text() or None
+        return record.done and record.exit_code == 0 and record.protocol_error is None
 
     async def _serve_exec(
-        self, record: RunRecord, frame: Exec, request: ExecutionRequest | None, *, last: bool, early: bool
+        self,
+        record: RunRecord,
+        frame: Exec,
+        request: ExecutionRequest | None,
+        *,
+        last: bool,
+        early: bool,
+        state: ForkState | None = None,
     ) -> SandboxOutcome | None:
         tools = request.tools if request is not None else None
-        async with run_pipes(record.stdout, record.stderr) as pipes:
-            sent = await self._send_exec(record, frame, pipes.ends)
-            pipes.close()
-            if sent:
-                await serve_run(record, frame.run, tools, self.channel, self.caps)
-            if record.protocol_error is not None:
-                # The runner broke the protocol (an oversized or malformed frame): it cannot be
-                # trusted to end the run, and what it still writes is not read. The run ends now.
-                await self.kill()
-                return None
-            if last and early and record.done and (outcome := await self._runner_end()) is not None:
-                pipes.ended = True  # nothing can write to them any more: what they hold is all
-                return outcome
-            if last or (record.channel_ended and record.protocol_error is None):
-                # The runner is exiting: wait for the whole sandbox, then its own output.
-                await self.exited.wait()
-                with anyio.move_on_after(_SETTLE_SECONDS):
-                    for own in self._own_ended:
-                        await own.wait()
+        with state_pipe(state) as carried:
+            async with run_pipes(record.stdout, record.stderr) as pipes:
+                sent = await self._send_exec(record, frame, (*pipes.ends, *carried.ends))
+                pipes.close()
+                carried.close()
+                if sent:
+                    async with anyio.create_task_group() as feeding:
+                        carried.start(feeding)
+                        await serve_run(record, frame.run, tools, self.channel, self.caps)
+                        feeding.cancel_scope.cancel()  # a runner that never read them all is done anyway
+                if record.protocol_error is not None:
+                    # The runner broke the protocol (an oversized or malformed frame): it cannot be
+                    # trusted to end the run, and what it still writes is not read. The run ends now.
+                    await self.kill()
+                    return None
+                if last and early and record.done and (outcome := await self._runner_end()) is not None:
+                    pipes.ended = True  # nothing can write to them any more: what they hold is all
+                    return outcome
+                if last or (record.channel_ended and record.protocol_error is None):
+                    # The runner is exiting: wait for the whole sandbox, then its own output.
+                    await self.exited.wait()
+                    with anyio.move_on_after(_SETTLE_SECONDS):
+                        for own in self._own_ended:
+                            await own.wait()
         return None
 
     async def _runner_end(self) -> SandboxOutcome | None:

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from mcp_sandbox.egress import EgressGrant
+from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.protocol import Call, Forked, Reply
 from mcp_sandbox.sandbox.policy import Mount
 
@@ -71,8 +72,8 @@ class ExecutionRequest:
     on_output: OutputListener | None = None  # sees the run's output while it lasts (progress notifications)
     egress: EgressGrant | None = None  # network through the egress proxy: always a fresh sandbox of its own
     tenant: str = "default"  # whose run: admission and session caps are per tenant
-    # A fork's first run: its source's variables, opaque base64 (see Engine.fork_source).
-    fork_state: str | None = None
+    # A fork's first run: its source's variables, spooled (see Engine.fork_source); the caller closes it.
+    fork_state: ForkState | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,7 +177,9 @@ class Leases:
     """The leases this replica holds; :meth:`keep` renews them in the background.
 
     ``fence(key)`` ends conversation ``key``'s session here (its lease is lost); ``active()`` are
-    the conversations with a session or a call going (their leases are kept, the others released).
+    the conversations with a session or a call going (their leases are kept, the others released);
+    ``sessions()`` those with a live interpreter here, whose state is lost when their lease is
+    given back (a drain, a shutdown): only those are marked so, not one with an upload in flight.
     """
 
     def __init__(
@@ -186,11 +188,13 @@ class Leases:
         ttl: float,
         fence: Callable[[str], Awaitable[object]],
         active: Callable[[], set[str]],
+        sessions: Callable[[], set[str]],
     ) -> None:
         self.table = table
         self.ttl = ttl
         self._fence = fence
         self._active = active
+        self._sessions = sessions
         self._kept_live: set[str] = set()  # kept by a drain with a session: marked lost once given back
         self._held: dict[str, _Held] = {}
         self._releasing: set[str] = set()  # given back by the tick now: a claim asks the database
@@ -309,7 +313,7 @@ class Leases:
         """Give back every lease held but those of ``keep`` (drain, shutdown), bounded by a third
         of the lease time."""
         keep = keep or set()
-        live = self._active() | self._kept_live  # their interpreters end with this replica
+        live = self._sessions() | self._kept_live  # their interpreters end with this replica
         self._kept_live = keep & live
         held = {k: (h.epoch, _FOREVER) for k, h in self._held.items() if k not in keep}
         self._held = {k: h for k, h in self._held.items() if k in keep}

@@ -23,13 +23,18 @@ _ANSWER_SLACK = 60.0
 
 
 def replica_leases(
-    settings: Settings, database: Database, fence: Callable[[str], Awaitable[object]], active: Callable[[], set[str]]
+    settings: Settings,
+    database: Database,
+    fence: Callable[[str], Awaitable[object]],
+    active: Callable[[], set[str]],
+    sessions: Callable[[], set[str]],
 ) -> Leases:
-    """The leases of replica ``settings.http.replica_url`` (see :class:`.Leases` for ``fence`` and ``active``)."""
+    """The leases of replica ``settings.http.replica_url`` (see :class:`.Leases` for ``fence``,
+    ``active`` and ``sessions``)."""
     me = settings.http.replica_url
     if me is None:
         raise RuntimeError("replica_leases needs replica_url")
-    return Leases(LeaseTable(database, me), settings.http.replica_lease, fence, active)
+    return Leases(LeaseTable(database, me), settings.http.replica_lease, fence, active, sessions)
 
 
 @contextlib.asynccontextmanager

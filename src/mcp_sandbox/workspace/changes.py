@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from mcp_sandbox.errors import QuotaExceededError
 
-__all__ = ["ChangeGate"]
+__all__ = ["ChangeGate", "CopyReservation"]
 
 T = TypeVar("T")
 
@@ -62,15 +62,27 @@ class ChangeGate:
     @contextlib.contextmanager
     def reserving(
         self, tenant: str, size: int, held: tuple[int, int], budgets: tuple[int | None, int]
-    ) -> Iterator[None]:
+    ) -> Iterator[CopyReservation]:
         """Reserve ``size`` bytes of disk for a copy of ``tenant``'s for the block; given back after.
 
         ``held``: the bytes the tenant's and all conversations hold now; ``budgets``: the
-        tenant's (None: no budget of its own) and the server's.
+        tenant's (None: no budget of its own) and the server's. The reservation yielded can grow
+        (a fork's variables, spooled as they come), checked against the same budgets each time.
 
         Raises:
             QuotaExceededError: with the other copies in progress, a budget would be passed.
         """
+        reservation = CopyReservation(self, tenant, held, budgets)
+        reservation.grow(size)
+        try:
+            yield reservation
+        finally:
+            with self._lock:
+                self._reserved[tenant] -= reservation.size
+                if not self._reserved[tenant]:
+                    del self._reserved[tenant]
+
+    def _take(self, tenant: str, size: int, held: tuple[int, int], budgets: tuple[int | None, int]) -> None:
         tenant_held, all_held = held
         tenant_budget, server_budget = budgets
         with self._lock:
@@ -93,10 +105,24 @@ class ChangeGate:
                     "(max_workspaces_bytes)",
                 )
             self._reserved[tenant] += size
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._reserved[tenant] -= size
-                if not self._reserved[tenant]:
-                    del self._reserved[tenant]
+
+
+class CopyReservation:
+    """Bytes reserved for one copy (see :meth:`ChangeGate.reserving`), which may grow while it lasts."""
+
+    def __init__(self, gate: ChangeGate, tenant: str, held: tuple[int, int], budgets: tuple[int | None, int]) -> None:
+        self._gate = gate
+        self._tenant = tenant
+        self._held = held
+        self._budgets = budgets
+        self.size = 0
+
+    def grow(self, size: int) -> None:
+        """Reserve ``size`` bytes more (thread-safe).
+
+        Raises:
+            QuotaExceededError: with the other copies in progress, a budget would be passed;
+                nothing more was reserved.
+        """
+        self._gate._take(self._tenant, size, self._held, self._budgets)
+        self.size += size

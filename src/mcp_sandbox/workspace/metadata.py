@@ -90,12 +90,7 @@ class Metadata:
 
     @classmethod
     def open(cls, path: Path, database_url: str | None = None) -> Metadata:
-        """Open the database: ``database_url`` (``settings.paths.database_url``) when set, else
-        the SQLite file at ``path`` (normally ``StateLayout.metadata``).
-
-        Raises:
-            ConfigError: see the constructor.
-        """
+        """Open the database at ``database_url`` when set, else the SQLite file at ``path``; raises as constructing."""
         return cls(path, database_url)
 
     @property
@@ -345,6 +340,12 @@ class Metadata:
         )
         return [ConversationRecord(*row) for row in rows]
 
+    def bytes_held(self, tenant: str) -> tuple[int, int]:
+        """The bytes ``tenant``'s conversations and all conversations hold, as last recorded (or WorkspaceError)."""
+        sums = "SELECT SUM(CASE WHEN tenant = ? THEN bytes ELSE 0 END), SUM(bytes) FROM conversations"
+        [(mine, everyone)] = self._db.run(lambda tx: tx.query(sums, (tenant,)), write=False)
+        return int(mine or 0), int(everyone or 0)  # NULL: no conversations
+
     def conversations_of(self, tenant: str) -> list[ConversationRecord]:
         """``tenant``'s conversations, most recently used first (no other tenant's row).
 
@@ -380,12 +381,17 @@ class Metadata:
         return bool(rows)
 
     def forget_conversation(self, key: str) -> None:
-        """Delete conversation ``key``'s row and its files' rows (its executions stay).
+        """Delete conversation ``key``'s row, its files' rows and its mark of a lost interpreter (its executions stay).
 
         Raises:
             WorkspaceError: the database refused the write.
         """
-        self._db.run(lambda tx: tx.execute("DELETE FROM conversations WHERE key = ?", (key,)))
+
+        def forget(tx: Transaction) -> None:
+            tx.execute("DELETE FROM conversations WHERE key = ?", (key,))
+            tx.execute("DELETE FROM state_lost WHERE key = ?", (key,))
+
+        self._db.run(forget)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -7,7 +7,10 @@ concurrent forks cannot pass a budget together. The source is held still (its ru
 for, within the call's timeout) while its variables are dumped in its own sandbox and its files are
 copied, so both are of one moment; the fork's first run loads the variables before its code (see
 ``SessionManager.holding`` and the runtime's ``fork.py``). The host carries the variables as opaque
-bytes, never unpickled.
+bytes, never unpickled, nor held whole: they go from the source's sandbox to a nameless file and
+from it to the fork's sandbox (:mod:`~mcp_sandbox.engine.fork_state`), each chunk reserved
+against the same budgets as the files (a refusal leaves nothing), and the file is gone once the
+fork's runner has read it, or when the call ends.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError
 from mcp_sandbox.protocol import Forked
 from mcp_sandbox.server.service import Service
@@ -26,7 +30,8 @@ from mcp_sandbox.workspace.cloning import CloneCounts
 
 __all__ = ["FORK_VARIABLES_BYTES", "Fork", "fork_conversation"]
 
-# The pickled variables a fork carries at most; larger ones are skipped, each named.
+# The pickled variables a fork carries at most; larger ones are skipped, each named (and a
+# snapshot past it is not carried at all, said so).
 FORK_VARIABLES_BYTES = 32 << 20
 
 
@@ -36,7 +41,7 @@ class Fork:
 
     source: str
     counts: CloneCounts
-    state: str | None
+    state: ForkState | None  # closed with the call (or once the fork's runner read it)
     why_not: str | None  # why no variables are carried, when state is None
 
     def report(self, forked: Forked | None) -> dict[str, Any]:
@@ -56,11 +61,13 @@ class Fork:
 async def fork_conversation(
     service: Service, tenant: str, source_id: str, key: str, held: contextlib.ExitStack, *, python: bool, wait: float
 ) -> Fork:
-    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``; bytes reserved on ``held``.
+    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``; bytes reserved,
+    and the variables' file held, on ``held``.
 
     Raises:
         ValidationError: ``key`` exists, the source does not (for this tenant), it is over quota,
-            or its copy would take the tenant or the server past a disk budget; nothing was copied.
+            or its copy (its files, or its variables as they are spooled) would take the tenant or
+            the server past a disk budget; nothing was copied, nothing of them is left.
         BusyError: the source was still running a call after ``wait`` seconds; nothing was copied.
         WorkspaceError: the copy failed (a full disk); nothing of it is left.
     """
@@ -80,33 +87,34 @@ async def fork_conversation(
     size, holding = await anyio.to_thread.run_sync(_measure, service, tenant, source)
     budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
     try:
-        held.enter_context(store.gate.reserving(tenant, size, holding, budgets))
+        reservation = held.enter_context(store.gate.reserving(tenant, size, holding, budgets))
     except QuotaExceededError as exc:
         raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
     sessions = service.settings.sessions.sessions
     budget = FORK_VARIABLES_BYTES if python and sessions else None
     counts: CloneCounts | None = None
-    state: str | None = None
-    with anyio.move_on_after(wait):
-        async with service.engine.fork_source(source, budget) as state:
-            with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
-                try:
+    taken: ForkState | str | None = None
+    try:
+        with anyio.move_on_after(wait):
+            async with service.engine.fork_source(source, budget, reservation.grow) as taken:
+                if isinstance(taken, ForkState):
+                    held.callback(taken.close)
+                with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
                     counts = await anyio.to_thread.run_sync(store.fork, source, key, tenant)
-                except QuotaExceededError as exc:
-                    raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
+    except QuotaExceededError as exc:
+        raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
     if counts is None:
         raise BusyError("the conversation to fork was still running a call at the timeout; nothing was copied")
-    why_not = None
-    if state is None:
+    state = taken if isinstance(taken, ForkState) else None
+    why_not = taken if isinstance(taken, str) else None
+    if taken is None:
         if not python or not sessions:
             why_not = "only a Python run in a session carries them"
         else:
-            why_not = "the conversation forked had no live interpreter (idle past its TTL) or could not dump them"
+            why_not = "the conversation forked had no live interpreter (idle past its TTL)"
     return Fork(source_id, counts, state, why_not)
 
 
 def _measure(service: Service, tenant: str, source: str) -> tuple[int, tuple[int, int]]:
     """The source's bytes, and what the tenant's and all conversations hold (as last recorded)."""
-    size = service.workspaces.usage(source).bytes
-    everyone = service.metadata.conversations_by_last_use()
-    return size, (sum(row.bytes for row in everyone if row.tenant == tenant), sum(row.bytes for row in everyone))
+    return service.workspaces.usage(source).bytes, service.metadata.bytes_held(tenant)

@@ -102,12 +102,14 @@ def accept_exec(frame: Frame, fds: list[int], *, descriptors: int = 2) -> Exec |
     """``frame`` if it is an EXEC frame with the descriptors it should carry; else why not.
 
     A runner's EXEC frame carries the run's stdout and stderr pipes (or nothing: the process's
-    own); a zygote's carries those and the run's own channel socket (``descriptors`` = 3).
+    own), and a fork's first one the pipe of its variables after them; a zygote's carries the
+    pipes and the run's own channel socket (``descriptors`` = 3).
     """
     if not isinstance(frame, Exec):
         return f"expected an EXEC frame, got {frame.KIND.name}"
-    if len(fds) != descriptors and (descriptors != 2 or fds):
-        return f"an EXEC frame here carries {descriptors} descriptors, not {len(fds)}"
+    expected = descriptors + frame.state
+    if len(fds) != expected and (descriptors != 2 or frame.state or fds):
+        return f"an EXEC frame here carries {expected} descriptors, not {len(fds)}"
     return frame
 
 
@@ -139,6 +141,7 @@ class Server:
         self.connection.max_call_bytes = frame.max_call_bytes
         if frame.file_size is not None:
             _limit_file_size(frame.file_size, for_good=frame.last)
+        state = fds[2] if frame.state else None
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
@@ -149,10 +152,13 @@ class Server:
                 relay.add_packages()
             if frame.snapshot is not None:  # a fork's source: its variables, not a run of code
                 return Done(frame.run, self._snapshot(frame.snapshot), None)
-            if frame.state is not None:
-                forked = self._load(frame.state)
+            if state is not None:
+                fd, state = state, None
+                forked = self._load(fd)
             exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
         finally:
+            if state is not None:
+                close_fds([state])
             display.end()
             if saved_env is not None:
                 # Restored, not kept: a session does not carry one run's secrets into the next.
@@ -172,11 +178,14 @@ class Server:
         sys.stdout.write("\n" + dumped)  # on a line of its own (see fork.load)
         return 0
 
-    def _load(self, state: str) -> Forked:
-        """Load a fork's state into the namespace before its first run's code."""
+    def _load(self, state: int) -> Forked:
+        """Load a fork's state, read to its end from the pipe ``state`` (closed here), into the
+        namespace before its first run's code."""
         from . import fork
 
-        report = fork.load(state, self.namespace.namespace)
+        with open(state, "rb") as pipe:
+            data = pipe.read()
+        report = fork.load(data.decode("ascii", errors="replace"), self.namespace.namespace)
         return Forked(report["variables"], report["modules"], tuple(report["skipped"]))
 
 
