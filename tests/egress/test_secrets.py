@@ -57,8 +57,8 @@ def grant(egress: TenantEgress, tenant: str = "default") -> EgressGrant:
 PYTHON = """
 import glob, json, os, shutil, subprocess, urllib.error, urllib.request
 key = os.environ.get("API_KEY", "")
-def get(url, auth=None):
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {auth}"} if auth else {})
+def get(url, auth=None, **headers):
+    request = urllib.request.Request(url, headers={**headers, **({"Authorization": f"Bearer {auth}"} if auth else {})})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return [answer.status, answer.read().decode(), dict(answer.headers)]
@@ -80,6 +80,7 @@ print(json.dumps({
     "echo": get("https://api.web.test/echo", key),
     "other": get("https://other.test/auth", key),
     "plain": get("http://web.test/", key),
+    "fronted": get("https://api.web.test/auth", Host="web.test"),
     "requests": requests.get("https://api.web.test/auth", timeout=10).text,
     "curl": curl and [curl.returncode, curl.stdout, curl.stderr],
     "environ": dict(os.environ),
@@ -114,13 +115,19 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
     # The placeholder to another secret's host, or in the clear, is refused.
     assert seen["other"][0] == 403 and seen["other"][2]["X-Egress-Rule"] == "secret_placeholder"
     assert seen["plain"][0] == 403 and seen["plain"][2]["X-Egress-Rule"] == "secret_placeholder"
+    # Another site behind the same address (another Host in the secret's tunnel) does not get it.
+    assert seen["fronted"][0] == 403 and seen["fronted"][2]["X-Egress-Rule"] == "secret_host"
     # Never in the sandbox (environment, /proc, the socket's directory), the output or the audit log.
     for place in (result.stdout, result.stderr, log):
         assert REAL not in place and OTHER not in place
     assert seen["environ"]["SSL_CERT_FILE"] == "/run/egress/ca-bundle.pem"
     refused = {(line["host"], line["rule"]) for line in audit_lines(engine) if line["verdict"] == "refused"}
-    assert refused == {("other.test", "secret_placeholder"), ("web.test", "secret_placeholder")}
-    applied = [line for line in audit_lines(engine) if line["host"] == "api.web.test"]
+    assert refused == {
+        ("other.test", "secret_placeholder"),
+        ("web.test", "secret_placeholder"),
+        ("api.web.test", "secret_host"),
+    }
+    applied = [line for line in audit_lines(engine) if line["host"] == "api.web.test" and line["verdict"] != "refused"]
     assert applied and all(line["secrets"] == ["api"] and line["rule"] == "secret" for line in applied)
 
 

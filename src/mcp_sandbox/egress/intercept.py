@@ -1,7 +1,8 @@
 """Requests to a host with a secret: HTTP/1.1 read between the sandbox's TLS and the proxy's own, the secret applied.
 
 For each request on the connection (keep-alive is kept), the proxy refuses one that carries the
-placeholder of a secret that may not go to this host (403, rule ``secret_placeholder``), sets
+placeholder of a secret that may not go to this host (403, rule ``secret_placeholder``) or names
+another host (``Host``, or an absolute target: 403, rule ``secret_host``), sets
 each secret's header from its template, replaces the placeholder in every header value with the
 real value, asks for an uncompressed answer (``Accept-Encoding: identity``, so echoes can be
 found), and passes the answer back with every echo of a real value replaced by the placeholder
@@ -66,6 +67,14 @@ def _render(first: str, headers: Headers) -> bytes:
 def _get(headers: Headers, name: str) -> str | None:
     values = [value for key, value in headers if key.lower() == name]
     return ", ".join(values) if values else None
+
+
+def _hostname(value: str) -> str:
+    """The host of a ``Host`` header's value, lower case, without its port or a trailing dot."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    return value.rpartition(":")[0].removesuffix(".") if ":" in value else value.removesuffix(".")
 
 
 def _length(headers: Headers) -> int | None:
@@ -184,7 +193,11 @@ async def _exchange(
     parts = first.split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise Stopped("refused", "request", "not an HTTP/1 request")
-    method, _target, version = parts
+    method, target, version = parts
+    named = [value for name, value in headers if name.lower() == "host"]
+    if not target.startswith("/") or len(named) != 1 or _hostname(named[0]) != host:
+        # Behind one address (a CDN) another Host would be another site: the secret goes to this one only.
+        raise Stopped("refused", "secret_host", f"a request through {host}'s tunnel must name {host} alone")
     replaced = {secret.spec.header.lower() for secret in applied} | {"accept-encoding", "expect"}
     sent: Headers = []
     for name, value in headers:
