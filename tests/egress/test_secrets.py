@@ -70,7 +70,16 @@ for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"
         seen[path] = open(path, "rb").read().decode("latin-1")
     except OSError as error:
         seen[path] = str(error)
-import requests
+def smuggle():
+    tunnel = http.client.HTTPSConnection("127.0.0.1", 3128, timeout=10)
+    tunnel.set_tunnel("api.web.test", 443)
+    tunnel.putrequest("POST", "/auth")
+    tunnel.putheader("Content-Length", "5")
+    tunnel.putheader("Transfer-Encoding", "chunked")
+    tunnel.endheaders(b"0\\r\\n\\r\\n")
+    answer = tunnel.getresponse()
+    return [answer.status, answer.getheader("X-Egress-Rule")]
+import http.client, requests
 curl = None  # the container images hold no curl
 if shutil.which("curl"):
     curl = subprocess.run(["curl", "-sS", "https://api.web.test/auth"], capture_output=True, text=True, timeout=20)
@@ -81,6 +90,7 @@ print(json.dumps({
     "other": get("https://other.test/auth", key),
     "plain": get("http://web.test/", key),
     "fronted": get("https://api.web.test/auth", Host="web.test"),
+    "smuggled": smuggle(),
     "requests": requests.get("https://api.web.test/auth", timeout=10).text,
     "curl": curl and [curl.returncode, curl.stdout, curl.stderr],
     "environ": dict(os.environ),
@@ -117,6 +127,8 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
     assert seen["plain"][0] == 403 and seen["plain"][2]["X-Egress-Rule"] == "secret_placeholder"
     # Another site behind the same address (another Host in the secret's tunnel) does not get it.
     assert seen["fronted"][0] == 403 and seen["fronted"][2]["X-Egress-Rule"] == "secret_host"
+    # Two framings (a request smuggled into the next secret-bearing one) are refused.
+    assert seen["smuggled"] == [400, "request"]
     # Never in the sandbox (environment, /proc, the socket's directory), the output or the audit log.
     for place in (result.stdout, result.stderr, log):
         assert REAL not in place and OTHER not in place
@@ -126,6 +138,7 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
         ("other.test", "secret_placeholder"),
         ("web.test", "secret_placeholder"),
         ("api.web.test", "secret_host"),
+        ("api.web.test", "request"),
     }
     applied = [line for line in audit_lines(engine) if line["host"] == "api.web.test" and line["verdict"] != "refused"]
     assert applied and all(line["secrets"] == ["api"] and line["rule"] == "secret" for line in applied)

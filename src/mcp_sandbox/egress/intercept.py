@@ -198,6 +198,8 @@ async def _exchange(
     if not target.startswith("/") or len(named) != 1 or _hostname(named[0]) != host:
         # Behind one address (a CDN) another Host would be another site: the secret goes to this one only.
         raise Stopped("refused", "secret_host", f"a request through {host}'s tunnel must name {host} alone")
+    if _chunked(headers) and _length(headers) is not None:  # two framings: a request smuggled in the body
+        raise Stopped("refused", "request", "both Content-Length and Transfer-Encoding")
     replaced = {secret.spec.header.lower() for secret in applied} | {"accept-encoding", "expect"}
     sent: Headers = []
     for name, value in headers:
