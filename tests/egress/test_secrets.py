@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from mcp_sandbox.egress import EgressGrant, TenantEgress
+from mcp_sandbox.state import StateLayout
 
 from .conftest import EgressEngine, HostNet, audit_lines, execute
 
@@ -114,6 +115,7 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
         log = (engine.settings.paths.state_dir / "logs" / "egress.log").read_text()
     key = seen["key"]
     assert key.startswith("mcpsbx-secret-api-") and REAL not in key
+    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the trust files went with it
     # The header arrived with the real value, from urllib, requests and curl, trusting the CA by default.
     assert seen["auth"][:2] == [200, hashed(f"Bearer {REAL}")]
     assert seen["requests"] == hashed(f"Bearer {REAL}")
@@ -186,6 +188,7 @@ async def test_a_conversations_runs_use_the_secret_with_a_placeholder_of_their_o
         first = await execute(engine, code, grant(egress), session="s")
         second = await execute(engine, code, grant(egress), session="s")
     assert first.status == second.status == "success", (first, second)
+    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the session's, at its end
     (one,), answer = json.loads(first.stdout)
     (again, two), later = json.loads(second.stdout)
     assert again == one and two != one  # the interpreter kept run 1's; run 2 got its own

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.audit import AuditRecord
 from mcp_sandbox.egress.authority import Authority
-from mcp_sandbox.egress.listener import BUNDLE_FILE, CA_FILE, SOCKET_NAME, serve_egress, socket_directory
+from mcp_sandbox.egress.listener import (
+    BUNDLE_FILE,
+    CA_FILE,
+    SOCKET_NAME,
+    remove_socket_directory,
+    serve_egress,
+    socket_directory,
+)
 from mcp_sandbox.egress.proxy import EgressProxy, Resolver, hosts_resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
 
@@ -38,6 +45,7 @@ __all__ = [
     "grant_environment",
     "hosts_resolver",
     "relay_environment",
+    "remove_socket_directory",
     "sandbox_environment",
     "serve_egress",
     "socket_directory",

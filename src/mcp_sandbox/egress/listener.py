@@ -26,7 +26,7 @@ from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
 from mcp_sandbox.events import Observer, unheard
 
-__all__ = ["BUNDLE_FILE", "CA_FILE", "SOCKET_NAME", "serve_egress", "socket_directory"]
+__all__ = ["BUNDLE_FILE", "CA_FILE", "SOCKET_NAME", "remove_socket_directory", "serve_egress", "socket_directory"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,11 @@ async def serve_egress(
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
     finally:
-        with contextlib.suppress(OSError):
-            (directory / SOCKET_NAME).unlink()
         if owned:
+            remove_socket_directory(directory)
+        else:
             with contextlib.suppress(OSError):
-                directory.rmdir()
+                (directory / SOCKET_NAME).unlink()
 
 
 def _write_trust(directory: Path, authority: Authority) -> None:
@@ -120,8 +120,18 @@ def _write_trust(directory: Path, authority: Authority) -> None:
         temporary.replace(directory / name)  # a session's sandbox may be reading the old one
 
 
+def remove_socket_directory(directory: Path) -> None:
+    """Remove a socket directory: the socket, the trust files (a run with secrets) and the directory."""
+    for name in (SOCKET_NAME, CA_FILE, BUNDLE_FILE):
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
 def socket_directory(runs: Path, group: int | None) -> Path:
-    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
+    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it
+    (:func:`remove_socket_directory`).
 
     Raises:
         OSError: it cannot be made.

@@ -26,6 +26,7 @@ from mcp_sandbox.egress import (
     Authority,
     Resolver,
     TenantEgress,
+    remove_socket_directory,
     serve_egress,
     socket_directory,
     system_resolver,
@@ -251,7 +252,7 @@ class Opener:
         if not self.session_relay:
             return None
         sockets = socket_directory(self.layout.prepare_runs(), self.sandbox_group())
-        stack.callback(_remove_directory, sockets)
+        stack.callback(remove_socket_directory, sockets)
         return sockets
 
     @contextlib.asynccontextmanager
@@ -274,8 +275,3 @@ class Opener:
 
             interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy, uid))
             yield interpreter, tools, sockets
-
-
-def _remove_directory(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.rmdir()
