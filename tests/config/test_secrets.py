@@ -57,6 +57,7 @@ def test_a_secret_is_read_from_the_environment_or_a_file_and_shown_only_as_a_has
     [
         ('value_from = "env:MISSING", hosts = ["a.test"]', "MISSING"),
         ('value_from = "env:SHORT", hosts = ["a.test"]', "shorter"),
+        ('value_from = "env:WIDE", hosts = ["a.test"]', "non-ASCII"),
         ('value_from = "plain-text-value", hosts = ["a.test"]', "value_from"),
         ('value_from = "env:KEY"', "hosts"),
         ('value_from = "env:KEY", hosts = ["*"]', "hosts"),
@@ -67,7 +68,7 @@ def test_a_secret_is_read_from_the_environment_or_a_file_and_shown_only_as_a_has
     ],
 )
 def test_a_malformed_secret_is_refused_naming_what_is_wrong(entry: str, named: str) -> None:
-    env = {"KEY": VALUE, "SHORT": "abc", "MCP_SANDBOX_SECRET_API": f"{{ {entry} }}"}
+    env = {"KEY": VALUE, "SHORT": "abc", "WIDE": "ключ-1234567", "MCP_SANDBOX_SECRET_API": f"{{ {entry} }}"}
     with pytest.raises(ConfigError, match=named) as caught:
         load_settings(env=env)
     assert VALUE not in str(caught.value)

@@ -86,8 +86,8 @@ def _value(value_from: object, env: Mapping[str, str], where: str) -> SecretValu
             value = Path(source).expanduser().read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{where} value_from: cannot read {source}: {exc}") from None
-    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
-        raise ConfigError(f"{where} value_from: the value holds a control character (a header cannot carry it)")
+    if not value.isascii() or any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+        raise ConfigError(f"{where} value_from: the value holds a control or non-ASCII character (a header cannot)")
     if len(value) < MIN_VALUE:
         raise ConfigError(f"{where} value_from: the value is shorter than {MIN_VALUE} characters")
     return SecretValue(value)
@@ -113,8 +113,13 @@ def _spec(entry: Mapping[str, Any], env: Mapping[str, str], where: str) -> Secre
     if not isinstance(header, str) or not _HEADER.match(header) or header.lower() in ("host", "content-length"):
         raise ConfigError(f"{where} header: must be an HTTP header name (not Host or Content-Length)")
     template = entry.get("template", "Bearer {value}")
-    if not isinstance(template, str) or "{value}" not in template or not template.isprintable():
-        raise ConfigError(f"{where} template: must be printable text holding {{value}}")
+    if (
+        not isinstance(template, str)
+        or "{value}" not in template
+        or not template.isprintable()
+        or not template.isascii()
+    ):
+        raise ConfigError(f"{where} template: must be printable ASCII holding {{value}}")
     placeholder_env = entry.get("placeholder_env")
     if placeholder_env is not None and (not isinstance(placeholder_env, str) or not _ENV_NAME.match(placeholder_env)):
         raise ConfigError(f"{where} placeholder_env: must be an environment variable's name")
