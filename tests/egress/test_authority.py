@@ -42,7 +42,7 @@ def test_a_leaf_is_trusted_by_its_start_and_not_by_the_next() -> None:
     assert first.server_context("api.web.test") is leaf  # cached per host
     handshake(leaf, first.pem, "api.web.test")
     with pytest.raises(ssl.SSLCertVerificationError):
-        handshake(leaf, second.pem, "api.web.test")
+        handshake(leaf, second.trusted(), "api.web.test")
     with pytest.raises(ssl.SSLCertVerificationError):
         handshake(leaf, first.pem, "other.test")  # a leaf names its host only
 
@@ -50,7 +50,17 @@ def test_a_leaf_is_trusted_by_its_start_and_not_by_the_next() -> None:
 def test_the_bundle_holds_the_hosts_roots_and_the_ca() -> None:
     authority = Authority()
     bundle = authority.bundle()
-    assert bundle.endswith(authority.pem) and bundle.count(b"BEGIN CERTIFICATE") > 1
+    assert bundle.endswith(authority.trusted()) and authority.pem in bundle and bundle.count(b"BEGIN CERTIFICATE") > 2
+
+
+def test_a_run_that_spans_the_cas_renewal_still_trusts_its_leaves() -> None:
+    authority = Authority()
+    trusted_before = authority.trusted()  # what a run started before the renewal has
+    before = authority.pem
+    authority.renew()
+    assert authority.pem != before
+    handshake(authority.server_context("api.web.test"), trusted_before, "api.web.test")
+    handshake(authority.server_context("api.web.test"), authority.trusted(), "api.web.test")
 
 
 def test_an_echo_split_across_chunks_is_scrubbed() -> None:

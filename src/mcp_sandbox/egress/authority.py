@@ -2,8 +2,9 @@
 
 To put a secret into a request, the proxy has to read the request: for a host with a secret
 it terminates the sandbox's TLS with a leaf certificate made for that host, signed by a CA made
-when the server starts (ECDSA P-256, valid for a day, renewed before it ends). The CA's key and
-the leaves' key exist only in this process's memory; the sandbox trusts the CA's certificate
+when the server starts (ECDSA P-256, valid for a day, replaced by the next one an hour before it
+ends; bundles hold both, so a run that spans the change keeps trusting its leaves). The CAs' keys
+and the leaves' key exist only in this process's memory; the sandbox trusts the certificates
 (:meth:`Authority.bundle`). Upstream, the proxy opens TLS of its own, checked against the host's
 roots and ``egress_upstream_ca``.
 
@@ -52,6 +53,42 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _make_ca(ends: datetime.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A CA's key and self-signed certificate, valid from now until ``ends``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, f"{CA_NAME} {uuid.uuid4().hex[:8]}"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mcp-sandbox"),
+        ]
+    )
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - _SKEW)
+        .not_valid_after(ends)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return key, certificate
+
+
 class Authority:
     """The CA of one server start; its leaves, one per host, cached until shortly before they end."""
 
@@ -67,56 +104,36 @@ class Authority:
             self._upstream.load_verify_locations(cafile=str(upstream_ca))
         self._upstream.set_alpn_protocols(_ALPN)
         self._leaves: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}
-        self._renew()
-
-    def _renew(self) -> None:
-        now = _now()
-        self._key = ec.generate_private_key(ec.SECP256R1())
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name(
-            [
-                x509.NameAttribute(NameOID.COMMON_NAME, f"{CA_NAME} {uuid.uuid4().hex[:8]}"),
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "mcp-sandbox"),
-            ]
-        )
-        public = self._key.public_key()
-        self.certificate = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _SKEW)
-            .not_valid_after(now + _CA_LIFE)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .sign(self._key, hashes.SHA256())
-        )
+        now = _now()
+        self._key, self.certificate = _make_ca(now + _CA_LIFE)
+        # The next CA, trusted already (in every bundle written from now on): a run that started
+        # before the renewal still trusts the leaves made after it.
+        self._next = _make_ca(now + 2 * _CA_LIFE)
+
+    def renew(self) -> None:
+        """Make the next CA the current one (done by itself an hour before the current one ends)."""
+        with self._lock:
+            self._replace()
+
+    def _replace(self) -> None:
+        self._key, self.certificate = self._next
+        self._next = _make_ca(_now() + 2 * _CA_LIFE)
         self._leaves.clear()
 
     @property
     def pem(self) -> bytes:
-        """The CA's certificate (public), as the sandbox trusts it."""
+        """The current CA's certificate (public)."""
         return self.certificate.public_bytes(serialization.Encoding.PEM)
 
+    def trusted(self) -> bytes:
+        """The certificates the sandbox trusts: the current CA's and the next one's."""
+        return self.pem + self._next[1].public_bytes(serialization.Encoding.PEM)
+
     def bundle(self) -> bytes:
-        """The host's roots and the CA's certificate: the sandbox's trust bundle."""
+        """The host's roots and :meth:`trusted`: the sandbox's trust bundle."""
         roots = system_roots()
-        return roots + (b"" if not roots or roots.endswith(b"\n") else b"\n") + self.pem
+        return roots + (b"" if not roots or roots.endswith(b"\n") else b"\n") + self.trusted()
 
     def upstream_context(self) -> ssl.SSLContext:
         """The client context of the proxy's own TLS to an upstream: the host's roots and ``egress_upstream_ca``."""
@@ -131,7 +148,7 @@ class Authority:
         with self._lock:
             now = _now()
             if self.certificate.not_valid_after_utc - now < _RENEW_BEFORE:
-                self._renew()
+                self._replace()
             cached = self._leaves.get(host)
             if cached is not None and cached[1] - now > _RENEW_BEFORE:
                 return cached[0]

@@ -113,7 +113,7 @@ async def serve_egress(
 
 
 def _write_trust(directory: Path, authority: Authority) -> None:
-    for name, data in ((CA_FILE, authority.pem), (BUNDLE_FILE, authority.bundle())):
+    for name, data in ((CA_FILE, authority.trusted()), (BUNDLE_FILE, authority.bundle())):
         temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}"
         temporary.write_bytes(data)
         temporary.chmod(0o644)
