@@ -297,6 +297,7 @@ bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tok
 	$(BIN)/python bench/progress.py
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
+	$(BIN)/python bench/secrets_cost.py
 	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/forward.py

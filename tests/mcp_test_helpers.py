@@ -76,19 +76,21 @@ async def memory_client(
     *,
     backend: Backend | None = None,
     read_timeout: float | None = CALL_BOUND,
+    env: Mapping[str, str] | None = None,
     **flags: Any,
 ) -> AsyncIterator[Client]:
     """A client of the whole service in this process over the SDK's in-memory pairing.
 
-    Settings ``flags`` over the state directory and ``runtime``; no MCP client configs are
-    discovered. ``backend`` replaces the configured one (tests/doubles/sandbox.py);
-    ``read_timeout`` bounds each request (None: the caller bounds its calls).
+    Settings ``flags`` over the state directory and ``runtime`` (and ``env``, the environment
+    read; none by default); no MCP client configs are discovered. ``backend`` replaces the
+    configured one (tests/doubles/sandbox.py); ``read_timeout`` bounds each request (None: the
+    caller bounds its calls).
     """
     values: dict[str, Any] = {"state_dir": str(state_dir), "discover_servers": False}
     if runtime is not None:
         values["python_runtime"] = str(runtime)
     values.update(flags)
-    settings = load_settings(env={}, flags=values)
+    settings = load_settings(env=env or {}, flags=values)
     async with (
         open_service(settings, http=False, backend=backend) as service,
         Client(build_server(service), read_timeout_seconds=read_timeout) as client,

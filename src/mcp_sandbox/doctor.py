@@ -155,6 +155,9 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
         out.write(f"\nnetwork: FAILED, the egress settings are wrong: {exc}\n")
         return
     out.write(f"\nnetwork (egress proxy): network: true reaches {summary}\n")
+    for spec in settings.egress.secrets:  # a short hash of each value, never the value
+        where = ", ".join(spec.hosts)
+        out.write(f"  secret {spec.name} (tenant {spec.tenant}): {spec.header} to {where}, value {spec.value.digest}\n")
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello) as server:
         port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()

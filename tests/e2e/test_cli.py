@@ -106,7 +106,9 @@ def test_run_starts_no_sandbox_beyond_its_own(state_dir: Path, sandbox_runtime: 
 
 
 def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Path, packaged_runtime: Path) -> None:
-    done = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=packaged_runtime)
+    value = "sk-" + "doctor-never-shows-it"
+    secret = {"KEY": value, "MCP_SANDBOX_SECRET_API": '{ value_from = "env:KEY", hosts = ["api.example.test"] }'}
+    done = mcp_sandbox_cli("doctor", state_dir=state_dir, runtime=packaged_runtime, env=secret)
 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bwrap" in done.stdout
@@ -119,6 +121,10 @@ def test_doctor_exits_zero_and_reports_bwrap_and_its_memory_limit(state_dir: Pat
     assert "ok: ran TypeScript in a sandbox" in done.stdout and "SLOWER start" not in done.stdout, done.stdout
     # ... and built the sandbox's gate (provision/gate.py), which every sandbox started through.
     assert f"sandbox gate: {load_settings(env={}, flags={}).paths.gate_dir}/" in done.stdout, done.stdout
+    # A secret is named with a short hash of its value, never the value.
+    digest = load_settings(env=secret).egress.secrets[0].value.digest
+    assert f"secret api (tenant default): Authorization to api.example.test, value {digest}" in done.stdout
+    assert value not in done.stdout + done.stderr
 
 
 def test_doctor_says_when_the_sandbox_gate_is_not_built(state_dir: Path, packaged_runtime: Path) -> None:

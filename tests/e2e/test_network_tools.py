@@ -58,7 +58,8 @@ async def test_network_true_reaches_an_allowed_host_and_the_description_says_so(
     assert structured(ran)["status"] == "success", structured(ran)
     assert structured(ran)["stdout"] == "hello over the proxy\n"
     assert structured(plain)["status"] == "error"  # without network: no proxy, no route
-    assert structured(runners)["network"] == {"available": True, "reaches": f"{NAME} on ports 80, 443, {web_port}"}
+    reaches = f"{NAME} on ports 80, 443, {web_port}"
+    assert structured(runners)["network"] == {"available": True, "reaches": reaches, "secrets": []}
     assert "network" in text(runners)
 
 

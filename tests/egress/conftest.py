@@ -114,14 +114,18 @@ EgressEngine = Callable[..., contextlib.AbstractAsyncContextManager[tuple[Engine
 def egress_engine(
     request: pytest.FixtureRequest, state_dir: Path, sandbox_runtime: Path | None, test_net: HostNet
 ) -> EgressEngine:
-    """``async with egress_engine(backend="bwrap", hosts=None, **flags) as (engine, egress)``.
+    """``async with egress_engine(backend="bwrap", hosts=None, env=None, **flags) as (engine, egress)``.
 
-    Its proxy resolves the test names, and ``hosts`` (name to addresses) besides.
+    Its proxy resolves the test names, and ``hosts`` (name to addresses) besides; ``env`` is the
+    environment its settings are read from (secrets).
     """
 
     @contextlib.asynccontextmanager
     async def make(
-        backend: str = "bwrap", hosts: dict[str, list[str]] | None = None, **flags: Any
+        backend: str = "bwrap",
+        hosts: dict[str, list[str]] | None = None,
+        env: dict[str, str] | None = None,
+        **flags: Any,
     ) -> AsyncIterator[tuple[Engine, TenantEgress]]:
         if backend == "docker":
             request.getfixturevalue("docker_engine")  # the tests' own docker engine, started once
@@ -130,7 +134,7 @@ def egress_engine(
         if sandbox_runtime is not None:
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
-        settings = load_settings(env={}, flags=values)
+        settings = load_settings(env=env or {}, flags=values)
         chosen = get_backend(backend, settings)
         probe = chosen.probe()
         if not probe.available:

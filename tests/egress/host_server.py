@@ -3,11 +3,15 @@
 ``host_server.py CERT KEY``: HTTP on port 80 and HTTPS (the certificate given, signed by the
 tests' own CA) on port 443. ``GET /`` answers ``hello from <Host>``; ``GET /big`` sends 4 MiB;
 ``GET /keep-alive`` answers like ``/`` but leaves the connection open for the client's next
-request (every other answer closes it). Prints ``ready`` once both listen.
+request (every other answer closes it). ``GET /auth`` answers the SHA-256 of the request's
+``Authorization`` header (what arrived, without showing it); ``GET /echo`` echoes that header in
+its body and in an ``X-Echo`` header (as a careless API echoes a key). Prints ``ready`` once
+both listen.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import ssl
 import sys
@@ -20,8 +24,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        body = b"x" * BIG if self.path == "/big" else f"hello from {self.headers.get('Host')}".encode()
+        auth = self.headers.get("Authorization", "")
+        if self.path == "/big":
+            body = b"x" * BIG
+        elif self.path == "/auth":
+            body = hashlib.sha256(auth.encode()).hexdigest().encode()
+        elif self.path == "/echo":
+            body = f"you sent: {auth}".encode()
+        else:
+            body = f"hello from {self.headers.get('Host')}".encode()
         self.send_response(200)
+        if self.path == "/echo":
+            self.send_header("X-Echo", auth)
         self.send_header("Content-Length", str(len(body)))
         if self.path != "/keep-alive":
             self.send_header("Connection", "close")

@@ -108,3 +108,14 @@ async def test_output_mode_json_renders_the_structured_content_as_json(client: C
     block = result.content[0]
     assert isinstance(block, TextContent)
     assert '"stdout"' in block.text
+
+
+async def test_list_runners_names_the_tenants_secrets_and_never_their_values(module_state_dir: Path) -> None:
+    value = "sk-" + "never-listed-0123"
+    env = {"KEY": value, "MCP_SANDBOX_SECRET_OPENAI": '{ value_from = "env:KEY", hosts = ["api.openai.test"] }'}
+    backend = PlainProcessBackend()
+    async with memory_client(module_state_dir, None, backend=backend, prestart_size=0, env=env) as client:
+        with anyio.fail_after(CALL_BOUND):
+            runners = await client.call_tool("list_runners", {})
+    assert structured(runners)["network"]["secrets"] == ["openai"]
+    assert "openai" in text(runners) and value not in text(runners) and value not in str(structured(runners))

@@ -35,6 +35,7 @@ from mcp_sandbox.config.pieces import (
     SessionSettings,
     WorkspaceSettings,
 )
+from mcp_sandbox.config.secrets import SecretSpec, SecretValue
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
 from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
@@ -63,6 +64,8 @@ __all__ = [
     "PathSettings",
     "PoolSettings",
     "SandboxSettings",
+    "SecretSpec",
+    "SecretValue",
     "SessionSettings",
     "Settings",
     "Tenant",

@@ -17,7 +17,7 @@ from mcp_sandbox.errors import ConfigError
 __all__ = ["ConfigFile", "parse_config_file", "read_config_file"]
 
 # The tables that are not settings: each read by the part of the server it configures.
-TABLES = frozenset({"auth", "servers", "tenants"})
+TABLES = frozenset({"auth", "secrets", "servers", "tenants"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +58,11 @@ class ConfigFile:
         if not isinstance(tables, dict) or not all(isinstance(table, dict) for table in tables.values()):
             raise ConfigError(f"config file {self.path}: [tenants.<name>] must be tables")
         return {str(name): dict(table) for name, table in tables.items()}
+
+    @property
+    def secrets(self) -> object:
+        """The ``[[secrets]]`` entries as written (None without any); :mod:`.secrets` checks them."""
+        return self.data.get("secrets")
 
     @property
     def servers(self) -> object:

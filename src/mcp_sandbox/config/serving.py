@@ -31,6 +31,7 @@ from mcp_sandbox.config.fields import (
     setting,
 )
 from mcp_sandbox.config.fields import port as tcp_port  # HttpSettings' field `port` shadows the check
+from mcp_sandbox.config.secrets import SecretSpec
 from mcp_sandbox.config.tenants import Tenant
 from mcp_sandbox.errors import ConfigError
 
@@ -239,8 +240,17 @@ class EgressSettings:
     egress_connection_timeout: float = setting(
         300.0, "The longest one connection may stay open.", check=duration, unit=DURATION
     )
-    # Not a setting anyone gives: each tenant's egress, from its [tenants.<name>] table.
+    egress_upstream_ca: Path | None = setting(
+        None,
+        (
+            "A PEM bundle the egress proxy trusts, besides the host's roots, for the hosts a secret "
+            "goes to (internal services) ([Network](network.md#secrets))."
+        ),
+    )
+    # Not settings anyone gives: each tenant's egress, from its [tenants.<name>] table, and the
+    # secrets of [[secrets]] and MCP_SANDBOX_SECRET_<NAME>.
     tenants: tuple[Tenant, ...] = internal(())
+    secrets: tuple[SecretSpec, ...] = internal(())
 
     def __post_init__(self) -> None:
         check_fields(self)

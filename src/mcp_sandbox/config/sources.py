@@ -6,7 +6,8 @@ The environment is ``MCP_SANDBOX_<NAME>``, then the earlier systems' names as al
 ``MCP_BRIDGE_*``; the code runner's ``MCP_API_TOKEN``, ``PUBLIC_BASE_URL``, ``MCP_HTTP_ADDR``);
 the TOML file is ``--config`` or ``MCP_SANDBOX_CONFIG``. Nothing here reads the environment at
 import time: callers pass it in (or the loader reads it when called). The file's tables are
-finished here too: ``[tenants.<name>]`` into the settings' tenants, ``[auth]`` into tokens.
+finished here too: ``[tenants.<name>]`` into the settings' tenants, ``[[secrets]]`` (and
+``MCP_SANDBOX_SECRET_<NAME>``) into its secrets, ``[auth]`` into tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mcp_sandbox.config.defaults import (
 )
 from mcp_sandbox.config.file import ConfigFile, read_config_file
 from mcp_sandbox.config.serving import check_internal_listener
+from mcp_sandbox.config.secrets import read_secrets
 from mcp_sandbox.config.settings import SETTINGS, Settings
 from mcp_sandbox.config.tenancy import read_tenants, with_tenant_caps
 from mcp_sandbox.config.tenants import Tenant
@@ -143,9 +145,10 @@ def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: Con
     values.setdefault("js_runtime_dir", default_js_runtime_dir(values["data_dir"], checkout=checkout))
     values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
     if file is None:
-        return Settings.of(**values)
+        return Settings.of(**values).replace(secrets=read_secrets(None, env, "environment"))
     settings = Settings.of(**values, config_file=file.path)
-    return settings.replace(tenants=read_tenants(file.tenant_tables, settings))
+    secrets = read_secrets(file.secrets, env, f"config file {file.path}")
+    return settings.replace(tenants=read_tenants(file.tenant_tables, settings), secrets=secrets)
 
 
 def _file(env: Mapping[str, str], config_file: Path | None) -> ConfigFile | None:

@@ -15,7 +15,15 @@ from collections.abc import Mapping
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.audit import AuditRecord
-from mcp_sandbox.egress.listener import SOCKET_NAME, serve_egress, socket_directory
+from mcp_sandbox.egress.authority import Authority
+from mcp_sandbox.egress.listener import (
+    BUNDLE_FILE,
+    CA_FILE,
+    SOCKET_NAME,
+    remove_socket_directory,
+    serve_egress,
+    socket_directory,
+)
 from mcp_sandbox.egress.proxy import EgressProxy, Resolver, hosts_resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
 
@@ -26,6 +34,7 @@ __all__ = [
     "SOCKET_INSIDE",
     "AuditLog",
     "AuditRecord",
+    "Authority",
     "EgressGrant",
     "EgressProxy",
     "EgressRules",
@@ -36,10 +45,12 @@ __all__ = [
     "grant_environment",
     "hosts_resolver",
     "relay_environment",
+    "remove_socket_directory",
     "sandbox_environment",
     "serve_egress",
     "socket_directory",
     "system_resolver",
+    "trust_environment",
 ]
 
 SOCKET_DIRECTORY_INSIDE = "/run/egress"
@@ -58,16 +69,30 @@ def relay_environment() -> Mapping[str, str]:
     }
 
 
+def trust_environment() -> Mapping[str, str]:
+    """Where every common client finds the trust bundle holding the proxy's CA (a run with secrets)."""
+    bundle, ca = f"{SOCKET_DIRECTORY_INSIDE}/{BUNDLE_FILE}", f"{SOCKET_DIRECTORY_INSIDE}/{CA_FILE}"
+    names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "PIP_CERT", "GIT_SSL_CAINFO")
+    return {**dict.fromkeys(names, bundle), "NODE_EXTRA_CA_CERTS": ca, "DENO_CERT": ca}
+
+
 def grant_environment(grant: EgressGrant | None) -> Mapping[str, str]:
     """What a run's grant changes in :func:`sandbox_environment`'s variables (in its EXEC frame).
 
     When the rules let it reach ``localhost`` (a loopback range in ``egress_allow_private`` and a
     pattern naming it), no name is left to bypass the proxy: the sandbox's own loopback serves
     nothing but the relay, so ``localhost``/``127.0.0.1`` must go through the proxy to the host's.
+    With secrets: the trust bundle's variables, and each ``placeholder_env`` its run's placeholder.
     """
-    if grant is None or not grant.rules.reaches_loopback():
+    if grant is None:
         return {}
-    return {"NO_PROXY": "", "no_proxy": ""}
+    env: dict[str, str] = {}
+    if grant.rules.reaches_loopback():
+        env.update({"NO_PROXY": "", "no_proxy": ""})
+    if grant.secrets:
+        env.update(trust_environment())
+        env.update({s.spec.placeholder_env: s.placeholder for s in grant.secrets if s.spec.placeholder_env})
+    return env
 
 
 def sandbox_environment(language: str) -> Mapping[str, str]:

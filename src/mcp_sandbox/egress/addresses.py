@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
-__all__ = ["IPAddress", "IPNetwork", "embedded_ipv4", "in_ranges", "is_public", "reachable"]
+__all__ = ["IPAddress", "IPNetwork", "embedded_ipv4", "in_ranges", "is_own", "is_public", "reachable"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -127,3 +127,22 @@ def reachable(address: IPAddress, ranges: Iterable[IPNetwork]) -> bool:
     if not wrapped:
         return is_public(address)
     return all(_public_ipv4(inner) or any(inner in network for network in ranges) for inner in wrapped)
+
+
+def is_own(address: IPAddress, port: int, host: str, own_port: int) -> bool:
+    """Whether ``address:port`` may be the server itself: loopback or its own address, unwrapped too."""
+    if port != own_port:
+        return False
+    try:
+        own: IPAddress | None = ipaddress.ip_address(host)
+    except ValueError:
+        own = None
+    forms: list[IPAddress] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        forms += embedded_ipv4(address)  # ::ffff:127.0.0.1 is 127.0.0.1
+    if own is None:
+        return any(form.is_loopback for form in forms)
+    owns: list[IPAddress] = [own, *(embedded_ipv4(own) if isinstance(own, ipaddress.IPv6Address) else ())]
+    if any(candidate.is_unspecified for candidate in owns):
+        return True
+    return any(form.is_loopback or form in owns for form in forms)

@@ -2,8 +2,9 @@
 
 A line holds when, whose run (tenant, conversation, run id), where to (host, port, the address
 connected to), how many bytes each way, the verdict (``allowed``, ``refused``, ``cut``) and the
-rule that decided. Never a header, a path, a query or a body: those may carry secrets. The file
-is written, rotated and kept private by :class:`mcp_sandbox.audit.AuditLog`. Past
+rule that decided, and the names of the secrets applied (never a value). Never a header, a
+path, a query or a body: those may carry secrets. The file is written, rotated and kept
+private by :class:`mcp_sandbox.audit.AuditLog`. Past
 :data:`LINES_PER_RUN` lines a run's connections are counted by verdict, and the run's last line
 sums them (:func:`summary_line`): cheap runs cannot rotate everyone's records out of the files.
 """
@@ -47,7 +48,11 @@ class AuditRecord:
     sent: int = 0  # bytes from the sandbox
     received: int = 0  # bytes to the sandbox
     method: str = "CONNECT"
+    secrets: tuple[str, ...] = ()  # the names of the secrets applied (a host with a secret's rule)
 
     def line(self) -> str:
-        """The log's line for this connection: the time (to the second, UTC) then the fields."""
-        return json.dumps({"time": _now(), **asdict(self)})
+        """The log's line for this connection: the time (to the second, UTC) then the fields (``secrets`` if any)."""
+        fields = asdict(self)
+        if not self.secrets:
+            del fields["secrets"]
+        return json.dumps({"time": _now(), **fields})

@@ -18,17 +18,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from mcp_sandbox.audit import AuditLog
+from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
 from mcp_sandbox.events import Observer, unheard
 
-__all__ = ["SOCKET_NAME", "serve_egress", "socket_directory"]
+__all__ = ["BUNDLE_FILE", "CA_FILE", "SOCKET_NAME", "remove_socket_directory", "serve_egress", "socket_directory"]
 
 logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "proxy.sock"
+CA_FILE = "egress-ca.pem"  # the CA's certificate alone (NODE_EXTRA_CA_CERTS, DENO_CERT)
+BUNDLE_FILE = "ca-bundle.pem"  # the host's roots and the CA (SSL_CERT_FILE and the rest)
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 
 
@@ -56,6 +60,7 @@ async def serve_egress(
     group: int | None = None,
     directory: Path | None = None,
     emit: Observer = unheard,
+    authority: Authority | None = None,
 ) -> AsyncIterator[tuple[EgressProxy, Path]]:
     """Serve a run's proxy on a fresh Unix socket for this block; yield it and the socket's directory.
 
@@ -64,6 +69,9 @@ async def serve_egress(
     ``directory``: an existing one (a session's, bound into its sandbox for life: only the socket
     comes and goes with each run), else a new one under ``runs``, removed afterwards.
     ``emit``: hears each connection's end (see :class:`EgressProxy`).
+    ``authority``: the CA of the hosts a secret goes to; where the grant holds secrets, its
+    certificate is written beside the socket (:data:`CA_FILE`, and :data:`BUNDLE_FILE` with the
+    host's roots) for the sandbox to trust.
 
     Raises:
         OSError: the directory or the socket cannot be made.
@@ -71,8 +79,10 @@ async def serve_egress(
     owned = directory is None
     if directory is None:
         directory = _socket_directory(runs, group)
-    proxy = EgressProxy(grant, audit, resolver, emit)
+    proxy = EgressProxy(grant, audit, resolver, emit, authority)
     try:
+        if authority is not None and grant.secrets:
+            await anyio.to_thread.run_sync(_write_trust, directory, authority)
         path = directory / SOCKET_NAME
         listener = await anyio.create_unix_listener(path)
         try:
@@ -95,15 +105,33 @@ async def serve_egress(
             with anyio.CancelScope(shield=True):
                 await listener.aclose()
     finally:
-        with contextlib.suppress(OSError):
-            (directory / SOCKET_NAME).unlink()
         if owned:
+            remove_socket_directory(directory)
+        else:
             with contextlib.suppress(OSError):
-                directory.rmdir()
+                (directory / SOCKET_NAME).unlink()
+
+
+def _write_trust(directory: Path, authority: Authority) -> None:
+    for name, data in ((CA_FILE, authority.trusted()), (BUNDLE_FILE, authority.bundle())):
+        temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}"
+        temporary.write_bytes(data)
+        temporary.chmod(0o644)
+        temporary.replace(directory / name)  # a session's sandbox may be reading the old one
+
+
+def remove_socket_directory(directory: Path) -> None:
+    """Remove a socket directory: the socket, the trust files (a run with secrets) and the directory."""
+    for name in (SOCKET_NAME, CA_FILE, BUNDLE_FILE):
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
 
 
 def socket_directory(runs: Path, group: int | None) -> Path:
-    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it.
+    """A new directory for a long-lived sandbox's proxy socket (see :func:`serve_egress`); the caller removes it
+    (:func:`remove_socket_directory`).
 
     Raises:
         OSError: it cannot be made.

@@ -16,6 +16,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,12 +25,17 @@ from urllib.parse import urlsplit
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSStream
 
 from mcp_sandbox.audit import AuditLog
-from mcp_sandbox.egress.addresses import IPAddress, embedded_ipv4
+from mcp_sandbox.egress.addresses import IPAddress, is_own
 from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
+from mcp_sandbox.egress.authority import Authority
+from mcp_sandbox.egress.heads import Refused, answer, forwarded_head, printable
+from mcp_sandbox.egress.intercept import Stopped, serve_intercepted
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
-from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
+from mcp_sandbox.egress.secrets import BoundSecret, foreign_placeholder, secrets_for
+from mcp_sandbox.egress.tls import RECORD_HEADER, Replay, client_hello_length, server_name
 from mcp_sandbox.events import EgressConnection, Observer, unheard
 
 __all__ = [
@@ -70,12 +76,6 @@ def hosts_resolver(hosts: Mapping[str, Sequence[str]]) -> Resolver:
     return resolve
 
 
-class _Refused(Exception):
-    def __init__(self, refusal: Refusal, status: int = 403) -> None:
-        super().__init__(refusal.message)
-        self.refusal, self.status = refusal, status
-
-
 @dataclass(slots=True)
 class _Connection:
     host: str
@@ -86,6 +86,7 @@ class _Connection:
     received: int = 0
     verdict: Verdict = "refused"
     rule: str = "request"
+    secrets: tuple[str, ...] = ()
 
 
 class EgressProxy:
@@ -105,10 +106,19 @@ class EgressProxy:
     """
 
     def __init__(
-        self, grant: EgressGrant, audit: AuditLog | None, resolver: Resolver = system_resolver, emit: Observer = unheard
+        self,
+        grant: EgressGrant,
+        audit: AuditLog | None,
+        resolver: Resolver = system_resolver,
+        emit: Observer = unheard,
+        authority: Authority | None = None,
     ) -> None:
-        """``emit``: hears each connection as an :class:`~mcp_sandbox.events.EgressConnection` (metrics)."""
+        """``emit``: hears each connection as an :class:`~mcp_sandbox.events.EgressConnection` (metrics).
+
+        ``authority``: signs the leaves of the hosts a secret of the grant goes to (None: no secret applies).
+        """
         self.grant = grant
+        self._authority = authority
         self.run = uuid.uuid4().hex[:16]
         self._audit = audit
         self._emit = emit
@@ -139,9 +149,9 @@ class EgressProxy:
             connection = _Connection(host="?", port=0, method="?")
             try:
                 await self._serve(client, reader, head, connection)
-            except _Refused as refused:
+            except Refused as refused:
                 connection.verdict, connection.rule = "refused", refused.refusal.rule
-                await _answer(client, refused, connection)
+                await answer(client, refused, connection.host, connection.port)
             except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
                 pass  # either side went away: the line below says how far it got
             except Exception:  # one connection's bug must not end the run's other connections
@@ -159,20 +169,24 @@ class EgressProxy:
     ) -> None:
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not _printable(lines[0]):
-            raise _Refused(Refusal("request", "not an HTTP/1 proxy request"), 400)
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not printable(lines[0]):
+            raise Refused(Refusal("request", "not an HTTP/1 proxy request"), 400)
         method, target, _version = parts
         c.method = method[:16]
         if method == "CONNECT":
             host, _, port_text = target.rpartition(":")
             if not port_text.isdigit() or not host:
-                raise _Refused(Refusal("request", "CONNECT needs host:port"), 400)
+                raise Refused(Refusal("request", "CONNECT needs host:port"), 400)
             c.host, c.port = host.removeprefix("[").removesuffix("]")[:255], int(port_text)
             upstream = await self._open(c)
             async with upstream:
                 await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 hello = await self._client_hello(reader, c)
                 if hello is None:
+                    return
+                applied = secrets_for(self.grant.secrets, c.host) if self._authority is not None else ()
+                if applied:
+                    await self._intercept(Replay(reader, client, hello), upstream, c, applied)
                     return
                 await upstream.send(hello)
                 c.sent += len(hello)
@@ -181,19 +195,22 @@ class EgressProxy:
             return
         url = urlsplit(target)
         if url.scheme != "http" or not url.netloc:
-            raise _Refused(
+            raise Refused(
                 Refusal("request", "only http:// URLs are forwarded; use CONNECT (HTTPS_PROXY) for https"), 400
             )
         if "@" in url.netloc:
-            raise _Refused(Refusal("request", "credentials in the URL are refused"), 400)
+            raise Refused(Refusal("request", "credentials in the URL are refused"), 400)
         try:
             port = url.port or 80
         except ValueError:
-            raise _Refused(Refusal("request", "the URL's port is not a number"), 400) from None
+            raise Refused(Refusal("request", "the URL's port is not a number"), 400) from None
         c.host, c.port = (url.hostname or "")[:255], port
-        if not _printable(url.netloc):
-            raise _Refused(Refusal("host_syntax", "the host name holds a control character"))
-        request = _forwarded_head(method, url.path or "/", url.query, url.netloc, lines[1:])
+        if not printable(url.netloc):
+            raise Refused(Refusal("host_syntax", "the host name holds a control character"))
+        secret = foreign_placeholder(self.grant.secrets, None, head)
+        if secret is not None:  # in the clear, to no host it may go to (or to its own, unencrypted)
+            raise Refused(Refusal("secret_placeholder", f"secret {secret.name!r} goes only over HTTPS to its hosts"))
+        request = forwarded_head(method, url.path or "/", url.query, url.netloc, lines[1:])
         upstream = await self._open(c)
         async with upstream:
             await upstream.send(request)
@@ -205,26 +222,26 @@ class EgressProxy:
         """Check ``c``'s host and port, resolve, check the addresses and connect to a checked one.
 
         Raises:
-            _Refused: a rule refused it (403), or no address answered (502).
+            Refused: a rule refused it (403), or no address answered (502).
         """
         grant = self.grant
         if self.connections > grant.max_connections:
-            raise _Refused(Refusal("egress_max_connections", f"this run used its {grant.max_connections} connections"))
+            raise Refused(Refusal("egress_max_connections", f"this run used its {grant.max_connections} connections"))
         if self.bytes >= grant.max_bytes:
-            raise _Refused(Refusal("egress_max_bytes", f"this run used its {grant.max_bytes} bytes"))
+            raise Refused(Refusal("egress_max_bytes", f"this run used its {grant.max_bytes} bytes"))
         checked = grant.rules.check_name(c.host, c.port)
         if isinstance(checked, Refusal):
-            raise _Refused(checked)
+            raise Refused(checked)
         c.host = checked
         try:
             addresses = (
                 [ipaddress.ip_address(checked)] if _is_address(checked) else await self._resolve(checked, c.port)
             )
         except OSError:
-            raise _Refused(Refusal("resolve", f"{checked} does not resolve"), 502) from None
+            raise Refused(Refusal("resolve", f"{checked} does not resolve"), 502) from None
         refusal: Refusal | None = None
         for address in addresses:
-            if any(_is_own(address, c.port, host, port) for host, port in grant.own):
+            if any(is_own(address, c.port, host, port) for host, port in grant.own):
                 refusal = Refusal("proxy_itself", "the server's own address is refused")
                 continue
             refusal = grant.rules.check_address(address)
@@ -238,7 +255,49 @@ class EgressProxy:
                 refusal = Refusal("unreachable", f"{checked}:{c.port} did not answer")
         if refusal is None:
             refusal = Refusal("resolve", f"{checked} has no address")
-        raise _Refused(refusal, 502 if refusal.rule == "unreachable" else 403)
+        raise Refused(refusal, 502 if refusal.rule == "unreachable" else 403)
+
+    async def _intercept(
+        self, inner: Replay, upstream: SocketStream, c: _Connection, applied: Sequence[BoundSecret]
+    ) -> None:
+        """A connection to a host with a secret: TLS ended both ways, requests rewritten (:mod:`.intercept`)."""
+        assert self._authority is not None
+        c.secrets = tuple(secret.name for secret in applied)
+        try:
+            with anyio.fail_after(_HELLO_TIMEOUT):
+                context = self._authority.server_context(c.host)
+                sandbox = await TLSStream.wrap(inner, server_side=True, ssl_context=context, standard_compatible=False)
+        except (ssl.SSLError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            c.rule = "tls_handshake"  # the code did not trust the CA, or spoke no TLS
+            return
+        try:
+            with anyio.fail_after(_CONNECT_TIMEOUT):
+                context = self._authority.upstream_context()
+                origin = await TLSStream.wrap(upstream, hostname=c.host, ssl_context=context, standard_compatible=False)
+        except (ssl.SSLError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            c.rule = "upstream_certificate"
+            untrusted = Refused(Refusal(c.rule, "the host's certificate is not trusted"), 502)
+            await answer(sandbox, untrusted, c.host, c.port)
+            return
+
+        def meter(size: int, outbound: bool) -> bool:
+            if self.bytes + size > self.grant.max_bytes:
+                return False
+            self.bytes += size
+            if outbound:
+                c.sent += size
+            else:
+                c.received += size
+            return True
+
+        c.verdict, c.rule = "allowed", "secret"
+        with anyio.move_on_after(self.grant.connection_timeout) as scope:
+            try:
+                await serve_intercepted(sandbox, origin, c.host, self.grant.secrets, meter)
+            except Stopped as stopped:
+                c.verdict, c.rule = stopped.verdict, stopped.rule  # type: ignore[assignment]
+        if scope.cancelled_caught and c.verdict == "allowed":
+            c.verdict, c.rule = "cut", "egress_connection_timeout"
 
     async def _client_hello(self, reader: BufferedByteReceiveStream, c: _Connection) -> bytes | None:
         """The ClientHello the tunnel starts with, if it names ``c.host``; None (and the verdict) if not."""
@@ -322,6 +381,7 @@ class EgressProxy:
                 sent=c.sent,
                 received=c.received,
                 method=c.method,
+                secrets=c.secrets,
             ).line()
         )
 
@@ -332,66 +392,3 @@ def _is_address(host: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _printable(text: str) -> bool:
-    return all(0x20 < ord(char) < 0x7F for char in text.replace(" ", "!"))
-
-
-_HOP_HEADERS = frozenset(
-    {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "host", "te", "upgrade"}
-)
-
-
-def _forwarded_head(method: str, path: str, query: str, netloc: str, headers: list[str]) -> bytes:
-    """The request as the origin gets it: origin-form target, its Host, no hop-by-hop headers, one request only.
-
-    Raises:
-        _Refused: a header line is malformed (folded, no colon, control characters).
-    """
-    kept: list[str] = []
-    for line in headers:
-        if not line:
-            continue
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or line[0] in " \t":
-            raise _Refused(Refusal("request", "a malformed header line"), 400)
-        if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in line):
-            raise _Refused(Refusal("request", "a header holds a control character"), 400)
-        if name.lower() not in _HOP_HEADERS:
-            kept.append(f"{name}:{value}")
-    target = path + (f"?{query}" if query else "")
-    lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}", *kept, "Connection: close", "", ""]
-    return "\r\n".join(lines).encode("latin-1")
-
-
-def _is_own(address: IPAddress, port: int, host: str, own_port: int) -> bool:
-    """Whether ``address:port`` may be the server itself: loopback or its own address, unwrapped too."""
-    if port != own_port:
-        return False
-    try:
-        own: IPAddress | None = ipaddress.ip_address(host)
-    except ValueError:
-        own = None
-    forms: list[IPAddress] = [address]
-    if isinstance(address, ipaddress.IPv6Address):
-        forms += embedded_ipv4(address)  # ::ffff:127.0.0.1 is 127.0.0.1
-    if own is None:
-        return any(form.is_loopback for form in forms)
-    owns: list[IPAddress] = [own, *(embedded_ipv4(own) if isinstance(own, ipaddress.IPv6Address) else ())]
-    if any(candidate.is_unspecified for candidate in owns):
-        return True
-    return any(form.is_loopback or form in owns for form in forms)
-
-
-async def _answer(client: SocketStream, refused: _Refused, c: _Connection) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[refused.status]
-    rule = refused.refusal.rule
-    body = f"mcp-sandbox egress proxy refused {c.host}:{c.port}: {refused.refusal.message} (rule: {rule})\n"
-    data = body.encode("ascii", errors="replace")
-    head = (
-        f"HTTP/1.1 {refused.status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(data)}\r\nX-Egress-Rule: {refused.refusal.rule}\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await client.send(head.encode("ascii") + data)

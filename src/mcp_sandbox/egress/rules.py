@@ -14,13 +14,15 @@ so the proxy's 403 and the audit line tell the model and the operator which one 
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import SecretSpec, Settings
 from mcp_sandbox.egress.addresses import IPAddress, IPNetwork, in_ranges, reachable
+from mcp_sandbox.egress.patterns import Refusal, check_pattern, normal_host, pattern_matches
+from mcp_sandbox.egress.secrets import BoundSecret, bind
 from mcp_sandbox.errors import ConfigError, ValidationError
 
 __all__ = [
@@ -33,51 +35,6 @@ __all__ = [
     "check_pattern",
     "pattern_matches",
 ]
-
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
-_MAX_HOST = 253
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a connection was refused: ``rule`` names the setting or check, ``message`` says it for a person."""
-
-    rule: str
-    message: str
-
-
-def _normal_host(host: str) -> str | Refusal:
-    """``host`` lower-cased without a trailing dot, or why it is no host name at all."""
-    if any(ord(char) < 0x21 or ord(char) == 0x7F for char in host):
-        return Refusal("host_syntax", "the host name holds a control character, a space or NUL")
-    name = host.lower().removesuffix(".")
-    if not name or len(name) > _MAX_HOST or not all(_LABEL.match(label) for label in name.split(".")):
-        return Refusal("host_syntax", "the host is not a valid host name (ASCII letters, digits, '-', '.')")
-    return name
-
-
-def check_pattern(pattern: str) -> str:
-    """``pattern`` normalised (lower case, no trailing dot).
-
-    Raises:
-        ValueError: it is not ``*``, a host name, or ``*.`` and a host name.
-    """
-    if pattern == "*":
-        return pattern
-    rest = pattern.removeprefix("*.")
-    name = _normal_host(rest)
-    if isinstance(name, Refusal):
-        raise ValueError(f"{pattern!r} is not a domain pattern (example.com, *.example.com or *)")
-    return f"*.{name}" if pattern.startswith("*.") else name
-
-
-def pattern_matches(pattern: str, host: str) -> bool:
-    """Whether the normalised ``host`` is one ``pattern`` names."""
-    if pattern == "*":
-        return True
-    if pattern.startswith("*."):
-        return host.endswith(pattern[1:])
-    return host == pattern
 
 
 def _covers(wide: str, narrow: str) -> bool:
@@ -166,7 +123,7 @@ class EgressRules:
             if not in_ranges(literal, self.private):
                 return Refusal("ip_literal", "a host given as an IP address is refused (egress_allow_private)")
             return str(literal)
-        name = _normal_host(host)
+        name = normal_host(host)
         if isinstance(name, Refusal):
             return name
         for pattern in self.deny:
@@ -199,13 +156,16 @@ class EgressGrant:
     connection_timeout: float = 300.0
     # The server's own listening address, refused even where its range is allowed.
     own: tuple[tuple[str, int], ...] = field(default=())
+    # The tenant's secrets, each with this run's placeholder (see .secrets).
+    secrets: tuple[BoundSecret, ...] = field(default=())
 
 
 class TenantEgress:
     """The egress rules of each tenant: the global settings, with what ``[tenants.<name>]`` sets instead.
 
     A tenant's ``egress_allow``, ``egress_ports`` and ``egress_allow_private`` replace the global
-    ones; its ``egress_deny`` adds to the global one (a tenant never un-denies).
+    ones; its ``egress_deny`` adds to the global one (a tenant never un-denies). The hosts of a
+    tenant's secrets join its ``egress_allow``.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -232,6 +192,17 @@ class TenantEgress:
             )
             for tenant in settings.egress.tenants
         }
+        self._secrets: dict[str, list[tuple[SecretSpec, tuple[str, ...]]]] = {}
+        for spec in settings.egress.secrets:
+            try:
+                hosts = tuple(check_pattern(host) for host in spec.hosts)
+            except ValueError as exc:
+                raise ConfigError(f"secret {spec.name!r} hosts: {exc}") from exc
+            self._secrets.setdefault(spec.tenant, []).append((spec, hosts))
+        for tenant, declared in self._secrets.items():
+            base = self._tenants.get(tenant, self.default)
+            joined = [host for _, patterns in declared for host in patterns]
+            self._tenants[tenant] = dataclasses.replace(base, allow=tuple(dict.fromkeys((*base.allow, *joined))))
 
     def anywhere(self) -> bool:
         """Whether any tenant (or the default) may be granted network at all."""
@@ -265,7 +236,12 @@ class TenantEgress:
             max_connections=settings.egress.egress_max_connections,
             connection_timeout=settings.egress.egress_connection_timeout,
             own=((settings.http.host, settings.http.port),),
+            secrets=bind(self._secrets.get(tenant, ())),
         )
+
+    def secret_names(self, tenant: str) -> list[str]:
+        """The names of ``tenant``'s secrets (for ``list_runners``: names only)."""
+        return [spec.name for spec, _ in self._secrets.get(tenant, ())]
 
     def available(self, tenant: str) -> bool:
         """Whether ``network: true`` can be granted to ``tenant`` at all."""

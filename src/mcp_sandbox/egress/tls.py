@@ -3,12 +3,16 @@
 The proxy checks that a CONNECT tunnel carries TLS to the name it was opened for: a client that
 opened ``CONNECT allowed.example:443`` and then says ``server_name = other.example`` could reach
 another site behind the same address (domain fronting). Only the first record is read, never
-decrypted; no TLS library is involved because nothing here terminates TLS.
+decrypted; no TLS library is involved because nothing here terminates TLS. Where the proxy
+does terminate it (a host with a secret, :mod:`.intercept`), :class:`Replay` gives the TLS
+library the stream with the ClientHello it has already read put back in front.
 """
 
 from __future__ import annotations
 
-__all__ = ["RECORD_HEADER", "client_hello_length", "server_name"]
+from anyio.abc import ByteReceiveStream, ByteStream
+
+__all__ = ["RECORD_HEADER", "Replay", "client_hello_length", "server_name"]
 
 RECORD_HEADER = 5
 _HANDSHAKE = 0x16
@@ -79,3 +83,25 @@ def server_name(record: bytes) -> str | None:
                     raise ValueError("a server name that is not ASCII") from exc
         return None
     return None
+
+
+class Replay(ByteStream):
+    """``reader`` (with ``first`` put back in front of it) to receive from, ``writer`` to send to."""
+
+    def __init__(self, reader: ByteReceiveStream, writer: ByteStream, first: bytes) -> None:
+        self._reader, self._writer, self._first = reader, writer, first
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._first:
+            piece, self._first = self._first[:max_bytes], self._first[max_bytes:]
+            return piece
+        return await self._reader.receive(max_bytes)
+
+    async def send(self, item: bytes) -> None:
+        await self._writer.send(item)
+
+    async def send_eof(self) -> None:
+        await self._writer.send_eof()
+
+    async def aclose(self) -> None:
+        await self._writer.aclose()

@@ -59,7 +59,7 @@ class FreshPlacement:
             policy = dataclasses.replace(policy, host_uid=uid)
             if request.egress is not None:
                 directory = await stack.enter_async_context(self._opener.egress(request, None))
-                policy = with_egress(policy, directory)
+                policy = with_egress(policy, directory, trust=bool(request.egress.secrets))
             overrun = Overrun(bound)
             with anyio.move_on_after(request.timeout) as deadline:
                 async with disk_bound(workspace, bound) as overrun:

@@ -21,7 +21,16 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import DEFAULT_TENANT, Settings
-from mcp_sandbox.egress import AuditLog, Resolver, TenantEgress, serve_egress, socket_directory, system_resolver
+from mcp_sandbox.egress import (
+    AuditLog,
+    Authority,
+    Resolver,
+    TenantEgress,
+    remove_socket_directory,
+    serve_egress,
+    socket_directory,
+    system_resolver,
+)
 from mcp_sandbox.engine.interpreter import Interpreter, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.runtimes import policy_for, python_policy, with_egress, with_file_size, zygote_policy
@@ -90,6 +99,8 @@ class Opener:
         self.tenant_uids = TenantUids(settings)
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None
+        # The CA of the hosts a secret goes to: made once per server start, its key only in memory.
+        self._authority = Authority(settings.egress.egress_upstream_ca) if settings.egress.secrets else None
         try:
             # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
             self.session_relay = TenantEgress(settings).anywhere()
@@ -136,6 +147,7 @@ class Opener:
             group=self.sandbox_group(),
             directory=directory,
             emit=self._emit,
+            authority=self._authority,
         )
         async with served as (_proxy, used):
             yield used
@@ -240,7 +252,7 @@ class Opener:
         if not self.session_relay:
             return None
         sockets = socket_directory(self.layout.prepare_runs(), self.sandbox_group())
-        stack.callback(_remove_directory, sockets)
+        stack.callback(remove_socket_directory, sockets)
         return sockets
 
     @contextlib.asynccontextmanager
@@ -263,8 +275,3 @@ class Opener:
 
             interpreter, tools, _ = await stack.enter_async_context(self.long_lived(workspace, policy, uid))
             yield interpreter, tools, sockets
-
-
-def _remove_directory(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.rmdir()

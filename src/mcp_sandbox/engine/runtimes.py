@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment
+from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment, trust_environment
 from mcp_sandbox.provision.bundles import BUNDLES, ENTRIES, current_bundle
 from mcp_sandbox.provision.pins import JS_BINARIES
 from mcp_sandbox.runners import JS_LANGUAGES, RUNTIME_MOUNT, runner_dir
@@ -243,12 +243,15 @@ def with_file_size(policy: SandboxPolicy, file_size: int) -> SandboxPolicy:
     return dataclasses.replace(policy, limits=dataclasses.replace(policy.limits, file_size=file_size))
 
 
-def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True) -> SandboxPolicy:
+def with_egress(
+    policy: SandboxPolicy, socket_directory: Path, *, for_life: bool = True, trust: bool = False
+) -> SandboxPolicy:
     """``policy`` with network through the egress proxy whose socket is in ``socket_directory``.
 
     ``for_life=False`` (a session's sandbox): only the relay's variables; the proxy variables
     come with each run that is granted network (in its EXEC frame), and the socket exists only
-    during such a run.
+    during such a run. ``trust``: the run has secrets, and its clients are pointed at the trust
+    bundle holding the proxy's CA from the start (some runtimes read it only when they start).
 
     Still no interface but loopback: TCP sockets become possible (for the runner's relay on the
     loopback), the socket's directory is bound in read-only, and the proxy variables point to the
@@ -269,5 +272,6 @@ def with_egress(policy: SandboxPolicy, socket_directory: Path, *, for_life: bool
         environment={
             **policy.environment,
             **(sandbox_environment(policy.language) if for_life else relay_environment()),
+            **(trust_environment() if trust else {}),
         },
     )

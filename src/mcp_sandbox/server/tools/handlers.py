@@ -208,11 +208,14 @@ class ToolHandlers:
             lines.append(f"{runner['language']}: {runner['runtime']} {runner['version']}; packages: {packages}")
         network = self._egress.summary(tenant)
         lines.append(f"network (run with network: true or a list of these): {network}")
+        secrets = self._egress.secret_names(tenant)
+        if secrets:  # names only: the values stay with the proxy
+            lines.append(f"secrets (added by the proxy to HTTPS requests to their hosts): {', '.join(secrets)}")
         return types.CallToolResult(
             content=[types.TextContent(type="text", text="\n".join(lines))],
             structured_content={
                 "runners": self._runners,
-                "network": {"available": self._egress.available(tenant), "reaches": network},
+                "network": {"available": self._egress.available(tenant), "reaches": network, "secrets": secrets},
             },
         )
 

@@ -1,0 +1,210 @@
+"""Secrets at the egress proxy, attacked for real: code uses a key it never sees, and cannot send it elsewhere.
+
+Each test runs code in a real sandbox granted network; the proxy terminates TLS for the hosts a
+secret goes to (a leaf of its own CA), puts the real value in the header, and checks the test
+host's certificate against the tests' CA (``egress_upstream_ca``). The test host answers the
+SHA-256 of the ``Authorization`` it received (``/auth``) or echoes it (``/echo``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_sandbox.egress import EgressGrant, TenantEgress
+from mcp_sandbox.state import StateLayout
+
+from .conftest import EgressEngine, HostNet, audit_lines, execute
+
+pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
+
+REAL = "sk-live-" + "Q7f2x9Lk3mZp8RtY1vWc"  # the value the code must never see
+OTHER = "ghp-" + "9sKd82jfLq0Pz7Xc4Vb1"
+
+
+def settings_env() -> dict[str, str]:
+    return {
+        "API_KEY_VALUE": REAL,
+        "OTHER_VALUE": OTHER,
+        "MCP_SANDBOX_SECRET_API": '{ value_from = "env:API_KEY_VALUE", hosts = ["api.web.test"], '
+        'placeholder_env = "API_KEY" }',
+        "MCP_SANDBOX_SECRET_OTHER": '{ value_from = "env:OTHER_VALUE", hosts = ["other.test"], '
+        'header = "X-Token", template = "{value}" }',
+    }
+
+
+def flags(test_net: HostNet, tmp_path: Path, **more: Any) -> dict[str, Any]:
+    ca = tmp_path / "upstream-ca.pem"
+    ca.write_text(test_net.ca)
+    return {
+        "egress_allow": "web.test",
+        "egress_allow_private": f"{test_net.address}/32",
+        "egress_upstream_ca": str(ca),
+        **more,
+    }
+
+
+def grant(egress: TenantEgress, tenant: str = "default") -> EgressGrant:
+    made = egress.grant(tenant, True, None)
+    assert made is not None
+    return made
+
+
+PYTHON = """
+import glob, json, os, shutil, subprocess, urllib.error, urllib.request
+key = os.environ.get("API_KEY", "")
+def get(url, auth=None, **headers):
+    request = urllib.request.Request(url, headers={**headers, **({"Authorization": f"Bearer {auth}"} if auth else {})})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return [answer.status, answer.read().decode(), dict(answer.headers)]
+    except urllib.error.HTTPError as error:
+        return [error.code, error.read().decode(), dict(error.headers)]
+seen = {}
+for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/run/egress/*"):
+    try:
+        seen[path] = open(path, "rb").read().decode("latin-1")
+    except OSError as error:
+        seen[path] = str(error)
+def smuggle():
+    tunnel = http.client.HTTPSConnection("127.0.0.1", 3128, timeout=10)
+    tunnel.set_tunnel("api.web.test", 443)
+    tunnel.putrequest("POST", "/auth")
+    tunnel.putheader("Content-Length", "5")
+    tunnel.putheader("Transfer-Encoding", "chunked")
+    tunnel.endheaders(b"0\\r\\n\\r\\n")
+    answer = tunnel.getresponse()
+    return [answer.status, answer.getheader("X-Egress-Rule")]
+import http.client, requests
+curl = None  # the container images hold no curl
+if shutil.which("curl"):
+    curl = subprocess.run(["curl", "-sS", "https://api.web.test/auth"], capture_output=True, text=True, timeout=20)
+print(json.dumps({
+    "key": key,
+    "auth": get("https://api.web.test/auth"),
+    "echo": get("https://api.web.test/echo", key),
+    "other": get("https://other.test/auth", key),
+    "plain": get("http://web.test/", key),
+    "fronted": get("https://api.web.test/auth", Host="web.test"),
+    "smuggled": smuggle(),
+    "requests": requests.get("https://api.web.test/auth", timeout=10).text,
+    "curl": curl and [curl.returncode, curl.stdout, curl.stderr],
+    "environ": dict(os.environ),
+    "seen": seen,
+}))
+"""
+
+
+def hashed(header: str) -> str:
+    return hashlib.sha256(header.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "podman", "docker"])
+async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
+    egress_engine: EgressEngine, test_net: HostNet, tmp_path: Path, backend: str
+) -> None:
+    async with egress_engine(backend, env=settings_env(), **flags(test_net, tmp_path)) as (engine, egress):
+        result = await execute(engine, PYTHON, grant(egress))
+        assert result.status == "success", result
+        seen = json.loads(result.stdout)
+        log = (engine.settings.paths.state_dir / "logs" / "egress.log").read_text()
+    key = seen["key"]
+    assert key.startswith("mcpsbx-secret-api-") and REAL not in key
+    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the trust files went with it
+    # The header arrived with the real value, from urllib, requests and curl, trusting the CA by default.
+    assert seen["auth"][:2] == [200, hashed(f"Bearer {REAL}")]
+    assert seen["requests"] == hashed(f"Bearer {REAL}")
+    if backend == "bwrap":
+        assert seen["curl"][:2] == [0, hashed(f"Bearer {REAL}")], seen["curl"]
+    # An echo of the real value reaches the code as the placeholder, in the body and the headers.
+    assert seen["echo"][1] == f"you sent: Bearer {key}"
+    assert seen["echo"][2]["X-Echo"] == f"Bearer {key}"
+    # The placeholder to another secret's host, or in the clear, is refused.
+    assert seen["other"][0] == 403 and seen["other"][2]["X-Egress-Rule"] == "secret_placeholder"
+    assert seen["plain"][0] == 403 and seen["plain"][2]["X-Egress-Rule"] == "secret_placeholder"
+    # Another site behind the same address (another Host in the secret's tunnel) does not get it.
+    assert seen["fronted"][0] == 403 and seen["fronted"][2]["X-Egress-Rule"] == "secret_host"
+    # Two framings (a request smuggled into the next secret-bearing one) are refused.
+    assert seen["smuggled"] == [400, "request"]
+    # Never in the sandbox (environment, /proc, the socket's directory), the output or the audit log.
+    for place in (result.stdout, result.stderr, log):
+        assert REAL not in place and OTHER not in place
+    assert seen["environ"]["SSL_CERT_FILE"] == "/run/egress/ca-bundle.pem"
+    refused = {(line["host"], line["rule"]) for line in audit_lines(engine) if line["verdict"] == "refused"}
+    assert refused == {
+        ("other.test", "secret_placeholder"),
+        ("web.test", "secret_placeholder"),
+        ("api.web.test", "secret_host"),
+        ("api.web.test", "request"),
+    }
+    applied = [line for line in audit_lines(engine) if line["host"] == "api.web.test" and line["verdict"] != "refused"]
+    assert applied and all(line["secrets"] == ["api"] and line["rule"] == "secret" for line in applied)
+
+
+async def test_each_run_gets_its_own_placeholder_and_another_tenant_cannot_use_one(
+    egress_engine: EgressEngine, test_net: HostNet, tmp_path: Path
+) -> None:
+    code = """
+        import json, os, urllib.request
+        given = os.environ.get("API_KEY") or {stolen!r}
+        request = urllib.request.Request("https://api.web.test/auth", headers={{"Authorization": f"Bearer {{given}}"}})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                print(json.dumps([given, answer.read().decode()]))
+        except OSError as error:
+            print(json.dumps([given, str(error)]))
+    """
+    more = flags(test_net, tmp_path, egress_allow="web.test,*.web.test")
+    async with egress_engine(env=settings_env(), **more) as (engine, egress):
+        first = await execute(engine, code.format(stolen=""), grant(egress))
+        second = await execute(engine, code.format(stolen=""), grant(egress))
+        (key, answer), (again, _) = json.loads(first.stdout), json.loads(second.stdout)
+        # bob, another tenant, reaches the same host with the default tenant's placeholder.
+        theft = await execute(engine, code.format(stolen=key), grant(egress, "bob"), tenant="bob")
+    assert answer == hashed(f"Bearer {REAL}")
+    assert key != again  # a fork or a next run never gets a placeholder another run had
+    stolen, what = json.loads(theft.stdout)
+    assert stolen == key
+    assert what != hashed(f"Bearer {REAL}")  # bob's run is no secret's: no value was put in
+    assert REAL not in theft.stdout + theft.stderr
+
+
+async def test_a_conversations_runs_use_the_secret_with_a_placeholder_of_their_own(
+    egress_engine: EgressEngine, test_net: HostNet, tmp_path: Path
+) -> None:
+    code = """
+        import json, os, urllib.request
+        kept = globals().get("kept", [])
+        kept.append(os.environ["API_KEY"])
+        answer = urllib.request.urlopen("https://api.web.test/auth", timeout=10).read().decode()
+        print(json.dumps([kept, answer]))
+    """
+    async with egress_engine(env=settings_env(), **flags(test_net, tmp_path)) as (engine, egress):
+        first = await execute(engine, code, grant(egress), session="s")
+        second = await execute(engine, code, grant(egress), session="s")
+    assert first.status == second.status == "success", (first, second)
+    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the session's, at its end
+    (one,), answer = json.loads(first.stdout)
+    (again, two), later = json.loads(second.stdout)
+    assert again == one and two != one  # the interpreter kept run 1's; run 2 got its own
+    assert answer == later == hashed(f"Bearer {REAL}")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "podman", "docker"])
+@pytest.mark.parametrize("js_runtime", ["bun", "deno"])
+async def test_typescript_fetch_trusts_the_proxy_ca(
+    egress_engine: EgressEngine, test_net: HostNet, tmp_path: Path, js_runtime: str, backend: str
+) -> None:
+    code = textwrap.dedent("""
+        const answer = await fetch("https://api.web.test/auth");
+        console.log(answer.status, await answer.text());
+    """)
+    more = flags(test_net, tmp_path, js_runtime=js_runtime)
+    async with egress_engine(backend, env=settings_env(), **more) as (engine, egress):
+        result = await execute(engine, code, grant(egress), language="typescript")
+    assert (result.status, result.stdout) == ("success", f"200 {hashed(f'Bearer {REAL}')}\n"), result
