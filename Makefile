@@ -58,7 +58,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy downstream conformance-tools containers image run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy bench-peers downstream conformance-tools containers image run test \
         check lint format typecheck typecheck-ts pytest bench soak doctor vm-test clean
 
 help: ## List the targets
@@ -164,6 +164,10 @@ postgres: ## Install Debian's postgresql for the metadata index's PostgreSQL tes
 # deploy/haproxy.cfg (tests/balancer_helpers.py starts it in the foreground, on loopback).
 haproxy: ## Install Debian's haproxy for the replicas' load-balancer tests
 	@bash scripts/install-system-deps.sh haproxy
+
+# srt (@anthropic-ai/sandbox-runtime), a peer of bench/alternatives.py, needs both on Linux.
+bench-peers: ## Install Debian's ripgrep and socat for the srt peer of bench/alternatives.py
+	@bash scripts/install-system-deps.sh ripgrep socat
 
 downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
 
@@ -286,7 +290,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
 
-bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas)
+bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; the alternatives side by side)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
@@ -303,6 +307,7 @@ bench: setup downstream containers postgres ## Run the benchmarks in bench/ (tok
 	$(BIN)/python bench/forward.py
 	$(BIN)/python bench/disk_overshoot.py
 	$(BIN)/python bench/shared_tree_overlay.py
+	$(BIN)/python bench/alternatives.py
 
 # Five minutes of 8 clients of two tenants against one HTTP server (bench/soak.py): not in `bench`.
 soak: setup ## Soak the HTTP server: 8 clients, two tenants, mixed runs for 5 minutes (bench/soak.py; ARGS=--seconds 30)
