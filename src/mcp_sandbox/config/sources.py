@@ -26,8 +26,8 @@ from mcp_sandbox.config.defaults import (
     default_state_dir,
 )
 from mcp_sandbox.config.file import ConfigFile, read_config_file
-from mcp_sandbox.config.serving import check_internal_listener
 from mcp_sandbox.config.secrets import read_secrets
+from mcp_sandbox.config.serving import check_internal_listener
 from mcp_sandbox.config.settings import SETTINGS, Settings
 from mcp_sandbox.config.tenancy import read_tenants, with_tenant_caps
 from mcp_sandbox.config.tenants import Tenant
