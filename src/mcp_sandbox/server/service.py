@@ -48,6 +48,8 @@ from mcp_sandbox.server.history import History
 from mcp_sandbox.server.idle_writes import IdleWrites, flushed
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
+from mcp_sandbox.server.tasks.runtime import MAX_TTL_MS, Tasks
+from mcp_sandbox.server.tasks.table import TaskTable
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import (
@@ -93,6 +95,7 @@ class Service:
     mirror: Mirror | None = None
     # The server secret (shared through the database when database_url is set): keys derive from it.
     secret: bytes = dataclasses.field(default=b"", repr=False)
+    tasks: Tasks | None = None  # tool calls run as MCP Tasks (server/tasks)
 
     in_use: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
@@ -374,6 +377,9 @@ async def open_service(
                 )
             if idle is not None:  # after the sessions are closed, before the leases are given back
                 replica.push_async_callback(idle.flush)
+            ttl_ms = min(MAX_TTL_MS, int(settings.workspaces.conversation_ttl * 1000))  # never past the files
+            service.tasks = Tasks(TaskTable(metadata.database), group, max_ttl_ms=ttl_ms)
+            group.start_soon(service.tasks.keep)
             group.start_soon(_sweep_periodically, service)
             group.start_soon(flush_periodically, refusals)
             # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the

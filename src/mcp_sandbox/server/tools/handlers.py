@@ -22,6 +22,7 @@ from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tasks.wire import TaskMethods
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
@@ -82,6 +83,12 @@ class ToolHandlers:
             sync=service.mirror,
         )
         self._run = RunTool(service, context, self._egress, self._library)
+        assert service.tasks is not None, "open_service opens the tasks"
+        self.tasks = TaskMethods(service.tasks, self._call_as)
+
+    async def ready(self) -> ToolHandlers:
+        """These handlers (open already: the same interface as a service still opening)."""
+        return self
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -91,8 +98,13 @@ class ToolHandlers:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        tenant = tenant_of(getattr(ctx, "request", None))
-        name, raw = params.name, params.arguments
+        return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
+
+    async def _call_as(self, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
+        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress."""
+        return await self._route(None, tenant, name, raw)
+
+    async def _route(self, ctx: Any, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
         router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
         if router is not None and (key := self._replica_key(raw, tenant)) is not None:
