@@ -2,9 +2,9 @@
 
 Over real HTTP (plain JSON, as curl speaks it) with two tenants, and over real stdio: a task's
 life (working, then completed with the run's output; an error result is completed too), the
-status notification, another tenant's id refused exactly like an unknown one, a cancel that
-leaves no process of the run, and a server killed with -9 whose task is ``failed`` once a
-server opens the database again. The SDK's clients have no Tasks.
+status notification, another tenant's id refused exactly like an unknown one, a key re-sent
+that runs once, a cancel that leaves no process of the run, and a server killed with -9 whose
+task is ``failed`` once a server opens the database again. The SDK's clients have no Tasks.
 """
 
 from __future__ import annotations
@@ -132,6 +132,46 @@ async def test_another_tenants_task_id_is_refused_exactly_like_an_unknown_one(ba
         assert theirs["code"] == unknown["code"] == -32602
         assert theirs["message"].replace(task_id, "?") == unknown["message"].replace("x" * len(task_id), "?")
     assert task_id not in json.dumps(listed)
+
+
+async def test_a_key_sent_again_returns_the_first_answer_and_runs_once(base: str) -> None:
+    conversation = f"conv-{uuid.uuid4().hex}"
+    code = "open('/workspace/runs', 'a').write('x'); print(len(open('/workspace/runs').read()))"
+    call = {"name": "run_python", "arguments": {"code": code, "conversationId": conversation}}
+    key = {"_meta": {"idempotencyKey": f"key-{uuid.uuid4().hex}"}}
+    with anyio.fail_after(CALL_BOUND * 2):
+        first = await result(base, ALICE, "tools/call", {**call, **key})
+        again = await result(base, ALICE, "tools/call", {**call, **key})
+        as_task = await result(base, ALICE, "tools/call", {**call, **key, "task": {}})
+        fresh = await result(base, ALICE, "tools/call", call)
+
+    assert first["structuredContent"]["stdout"] == again["structuredContent"]["stdout"] == "1\n"
+    assert as_task["task"]["status"] == "completed"  # the same key names the same (ended) task
+    assert fresh["structuredContent"]["stdout"] == "2\n"  # the code ran once before this call
+
+
+async def test_a_key_re_sent_after_the_connection_was_cut_mid_run_waits_for_the_one_run(base: str) -> None:
+    conversation = f"conv-{uuid.uuid4().hex}"
+    marker = f"task-key-{uuid.uuid4().hex}"
+    code = f"""
+        import subprocess, sys
+        open('/workspace/runs', 'a').write('x')
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(2)", {marker!r}])
+        print(len(open('/workspace/runs').read()))
+    """
+    call = {"name": "run_python", "arguments": {"code": textwrap.dedent(code), "conversationId": conversation}}
+    keyed = {**call, "_meta": {"idempotencyKey": f"key-{uuid.uuid4().hex}"}}
+    with anyio.fail_after(CALL_BOUND * 2):
+        async with anyio.create_task_group() as group:
+            group.start_soon(rpc, base, ALICE, "tools/call", keyed)
+            await poll(lambda: bool(host_processes(marker)))
+            group.cancel_scope.cancel()  # the client hangs up mid-run
+        again = await result(base, ALICE, "tools/call", keyed)
+        count = {"code": "print(len(open('/workspace/runs').read()))", "conversationId": conversation}
+        after = await result(base, ALICE, "tools/call", {"name": "run_python", "arguments": count})
+
+    assert again["structuredContent"]["stdout"] == "1\n"  # the first run's answer, not a second run's
+    assert after["structuredContent"]["stdout"] == "1\n"  # the code ran once in all
 
 
 async def test_a_cancel_ends_every_process_of_the_run_before_it_answers(base: str) -> None:

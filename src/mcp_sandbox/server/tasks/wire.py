@@ -6,13 +6,17 @@ methods are bound here: a server middleware answers a task-augmented ``tools/cal
 method, and a middleware owns its result), and ``tasks/get``, ``tasks/result``, ``tasks/list``
 and ``tasks/cancel`` are request handlers of their own. Only the handshake era has them: the
 2026-07-28 revision moved tasks to an extension.
+
+``_meta.idempotencyKey`` on a ``tools/call`` (with a task or without) makes the call a task
+keyed by it: a repeat of the key by the same tenant within the task's time to live returns the
+first call's task, or waits for its result, and runs nothing again.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import mcp_types as types
@@ -25,7 +29,7 @@ from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Notify, TaskEnded, Tasks, UnknownTask
 from mcp_sandbox.server.tasks.table import TaskRow
 
-__all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "task_json"]
+__all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "idempotency_key", "task_json"]
 
 TASK_TOOLS = frozenset({"run_python", "run_code"})  # the tools listed with execution.taskSupport "optional"
 CAPABILITY = types.ServerTasksCapability(
@@ -34,6 +38,7 @@ CAPABILITY = types.ServerTasksCapability(
     requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(call=types.TasksCallCapability())),
 )
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+_MAX_KEY = 200
 
 T = TypeVar("T")
 
@@ -59,6 +64,21 @@ def task_json(row: TaskRow) -> dict[str, Any]:
     if row.message is not None:
         task["statusMessage"] = row.message
     return task
+
+
+def idempotency_key(params: Mapping[str, Any] | None) -> str | None:
+    """``_meta.idempotencyKey`` of a request's params, or None.
+
+    Raises:
+        MCPError: it is there but not a string of 1 to 200 characters.
+    """
+    meta = params.get("_meta") if params is not None else None
+    key = meta.get("idempotencyKey") if isinstance(meta, dict) else None
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 0 < len(key) <= _MAX_KEY:
+        raise MCPError(INVALID_PARAMS, f"params._meta.idempotencyKey: must be a string of 1 to {_MAX_KEY} characters")
+    return key
 
 
 def _ttl(task: object) -> int | None:
@@ -95,8 +115,14 @@ class TaskMethods:
             only = ", ".join(sorted(TASK_TOOLS))
             raise MCPError(METHOD_NOT_FOUND, f"tool {name!r} cannot run as a task (only {only})")
         ttl = _ttl(params["task"])
-        row, _ = await self._start(ctx, str(name), params.get("arguments"), ttl, None)
+        row, _ = await self._start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params))
         return {"task": task_json(row)}
+
+    async def call_once(self, ctx: Any, name: str, raw: dict[str, Any] | None, key: str) -> types.CallToolResult:
+        """A blocking ``tools/call`` with idempotency ``key``: the first call's result, run once."""
+        row, _ = await self._start(ctx, name, raw, None, key)
+        ended = await self._guard(self._tasks.result(row.tenant, row.id))
+        return types.CallToolResult.model_validate(self._payload(ended), by_name=False)
 
     async def _start(self, ctx: Any, name: str, raw: Any, ttl: int | None, key: str | None) -> tuple[TaskRow, bool]:
         tenant = tenant_of(getattr(ctx, "request", None))

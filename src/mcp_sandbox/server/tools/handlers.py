@@ -22,7 +22,7 @@ from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.service import Service
-from mcp_sandbox.server.tasks.wire import TaskMethods
+from mcp_sandbox.server.tasks.wire import TaskMethods, idempotency_key
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
@@ -98,6 +98,9 @@ class ToolHandlers:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        raw_params = getattr(ctx, "params", None)
+        if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
+            return await self.tasks.call_once(ctx, params.name, params.arguments, key)
         return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
 
     async def _call_as(self, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
