@@ -13,6 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
+from mcp_sandbox.events import Event
+from mcp_sandbox.server.metrics import Metrics
 from mcp_sandbox.server.tasks.runtime import OWNER_GONE, TaskEnded, Tasks, UnknownTask
 from mcp_sandbox.server.tasks.table import TaskTable
 from mcp_sandbox.workspace import Metadata
@@ -196,3 +198,26 @@ async def test_the_list_is_the_tenants_own_in_pages_a_cursor_continues(table: Ta
 
     assert [row.id for row in first + second] == made
     assert last is None
+
+
+async def test_the_metrics_count_tasks_by_the_state_they_reached(table: TaskTable) -> None:
+    metrics = Metrics(dict, dict)
+    events: list[Event] = []
+
+    def emit(event: Event) -> None:
+        events.append(event)
+        metrics.observe(event)
+
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as group:
+            tasks = Tasks(table, group, emit=emit)
+            finished, _ = await tasks.start("alice", done, ttl_ms=None, key=None)
+            stopped, _ = await tasks.start("alice", forever, ttl_ms=None, key=None)
+            await tasks.result("alice", finished.id)
+            await tasks.cancel("alice", stopped.id)
+    page = metrics.render().decode()
+
+    assert sorted(getattr(event, "status", "") for event in events) == ["cancelled", "completed", "working", "working"]
+    assert 'mcp_sandbox_tasks_total{status="working",tenant="alice"} 2.0' in page
+    assert 'mcp_sandbox_tasks_total{status="completed",tenant="alice"} 1.0' in page
+    assert 'mcp_sandbox_tasks_total{status="cancelled",tenant="alice"} 1.0' in page

@@ -378,7 +378,7 @@ async def open_service(
             if idle is not None:  # after the sessions are closed, before the leases are given back
                 replica.push_async_callback(idle.flush)
             ttl_ms = min(MAX_TTL_MS, int(settings.workspaces.conversation_ttl * 1000))  # never past the files
-            service.tasks = Tasks(TaskTable(metadata.database), group, max_ttl_ms=ttl_ms)
+            service.tasks = Tasks(TaskTable(metadata.database), group, max_ttl_ms=ttl_ms, emit=events.emit)
             group.start_soon(service.tasks.keep)
             group.start_soon(_sweep_periodically, service)
             group.start_soon(flush_periodically, refusals)

@@ -31,6 +31,7 @@ from anyio.abc import TaskGroup
 from mcp.shared.exceptions import MCPError
 
 from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.events import Event, TaskChanged
 from mcp_sandbox.server.tasks.table import TaskRow, TaskTable, decode_cursor, encode_cursor
 
 __all__ = [
@@ -109,6 +110,7 @@ class Tasks:
         lease: float = LEASE,
         heartbeat: float = HEARTBEAT,
         owner: str | None = None,
+        emit: Callable[[Event], None] | None = None,
     ) -> None:
         self._table = table
         self._group = group
@@ -117,6 +119,7 @@ class Tasks:
         self._heartbeat = heartbeat
         self.owner = owner or _new_owner()
         self._running: dict[str, _Running] = {}
+        self._emit = emit or (lambda event: None)  # the service's EventHub: metrics count tasks by state
 
     @property
     def running(self) -> int:
@@ -157,6 +160,7 @@ class Tasks:
         if stored.id != row.id:
             del self._running[row.id]
             return stored, False
+        self._emit(TaskChanged(tenant, "working"))
         self._group.start_soon(self._run, row, running, run, notify)
         return row, True
 
@@ -188,6 +192,7 @@ class Tasks:
                         await anyio.to_thread.run_sync(self._table.finish, row.id, status, message, result, now)
                 except (WorkspaceError, TimeoutError) as exc:  # the lease ends it as lost
                     logger.error("could not record the end of task %s: %s", row.id, exc)
+                self._emit(TaskChanged(row.tenant, status))
                 if notify is not None:  # before the waiters: the status comes before the result
                     ended = replace(row, status=status, message=message, updated=now)
                     with anyio.move_on_after(1):
@@ -210,7 +215,8 @@ class Tasks:
         if row is None or (row.terminal and row.expires < now):
             raise UnknownTask(task_id)
         if row.status == "working" and row.id not in self._running and self._lost(row, now):
-            await anyio.to_thread.run_sync(self._table.reap, now, now - self._lease, {row.owner}, OWNER_GONE)
+            if await anyio.to_thread.run_sync(self._table.reap, now, now - self._lease, {row.owner}, OWNER_GONE):
+                self._emit(TaskChanged(row.tenant, "failed"))
             row = await anyio.to_thread.run_sync(self._table.get, tenant, task_id)
             if row is None:
                 raise UnknownTask(task_id)
@@ -287,7 +293,8 @@ class Tasks:
         """One round of :meth:`keep`."""
         now = time.time()
         table = self._table
-        await anyio.to_thread.run_sync(table.beat, self.owner, now)
+        if self._running:
+            await anyio.to_thread.run_sync(table.beat, self.owner, now)
         owners = await anyio.to_thread.run_sync(table.working_owners)
         gone = {owner for owner in owners if _gone_here(owner, self.owner)}
         await anyio.to_thread.run_sync(table.reap, now, now - self._lease, gone, OWNER_GONE)
