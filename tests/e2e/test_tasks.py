@@ -31,6 +31,7 @@ from mcp_test_helpers import (
     auth_tokens,
     host_processes,
     http_server,
+    mcp_sandbox_cli,
     poll,
 )
 
@@ -132,6 +133,29 @@ async def test_another_tenants_task_id_is_refused_exactly_like_an_unknown_one(ba
         assert theirs["code"] == unknown["code"] == -32602
         assert theirs["message"].replace(task_id, "?") == unknown["message"].replace("x" * len(task_id), "?")
     assert task_id not in json.dumps(listed)
+
+
+async def test_the_operator_lists_every_tenants_tasks_but_never_their_results(
+    base: str, module_state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    with anyio.fail_after(CALL_BOUND * 2):
+        alices = await start(base, ALICE, "print('alice-' + 'private')")
+        bobs = await start(base, BOB, "print('bob-' + 'private')")
+        await result(base, ALICE, "tasks/result", {"taskId": alices})
+        await result(base, BOB, "tasks/result", {"taskId": bobs})
+        every = await anyio.to_thread.run_sync(
+            lambda: mcp_sandbox_cli("tasks", "--json", state_dir=module_state_dir, runtime=sandbox_runtime)
+        )
+        only_bob = await anyio.to_thread.run_sync(
+            lambda: mcp_sandbox_cli("tasks", "--tenant", "bob", state_dir=module_state_dir, runtime=sandbox_runtime)
+        )
+
+    assert every.returncode == 0, every.stderr
+    listed = {task["taskId"]: task for task in map(json.loads, every.stdout.splitlines())}
+    assert (listed[alices]["tenant"], listed[bobs]["tenant"]) == ("alice", "bob")
+    assert listed[alices]["status"] == listed[bobs]["status"] == "completed"
+    assert "private" not in every.stdout + only_bob.stdout
+    assert bobs in only_bob.stdout and alices not in only_bob.stdout
 
 
 async def test_a_key_sent_again_returns_the_first_answer_and_runs_once(base: str) -> None:

@@ -127,6 +127,17 @@ class TaskTable:
         rows = self._db.run(lambda tx: tx.query(sql, (*params, limit)), write=False)
         return [TaskRow.of(row) for row in rows]
 
+    def newest(self, limit: int, tenant: str | None = None, status: str | None = None) -> list[TaskRow]:
+        """Every tenant's tasks (or ``tenant``'s, or those in ``status``), the newest first: for operators."""
+        sql, params = f"SELECT {_COLUMNS} FROM tasks WHERE 1 = 1", list[object]()
+        if tenant is not None:
+            sql, params = sql + " AND tenant = ?", [*params, tenant]
+        if status is not None:
+            sql, params = sql + " AND status = ?", [*params, status]
+        sql += " ORDER BY created DESC, id LIMIT ?"
+        rows = self._db.run(lambda tx: tx.query(sql, (*params, limit)), write=False)
+        return [TaskRow.of(row) for row in rows]
+
     def finish(self, task_id: str, status: str, message: str | None, result: str | None, now: float) -> bool:
         """End a working task; False when it had already ended (a cancel came first)."""
         changed = self._db.run(
