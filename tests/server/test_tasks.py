@@ -221,3 +221,23 @@ async def test_the_metrics_count_tasks_by_the_state_they_reached(table: TaskTabl
     assert 'mcp_sandbox_tasks_total{status="working",tenant="alice"} 2.0' in page
     assert 'mcp_sandbox_tasks_total{status="completed",tenant="alice"} 1.0' in page
     assert 'mcp_sandbox_tasks_total{status="cancelled",tenant="alice"} 1.0' in page
+
+
+async def test_a_task_is_answered_by_another_server_of_the_database(table: TaskTable) -> None:
+    release = anyio.Event()
+
+    async def run() -> dict[str, Any]:
+        await release.wait()
+        return answer("from the owner")
+
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as group:
+            owner, other = Tasks(table, group), Tasks(table, group)
+            row, _ = await owner.start("alice", run, ttl_ms=None, key=None)
+            assert (await other.get("alice", row.id)).status == "working"  # beating: not lost
+            release.set()
+            ended = await other.result("alice", row.id)  # waits on the row, not on the owner's run
+            listed, _ = await other.page("alice", None)
+
+    assert ended.status == "completed" and ended.result is not None and "from the owner" in ended.result
+    assert [task.id for task in listed] == [row.id]
