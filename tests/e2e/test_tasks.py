@@ -4,7 +4,9 @@ Over real HTTP (plain JSON, as curl speaks it) with two tenants, and over real s
 life (working, then completed with the run's output; an error result is completed too), the
 status notification, another tenant's id refused exactly like an unknown one, a key re-sent
 that runs once, a cancel that leaves no process of the run, and a server killed with -9 whose
-task is ``failed`` once a server opens the database again. The SDK's clients have no Tasks.
+task is ``failed`` once a server opens the database again. The Python SDK has no Tasks client; the Tasks extension's own
+TypeScript client (@modelcontextprotocol/ext-tasks, installed with the Inspector in
+conformance/node_modules) runs one call as a task (ext_tasks_call.mjs).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ import httpx2
 import pytest
 
 from mcp_test_helpers import (
+    _CONFORMANCE_MODULES,
     CALL_BOUND,
     _child_pythonpath,
     auth_tokens,
+    conformance_node,
     host_processes,
     http_server,
     mcp_sandbox_cli,
@@ -91,6 +95,24 @@ async def test_the_server_advertises_tasks_and_run_tools_may_run_as_tasks(base: 
     execution = {tool["name"]: tool.get("execution") for tool in listing["tools"]}
     assert execution["run_python"] == execution["run_code"] == {"taskSupport": "optional"}
     assert execution["upload_file"] is None
+
+
+async def test_the_tasks_extensions_own_client_runs_a_call_as_a_task(base: str, tmp_path: Path) -> None:
+    # A copy beside a node_modules link: node resolves packages from the script's real path.
+    script = tmp_path / "ext_tasks_call.mjs"
+    script.write_bytes(Path(__file__).with_name("ext_tasks_call.mjs").read_bytes())
+    (tmp_path / "node_modules").symlink_to(_CONFORMANCE_MODULES)
+    request = {"url": f"{base}/mcp", "token": ALICE, "code": "import time; time.sleep(1); print(6 * 7)"}
+    with anyio.fail_after(CALL_BOUND * 2):
+        done = await anyio.run_process([str(conformance_node()), str(script), json.dumps(request)], check=False)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+        ran = json.loads(done.stdout)
+        seen = await result(base, ALICE, "tasks/get", {"taskId": ran["taskId"]})
+
+    assert ran["kind"] == "task"
+    assert ran["outcome"]["status"] == "completed"
+    assert ran["outcome"]["result"]["structuredContent"]["stdout"] == "42\n"
+    assert seen["status"] == "completed"  # the same task, asked again over plain HTTP
 
 
 async def test_a_task_works_then_completes_with_the_runs_output(base: str) -> None:
