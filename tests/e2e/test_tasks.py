@@ -271,6 +271,20 @@ async def test_the_task_of_a_server_killed_mid_run_is_failed_not_working(
     assert payload["error"]["data"]["status"] == "failed"
 
 
+async def test_the_task_of_a_server_shut_down_mid_run_is_failed_saying_so(
+    state_dir: Path, config: Path, sandbox_runtime: Path | None
+) -> None:
+    grace = {"MCP_SANDBOX_SHUTDOWN_GRACE": "0.5s"}
+    with anyio.fail_after(CALL_BOUND * 3):
+        async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime, env=grace) as url:
+            task_id = await start(url, ALICE, "import time; time.sleep(300)")
+        # Leaving the block sent SIGTERM: the drain ended the run, and the server exited.
+        async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
+            seen = await result(url, ALICE, "tasks/get", {"taskId": task_id})
+
+    assert seen["status"] == "failed" and "shut down" in seen["statusMessage"]
+
+
 def _is_server(pid: int) -> bool:
     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
         return b"mcp_sandbox\x00serve" in cmdline.read()

@@ -42,6 +42,7 @@ __all__ = [
     "OWNER_GONE",
     "PAGE",
     "POLL_INTERVAL_MS",
+    "RunLost",
     "TaskEnded",
     "Tasks",
     "UnknownTask",
@@ -70,6 +71,10 @@ class UnknownTask(LookupError):
 
 class TaskEnded(Exception):
     """The task has already ended (a cancel of a finished task)."""
+
+
+class RunLost(Exception):
+    """Raised by a task's run that its server stopped (a shutdown): the task fails with the message."""
 
 
 @dataclass
@@ -173,6 +178,9 @@ class Tasks:
             with running.scope:
                 try:
                     payload = await run()
+                except RunLost as exc:
+                    status, message = "failed", str(exc)
+                    result = json.dumps({"error": {"code": -32603, "message": str(exc)}})
                 except MCPError as exc:  # a protocol error: the task failed, tasks/result answers the error
                     status, message = "failed", exc.error.message
                     result = json.dumps({"error": exc.error.model_dump(mode="json", exclude_none=True)})

@@ -21,7 +21,9 @@ from mcp_sandbox.replicas.forward import FORWARDED_TOOLS
 from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tasks.runtime import RunLost
 from mcp_sandbox.server.tasks.wire import TaskMethods, idempotency_key
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
@@ -104,8 +106,16 @@ class ToolHandlers:
         return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
 
     async def _call_as(self, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
-        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress."""
-        return await self._route(None, tenant, name, raw)
+        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress.
+
+        Raises:
+            RunLost: the server stopped the run (a shutdown): the task is failed, not completed.
+        """
+        result = await self._route(None, tenant, name, raw)
+        data = result.structured_content if isinstance(result.structured_content, dict) else {}
+        if data.get("error") == STOPPED_MESSAGE and self._service.lifecycle.draining:
+            raise RunLost(STOPPED_MESSAGE)
+        return result
 
     async def _route(self, ctx: Any, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
