@@ -190,10 +190,17 @@ async def test_a_key_sent_again_returns_the_first_answer_and_runs_once(base: str
         again = await result(base, ALICE, "tools/call", {**call, **key})
         as_task = await result(base, ALICE, "tools/call", {**call, **key, "task": {}})
         fresh = await result(base, ALICE, "tools/call", call)
+        other = await rpc(base, ALICE, "tools/call", {**keyed_other(call, "print('other')"), **key})
 
     assert first["structuredContent"]["stdout"] == again["structuredContent"]["stdout"] == "1\n"
     assert as_task["task"]["status"] == "completed"  # the same key names the same (ended) task
     assert fresh["structuredContent"]["stdout"] == "2\n"  # the code ran once before this call
+    assert other["error"]["code"] == -32602 and "idempotencyKey" in other["error"]["message"]
+
+
+def keyed_other(call: dict[str, Any], code: str) -> dict[str, Any]:
+    """``call`` with other code: another request."""
+    return {**call, "arguments": {**call["arguments"], "code": code}}
 
 
 async def test_a_key_re_sent_after_the_connection_was_cut_mid_run_waits_for_the_one_run(base: str) -> None:

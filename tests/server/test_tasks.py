@@ -16,7 +16,7 @@ import pytest
 from mcp_sandbox.events import Event
 from mcp_sandbox.server.metrics import Metrics
 from mcp_sandbox.server.tasks.runtime import OWNER_GONE, TaskEnded, Tasks, UnknownTask
-from mcp_sandbox.server.tasks.table import TaskTable
+from mcp_sandbox.server.tasks.table import KeyReused, TaskTable
 from mcp_sandbox.workspace import Metadata
 from postgres_helpers import MetadataTarget
 
@@ -100,6 +100,18 @@ async def test_a_repeated_idempotency_key_returns_the_first_task_and_runs_nothin
     assert (new, repeated, theirs) == (True, False, True)
     assert again.id == first.id != others.id
     assert runs == 2
+
+
+async def test_a_key_names_one_request_another_call_with_it_is_refused(table: TaskTable) -> None:
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as group:
+            tasks = Tasks(table, group)
+            await tasks.start("alice", done, ttl_ms=None, key="k", request="print(1)")
+            with pytest.raises(KeyReused):
+                await tasks.start("alice", done, ttl_ms=None, key="k", request="print(2)")
+            listed, _ = await tasks.page("alice", None)
+
+    assert len(listed) == 1
 
 
 async def test_a_task_whose_owner_stopped_beating_is_failed_never_working(table: TaskTable) -> None:

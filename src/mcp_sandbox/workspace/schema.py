@@ -92,6 +92,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires REAL NOT NULL,
             heartbeat REAL NOT NULL,
             idempotency_key TEXT,
+            request TEXT NOT NULL,
             result TEXT
         ) STRICT""",
         "CREATE INDEX tasks_by_tenant ON tasks(tenant, created, id)",
@@ -178,6 +179,7 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires DOUBLE PRECISION NOT NULL,
             heartbeat DOUBLE PRECISION NOT NULL,
             idempotency_key TEXT,
+            request TEXT NOT NULL,
             result TEXT
         )""",
         "CREATE INDEX tasks_by_tenant ON tasks(tenant, created, id)",

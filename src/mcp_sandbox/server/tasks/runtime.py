@@ -132,12 +132,21 @@ class Tasks:
         return len(self._running)
 
     async def start(
-        self, tenant: str, run: Run, *, ttl_ms: int | None, key: str | None, notify: Notify | None = None
+        self,
+        tenant: str,
+        run: Run,
+        *,
+        ttl_ms: int | None,
+        key: str | None,
+        request: str = "",
+        notify: Notify | None = None,
     ) -> tuple[TaskRow, bool]:
         """Write the task's row, then start ``run``; the row and True, or the task that already
-        holds idempotency ``key`` and False (nothing is run).
+        holds idempotency ``key`` and False (nothing is run). ``request``: a digest of what ``run``
+        runs; a key names one request.
 
         Raises:
+            KeyReused: ``key`` names a task of another request (nothing is run).
             WorkspaceError: the database refused or cannot be reached (nothing is run).
         """
         now = time.time()
@@ -154,6 +163,7 @@ class Tasks:
             expires=now + ttl / 1000,
             heartbeat=now,
             idempotency_key=key,
+            request=request,
             result=None,
         )
         running = self._running[row.id] = _Running()  # before the row exists: never read as lost

@@ -18,11 +18,13 @@ from typing import Any
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace.database import Database, Transaction
 
-__all__ = ["TERMINAL", "TaskRow", "TaskTable"]
+__all__ = ["TERMINAL", "KeyReused", "TaskRow", "TaskTable"]
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 
-_COLUMNS = "id, tenant, owner, status, message, created, updated, ttl_ms, expires, heartbeat, idempotency_key, result"
+_COLUMNS = (
+    "id, tenant, owner, status, message, created, updated, ttl_ms, expires, heartbeat, idempotency_key, request, result"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,7 @@ class TaskRow:
     expires: float
     heartbeat: float
     idempotency_key: str | None
+    request: str  # a digest of what the task runs (tool and arguments): a key names one request
     result: str | None
 
     @property
@@ -49,6 +52,10 @@ class TaskRow:
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> TaskRow:
         return cls(*row)
+
+
+class KeyReused(Exception):
+    """The tenant's idempotency key names a task of another request (another tool or other arguments)."""
 
 
 def encode_cursor(row: TaskRow) -> str:
@@ -76,7 +83,11 @@ class TaskTable:
         self._db = database
 
     def insert(self, row: TaskRow) -> TaskRow:
-        """Write ``row``; when its tenant already used its idempotency key, return that task instead."""
+        """Write ``row``; when its tenant already used its idempotency key, return that task instead.
+
+        Raises:
+            KeyReused: that task ran another request.
+        """
 
         def insert(tx: Transaction) -> TaskRow:
             if row.idempotency_key is not None:
@@ -85,9 +96,11 @@ class TaskTable:
                     (row.tenant, row.idempotency_key),
                 )
                 if found:
-                    return TaskRow.of(found[0])
+                    if (first := TaskRow.of(found[0])).request != row.request:
+                        raise KeyReused(row.idempotency_key)
+                    return first
             tx.execute(
-                f"INSERT INTO tasks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO tasks ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.id,
                     row.tenant,
@@ -100,6 +113,7 @@ class TaskTable:
                     row.expires,
                     row.heartbeat,
                     row.idempotency_key,
+                    row.request,
                     row.result,
                 ),
             )

@@ -15,6 +15,7 @@ first call's task, or waits for its result, and runs nothing again.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
@@ -27,7 +28,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Notify, TaskEnded, Tasks, UnknownTask
-from mcp_sandbox.server.tasks.table import TaskRow
+from mcp_sandbox.server.tasks.table import KeyReused, TaskRow
 
 __all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "idempotency_key", "task_json"]
 
@@ -115,25 +116,31 @@ class TaskMethods:
             only = ", ".join(sorted(TASK_TOOLS))
             raise MCPError(METHOD_NOT_FOUND, f"tool {name!r} cannot run as a task (only {only})")
         ttl = _ttl(params["task"])
-        row, _ = await self._start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params))
+        row, _ = await self._start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params), notify=True)
         return {"task": task_json(row)}
 
     async def call_once(self, ctx: Any, name: str, raw: dict[str, Any] | None, key: str) -> types.CallToolResult:
         """A blocking ``tools/call`` with idempotency ``key``: the first call's result, run once."""
-        row, _ = await self._start(ctx, name, raw, None, key)
+        row, _ = await self._start(ctx, name, raw, None, key, notify=False)
         ended = await self._guard(self._tasks.result(row.tenant, row.id))
         return types.CallToolResult.model_validate(self._payload(ended), by_name=False)
 
-    async def _start(self, ctx: Any, name: str, raw: Any, ttl: int | None, key: str | None) -> tuple[TaskRow, bool]:
+    async def _start(
+        self, ctx: Any, name: str, raw: Any, ttl: int | None, key: str | None, *, notify: bool
+    ) -> tuple[TaskRow, bool]:
         tenant = tenant_of(getattr(ctx, "request", None))
         arguments = cast("dict[str, Any] | None", raw if isinstance(raw, dict) else None)
+        asked = json.dumps({"name": name, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
+        request = hashlib.sha256(asked.encode()).hexdigest()
 
         async def run() -> dict[str, Any]:
             result = await self._call(tenant, name, arguments)
             # resultType is the 2026-07-28 wire's: tasks/result answers in the handshake era.
             return result.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"result_type"})
 
-        return await self._guard(self._tasks.start(tenant, run, ttl_ms=ttl, key=key, notify=_notifier(ctx)))
+        notifier = _notifier(ctx) if notify else None
+        started = self._tasks.start(tenant, run, ttl_ms=ttl, key=key, request=request, notify=notifier)
+        return await self._guard(started)
 
     async def get(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
         return task_json(await self._guard(self._tasks.get(tenant_of(ctx.request), _task_id(params))))
@@ -169,6 +176,10 @@ class TaskMethods:
             return await work
         except UnknownTask as exc:  # another tenant's id reads exactly like one never made
             raise MCPError(INVALID_PARAMS, f"unknown task {exc.args[0]!r}") from None
+        except KeyReused:
+            raise MCPError(
+                INVALID_PARAMS, "params._meta.idempotencyKey: already used for another call (another tool or arguments)"
+            ) from None
         except TaskEnded as exc:
             raise MCPError(INVALID_PARAMS, f"task {exc.args[0]!r} has already ended") from None
         except ValidationError as exc:
