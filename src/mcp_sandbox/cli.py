@@ -97,9 +97,11 @@ def _parser() -> argparse.ArgumentParser:
     # Issue 15: building the runtimes of a wheel install, and client set-up, in modules of their own.
     from mcp_sandbox.install.command import add_install_parser
     from mcp_sandbox.provision.command import add_setup_parser
+    from mcp_sandbox.server.tasks.command import add_tasks_parser
 
     add_setup_parser(commands, common)
     add_install_parser(commands, common)
+    add_tasks_parser(commands, common)
     return parser
 
 
@@ -247,6 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mcp_sandbox.provision.command import run_setup
 
             return run_setup(settings, args)
+        if args.command == "tasks":
+            from mcp_sandbox.server.tasks.command import run_tasks
+
+            return run_tasks(settings, args)
         if args.command == "install":
             from mcp_sandbox.install.command import run_install
 

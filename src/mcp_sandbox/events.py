@@ -28,6 +28,7 @@ __all__ = [
     "PoolStarted",
     "RunAdmitted",
     "RunFinished",
+    "TaskChanged",
     "ToolCalled",
     "unheard",
 ]
@@ -112,6 +113,15 @@ class PoolStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskChanged:
+    """A task (server/tasks) was created here (``working``), or its run here ended (``completed``,
+    ``failed``, ``cancelled``), or a task whose server was lost was failed here."""
+
+    tenant: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
 class FileStored:
     """A file was uploaded into a conversation (``via``: ``tool`` or ``http``); ``outcome``: ok or why not."""
 
@@ -145,7 +155,17 @@ class FilesUnsaved:
     files: int
 
 
-Event = RunAdmitted | RunFinished | ToolCalled | EgressConnection | PoolStarted | FileStored | FileServed | FilesUnsaved
+Event = (
+    RunAdmitted
+    | RunFinished
+    | ToolCalled
+    | EgressConnection
+    | PoolStarted
+    | FileStored
+    | FileServed
+    | FilesUnsaved
+    | TaskChanged
+)
 Observer = Callable[[Event], None]
 
 

@@ -63,8 +63,47 @@ async def _named_call_errors(ctx: Any, call_next: Any) -> Any:
     return await call_next(ctx)
 
 
+class _TasksServer(Server[Any]):
+    """The SDK's server, advertising ``capabilities.tasks`` in the handshake era (it derives
+    capabilities from its handlers, and tasks have none there: :mod:`.tasks.wire`)."""
+
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+        from mcp_sandbox.server.tasks.wire import CAPABILITY
+
+        capabilities = super().get_capabilities(*args, **kwargs)
+        if kwargs.get("protocol_version") in MODERN_PROTOCOL_VERSIONS:
+            return capabilities
+        return capabilities.model_copy(update={"tasks": CAPABILITY})
+
+
+def _bind_tasks(server: Server, handlers: ToolHandlers | _Opening) -> None:
+    """``tools/call`` with ``task`` answered at once, and the ``tasks/*`` requests (:mod:`.tasks.wire`)."""
+    import mcp_types as types
+
+    async def task_calls(ctx: Any, call_next: Any) -> Any:
+        if ctx.method == "tools/call" and isinstance(ctx.params, dict) and "task" in ctx.params:
+            created = await (await handlers.ready()).tasks.call_as_task(ctx)
+            if created is not None:
+                return created
+        return await call_next(ctx)
+
+    def bound(method: str) -> Any:
+        async def handle(ctx: Any, params: Any) -> Any:
+            return await getattr((await handlers.ready()).tasks, method)(ctx, params)
+
+        return handle
+
+    server.middleware.append(task_calls)
+    server.add_request_handler("tasks/get", types.GetTaskRequestParams, bound("get"))
+    server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, bound("result"))
+    server.add_request_handler("tasks/list", types.PaginatedRequestParams, bound("list"))
+    server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, bound("cancel"))
+
+
 def _server(handlers: ToolHandlers | _Opening) -> Server:
-    server = Server(
+    server = _TasksServer(
         SERVER_NAME,
         version=__version__,
         instructions=INSTRUCTIONS,
@@ -74,6 +113,7 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
         on_read_resource=read_resource,
     )
     server.middleware.append(_named_call_errors)
+    _bind_tasks(server, handlers)
     return server
 
 
@@ -95,17 +135,17 @@ class _Opening:
         self._handlers = handlers
         self._open.set()
 
-    async def _ready(self) -> ToolHandlers:
+    async def ready(self) -> ToolHandlers:
         if self._handlers is None:  # once open, no wait (Event.wait would still yield to the loop)
             await self._open.wait()
         assert self._handlers is not None
         return self._handlers
 
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return await (await self._ready()).list_tools(ctx, params)
+        return await (await self.ready()).list_tools(ctx, params)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return await (await self._ready()).call_tool(ctx, params)
+        return await (await self.ready()).call_tool(ctx, params)
 
 
 def _end_process(exc: Exception) -> NoReturn:

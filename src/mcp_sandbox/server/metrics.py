@@ -26,6 +26,7 @@ from mcp_sandbox.events import (
     PoolStarted,
     RunAdmitted,
     RunFinished,
+    TaskChanged,
     ToolCalled,
 )
 
@@ -129,6 +130,12 @@ class Metrics:
             ["stage"],
             registry=r,
         )
+        self.tasks = Counter(
+            f"{_PREFIX}_tasks",
+            "MCP Tasks by the state they reached: working (created), completed, failed, cancelled",
+            ["status", "tenant"],
+            registry=r,
+        )
         r.register(_Gauges(gauges, stored))
 
     def observe(self, event: Event) -> None:
@@ -163,6 +170,8 @@ class Metrics:
                 self.transfer.labels("out").inc(event.size)
             case FilesUnsaved():
                 self.unsaved.labels(event.stage).inc(event.files)
+            case TaskChanged():
+                self.tasks.labels(event.status, event.tenant).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,6 +49,8 @@ from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.storage import Storage
+from mcp_sandbox.server.tasks.runtime import MAX_TTL_MS, Tasks
+from mcp_sandbox.server.tasks.table import TaskTable
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import Metadata, WorkspaceStore, derive_key, load_secret, sweep
@@ -84,6 +86,8 @@ class Service:
     router: Router | None
     # The server secret (shared through the database when database_url is set): keys derive from it.
     secret: bytes = dataclasses.field(repr=False)
+    # Tool calls run as MCP Tasks (server/tasks), kept in the metadata database.
+    tasks: Tasks
 
     @property
     def workspaces(self) -> WorkspaceStore:
@@ -300,6 +304,8 @@ async def open_service(
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
             ):
                 metrics = _observers(settings, engine, lifecycle, metadata, events, writes)
+                ttl_ms = min(MAX_TTL_MS, int(settings.workspaces.conversation_ttl * 1000))  # never past the files
+                tasks = Tasks(TaskTable(metadata.database), group, max_ttl_ms=ttl_ms, emit=events.emit)
                 service = Service(
                     settings=settings,
                     engine=engine,
@@ -314,7 +320,9 @@ async def open_service(
                     busy=busy,
                     router=router,
                     secret=secret,
+                    tasks=tasks,
                 )
+                group.start_soon(tasks.keep)
                 lifecycle.on_reload("servers", service.reload_servers)
                 if idle is not None:
                     events.subscribe(idle.observe)

@@ -78,6 +78,27 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         ) STRICT, WITHOUT ROWID""",
         "CREATE INDEX forwarded_calls_by_expiry ON forwarded_calls(expires)",
     ),
+    # Long runs as MCP Tasks (server/tasks): a task's row is written before its handle is returned.
+    (
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            status TEXT NOT NULL,
+            message TEXT,
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            ttl_ms INTEGER NOT NULL,
+            expires REAL NOT NULL,
+            heartbeat REAL NOT NULL,
+            idempotency_key TEXT,
+            request TEXT NOT NULL,
+            result TEXT
+        ) STRICT""",
+        "CREATE INDEX tasks_by_tenant ON tasks(tenant, created, id)",
+        "CREATE INDEX tasks_by_expiry ON tasks(expires)",
+        "CREATE UNIQUE INDEX tasks_by_idempotency_key ON tasks(tenant, idempotency_key)",
+    ),
 )
 
 # The same tables: SQLite's INTEGER is 64-bit (BIGINT here), its REAL a double.
@@ -144,5 +165,25 @@ POSTGRES_MIGRATIONS: tuple[tuple[str, ...], ...] = (
             expires DOUBLE PRECISION NOT NULL
         )""",
         "CREATE INDEX forwarded_calls_by_expiry ON forwarded_calls(expires)",
+    ),
+    (
+        """CREATE TABLE tasks (
+            id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            status TEXT NOT NULL,
+            message TEXT,
+            created DOUBLE PRECISION NOT NULL,
+            updated DOUBLE PRECISION NOT NULL,
+            ttl_ms BIGINT NOT NULL,
+            expires DOUBLE PRECISION NOT NULL,
+            heartbeat DOUBLE PRECISION NOT NULL,
+            idempotency_key TEXT,
+            request TEXT NOT NULL,
+            result TEXT
+        )""",
+        "CREATE INDEX tasks_by_tenant ON tasks(tenant, created, id)",
+        "CREATE INDEX tasks_by_expiry ON tasks(expires)",
+        "CREATE UNIQUE INDEX tasks_by_idempotency_key ON tasks(tenant, idempotency_key)",
     ),
 )

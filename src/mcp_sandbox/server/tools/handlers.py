@@ -22,7 +22,10 @@ from mcp_sandbox.replicas.forward import FORWARDED_TOOLS, Forwarded
 from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tasks.runtime import RunLost
+from mcp_sandbox.server.tasks.wire import TaskMethods, idempotency_key
 from mcp_sandbox.server.tools.arguments import (
     CallContext,
     ListRunnersArguments,
@@ -83,6 +86,12 @@ class ToolHandlers:
             sync=service.mirror,
         )
         self._run = RunTool(service, context, self._egress, self._library)
+        assert service.tasks is not None, "open_service opens the tasks"
+        self.tasks = TaskMethods(service.tasks, self._call_as)
+
+    async def ready(self) -> ToolHandlers:
+        """These handlers (open already: the same interface as a service still opening)."""
+        return self
 
     @property
     def tools(self) -> list[types.Tool]:
@@ -92,8 +101,24 @@ class ToolHandlers:
         return types.ListToolsResult(tools=self.tools)
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        tenant = tenant_of(getattr(ctx, "request", None))
-        name, raw = params.name, params.arguments
+        raw_params = getattr(ctx, "params", None)
+        if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
+            return await self.tasks.call_once(ctx, params.name, params.arguments, key)
+        return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
+
+    async def _call_as(self, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
+        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress.
+
+        Raises:
+            RunLost: the server stopped the run (a shutdown): the task is failed, not completed.
+        """
+        result = await self._route(None, tenant, name, raw)
+        data = result.structured_content if isinstance(result.structured_content, dict) else {}
+        if data.get("error") == STOPPED_MESSAGE and self._service.lifecycle.draining:
+            raise RunLost(STOPPED_MESSAGE)
+        return result
+
+    async def _route(self, ctx: Any, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
         router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
         if router is None or (key := self._replica_key(raw, tenant)) is None:

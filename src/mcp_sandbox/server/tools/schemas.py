@@ -149,6 +149,10 @@ def input_schema(model: type[ToolArguments], context: CallContext) -> dict[str, 
     return schema
 
 
+# May run as an MCP Task (2025-11-25; server/tasks): a long run outlives the client's request.
+TASKS_OPTIONAL = types.ToolExecution(task_support="optional")
+
+
 def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
     return types.Tool(
         name="run_python",
@@ -160,6 +164,7 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
         ),
         input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
+        execution=TASKS_OPTIONAL,
         # No annotations: the defaults are the truth (code can delete a workspace's files and, in
         # code mode, reach other servers), and they cost no tokens.
     )
@@ -174,6 +179,7 @@ def run_code_tool(context: CallContext) -> types.Tool:
         description=("run_python in any language list_runners reports."),
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema=schema,
+        execution=TASKS_OPTIONAL,
         # No annotations: as run_python's.
     )
 
