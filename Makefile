@@ -14,6 +14,11 @@ PYTHON ?= python3
 SYSTEM_PYTHON ?= /usr/bin/python3
 # Extra arguments: `make pytest PYTEST_ARGS='-k foo'`, `make run ARGS='--help'`.
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` and `make pytest`: the suite mostly waits (on sandboxes,
+# servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
+# on one worker, where its module-scoped servers are started once. PYTEST_WORKERS=0: no workers.
+PYTEST_WORKERS ?= 4
+PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 ARGS ?=
 
 VENV          := .venv
@@ -257,7 +262,7 @@ test: setup browser promtool postgres haproxy downstream conformance-tools conta
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 # The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
 # tests that need a real sandbox are marked `sandbox`, those that start PostgreSQL, SeaweedFS or
@@ -267,7 +272,7 @@ check: venv ## Fast lane: ruff, ruff format --check, mypy, lint-imports, pytest 
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -m "not sandbox and not e2e and not slow and not services" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n 2 -m "not sandbox and not e2e and not slow and not services" $(PYTEST_ARGS)
 
 lint: venv ## ruff check, ruff format --check and lint-imports (the layers contract in pyproject.toml)
 	$(BIN)/ruff check src tests bench
@@ -288,7 +293,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_ARGS)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; the alternatives side by side)
 	$(BIN)/python bench/tokens.py

@@ -10,6 +10,7 @@ channel) driving the podman wrapper as a docker-compatible CLI, labelled so wher
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -83,10 +84,27 @@ def docker_daemon() -> Iterator[str | None]:
     if os.geteuid() != 0 or not os.path.exists(_DOCKERD):
         yield "no docker engine (dockerd) installed here, or not root"
         return
-    if _docker_answers():
-        yield None
-        return
     DOCKER_RUN.mkdir(parents=True, exist_ok=True)
+    # Parallel workers (pytest-xdist) share one engine: each holds a shared lock on `users` while
+    # it may use it, and the worker that started it stops it once it can take that lock alone.
+    with open(DOCKER_RUN / "users", "w") as users:
+        with open(DOCKER_RUN / "start.lock", "w") as starting:
+            fcntl.flock(starting, fcntl.LOCK_EX)
+            fcntl.flock(users, fcntl.LOCK_SH)
+            if _docker_answers():
+                fcntl.flock(starting, fcntl.LOCK_UN)
+                yield None
+                return
+            with _started_engine() as reason:
+                fcntl.flock(starting, fcntl.LOCK_UN)
+                try:
+                    yield reason
+                finally:
+                    fcntl.flock(users, fcntl.LOCK_EX)  # waits for the other workers to be done with it
+
+
+@contextlib.contextmanager
+def _started_engine() -> Iterator[str | None]:
     DOCKER_STATE.mkdir(parents=True, exist_ok=True)
     log = open(DOCKER_RUN / "dockerd.log", "ab")
     daemon = subprocess.Popen(
