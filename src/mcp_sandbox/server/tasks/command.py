@@ -14,11 +14,12 @@ import json
 import time
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.server.tasks.runtime import LEASE
-from mcp_sandbox.server.tasks.table import TERMINAL, TaskRow, TaskTable
+from mcp_sandbox.server.tasks.table import LEASE, TERMINAL, TaskRow, TaskTable
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import Metadata
 
+# Not the runtime (it imports the MCP SDK): the CLI adds this parser before `serve` answers a
+# stdio client's initialize, which must come before the SDK is imported (server/transport/stdio_early).
 __all__ = ["add_tasks_parser", "run_tasks"]
 
 _STATUSES = ("working", *sorted(TERMINAL))

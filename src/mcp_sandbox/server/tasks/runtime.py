@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, TaskChanged
-from mcp_sandbox.server.tasks.table import TaskRow, TaskTable, decode_cursor, encode_cursor
+from mcp_sandbox.server.tasks.table import LEASE, TaskRow, TaskTable, decode_cursor, encode_cursor
 
 __all__ = [
     "DEFAULT_TTL_MS",
@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_TTL_MS = 3_600_000  # a task and its result are kept an hour unless the client asks otherwise
 MAX_TTL_MS = 86_400_000  # and at most a day (and never past the conversation's retention)
 HEARTBEAT = 10.0  # seconds between an owner's beats
-LEASE = 30.0  # a working task whose owner has not beaten for this long is lost
 POLL_INTERVAL_MS = 1000  # suggested to clients; also how often a waiter polls another owner's task
 PAGE = 50  # tasks per tasks/list page
 OWNER_GONE = "the server running this task stopped before it finished; call the tool again"

@@ -18,9 +18,10 @@ from typing import Any
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace.database import Database, Transaction
 
-__all__ = ["TERMINAL", "KeyReused", "TaskRow", "TaskTable"]
+__all__ = ["LEASE", "TERMINAL", "KeyReused", "TaskRow", "TaskTable"]
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+LEASE = 30.0  # a working task whose owner has not beaten for this long is lost
 
 _COLUMNS = (
     "id, tenant, owner, status, message, created, updated, ttl_ms, expires, heartbeat, idempotency_key, request, result"
