@@ -17,6 +17,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` and `make pytest`: the suite mostly waits (on sandboxes,
 # servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
 # on one worker, where its module-scoped servers are started once. PYTEST_WORKERS=0: no workers.
+# `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 ARGS ?=
@@ -256,13 +257,14 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest
+test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS)
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest -m serial $(PYTEST_ARGS)
 
 # The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
 # tests that need a real sandbox are marked `sandbox`, those that start PostgreSQL, SeaweedFS or

@@ -130,6 +130,19 @@ _REAL_SANDBOX_FIXTURES = frozenset(
 _SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
 
 
+# Modules whose assertions bound a run, a takeover or a pool's retirement in seconds: `make test`
+# runs them after the parallel workers are done (`-m serial`), on a machine nobody else loads.
+_SERIAL_MODULES = frozenset(
+    {
+        "tests/sandbox/test_limits.py",
+        "tests/replicas/test_nemesis.py",
+        "tests/engine/test_ready_uids.py",
+        "tests/bridge/test_clients.py",
+    }
+)
+_ROOT = Path(__file__).resolve().parents[1]
+
+
 def _uses_a_service(item: pytest.Item) -> bool:
     if _SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
         return True
@@ -140,8 +153,10 @@ def _uses_a_service(item: pytest.Item) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``sandbox`` every test that uses a fixture starting a real sandbox, ``services`` every
-    test that starts a service (see above)."""
+    test that starts a service, ``serial`` every test of a module timed in seconds (see above)."""
     for item in items:
+        if item.path.resolve().relative_to(_ROOT).as_posix() in _SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)
         if _REAL_SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
         if _uses_a_service(item):
