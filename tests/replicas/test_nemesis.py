@@ -77,13 +77,16 @@ async def test_the_busiest_owner_killed_with_sigkill_mid_workload_loses_nothing_
 async def test_an_owner_frozen_past_its_lease_holds_no_call_and_loses_nothing(nemesis: Nemesis) -> None:
     async for model in scenario(nemesis, "owner frozen"):
         busy = model.conversations[0]
+        victim = await nemesis.owner(busy.id)
+        other = next(r for r in nemesis.cluster.replicas if r is not victim)
+        workspaces = victim.state_dir / "workspaces"
         async with anyio.create_task_group() as group:
-            # A long run holds the conversation's lease on its owner when it freezes.
-            group.start_soon(
-                partial(_call, nemesis, nemesis.cluster.replicas[0], busy.id, "import time; time.sleep(20)")
-            )
-            victim = await nemesis.owner(busy.id)
-            other = next(r for r in nemesis.cluster.replicas if r is not victim)
+            # A long run holds the conversation's lease on its owner when it freezes. Sent to the
+            # owner itself: sent to another replica, it is that replica's forwarded call, which
+            # takes it over once the lease lapses and runs its 20 s there, ahead of the phase's calls.
+            long_run = "open('/workspace/long-started', 'w').close(); import time; time.sleep(20)"
+            group.start_soon(partial(_call, nemesis, victim, busy.id, long_run))
+            await until(lambda where=workspaces: any(where.glob("*/long-started")), 30)
             with nemesis.frozen(victim):
                 # Sent to a live replica (the balancer's checks would take the frozen one out in
                 # their own time): the busy conversation's calls are forwarded to the frozen
