@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
 # on one worker, where its module-scoped servers are started once. PYTEST_WORKERS=0: no workers.
 # `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 ARGS ?=
 
@@ -263,8 +263,10 @@ test: setup browser promtool postgres haproxy downstream conformance-tools conta
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	@$(MAKE) --no-print-directory typecheck-ts
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS)
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest -m serial $(PYTEST_ARGS)
+	status=0; \
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) || status=$$?; \
+	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest -m serial $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 # The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
 # tests that need a real sandbox are marked `sandbox`, those that start PostgreSQL, SeaweedFS or
