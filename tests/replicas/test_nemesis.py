@@ -86,7 +86,7 @@ async def test_an_owner_frozen_past_its_lease_holds_no_call_and_loses_nothing(ne
             # takes it over once the lease lapses and runs its 20 s there, ahead of the phase's calls.
             long_run = "open('/workspace/long-started', 'w').close(); import time; time.sleep(20)"
             group.start_soon(partial(_call, nemesis, victim, busy.id, long_run))
-            await until(lambda where=workspaces: any(where.glob("*/long-started")), 30)
+            await until(partial(_written, workspaces, "long-started"), 30)
             with nemesis.frozen(victim):
                 # Sent to a live replica (the balancer's checks would take the frozen one out in
                 # their own time): the busy conversation's calls are forwarded to the frozen
@@ -137,6 +137,11 @@ async def test_a_946_byte_name_does_not_stop_the_conversations_other_files_being
             conversation.acked[LONG_NAME] = sha(data)
         await nemesis.phase(model, ops=AFTER)
         assert_clean(model, await nemesis.verify(model))
+
+
+def _written(workspaces: Path, name: str) -> bool:
+    """Whether a run wrote ``name`` in a conversation's workspace under ``workspaces``."""
+    return any(workspaces.glob(f"*/{name}"))
 
 
 async def _call(nemesis: Nemesis, replica: Replica, conversation: str, code: str) -> None:
