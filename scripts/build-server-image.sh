@@ -4,6 +4,9 @@
 #   scripts/build-server-image.sh [IMAGE]
 #   scripts/build-server-image.sh --digest     # print the digest of what goes in, and exit
 #
+# With SERVER_IMAGE_TAR=PATH, the root filesystem's tarball is kept at PATH, and an existing one
+# is imported instead of building again (the tests load one build into both podman and docker;
+# the caller names PATH after the digest).
 # IMAGE defaults to localhost/mcp-sandbox:latest. The CLI is $CONTAINER_CLI, else podman, else
 # docker. As for the sandbox image (scripts/build-container-image.sh), no image registry is
 # involved: scripts/container_rootfs.py copies Debian's python3, bubblewrap, libseccomp (with
@@ -56,50 +59,60 @@ prefix=/opt/mcp-sandbox
 work="$(mktemp -d /tmp/mcp-sandbox-server-rootfs-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 rootfs="$work/rootfs"
+tarball="${SERVER_IMAGE_TAR:-$work/rootfs.tar}"
 
-/usr/bin/python3 scripts/container_rootfs.py "$rootfs" bubblewrap libseccomp2 libc-bin tini ca-certificates
+build_rootfs() {
+    /usr/bin/python3 scripts/container_rootfs.py "$rootfs" bubblewrap libseccomp2 libc-bin tini ca-certificates
 
-# The server's environment: a venv of the image's python3 (the host's Debian one, copied above)
-# with the wheel and its dependencies installed into it. Bytecode is compiled now: the root
-# filesystem is read-only at run time.
-py_version="$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-/usr/bin/python3 -m venv --without-pip "$rootfs$prefix/.venv"
-ln -sfn /usr/bin/python3 "$rootfs$prefix/.venv/bin/python3"
-ln -sfn python3 "$rootfs$prefix/.venv/bin/python"
-.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" .
-# With the extras replicas use (database_url: psycopg; object_store_url: boto3): the Kubernetes
-# manifests run this image as replicas (docs/scaling.md).
-wheel="$(ls "$work"/wheels/*.whl)"
-.venv/bin/python -m pip install --quiet --no-warn-script-location --python-version "$py_version" \
-    --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$wheel[postgres,s3]"
-/usr/bin/python3 -m compileall -q "$rootfs$prefix/.venv/lib/python$py_version/site-packages" || true
-mkdir -p "$rootfs/usr/local/bin"
-cat >"$rootfs/usr/local/bin/mcp-sandbox" <<EOF
+    # The server's environment: a venv of the image's python3 (the host's Debian one, copied above)
+    # with the wheel and its dependencies installed into it. Bytecode is compiled now: the root
+    # filesystem is read-only at run time.
+    py_version="$(/usr/bin/python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+    /usr/bin/python3 -m venv --without-pip "$rootfs$prefix/.venv"
+    ln -sfn /usr/bin/python3 "$rootfs$prefix/.venv/bin/python3"
+    ln -sfn python3 "$rootfs$prefix/.venv/bin/python"
+    .venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir "$work/wheels" .
+    # With the extras replicas use (database_url: psycopg; object_store_url: boto3): the Kubernetes
+    # manifests run this image as replicas (docs/scaling.md).
+    wheel="$(ls "$work"/wheels/*.whl)"
+    .venv/bin/python -m pip install --quiet --no-warn-script-location --python-version "$py_version" \
+        --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$wheel[postgres,s3]"
+    /usr/bin/python3 -m compileall -q "$rootfs$prefix/.venv/lib/python$py_version/site-packages" || true
+    mkdir -p "$rootfs/usr/local/bin"
+    cat >"$rootfs/usr/local/bin/mcp-sandbox" <<EOF
 #!/bin/sh
 exec $prefix/.venv/bin/python -m mcp_sandbox "\$@"
 EOF
-chmod 755 "$rootfs/usr/local/bin/mcp-sandbox"
+    chmod 755 "$rootfs/usr/local/bin/mcp-sandbox"
 
-# The sandbox's runtimes, at the paths the settings' defaults derive from the venv's.
-mkdir -p "$rootfs$prefix/.runtime"
-# (Links are kept: the runtime venv's interpreter links point at Debian's python3, in the image too.)
-cp -a .runtime/python/. "$rootfs$prefix/.runtime/python"
-cp -a .runtime/js/. "$rootfs$prefix/.runtime/js"
-# The sandbox's gate (static, so it runs in the image as built here), when setup built it.
-if [ -d .runtime/gate ]; then
-    cp -a .runtime/gate/. "$rootfs$prefix/.runtime/gate"
+    # The sandbox's runtimes, at the paths the settings' defaults derive from the venv's.
+    mkdir -p "$rootfs$prefix/.runtime"
+    # (Links are kept: the runtime venv's interpreter links point at Debian's python3, in the image too.)
+    cp -a .runtime/python/. "$rootfs$prefix/.runtime/python"
+    cp -a .runtime/js/. "$rootfs$prefix/.runtime/js"
+    # The sandbox's gate (static, so it runs in the image as built here), when setup built it.
+    if [ -d .runtime/gate ]; then
+        cp -a .runtime/gate/. "$rootfs$prefix/.runtime/gate"
+    fi
+    chmod -R a+rX,go-w "$rootfs$prefix"
+
+    # The unprivileged user the server runs as, its home and the state directory (a volume).
+    etc="$rootfs/etc"
+    echo "mcp-sandbox:x:$uid:$uid:mcp-sandbox:/home/mcp-sandbox:/bin/sh" >>"$etc/passwd"
+    echo "mcp-sandbox:x:$uid:" >>"$etc/group"
+    mkdir -p "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+    chown "$uid:$uid" "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+    chmod 700 "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
+
+    tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
+    if [ "$tarball" != "$work/rootfs.tar" ]; then
+        mv "$work/rootfs.tar" "$tarball.partial" && mv "$tarball.partial" "$tarball"
+    fi
+}
+
+if [ ! -s "$tarball" ]; then
+    build_rootfs
 fi
-chmod -R a+rX,go-w "$rootfs$prefix"
-
-# The unprivileged user the server runs as, its home and the state directory (a volume).
-etc="$rootfs/etc"
-echo "mcp-sandbox:x:$uid:$uid:mcp-sandbox:/home/mcp-sandbox:/bin/sh" >>"$etc/passwd"
-echo "mcp-sandbox:x:$uid:" >>"$etc/group"
-mkdir -p "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
-chown "$uid:$uid" "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
-chmod 700 "$rootfs/home/mcp-sandbox" "$rootfs/var/lib/mcp-sandbox"
-
-tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
 "$cli" import \
     --change 'LABEL io.mcp-sandbox.image=server' \
     --change "LABEL io.mcp-sandbox.digest=$(digest)" \
@@ -114,5 +127,5 @@ tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
     --change 'EXPOSE 8765' \
     --change 'ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/mcp-sandbox"]' \
     --change 'CMD ["serve", "--transport", "http"]' \
-    "$work/rootfs.tar" "$image" >/dev/null
+    "$tarball" "$image" >/dev/null
 echo "build-server-image: built $image with $cli" >&2

@@ -28,6 +28,7 @@ __all__ = [
     "docker_daemon",
     "podman_usable",
     "remove_containers",
+    "server_image_in",
     "server_image_in_docker",
     "server_ready",
 ]
@@ -163,24 +164,28 @@ async def server_ready(web: httpx2.AsyncClient, base: str, bound: float = 120) -
 
 
 def server_image_in_docker(image: str) -> None:
-    """The server's image (scripts/build-server-image.sh) in the tests' docker engine, built there
+    """The server's image in the tests' docker engine (see :func:`server_image_in`). Within
+    :func:`docker_daemon`."""
+    server_image_in(DOCKER_WRAPPER, image)
+
+
+def server_image_in(cli: Path, image: str) -> None:
+    """The server's image (scripts/build-server-image.sh) in the engine ``cli`` drives, built there
     when missing or made from other sources (its label carries the digest of what went in); kept in
-    the engine's state between runs. Within :func:`docker_daemon`."""
+    the engine's state between runs. The root filesystem's tarball is built once per digest and
+    shared, under a lock, by every engine and worker that needs it: podman's and docker's tests
+    would otherwise each build the same 760 MB image, often at the same time."""
     build = _REPO / "scripts" / "build-server-image.sh"
-    digest = subprocess.run(["bash", str(build), "--digest"], capture_output=True, text=True, check=True).stdout
-    label = subprocess.run(
-        [
-            str(DOCKER_WRAPPER),
-            "image",
-            "inspect",
-            "--format",
-            '{{index .Config.Labels "io.mcp-sandbox.digest"}}',
-            image,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    if label.strip() != digest.strip():
-        env = {**os.environ, "CONTAINER_CLI": str(DOCKER_WRAPPER)}
+    digest = subprocess.run(["bash", str(build), "--digest"], capture_output=True, text=True, check=True).stdout.strip()
+    inspect = [str(cli), "image", "inspect", "--format", '{{index .Config.Labels "io.mcp-sandbox.digest"}}', image]
+    if subprocess.run(inspect, capture_output=True, text=True, check=False).stdout.strip() == digest:
+        return
+    cache = Path(os.environ.get("MCP_SANDBOX_TEST_IMAGE_CACHE", "/var/tmp"))
+    tarball = cache / f"mcp-sandbox-server-image-{digest}.tar"
+    with open(cache / "mcp-sandbox-server-image.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in cache.glob("mcp-sandbox-server-image-*.tar"):
+            if stale != tarball:
+                stale.unlink(missing_ok=True)
+        env = {**os.environ, "CONTAINER_CLI": str(cli), "SERVER_IMAGE_TAR": str(tarball)}
         subprocess.run(["bash", str(build), image], env=env, check=True, timeout=1200)

@@ -29,7 +29,14 @@ import anyio
 import httpx2
 import pytest
 
-from container_helpers import DOCKER_RUN, PODMAN_WRAPPER, docker_daemon, server_image_in_docker, server_ready
+from container_helpers import (
+    DOCKER_RUN,
+    PODMAN_WRAPPER,
+    docker_daemon,
+    server_image_in,
+    server_image_in_docker,
+    server_ready,
+)
 from mcp_test_helpers import CALL_BOUND, free_port, http_client, new_conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -76,26 +83,13 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             f'exec nsenter --target {holder.pid} --mount --wd="$PWD" /usr/bin/podman "$@"\n'
         )
         script.chmod(0o755)
-        _image(script)
+        server_image_in(script, IMAGE)
         yield script
     finally:
         holder.kill()
         holder.wait(timeout=30)
         if holder.stdout is not None:
             holder.stdout.close()
-
-
-def _image(podman: Path) -> None:
-    """The server's image in podman's storage, (re)built when what goes in it changed."""
-    build = REPO / "scripts" / "build-server-image.sh"
-    digest = subprocess.run(["bash", str(build), "--digest"], capture_output=True, text=True, check=True).stdout
-    label = subprocess.run(
-        [str(podman), "image", "inspect", "--format", '{{index .Config.Labels "io.mcp-sandbox.digest"}}', IMAGE],
-        capture_output=True, text=True, check=False,
-    ).stdout  # fmt: skip
-    if label.strip() != digest.strip():
-        env = {**os.environ, "CONTAINER_CLI": str(podman)}
-        subprocess.run(["bash", str(build), IMAGE], env=env, check=True, timeout=1200)
 
 
 def _compose_env(port: int) -> dict[str, str]:
