@@ -9,6 +9,7 @@ its sandbox would make them (its host uid's). Needs root and xfsprogs; ``make te
 from __future__ import annotations
 
 import ctypes
+import io
 import os
 import shutil
 from collections.abc import Iterator
@@ -17,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.doctor import _report_forks
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.volume import IMAGE_FILE, VOLUME_DIR, release_volume
+from mcp_sandbox.volume import IMAGE_FILE, VOLUME_DIR, can_reflink, release_volume
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 
 GIB = 1 << 30
@@ -156,3 +158,17 @@ def test_a_volume_that_would_hide_existing_workspaces_is_refused_naming_them(sta
     assert not (state_dir / IMAGE_FILE).exists()
     with plain.open_file(plain.key("alice", "old"), "old.txt") as kept:
         assert b"".join(kept.chunks()) == b"made before the volume"
+
+
+def test_doctor_says_whether_forks_are_reflinked_or_copied(store: WorkspaceStore, state_dir: Path) -> None:
+    plain, on_volume = io.StringIO(), io.StringIO()
+    _report_forks(load_settings(env={}, flags={"state_dir": str(state_dir)}), plain)
+    _report_forks(store.settings, on_volume)
+
+    if can_reflink(state_dir):
+        assert plain.getvalue().startswith("forks: reflinked (the state directory's filesystem")
+    else:
+        assert plain.getvalue().startswith("forks: COPIED, every byte")
+        assert "workspaces.volume_bytes" in plain.getvalue()
+    assert on_volume.getvalue().startswith("forks: reflinked, on the XFS volume")
+    assert can_reflink(store.root)
