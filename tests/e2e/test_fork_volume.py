@@ -1,10 +1,12 @@
 """``forkFrom`` on the reflink volume (``workspaces.volume_bytes``), through the tools on real bwrap.
 
-The fork tests of test_fork.py that tell the ways of copying apart run again here with the state
-directory's workspaces on the volume (pytest collects the imported tests with this module's
-``client``), beside a fork whose shared blocks each side then writes in place (the copy-on-write
-path), whose sandbox finds an ordinary ``/workspace`` (the conformance suite's workspace
-checks), and whose files the service lists and serves.
+The fork tests of test_fork.py that tell the ways of copying apart run again here with the
+state directory's workspaces on the volume (pytest collects the imported tests with this
+module's ``client``): a fork's first run born of a session-ready sandbox (its slot, in ``runs/``
+on the volume, renamed over the fork's directory), isolation after the fork, a fork of a fork.
+Beside them, a fork whose shared blocks each side then writes in place (the copy-on-write path),
+whose sandbox finds an ordinary ``/workspace`` (the conformance suite's workspace checks), and
+whose files the service lists.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mcp import Client
 from e2e.test_fork import (
     test_a_fork_of_a_fork_and_a_checkpoint_rolled_back,
     test_a_fork_sees_the_sources_variables_functions_modules_and_files,
+    test_a_forks_first_run_is_born_of_a_session_ready_sandbox_with_the_variables,
     test_writes_after_a_fork_stay_on_their_side,
 )
 from mcp_sandbox.volume import VOLUME_DIR, release_volume
@@ -31,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 __all__ = [
     "test_a_fork_of_a_fork_and_a_checkpoint_rolled_back",
     "test_a_fork_sees_the_sources_variables_functions_modules_and_files",
+    "test_a_forks_first_run_is_born_of_a_session_ready_sandbox_with_the_variables",
     "test_writes_after_a_fork_stay_on_their_side",
 ]
 
