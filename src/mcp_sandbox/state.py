@@ -14,7 +14,8 @@
       tenant-uids.json          0600  each tenant's host uid, assigned once, with its .lock (tenant_uids.py)
       volume.xfs                0600  with workspaces.volume_bytes (as root): a sparse XFS image with
       volume/                   0711    reflinks, mounted here, holding runs/, workspaces/ and uploads/
-                                        instead of the state directory (volume.py)
+                                        instead of the state directory (volume.py), mounted
+      volume.lock               0600    by one process at a time
       runs/                     0711  one directory per run or long-lived sandbox, named after the
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
         <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;

@@ -36,6 +36,7 @@ from mcp_sandbox.errors import ConfigError
 __all__ = ["IMAGE_FILE", "VOLUME_DIR", "can_reflink", "ensure_volume", "release_volume"]
 
 IMAGE_FILE = "volume.xfs"
+LOCK_FILE = "volume.lock"
 VOLUME_DIR = "volume"
 FICLONE = 0x40049409  # _IOW(0x94, 9, int), linux/fs.h
 _COMMAND_SECONDS = 60.0
@@ -76,7 +77,12 @@ def _refuse_hidden(root: Path) -> None:
 
 
 def ensure_volume(root: Path, size: int) -> Path:
-    """Mount ``root``'s volume (made on first use, ``size`` bytes) at ``root/volume`` unless it is; return it.
+    """Mount ``root``'s volume (made on first use) at ``root/volume`` unless it is; return it.
+
+    One process at a time mounts it (``volume.lock``): a server and a ``run`` starting together
+    on one state directory would otherwise both try. A ``size`` larger than the image's grows it
+    (the image, then its filesystem once mounted); a smaller one is not a shrink (XFS cannot) and
+    leaves it as it is.
 
     Raises:
         ConfigError: the server is not root, ``mkfs.xfs`` is missing, ``root`` already holds
@@ -87,7 +93,21 @@ def ensure_volume(root: Path, size: int) -> Path:
         return mount
     if os.geteuid() != 0:
         raise ConfigError("workspaces.volume_bytes: mounting the volume needs the server to run as root")
-    image = root / IMAGE_FILE
+    try:
+        lock = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"workspaces.volume_bytes: cannot open {root / LOCK_FILE}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.ismount(mount):  # another process may have mounted it meanwhile
+            _mount(root, size)
+    finally:
+        os.close(lock)
+    return mount
+
+
+def _mount(root: Path, size: int) -> None:
+    mount, image = root / VOLUME_DIR, root / IMAGE_FILE
     try:
         mount.mkdir(mode=0o700, exist_ok=True)
         fresh = not image.exists()
@@ -100,6 +120,9 @@ def ensure_volume(root: Path, size: int) -> Path:
                 os.ftruncate(descriptor, size)
             finally:
                 os.close(descriptor)
+        grow = not fresh and image.stat().st_size < size
+        if grow:
+            os.truncate(image, size)
     except OSError as exc:
         raise ConfigError(f"workspaces.volume_bytes: cannot make {image}: {exc.strerror}") from exc
     try:
@@ -116,8 +139,9 @@ def ensure_volume(root: Path, size: int) -> Path:
         # Direct I/O: the image's pages are not cached a second time under the volume's own.
         with contextlib.suppress(ConfigError):  # a host filesystem without it: cached twice, still correct
             _run("losetup", "--direct-io=on", device)
+    if grow:
+        _run("xfs_growfs", "-d", str(mount))
     os.chmod(mount, 0o700)  # XFS makes its top 0755: closed until the layout opens it to traversal
-    return mount
 
 
 def release_volume(root: Path) -> None:

@@ -12,6 +12,8 @@ import ctypes
 import io
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,6 +146,39 @@ def test_the_volume_is_mounted_again_after_a_restart_with_its_files(store: Works
     again.prepare()
 
     assert (again.directory(key) / "kept.txt").read_bytes() == b"across a restart"
+
+
+def test_a_larger_volume_bytes_grows_the_volume_at_the_next_mount_with_its_files(store: WorkspaceStore) -> None:
+    root = store.settings.paths.state_dir
+    key = store.key("alice", "grown")
+    tenant_file(store.ensure(key, "alice"), "kept.txt", b"before it grew")
+    before = os.statvfs(store.root)
+    release_volume(root)
+
+    grown = WorkspaceStore(volume_settings(root, volume_bytes=6 * GIB), load_secret(root))
+    grown.prepare()
+
+    after = os.statvfs(grown.root)
+    assert after.f_blocks * after.f_frsize > before.f_blocks * before.f_frsize + GIB
+    assert (root / IMAGE_FILE).stat().st_size == 6 * GIB
+    assert (grown.directory(key) / "kept.txt").read_bytes() == b"before it grew"
+
+
+def test_two_processes_starting_together_mount_the_volume_once(state_dir: Path) -> None:
+    require_volume()
+    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    script = (
+        "import sys; from pathlib import Path; from mcp_sandbox.volume import ensure_volume; "
+        "ensure_volume(Path(sys.argv[1]), 1 << 30)"
+    )
+    try:
+        starts = [subprocess.Popen([sys.executable, "-c", script, str(state_dir)]) for _ in range(2)]
+        assert [start.wait(timeout=60) for start in starts] == [0, 0]
+        with open("/proc/self/mounts", encoding="utf-8") as table:
+            mounted = [line for line in table if line.split()[1] == str(state_dir / VOLUME_DIR)]
+        assert len(mounted) == 1
+    finally:
+        release_volume(state_dir)
 
 
 def test_a_volume_that_would_hide_existing_workspaces_is_refused_naming_them(state_dir: Path) -> None:
