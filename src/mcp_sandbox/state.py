@@ -13,9 +13,10 @@
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
       tenant-uids.json          0600  each tenant's host uid, assigned once, with its .lock (tenant_uids.py)
       volume.xfs                0600  with workspaces.volume_bytes (as root): a sparse XFS image with
-      volume/                   0711    reflinks, mounted here, holding runs/, workspaces/ and uploads/
-                                        instead of the state directory (volume.py), mounted
-      volume.lock               0600    by one process at a time
+                                      reflinks (volume.py), mounted by one process at a time
+      volume.lock               0600    (this lock held)
+      volume/                   0711  the image mounted (traversable as the root is): runs/,
+                                      workspaces/ and uploads/ are there instead of here
       runs/                     0711  one directory per run or long-lived sandbox, named after the
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
         <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;
