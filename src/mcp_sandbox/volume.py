@@ -140,6 +140,9 @@ def _mount(root: Path, size: int) -> None:
         with contextlib.suppress(ConfigError):  # a host filesystem without it: cached twice, still correct
             _run("losetup", "--direct-io=on", device)
     if grow:
+        if device is not None and device.startswith("/dev/loop"):
+            # mount may reuse a loop device still attached to the image at its old size
+            _run("losetup", "--set-capacity", device)
         _run("xfs_growfs", "-d", str(mount))
     os.chmod(mount, 0o700)  # XFS makes its top 0755: closed until the layout opens it to traversal
 
