@@ -93,6 +93,9 @@ def test_the_workspaces_runs_and_uploads_live_on_the_volume_closed_to_other_user
         assert directory.stat().st_dev == (root / VOLUME_DIR).stat().st_dev
     assert (root / VOLUME_DIR).stat().st_mode & 0o7777 in (0o710, 0o711)  # traversable, never listable
     assert (root / IMAGE_FILE).stat().st_mode & 0o777 == 0o600
+    with open("/proc/self/mounts", encoding="utf-8") as table:
+        (options,) = [line.split()[3] for line in table if line.split()[1] == str(root / VOLUME_DIR)]
+    assert {"nodev", "nosuid"} <= set(options.split(","))  # no device or set-id file made inside counts
 
 
 def test_a_fork_of_a_1_gib_workspace_writes_only_its_own_changes(store: WorkspaceStore) -> None:
