@@ -245,7 +245,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 	@touch $@
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
-TEST_REQUIRE = promtool,postgres,s3,haproxy$$([ "$$(id -u)" = 0 ] && echo ,podman,docker || true)
+TEST_REQUIRE = promtool,postgres,s3,haproxy$$([ "$$(id -u)" = 0 ] && echo ,podman,docker,xfs || true)
 
 # --- use -----------------------------------------------------------------------------------
 

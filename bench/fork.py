@@ -1,21 +1,21 @@
-"""A fork of a live Python conversation (pandas imported, a 1 MB or 100 MB workspace) against a new conversation.
+"""A fork of a live Python conversation (pandas imported, a 1 MB, 100 MB or 1 GB workspace) against a new conversation.
 
 Each sample is a `run_python` call end to end over stdio with the official SDK client: either
 the first run of a fork (`forkFrom` a live conversation whose interpreter imported pandas and
-built a DataFrame, and whose workspace holds one file of 1 MB or 100 MB), its code using the
+built a DataFrame, and whose workspace holds 1 MB, 100 MB or 1 GB of files), its code using the
 carried DataFrame; or, beside it in the same run, the first run of a new conversation that
 imports pandas and builds the same DataFrame itself (today's way to get there). Calls are paced
 (`--pause`) so the session-ready pool refills between them; idle sessions expire after 5 s and the
 source is run every few seconds to stay live. The state directory is on this machine's own
-filesystem, and, when `mkfs.xfs` is installed and this runs as root, also on a loop-mounted XFS
-with reflinks (`FICLONE`): the copy's cost with and without copy-on-write; on each, the copy
-alone (`WorkspaceStore.fork`, in process) is timed too. Medians, p95, p99 in ms.
+filesystem (ext4 here: a fork copies every byte), and, when `mkfs.xfs` is installed and this runs
+as root, the same with `workspaces.volume_bytes` (the server's reflink volume, `volume.py`: a
+fork clones each file); on each, the copy alone (`WorkspaceStore.fork`, in process) is timed too,
+with the bytes it put on the disk. Medians, p95, p99 in ms.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import shutil
@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,34 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from mcp_sandbox.config import load_settings
+from mcp_sandbox.volume import release_volume
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 
 SETUP = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000)})\n"
 USE = "print(int(df.a.sum()))"
-SIZES = {"1 MB": 1 << 20, "100 MB": 100 << 20}
+SIZES = {"1 MB": 1 << 20, "100 MB": 100 << 20, "1 GB": 1 << 30}
+VOLUME_BYTES = 16 << 30  # sparse: takes what its files hold
+FILE_BYTES = 128 << 20  # a workspace's files are at most this big (below max_file_size)
+COPIED_1GB_RUNS = 3  # a copied fork of 1 GB writes 1 GB: fewer of them
+
+
+def filling(size: int) -> str:
+    """Code that fills /workspace with ``size`` bytes of random data, in files of at most FILE_BYTES.
+
+    In a function, so that the source's variables are the DataFrame alone.
+    """
+    return (
+        "def fill(left):\n"
+        "    import os\n"
+        f"    for index in range(-(-left // {FILE_BYTES})):\n"
+        f"        part = min(left, {FILE_BYTES})\n"
+        "        with open(f'data{index}.bin', 'wb') as file:\n"
+        "            for _ in range(0, part, 1 << 20):\n"
+        "                file.write(os.urandom(min(1 << 20, part)))\n"
+        "        left -= part\n"
+        f"fill({size})\n"
+        "del fill\n"
+    )
 
 
 def quantiles(samples: list[float]) -> tuple[float, float, float]:
@@ -50,13 +72,15 @@ def quantiles(samples: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), at(0.95), at(0.99)
 
 
-def server(state_dir: Path) -> StdioServerParameters:
+def server(state_dir: Path, volume: bool) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)],
         env={
             "MCP_SANDBOX_DISCOVER_SERVERS": "false",
             "MCP_SANDBOX_SESSION_TTL": "5",
+            "MCP_SANDBOX_QUOTA_BYTES": str(2 << 30),
+            **({"MCP_SANDBOX_VOLUME_BYTES": str(VOLUME_BYTES)} if volume else {}),
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             **{name: os.environ[name] for name in ("PYTHONPATH",) if name in os.environ},
         },
@@ -73,22 +97,27 @@ async def call(client: Client, code: str, conversation: str, **arguments: Any) -
     return elapsed, data
 
 
-async def measure(state_dir: Path, count: int, pause: float) -> tuple[dict[str, list[float]], dict[str, Any]]:
+async def measure(
+    state_dir: Path, count: int, pause: float, volume: bool
+) -> tuple[dict[str, list[float]], dict[str, Any]]:
     samples: dict[str, list[float]] = {"new conversation, pandas script": []}
     report: dict[str, Any] = {}
-    async with Client(server(state_dir)) as client:
+    restarts = 0
+    async with Client(server(state_dir, volume)) as client:
         for _ in range(3):  # the first conversation wakes the session-ready pool; warm the server up
             await call(client, "print(0)", uuid.uuid4().hex)
             await anyio.sleep(2 * pause)
         for size_label, size in SIZES.items():
             source = uuid.uuid4().hex
-            write = f"import os\nopen('data.bin', 'wb').write(os.urandom({size}))\n"
-            await call(client, SETUP + write, source)
+            await call(client, SETUP + filling(size), source)
             await anyio.sleep(pause)
             label = f"fork, {size_label} workspace"
             samples[label] = []
-            for _ in range(count):
-                await call(client, "pass", source)  # keeps the source live (sessions expire after 5 s)
+            for _ in range(count if volume or size < (1 << 30) else min(count, COPIED_1GB_RUNS)):
+                _, kept = await call(client, "pass", source)  # keeps the source live (sessions expire after 5 s)
+                if kept.get("session") != "kept":  # its session made room for another's: load it again
+                    restarts += 1
+                    await call(client, SETUP, source)
                 await anyio.sleep(pause)
                 elapsed, data = await call(client, USE, uuid.uuid4().hex, forkFrom=source)
                 if data["stdout"] != "499500\n":
@@ -99,50 +128,45 @@ async def measure(state_dir: Path, count: int, pause: float) -> tuple[dict[str, 
                 fresh, _ = await call(client, SETUP + USE, uuid.uuid4().hex)
                 samples["new conversation, pandas script"].append(fresh)
                 await anyio.sleep(pause)
+    report["sources restarted"] = restarts
     return samples, report
 
 
-def copies(state_dir: Path, count: int) -> dict[str, list[float]]:
-    """The copy alone: ``WorkspaceStore.fork`` of a workspace holding one file of each size."""
-    settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+def disk_used(path: Path) -> int:
+    os.sync()
+    info = os.statvfs(path)
+    return (info.f_blocks - info.f_bfree) * info.f_frsize
+
+
+def copies(state_dir: Path, count: int, volume: bool) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """The copy alone: ``WorkspaceStore.fork`` of each size (files as :func:`filling` makes them); bytes written."""
+    flags: dict[str, object] = {"state_dir": str(state_dir), **({"volume_bytes": VOLUME_BYTES} if volume else {})}
+    store = WorkspaceStore(load_settings(env={}, flags=flags), load_secret(state_dir))
     store.prepare()
     samples: dict[str, list[float]] = {}
+    written: dict[str, int] = {}
+    block = os.urandom(1 << 20)
     for size_label, size in SIZES.items():
         source = store.key("bench", uuid.uuid4().hex)
         directory = store.ensure(source, "bench")
-        (directory / "data.bin").write_bytes(os.urandom(size))
         owner = directory.stat()
-        os.chown(directory / "data.bin", owner.st_uid, owner.st_gid)  # as the tenant's sandbox would have
+        for index, start in enumerate(range(0, size, FILE_BYTES)):
+            path = directory / f"data{index}.bin"
+            with path.open("wb") as file:
+                for _ in range(min(FILE_BYTES, size - start) >> 20 or 1):
+                    file.write(block[: min(len(block), size)])
+            os.chown(path, owner.st_uid, owner.st_gid)  # as the tenant's sandbox would have
+        before = disk_used(store.root)
         copied = store.fork(source, store.key("bench", uuid.uuid4().hex), "bench")  # the first waits for writeback
+        written[size_label] = disk_used(store.root) - before
         if copied.bytes != size:
             raise RuntimeError(f"the copy has {copied.bytes} bytes, not {size}")
         samples[f"the copy alone, {size_label}"] = []
-        for _ in range(count):
+        for _ in range(count if volume or size < (1 << 30) else min(count, COPIED_1GB_RUNS)):
             started = time.perf_counter()
             store.fork(source, store.key("bench", uuid.uuid4().hex), "bench")
             samples[f"the copy alone, {size_label}"].append((time.perf_counter() - started) * 1000)
-    return samples
-
-
-@contextlib.contextmanager
-def xfs_with_reflinks(scratch: Path) -> Iterator[Path | None]:
-    """A loop-mounted XFS (reflink=1) under ``scratch``, or None where it cannot be made."""
-    if os.geteuid() != 0 or shutil.which("mkfs.xfs") is None:
-        yield None
-        return
-    image, mount = scratch / "xfs.img", scratch / "xfs"
-    mount.mkdir()
-    with image.open("wb") as file:
-        file.truncate(6 << 30)
-    subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(image)], check=True)
-    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
-    try:
-        os.chmod(mount, 0o755)
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-        image.unlink()
+    return samples, written
 
 
 def filesystem(path: Path) -> str:
@@ -160,19 +184,27 @@ async def main() -> None:
     print(f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-") as scratch:
         os.chmod(scratch, 0o755)
-        with xfs_with_reflinks(Path(scratch)) as xfs:
-            places = [Path(scratch)] + ([xfs] if xfs is not None else [])
-            for place in places:
-                samples, report = await measure(place / "state", options.runs, options.pause)
-                samples.update(copies(place / "copies", options.runs))
-                kind = filesystem(place)
-                print(f"\nstate directory on {kind}: first result, end to end over stdio (ms)")
-                print(f"  {'':<48} {'median':>8} {'p95':>8} {'p99':>8}")
-                for label, values in samples.items():
-                    median, p95, p99 = quantiles(values)
-                    print(f"  {label:<48} {median:8.2f} {p95:8.2f} {p99:8.2f}  n={len(values)}")
-                for size_label, fork in report.items():
-                    print(f"  {size_label}: {fork}")
+        kind = filesystem(Path(scratch))
+        places = [(f"on {kind}, forks copied", False)]
+        if os.geteuid() == 0 and shutil.which("mkfs.xfs") is not None:
+            places.append((f"on {kind} with workspaces.volume_bytes, forks reflinked", True))
+        for index, (title, volume) in enumerate(places):
+            state, alone = Path(scratch) / f"state-{index}", Path(scratch) / f"copies-{index}"
+            try:
+                samples, report = await measure(state, options.runs, options.pause, volume)
+                copied, written = copies(alone, options.runs, volume)
+            finally:
+                for directory in (state, alone):
+                    release_volume(directory)
+            samples.update(copied)
+            print(f"\nstate directory {title}: first result, end to end over stdio (ms)")
+            print(f"  {'':<48} {'median':>8} {'p95':>8} {'p99':>8}")
+            for label, values in samples.items():
+                median, p95, p99 = quantiles(values)
+                print(f"  {label:<48} {median:8.2f} {p95:8.2f} {p99:8.2f}  n={len(values)}")
+            print(f"  sources whose session had ended before a fork (loaded again): {report.pop('sources restarted')}")
+            for size_label, fork in report.items():
+                print(f"  {size_label}: {fork}; the copy alone wrote {written[size_label] / (1 << 20):.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ packages=(
     iproute2         # ip netns / veth: the egress tests' own test hosts (tests/egress)
     openssl          # the egress tests' own CA and HTTPS certificate
     curl             # the earlier code runner's README calls, replayed literally in the tests
+    xfsprogs         # mkfs.xfs: a root server's reflink volume for forks (workspaces.volume_bytes)
 )
 packages+=("$@")
 

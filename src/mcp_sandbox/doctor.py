@@ -28,6 +28,7 @@ from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_b
 from mcp_sandbox.sandbox.host_versions import host_versions
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import check_tenant_uids
+from mcp_sandbox.volume import IMAGE_FILE, VOLUME_DIR, can_reflink
 from mcp_sandbox.workspace.database import describe_url, redact
 from mcp_sandbox.workspace.schema import MIGRATIONS
 
@@ -305,6 +306,30 @@ def _report_replicas(settings: Settings, out: TextIO) -> None:
     out.write(f"; /internal/ on port {http.internal_port} only ({kind})\n")
 
 
+def _report_forks(settings: Settings, out: TextIO) -> None:
+    """Whether a fork shares its source's blocks (reflinks) or copies every byte (see ``volume.py``)."""
+    root = settings.paths.state_dir
+    size = settings.workspaces.volume_bytes
+    if size:
+        mounted = os.path.ismount(root / VOLUME_DIR)
+        out.write(
+            f"forks: reflinked, on the XFS volume {root / IMAGE_FILE} ({size} bytes, "
+            f"{'mounted' if mounted else 'mounted at the next start'})\n"
+        )
+        if os.geteuid() != 0:
+            out.write("  FAILED: workspaces.volume_bytes needs the server to run as root\n")
+        return
+    place = next((path for path in (root, *root.parents) if path.is_dir()), root)
+    if can_reflink(place):
+        out.write("forks: reflinked (the state directory's filesystem shares blocks)\n")
+        return
+    out.write("forks: COPIED, every byte: the state directory's filesystem has no reflinks")
+    if os.geteuid() == 0:
+        out.write("; set workspaces.volume_bytes for a reflink volume (needs xfsprogs)\n")
+    else:
+        out.write("; a reflink volume needs the server to run as root\n")
+
+
 def doctor(settings: Settings, out: TextIO) -> int:
     """Print the report; return 0 when the configured backend works, else 1."""
     out.write(f"mcp-sandbox {__version__} on {platform.platform()}, Python {sys.version.split()[0]}\n")
@@ -313,6 +338,7 @@ def doctor(settings: Settings, out: TextIO) -> int:
     _report_versions(out)
     _report_tenant_uids(settings, out)
     out.write(f"state dir: {settings.paths.state_dir}\n")
+    _report_forks(settings, out)
     metadata_ok = _report_metadata(settings, out)
     _report_replicas(settings, out)
     probes = available_backends(settings)

@@ -12,6 +12,11 @@
                                       none when database_url names PostgreSQL)
       seccomp-<digest>.json           the OCI seccomp profile of container backends, named by content
       tenant-uids.json          0600  each tenant's host uid, assigned once, with its .lock (tenant_uids.py)
+      volume.xfs                0600  with workspaces.volume_bytes (as root): a sparse XFS image with
+                                      reflinks (volume.py), mounted by one process at a time
+      volume.lock               0600    (this lock held)
+      volume/                   0711  the image mounted (traversable as the root is): runs/,
+                                      workspaces/ and uploads/ are there instead of here
       runs/                     0711  one directory per run or long-lived sandbox, named after the
         <pid>-<hex>/            0700    server's pid (so a new server sweeps a dead one's): scratch
         <pid>-tools-<hex>/      0755    workspaces (the sandbox uid's) and sessions' /tools views;
@@ -42,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.volume import VOLUME_DIR, ensure_volume
 
 __all__ = ["METADATA_FILE", "SECRET_FILE", "StateLayout"]
 
@@ -58,11 +64,19 @@ class StateLayout:
     # group's, closed to every other host user. (Not root: the sandboxes run as the server's uid,
     # or as a container engine's, which the group cannot name; they stay 0711.)
     group: int | None = None
+    # With a reflink volume (its size; 0: none), where runs/, workspaces/ and uploads/ live.
+    volume_bytes: int = 0
 
     @classmethod
     def of(cls, settings: Settings) -> StateLayout:
         """The layout of ``settings.paths.state_dir``."""
-        return cls(settings.paths.state_dir, settings.sandbox.sandbox_gid if os.geteuid() == 0 else None)
+        root, volume = settings.paths.state_dir, settings.workspaces.volume_bytes or 0
+        return cls(root, settings.sandbox.sandbox_gid if os.geteuid() == 0 else None, volume)
+
+    @property
+    def _shared(self) -> Path:
+        """Where the directories that must share one filesystem (renamed into each other) live."""
+        return self.root / VOLUME_DIR if self.volume_bytes else self.root
 
     def _open_to_sandbox(self, directory: Path) -> None:
         """Let the sandbox uid traverse ``directory`` (never list it); see :attr:`group`."""
@@ -72,22 +86,28 @@ class StateLayout:
         os.chown(directory, -1, self.group, follow_symlinks=False)
         os.chmod(directory, 0o710, follow_symlinks=False)
 
+    def _open_root_to_sandbox(self) -> None:
+        """Let the sandbox uid traverse ``root`` and, with a volume, the volume's top."""
+        self._open_to_sandbox(self.root)
+        if self.volume_bytes:
+            self._open_to_sandbox(self._shared)
+
     # --- paths --------------------------------------------------------------------------------
 
     @property
     def runs(self) -> Path:
         """Scratch workspaces and sessions' ``/tools`` views, each named after its server's pid."""
-        return self.root / "runs"
+        return self._shared / "runs"
 
     @property
     def workspaces(self) -> Path:
         """Conversation directories, one per keyed hash of tenant and conversation id."""
-        return self.root / "workspaces"
+        return self._shared / "workspaces"
 
     @property
     def uploads(self) -> Path:
         """Files being written into a workspace, out of the sandbox's sight until renamed into it."""
-        return self.root / "uploads"
+        return self._shared / "uploads"
 
     @property
     def mirror(self) -> Path:
@@ -152,8 +172,15 @@ class StateLayout:
     # --- directories --------------------------------------------------------------------------
 
     def make_root_private(self) -> None:
-        """Create ``root`` (and its parents) 0700 if missing; an existing one keeps its mode."""
+        """Create ``root`` (and its parents) 0700 if missing, an existing one keeping its mode; mount its volume.
+
+        Raises:
+            OSError: it cannot be created.
+            ConfigError: the volume cannot be mounted (see :func:`~mcp_sandbox.volume.ensure_volume`).
+        """
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.volume_bytes:
+            ensure_volume(self.root, self.volume_bytes)
 
     def prepare_runs(self) -> Path:
         """Create ``root`` and ``runs/``, both traversable by the sandbox uid (to its own entry). Idempotent.
@@ -163,7 +190,7 @@ class StateLayout:
         """
         self.make_root_private()
         self.runs.mkdir(exist_ok=True, mode=0o700)
-        self._open_to_sandbox(self.root)
+        self._open_root_to_sandbox()
         self._open_to_sandbox(self.runs)
         return self.runs
 
@@ -174,7 +201,7 @@ class StateLayout:
             OSError: they cannot be created.
         """
         self.make_root_private()
-        self._open_to_sandbox(self.root)
+        self._open_root_to_sandbox()
         self.workspaces.mkdir(exist_ok=True, mode=0o700)
         self._open_to_sandbox(self.workspaces)
         return self.workspaces

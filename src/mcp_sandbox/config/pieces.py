@@ -364,6 +364,13 @@ class WorkspaceSettings:
         check=positive,
         unit=BYTES,
     )
+    volume_bytes: int | None = setting(
+        None,
+        "As root: the size of a sparse XFS image with reflinks holding the workspaces, so a fork shares its "
+        "source's blocks instead of copying them (see docs/design.md); needs xfsprogs.",
+        check=positive,
+        unit=BYTES,
+    )
     library_bytes: int = setting(1 << 20, "A tenant's library (saved tools and memories).", unit=BYTES)
     library_entries: int = setting(1000, "Entries of a tenant's library.")
     retention_interval: float = setting(
