@@ -80,10 +80,14 @@ def smuggle():
     tunnel.endheaders(b"0\\r\\n\\r\\n")
     answer = tunnel.getresponse()
     return [answer.status, answer.getheader("X-Egress-Rule")]
-import http.client, requests
+import http.client, requests, sys
 curl = None  # the container images hold no curl
 if shutil.which("curl"):
     curl = subprocess.run(["curl", "-sS", "https://api.web.test/auth"], capture_output=True, text=True, timeout=20)
+index = ["index", "versions", "demo", "--index-url", "https://api.web.test/simple/", "--no-cache-dir"]
+pip = subprocess.run(
+    [sys.executable, "-m", "pip", *index, "--disable-pip-version-check"], capture_output=True, text=True, timeout=60
+)
 print(json.dumps({
     "key": key,
     "auth": get("https://api.web.test/auth"),
@@ -94,6 +98,7 @@ print(json.dumps({
     "smuggled": smuggle(),
     "requests": requests.get("https://api.web.test/auth", timeout=10).text,
     "curl": curl and [curl.returncode, curl.stdout, curl.stderr],
+    "pip": [pip.returncode, pip.stdout, pip.stderr],
     "environ": dict(os.environ),
     "seen": seen,
 }))
@@ -116,11 +121,12 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
     key = seen["key"]
     assert key.startswith("mcpsbx-secret-api-") and REAL not in key
     assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the trust files went with it
-    # The header arrived with the real value, from urllib, requests and curl, trusting the CA by default.
+    # The header arrived with the real value, from urllib, requests and curl (pip too), trusting the CA by default.
     assert seen["auth"][:2] == [200, hashed(f"Bearer {REAL}")]
     assert seen["requests"] == hashed(f"Bearer {REAL}")
     if backend == "bwrap":
         assert seen["curl"][:2] == [0, hashed(f"Bearer {REAL}")], seen["curl"]
+    assert seen["pip"][0] == 0 and seen["pip"][1].startswith("demo (1.0)"), seen["pip"]  # pip trusts it too
     # An echo of the real value reaches the code as the placeholder, in the body and the headers.
     assert seen["echo"][1] == f"you sent: Bearer {key}"
     assert seen["echo"][2]["X-Echo"] == f"Bearer {key}"
