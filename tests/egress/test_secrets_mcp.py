@@ -3,7 +3,8 @@
 A secret of alice's goes to the test host (by its address: the server resolves names by DNS, in
 which the test names are not). Alice's ``run_python`` with ``network: true`` reaches it with the
 real value in the header while seeing only a placeholder; ``list_runners`` names the secret
-only; bob's run to the same host, even with alice's placeholder, carries no value; after a
+only; a fork of alice's conversation gets a placeholder of its own; bob's run to the same host,
+even with alice's placeholder, carries no value; after a
 restart the proxy's CA is a new one, and a client trusting only the old one is refused. Nothing
 the server says (its log, the audit log, ``/metrics``) holds the value.
 """
@@ -87,9 +88,17 @@ async def test_a_tenants_secret_reaches_its_host_over_mcp_and_a_restart_makes_a_
             ALICE,
             f"""
             shutil.copy(os.environ["NODE_EXTRA_CA_CERTS"], "old-ca.pem")
-            print(json.dumps({{"key": os.environ["API_KEY"], "auth": get("{url}")}}))
+            kept = os.environ["API_KEY"]
+            print(json.dumps({{"key": kept, "auth": get("{url}")}}))
             """,
             conversationId=conversation,
+        )
+        fork = await run(
+            base,
+            ALICE,
+            f"""print(json.dumps({{"key": os.environ["API_KEY"], "kept": kept, "auth": get("{url}")}}))""",
+            conversationId=new_conversation(),
+            forkFrom=conversation,
         )
         stolen = await run(
             base,
@@ -105,6 +114,8 @@ async def test_a_tenants_secret_reaches_its_host_over_mcp_and_a_restart_makes_a_
     assert listed is not None and listed["network"]["secrets"] == ["api"] and REAL not in json.dumps(listed)
     assert bobs_list is not None and bobs_list["network"]["secrets"] == []
     assert first["key"].startswith("mcpsbx-secret-api-") and first["auth"] == hashed(f"Bearer {REAL}")
+    assert fork["kept"] == first["key"] != fork["key"]  # its variables are the source's; its placeholder its own
+    assert fork["key"].startswith("mcpsbx-secret-api-") and fork["auth"] == hashed(f"Bearer {REAL}")
     assert stolen["key"] is None and stolen["auth"] == hashed(f"Bearer {first['key']}")  # no value put in
     async with http_server(state_dir, *flags, env=env, runtime=sandbox_runtime, log_path=logs / "2") as base:
         after = await run(
