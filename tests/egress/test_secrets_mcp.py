@@ -4,9 +4,9 @@ A secret of alice's goes to the test host (by its address: the server resolves n
 which the test names are not). Alice's ``run_python`` with ``network: true`` reaches it with the
 real value in the header while seeing only a placeholder; ``list_runners`` names the secret
 only; a fork of alice's conversation gets a placeholder of its own; bob's run to the same host,
-even with alice's placeholder, carries no value; after a
-restart the proxy's CA is a new one, and a client trusting only the old one is refused. Nothing
-the server says (its log, the audit log, ``/metrics``) holds the value.
+even with alice's placeholder, carries no value; after a restart the proxy's CA is a new one,
+and a client trusting only the old one is refused. Nothing the server says (its log, the audit
+log, ``/metrics``) holds the value.
 """
 
 from __future__ import annotations
