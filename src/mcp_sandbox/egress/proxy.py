@@ -263,7 +263,11 @@ class EgressProxy:
         assert self._authority is not None
         c.secrets = tuple(secret.name for secret in applied)
         authority, key = self._authority, (self.grant.tenant, c.host, c.port)
-        leaf = authority.server_context(c.host)
+        try:
+            leaf = authority.server_context(c.host)
+        except OSError:  # no memory file could hold the leaf
+            c.rule = "tls_handshake"
+            return
         upstream_context, session = authority.upstream_context(), authority.sessions.get(key)
         sandbox, origin = await handshakes(inner, leaf, upstream, c.host, upstream_context, session, _HELLO_TIMEOUT)
         if sandbox is None:
