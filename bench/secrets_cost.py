@@ -8,7 +8,10 @@ benchmark's own on loopback (its certificate from a CA made here, given as
 - tunnel: a grant without secrets (the proxy as it was);
 - tunnel+secrets: a grant with a secret, to a host it does not go to (still a blind tunnel);
 - rule: to the secret's host (a leaf of the proxy's CA, cached after the first request; the
-  proxy's own TLS to the server; the header set; the answer scrubbed and re-framed).
+  proxy's own TLS to the server, resuming its last session; the header set; the answer scrubbed
+  and re-framed);
+- tunnel, resumed and rule, resumed: the same, by a client that resumes its own TLS session (as
+  node's agents do; Python's clients do not).
 
 Each kind has one proxy (as a run has) serving all its requests. Then the same on one
 connection kept open per kind (``tunnel, kept`` and ``rule, kept``), as SDKs with a connection
@@ -16,7 +19,8 @@ pool send them: the rule's cost without its handshakes.
 
 Medians and p95 in milliseconds of the client's request, the median CPU time the process spent
 on it (client, proxy and server are all this process: the CPU figure is the one a loaded
-machine disturbs least), and the rule's added medians. Nothing is asserted; absolute numbers
+machine disturbs least), the part of it in the event loop's thread (the proxy's own), and the
+rule's added medians. Nothing is asserted; absolute numbers
 drift +-30% between runs on a shared 2-core machine.
 
 Run: `.venv/bin/python bench/secrets_cost.py [--requests N]`.
@@ -32,7 +36,6 @@ import http.server
 import socket
 import ssl
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -105,8 +108,13 @@ def _certificates(directory: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def _request(socket_path: Path, host: str, port: int, context: ssl.SSLContext) -> float:
-    """One request on a new connection through the proxy; its time in milliseconds."""
+def _request(
+    socket_path: Path, host: str, port: int, context: ssl.SSLContext, sessions: dict[str, ssl.SSLSession] | None
+) -> float:
+    """One request on a new connection through the proxy; its time in milliseconds.
+
+    ``sessions``: the client's TLS session per host, resumed and kept (as node's agents do); None: none.
+    """
     started = time.perf_counter()
     with socket.socket(socket.AF_UNIX) as raw:
         raw.connect(str(socket_path))
@@ -116,11 +124,14 @@ def _request(socket_path: Path, host: str, port: int, context: ssl.SSLContext) -
             answer += raw.recv(4096)
         if not answer.startswith(b"HTTP/1.1 200"):
             raise SystemExit(f"{host}: {answer!r}")
-        with context.wrap_socket(raw, server_hostname=host) as tls:
+        session = sessions.get(host) if sessions is not None else None
+        with context.wrap_socket(raw, server_hostname=host, session=session) as tls:
             tls.sendall(f"GET /close HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
             body = b""
             while chunk := tls.recv(4096):
                 body += chunk
+            if sessions is not None and not tls.session_reused and tls.session is not None:
+                sessions[host] = tls.session
     if not body.startswith(b"HTTP/1.1 200") or b"\r\n\r\n" not in body or b"ok" not in body.split(b"\r\n\r\n", 1)[1]:
         raise SystemExit(f"{host}: {body!r}")
     return (time.perf_counter() - started) * 1000
@@ -169,14 +180,19 @@ async def _measure_kept(
 
 async def _measure(
     runs: Path, grants: dict[str, EgressGrant], authority: Authority, port: int, requests: int, ca: Path
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
     context = ssl.create_default_context(cafile=str(ca))
     context.load_verify_locations(cadata=authority.pem.decode())
     resolver = hosts_resolver({_PLAIN: ["127.0.0.1"], _RULE: ["127.0.0.1"]})
     kinds = {"tunnel": (grants["none"], _PLAIN), "tunnel+secrets": (grants["secret"], _PLAIN)}
     kinds["rule"] = (grants["secret"], _RULE)
+    kinds["tunnel, resumed"] = (grants["none"], _PLAIN)  # the client resumes its TLS session
+    kinds["rule, resumed"] = (grants["secret"], _RULE)
+    sessions: dict[str, dict[str, ssl.SSLSession] | None] = dict.fromkeys(kinds)
+    sessions.update({kind: {} for kind in kinds if kind.endswith("resumed")})
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
     cpu_times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    proxy_times: dict[str, list[float]] = {kind: [] for kind in kinds}  # the event loop's thread: the proxy
     async with contextlib.AsyncExitStack() as stack:
         sockets = {}
         for kind, (grant, _host) in kinds.items():
@@ -185,12 +201,13 @@ async def _measure(
             sockets[kind] = directory / SOCKET_NAME
         for index in range(requests + 3):
             for kind, (_grant, host) in kinds.items():
-                cpu = time.process_time()
-                took = await anyio.to_thread.run_sync(_request, sockets[kind], host, port, context)
+                cpu, proxy = time.process_time(), time.thread_time()
+                took = await anyio.to_thread.run_sync(_request, sockets[kind], host, port, context, sessions[kind])
                 if index >= 3:  # the first rounds make the leaf and warm the caches
                     times[kind].append(took)
                     cpu_times[kind].append((time.process_time() - cpu) * 1000)
-    return times, cpu_times
+                    proxy_times[kind].append((time.thread_time() - proxy) * 1000)
+    return times, cpu_times, proxy_times
 
 
 def main() -> None:
@@ -224,19 +241,32 @@ def main() -> None:
         runs = parent / "runs"
         runs.mkdir()
         grants = {"none": without, "secret": with_secret}
-        times, cpu = anyio.run(_measure, runs, grants, authority, port, requests, ca)
+        times, cpu, proxy = anyio.run(_measure, runs, grants, authority, port, requests, ca)
         kept = anyio.run(_measure_kept, runs, with_secret, authority, port, requests, ca)
     finally:
         server.shutdown()
         remove_tree(parent)
-    print(f"HTTPS request through the egress proxy, {requests} each, a new connection each (ms)", file=sys.stderr)
+    print(f"HTTPS request through the egress proxy, {requests} each, a new connection each (ms)")
     for kind, values in times.items():
         p95 = sorted(values)[max(0, int(len(values) * 0.95) - 1)]
-        used = statistics.median(cpu[kind])
-        print(f"{kind:<15} median {statistics.median(values):6.2f}  p95 {p95:6.2f}  CPU median {used:6.2f}")
+        used, proxied = statistics.median(cpu[kind]), statistics.median(proxy[kind])
+        print(
+            f"{kind:<15} median {statistics.median(values):6.2f}  p95 {p95:6.2f}"
+            f"  CPU median {used:6.2f}  proxy CPU median {proxied:5.2f}"
+        )
     added = statistics.median(times["rule"]) - statistics.median(times["tunnel"])
     added_cpu = statistics.median(cpu["rule"]) - statistics.median(cpu["tunnel"])
-    print(f"rule adds {added:.2f} ms to the median request ({added_cpu:.2f} ms of CPU, all threads)")
+    added_proxy = statistics.median(proxy["rule"]) - statistics.median(proxy["tunnel"])
+    print(
+        f"rule adds {added:.2f} ms to the median request on a new connection"
+        f" ({added_cpu:.2f} ms of CPU, all threads; {added_proxy:.2f} ms in the proxy)"
+    )
+    added = statistics.median(times["rule, resumed"]) - statistics.median(times["tunnel, resumed"])
+    added_proxy = statistics.median(proxy["rule, resumed"]) - statistics.median(proxy["tunnel, resumed"])
+    print(
+        f"rule adds {added:.2f} ms to the median request on a new connection whose client resumes"
+        f" ({added_proxy:.2f} ms in the proxy)"
+    )
     for kind, values in kept.items():
         p95 = sorted(values)[max(0, int(len(values) * 0.95) - 1)]
         print(f"{kind:<15} median {statistics.median(values):6.2f}  p95 {p95:6.2f}")

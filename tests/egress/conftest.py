@@ -50,14 +50,15 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
 
 
-def _certificates(directory: Path) -> tuple[Path, Path, str]:
+def _certificates(directory: Path, address: str) -> tuple[Path, Path, str]:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=directory)
 
     curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=egress-test-ca")
     openssl("req", *curve, "-keyout", "host.key", "-out", "host.csr", "-subj", "/CN=web.test")
-    (directory / "san.ext").write_text("subjectAltName=" + ",".join(f"DNS:{name}" for name in NAMES) + "\n")
+    names = [f"DNS:{name}" for name in NAMES] + [f"IP:{address}"]  # by address: for a server resolving by DNS
+    (directory / "san.ext").write_text("subjectAltName=" + ",".join(names) + "\n")
     openssl(
         "x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
         "-out", "host.pem", "-days", "2", "-extfile", "san.ext",
@@ -74,7 +75,7 @@ def test_net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostNet]:
     tag = secrets.token_hex(3)
     namespace, host_end, inner_end = f"mcpeg-{tag}", f"eg{tag}h", f"eg{tag}n"
     subnet = f"10.231.{secrets.randbelow(250) + 1}"
-    cert, key, ca = _certificates(tmp_path_factory.mktemp("egress-ca"))
+    cert, key, ca = _certificates(tmp_path_factory.mktemp("egress-ca"), f"{subnet}.2")
     _ip("netns", "add", namespace)
     server: subprocess.Popen[str] | None = None
     try:

@@ -5,8 +5,8 @@ tests' own CA) on port 443. ``GET /`` answers ``hello from <Host>``; ``GET /big`
 ``GET /keep-alive`` answers like ``/`` but leaves the connection open for the client's next
 request (every other answer closes it). ``GET /auth`` answers the SHA-256 of the request's
 ``Authorization`` header (what arrived, without showing it); ``GET /echo`` echoes that header in
-its body and in an ``X-Echo`` header (as a careless API echoes a key). Prints ``ready`` once
-both listen.
+its body and in an ``X-Echo`` header (as a careless API echoes a key); ``GET /simple/demo/`` is a
+package index's page for ``demo`` 1.0 (for pip). Prints ``ready`` once both listen.
 """
 
 from __future__ import annotations
@@ -31,11 +31,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = hashlib.sha256(auth.encode()).hexdigest().encode()
         elif self.path == "/echo":
             body = f"you sent: {auth}".encode()
+        elif self.path == "/simple/demo/":
+            body = b'<a href="/files/demo-1.0.tar.gz">demo-1.0.tar.gz</a>'
         else:
             body = f"hello from {self.headers.get('Host')}".encode()
         self.send_response(200)
         if self.path == "/echo":
             self.send_header("X-Echo", auth)
+        if self.path.startswith("/simple/"):
+            self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(body)))
         if self.path != "/keep-alive":
             self.send_header("Connection", "close")

@@ -6,7 +6,7 @@ when the server starts (ECDSA P-256, valid for a day, replaced by the next one a
 ends; bundles hold both, so a run that spans the change keeps trusting its leaves). The CAs' keys
 and the leaves' key exist only in this process's memory; the sandbox trusts the certificates
 (:meth:`Authority.bundle`). Upstream, the proxy opens TLS of its own, checked against the host's
-roots and ``egress_upstream_ca``.
+roots and ``egress_upstream_ca``, and resumes its sessions (:attr:`Authority.sessions`).
 
 ``cryptography`` makes the keys and certificates (the project's library for them) and the
 standard :mod:`ssl` speaks TLS (through anyio's ``TLSStream``); no TLS-intercepting library fits
@@ -28,6 +28,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from mcp_sandbox.egress.terminate import Sessions
 
 __all__ = ["CA_NAME", "Authority", "system_roots"]
 
@@ -103,6 +105,7 @@ class Authority:
         if upstream_ca is not None:
             self._upstream.load_verify_locations(cafile=str(upstream_ca))
         self._upstream.set_alpn_protocols(_ALPN)
+        self.sessions = Sessions()
         self._leaves: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
@@ -181,9 +184,11 @@ class Authority:
         )
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.set_alpn_protocols(_ALPN)
+        context.num_tickets = 1  # for clients that resume (node's agents); most sandboxed clients never do
         fd = os.memfd_create("egress-leaf", os.MFD_CLOEXEC)
         try:
-            os.write(fd, leaf.public_bytes(serialization.Encoding.PEM) + self.pem + key)
+            # The leaf alone: the sandbox has the CA, and a chain sent with it is only parsed again.
+            os.write(fd, leaf.public_bytes(serialization.Encoding.PEM) + key)
             context.load_cert_chain(f"/proc/self/fd/{fd}")
         finally:
             os.close(fd)

@@ -15,6 +15,7 @@ an HTTP library would own the connection.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import anyio
@@ -29,6 +30,7 @@ _MAX_HEAD = 64 << 10
 _MAX_CHUNK_LINE = 4096
 _CHUNK = 64 << 10
 _NO_BODY = frozenset({204, 304})
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # a tab is allowed in a header line
 
 # Counts ``size`` bytes going out (True) or in; False when the run's byte cap would be passed.
 Meter = Callable[[int, bool], bool]
@@ -54,7 +56,7 @@ def _parse(head: bytes) -> tuple[str, Headers]:
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip() or line[0] in " \t":
             raise Stopped("refused", "request", "a malformed header line")
-        if any((ord(char) < 0x20 and char != "\t") or ord(char) == 0x7F for char in line):
+        if _CONTROL.search(line):
             raise Stopped("refused", "request", "a header holds a control character")
         headers.append((name, value.strip()))
     return lines[0], headers

@@ -16,7 +16,6 @@ import contextlib
 import ipaddress
 import logging
 import socket
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from urllib.parse import urlsplit
 import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
-from anyio.streams.tls import TLSStream
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, is_own
@@ -35,6 +33,7 @@ from mcp_sandbox.egress.heads import Refused, answer, forwarded_head, printable
 from mcp_sandbox.egress.intercept import Stopped, serve_intercepted
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
 from mcp_sandbox.egress.secrets import BoundSecret, foreign_placeholder, secrets_for
+from mcp_sandbox.egress.terminate import handshakes
 from mcp_sandbox.egress.tls import RECORD_HEADER, Replay, client_hello_length, server_name
 from mcp_sandbox.events import EgressConnection, Observer, unheard
 
@@ -263,18 +262,18 @@ class EgressProxy:
         """A connection to a host with a secret: TLS ended both ways, requests rewritten (:mod:`.intercept`)."""
         assert self._authority is not None
         c.secrets = tuple(secret.name for secret in applied)
+        authority, key = self._authority, (self.grant.tenant, c.host, c.port)
         try:
-            with anyio.fail_after(_HELLO_TIMEOUT):
-                context = self._authority.server_context(c.host)
-                sandbox = await TLSStream.wrap(inner, server_side=True, ssl_context=context, standard_compatible=False)
-        except (ssl.SSLError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            leaf = authority.server_context(c.host)
+        except OSError:  # no memory file could hold the leaf
+            c.rule = "tls_handshake"
+            return
+        upstream_context, session = authority.upstream_context(), authority.sessions.get(key)
+        sandbox, origin = await handshakes(inner, leaf, upstream, c.host, upstream_context, session, _HELLO_TIMEOUT)
+        if sandbox is None:
             c.rule = "tls_handshake"  # the code did not trust the CA, or spoke no TLS
             return
-        try:
-            with anyio.fail_after(_CONNECT_TIMEOUT):
-                context = self._authority.upstream_context()
-                origin = await TLSStream.wrap(upstream, hostname=c.host, ssl_context=context, standard_compatible=False)
-        except (ssl.SSLError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+        if origin is None:
             c.rule = "upstream_certificate"
             untrusted = Refused(Refusal(c.rule, "the host's certificate is not trusted"), 502)
             await answer(sandbox, untrusted, c.host, c.port)
@@ -296,6 +295,7 @@ class EgressProxy:
                 await serve_intercepted(sandbox, origin, c.host, self.grant.secrets, meter)
             except Stopped as stopped:
                 c.verdict, c.rule = stopped.verdict, stopped.rule  # type: ignore[assignment]
+        authority.sessions.keep(key, origin)
         if scope.cancelled_caught and c.verdict == "allowed":
             c.verdict, c.rule = "cut", "egress_connection_timeout"
 
