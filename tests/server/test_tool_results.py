@@ -2,7 +2,7 @@
 
 The whole service runs in this process (tests/mcp_test_helpers.py: memory_client) with its
 engine on tests/doubles/sandbox.py: what is checked is what the server makes of a run, not the
-sandbox; tests/e2e/test_tools.py runs the same calls on real sandboxes over every transport.
+sandbox; tests/e2e/runs/test_tools.py runs the same calls on real sandboxes over every transport.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ e2e-stdio)
     # Not the tests that ask for the checkout's make-built runtime (packaged_runtime): doctor has
     # run numpy and pandas in the installed one already.
     cd "$src"
-    "$tool_python" -m pytest "${pytest_args[@]}" tests/e2e/test_tools.py -k "stdio and (\
+    "$tool_python" -m pytest "${pytest_args[@]}" tests/e2e/runs/test_tools.py -k "stdio and (\
 tools_list_shows_run_python or code_runs_with_the_expected_status or running_past_its_timeout \
 or a_bad_argument_is_a_validation_error or cancelling_a_call_kills_the_sandbox)"
     ;;

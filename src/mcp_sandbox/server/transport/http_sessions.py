@@ -47,7 +47,7 @@ class SessionQuota:
     The SDK binds each session to the credential that opened it (a request for another tenant's
     session, Streamable HTTP or SSE, is answered ``404``); the live Streamable HTTP sessions and
     their owners are read from its session manager (``mcp`` 2.3: ``_server_instances``,
-    ``_session_owners``; ``tests/e2e/test_tenants_http.py`` breaks if that changes).
+    ``_session_owners``; ``tests/e2e/tenants/test_tenants_http.py`` breaks if that changes).
     """
 
     def __init__(self, per_tenant: int) -> None:

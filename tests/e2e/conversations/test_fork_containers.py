@@ -22,7 +22,7 @@ from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
 from mcp_test_helpers import CALL_BOUND
 
-from .test_containers_e2e import container_backend
+from ..runs.test_containers_e2e import container_backend
 from .test_fork import (
     _new,
     _ok,

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 TOKEN = "playground-token-0123456789abcdef"
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "playground"
+ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "playground"
 RUN_BOUND_MS = 90_000
 # Root in a container or CI: Chromium's own sandbox needs user namespaces it may not get here.
 CHROMIUM_ARGS = [

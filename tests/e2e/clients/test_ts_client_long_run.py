@@ -25,7 +25,7 @@ from mcp_test_helpers import stdio_server_entry
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("ts_long_run.mjs")
 NODE_MODULES = REPO_ROOT / "downstream" / "node_modules"
 

@@ -22,7 +22,7 @@ from mcp_test_helpers import CONFORMANCE_JS, conformance_node, http_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-BASELINE = Path(__file__).resolve().parents[2] / "conformance" / "expected-failures.yaml"
+BASELINE = Path(__file__).resolve().parents[3] / "conformance" / "expected-failures.yaml"
 SPEC_VERSIONS = ("2025-11-25", "2026-07-28")
 # One run takes seconds; each scenario has the suite's own 30 s timeout on top.
 RUN_BOUND = 300.0

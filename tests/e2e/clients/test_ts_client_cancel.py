@@ -25,11 +25,11 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from downstream import require_installed
 from mcp_test_helpers import http_server, own_processes, poll, stdio_server_entry
 
-from .test_cancel import GONE_BOUND, ONE_SLOT, RUN_TIMEOUT, START_BOUND, assert_gone, new_marker, sleeper
+from ..runs.test_cancel import GONE_BOUND, ONE_SLOT, RUN_TIMEOUT, START_BOUND, assert_gone, new_marker, sleeper
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sandbox, pytest.mark.anyio]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("ts_cancel.mjs")
 NODE_MODULES = REPO_ROOT / "downstream" / "node_modules"
 TOKEN = "ts-cancel-token-0123456789abcdef"

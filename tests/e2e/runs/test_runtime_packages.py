@@ -19,7 +19,7 @@ from mcp_test_helpers import run_python, stdio_client, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
-_ROOT = Path(os.environ.get("MCP_SANDBOX_TEST_RUNTIMES") or Path(__file__).resolve().parents[2] / ".runtime")
+_ROOT = Path(os.environ.get("MCP_SANDBOX_TEST_RUNTIMES") or Path(__file__).resolve().parents[3] / ".runtime")
 
 
 @pytest.fixture
