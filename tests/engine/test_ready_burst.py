@@ -16,7 +16,9 @@ import anyio
 import pytest
 
 from mcp_sandbox.engine import Engine, ready_sizing
+from mcp_sandbox.engine.ready import ReadyPool
 from mcp_sandbox.engine.ready_sizing import Arrivals, ReadyBudget
+from mcp_sandbox.tenant_uids import TenantUids
 
 from .conftest import RunningEngine
 from .helpers import execute, poll
@@ -95,3 +97,35 @@ def test_arrivals_count_only_their_window_and_the_budget_has_room_below_its_limi
     now[0] = 112.0
     assert arrivals.recent() == 2  # the one at 100 is older than 10 s
     assert (ReadyBudget(2, used=1).room, ReadyBudget(2, used=2).room, ReadyBudget(0).room) == (True, False, False)
+
+
+@pytest.mark.sandbox
+@pytest.mark.anyio
+@pytest.mark.skipif(os.geteuid() != 0, reason="tenants get host uids of their own only from a root server")
+async def test_one_tenants_burst_takes_the_budget_and_anothers_pool_keeps_only_its_floor(
+    running_engine: RunningEngine, state_dir: Path
+) -> None:
+    flags = {**_FLAGS, "session_ready_burst": 2, "tenant_concurrent_runs": 1}
+    async with running_engine(**flags) as engine:
+        uids = TenantUids(engine.settings)
+
+        async def burst(tenant: str, count: int) -> None:
+            for _ in range(count):
+                workspace = state_dir / f"{tenant}-{uuid.uuid4().hex[:8]}"
+                workspace.mkdir(mode=0o700)
+                os.chown(workspace, uids.uid(tenant), engine.settings.sandbox.sandbox_gid)
+                result = await execute(engine, "print(1)", session=workspace.name, workspace=workspace, tenant=tenant)
+                assert (result.status, result.session) == ("success", "new"), result
+
+        def pool(tenant: str) -> ReadyPool:
+            found = engine.ready_pools.of(uids.uid(tenant))
+            assert found is not None, f"{tenant}'s uid has no session-ready pool"
+            return found
+
+        await burst("alice", 4)  # her first makes her uid's pool; four came: it wants four
+        alice = pool("alice")
+        assert (alice.target, alice.stock, engine.ready_pools.budget.used) == (4, 3, 2)  # floor 1 + the budget
+        await burst("bob", 3)
+        bob = pool("bob")
+        assert (bob.target, bob.stock) == (3, 1)  # the budget is alice's until her extra sandboxes are claimed or stop
+        assert engine.ready_pools.budget.used == 2
