@@ -169,10 +169,14 @@ class ReadyPool:
             pass
 
     async def _trim(self) -> None:
-        """Once new conversations come slower, stop the idle sandboxes above :attr:`target` (oldest first)."""
+        """Once new conversations come slower, stop the idle sandboxes above :attr:`target`, newest first.
+
+        The oldest stay: the floor's, one of each kind (a burst's are of the kind its runs asked for).
+        """
         while True:
             await anyio.sleep(ready_sizing.RATE_WINDOW / 2)
-            for ready in self._idle[: max(0, self.stock - self.target)]:
+            excess = min(len(self._idle), max(0, self.stock - self.target))
+            for ready in self._idle[len(self._idle) - excess :]:
                 self._idle.remove(ready)
                 self._unstock(ready.ticket)
                 ready.release()
