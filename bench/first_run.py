@@ -100,12 +100,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def http_server(state_dir: Path) -> Iterator[str]:
-    """A real ``serve --transport http`` with the two tenants of ``TOKENS``; yield its base URL."""
+def http_server(state_dir: Path, extra: str = "") -> Iterator[str]:
+    """A real ``serve --transport http`` with the two tenants of ``TOKENS`` (``extra``: more TOML); yield its URL."""
     state_dir.mkdir()
     config = state_dir.parent / f"{state_dir.name}.toml"
     alice = TOKENS["token tenant"]
-    config.write_text(f'token = "{TOKENS["default"]}"\n[auth]\ntokens = [{{ tenant = "alice", token = "{alice}" }}]\n')
+    tokens = f'[auth]\ntokens = [{{ tenant = "alice", token = "{alice}" }}]\n'
+    config.write_text(f'token = "{TOKENS["default"]}"\n{extra}{tokens}')
     port = free_port()
     command = [sys.executable, "-m", "mcp_sandbox", "serve", "--transport", "http", "--host", "127.0.0.1"]
     command += ["--port", str(port), "--state-dir", str(state_dir), "--config", str(config)]

@@ -75,7 +75,9 @@ def test_the_default_range_collides_with_no_user_or_subordinate_range_here(tmp_p
 def test_tenants_get_distinct_uids_that_survive_a_restart(tmp_path: Path) -> None:
     settings = _settings(tmp_path / "state", tenant_uid_range="1879048192-1879048195")
     first = TenantUids(settings)
+    assert first.known("alice") is None  # not given yet: the engine asks uid() (in a worker thread)
     uids = {tenant: first.uid(tenant) for tenant in ("alice", "bob", "carol", "dave")}
+    assert {tenant: first.known(tenant) for tenant in uids} == uids  # then given on the event loop, no thread
     assert len(set(uids.values())) == 4  # a collision of the name's place takes the next free uid
     assert set(uids.values()) == set(range(1879048192, 1879048196))
     assert first.uid("default") == settings.sandbox.sandbox_uid

@@ -70,6 +70,10 @@ class TenantUids:
                 known = self._known[tenant] = self._assign(tenant)
             return known
 
+    def known(self, tenant: str) -> int | None:
+        """``tenant``'s host uid if this object has already given it, without waiting (None: ask :meth:`uid`)."""
+        return self._known.get(tenant)  # one dict lookup: atomic, never blocked by an assignment in progress
+
     def is_default(self, tenant: str) -> bool:
         """Whether ``tenant``'s sandboxes run as ``sandbox_uid`` (and take ``sandbox_uid``'s warm sandboxes)."""
         return not self.separate or tenant == DEFAULT_TENANT

@@ -115,10 +115,10 @@ EgressEngine = Callable[..., contextlib.AbstractAsyncContextManager[tuple[Engine
 def egress_engine(
     request: pytest.FixtureRequest, state_dir: Path, sandbox_runtime: Path | None, test_net: HostNet
 ) -> EgressEngine:
-    """``async with egress_engine(backend="bwrap", hosts=None, env=None, **flags) as (engine, egress)``.
+    """``async with egress_engine(backend="bwrap", hosts=None, env=None, config=None, **flags) as (engine, egress)``.
 
     Its proxy resolves the test names, and ``hosts`` (name to addresses) besides; ``env`` is the
-    environment its settings are read from (secrets).
+    environment its settings are read from (secrets); ``config``, a config file's TOML (tenants' tables).
     """
 
     @contextlib.asynccontextmanager
@@ -126,6 +126,7 @@ def egress_engine(
         backend: str = "bwrap",
         hosts: dict[str, list[str]] | None = None,
         env: dict[str, str] | None = None,
+        config: str | None = None,
         **flags: Any,
     ) -> AsyncIterator[tuple[Engine, TenantEgress]]:
         if backend == "docker":
@@ -135,7 +136,11 @@ def egress_engine(
         if sandbox_runtime is not None:
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
-        settings = load_settings(env=env or {}, flags=values)
+        config_file = None
+        if config is not None:
+            config_file = state_dir.parent / "egress-config.toml"
+            config_file.write_text(config)
+        settings = load_settings(env=env or {}, flags=values, config_file=config_file)
         chosen = get_backend(backend, settings)
         probe = chosen.probe()
         if not probe.available:

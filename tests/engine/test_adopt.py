@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.engine.ready import _move_back, adopt
+from mcp_sandbox.engine.adoption import _move_back, adopt
 
 _FS_IOC_GETFLAGS = 0x80086601
 _FS_IOC_SETFLAGS = 0x40086602

@@ -16,6 +16,9 @@ from mcp import Client
 from mcp.types import TextContent
 
 from doubles.sandbox import PlainProcessBackend
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
 from mcp_test_helpers import CALL_BOUND, memory_client, run_python, structured, text
 
 pytestmark = pytest.mark.anyio
@@ -119,3 +122,20 @@ async def test_list_runners_names_the_tenants_secrets_and_never_their_values(mod
             runners = await client.call_tool("list_runners", {})
     assert structured(runners)["network"]["secrets"] == ["openai"]
     assert "openai" in text(runners) and value not in text(runners) and value not in str(structured(runners))
+
+
+async def test_the_servers_schema_lookup_gives_each_tool_its_listed_schema(state_dir: Path) -> None:
+    # The Streamable HTTP transport checks a tools/call's Mcp-Param-* headers against this lookup
+    # when the server has one, instead of running the whole tools/list for every call.
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir), "discover_servers": False})
+    async with open_service(settings, http=False, backend=PlainProcessBackend()) as service:
+        server = build_server(service)
+        async with Client(server) as client:
+            with anyio.fail_after(CALL_BOUND):
+                listed = (await client.list_tools()).tools
+
+    assert server.get_tool_input_schema is not None
+    assert {tool.name: server.get_tool_input_schema(tool.name) for tool in listed} == {
+        tool.name: tool.input_schema for tool in listed
+    }
+    assert server.get_tool_input_schema("no_such_tool") is None

@@ -341,6 +341,15 @@ class SessionSettings:
         ),
         check=non_negative,
     )
+    session_ready_burst: int = setting(
+        8,
+        (
+            "Session-ready sandboxes all uids together may keep beyond `session_ready` each, for "
+            "conversations that come faster: a uid's pool grows to its new conversations of the "
+            "last 10 s, within this (the memory they hold; 0: no growth)."
+        ),
+        check=non_negative,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import stat
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+from anyio.abc import SocketListener
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.authority import Authority
@@ -48,6 +51,26 @@ def _socket_directory(runs: Path, group: int | None) -> Path:
         os.chown(directory, -1, group)
         directory.chmod(0o710)
     return directory
+
+
+def _listening(path: Path) -> socket.socket:
+    """A Unix socket listening at ``path`` (a stale socket there removed), made on the event loop.
+
+    Not ``anyio.create_unix_listener``, which binds in a worker thread: a few syscalls on a local
+    directory do not block, and the thread's round trip lands on the first run with network.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            path.unlink()
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listening.setblocking(False)
+        listening.bind(os.fspath(path))
+        listening.listen(socket.SOMAXCONN)
+    except OSError:
+        listening.close()
+        raise
+    return listening
 
 
 @contextlib.asynccontextmanager
@@ -84,7 +107,7 @@ async def serve_egress(
         if authority is not None and grant.secrets:
             await anyio.to_thread.run_sync(_write_trust, directory, authority)
         path = directory / SOCKET_NAME
-        listener = await anyio.create_unix_listener(path)
+        listener = await SocketListener.from_socket(_listening(path))
         try:
             if group is not None:
                 os.chown(path, -1, group)

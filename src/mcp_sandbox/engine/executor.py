@@ -229,5 +229,5 @@ class Engine:
                 self.events.emit(RunAdmitted(wait=started - queued))
                 for path, placement in self._placements:
                     if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
-                        return dataclasses.replace(result, path=path)
+                        return dataclasses.replace(result, path="born" if result.born else path)
                 return dataclasses.replace(await self._fresh.run(request, started), path="fresh")

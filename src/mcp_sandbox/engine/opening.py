@@ -115,6 +115,8 @@ class Opener:
         """
         if self.tenant_uids.is_default(tenant):
             return None
+        if (known := self.tenant_uids.known(tenant)) is not None:  # no worker thread's round trip on each run
+            return known
         try:
             return await anyio.to_thread.run_sync(self.tenant_uids.uid, tenant)
         except (OSError, ConfigError) as exc:

@@ -16,14 +16,11 @@ conversation may ever get it (issue 43).
 from __future__ import annotations
 
 import contextlib
-import errno
-import itertools
 import logging
 import os
-import stat
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,8 +29,11 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine import ready_sizing
+from mcp_sandbox.engine.adoption import SplitAdoptionError, adopt, few_entries
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.ready_sizing import Arrivals, ReadyBudget
 from mcp_sandbox.engine.scratch import remove_shielded
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
@@ -48,109 +48,13 @@ _CLOSE_SECONDS = 10.0  # how long a session's end may wait for its sandbox to be
 # How long after a session's first run its sandbox's replacement starts: the run's answer (the
 # server lists the workspace first) goes out before a start forks on the event loop.
 _REFILL_SECONDS = 0.1
-_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FEW_ENTRIES = 32  # a conversation with at most this many top-level entries is adopted on the event loop
 
 
-def adopt(slot: Path, workspace: Path) -> None:
-    """Make ``slot`` the conversation's directory at ``workspace``: move its entries in, rename it over.
+@dataclass(eq=False)
+class Ticket:
+    """A sandbox's place in its pool's stock (starting or idle), from its start until it is claimed or gone."""
 
-    The caller holds the conversation's change lock (:mod:`~mcp_sandbox.workspace.changes`), so
-    no upload lands meanwhile. O(top-level entries): each entry is one rename (never followed,
-    never copied); the empty directory left is then replaced by ``slot`` in one rename. On any
-    failure every entry moved goes back (:func:`_move_back`) and the error is raised.
-
-    Raises:
-        OSError: the two are not on one filesystem, or an entry could not be moved.
-        SplitAdoptionError: not every entry could be moved back; what is left is in ``slot``.
-    """
-    source = os.open(workspace, _DIRECTORY)
-    target = os.open(slot, _DIRECTORY)
-    try:
-        try:
-            _move_entries(source, target)
-            os.rename(slot, workspace)
-        except OSError:
-            try:
-                _move_back(target, source)
-            except OSError as exc:
-                raise SplitAdoptionError(f"entries of {workspace} are left in {slot}: {exc}") from exc
-            raise
-    finally:
-        os.close(source)
-        os.close(target)
-
-
-class SplitAdoptionError(OSError):
-    """A failed adoption could not move every entry back: the slot must be kept, its sandbox destroyed."""
-
-
-def _few_entries(directory: Path) -> bool:
-    """Whether ``directory`` holds at most ``_FEW_ENTRIES`` entries (False if it cannot be listed)."""
-    try:
-        with os.scandir(directory) as listing:
-            return sum(1 for _ in itertools.islice(listing, _FEW_ENTRIES + 1)) <= _FEW_ENTRIES
-    except OSError:
-        return False
-
-
-def _names(directory: int) -> list[str]:
-    with os.scandir(directory) as listing:
-        return [entry.name for entry in listing]
-
-
-def _move_entries(source: int, target: int) -> None:
-    for name in _names(source):
-        os.rename(name, name, src_dir_fd=source, dst_dir_fd=target)
-
-
-def _move_back(slot: int, workspace: int) -> None:
-    """Move every entry of ``slot`` back into ``workspace``, merging into what appeared there meanwhile.
-
-    A directory that came back meanwhile (an upload that went around the change lock recreating
-    ``d3/``) is merged into, entry by entry; an entry whose name is taken by one of another kind
-    comes back under a free name (``name.restored``, ``name.restored-2``, ...). Only an I/O
-    error leaves anything in the slot (raised).
-    """
-    for name in _names(slot):
-        try:
-            os.rename(name, name, src_dir_fd=slot, dst_dir_fd=workspace)
-            continue
-        except OSError as exc:
-            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.EISDIR, errno.ENOTDIR):
-                raise
-        mine = os.stat(name, dir_fd=slot, follow_symlinks=False)
-        theirs = os.stat(name, dir_fd=workspace, follow_symlinks=False)
-        if stat.S_ISDIR(mine.st_mode) and stat.S_ISDIR(theirs.st_mode):
-            inner_slot = os.open(name, _DIRECTORY, dir_fd=slot)
-            try:
-                inner = os.open(name, _DIRECTORY, dir_fd=workspace)
-                try:
-                    _move_back(inner_slot, inner)
-                finally:
-                    os.close(inner)
-            finally:
-                os.close(inner_slot)
-            os.rmdir(name, dir_fd=slot)
-            continue
-        free = next(
-            f"{name}.restored{suffix}" for suffix in _suffixes() if not _exists(workspace, f"{name}.restored{suffix}")
-        )
-        os.rename(name, free, src_dir_fd=slot, dst_dir_fd=workspace)
-
-
-def _suffixes() -> Iterator[str]:
-    yield ""
-    for number in itertools.count(2):
-        yield f"-{number}"
-
-
-def _exists(directory: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
+    stocked: bool = True
 
 
 @dataclass(eq=False)
@@ -164,6 +68,7 @@ class ReadySandbox:
     sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
     pool: ReadyPool = field(repr=False)  # the pool that started it (its replacement comes from there)
     preloaded: bool = True  # its runner imported ``pool_preload`` (else nothing)
+    ticket: Ticket = field(default_factory=lambda: Ticket(), repr=False)  # its place in the pool's stock
     claimed: bool = False
     taken: bool = False  # a session's owner task holds it (see held())
     done: anyio.Event = field(default_factory=anyio.Event)  # retired idle, or its session ended
@@ -190,24 +95,37 @@ class ReadySandbox:
 
 
 class ReadyPool:
-    """``session_ready`` session-ready sandboxes, each owned by a task of the pool's task group.
+    """Session-ready sandboxes of one uid, each owned by a task of the pool's task group.
 
     They start when the first session asks for one (:meth:`wake`): a server whose runs name no
-    conversation keeps none. :meth:`claim` hands one to a new session (the pool starts another
-    once that session's first run is over, :meth:`settle`); one whose runner died while idle is
-    replaced; one that cannot start stops the pool for ``RETRY_SECONDS`` (sessions start from
-    nothing meanwhile).
+    conversation keeps none. The pool keeps :attr:`target` of them, starting or idle (its
+    *stock*): its floor, or more while new conversations come faster, within the budget of
+    every uid (:mod:`.ready_sizing`). :meth:`claim` hands one to a new session (the pool starts
+    its replacements, all at once, once that session's first run is over, :meth:`settle`); one
+    whose runner died while idle is replaced; one that cannot start stops the pool for
+    ``RETRY_SECONDS`` (sessions start from nothing meanwhile).
     """
 
     def __init__(
-        self, settings: Settings, opener: Opener, *, zygotes: bool, uid: int | None = None, size: int | None = None
+        self,
+        settings: Settings,
+        opener: Opener,
+        *,
+        zygotes: bool,
+        uid: int | None = None,
+        size: int | None = None,
+        budget: ReadyBudget | None = None,
     ) -> None:
-        """``uid``: the host uid its sandboxes and slots are (None: ``sandbox_uid``); ``size``: at most this many."""
+        """``uid``: the host uid its sandboxes and slots are (None: ``sandbox_uid``); ``size``: its floor at most
+        this many; ``budget``: what it may keep above its floor, shared with other uids' pools (None: nothing)."""
         self._settings = settings
         self._opener = opener
         self.uid = uid
         wanted = settings.sessions.session_ready if size is None else min(size, settings.sessions.session_ready)
-        self._size = wanted if zygotes else 0
+        self.floor = wanted if zygotes else 0
+        self._budget = ReadyBudget(0) if budget is None else budget
+        self._arrivals = Arrivals()
+        self.stock = 0  # sandboxes starting (or about to) and idle
         self._idle: list[ReadySandbox] = []
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
@@ -219,6 +137,49 @@ class ReadyPool:
     @property
     def idle(self) -> int:
         return len(self._idle)
+
+    @property
+    def target(self) -> int:
+        """How many to keep now: the floor, or the new conversations of the last ``RATE_WINDOW`` if more."""
+        return max(self.floor, self._arrivals.recent()) if self.floor else 0
+
+    def _restock(self, stock: int) -> None:
+        """Set the stock, drawing what it holds above the floor from (or giving it back to) the budget."""
+        self._budget.used += max(0, stock - self.floor) - max(0, self.stock - self.floor)
+        self.stock = stock
+
+    def _unstock(self, ticket: Ticket) -> None:
+        if ticket.stocked:
+            ticket.stocked = False
+            self._restock(self.stock - 1)
+
+    def _schedule(self, delay: float, preloaded: bool) -> bool:
+        """Start one more sandbox after ``delay``, if the pool runs and (above its floor) the budget has room."""
+        if self._group is None or self._retiring:
+            return False
+        if self.stock >= self.floor and not self._budget.room:
+            return False
+        self._restock(self.stock + 1)
+        self._group.start_soon(self._own, delay, preloaded, Ticket())
+        return True
+
+    def _grow(self, delay: float, preloaded: bool) -> None:
+        """Start, all at once, as many as the stock lacks of :attr:`target` (as the budget allows)."""
+        while self.stock < self.target and self._schedule(delay, preloaded):
+            pass
+
+    async def _trim(self) -> None:
+        """Once new conversations come slower, stop the idle sandboxes above :attr:`target`, newest first.
+
+        The oldest stay: the floor's, one of each kind (a burst's are of the kind its runs asked for).
+        """
+        while True:
+            await anyio.sleep(ready_sizing.RATE_WINDOW / 2)
+            excess = min(len(self._idle), max(0, self.stock - self.target))
+            for ready in self._idle[len(self._idle) - excess :]:
+                self._idle.remove(ready)
+                self._unstock(ready.ticket)
+                ready.release()
 
     async def retire(self) -> None:
         """Start no more sandboxes, stop the idle ones, and wait until the sessions born of the rest have ended."""
@@ -235,6 +196,7 @@ class ReadyPool:
         """Keep the pool for this block; every sandbox not claimed stops on the way out."""
         async with anyio.create_task_group() as group:
             self._group = group
+            group.start_soon(self._trim)
             try:
                 yield self
             finally:
@@ -249,20 +211,20 @@ class ReadyPool:
         if self._awake or self._group is None or self._retiring:
             return
         self._awake = True
-        for index in range(self._size):
-            self._group.start_soon(self._own, 0.0, index % 2 == 0)  # preloading, light, preloading, ...
+        for index in range(self.floor):
+            self._schedule(0.0, index % 2 == 0)  # preloading, light, preloading, ...
 
     def settle(self, ready: ReadySandbox) -> None:
-        """After the first run of the session ``ready`` was claimed for: start one in its place.
+        """After the first run of the session ``ready`` was claimed for: start what the stock lacks, at once.
 
-        Not beside that run, nor before its answer (``_REFILL_SECONDS``): a start would slow it
-        on two cores. A claimed sandbox no session came to hold (the run was cancelled before
-        its owner task started) is destroyed.
+        Its replacement (of the same kind), and more while new conversations come faster. Not
+        beside that run, nor before its answer (``_REFILL_SECONDS``): a start would slow it on
+        two cores. A claimed sandbox no session came to hold (the run was cancelled before its
+        owner task started) is destroyed.
         """
         if not ready.taken:
             ready.release()
-        if self._group is not None and not self._retiring:
-            self._group.start_soon(self._own, _REFILL_SECONDS, ready.preloaded)  # of the same kind
+        self._grow(_REFILL_SECONDS, ready.preloaded)
 
     async def claim(self, workspace: Path, lock: threading.Lock, *, preloaded: bool = True) -> ReadySandbox | None:
         """A sandbox whose ``/workspace`` is now ``workspace`` (see :func:`adopt`), or None (it stays as it was).
@@ -275,18 +237,20 @@ class ReadyPool:
         is destroyed, never offered again: its slot held the conversation's entries. The caller
         calls :meth:`settle` once the session's first run is over.
         """
+        self._arrivals.arrive()
         self.wake()
         wanted = self._opener.session_policy(workspace, ()).limits
         while self._idle:
             ready = next((idle for idle in reversed(self._idle) if idle.preloaded == preloaded), self._idle[-1])
             self._idle.remove(ready)
+            self._unstock(ready.ticket)
             if ready.interpreter.exited.is_set() or ready.limits != wanted:
                 ready.release()
                 continue
             ready.claimed = True  # from now on nothing removes its slot: it may hold the conversation's files
             try:
                 # A few renames: quicker here than a worker thread's round trip, if no upload is committing.
-                if _few_entries(workspace) and lock.acquire(blocking=False):
+                if few_entries(workspace) and lock.acquire(blocking=False):
                     try:
                         adopt(ready.slot, workspace)
                     finally:
@@ -296,8 +260,7 @@ class ReadyPool:
             except SplitAdoptionError as exc:  # the slot keeps what could not go back: never removed
                 logger.error("a session-ready sandbox's slot keeps a conversation's entries: %s", exc)
                 ready.release()
-                if self._group is not None and not self._retiring:
-                    self._group.start_soon(self._own, 0.0, ready.preloaded)
+                self._grow(0.0, ready.preloaded)
                 return None
             except OSError as exc:
                 logger.info("a session-ready sandbox was not used (it is destroyed): %s", exc)
@@ -305,25 +268,28 @@ class ReadyPool:
                 ready.release()
                 return None
             return ready
+        self._grow(_REFILL_SECONDS, preloaded)  # none idle: a burst; more for the next
         return None
 
-    async def _own(self, delay: float = 0.0, preloaded: bool = True) -> None:
+    async def _own(self, delay: float, preloaded: bool, ticket: Ticket) -> None:
         """After ``delay``, start a sandbox on a new slot, offer it, keep it until its session (or the pool) is done."""
         if self._group is None or self._retiring:
+            self._unstock(ticket)
             return
         self._owners += 1
         try:
-            await self._own_one(delay, preloaded)
+            await self._own_one(delay, preloaded, ticket)
         finally:
+            self._unstock(ticket)
             self._owners -= 1
             if self._drained is not None and not self._owners:
                 self._drained.set()
 
-    async def _own_one(self, delay: float, preloaded: bool) -> None:
+    async def _own_one(self, delay: float, preloaded: bool, ticket: Ticket) -> None:
         assert self._group is not None
         if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
             await anyio.sleep(wait)
-            if self._retiring:
+            if self._retiring or self.stock > self.target:  # no longer wanted: the burst has passed
                 return
         layout = self._opener.layout
         try:
@@ -332,8 +298,8 @@ class ReadyPool:
         except OSError as exc:
             self._retry_at = time.monotonic() + RETRY_SECONDS
             logger.error("no slot for a session-ready sandbox: %s", exc)
-            if not self._retiring:
-                self._group.start_soon(self._own, 0.0, preloaded)
+            self._unstock(ticket)
+            self._grow(0.0, preloaded)
             return
         ready: ReadySandbox | None = None
         try:
@@ -344,7 +310,7 @@ class ReadyPool:
             started = self._opener.ready_session(slot, self.uid, preloaded=preloaded)
             async with started as (interpreter, tools, sockets):
                 self._opener.pool_started("ready", "python")
-                ready = ReadySandbox(interpreter, tools, slot, limits, sockets, self, preloaded)
+                ready = ReadySandbox(interpreter, tools, slot, limits, sockets, self, preloaded, ticket)
                 if self._retiring:  # retired while it started
                     ready.release()
                 else:
@@ -355,16 +321,17 @@ class ReadyPool:
                     watch.cancel_scope.cancel()
                 if ready in self._idle:
                     self._idle.remove(ready)
+                    self._unstock(ticket)
         except (SandboxStartError, BackendUnavailableError, OSError) as exc:
             self._retry_at = time.monotonic() + RETRY_SECONDS
             logger.error("a session-ready sandbox did not start; sessions start from nothing for now: %s", exc)
         finally:
             if ready is not None:
                 ready.closed.set()
+            self._unstock(ticket)
             if ready is None or not ready.claimed:
                 await remove_shielded(slot)  # never a claimed one: it is the conversation's directory now
-                if self._group is not None and not self._retiring:
-                    self._group.start_soon(self._own, 0.0, preloaded)
+                self._grow(0.0, preloaded)
 
 
 def _adopt_locked(slot: Path, workspace: Path, lock: threading.Lock) -> None:

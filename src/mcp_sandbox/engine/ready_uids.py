@@ -3,10 +3,12 @@
 As the warm and pre-started pools are (:mod:`.uid_pools`): ``sandbox_uid``'s pool (the ``default``
 tenant's, and every tenant's where all share one uid) is kept while the engine runs; another uid's
 is made on its tenant's first conversation run (that run starts its session from nothing; the
-pool's sandboxes start then), holds at most ``tenant_concurrent_runs`` (and ``session_ready``)
-sandboxes, each on a slot of that uid, and is retired once no session of the uid has been born or
-asked for one for ``pool_idle``: its idle sandboxes stop at once, those serving sessions when the
-sessions end. A ready sandbox of one uid never serves another tenant.
+pool's sandboxes start then), keeps ``session_ready`` sandboxes (at most
+``tenant_concurrent_runs``), each on a slot of that uid, more while its tenant's new
+conversations come faster (:mod:`.ready_sizing`: every uid's pool draws those from one budget,
+``session_ready_burst``), and is retired once no session of the uid has been born or asked for
+one for ``pool_idle``: its idle sandboxes stop at once, those serving sessions when the sessions
+end. A ready sandbox of one uid never serves another tenant.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.per_uid import UidRegistry
 from mcp_sandbox.engine.ready import ReadyPool, ReadySandbox
+from mcp_sandbox.engine.ready_sizing import ReadyBudget
 
 __all__ = ["ReadyByUid"]
 
@@ -31,10 +34,11 @@ class ReadyByUid:
         """``zygotes``: the backend keeps warm sandboxes (and so session-ready ones)."""
         self._settings = settings
         self._opener = opener
-        self.default = ReadyPool(settings, opener, zygotes=zygotes)
+        self.budget = ReadyBudget(settings.sessions.session_ready_burst)
+        self.default = ReadyPool(settings, opener, zygotes=zygotes, budget=self.budget)
         size = settings.admission.tenant_concurrent_runs or settings.admission.max_concurrent_runs
         self._others = UidRegistry(
-            lambda uid: ReadyPool(settings, opener, zygotes=zygotes, uid=uid, size=size),
+            lambda uid: ReadyPool(settings, opener, zygotes=zygotes, uid=uid, size=size, budget=self.budget),
             _kept,
             idle_for=settings.pool.pool_idle,
         )

@@ -100,7 +100,8 @@ class ExecutionResult:
     images_dropped: int = 0  # images the run sent past the caps, or malformed: not returned
     warm: bool = False  # a warm sandbox's forked interpreter ran it (not in structured())
     limits: tuple[str, ...] = ()  # limits hit: memory, pids, cpu, file_size, disk, timeout (not in structured())
-    path: str = "fresh"  # where the engine placed it: warm, session, prestarted, fresh (not in structured())
+    path: str = "fresh"  # where the engine placed it: warm, session, born, prestarted, fresh (not in structured())
+    born: bool = False  # its new session was born of a session-ready sandbox (path "born"; not in structured())
     forked: Forked | None = None  # a fork's first run: what it carried of its source's variables (not in structured())
 
     def structured(self) -> dict[str, Any]:

@@ -97,7 +97,9 @@ class SessionPlacement:
                 result, request, "it was still waiting for the session's previous run to finish; nothing ran", None
             )
         state: SessionState = "new" if lease.new else "kept"
-        result = dataclasses.replace(captured(record, lease.interpreter, started), session=state, forked=record.forked)
+        result = dataclasses.replace(
+            captured(record, lease.interpreter, started), session=state, forked=record.forked, born=lease.born
+        )
         if overrun.reason is not None and overrun.stopped:
             return stopped_for_disk(result, f"{overrun.reason}; {STATE_LOST}", state)
         if deadline.cancelled_caught:

@@ -66,6 +66,7 @@ class Lease:
     tools: ToolsView
     new: bool  # this run starts a fresh interpreter
     _live: _Live
+    born: bool = False  # that interpreter is a session-ready sandbox's (see .ready)
 
     @property
     def sockets(self) -> Path | None:
@@ -179,7 +180,7 @@ class SessionManager:
                 if born and workspace is not None:
                     ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)
                 live = await group.start(self._own, session, workspace, ready)
-            yield Lease(live.interpreter, live.tools, new, live)
+            yield Lease(live.interpreter, live.tools, new, live, born=ready is not None)
         finally:
             if ready is not None:  # its replacement starts after this first run, not beside it
                 self._ready.settle(ready)

@@ -109,6 +109,9 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
         instructions=INSTRUCTIONS,
         on_list_tools=handlers.list_tools,
         on_call_tool=handlers.call_tool,
+        # Without it, the Streamable HTTP transport runs the whole tools/list for every tools/call
+        # to check its Mcp-Param-* headers against the tool's schema.
+        get_tool_input_schema=handlers.input_schema,
         on_list_resources=list_resources,
         on_read_resource=read_resource,
     )
@@ -146,6 +149,10 @@ class _Opening:
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         return await (await self.ready()).call_tool(ctx, params)
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """As :meth:`.ToolHandlers.input_schema`; None while opening (no tool declares an ``Mcp-Param`` header)."""
+        return None if self._handlers is None else self._handlers.input_schema(name)
 
 
 def _end_process(exc: Exception) -> NoReturn:

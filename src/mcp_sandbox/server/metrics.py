@@ -79,7 +79,7 @@ class Metrics:
         )
         self.run_seconds = Histogram(
             f"{_PREFIX}_run_duration_seconds",
-            "Run duration, by where the engine placed the run (path: warm, session, prestarted, fresh)",
+            "Run duration, by where the engine placed the run (path: warm, session, born, prestarted, fresh)",
             ["language", "backend", "path"],
             buckets=_RUN_BUCKETS,
             registry=r,

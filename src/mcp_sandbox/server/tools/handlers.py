@@ -100,6 +100,10 @@ class ToolHandlers:
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=self.tools)
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """``name``'s input schema as ``tools/list`` lists it (the same for every caller), or None."""
+        return next((tool.input_schema for tool in self._tools if tool.name == name), None)
+
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         raw_params = getattr(ctx, "params", None)
         if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
