@@ -21,7 +21,7 @@ import httpx2
 import pytest
 from mcp import Client
 
-from e2e.test_fork import (
+from e2e.conversations.test_fork import (
     test_a_fork_of_a_fork_and_a_checkpoint_rolled_back,
     test_a_fork_sees_the_sources_variables_functions_modules_and_files,
     test_a_forks_first_run_is_born_of_a_session_ready_sandbox_with_the_variables,
