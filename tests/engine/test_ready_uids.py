@@ -95,8 +95,11 @@ async def test_each_tenants_new_sessions_are_born_of_ready_sandboxes_of_its_own_
             born, uid, _ = await _first_run(engine, state_dir, tenant)
             assert (born, uid) == (True, _uid(engine, tenant))
         assert engine.ready.idle == 0  # the default uid's pool never started: no session of its came
-        # What a uid keeps idle is capped by tenant_concurrent_runs, below session_ready (it grows only with bursts).
+        # What a uid keeps idle is capped by tenant_concurrent_runs, below session_ready; one new
+        # conversation is no burst, so the pool refills to its floor and no further.
         assert alice.floor == 1
+        await _wait_idle(alice, 1)
+        assert alice.idle == 1
 
 
 async def test_an_idle_tenants_ready_pool_is_retired_and_its_sandboxes_stopped(
