@@ -99,7 +99,7 @@ $(BIN)/python: | sysdeps
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3,otel]'
 	@touch $@
 
 # Rebuilt from scratch whenever the pins (or the script building it) change.

@@ -145,7 +145,13 @@ def _cmd_serve(config: Config, transport: str) -> int:
         early = begin(__version__)
     from mcp_sandbox.server import serve
 
-    anyio.run(serve, config, transport, early, caught, listeners)
+    if settings.otel_endpoint is None:
+        anyio.run(serve, config, transport, early, caught, listeners)
+        return 0
+    from mcp_sandbox.tracing.export import exporting
+
+    with exporting(settings.otel_endpoint, settings.otel_protocol, __version__):
+        anyio.run(serve, config, transport, early, caught, listeners)
     return 0
 
 

@@ -49,10 +49,14 @@ class AuditRecord:
     received: int = 0  # bytes to the sandbox
     method: str = "CONNECT"
     secrets: tuple[str, ...] = ()  # the names of the secrets applied (a host with a secret's rule)
+    trace_id: str | None = None  # the run's trace, where it is traced
 
     def line(self) -> str:
-        """The log's line for this connection: the time (to the second, UTC) then the fields (``secrets`` if any)."""
+        """The log's line for this connection: the time (to the second, UTC) then the fields (``secrets`` and
+        ``trace_id`` if any)."""
         fields = asdict(self)
         if not self.secrets:
             del fields["secrets"]
+        if self.trace_id is None:
+            del fields["trace_id"]
         return json.dumps({"time": _now(), **fields})

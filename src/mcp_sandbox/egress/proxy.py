@@ -25,6 +25,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from mcp_sandbox import tracing
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, is_own
 from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
@@ -146,22 +147,25 @@ class EgressProxy:
             except anyio.BrokenResourceError:
                 return
             connection = _Connection(host="?", port=0, method="?")
-            try:
-                await self._serve(client, reader, head, connection)
-            except Refused as refused:
-                connection.verdict, connection.rule = "refused", refused.refusal.rule
-                await answer(client, refused, connection.host, connection.port)
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
-                pass  # either side went away: the line below says how far it got
-            except Exception:  # one connection's bug must not end the run's other connections
-                logger.exception("egress proxy: a connection failed")
-            finally:
-                c = connection
-                self._emit(EgressConnection(self.grant.tenant, c.verdict, c.rule, c.sent, c.received))
+            with tracing.span("egress connection", kind=tracing.SpanKind.CLIENT) as span:
                 try:
-                    self._record(connection)
-                except OSError as exc:
-                    logger.error("egress proxy: cannot write the audit log: %s", exc)
+                    await self._serve(client, reader, head, connection)
+                except Refused as refused:
+                    connection.verdict, connection.rule = "refused", refused.refusal.rule
+                    await answer(client, refused, connection.host, connection.port)
+                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                    pass  # either side went away: the line below says how far it got
+                except Exception:  # one connection's bug must not end the run's other connections
+                    logger.exception("egress proxy: a connection failed")
+                finally:
+                    c = connection
+                    self._emit(EgressConnection(self.grant.tenant, c.verdict, c.rule, c.sent, c.received))
+                    try:
+                        self._record(connection)
+                    except OSError as exc:
+                        logger.error("egress proxy: cannot write the audit log: %s", exc)
+                    if span is not None:
+                        span.set_attributes(_traced(connection))
 
     async def _serve(
         self, client: SocketStream, reader: BufferedByteReceiveStream, head: bytes, c: _Connection
@@ -382,8 +386,28 @@ class EgressProxy:
                 received=c.received,
                 method=c.method,
                 secrets=c.secrets,
+                trace_id=tracing.trace_id(),
             ).line()
         )
+
+
+def _traced(c: _Connection) -> dict[str, tracing.AttributeValue]:
+    """An egress span's attributes: where to, the verdict and its rule, bytes each way; the names of the
+    secrets applied (never a value, a header, a path or a body)."""
+    traced: dict[str, tracing.AttributeValue] = {
+        "server.address": c.host,
+        "server.port": c.port,
+        "http.request.method": c.method,
+        "mcp_sandbox.egress.verdict": c.verdict,
+        "mcp_sandbox.egress.rule": c.rule,
+        "mcp_sandbox.egress.sent_bytes": c.sent,
+        "mcp_sandbox.egress.received_bytes": c.received,
+    }
+    if c.address is not None:
+        traced["network.peer.address"] = c.address
+    if c.secrets:
+        traced["mcp_sandbox.egress.secrets"] = ",".join(c.secrets)
+    return traced
 
 
 def _is_address(host: str) -> bool:
