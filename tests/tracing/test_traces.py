@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 from mcp_types import RequestParamsMeta
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from downstream import servers_config, write_servers_config
-from mcp_test_helpers import CALL_BOUND, hello_server, poll, stdio_client, structured
+from mcp_test_helpers import CALL_BOUND, hello_server, http_server, poll, stdio_client, structured
 
 from .receiver import Received, grpc_receiver, http_receiver
 
@@ -199,16 +200,20 @@ async def test_a_failed_run_names_its_trace_and_an_untraced_call_still_runs(trac
     assert run["mcp_sandbox.run.exit_code"] == 3
 
 
-async def test_traces_reach_an_http_protobuf_collector(
-    state_dir: Path, sandbox_runtime: Path | None, servers_file: Path, web_port: int
+async def test_a_plain_json_rpc_callers_traceparent_header_is_continued_to_an_http_protobuf_collector(
+    state_dir: Path, sandbox_runtime: Path | None, web_port: int
 ) -> None:
     trace_id, client_span, traceparent = _traceparent()
+    arguments = {"code": "print(1)"}
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "run_python", "arguments": arguments}}
+    headers = {"traceparent": traceparent, "content-type": "application/json", "accept": "application/json"}
     with http_receiver() as (endpoint, received):
         env = _environment(endpoint, "http/protobuf", web_port)
-        async with stdio_client(state_dir, sandbox_runtime, environment=env) as client:
+        async with http_server(state_dir, env=env, runtime=sandbox_runtime) as base, httpx2.AsyncClient() as web:
             with anyio.fail_after(CALL_BOUND):
-                ran = await client.call_tool("run_python", {"code": "print(1)"}, meta=_meta(traceparent))
-            assert structured(ran)["status"] == "success"
-            spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.run"})
+                reply = await web.post(f"{base}/mcp", json=call, headers=headers, timeout=CALL_BOUND)
+                assert reply.status_code == 200, reply.text
+                assert reply.json()["result"]["structuredContent"]["stdout"] == "1\n"
+                spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.run"})
     root = next(span for span in spans if span.name == "tools/call run_python")
     assert root.parent_span_id.hex() == client_span
