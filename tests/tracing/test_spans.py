@@ -32,6 +32,7 @@ def test_off_a_span_is_one_shared_empty_block_and_no_trace_id() -> None:
 
 # In a process of its own: the tracer provider is process-wide, and this worker's other tests trace nothing.
 _ON = """
+import asyncio
 import json
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -54,6 +55,11 @@ with tracing.span("root", context=parent) as root:
             raise ValueError("secret-in-a-message-31337")
     except ValueError:
         pass
+    try:
+        with tracing.span("cancelled"):
+            raise asyncio.CancelledError
+    except asyncio.CancelledError:
+        pass
 spans = {span.name: span for span in exporter.get_finished_spans()}
 child = spans["child"]
 print(json.dumps({
@@ -65,19 +71,21 @@ print(json.dumps({
     "attributes": dict(child.attributes),
     "status": [child.status.status_code.name, child.status.description],
     "events": len(child.events),
+    "cancelled": [dict(spans["cancelled"].attributes), spans["cancelled"].status.status_code.name],
 }))
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_on_a_span_continues_a_traceparent_and_keeps_an_exceptions_class_but_not_its_message() -> None:
+def test_on_a_span_continues_a_traceparent_and_keeps_an_exceptions_class_but_not_its_message_nor_a_cancel() -> None:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(_ON)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert seen["none"] and seen["names"] == ["child", "root"]  # no span without a traced parent
+    assert seen["none"] and seen["names"] == ["cancelled", "child", "root"]  # no span without a traced parent
     assert seen["during"] == TRACEPARENT.split("-")[1] and seen["parent"] == TRACEPARENT.split("-")[2]
     assert seen["child_parent"]
     assert seen["attributes"] == {"mcp_sandbox.language": "python", "error.type": "ValueError"}
     assert seen["status"] == ["ERROR", None] and seen["events"] == 0
+    assert seen["cancelled"] == [{}, "UNSET"]  # a cancellation (a run's end closing a connection) is no error
     assert "secret-in-a-message" not in done.stdout + done.stderr
 
 

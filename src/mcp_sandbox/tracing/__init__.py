@@ -9,7 +9,8 @@ continuing the client's ``_meta.traceparent``, and one for each request it sends
 (or a call that is not sampled) it returns one shared empty context manager, makes no span
 object and costs one context-variable lookup. Attributes are the callers' bounded values: names,
 ports, verdicts, counts; never code, output, file contents, tokens or secret values. An exception
-leaving a span sets ``error.type`` to its class name and no message (a message can quote the code).
+leaving a span sets ``error.type`` to its class name and no message (a message can quote the code);
+a cancellation sets nothing.
 This module imports only the OpenTelemetry API, which the MCP SDK depends on.
 """
 
@@ -71,7 +72,8 @@ class _Recording:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         try:
-            if kind is not None:
+            # Not a cancellation: the block's owner ended it (a run's end closes its open connections).
+            if kind is not None and issubclass(kind, Exception):
                 self._span.set_attribute("error.type", kind.__qualname__)
                 self._span.set_status(StatusCode.ERROR)
         finally:
