@@ -116,6 +116,10 @@ import os, urllib.request
 context = await mcp_fixture.trace_context()
 print("downstream", context["traceparent"])
 print(urllib.request.urlopen("http://{host}:{port}/").read().decode())
+try:
+    urllib.request.urlopen("http://refused.invalid:{port}/")
+except OSError as refused:
+    print("refused", refused)
 open("planted.txt", "w").write("{file_plant}")
 print("-".join(["output", "plant", "77d2e9"]), len(os.environ["API_KEY"]))
 """
@@ -171,9 +175,11 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
     assert (call["gen_ai.tool.name"], call["mcp_sandbox.server"]) == ("trace_context", "fixture")
     # The downstream call's own span (the MCP SDK's) is the child of the code-mode call's.
     assert named["MCP send tools/call trace_context"].parent_span_id == named["code_mode tools/call"].span_id
-    egress = _attributes(named["egress connection"])
-    assert (egress["server.address"], egress["server.port"]) == (NAME, web_port)
-    assert egress["mcp_sandbox.egress.verdict"] == "allowed"
+    decisions = {
+        (egress["server.address"], egress["server.port"]): egress["mcp_sandbox.egress.verdict"]
+        for egress in (_attributes(span) for span in spans if span.name == "egress connection")
+    }
+    assert decisions == {(NAME, web_port): "allowed", ("refused.invalid", web_port): "refused"}
 
     wire = received.wire()
     assert [plant for plant in PLANTS if plant.encode() in wire] == []
