@@ -165,7 +165,7 @@ class EgressProxy:
                     except OSError as exc:
                         logger.error("egress proxy: cannot write the audit log: %s", exc)
                     if span is not None:
-                        span.set_attributes(_traced(connection))
+                        span.set_attributes(self._entry(connection).span_attributes())
 
     async def _serve(
         self, client: SocketStream, reader: BufferedByteReceiveStream, head: bytes, c: _Connection
@@ -371,43 +371,24 @@ class EgressProxy:
             self._unlogged[c.verdict] += 1
             return
         self._lines += 1
-        grant = self.grant
-        self._audit.write(
-            AuditRecord(
-                tenant=grant.tenant,
-                conversation=grant.conversation,
-                run=self.run,
-                host=c.host,
-                port=c.port,
-                verdict=c.verdict,
-                rule=c.rule,
-                address=c.address,
-                sent=c.sent,
-                received=c.received,
-                method=c.method,
-                secrets=c.secrets,
-                trace_id=tracing.trace_id(),
-            ).line()
+        self._audit.write(self._entry(c).line())
+
+    def _entry(self, c: _Connection) -> AuditRecord:
+        return AuditRecord(
+            tenant=self.grant.tenant,
+            conversation=self.grant.conversation,
+            run=self.run,
+            host=c.host,
+            port=c.port,
+            verdict=c.verdict,
+            rule=c.rule,
+            address=c.address,
+            sent=c.sent,
+            received=c.received,
+            method=c.method,
+            secrets=c.secrets,
+            trace_id=tracing.trace_id(),
         )
-
-
-def _traced(c: _Connection) -> dict[str, tracing.AttributeValue]:
-    """An egress span's attributes: where to, the verdict and its rule, bytes each way; the names of the
-    secrets applied (never a value, a header, a path or a body)."""
-    traced: dict[str, tracing.AttributeValue] = {
-        "server.address": c.host,
-        "server.port": c.port,
-        "http.request.method": c.method,
-        "mcp_sandbox.egress.verdict": c.verdict,
-        "mcp_sandbox.egress.rule": c.rule,
-        "mcp_sandbox.egress.sent_bytes": c.sent,
-        "mcp_sandbox.egress.received_bytes": c.received,
-    }
-    if c.address is not None:
-        traced["network.peer.address"] = c.address
-    if c.secrets:
-        traced["mcp_sandbox.egress.secrets"] = ",".join(c.secrets)
-    return traced
 
 
 def _is_address(host: str) -> bool:
