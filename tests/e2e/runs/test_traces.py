@@ -2,7 +2,7 @@
 
 `mcp-sandbox serve` runs over stdio as its own process (the tracer provider is process-wide),
 with ``otel_endpoint`` at a receiver on loopback built on the collector's official service
-definitions (receiver.py). One code-mode run calls the fixture downstream server, reaches an HTTP
+definitions (tests/tracing/receiver.py). One code-mode run calls the fixture downstream server, reaches an HTTP
 server through the egress proxy, writes a file and has a secret in its environment; the test
 plants strings in the code, its output, the file, the response body and the secret, and greps
 every exported span for them.
@@ -27,8 +27,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from downstream import servers_config, write_servers_config
 from mcp_test_helpers import CALL_BOUND, hello_server, http_server, poll, stdio_client, structured
-
-from .receiver import Received, grpc_receiver, http_receiver
+from tracing.receiver import Received, grpc_receiver, http_receiver
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
