@@ -5,7 +5,7 @@ SDK is never loaded and :mod:`mcp_sandbox.tracing` makes no spans. The SDK and t
 with the ``otel`` extra (``pip install 'mcp-sandbox[otel]'``). The provider is process-wide (the
 MCP SDK's spans find it through the OpenTelemetry API's global), so it is installed by the command
 that serves, around the whole server. Spans leave in batches from the SDK's own thread; leaving
-the block flushes what is pending, bounded by the exporter's timeout.
+the block flushes what is pending, waiting at most :data:`SHUTDOWN_BOUND`.
 
 The standard ``OTEL_*`` variables the SDK reads still apply: ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES`` (the resource), ``OTEL_TRACES_SAMPLER`` (the sampler),
@@ -15,15 +15,18 @@ The standard ``OTEL_*`` variables the SDK reads still apply: ``OTEL_SERVICE_NAME
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Final
 from urllib.parse import urlsplit
 
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["PROTOCOLS", "exporting", "traces_url"]
+__all__ = ["PROTOCOLS", "SHUTDOWN_BOUND", "exporting", "traces_url"]
 
 PROTOCOLS: Final = ("grpc", "http/protobuf")
+# How long the exit waits for the last spans to leave.
+SHUTDOWN_BOUND: Final = 2.0
 
 
 def traces_url(endpoint: str, protocol: str) -> str:
@@ -75,10 +78,14 @@ def exporting(endpoint: str, protocol: str, version: str) -> Iterator[None]:
     resource = Resource({"service.name": "mcp-sandbox", "service.version": version}).merge(
         OTELResourceDetector().detect()
     )
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # shut down below, bounded
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     try:
         yield
     finally:
-        provider.shutdown()  # flushes the spans still queued
+        # Flushes the spans still queued; a collector that is down (the exporter retries for its
+        # timeout) must not hold up the server's exit: the thread is left to die with the process.
+        closing = threading.Thread(target=provider.shutdown, name="otel-shutdown", daemon=True)
+        closing.start()
+        closing.join(SHUTDOWN_BOUND)
