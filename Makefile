@@ -99,7 +99,7 @@ $(BIN)/python: | sysdeps
 
 # Reinstalled whenever pyproject.toml changes.
 $(VENV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3,otel]'
 	@touch $@
 
 # Rebuilt from scratch whenever the pins (or the script building it) change.
@@ -299,7 +299,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; the alternatives side by side)
+bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; tracing on vs off; the alternatives side by side)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
@@ -312,6 +312,7 @@ bench: setup downstream containers postgres bench-peers ## Run the benchmarks in
 	$(BIN)/python bench/container_latency.py --runs 10
 	$(BIN)/python bench/egress_cost.py
 	$(BIN)/python bench/secrets_cost.py
+	$(BIN)/python bench/trace_cost.py
 	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/forward.py

@@ -76,7 +76,7 @@ build_rootfs() {
     # manifests run this image as replicas (docs/scaling.md).
     wheel="$(ls "$work"/wheels/*.whl)"
     .venv/bin/python -m pip install --quiet --no-warn-script-location --python-version "$py_version" \
-        --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$wheel[postgres,s3]"
+        --only-binary=:all: --target "$rootfs$prefix/.venv/lib/python$py_version/site-packages" "$wheel[postgres,s3,otel]"
     /usr/bin/python3 -m compileall -q "$rootfs$prefix/.venv/lib/python$py_version/site-packages" || true
     mkdir -p "$rootfs/usr/local/bin"
     cat >"$rootfs/usr/local/bin/mcp-sandbox" <<EOF

@@ -219,7 +219,16 @@ async def poll(condition: Callable[[], bool], interval: float = 0.05) -> None:
 # Settings of the developer's own environment that must not reach a server under test.
 _OWN_ENV_PREFIXES = ("MCP_SANDBOX_", "MCP_BRIDGE_")
 _OWN_ENV_NAMES = frozenset(
-    {"MCP_SERVERS_CONFIG", "MCP_API_TOKEN", "PUBLIC_BASE_URL", "MCP_HTTP_ADDR", "SANDBOX_ROOT", "FILE_SECRET"}
+    {
+        "MCP_SERVERS_CONFIG",
+        "MCP_API_TOKEN",
+        "PUBLIC_BASE_URL",
+        "MCP_HTTP_ADDR",
+        "SANDBOX_ROOT",
+        "FILE_SECRET",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    }
 )
 
 

@@ -6,7 +6,8 @@
 
 :meth:`AuditLog.record` writes ``{"time": <ISO 8601 UTC>, "event": <name>, ...fields}``; a caller
 with its own line (the egress log, :mod:`mcp_sandbox.egress.audit`) hands it to :meth:`AuditLog.write`.
-What to put in a line is the caller's choice: this module adds no content of its own. Files rotate
+What to put in a line is the caller's choice: this module adds only the ``trace_id`` of a line
+written inside a traced call (:mod:`mcp_sandbox.tracing`), the key from a line to its trace. Files rotate
 at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the standard library's
 :class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory. Writing is
 synchronous and small; a failing disk is reported by the logging module and never raises into the caller.
@@ -26,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mcp_sandbox import tracing
 
 __all__ = ["AuditLog", "Tally"]
 
@@ -77,6 +80,8 @@ class AuditLog:
         """Append one line: the time, ``event`` and ``fields``. Never raises for a failing disk."""
         when = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         line = {"time": when, "event": event, **fields}
+        if (trace := tracing.trace_id()) is not None:  # written inside a traced call: its trace, to look it up by
+            line["trace_id"] = trace
         self.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str))
 
     def write(self, line: str) -> None:

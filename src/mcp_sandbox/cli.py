@@ -126,6 +126,17 @@ def _check_stdio_conversation(settings: Settings) -> None:
 
 def _cmd_serve(config: Config, transport: str) -> int:
     settings = config.settings
+    if settings.otel_endpoint is None:
+        return _serve(config, transport)
+    # Set up first: a missing SDK stops the server before it answers anyone.
+    from mcp_sandbox.tracing.export import exporting
+
+    with exporting(settings.otel_endpoint, settings.otel_protocol, __version__):
+        return _serve(config, transport)
+
+
+def _serve(config: Config, transport: str) -> int:
+    settings = config.settings
     early = None
     caught: list[int] = []
     listeners = None

@@ -205,6 +205,7 @@ SMOKE: dict[str, Smoke] = {
                 "rendezvous",
                 "resource",
                 "sleep",
+                "trace_context",
                 "weather",
             }
         ),

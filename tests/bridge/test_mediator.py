@@ -30,7 +30,7 @@ pytestmark = pytest.mark.anyio
 # Generous: a cold start of the fixture server (Python + the SDK) on a small, busy machine.
 BOUND = 30.0
 SECRET = "s3cr3t-downstream-credential-0815"
-FIXTURE_TOOLS = 14  # every tool of tests/downstream/fixture_server.py
+FIXTURE_TOOLS = 15  # every tool of tests/downstream/fixture_server.py
 
 
 def _spec(alias: str, name: str, **extra: Any) -> ServerSpec:

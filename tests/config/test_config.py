@@ -41,6 +41,14 @@ SAMPLES: dict[str, tuple[Sample, Sample]] = {
         Sample("/srv/b.json", '"/srv/b.json"', Path("/srv/b.json")),
     ),
     "log_level": (Sample("DEBUG", '"DEBUG"', "DEBUG"), Sample("INFO", '"INFO"', "INFO")),
+    "otel_endpoint": (
+        Sample("http://127.0.0.1:4317", '"http://127.0.0.1:4317"', "http://127.0.0.1:4317"),
+        Sample("https://collector:4318", '"https://collector:4318"', "https://collector:4318"),
+    ),
+    "otel_protocol": (
+        Sample("http/protobuf", '"http/protobuf"', "http/protobuf"),
+        Sample("grpc", '"grpc"', "grpc"),
+    ),
     "runner_data": (
         Sample("/srv/sandboxes", '"/srv/sandboxes"', Path("/srv/sandboxes")),
         Sample("/srv/old", '"/srv/old"', Path("/srv/old")),
@@ -69,6 +77,7 @@ _CANDIDATES: dict[str, list[Any]] = {
         "2000000000-2000000999",
         "postgresql://sample@db.example/sample",
         "s3://sample-bucket/prefix",
+        "http/protobuf",
     ],
     "path": [Path("/srv/sample")],
     "strings": [("json", "csv"), ("10.0.0.0/8", "192.168.0.0/16"), ("python=img:1", "typescript=img:2")],
@@ -218,7 +227,7 @@ def test_each_setting_is_read_from_each_of_its_variables(setting: str) -> None:
 # --- the earlier bridge's aliases -------------------------------------------------------------
 
 
-def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> None:
+def test_the_aliases_are_exactly_the_earlier_systems_documented_variables_and_opentelemetrys() -> None:
     assert dict(ENV_ALIASES) == {
         "MCP_BRIDGE_TIMEOUT": "timeout",
         "MCP_BRIDGE_MAX_TIMEOUT": "max_timeout",
@@ -235,6 +244,8 @@ def test_the_aliases_are_exactly_the_earlier_systems_documented_variables() -> N
         "PUBLIC_BASE_URL": "public_url",
         "SANDBOX_ROOT": "runner_data",
         "FILE_SECRET": "runner_secret",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "otel_endpoint",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "otel_protocol",
     }
 
 

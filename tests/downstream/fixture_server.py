@@ -14,6 +14,7 @@ from typing import Literal, TypedDict
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.types import CallToolResult, EmbeddedResource, ImageContent, TextContent, TextResourceContents
 
 RESOURCE_URI = "fixture://notes/hello.txt"
@@ -166,6 +167,12 @@ def class_(name: str) -> str:
     return f"class {name}"
 
 
+def trace_context(ctx: Context) -> dict[str, str]:
+    """The W3C trace context (`traceparent`, `tracestate`) this call's `_meta` carried."""
+    meta = ctx.request_context.meta or {}
+    return {key: str(value) for key, value in dict(meta).items() if key in ("traceparent", "tracestate")}
+
+
 def build_server() -> MCPServer:
     """The fixture server; `Client(build_server())` talks to it in process."""
     server = MCPServer("fixture", instructions="Test fixture: deterministic tools with edge-case shapes and names.")
@@ -181,6 +188,7 @@ def build_server() -> MCPServer:
     server.add_tool(pid)
     server.add_tool(crash, structured_output=False)
     server.add_tool(garble, structured_output=False)
+    server.add_tool(trace_context)
     # Names that are not Python identifiers, for code that turns tool names into functions.
     server.add_tool(get_forecast_v2, name="get-forecast.v2")
     server.add_tool(class_, name="class", structured_output=False)

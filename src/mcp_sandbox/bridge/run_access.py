@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mcp_sandbox import tracing
 from mcp_sandbox.bridge.discovery import ServerSpec
 from mcp_sandbox.bridge.requests import (
     CallTool,
@@ -108,7 +109,12 @@ class RunAccess:
         try:
             request = decode_request(call.request)
             if isinstance(request, CallTool):
-                answer, size = await self._call_tool(request)
+                with tracing.span("code_mode tools/call", _CALL) as span:
+                    try:
+                        answer, size = await self._call_tool(request)
+                    finally:
+                        if span is not None:
+                            span.set_attributes(_called(self.bridge, request, size))
                 reply = Reply(call.id, answer)
             else:
                 reply = Reply(call.id, await self._answer(request))
@@ -303,3 +309,18 @@ class _ToolFailed(Exception):
         super().__init__(message)
         self.server = server
         self.message = message
+
+
+_CALL: dict[str, tracing.AttributeValue] = {"mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool"}
+
+
+def _called(bridge: Downstream, request: CallTool, size: int) -> dict[str, tracing.AttributeValue]:
+    """A code-mode call's span attributes: only configured server names and listed tool names (a name the
+    sandboxed code made up could carry anything: it is "unknown", as in the metrics and the audit log)."""
+    spec = bridge.resolve(request.server)
+    tool = bridge.known_tool(spec.alias, request.tool) if spec is not None else None
+    return {
+        "gen_ai.tool.name": tool or "unknown",
+        "mcp_sandbox.server": spec.name if spec is not None else "unknown",
+        "mcp_sandbox.tool.result_bytes": size,
+    }

@@ -208,6 +208,16 @@ def http_url(name: str, value: str | None) -> None:
 DATABASE_SCHEMES = ("postgresql", "postgres")
 
 
+def otlp_endpoint(name: str, value: str | None) -> None:
+    """An ``http://`` or ``https://`` URL with a host, or None. The message never repeats the value (a collector's
+    URL may carry credentials)."""
+    if value is None:
+        return
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}: not an http:// or https:// URL of an OTLP collector (e.g. http://127.0.0.1:4317)")
+
+
 def database_url(name: str, value: str | None) -> None:
     """A ``postgresql://`` URL, or None. The message never repeats the value: it may hold a password."""
     if value is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
-from mcp_sandbox.config.fields import check_fields, internal, one_of, piece, setting, setting_fields
+from mcp_sandbox.config.fields import check_fields, internal, one_of, otlp_endpoint, piece, setting, setting_fields
 from mcp_sandbox.config.pieces import (
     LimitSettings,
     PathSettings,
@@ -43,6 +43,20 @@ class Settings:
         alias="MCP_BRIDGE_OUTPUT_MODE",
     )
     log_level: str = setting("WARNING", "Logs go to stderr (`MCP_BRIDGE_LOG_LEVEL` too).", alias="MCP_BRIDGE_LOG_LEVEL")
+
+    otel_endpoint: str | None = setting(
+        None,
+        "The OTLP collector traces go to (`http://HOST:4317` for grpc); unset: no tracing, at no cost."
+        " Needs the `otel` extra.",
+        check=otlp_endpoint,
+        alias="OTEL_EXPORTER_OTLP_ENDPOINT",
+    )
+    otel_protocol: str = setting(
+        "grpc",
+        "How traces reach the collector: `grpc` or `http/protobuf`.",
+        check=one_of(("grpc", "http/protobuf")),
+        alias="OTEL_EXPORTER_OTLP_PROTOCOL",
+    )
 
     limits: LimitSettings = piece(LimitSettings)
     paths: PathSettings = piece(PathSettings)

@@ -49,10 +49,32 @@ class AuditRecord:
     received: int = 0  # bytes to the sandbox
     method: str = "CONNECT"
     secrets: tuple[str, ...] = ()  # the names of the secrets applied (a host with a secret's rule)
+    trace_id: str | None = None  # the run's trace, where it is traced
+
+    def span_attributes(self) -> dict[str, str | int]:
+        """The connection as its span says it: where to (the host and method the code asked for, cut to a host
+        name's and a method's longest), the verdict and its rule, bytes each way, the secrets' names."""
+        attributes: dict[str, str | int] = {
+            "server.address": self.host[:253],
+            "server.port": self.port,
+            "http.request.method": self.method[:16],
+            "mcp_sandbox.egress.verdict": self.verdict,
+            "mcp_sandbox.egress.rule": self.rule,
+            "mcp_sandbox.egress.sent_bytes": self.sent,
+            "mcp_sandbox.egress.received_bytes": self.received,
+        }
+        if self.address is not None:
+            attributes["network.peer.address"] = self.address
+        if self.secrets:
+            attributes["mcp_sandbox.egress.secrets"] = ",".join(self.secrets)
+        return attributes
 
     def line(self) -> str:
-        """The log's line for this connection: the time (to the second, UTC) then the fields (``secrets`` if any)."""
+        """The log's line for this connection: the time (to the second, UTC) then the fields (``secrets`` and
+        ``trace_id`` if any)."""
         fields = asdict(self)
         if not self.secrets:
             del fields["secrets"]
+        if self.trace_id is None:
+            del fields["trace_id"]
         return json.dumps({"time": _now(), **fields})

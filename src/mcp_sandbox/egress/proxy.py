@@ -25,6 +25,7 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteStream, SocketStream, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from mcp_sandbox import tracing
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, is_own
 from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
@@ -146,22 +147,25 @@ class EgressProxy:
             except anyio.BrokenResourceError:
                 return
             connection = _Connection(host="?", port=0, method="?")
-            try:
-                await self._serve(client, reader, head, connection)
-            except Refused as refused:
-                connection.verdict, connection.rule = "refused", refused.refusal.rule
-                await answer(client, refused, connection.host, connection.port)
-            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
-                pass  # either side went away: the line below says how far it got
-            except Exception:  # one connection's bug must not end the run's other connections
-                logger.exception("egress proxy: a connection failed")
-            finally:
-                c = connection
-                self._emit(EgressConnection(self.grant.tenant, c.verdict, c.rule, c.sent, c.received))
+            with tracing.span("egress connection", kind=tracing.SpanKind.CLIENT) as span:
                 try:
-                    self._record(connection)
-                except OSError as exc:
-                    logger.error("egress proxy: cannot write the audit log: %s", exc)
+                    await self._serve(client, reader, head, connection)
+                except Refused as refused:
+                    connection.verdict, connection.rule = "refused", refused.refusal.rule
+                    await answer(client, refused, connection.host, connection.port)
+                except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream):
+                    pass  # either side went away: the line below says how far it got
+                except Exception:  # one connection's bug must not end the run's other connections
+                    logger.exception("egress proxy: a connection failed")
+                finally:
+                    c = connection
+                    self._emit(EgressConnection(self.grant.tenant, c.verdict, c.rule, c.sent, c.received))
+                    try:
+                        self._record(connection)
+                    except OSError as exc:
+                        logger.error("egress proxy: cannot write the audit log: %s", exc)
+                    if span is not None:
+                        span.set_attributes(self._entry(connection).span_attributes())
 
     async def _serve(
         self, client: SocketStream, reader: BufferedByteReceiveStream, head: bytes, c: _Connection
@@ -367,22 +371,23 @@ class EgressProxy:
             self._unlogged[c.verdict] += 1
             return
         self._lines += 1
-        grant = self.grant
-        self._audit.write(
-            AuditRecord(
-                tenant=grant.tenant,
-                conversation=grant.conversation,
-                run=self.run,
-                host=c.host,
-                port=c.port,
-                verdict=c.verdict,
-                rule=c.rule,
-                address=c.address,
-                sent=c.sent,
-                received=c.received,
-                method=c.method,
-                secrets=c.secrets,
-            ).line()
+        self._audit.write(self._entry(c).line())
+
+    def _entry(self, c: _Connection) -> AuditRecord:
+        return AuditRecord(
+            tenant=self.grant.tenant,
+            conversation=self.grant.conversation,
+            run=self.run,
+            host=c.host,
+            port=c.port,
+            verdict=c.verdict,
+            rule=c.rule,
+            address=c.address,
+            sent=c.sent,
+            received=c.received,
+            method=c.method,
+            secrets=c.secrets,
+            trace_id=tracing.trace_id(),
         )
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
+from mcp_sandbox import tracing
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import Resolver, system_resolver
 from mcp_sandbox.engine.admission import Admission
@@ -221,13 +222,38 @@ class Engine:
             ValueError: a session (or warm) run's ``tools`` mount stubs elsewhere than ``/tools/<alias>``.
         """
         queued = time.perf_counter()
-        async with self._admission.slot(request.tenant):
+        async with contextlib.AsyncExitStack() as stack:
+            with tracing.span("mcp_sandbox.admission", {"mcp_sandbox.tenant": request.tenant}):
+                await stack.enter_async_context(self._admission.slot(request.tenant))
             if prepare is not None:
                 request = await prepare(request)
-            with self._use(request.workspace):
+            with self._use(request.workspace), tracing.span("mcp_sandbox.placement", _traced(request)) as span:
                 started = time.perf_counter()
                 self.events.emit(RunAdmitted(wait=started - queued))
-                for path, placement in self._placements:
-                    if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
-                        return dataclasses.replace(result, path="born" if result.born else path)
-                return dataclasses.replace(await self._fresh.run(request, started), path="fresh")
+                result = await self._place(request, started)
+                if span is not None:
+                    span.set_attributes(_placed(request, result))
+                return result
+
+    async def _place(self, request: ExecutionRequest, started: float) -> ExecutionResult:
+        for path, placement in self._placements:
+            if placement.accepts(request) and (result := await placement.run(request, started)) is not None:
+                return dataclasses.replace(result, path="born" if result.born else path)
+        return dataclasses.replace(await self._fresh.run(request, started), path="fresh")
+
+
+def _traced(request: ExecutionRequest) -> dict[str, tracing.AttributeValue]:
+    """What a placement span says of the request (bounded values only)."""
+    return {"mcp_sandbox.language": request.language, "mcp_sandbox.network": request.egress is not None}
+
+
+def _placed(request: ExecutionRequest, result: ExecutionResult) -> dict[str, tracing.AttributeValue]:
+    """Where the run went: ``session`` (its live session's interpreter), ``born`` (a new session), ``forked``
+    (a fork's first run), ``warm``, ``prestarted`` or ``fresh``; and how it ended."""
+    if request.fork_state is not None and result.session == "new":
+        how = "forked"
+    elif result.path == "session":
+        how = "born" if result.session == "new" else "session"
+    else:
+        how = result.path
+    return {"mcp_sandbox.placement": how, "mcp_sandbox.run.status": result.status}

@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from mcp_sandbox import tracing
 from mcp_sandbox.engine.channel import OFF_LOOP_BYTES, Channel
 from mcp_sandbox.engine.output import CappedOutput
 from mcp_sandbox.engine.result import Image, OutputListener, ToolAccess
@@ -68,11 +69,22 @@ class RunRecord:
 
 async def serve_run(record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel, caps: RunCaps) -> None:
     """Serve the runner's frames on ``channel`` until run ``run_id``'s DONE, an ERROR or the channel's end."""
-    async with anyio.create_task_group() as calls:
-        try:
-            await _serve(record, run_id, tools, calls, channel, caps)
-        finally:
-            calls.cancel_scope.cancel()
+    with tracing.span("mcp_sandbox.run") as span:
+        async with anyio.create_task_group() as calls:
+            try:
+                await _serve(record, run_id, tools, calls, channel, caps)
+            finally:
+                calls.cancel_scope.cancel()
+        if span is not None:
+            span.set_attributes(_ended(record))
+
+
+def _ended(record: RunRecord) -> dict[str, tracing.AttributeValue]:
+    """How the run ended, as a run span says it: whether it finished, its exit code (never its exception's text)."""
+    ended: dict[str, tracing.AttributeValue] = {"mcp_sandbox.run.done": record.done}
+    if record.exit_code is not None:
+        ended["mcp_sandbox.run.exit_code"] = record.exit_code
+    return ended
 
 
 async def _serve(

@@ -33,6 +33,7 @@ import anyio
 import mcp_types as types
 import pydantic
 
+from mcp_sandbox import tracing
 from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
@@ -124,18 +125,26 @@ class Forwarder:
         body = json.dumps({**call, "arguments": arguments})
         content = body.encode("utf-8")
         headers = [("content-type", "application/json"), *sign(self._key, content, time.time()).items()]
-        try:
-            reply = await self._peers.post(owner.rstrip("/") + CALL_PATH, content, headers)
-        except Unreachable as exc:
-            raise _Unreachable(str(exc)) from exc
-        except PeerError as exc:
-            logger.error("the replica %s stopped answering a forwarded %s call: %s", owner, tool, exc)
-            said = (
-                "the replica running this conversation stopped answering during the call: the code may or may not"
-                " have run, and the interpreter's state (variables, imports) is lost; the workspace's files are kept"
-            )
-            # Refused as a lost lease: an upload sent again (503) reaches the replica that takes it over.
-            return error_result(said, refusal_meta(LeaseLostError(said)))
+        with tracing.span("mcp_sandbox.forward", {"gen_ai.tool.name": tool}, tracing.SpanKind.CLIENT) as span:
+            if span is not None:  # the owner continues this trace (replicas/internal_route.py)
+                carrier: dict[str, str] = {}
+                tracing.inject(carrier)
+                headers += carrier.items()
+            try:
+                reply = await self._peers.post(owner.rstrip("/") + CALL_PATH, content, headers)
+            except Unreachable as exc:
+                raise _Unreachable(str(exc)) from exc
+            except PeerError as exc:
+                logger.error("the replica %s stopped answering a forwarded %s call: %s", owner, tool, exc)
+                said = (
+                    "the replica running this conversation stopped answering during the call: the code may or may"
+                    " not have run, and the interpreter's state (variables, imports) is lost; the workspace's files"
+                    " are kept"
+                )
+                # Refused as a lost lease: an upload sent again (503) reaches the replica that takes it over.
+                return error_result(said, refusal_meta(LeaseLostError(said)))
+            if span is not None:
+                span.set_attribute("http.response.status_code", reply.status)
         if reply.status == 409:
             raise Moved(owner)
         if reply.status != 200:

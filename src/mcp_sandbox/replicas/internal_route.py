@@ -21,6 +21,7 @@ import anyio
 import mcp_types as types
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from mcp_sandbox import tracing
 from mcp_sandbox.replicas.forward import CALL_PATH, FORWARDED_TOOLS, Moved
 from mcp_sandbox.replicas.signing import SIGNATURE_HEADER, TIME_HEADER, Verifier
 
@@ -101,7 +102,13 @@ def with_internal_route(
 
             group.start_soon(hang_up)
             try:
-                result = await serve(tool, arguments, tenant)
+                with tracing.span(
+                    "mcp_sandbox.forwarded",
+                    {"gen_ai.tool.name": tool},
+                    tracing.SpanKind.SERVER,
+                    context=tracing.context_of(headers),
+                ):
+                    result = await serve(tool, arguments, tenant)
             except Moved as moved:
                 answered = True
                 await _answer(send, 409, json.dumps({"owner": str(moved)}).encode())

@@ -18,6 +18,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
+from mcp_sandbox import tracing
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub, FilesUnsaved
 from mcp_sandbox.replicas.imported import record_names
@@ -117,7 +118,10 @@ class Storage:
         if self.mirror is None:
             return ()
         check = self.metadata.fence_check(key, lease := fence or self.fence(key))
-        changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
+        with tracing.span("mcp_sandbox.write_back") as span:
+            changes = await anyio.to_thread.run_sync(self.mirror.write_back, key, check, lease.epoch if lease else 0)
+            if span is not None:
+                span.set_attributes(_moved(changes))
         self._count_unsaved(key, changes)
         return changes.unsaved
 
@@ -139,3 +143,13 @@ class Storage:
             self._events.emit(FilesUnsaved(key, "write_back", len(changes.unsaved)))
         if changes.lost:
             self._events.emit(FilesUnsaved(key, "restore", len(changes.lost)))
+
+
+def _moved(changes: Changes) -> dict[str, tracing.AttributeValue]:
+    """A write-back span's attributes: counts only (never a file's name or contents)."""
+    return {
+        "mcp_sandbox.files.transferred": changes.transferred,
+        "mcp_sandbox.files.bytes": changes.bytes,
+        "mcp_sandbox.files.deleted": changes.deleted,
+        "mcp_sandbox.files.unsaved": len(changes.unsaved),
+    }

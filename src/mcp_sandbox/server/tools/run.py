@@ -23,6 +23,7 @@ from typing import Any
 import anyio.to_thread
 import mcp_types as types
 
+from mcp_sandbox import tracing
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
@@ -225,6 +226,8 @@ class RunTool:
             data["timeoutClamped"] = call.timeout_clamped
         if call.fork is not None:
             data["fork"] = call.fork.report(result.forked)
+        if result.status != "success" and (trace := tracing.trace_id()) is not None:
+            data["traceId"] = trace  # the operator's way from a failed run to its trace
         lost = None
         if call.key is not None and data.get("session") == "new":  # the interpreter lost since the last run?
             lost = await _take_state_lost(service, call.key)

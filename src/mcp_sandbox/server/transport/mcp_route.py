@@ -10,6 +10,8 @@ where it answered HTTP 500), a request whose ``id`` is not a string, an integer 
 where it answered 202 and dropped it), and other malformed envelopes and batches (-32600 naming
 the field; MCP has no batches since 2025-06-18). Error replies to requests that carried no session
 never carry ``Mcp-Session-Id``: the SDK mints one for the request, then discards it when it fails.
+With tracing on, a request's HTTP ``traceparent`` (and ``tracestate``, ``baggage``) headers become
+its ``_meta``'s where that names no trace of its own, for callers that cannot write ``_meta``.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from mcp_sandbox import tracing
+
 __all__ = ["McpRoute"]
 
 _SESSION_HEADER = b"mcp-session-id"
 _EVENT_STREAM = "text/event-stream"
+_TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
 
 def _wants_stream(headers: Headers) -> bool:
@@ -62,6 +67,22 @@ def _complete_initialize(message: dict[str, Any]) -> str | None:
     except ValidationError as exc:
         return _field_errors(exc)
     return None
+
+
+def _continue_trace(message: Any, headers: Headers) -> bool:
+    """Put the HTTP request's W3C trace headers into a request's ``params._meta`` that has no ``traceparent``
+    of its own (a plain JSON-RPC caller's way to pass its trace; the MCP SDK continues ``_meta``'s); whether it did.
+    """
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return False
+    params = message.setdefault("params", {})
+    if not isinstance(params, dict):
+        return False
+    meta = params.setdefault("_meta", {})
+    if not isinstance(meta, dict) or "traceparent" in meta:
+        return False
+    meta.update({name: headers[name] for name in _TRACE_HEADERS if name in headers})
+    return True
 
 
 def _error(code: int, message: str, request_id: Any = None) -> JSONResponse:
@@ -249,6 +270,9 @@ class McpRoute:
         if refused is not None:
             await refused(scope, receive, send)
             return
+        if "traceparent" in headers and tracing.enabled() and _continue_trace(message, headers):
+            body = json.dumps(message).encode()
+            scope = _with_headers(scope, content_length=str(len(body)).encode())
         if session:
             await self.stateful.handle_request(scope, _replay(body, trailing, receive), send)
             return

@@ -1,0 +1,140 @@
+"""What tracing costs a warm run: the same server with tracing off and on, side by side in one run.
+
+Two `mcp-sandbox serve` over stdio, started alike but for ``otel_endpoint``: one with none
+(tracing off), one exporting over OTLP/gRPC to a receiver of the benchmark's own on loopback
+(tests/tracing/receiver.py, on the collector's official service definitions). Warm ``print(1)``
+runs alternate between them (so load drifts hit both alike), the traced ones each with a
+client's sampled ``traceparent`` in ``_meta``: every span of a run is made, ended and exported.
+Then the price of the off path itself: ``mcp_sandbox.tracing.span`` with no span recording, in
+process, per call, and the number of such calls a run makes. Medians and p95 in milliseconds.
+Nothing is asserted; absolute numbers drift +-30% between runs on a shared 2-core machine.
+
+Run: `.venv/bin/python bench/tracing.py [--runs N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from mcp_sandbox import tracing
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from tracing.receiver import grpc_receiver  # noqa: E402 - tests/ is put on the path just above
+
+# The spans mcp_sandbox.tracing asks for in a warm run without code mode or network: admission,
+# placement and the run.
+SPANS_PER_RUN = 3
+
+
+def _pythonpath() -> dict[str, str]:
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+
+
+def _server(state_dir: Path, env: dict[str, str]) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "mcp_sandbox", "serve", "--state-dir", str(state_dir)],
+        # The stdio client passes no PYTHONPATH of its own: a checkout run without installing needs it.
+        env={"MCP_SANDBOX_DISCOVER_SERVERS": "false", **env, **_pythonpath()},
+    )
+
+
+def _serve_pid(state_dir: Path) -> int:
+    """The pid of the ``mcp-sandbox serve`` child of this process serving ``state_dir``."""
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if str(state_dir).encode() in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                    return int(child)
+    raise RuntimeError(f"no server of {state_dir} among this process's children")
+
+
+def _cpu_ms(pid: int) -> float:
+    """CPU time (user + system, every thread: the exporter's too) of process ``pid`` so far, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+async def _run(client: Client, traced: bool) -> float:
+    meta: Any = {"traceparent": f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"} if traced else None
+    started = time.perf_counter()
+    result = await client.call_tool("run_python", {"code": "print(1)"}, meta=meta)
+    elapsed = (time.perf_counter() - started) * 1000
+    if (result.structured_content or {}).get("status") != "success":
+        raise RuntimeError(f"run failed: {result.structured_content}")
+    return elapsed
+
+
+def _line(label: str, samples: list[float]) -> float:
+    ordered = sorted(samples)
+    median, p95 = statistics.median(ordered), ordered[round(0.95 * (len(ordered) - 1))]
+    print(f"  {label:<48} {median:8.3f} {p95:8.3f}  n={len(samples)}")
+    return median
+
+
+async def main(runs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-") as scratch, grpc_receiver() as (endpoint, received):
+        root = Path(scratch)
+        os.chmod(root, 0o755)  # the sandbox's uid reaches the state directories under it
+        traced_env = {"MCP_SANDBOX_OTEL_ENDPOINT": endpoint}  # the SDK's default batching: every 5 s
+        async with contextlib.AsyncExitStack() as stack:
+            off = await stack.enter_async_context(Client(_server(root / "off", {})))
+            on = await stack.enter_async_context(Client(_server(root / "on", traced_env)))
+            for _ in range(30):  # the warm pools start, the code paths warm up
+                await _run(off, False)
+                await _run(on, True)
+            times: dict[str, list[float]] = {"off": [], "on": [], "on, no traceparent": []}
+            pids = {"off": _serve_pid(root / "off"), "on": _serve_pid(root / "on")}
+            cpu = {name: _cpu_ms(pid) for name, pid in pids.items()}
+            for index in range(runs):
+                times["off"].append(await _run(off, False))
+                times["on"].append(await _run(on, True))
+                if index % 3 == 0:
+                    times["on, no traceparent"].append(await _run(on, False))
+            cpu = {name: (_cpu_ms(pid) - cpu[name]) for name, pid in pids.items()}
+            cpu["on"] /= runs + len(times["on, no traceparent"])
+            cpu["off"] /= runs
+        print(f"\n{'warm print(1) over stdio (ms)':<50} {'median':>8} {'p95':>8}")
+        medians = {label: _line(f"tracing {label}", samples) for label, samples in times.items()}
+        print(f"  {'added by tracing (on - off, medians)':<48} {medians['on'] - medians['off']:8.3f}")
+        traced_runs = 30 + runs + len(times["on, no traceparent"])
+        print(f"  spans exported: {len(received.spans())} ({len(received.spans()) / traced_runs:.1f} per traced run)")
+        print("the server process's CPU per warm run (ms; all its threads)")
+        print(f"  {'tracing off':<48} {cpu['off']:8.3f}")
+        print(f"  {'tracing on':<48} {cpu['on']:8.3f}")
+        print(f"  {'added by tracing':<48} {cpu['on'] - cpu['off']:8.3f}")
+
+    def off_path() -> None:
+        with tracing.span("bench", {"a": 1}):
+            pass
+
+    loops = 200_000
+    per_call = min(timeit.repeat(off_path, number=loops, repeat=5)) / loops * 1e6
+    print("\ntracing off, in process")
+    print(f"  {'mcp_sandbox.tracing.span(), no span recording':<48} {per_call:8.3f} us per call")
+    print(f"  {'per warm run (' + str(SPANS_PER_RUN) + ' calls)':<48} {per_call * SPANS_PER_RUN:8.3f} us")
+    added = {"wall_ms": round(medians["on"] - medians["off"], 3), "cpu_ms": round(cpu["on"] - cpu["off"], 3)}
+    print(json.dumps({"added": added, "off_path_us": round(per_call, 3)}))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=300, help="warm runs on each server (default 300)")
+    anyio.run(main, parser.parse_args().runs)
