@@ -62,6 +62,8 @@ CANCELLED = "cancelled by tasks/cancel"
 Run = Callable[[], Awaitable[dict[str, Any]]]
 # Told each status a task reaches after its start (notifications/tasks/status); may be None.
 Notify = Callable[[TaskRow], Awaitable[None]]
+# Says how a running task is getting on (the last line of its output), or None.
+Describe = Callable[[], str | None]
 
 
 class UnknownTask(LookupError):
@@ -81,6 +83,7 @@ class _Running:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
     cancelled: bool = False
+    describe: Describe | None = None
 
 
 def _new_owner() -> str:
@@ -139,10 +142,11 @@ class Tasks:
         key: str | None,
         request: str = "",
         notify: Notify | None = None,
+        describe: Describe | None = None,
     ) -> tuple[TaskRow, bool]:
         """Write the task's row, then start ``run``; the row and True, or the task that already
         holds idempotency ``key`` and False (nothing is run). ``request``: a digest of what ``run``
-        runs; a key names one request.
+        runs; a key names one request. ``describe``: what :meth:`progress` says while it runs.
 
         Raises:
             KeyReused: ``key`` names a task of another request (nothing is run).
@@ -165,7 +169,7 @@ class Tasks:
             request=request,
             result=None,
         )
-        running = self._running[row.id] = _Running()  # before the row exists: never read as lost
+        running = self._running[row.id] = _Running(describe=describe)  # before the row exists: never read as lost
         try:
             stored = await anyio.to_thread.run_sync(self._table.insert, row)
         except BaseException:
@@ -238,6 +242,15 @@ class Tasks:
             if row is None:
                 raise UnknownTask(task_id)
         return row
+
+    def progress(self, task_id: str) -> str | None:
+        """How task ``task_id`` is getting on, when it runs here and says so; else None."""
+        running = self._running.get(task_id)
+        return None if running is None or running.describe is None else running.describe()
+
+    def runs_here(self, task_id: str) -> bool:
+        """Whether task ``task_id`` runs in this process."""
+        return task_id in self._running
 
     def _lost(self, row: TaskRow, now: float) -> bool:
         return row.owner == self.owner or row.heartbeat < now - self._lease or _gone_here(row.owner, self.owner)
