@@ -260,6 +260,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.routes.runner_links import runner_link_routes
     from mcp_sandbox.server.service import open_service
+    from mcp_sandbox.server.tasks.remote import serve_task
     from mcp_sandbox.server.tools.handlers import ToolHandlers
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
     from mcp_sandbox.server.transport.internal import InternalListener, internal_tls, without_internal
@@ -290,8 +291,12 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
             upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
             limit = max(settings.http.max_request_size, upload) + (64 << 10)
 
+            answer_task = serve_task(service.tasks)  # another replica's tasks/get or tasks/cancel of a task run here
+
             def route(rest: ASGIApp) -> ASGIApp:
-                return with_internal_route(rest, router.me, router.verifier, known, handlers.forwarded, limit)
+                return with_internal_route(
+                    rest, router.me, router.verifier, known, handlers.forwarded, limit, answer_task
+                )
 
             if listeners.internal:  # internal_port: /internal/ there only, over TLS with internal_cert
                 app = without_internal(app)

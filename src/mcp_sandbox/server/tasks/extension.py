@@ -149,8 +149,8 @@ class ExtensionMethods:
 
     async def get(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
         _require(ctx)
-        row = await self._methods.guard(self._tasks.get(tenant_of(ctx.request), params.task_id))
-        return detailed_task(row, self._tasks.progress(row.id), time.time())
+        row, progress = await self._methods.guard(self._tasks.look(tenant_of(ctx.request), params.task_id))
+        return detailed_task(row, progress, time.time())
 
     async def update(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
         """Acknowledge ``tasks/update`` (``params``: its ``taskId``; ``inputResponses`` is read raw)."""

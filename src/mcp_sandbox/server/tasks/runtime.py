@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -64,6 +64,15 @@ Run = Callable[[], Awaitable[dict[str, Any]]]
 Notify = Callable[[TaskRow], Awaitable[None]]
 # Says how a running task is getting on (the last line of its output), or None.
 Describe = Callable[[], str | None]
+
+
+class Peer(Protocol):
+    """The replica that runs a task, asked by another (:mod:`.remote`): None when it cannot answer
+    (the database does), ``"gone"`` when the process that ran the task is no longer there."""
+
+    async def get(self, row: TaskRow) -> tuple[TaskRow, str | None] | Literal["gone"] | None: ...
+
+    async def cancel(self, row: TaskRow) -> TaskRow | Literal["gone"] | None: ...
 
 
 class UnknownTask(LookupError):
@@ -118,13 +127,17 @@ class Tasks:
         heartbeat: float = HEARTBEAT,
         owner: str | None = None,
         emit: Callable[[Event], None] | None = None,
+        peer: Peer | None = None,
+        url: str | None = None,
     ) -> None:
         self._table = table
         self._group = group
         self._max_ttl_ms = max_ttl_ms
         self._lease = lease
         self._heartbeat = heartbeat
-        self.owner = owner or _new_owner()
+        # With replicas the owner names its replica (its replica_url): another replica asks it (``peer``).
+        self.owner = (owner or _new_owner()) + ("" if url is None else f"@{url}")
+        self._peer = peer
         self._running: dict[str, _Running] = {}
         self._emit = emit or (lambda event: None)  # the service's EventHub: metrics count tasks by state
 
@@ -243,6 +256,28 @@ class Tasks:
                 raise UnknownTask(task_id)
         return row
 
+    async def look(self, tenant: str, task_id: str) -> tuple[TaskRow, str | None]:
+        """:meth:`get`, with how the task is getting on (:meth:`progress`), asked of the replica
+        running it when that is another.
+
+        Raises:
+            UnknownTask, WorkspaceError: as :meth:`get`.
+        """
+        row = await self.get(tenant, task_id)
+        if row.status != "working" or row.id in self._running or self._peer is None:
+            return row, self.progress(task_id)
+        answer = await self._peer.get(row)
+        if answer == "gone":
+            return await self._reaped(row), None
+        return (row, None) if answer is None else answer
+
+    async def _reaped(self, row: TaskRow) -> TaskRow:
+        """``row`` once its owner, known to be gone, has its working tasks failed."""
+        now = time.time()
+        if await anyio.to_thread.run_sync(self._table.reap, now, now - self._lease, {row.owner}, OWNER_GONE):
+            self._emit(TaskChanged(row.tenant, "failed"))
+        return await self.get(row.tenant, row.id)
+
     def progress(self, task_id: str) -> str | None:
         """How task ``task_id`` is getting on, when it runs here and says so; else None."""
         running = self._running.get(task_id)
@@ -305,8 +340,14 @@ class Tasks:
             running.cancelled = True
             running.scope.cancel()
             await running.done.wait()
-        else:
-            await anyio.to_thread.run_sync(self._table.finish, task_id, "cancelled", CANCELLED, None, time.time())
+            return await self.get(tenant, task_id)
+        answer = None if self._peer is None else await self._peer.cancel(row)
+        if answer == "gone":
+            return await self._reaped(row)
+        if answer is not None:  # the owner stopped it
+            return answer
+        # Marked here; its owner, if alive, stops it at its next beat.
+        await anyio.to_thread.run_sync(self._table.finish, task_id, "cancelled", CANCELLED, None, time.time())
         return await self.get(tenant, task_id)
 
     async def keep(self) -> None:

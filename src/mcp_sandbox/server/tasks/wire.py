@@ -158,7 +158,8 @@ class TaskMethods:
         return await self.guard(started)
 
     async def get(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return task_json(await self.guard(self._tasks.get(tenant_of(ctx.request), _task_id(params))))
+        row, _ = await self.guard(self._tasks.look(tenant_of(ctx.request), _task_id(params)))
+        return task_json(row)
 
     async def result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         row = await self.guard(self._tasks.result(tenant_of(ctx.request), _task_id(params)))
