@@ -129,12 +129,13 @@ class ExtensionMethods:
         """The call's result when it ends within ``task_after``, else its ``CreateTaskResult``."""
         params = ctx.params if isinstance(ctx.params, dict) else None
         key = idempotency_key(params)
+        deadline = anyio.current_time() + self._task_after  # from the call's arrival: its row's write included
         line = LastLine()
         row, new = await self._methods.start(
             ctx, name, raw, None, key, notify=False, listener=line.feed, describe=line.describe
         )
         try:
-            with anyio.move_on_after(self._task_after):
+            with anyio.move_on_at(deadline):
                 ended = await self._methods.guard(self._tasks.result(row.tenant, row.id))
                 return types.CallToolResult.model_validate(self._methods.payload(ended), by_name=False)
         except anyio.get_cancelled_exc_class():
