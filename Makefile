@@ -299,7 +299,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; the alternatives side by side)
+bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; MCP Tasks; the alternatives side by side)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
@@ -314,6 +314,7 @@ bench: setup downstream containers postgres bench-peers ## Run the benchmarks in
 	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/forward.py
+	$(BIN)/python bench/tasks.py
 	$(BIN)/python bench/disk_overshoot.py
 	$(BIN)/python bench/shared_tree_overlay.py
 	$(BIN)/python bench/alternatives.py
