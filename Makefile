@@ -34,7 +34,7 @@ JS_RUNNER     := src/mcp_sandbox/runners/typescript
 DOWNSTREAM_NPM  := downstream/node_modules
 DOWNSTREAM_PY   := .downstream/python
 DOWNSTREAM_REQS := downstream/python-requirements.txt
-# python-sdk 1.x in a venv of its own: a client of the 2025-11-25 Tasks design (tests/e2e/test_tasks_sdk1.py).
+# python-sdk 1.x in a venv of its own: a client of the 2025-11-25 Tasks design (tests/e2e/clients/test_tasks_sdk1.py).
 SDK1_PY         := .downstream/sdk1
 SDK1_REQS       := downstream/sdk1-requirements.txt
 # The MCP conformance suite and Inspector CLI the e2e tests run against our HTTP server

@@ -22,7 +22,7 @@ from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 TOKEN = "sdk1-token-0123456789abcdef01"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("sdk1_task_call.py")
 REQUEST_TIMEOUT = 2  # seconds: the client's, shorter than the run
 
