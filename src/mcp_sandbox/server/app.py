@@ -64,23 +64,32 @@ async def _named_call_errors(ctx: Any, call_next: Any) -> Any:
 
 
 class _TasksServer(Server[Any]):
-    """The SDK's server, advertising ``capabilities.tasks`` in the handshake era (it derives
-    capabilities from its handlers, and tasks have none there: :mod:`.tasks.wire`)."""
+    """The SDK's server, advertising ``capabilities.tasks`` in the handshake era and the tasks
+    extension in the 2026-07-28 revision (it derives capabilities from its handlers, and tasks
+    have none there: :mod:`.tasks.wire`, :mod:`.tasks.extension`)."""
 
     def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
         from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+        from mcp_sandbox.server.tasks.extension import EXTENSION
         from mcp_sandbox.server.tasks.wire import CAPABILITY
 
         capabilities = super().get_capabilities(*args, **kwargs)
         if kwargs.get("protocol_version") in MODERN_PROTOCOL_VERSIONS:
-            return capabilities
+            extensions = {**(capabilities.extensions or {}), EXTENSION: {}}
+            return capabilities.model_copy(update={"extensions": extensions})
         return capabilities.model_copy(update={"tasks": CAPABILITY})
 
 
 def _bind_tasks(server: Server, handlers: ToolHandlers | _Opening) -> None:
-    """``tools/call`` with ``task`` answered at once, and the ``tasks/*`` requests (:mod:`.tasks.wire`)."""
+    """``tools/call`` with ``task`` answered at once, and the ``tasks/*`` requests of each era
+    (:mod:`.tasks.wire` in the handshake era, :mod:`.tasks.extension` in the 2026-07-28 one)."""
     import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+    from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+    def modern(ctx: Any) -> bool:
+        return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
 
     async def task_calls(ctx: Any, call_next: Any) -> Any:
         if ctx.method == "tools/call" and isinstance(ctx.params, dict) and "task" in ctx.params:
@@ -89,32 +98,42 @@ def _bind_tasks(server: Server, handlers: ToolHandlers | _Opening) -> None:
                 return created
         return await call_next(ctx)
 
-    def bound(method: str) -> Any:
+    def bound(method: str, *, legacy: bool = True, extension: bool = True) -> Any:
         async def handle(ctx: Any, params: Any) -> Any:
-            return await getattr((await handlers.ready()).tasks, method)(ctx, params)
+            ready = await handlers.ready()
+            if modern(ctx) and extension:
+                return await getattr(ready.extension, method)(ctx, params)
+            if not modern(ctx) and legacy:
+                return await getattr(ready.tasks, method)(ctx, params)
+            raise MCPError(types.METHOD_NOT_FOUND, "Method not found", f"tasks/{method}")  # not in this era
 
         return handle
 
     server.middleware.append(task_calls)
     server.add_request_handler("tasks/get", types.GetTaskRequestParams, bound("get"))
-    server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, bound("result"))
-    server.add_request_handler("tasks/list", types.PaginatedRequestParams, bound("list"))
+    server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, bound("result", extension=False))
+    server.add_request_handler("tasks/list", types.PaginatedRequestParams, bound("list", extension=False))
     server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, bound("cancel"))
+    # taskId typed; inputResponses read from the raw params (the SDK has no type for them)
+    server.add_request_handler("tasks/update", types.GetTaskRequestParams, bound("update", legacy=False))
 
 
 def _server(handlers: ToolHandlers | _Opening) -> Server:
+    import mcp_types as types
+
     server = _TasksServer(
         SERVER_NAME,
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=handlers.list_tools,
-        on_call_tool=handlers.call_tool,
         # Without it, the Streamable HTTP transport runs the whole tools/list for every tools/call
         # to check its Mcp-Param-* headers against the tool's schema.
         get_tool_input_schema=handlers.input_schema,
         on_list_resources=list_resources,
         on_read_resource=read_resource,
     )
+    # Bound here, not as on_call_tool: a call may be answered with the tasks extension's result.
+    server.add_request_handler("tools/call", types.CallToolRequestParams, handlers.call_tool)
     server.middleware.append(_named_call_errors)
     _bind_tasks(server, handlers)
     return server
@@ -147,7 +166,7 @@ class _Opening:
     async def list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return await (await self.ready()).list_tools(ctx, params)
 
-    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | dict[str, Any]:
         return await (await self.ready()).call_tool(ctx, params)
 
     def input_schema(self, name: str) -> dict[str, Any] | None:
@@ -248,6 +267,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.routes.renew import renew_routes
     from mcp_sandbox.server.routes.runner_links import runner_link_routes
     from mcp_sandbox.server.service import open_service
+    from mcp_sandbox.server.tasks.remote import serve_task
     from mcp_sandbox.server.tools.handlers import ToolHandlers
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
     from mcp_sandbox.server.transport.internal import InternalListener, internal_tls, without_internal
@@ -278,8 +298,12 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
             upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
             limit = max(settings.http.max_request_size, upload) + (64 << 10)
 
+            answer_task = serve_task(service.tasks)  # another replica's tasks/get or tasks/cancel of a task run here
+
             def route(rest: ASGIApp) -> ASGIApp:
-                return with_internal_route(rest, router.me, router.verifier, known, handlers.forwarded, limit)
+                return with_internal_route(
+                    rest, router.me, router.verifier, known, handlers.forwarded, limit, answer_task
+                )
 
             if listeners.internal:  # internal_port: /internal/ there only, over TLS with internal_cert
                 app = without_internal(app)

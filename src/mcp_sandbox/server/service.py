@@ -49,6 +49,7 @@ from mcp_sandbox.server.history import History
 from mcp_sandbox.server.lifecycle import Lifecycle
 from mcp_sandbox.server.metrics import Metrics, stored_per_tenant
 from mcp_sandbox.server.storage import Storage
+from mcp_sandbox.server.tasks.remote import RemoteTasks
 from mcp_sandbox.server.tasks.runtime import MAX_TTL_MS, Tasks
 from mcp_sandbox.server.tasks.table import TaskTable
 from mcp_sandbox.server.urls import UrlSigner
@@ -251,6 +252,20 @@ def _observers(
     return metrics
 
 
+def _tasks(
+    settings: Settings, table: TaskTable, group: TaskGroup, ttl_ms: int, events: EventHub, router: Router | None
+) -> Tasks:
+    """The server's tasks; with replicas each names its replica, which any other asks about it
+    (:mod:`.tasks.remote`), and a replica's death fails its tasks within ``replica_lease``."""
+    if router is None:
+        return Tasks(table, group, max_ttl_ms=ttl_ms, emit=events.emit)
+    lease = settings.http.replica_lease
+    peer = RemoteTasks(router)
+    return Tasks(
+        table, group, max_ttl_ms=ttl_ms, emit=events.emit, peer=peer, url=router.me, lease=lease, heartbeat=lease / 3
+    )
+
+
 @contextlib.asynccontextmanager
 async def open_service(
     settings: Settings, *, http: bool, discovery: Discovery | None = None, backend: Backend | None = None
@@ -305,7 +320,7 @@ async def open_service(
             ):
                 metrics = _observers(settings, engine, lifecycle, metadata, events, writes)
                 ttl_ms = min(MAX_TTL_MS, int(settings.workspaces.conversation_ttl * 1000))  # never past the files
-                tasks = Tasks(TaskTable(metadata.database), group, max_ttl_ms=ttl_ms, emit=events.emit)
+                tasks = _tasks(settings, TaskTable(metadata.database), group, ttl_ms, events, router)
                 service = Service(
                     settings=settings,
                     engine=engine,

@@ -40,11 +40,11 @@ def _when(moment: float) -> str:
     return datetime.datetime.fromtimestamp(moment, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _line(row: TaskRow, now: float) -> str:
+def _line(row: TaskRow, now: float, lease: float) -> str:
     state = row.status
     if row.status == "working":
         ago = now - row.heartbeat
-        state += f" (beat {ago:.0f} s ago{', lost' if ago > LEASE else ''})"
+        state += f" (beat {ago:.0f} s ago{', lost' if ago > lease else ''})"
     elif row.message:
         state += f": {row.message}"
     return f"{row.id}  {row.tenant}  {_when(row.created)}  {_when(row.updated)}  {row.owner}  {state}"
@@ -75,6 +75,8 @@ def run_tasks(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if not rows:
         print("no tasks")
+    # With replicas the servers beat and judge by replica_lease (server/service.py).
+    lease = settings.http.replica_lease if settings.http.replica_url else LEASE
     for row in rows:
-        print(_line(row, now))
+        print(_line(row, now, lease))
     return 0

@@ -23,7 +23,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -62,6 +62,17 @@ CANCELLED = "cancelled by tasks/cancel"
 Run = Callable[[], Awaitable[dict[str, Any]]]
 # Told each status a task reaches after its start (notifications/tasks/status); may be None.
 Notify = Callable[[TaskRow], Awaitable[None]]
+# Says how a running task is getting on (the last line of its output), or None.
+Describe = Callable[[], str | None]
+
+
+class Peer(Protocol):
+    """The replica that runs a task, asked by another (:mod:`.remote`): None when it cannot answer
+    (the database does), ``"gone"`` when the process that ran the task is no longer there."""
+
+    async def get(self, row: TaskRow) -> tuple[TaskRow, str | None] | Literal["gone"] | None: ...
+
+    async def cancel(self, row: TaskRow) -> TaskRow | Literal["gone"] | None: ...
 
 
 class UnknownTask(LookupError):
@@ -81,6 +92,7 @@ class _Running:
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
     cancelled: bool = False
+    describe: Describe | None = None
 
 
 def _new_owner() -> str:
@@ -115,13 +127,17 @@ class Tasks:
         heartbeat: float = HEARTBEAT,
         owner: str | None = None,
         emit: Callable[[Event], None] | None = None,
+        peer: Peer | None = None,
+        url: str | None = None,
     ) -> None:
         self._table = table
         self._group = group
         self._max_ttl_ms = max_ttl_ms
         self._lease = lease
         self._heartbeat = heartbeat
-        self.owner = owner or _new_owner()
+        # With replicas the owner names its replica (its replica_url): another replica asks it (``peer``).
+        self.owner = (owner or _new_owner()) + ("" if url is None else f"@{url}")
+        self._peer = peer
         self._running: dict[str, _Running] = {}
         self._emit = emit or (lambda event: None)  # the service's EventHub: metrics count tasks by state
 
@@ -139,10 +155,11 @@ class Tasks:
         key: str | None,
         request: str = "",
         notify: Notify | None = None,
+        describe: Describe | None = None,
     ) -> tuple[TaskRow, bool]:
         """Write the task's row, then start ``run``; the row and True, or the task that already
         holds idempotency ``key`` and False (nothing is run). ``request``: a digest of what ``run``
-        runs; a key names one request.
+        runs; a key names one request. ``describe``: what :meth:`progress` says while it runs.
 
         Raises:
             KeyReused: ``key`` names a task of another request (nothing is run).
@@ -165,7 +182,7 @@ class Tasks:
             request=request,
             result=None,
         )
-        running = self._running[row.id] = _Running()  # before the row exists: never read as lost
+        running = self._running[row.id] = _Running(describe=describe)  # before the row exists: never read as lost
         try:
             stored = await anyio.to_thread.run_sync(self._table.insert, row)
         except BaseException:
@@ -239,6 +256,37 @@ class Tasks:
                 raise UnknownTask(task_id)
         return row
 
+    async def look(self, tenant: str, task_id: str) -> tuple[TaskRow, str | None]:
+        """:meth:`get`, with how the task is getting on (:meth:`progress`), asked of the replica
+        running it when that is another.
+
+        Raises:
+            UnknownTask, WorkspaceError: as :meth:`get`.
+        """
+        row = await self.get(tenant, task_id)
+        if row.status != "working" or row.id in self._running or self._peer is None:
+            return row, self.progress(task_id)
+        answer = await self._peer.get(row)
+        if answer == "gone":
+            return await self._reaped(row), None
+        return (row, None) if answer is None else answer
+
+    async def _reaped(self, row: TaskRow) -> TaskRow:
+        """``row`` once its owner, known to be gone, has its working tasks failed."""
+        now = time.time()
+        if await anyio.to_thread.run_sync(self._table.reap, now, now - self._lease, {row.owner}, OWNER_GONE):
+            self._emit(TaskChanged(row.tenant, "failed"))
+        return await self.get(row.tenant, row.id)
+
+    def progress(self, task_id: str) -> str | None:
+        """How task ``task_id`` is getting on, when it runs here and says so; else None."""
+        running = self._running.get(task_id)
+        return None if running is None or running.describe is None else running.describe()
+
+    def runs_here(self, task_id: str) -> bool:
+        """Whether task ``task_id`` runs in this process."""
+        return task_id in self._running
+
     def _lost(self, row: TaskRow, now: float) -> bool:
         return row.owner == self.owner or row.heartbeat < now - self._lease or _gone_here(row.owner, self.owner)
 
@@ -292,8 +340,14 @@ class Tasks:
             running.cancelled = True
             running.scope.cancel()
             await running.done.wait()
-        else:
-            await anyio.to_thread.run_sync(self._table.finish, task_id, "cancelled", CANCELLED, None, time.time())
+            return await self.get(tenant, task_id)
+        answer = None if self._peer is None else await self._peer.cancel(row)
+        if answer == "gone":
+            return await self._reaped(row)
+        if answer is not None:  # the owner stopped it
+            return answer
+        # Marked here; its owner, if alive, stops it at its next beat.
+        await anyio.to_thread.run_sync(self._table.finish, task_id, "cancelled", CANCELLED, None, time.time())
         return await self.get(tenant, task_id)
 
     async def keep(self) -> None:

@@ -5,7 +5,7 @@ methods are bound here: a server middleware answers a task-augmented ``tools/cal
 ``CreateTaskResult`` at once (the SDK's result sieve knows only ``CallToolResult`` for that
 method, and a middleware owns its result), and ``tasks/get``, ``tasks/result``, ``tasks/list``
 and ``tasks/cancel`` are request handlers of their own. Only the handshake era has them: the
-2026-07-28 revision moved tasks to an extension.
+2026-07-28 revision moved tasks to an extension (:mod:`.extension`).
 
 ``_meta.idempotencyKey`` on a ``tools/call`` (with a task or without) makes the call a task
 keyed by it: a repeat of the key by the same tenant within the task's time to live returns the
@@ -25,12 +25,13 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from mcp_sandbox.engine import OutputListener
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
-from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Notify, TaskEnded, Tasks, UnknownTask
+from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Describe, Notify, TaskEnded, Tasks, UnknownTask
 from mcp_sandbox.server.tasks.table import KeyReused, TaskRow
 
-__all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "idempotency_key", "task_json"]
+__all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "idempotency_key", "iso", "task_json"]
 
 TASK_TOOLS = frozenset({"run_python", "run_code"})  # the tools listed with execution.taskSupport "optional"
 CAPABILITY = types.ServerTasksCapability(
@@ -43,11 +44,12 @@ _MAX_KEY = 200
 
 T = TypeVar("T")
 
-# Runs a tool call for a tenant, as tools/call would without a task (no progress: nobody waits on it).
-Call = Callable[[str, str, dict[str, Any] | None], Awaitable[types.CallToolResult]]
+# Runs a tool call for a tenant, as tools/call would without a task (no progress notifications:
+# nobody waits on it), its output told to the listener when there is one.
+Call = Callable[[str, str, dict[str, Any] | None, OutputListener | None], Awaitable[types.CallToolResult]]
 
 
-def _iso(moment: float) -> str:
+def iso(moment: float) -> str:
     stamp = datetime.datetime.fromtimestamp(moment, datetime.UTC)
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -57,8 +59,8 @@ def task_json(row: TaskRow) -> dict[str, Any]:
     task: dict[str, Any] = {
         "taskId": row.id,
         "status": row.status,
-        "createdAt": _iso(row.created),
-        "lastUpdatedAt": _iso(row.updated),
+        "createdAt": iso(row.created),
+        "lastUpdatedAt": iso(row.updated),
         "ttl": row.ttl_ms,
         "pollInterval": POLL_INTERVAL_MS,
     }
@@ -116,42 +118,56 @@ class TaskMethods:
             only = ", ".join(sorted(TASK_TOOLS))
             raise MCPError(METHOD_NOT_FOUND, f"tool {name!r} cannot run as a task (only {only})")
         ttl = _ttl(params["task"])
-        row, _ = await self._start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params), notify=True)
+        row, _ = await self.start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params), notify=True)
         return {"task": task_json(row)}
 
     async def call_once(self, ctx: Any, name: str, raw: dict[str, Any] | None, key: str) -> types.CallToolResult:
         """A blocking ``tools/call`` with idempotency ``key``: the first call's result, run once."""
-        row, _ = await self._start(ctx, name, raw, None, key, notify=False)
-        ended = await self._guard(self._tasks.result(row.tenant, row.id))
-        return types.CallToolResult.model_validate(self._payload(ended), by_name=False)
+        row, _ = await self.start(ctx, name, raw, None, key, notify=False)
+        ended = await self.guard(self._tasks.result(row.tenant, row.id))
+        return types.CallToolResult.model_validate(self.payload(ended), by_name=False)
 
-    async def _start(
-        self, ctx: Any, name: str, raw: Any, ttl: int | None, key: str | None, *, notify: bool
+    async def start(
+        self,
+        ctx: Any,
+        name: str,
+        raw: Any,
+        ttl: int | None,
+        key: str | None,
+        *,
+        notify: bool,
+        listener: OutputListener | None = None,
+        describe: Describe | None = None,
     ) -> tuple[TaskRow, bool]:
+        """Start tool call ``name`` (``raw``: its arguments) as a task of the caller's tenant: its
+        row, and whether it is new (False: idempotency ``key`` named a task already)."""
         tenant = tenant_of(getattr(ctx, "request", None))
         arguments = cast("dict[str, Any] | None", raw if isinstance(raw, dict) else None)
         asked = json.dumps({"name": name, "arguments": arguments}, sort_keys=True, separators=(",", ":"))
         request = hashlib.sha256(asked.encode()).hexdigest()
 
         async def run() -> dict[str, Any]:
-            result = await self._call(tenant, name, arguments)
+            result = await self._call(tenant, name, arguments, listener)
             # resultType is the 2026-07-28 wire's: tasks/result answers in the handshake era.
             return result.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"result_type"})
 
         notifier = _notifier(ctx) if notify else None
-        started = self._tasks.start(tenant, run, ttl_ms=ttl, key=key, request=request, notify=notifier)
-        return await self._guard(started)
+        started = self._tasks.start(
+            tenant, run, ttl_ms=ttl, key=key, request=request, notify=notifier, describe=describe
+        )
+        return await self.guard(started)
 
     async def get(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
-        return task_json(await self._guard(self._tasks.get(tenant_of(ctx.request), _task_id(params))))
+        row, _ = await self.guard(self._tasks.look(tenant_of(ctx.request), _task_id(params)))
+        return task_json(row)
 
     async def result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
-        row = await self._guard(self._tasks.result(tenant_of(ctx.request), _task_id(params)))
-        payload = dict(self._payload(row))
+        row = await self.guard(self._tasks.result(tenant_of(ctx.request), _task_id(params)))
+        payload = dict(self.payload(row))
         payload["_meta"] = {**payload.get("_meta", {}), RELATED_TASK: {"taskId": row.id}}
         return payload
 
-    def _payload(self, row: TaskRow) -> dict[str, Any]:
+    def payload(self, row: TaskRow) -> dict[str, Any]:
         """The tool result of an ended task; raises the error a failed or cancelled one ended with."""
         stored = json.loads(row.result) if row.result is not None else {}
         if "result" in stored:
@@ -160,17 +176,17 @@ class TaskMethods:
         raise MCPError(int(error["code"]), str(error["message"]), {"taskId": row.id, "status": row.status})
 
     async def list(self, ctx: Any, params: types.PaginatedRequestParams) -> dict[str, Any]:
-        rows, following = await self._guard(self._tasks.page(tenant_of(ctx.request), params.cursor))
+        rows, following = await self.guard(self._tasks.page(tenant_of(ctx.request), params.cursor))
         answer: dict[str, Any] = {"tasks": [task_json(row) for row in rows]}
         if following is not None:
             answer["nextCursor"] = following
         return answer
 
     async def cancel(self, ctx: Any, params: types.CancelTaskRequestParams) -> dict[str, Any]:
-        return task_json(await self._guard(self._tasks.cancel(tenant_of(ctx.request), _task_id(params))))
+        return task_json(await self.guard(self._tasks.cancel(tenant_of(ctx.request), _task_id(params))))
 
     @staticmethod
-    async def _guard(work: Awaitable[T]) -> T:
+    async def guard(work: Awaitable[T]) -> T:
         """``work``'s value, its errors said as JSON-RPC errors."""
         try:
             return await work

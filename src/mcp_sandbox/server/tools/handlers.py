@@ -16,6 +16,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from mcp_sandbox.engine import OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileStored
 from mcp_sandbox.replicas.forward import FORWARDED_TOOLS, Forwarded
@@ -24,6 +25,7 @@ from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.lifecycle import STOPPED_MESSAGE
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tasks.extension import ExtensionMethods
 from mcp_sandbox.server.tasks.runtime import RunLost
 from mcp_sandbox.server.tasks.wire import TaskMethods, idempotency_key
 from mcp_sandbox.server.tools.arguments import (
@@ -88,6 +90,7 @@ class ToolHandlers:
         self._run = RunTool(service, context, self._egress, self._library)
         assert service.tasks is not None, "open_service opens the tasks"
         self.tasks = TaskMethods(service.tasks, self._call_as)
+        self.extension = ExtensionMethods(self.tasks, service.tasks, service.settings.admission.task_after)
 
     async def ready(self) -> ToolHandlers:
         """These handlers (open already: the same interface as a service still opening)."""
@@ -104,29 +107,38 @@ class ToolHandlers:
         """``name``'s input schema as ``tools/list`` lists it (the same for every caller), or None."""
         return next((tool.input_schema for tool in self._tools if tool.name == name), None)
 
-    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | dict[str, Any]:
+        """The call's result; a ``CreateTaskResult`` of the 2026-07-28 tasks extension when the
+        client declared it and the run outlasted ``task_after`` (:mod:`..tasks.extension`)."""
+        if self.extension.applies(ctx, params.name):
+            return await self.extension.call(ctx, params.name, params.arguments)
         raw_params = getattr(ctx, "params", None)
         if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
             return await self.tasks.call_once(ctx, params.name, params.arguments, key)
         return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
 
-    async def _call_as(self, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
-        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress.
+    async def _call_as(
+        self, tenant: str, name: str, raw: dict[str, Any] | None, listener: OutputListener | None
+    ) -> types.CallToolResult:
+        """A call run as a task: as ``tools/call`` routes it, nobody waiting on its progress
+        notifications (its output told to ``listener``).
 
         Raises:
             RunLost: the server stopped the run (a shutdown): the task is failed, not completed.
         """
-        result = await self._route(None, tenant, name, raw)
+        result = await self._route(None, tenant, name, raw, listener)
         data = result.structured_content if isinstance(result.structured_content, dict) else {}
         if data.get("error") == STOPPED_MESSAGE and self._service.lifecycle.draining:
             raise RunLost(STOPPED_MESSAGE)
         return result
 
-    async def _route(self, ctx: Any, tenant: str, name: str, raw: dict[str, Any] | None) -> types.CallToolResult:
+    async def _route(
+        self, ctx: Any, tenant: str, name: str, raw: dict[str, Any] | None, listener: OutputListener | None = None
+    ) -> types.CallToolResult:
         # Run by the replica that holds the conversation's lease (a draining one refuses, as one server does).
         router = self._service.router if name in FORWARDED_TOOLS and not self._service.lifecycle.draining else None
         if router is None or (key := self._replica_key(raw, tenant)) is None:
-            return await self._local(ctx, name, raw, tenant)
+            return await self._local(ctx, name, raw, tenant, listener)
         # A fork runs on the replica of its source, whose interpreter holds the variables it carries;
         # there the new conversation is claimed in turn.
         source = self._replica_key(raw, tenant, "forkFrom")
@@ -138,7 +150,7 @@ class ToolHandlers:
                     where = await router.route(conversation, name, raw, tenant)
                     if isinstance(where, Forwarded):
                         return where.result
-                return await self._local(ctx, name, raw, tenant)
+                return await self._local(ctx, name, raw, tenant, listener)
         except WorkspaceError as exc:
             return _error_result(str(exc))
 
@@ -167,10 +179,12 @@ class ToolHandlers:
             return None
         return self._service.workspaces.key(tenant, conversation)
 
-    async def _local(self, ctx: Any, name: str, raw: dict[str, Any] | None, tenant: str) -> types.CallToolResult:
+    async def _local(
+        self, ctx: Any, name: str, raw: dict[str, Any] | None, tenant: str, watch: OutputListener | None = None
+    ) -> types.CallToolResult:
         if name in ("run_python", "run_code"):
             async with progress_listener(ctx) as listener:
-                return await self._run(self._default_conversation(raw), name, tenant, listener)
+                return await self._run(self._default_conversation(raw), name, tenant, listener or watch)
         if name == "upload_file":
             return await self._upload(self._default_conversation(raw), tenant)
         if name == "list_runners":
