@@ -34,6 +34,24 @@ async def test_a_tenant_keeps_only_its_last_runs() -> None:
     assert views.get("bob", other.id) is other  # bob's run is not one of alice's three
 
 
+async def test_kept_results_stay_within_the_tenants_bytes() -> None:
+    views = RunViews(tenant_bytes=1000)
+    first, second, third = (views.open("alice", "run_python", {"code": str(i)}) for i in range(3))
+    other = views.open("bob", "run_python", {"code": "x"})
+    views.finish(other, {"content": [{"type": "text", "text": "b" * 900}]})
+    views.finish(first, {"content": [{"type": "image", "data": "a" * 600}]})
+    views.finish(second, {"structuredContent": {"stdout": "a" * 300, "stderr": "a" * 300}})
+    with pytest.raises(UnknownView):
+        views.get("alice", first.id)  # the oldest ended one went
+    assert views.get("alice", second.id).weight == 600
+    assert views.get("alice", third.id).result is None  # a running one stays
+    views.finish(third, {"content": [{"type": "text", "text": "a" * 5000}]})
+    assert views.get("alice", third.id).weight == 5000  # the one just ended is kept, alone
+    with pytest.raises(UnknownView):
+        views.get("alice", second.id)
+    assert views.get("bob", other.id).weight == 900
+
+
 async def test_another_tenants_id_is_unknown_and_cannot_be_stopped() -> None:
     views = RunViews()
     view = views.open("alice", "run_python", {"code": "1"})
@@ -48,11 +66,11 @@ async def test_ended_views_expire_and_stop_says_a_run_had_ended() -> None:
     views = RunViews()
     view = views.open("alice", "run_python", {"code": "1"})
     assert views.stop("alice", view.id)
-    view.result = {"content": []}
+    views.finish(view, {"content": []})
     assert not views.stop("alice", view.id)
     views = RunViews(keep_seconds=0.0)
     view = views.open("alice", "run_python", {"code": "1"})
-    view.result = {"content": []}
+    views.finish(view, {"content": []})
     views.open("alice", "run_python", {"code": "2"})  # expires the ended one
     with pytest.raises(UnknownView):
         views.get("alice", view.id)

@@ -277,7 +277,9 @@ class RunTool:
         answered = types.CallToolResult(
             content=content, structured_content=data, is_error=result.status != "success", _meta=view_meta(view)
         )
-        view.result = answered.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"result_type"})
+        self._views.finish(
+            view, answered.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"result_type"})
+        )
         return answered
 
     def _finished(self, call: RunCall, result: ExecutionResult, files_bytes: int) -> RunFinished:

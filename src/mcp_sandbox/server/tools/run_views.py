@@ -9,7 +9,9 @@ end with ``_meta["mcp-sandbox/stop"]`` on a ``tools/call`` (:func:`stop_request`
 path a view can reach through every host, with the caller's tenant checked like any call.
 
 Views are kept in memory, per server process: the last :data:`PER_TENANT` runs of each tenant,
-none longer than :data:`KEEP_SECONDS` (a task's default time to live). A view is a window on a
+none longer than :data:`KEEP_SECONDS` (a task's default time to live), their results (output and
+images) at most :data:`TENANT_BYTES` together: a run may return a MiB of output and four images
+of a MiB each, and 32 of those would hold 200 MB. A view is a window on a
 recent run, not its record: the executions table is that. An id of another tenant, an
 evicted one or one never made all read the same: unknown.
 """
@@ -36,6 +38,7 @@ __all__ = [
     "PER_TENANT",
     "STOPPED_FROM_VIEW",
     "STOP_META",
+    "TENANT_BYTES",
     "VIEW_URI",
     "RunView",
     "RunViews",
@@ -50,6 +53,7 @@ STOP_META = "mcp-sandbox/stop"  # a tools/call's _meta key naming the view id of
 STOPPED_FROM_VIEW = "stopped from the run's view; its sandbox was killed"
 PER_TENANT = 32
 KEEP_SECONDS = 3600.0
+TENANT_BYTES = 16 << 20
 LIVE_LINES = 200
 _MAX_LINE = 1000  # characters of one live line kept (a longer line is cut)
 _MAX_PARTIAL = 64 << 10
@@ -76,6 +80,7 @@ class RunView:
     lines: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LIVE_LINES))
     seen: int = 0  # lines printed so far (more than `lines` keeps)
     result: dict[str, Any] | None = None  # the tool result (wire form), once the run ended
+    weight: int = 0  # the result's output and images, in characters
     _partial: dict[str, bytes] = field(default_factory=lambda: {"stdout": b"", "stderr": b""})
 
     @property
@@ -128,6 +133,15 @@ def stop_request(params: Mapping[str, Any] | None) -> str | None:
     return wanted if isinstance(wanted, str) else None
 
 
+def _weight(result: Mapping[str, Any]) -> int:
+    """What keeping ``result`` costs, near enough: its output and images (base64), in characters."""
+    data = result.get("structuredContent") or {}
+    weight = len(str(data.get("stdout", ""))) + len(str(data.get("stderr", "")))
+    for block in result.get("content", []):
+        weight += len(str(block.get("text", ""))) + len(str(block.get("data", "")))
+    return weight
+
+
 def _repeatable(raw: Mapping[str, Any] | None) -> dict[str, Any]:
     return {name: raw[name] for name in _REPEATED if raw is not None and raw.get(name) is not None}
 
@@ -135,9 +149,12 @@ def _repeatable(raw: Mapping[str, Any] | None) -> dict[str, Any]:
 class RunViews:
     """The views of recent runs: per tenant, the last :data:`PER_TENANT`, each for :data:`KEEP_SECONDS`."""
 
-    def __init__(self, per_tenant: int = PER_TENANT, keep_seconds: float = KEEP_SECONDS) -> None:
+    def __init__(
+        self, per_tenant: int = PER_TENANT, keep_seconds: float = KEEP_SECONDS, tenant_bytes: int = TENANT_BYTES
+    ) -> None:
         self._per_tenant = per_tenant
         self._keep = keep_seconds
+        self._bytes = tenant_bytes
         self._views: dict[str, collections.OrderedDict[str, RunView]] = {}
 
     def open(self, tenant: str, tool: str, raw: Mapping[str, Any] | None) -> RunView:
@@ -153,6 +170,18 @@ class RunViews:
         while len(views) > self._per_tenant:
             views.popitem(last=False)
         return view
+
+    def finish(self, view: RunView, result: dict[str, Any]) -> None:
+        """``view``'s run ended with ``result``; the tenant's oldest ended views go past the bytes bound."""
+        view.result, view.weight = result, _weight(result)
+        views = self._views.get(view.tenant, collections.OrderedDict())
+        kept = sum(other.weight for other in views.values())
+        for other in list(views.values()):
+            if kept <= self._bytes:
+                break
+            if other is not view and other.result is not None:
+                kept -= other.weight
+                del views[other.id]
 
     def get(self, tenant: str, view_id: str) -> RunView:
         """``tenant``'s view ``view_id``.
