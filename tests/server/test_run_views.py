@@ -13,6 +13,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_sandbox.server.tools.resources import RESOURCE_NOT_FOUND, VIEW_MIME, read_resource, view_page
 from mcp_sandbox.server.tools.run_views import (
+    ENDED_UNANSWERED,
     LIVE_LINES,
     OPENED,
     VIEW_URI,
@@ -50,6 +51,21 @@ async def test_kept_results_stay_within_the_tenants_bytes() -> None:
     with pytest.raises(UnknownView):
         views.get("alice", second.id)
     assert views.get("bob", other.id).weight == 900
+
+
+async def test_a_run_left_without_a_result_ends_its_view() -> None:
+    views = RunViews()
+    view = views.open("alice", "run_python", {"code": "x"})
+    with anyio.CancelScope() as cancelled, views.ending(view):
+        cancelled.cancel()  # as a client's notifications/cancelled does
+        await anyio.sleep_forever()
+    state = view.state()
+    assert state["status"] == "ended"
+    assert state["result"]["structuredContent"]["error"] == ENDED_UNANSWERED
+    answered = views.open("alice", "run_python", {"code": "y"})
+    with views.ending(answered):
+        views.finish(answered, {"content": []})
+    assert answered.result == {"content": []}
 
 
 async def test_another_tenants_id_is_unknown_and_cannot_be_stopped() -> None:

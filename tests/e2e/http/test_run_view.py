@@ -233,6 +233,12 @@ async def test_a_task_shows_live_output_and_stop_ends_the_run(host: HostPage, ba
     assert "stopped from the run's view" in data["error"]
     assert data["durationMs"] < 60_000  # ended by Stop, not after its 60 s of ticks
     await _shot(host, "stopped")
+    # Run again, then Stop while it runs: the host cancels the view's tools/call.
+    await view.locator("#again").click()
+    await expect(view.locator("#stop")).to_be_visible()
+    await view.locator("#stop").click()
+    await expect(view.locator("#status")).to_have_text("cancelled")
+    await expect(view.locator("#again")).to_be_visible()
     assert host.csp_violations == []
 
 

@@ -138,6 +138,7 @@ class RunTool:
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.
         with contextlib.ExitStack() as held:
+            held.enter_context(self._views.ending(view))
             try:
                 stop = held.enter_context(service.lifecycle.run())
                 result = ExecutionResult(status="error", exit_code=None, error=STOPPED_MESSAGE)

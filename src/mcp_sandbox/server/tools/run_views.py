@@ -19,10 +19,11 @@ evicted one or one never made all read the same: unknown.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from mcp_sandbox.engine import OutputListener
 
 __all__ = [
+    "ENDED_UNANSWERED",
     "KEEP_SECONDS",
     "LIVE_LINES",
     "OPENED",
@@ -51,6 +53,7 @@ __all__ = [
 VIEW_URI = "ui://mcp-sandbox/run"  # the tools' view; a run's is VIEW_URI/<id>
 STOP_META = "mcp-sandbox/stop"  # a tools/call's _meta key naming the view id of a run to stop
 STOPPED_FROM_VIEW = "stopped from the run's view; its sandbox was killed"
+ENDED_UNANSWERED = "the call ended without a result (its client cancelled it, or the server failed)"
 PER_TENANT = 32
 KEEP_SECONDS = 3600.0
 TENANT_BYTES = 16 << 20
@@ -182,6 +185,19 @@ class RunViews:
             if other is not view and other.result is not None:
                 kept -= other.weight
                 del views[other.id]
+
+    @contextlib.contextmanager
+    def ending(self, view: RunView) -> Iterator[RunView]:
+        """The block runs ``view``'s run; leaving it without a result (a client's cancel, a failure)
+        ends the view too, so that its page stops waiting."""
+        try:
+            yield view
+        finally:
+            if view.result is None:
+                data = {"status": "error", "exitCode": None, "stdout": "", "stderr": "", "durationMs": 0}
+                data.update(truncated=False, error=ENDED_UNANSWERED)
+                text = {"type": "text", "text": ENDED_UNANSWERED}
+                self.finish(view, {"content": [text], "structuredContent": data, "isError": True})
 
     def get(self, tenant: str, view_id: str) -> RunView:
         """``tenant``'s view ``view_id``.
