@@ -57,7 +57,7 @@ class Host {
       { openLinks: {}, serverTools: {}, serverResources: {} },
       { hostContext: { ...this.context, toolInfo: { tool: this.tools.get(tool) } } },
     );
-    bridge.oncalltool = (params, extra) => this.client.request("tools/call", params, null, extra.signal);
+    bridge.oncalltool = (params, extra) => this.client.request("tools/call", params, null, extra.mcpReq.signal);
     bridge.onreadresource = (params) => this.client.request("resources/read", params);
     bridge.onopenlink = async ({ url }) => {
       this.opened.push(url);

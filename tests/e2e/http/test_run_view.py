@@ -101,7 +101,13 @@ class HostPage:
         self.csp_violations: list[str] = []
         self.requests: list[str] = []
         page.on("console", self._console)
-        page.on("request", lambda request: self.requests.append(request.url))
+        self.messages: list[dict[str, Any]] = []  # the JSON-RPC messages the host sent the server
+        page.on("request", self._request)
+
+    def _request(self, request: Any) -> None:
+        self.requests.append(request.url)
+        if request.method == "POST" and request.post_data:
+            self.messages.append(json.loads(request.post_data))
 
     def _console(self, message: Any) -> None:
         if "Content Security Policy" in message.text:
@@ -239,6 +245,9 @@ async def test_a_task_shows_live_output_and_stop_ends_the_run(host: HostPage, ba
     await view.locator("#stop").click()
     await expect(view.locator("#status")).to_have_text("cancelled")
     await expect(view.locator("#again")).to_be_visible()
+    again = [m["id"] for m in host.messages if m.get("method") == "tools/call" and "task" not in m["params"]][-1]
+    cancels = [m["params"]["requestId"] for m in host.messages if m.get("method") == "notifications/cancelled"]
+    assert cancels == [again]  # the server was told, and kills the run (tests/e2e/test_cancel.py)
     assert host.csp_violations == []
 
 
