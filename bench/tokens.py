@@ -97,8 +97,12 @@ def tokens(text: str) -> int:
 
 
 def dumped(model: types.Result) -> str:
-    """A result as a client puts it in the model's context."""
-    return json.dumps(model.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    """A result as a client puts it in the model's context: a listed tool's ``_meta`` (MCP Apps'
+    ``ui.resourceUri`` and the like) is read by the host and never handed to the model."""
+    data = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    for tool in data.get("tools", []):
+        tool.pop("_meta", None)
+    return json.dumps(data)
 
 
 def text_of(result: types.CallToolResult) -> str:

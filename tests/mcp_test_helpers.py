@@ -7,6 +7,7 @@ import errno
 import hashlib
 import http.server
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, ListToolsResult, TextContent
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.sandbox.backends.base import Backend
@@ -393,6 +394,15 @@ async def upload(
 def new_conversation() -> str:
     """A conversation id no other test uses."""
     return f"conv-{uuid.uuid4().hex}"
+
+
+def model_context(listing: ListToolsResult) -> str:
+    """A ``tools/list`` answer as a client puts it in the model's context (bench/tokens.py's rule):
+    each tool's ``_meta`` is for the host (MCP Apps' ``ui.resourceUri``) and stays out."""
+    data = listing.model_dump(by_alias=True, exclude_none=True, mode="json")
+    for tool in data["tools"]:
+        tool.pop("_meta", None)
+    return json.dumps(data)
 
 
 def auth_tokens(plain: Mapping[str, str], hashed: Mapping[str, str] = {}) -> str:

@@ -9,6 +9,7 @@ import { editorLook, followColorScheme } from "./editor-theme.js";
 import { examplesFor } from "./examples.js";
 import { McpCancelled, McpClient, McpError } from "./mcp.js";
 import { looksLikeMarkdown, renderMarkdown } from "./render.js";
+import { element, exitCodeText, fileRows, humanSize, problemsOf, resultImages, setBadge, statusOf } from "./result.js";
 
 const TOKEN_KEY = "mcp-sandbox.token";
 const CONVERSATIONS_KEY = "mcp-sandbox.conversations";
@@ -122,25 +123,6 @@ function editorUntouched() {
 }
 
 // --- small helpers -----------------------------------------------------------------------------
-
-function element(tag, properties = {}, ...children) {
-  const node = document.createElement(tag);
-  Object.assign(node, properties);
-  node.append(...children);
-  return node;
-}
-
-function humanSize(bytes) {
-  if (bytes < 1024) return `${bytes} B`;
-  const units = ["KiB", "MiB", "GiB"];
-  let value = bytes / 1024;
-  let unit = 0;
-  while (value >= 1024 && unit < units.length - 1) {
-    value /= 1024;
-    unit += 1;
-  }
-  return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
-}
 
 function setConnection(text, kind = "") {
   ui.connection.textContent = text;
@@ -483,8 +465,7 @@ function resetResult() {
 }
 
 function setStatus(status, label = status) {
-  ui.status.className = `badge ${status}`;
-  ui.status.textContent = label.replace("_", " ");
+  setBadge(ui.status, status, label);
 }
 
 /** A fork's compact account (what was carried, what was skipped), as `key: value` pairs. */
@@ -601,27 +582,17 @@ function stop() {
 
 function showResult(result, conversation, forkFrom) {
   const data = result.structuredContent ?? {};
-  const text = (result.content ?? []).filter((block) => block.type === "text").map((block) => block.text);
-  const status = data.status ?? (result.isError ? "error" : "success");
-  setStatus(status);
+  setStatus(statusOf(result));
   ui.liveBlock.hidden = true;
-  ui.exitCode.textContent = data.exitCode === null || data.exitCode === undefined ? "" : `exit code ${data.exitCode}`;
+  ui.exitCode.textContent = exitCodeText(data);
   ui.duration.textContent = typeof data.durationMs === "number" ? `${data.durationMs} ms` : "";
   if (data.status !== "validation_error") ui.place.textContent = describePlace(conversation, data.session, forkFrom, data.fork);
-  const problems = [data.error, data.warning].filter(Boolean);
-  if (!data.status && result.isError) problems.push(...text);
-  if (data.truncated) problems.push("The output was truncated.");
-  if (data.imagesDropped) problems.push(`${data.imagesDropped} image(s) were dropped.`);
-  showError(problems.join("\n"));
+  showError(problemsOf(result).join("\n"));
   showStdout(data.stdout ?? "");
   ui.stderr.textContent = data.stderr ?? "";
   ui.stderrBlock.hidden = !data.stderr;
-  const images = (result.content ?? []).filter((block) => block.type === "image");
-  ui.images.replaceChildren(
-    ...images.map((image, index) =>
-      element("img", { src: `data:${image.mimeType};base64,${image.data}`, alt: `Image ${index + 1} from the run` }),
-    ),
-  );
+  const images = resultImages(result);
+  ui.images.replaceChildren(...images);
   ui.imagesBlock.hidden = images.length === 0;
   if (Array.isArray(data.files)) {
     state.files = new Map(data.files.map((file) => [file.name, file]));
@@ -659,22 +630,8 @@ document.addEventListener("keydown", (event) => {
 
 function renderFiles() {
   const body = ui.files.tBodies[0];
-  const files = [...state.files.values()].sort((a, b) => a.name.localeCompare(b.name));
-  body.replaceChildren(
-    ...files.map((file) => {
-      const link = file.url
-        ? element("a", { href: file.url, textContent: "download", download: file.name.split("/").pop(), rel: "noopener noreferrer" })
-        : element("span", { textContent: "no link" });
-      if (file.url) link.setAttribute("aria-label", `Download ${file.name}`);
-      return element(
-        "tr",
-        {},
-        element("td", { textContent: file.name }),
-        element("td", { textContent: humanSize(file.size) }),
-        element("td", {}, link),
-      );
-    }),
-  );
+  const files = [...state.files.values()];
+  body.replaceChildren(...fileRows(files));
   ui.files.hidden = files.length === 0;
   ui.noFiles.hidden = files.length > 0;
   ui.noFiles.textContent = ui.conversation.value.trim()

@@ -27,7 +27,7 @@ from mcp.server.lowlevel import Server
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Config, Settings
 from mcp_sandbox.errors import SandboxError
-from mcp_sandbox.server.tools.resources import list_resources, read_resource
+from mcp_sandbox.server.tools.resources import list_resources
 from mcp_sandbox.server.transport.stdio import serve_stdio
 from mcp_sandbox.server.transport.stdio_early import INSTRUCTIONS, SERVER_NAME, EarlyStdio
 
@@ -93,7 +93,7 @@ def _bind_tasks(server: Server, handlers: ToolHandlers | _Opening) -> None:
 
     async def task_calls(ctx: Any, call_next: Any) -> Any:
         if ctx.method == "tools/call" and isinstance(ctx.params, dict) and "task" in ctx.params:
-            created = await (await handlers.ready()).tasks.call_as_task(ctx)
+            created = await (await handlers.ready()).call_as_task(ctx)
             if created is not None:
                 return created
         return await call_next(ctx)
@@ -130,7 +130,7 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
         # to check its Mcp-Param-* headers against the tool's schema.
         get_tool_input_schema=handlers.input_schema,
         on_list_resources=list_resources,
-        on_read_resource=read_resource,
+        on_read_resource=handlers.read_resource,
     )
     # Bound here, not as on_call_tool: a call may be answered with the tasks extension's result.
     server.add_request_handler("tools/call", types.CallToolRequestParams, handlers.call_tool)
@@ -172,6 +172,9 @@ class _Opening:
     def input_schema(self, name: str) -> dict[str, Any] | None:
         """As :meth:`.ToolHandlers.input_schema`; None while opening (no tool declares an ``Mcp-Param`` header)."""
         return None if self._handlers is None else self._handlers.input_schema(name)
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await (await self.ready()).read_resource(ctx, params)
 
 
 def _end_process(exc: Exception) -> NoReturn:

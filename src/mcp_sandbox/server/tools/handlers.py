@@ -37,7 +37,9 @@ from mcp_sandbox.server.tools.arguments import (
 )
 from mcp_sandbox.server.tools.library_access import refresh_library
 from mcp_sandbox.server.tools.progress import progress_listener
+from mcp_sandbox.server.tools.resources import read_resource
 from mcp_sandbox.server.tools.run import RunTool, listed_file
+from mcp_sandbox.server.tools.run_views import OPENED, RunViews, UnknownView, stop_request, view_meta
 from mcp_sandbox.server.tools.runner_info import describe_runners
 from mcp_sandbox.server.tools.runner_shape import runner_error, runner_upload
 from mcp_sandbox.server.tools.schemas import (
@@ -87,7 +89,8 @@ class ToolHandlers:
             StateLayout.of(settings).root / "library-views",
             sync=service.mirror,
         )
-        self._run = RunTool(service, context, self._egress, self._library)
+        self.views = RunViews()
+        self._run = RunTool(service, context, self._egress, self._library, self.views)
         assert service.tasks is not None, "open_service opens the tasks"
         self.tasks = TaskMethods(service.tasks, self._call_as)
         self.extension = ExtensionMethods(self.tasks, service.tasks, service.settings.admission.task_after)
@@ -113,9 +116,43 @@ class ToolHandlers:
         if self.extension.applies(ctx, params.name):
             return await self.extension.call(ctx, params.name, params.arguments)
         raw_params = getattr(ctx, "params", None)
+        if (view_id := stop_request(raw_params if isinstance(raw_params, dict) else None)) is not None:
+            return self._stop(tenant_of(getattr(ctx, "request", None)), view_id)
         if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
             return await self.tasks.call_once(ctx, params.name, params.arguments, key)
         return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
+
+    async def call_as_task(self, ctx: Any) -> dict[str, Any] | None:
+        """:meth:`.TaskMethods.call_as_task`, a run's task linking the run's view in its ``_meta``."""
+        params = ctx.params if isinstance(ctx.params, dict) else {}
+        name = params.get("name")
+        if name not in ("run_python", "run_code"):
+            return await self.tasks.call_as_task(ctx)
+        raw = params.get("arguments")
+        view = self.views.open(
+            tenant_of(getattr(ctx, "request", None)), str(name), raw if isinstance(raw, dict) else None
+        )
+        opened = OPENED.set(view)  # the task's run starts in a copy of this context, and takes it
+        try:
+            created = await self.tasks.call_as_task(ctx)
+        finally:
+            OPENED.reset(opened)
+        if created is not None:
+            created["_meta"] = {**created.get("_meta", {}), **view_meta(view)}
+        return created
+
+    def _stop(self, tenant: str, view_id: str) -> types.CallToolResult:
+        """A run view's Stop: end the tenant's run ``view_id`` (runs nothing)."""
+        try:
+            stopping = self.views.stop(tenant, view_id)
+        except UnknownView:  # another tenant's id reads exactly like one never made
+            return _error_result(f"unknown run {view_id!r}")
+        text = "stopping the run" if stopping else "the run had already ended"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        """The manual, a run's view or its state, for the caller's tenant (see :mod:`.resources`)."""
+        return await read_resource(ctx, params, self.views, tenant_of(getattr(ctx, "request", None)))
 
     async def _call_as(
         self, tenant: str, name: str, raw: dict[str, Any] | None, listener: OutputListener | None

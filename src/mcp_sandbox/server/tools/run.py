@@ -44,6 +44,7 @@ from mcp_sandbox.server.tools.arguments import (
 from mcp_sandbox.server.tools.forking import Fork, fork_conversation
 from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
 from mcp_sandbox.server.tools.render import render
+from mcp_sandbox.server.tools.run_views import STOPPED_FROM_VIEW, RunView, RunViews, listening, view_meta
 from mcp_sandbox.workspace import FileEntry
 from mcp_sandbox.workspace.library import Library
 
@@ -119,29 +120,40 @@ def _output_bytes(result: ExecutionResult) -> tuple[int, int]:
 class RunTool:
     """Runs code for ``run_python`` and ``run_code`` calls."""
 
-    def __init__(self, service: Service, context: CallContext, egress: TenantEgress, library: Library) -> None:
+    def __init__(
+        self, service: Service, context: CallContext, egress: TenantEgress, library: Library, views: RunViews
+    ) -> None:
         self._service = service
         self._context = context
         self._egress = egress
         self._library = library
+        self._views = views
 
     async def __call__(
         self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
     ) -> types.CallToolResult:
         service = self._service
         call = RunCall(tool, tenant, output_mode(raw, service.settings))
+        view = self._views.open(tenant, tool, raw)
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.
         with contextlib.ExitStack() as held:
+            held.enter_context(self._views.ending(view))
             try:
                 stop = held.enter_context(service.lifecycle.run())
                 result = ExecutionResult(status="error", exit_code=None, error=STOPPED_MESSAGE)
                 with stop:  # cancelled when the server stops with the run still going: it is answered so
-                    request = await self.request(call, raw, listener, held)
-                    result = await service.engine.execute(request, call.prepare)
+                    request = await self.request(call, raw, listening(view, listener), held)
+                    with view.scope:  # cancelled by the view's Stop
+                        result = await service.engine.execute(request, call.prepare)
+                    if view.scope.cancelled_caught:
+                        lasted = int((time.perf_counter() - call.clock) * 1000)
+                        result = ExecutionResult(
+                            status="error", exit_code=None, error=STOPPED_FROM_VIEW, duration_ms=lasted
+                        )
             except (ValidationError, BusyError, SandboxError) as exc:
                 result = refused(call, exc)
-            return await self.answer(call, result)
+            return await self.answer(call, result, view)
 
     async def request(
         self, call: RunCall, raw: dict[str, Any] | None, listener: OutputListener | None, held: contextlib.ExitStack
@@ -218,8 +230,9 @@ class RunTool:
         access = await mediator.open_run(aliases, tenant=tenant, conversation=key)
         return LibraryAccess(access, self._library, tenant, view)
 
-    async def answer(self, call: RunCall, result: ExecutionResult) -> types.CallToolResult:
-        """The tool result for ``result``, after listing the workspace and emitting the run's event."""
+    async def answer(self, call: RunCall, result: ExecutionResult, view: RunView) -> types.CallToolResult:
+        """The tool result for ``result``, after listing the workspace and emitting the run's event;
+        ``view`` keeps it and the result links it."""
         service = self._service
         data = result.structured()
         if call.timeout_clamped is not None:
@@ -262,7 +275,13 @@ class RunTool:
             types.ImageContent(type="image", data=base64.b64encode(image.data).decode(), mime_type=image.mime)
             for image in result.images
         ]
-        return types.CallToolResult(content=content, structured_content=data, is_error=result.status != "success")
+        answered = types.CallToolResult(
+            content=content, structured_content=data, is_error=result.status != "success", _meta=view_meta(view)
+        )
+        self._views.finish(
+            view, answered.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"result_type"})
+        )
+        return answered
 
     def _finished(self, call: RunCall, result: ExecutionResult, files_bytes: int) -> RunFinished:
         """The run, described once for everyone who follows runs (metrics, audit log, history)."""

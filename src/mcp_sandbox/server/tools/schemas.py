@@ -25,9 +25,11 @@ from mcp_sandbox.server.tools.arguments import (
     ToolArguments,
     UploadFileArguments,
 )
+from mcp_sandbox.server.tools.run_views import VIEW_URI
 
 __all__ = [
     "RUN_OUTPUT_SCHEMA",
+    "RUN_VIEW_META",
     "input_schema",
     "list_runners_tool",
     "run_code_tool",
@@ -149,6 +151,10 @@ def input_schema(model: type[ToolArguments], context: CallContext) -> dict[str, 
     return schema
 
 
+# MCP Apps (io.modelcontextprotocol/ui): the page a host renders for a run (tools/resources.py). Hosts
+# read `_meta`; they do not hand it to the model.
+RUN_VIEW_META: dict[str, Any] = {"ui": {"resourceUri": VIEW_URI}}
+
 # May run as an MCP Task (2025-11-25; server/tasks): a long run outlives the client's request.
 TASKS_OPTIONAL = types.ToolExecution(task_support="optional")
 
@@ -165,6 +171,7 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
         input_schema=input_schema(RunPythonArguments, context),
         output_schema=RUN_OUTPUT_SCHEMA,
         execution=TASKS_OPTIONAL,
+        _meta=RUN_VIEW_META,
         # No annotations: the defaults are the truth (code can delete a workspace's files and, in
         # code mode, reach other servers), and they cost no tokens.
     )
@@ -180,6 +187,7 @@ def run_code_tool(context: CallContext) -> types.Tool:
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema=schema,
         execution=TASKS_OPTIONAL,
+        _meta=RUN_VIEW_META,
         # No annotations: as run_python's.
     )
 

@@ -1,0 +1,80 @@
+// A run's result as a page shows it: its status, the images it made, its files with their download
+// links, what went wrong. The playground (main.js) and the run's MCP Apps view (run-view.js) both
+// render results with these, so the two always show a result the same way.
+
+export function element(tag, properties = {}, ...children) {
+  const node = document.createElement(tag);
+  Object.assign(node, properties);
+  node.append(...children);
+  return node;
+}
+
+export function humanSize(bytes) {
+  if (bytes < 1024) return `${bytes} B`;
+  const units = ["KiB", "MiB", "GiB"];
+  let value = bytes / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${value.toFixed(value < 10 ? 1 : 0)} ${units[unit]}`;
+}
+
+/** Show `status` (success, error, timeout, validation_error, running, cancelled) in the badge `badge`. */
+export function setBadge(badge, status, label = status) {
+  badge.className = `badge ${status}`;
+  badge.textContent = label.replace("_", " ");
+}
+
+/** The result's status: structuredContent's, else from isError. */
+export function statusOf(result) {
+  return result.structuredContent?.status ?? (result.isError ? "error" : "success");
+}
+
+/** "exit code N", or "" when the run has none. */
+export function exitCodeText(data) {
+  return data.exitCode === null || data.exitCode === undefined ? "" : `exit code ${data.exitCode}`;
+}
+
+/** What the reader should know went wrong or was cut, one line each. */
+export function problemsOf(result) {
+  const data = result.structuredContent ?? {};
+  const problems = [data.error, data.warning].filter(Boolean);
+  if (!data.status && result.isError) {
+    problems.push(...(result.content ?? []).filter((block) => block.type === "text").map((block) => block.text));
+  }
+  if (data.truncated) problems.push("The output was truncated.");
+  if (data.imagesDropped) problems.push(`${data.imagesDropped} image(s) were dropped.`);
+  return problems;
+}
+
+/** The images (plots) of the result's content, as <img> elements with data: URLs. */
+export function resultImages(result) {
+  const images = (result.content ?? []).filter((block) => block.type === "image");
+  return images.map((image, index) =>
+    element("img", { src: `data:${image.mimeType};base64,${image.data}`, alt: `Image ${index + 1} from the run` }),
+  );
+}
+
+/** Table rows for `files` ({name, size, url}), by name; `onLink(file, event)` may take a link's click. */
+export function fileRows(files, onLink = null) {
+  return [...files]
+    .sort((a, b) => a.name.localeCompare(b.name))
+    .map((file) => {
+      const link = file.url
+        ? element("a", { href: file.url, textContent: "download", download: file.name.split("/").pop(), rel: "noopener noreferrer" })
+        : element("span", { textContent: "no link" });
+      if (file.url) {
+        link.setAttribute("aria-label", `Download ${file.name}`);
+        if (onLink) link.addEventListener("click", (event) => onLink(file, event));
+      }
+      return element(
+        "tr",
+        {},
+        element("td", { textContent: file.name }),
+        element("td", { textContent: humanSize(file.size) }),
+        element("td", {}, link),
+      );
+    });
+}
