@@ -60,6 +60,10 @@ async def _body(receive: Receive, limit: int) -> bytes | None:
             return b"".join(parts)
 
 
+def _headers(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
 def with_internal_route(
     app: ASGIApp,
     me: str,
@@ -82,7 +86,7 @@ def with_internal_route(
         if body is None:
             await _answer(send, 413)
             return None
-        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        headers = _headers(scope)
         why = await verifier.check(headers.get(TIME_HEADER), headers.get(SIGNATURE_HEADER), body, time.time())
         if why is not None:
             client = scope.get("client")
@@ -138,7 +142,7 @@ def with_internal_route(
                     "mcp_sandbox.forwarded",
                     {"gen_ai.tool.name": tool},
                     tracing.SpanKind.SERVER,
-                    context=tracing.context_of(headers),
+                    context=tracing.context_of(_headers(scope)),
                 ):
                     result = await serve(tool, arguments, tenant)
             except Moved as moved:
