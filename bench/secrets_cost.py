@@ -8,8 +8,10 @@ benchmark's own on loopback (its certificate from a CA made here, given as
 - tunnel: a grant without secrets (the proxy as it was);
 - tunnel+secrets: a grant with a secret, to a host it does not go to (still a blind tunnel);
 - rule: to the secret's host (a leaf of the proxy's CA, cached after the first request; the
-  proxy's own TLS to the server, resuming its last session; the header set; the answer scrubbed
-  and re-framed);
+  proxy's own TLS connection to the server kept from the previous request, as the client's
+  ``Connection: close`` is not passed on; the header set; the answer scrubbed and re-framed);
+- rule, host closes: the same, but the server closes each connection (``/close``), so the proxy
+  opens its own TLS every time, resuming its last session;
 - tunnel, resumed and rule, resumed: the same, by a client that resumes its own TLS session (as
   node's agents do; Python's clients do not).
 
@@ -63,7 +65,7 @@ class _Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", "2")
-        if self.path == "/close":
+        if self.path == "/close" or self.close_connection:  # asked for, or the client's Connection: close
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(b"ok")
@@ -109,9 +111,14 @@ def _certificates(directory: Path) -> tuple[Path, Path, Path]:
 
 
 def _request(
-    socket_path: Path, host: str, port: int, context: ssl.SSLContext, sessions: dict[str, ssl.SSLSession] | None
+    socket_path: Path,
+    host: str,
+    port: int,
+    context: ssl.SSLContext,
+    sessions: dict[str, ssl.SSLSession] | None,
+    path: str = "/",
 ) -> float:
-    """One request on a new connection through the proxy; its time in milliseconds.
+    """One request for ``path`` on a new connection through the proxy, as a one-shot client; its time in ms.
 
     ``sessions``: the client's TLS session per host, resumed and kept (as node's agents do); None: none.
     """
@@ -126,7 +133,7 @@ def _request(
             raise SystemExit(f"{host}: {answer!r}")
         session = sessions.get(host) if sessions is not None else None
         with context.wrap_socket(raw, server_hostname=host, session=session) as tls:
-            tls.sendall(f"GET /close HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
             body = b""
             while chunk := tls.recv(4096):
                 body += chunk
@@ -186,6 +193,7 @@ async def _measure(
     resolver = hosts_resolver({_PLAIN: ["127.0.0.1"], _RULE: ["127.0.0.1"]})
     kinds = {"tunnel": (grants["none"], _PLAIN), "tunnel+secrets": (grants["secret"], _PLAIN)}
     kinds["rule"] = (grants["secret"], _RULE)
+    kinds["rule, host closes"] = (grants["closes"], _RULE)  # another tenant: never its kept connections
     kinds["tunnel, resumed"] = (grants["none"], _PLAIN)  # the client resumes its TLS session
     kinds["rule, resumed"] = (grants["secret"], _RULE)
     sessions: dict[str, dict[str, ssl.SSLSession] | None] = dict.fromkeys(kinds)
@@ -202,7 +210,10 @@ async def _measure(
         for index in range(requests + 3):
             for kind, (_grant, host) in kinds.items():
                 cpu, proxy = time.process_time(), time.thread_time()
-                took = await anyio.to_thread.run_sync(_request, sockets[kind], host, port, context, sessions[kind])
+                path = "/close" if kind.endswith("closes") else "/"
+                took = await anyio.to_thread.run_sync(
+                    _request, sockets[kind], host, port, context, sessions[kind], path
+                )
                 if index >= 3:  # the first rounds make the leaf and warm the caches
                     times[kind].append(took)
                     cpu_times[kind].append((time.process_time() - cpu) * 1000)
@@ -226,6 +237,7 @@ def main() -> None:
         env = {
             "BENCH_KEY": "sk-bench-0123456789abcdef",
             "MCP_SANDBOX_SECRET_BENCH": f'{{ value_from = "env:BENCH_KEY", hosts = ["{_RULE}"] }}',
+            "MCP_SANDBOX_SECRET_CLOSES": f'{{ tenant = "closes", value_from = "env:BENCH_KEY", hosts = ["{_RULE}"] }}',
         }
         flags = {
             "state_dir": str(parent / "state"),
@@ -234,13 +246,14 @@ def main() -> None:
             "egress_ports": str(port),
             "egress_upstream_ca": str(ca),
         }
-        with_secret = TenantEgress(load_settings(env=env, flags=flags)).grant("default", True, None)
+        egress = TenantEgress(load_settings(env=env, flags=flags))
+        with_secret, closes = egress.grant("default", True, None), egress.grant("closes", True, None)
         without = TenantEgress(load_settings(env={}, flags=flags)).grant("default", True, None)
-        assert with_secret is not None and without is not None
+        assert with_secret is not None and closes is not None and without is not None
         authority = Authority(ca)
         runs = parent / "runs"
         runs.mkdir()
-        grants = {"none": without, "secret": with_secret}
+        grants = {"none": without, "secret": with_secret, "closes": closes}
         times, cpu, proxy = anyio.run(_measure, runs, grants, authority, port, requests, ca)
         kept = anyio.run(_measure_kept, runs, with_secret, authority, port, requests, ca)
     finally:
@@ -251,7 +264,7 @@ def main() -> None:
         p95 = sorted(values)[max(0, int(len(values) * 0.95) - 1)]
         used, proxied = statistics.median(cpu[kind]), statistics.median(proxy[kind])
         print(
-            f"{kind:<15} median {statistics.median(values):6.2f}  p95 {p95:6.2f}"
+            f"{kind:<17} median {statistics.median(values):6.2f}  p95 {p95:6.2f}"
             f"  CPU median {used:6.2f}  proxy CPU median {proxied:5.2f}"
         )
     added = statistics.median(times["rule"]) - statistics.median(times["tunnel"])
@@ -261,6 +274,9 @@ def main() -> None:
         f"rule adds {added:.2f} ms to the median request on a new connection"
         f" ({added_cpu:.2f} ms of CPU, all threads; {added_proxy:.2f} ms in the proxy)"
     )
+    added = statistics.median(times["rule, host closes"]) - statistics.median(times["tunnel"])
+    added_cpu = statistics.median(cpu["rule, host closes"]) - statistics.median(cpu["tunnel"])
+    print(f"rule adds {added:.2f} ms ({added_cpu:.2f} ms of CPU) where the host closes each connection")
     added = statistics.median(times["rule, resumed"]) - statistics.median(times["tunnel, resumed"])
     added_proxy = statistics.median(proxy["rule, resumed"]) - statistics.median(proxy["tunnel, resumed"])
     print(
@@ -269,7 +285,7 @@ def main() -> None:
     )
     for kind, values in kept.items():
         p95 = sorted(values)[max(0, int(len(values) * 0.95) - 1)]
-        print(f"{kind:<15} median {statistics.median(values):6.2f}  p95 {p95:6.2f}")
+        print(f"{kind:<17} median {statistics.median(values):6.2f}  p95 {p95:6.2f}")
     added = statistics.median(kept["rule, kept"]) - statistics.median(kept["tunnel, kept"])
     print(f"rule adds {added:.2f} ms to the median request on a kept connection")
 

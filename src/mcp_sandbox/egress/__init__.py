@@ -24,7 +24,8 @@ from mcp_sandbox.egress.listener import (
     serve_egress,
     socket_directory,
 )
-from mcp_sandbox.egress.proxy import EgressProxy, Resolver, hosts_resolver, system_resolver
+from mcp_sandbox.egress.proxy import EgressProxy
+from mcp_sandbox.egress.resolve import Resolver, hosts_resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
 
 __all__ = [

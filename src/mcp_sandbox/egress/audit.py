@@ -17,10 +17,25 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-__all__ = ["LINES_PER_RUN", "AuditRecord", "Verdict", "summary_line"]
+__all__ = ["LINES_PER_RUN", "AuditRecord", "Connection", "Verdict", "summary_line"]
 
 Verdict = Literal["allowed", "refused", "cut"]
 LINES_PER_RUN = 32
+
+
+@dataclass(slots=True)
+class Connection:
+    """What the proxy learns of one connection while serving it: its audit line in the making."""
+
+    host: str
+    port: int
+    method: str
+    address: str | None = None
+    sent: int = 0
+    received: int = 0
+    verdict: Verdict = "refused"
+    rule: str = "request"
+    secrets: tuple[str, ...] = ()
 
 
 def _now() -> str:

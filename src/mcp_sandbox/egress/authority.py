@@ -6,7 +6,8 @@ when the server starts (ECDSA P-256, valid for a day, replaced by the next one a
 ends; bundles hold both, so a run that spans the change keeps trusting its leaves). The CAs' keys
 and the leaves' key exist only in this process's memory; the sandbox trusts the certificates
 (:meth:`Authority.bundle`). Upstream, the proxy opens TLS of its own, checked against the host's
-roots and ``egress_upstream_ca``, and resumes its sessions (:attr:`Authority.sessions`).
+roots and ``egress_upstream_ca``, resumes its sessions (:attr:`Authority.sessions`) and keeps its
+idle connections (:attr:`Authority.pool`).
 
 ``cryptography`` makes the keys and certificates (the project's library for them) and the
 standard :mod:`ssl` speaks TLS (through anyio's ``TLSStream``); no TLS-intercepting library fits
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from mcp_sandbox.egress.pool import Pool
 from mcp_sandbox.egress.terminate import Sessions
 
 __all__ = ["CA_NAME", "Authority", "system_roots"]
@@ -106,6 +108,7 @@ class Authority:
             self._upstream.load_verify_locations(cafile=str(upstream_ca))
         self._upstream.set_alpn_protocols(_ALPN)
         self.sessions = Sessions()
+        self.pool = Pool()
         self._leaves: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
         now = _now()

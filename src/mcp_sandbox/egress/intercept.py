@@ -7,7 +7,13 @@ each secret's header from its template, replaces the placeholder in every header
 real value, asks for an uncompressed answer (``Accept-Encoding: identity``, so echoes can be
 found), and passes the answer back with every echo of a real value replaced by the placeholder
 (head and body; the body re-framed as chunked, since the lengths change). A ``101`` (WebSocket)
-answer leaves the rest of the connection copied as it is, unscrubbed. The request line, headers
+answer leaves the rest of the connection copied as it is, unscrubbed. The two legs' persistence
+is decided apart: the sandbox's hop-by-hop headers (``Connection`` and those it names,
+``Keep-Alive``, ``TE``, ``Proxy-*``) are not sent on, so the proxy's connection to the host
+outlives a one-shot client's, and :func:`serve_intercepted` says whether it may carry another
+request (:mod:`.pool`): HTTP/1.1 both ways, no ``Connection: close`` from the host, its last
+answer read to the end of its framing (a length or chunks; or none, for ``HEAD``, 1xx, 204 and
+304), nothing more received. The request line, headers
 and bodies are parsed here by hand: a few framing rules of RFC 9112 are all a proxy needs, and
 an HTTP library would own the connection.
 """
@@ -16,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 from anyio.abc import ByteStream
@@ -30,10 +36,13 @@ _MAX_HEAD = 64 << 10
 _MAX_CHUNK_LINE = 4096
 _CHUNK = 64 << 10
 _NO_BODY = frozenset({204, 304})
+_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "upgrade"})
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")  # a tab is allowed in a header line
 
 # Counts ``size`` bytes going out (True) or in; False when the run's byte cap would be passed.
 Meter = Callable[[int, bool], bool]
+# A new connection to the host, for a request a kept one turned out closed for (raises Stopped if none).
+Reopen = Callable[[], Awaitable[ByteStream]]
 
 
 class Stopped(Exception):
@@ -103,10 +112,10 @@ class _Side:
     def __init__(self, stream: ByteStream, meter: Meter, outbound: bool) -> None:
         self.stream = stream
         self.reader = BufferedByteReceiveStream(stream)
-        self._meter, self._outbound = meter, outbound
+        self.meter, self._outbound = meter, outbound
 
     def _count(self, data: bytes) -> bytes:
-        if not self._meter(len(data), self._outbound):
+        if not self.meter(len(data), self._outbound):
             raise Stopped("cut", "egress_max_bytes")
         return data
 
@@ -161,33 +170,57 @@ async def _refuse(client: ByteStream, status: int, rule: str, message: str) -> N
 
 
 async def serve_intercepted(
-    client: ByteStream, upstream: ByteStream, host: str, bound: Sequence[BoundSecret], meter: Meter
-) -> None:
+    client: ByteStream,
+    upstream: ByteStream,
+    host: str,
+    bound: Sequence[BoundSecret],
+    meter: Meter,
+    reopen: Reopen | None = None,
+) -> ByteStream | None:
     """Serve the requests of one connection to ``host`` (both legs in the clear) until either side ends.
 
     ``bound``: every secret of the run (those not applying to ``host`` are refused if seen).
+    ``reopen``: given when ``upstream`` is a kept connection: a first request without a body
+    that finds it closed (nothing answered) is sent again on the connection ``reopen`` opens.
+
+    Returns:
+        The connection to the host (``upstream`` or the reopened one) if it may carry another
+        request (see the module), else None.
 
     Raises:
         Stopped: a request was refused (answered first) or the run's byte cap was reached.
     """
     applied = tuple(secret for secret in bound if secret.applies_to(host))
     sandbox, origin = _Side(client, meter, True), _Side(upstream, meter, False)
+    reusable = True
     try:
-        while await _exchange(sandbox, origin, host, bound, applied):
-            pass
+        while True:
+            done = await _exchange(sandbox, origin, host, bound, applied, reopen)
+            if done is None:
+                break
+            origin, more, clean = done
+            reusable, reopen = reusable and clean, None
+            if not more:
+                break
     except Stopped as stopped:
         if stopped.verdict == "refused":
             await _refuse(client, 403 if stopped.rule.startswith("secret") else 400, stopped.rule, stopped.message)
         raise
+    return origin.stream if reusable and not origin.reader.buffer else None
 
 
 async def _exchange(
-    sandbox: _Side, origin: _Side, host: str, bound: Sequence[BoundSecret], applied: Sequence[BoundSecret]
-) -> bool:
-    """One request and its answer; whether the connection may carry another."""
+    sandbox: _Side,
+    origin: _Side,
+    host: str,
+    bound: Sequence[BoundSecret],
+    applied: Sequence[BoundSecret],
+    reopen: Reopen | None,
+) -> tuple[_Side, bool, bool] | None:
+    """One request and its answer (None: the sandbox sent none): the host's leg, whether each leg may carry another."""
     head = await sandbox.head()
     if head is None:
-        return False
+        return None
     foreign = foreign_placeholder(bound, host, head)
     if foreign is not None:
         raise Stopped("refused", "secret_placeholder", f"secret {foreign.name!r} may not go to {host}")
@@ -200,9 +233,13 @@ async def _exchange(
     if not target.startswith("/") or len(named) != 1 or _hostname(named[0]) != host:
         # Behind one address (a CDN) another Host would be another site: the secret goes to this one only.
         raise Stopped("refused", "secret_host", f"a request through {host}'s tunnel must name {host} alone")
-    if _chunked(headers) and _length(headers) is not None:  # two framings: a request smuggled in the body
+    chunked, length = _chunked(headers), _length(headers)
+    if chunked and length is not None:  # two framings: a request smuggled in the body
         raise Stopped("refused", "request", "both Content-Length and Transfer-Encoding")
+    tokens = {token.strip().lower() for token in (_get(headers, "connection") or "").split(",")}
+    upgrade = "upgrade" in tokens and _get(headers, "upgrade") is not None
     replaced = {secret.spec.header.lower() for secret in applied} | {"accept-encoding", "expect"}
+    replaced |= (_HOP | tokens) - ({"host", "upgrade"} if upgrade else {"host"})
     sent: Headers = []
     for name, value in headers:
         if name.lower() in replaced:
@@ -212,23 +249,52 @@ async def _exchange(
         sent.append((name, value))
     sent += [(secret.spec.header, secret.spec.header_value()) for secret in applied]
     sent.append(("Accept-Encoding", "identity"))
-    await origin.stream.send(_render(first, sent))
-    if (_get(headers, "expect") or "").lower() == "100-continue":
-        await sandbox.stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-    chunked = _chunked(headers)
-    async for piece in sandbox.body(headers, until_close=False):
-        await origin.stream.send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
-    if chunked:
-        await origin.stream.send(b"0\r\n\r\n")
-    return await _answer(sandbox, origin, method, version, headers, applied)
+    if upgrade:
+        sent.append(("Connection", "Upgrade"))
+    request = _render(first, sent)
+    answered: bytes | None = None
+    if reopen is not None and not chunked and not length:
+        answered = await _first_head(origin, request)
+        if answered is None:  # the kept connection was closed by the host: once more on a new one
+            origin = _Side(await reopen(), origin.meter, False)
+            answered = await _first_head(origin, request)
+            if answered is None:
+                raise Stopped("cut", "upstream_closed", "the host closed the connection without an answer")
+    else:
+        await origin.stream.send(request)
+        if (_get(headers, "expect") or "").lower() == "100-continue":
+            await sandbox.stream.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        async for piece in sandbox.body(headers, until_close=False):
+            await origin.stream.send(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+        if chunked:
+            await origin.stream.send(b"0\r\n\r\n")
+    more, clean = await _answer(sandbox, origin, method, version, headers, applied, answered)
+    return origin, more, clean and version == "HTTP/1.1" and not upgrade
+
+
+async def _first_head(origin: _Side, request: bytes) -> bytes | None:
+    """Send ``request`` (no body) and read its answer's head; None if the connection was closed first."""
+    try:
+        await origin.stream.send(request)
+        return await origin.head()
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):  # ssl.SSLError is an OSError
+        return None
 
 
 async def _answer(
-    sandbox: _Side, origin: _Side, method: str, version: str, asked: Headers, applied: Sequence[BoundSecret]
-) -> bool:
+    sandbox: _Side,
+    origin: _Side,
+    method: str,
+    version: str,
+    asked: Headers,
+    applied: Sequence[BoundSecret],
+    head: bytes | None,
+) -> tuple[bool, bool]:
+    """Pass the answer on (``head``: its head, if already read); whether the sandbox's and the host's legs go on."""
     scrubber = Scrubber(applied)
     while True:
-        head = await origin.head()
+        if head is None:
+            head = await origin.head()
         if head is None:
             raise Stopped("cut", "upstream_closed", "the host closed the connection without an answer")
         first, headers = _parse(head)
@@ -238,16 +304,21 @@ async def _answer(
         status = int(parts[1])
         if 100 <= status < 200 and status != 101:
             await sandbox.stream.send(scrubber.scrub(head))
+            head = None
             continue
         break
     if status == 101:  # a protocol switch (WebSocket): copied as it is from here on
         await sandbox.stream.send(scrubber.scrub(head))
         await _copy_both(sandbox, origin)
-        return False
+        return False, False
     bodiless = method == "HEAD" or status in _NO_BODY
-    framed = _chunked(headers) or _length(headers) is not None
-    closing = any("close" in (_get(h, "connection") or "").lower() for h in (asked, headers))
+    chunked, length = _chunked(headers), _length(headers)
+    framed = chunked or length is not None
+    closes = "close" in (_get(headers, "connection") or "").lower()
+    closing = closes or "close" in (_get(asked, "connection") or "").lower()
     keep = version == "HTTP/1.1" and not closing and (framed or bodiless)
+    # The host's leg: an HTTP/1.1 answer that ends where its framing says (two framings: ambiguous).
+    clean = parts[0] == "HTTP/1.1" and not closes and (bodiless or framed) and not (chunked and length is not None)
     kept = [(n, v) for n, v in headers if n.lower() not in ("content-length", "transfer-encoding", "connection")]
     if not bodiless:
         kept.append(("Transfer-Encoding", "chunked") if version == "HTTP/1.1" else ("Connection", "close"))
@@ -255,7 +326,7 @@ async def _answer(
         kept.append(("Connection", "close"))
     await sandbox.stream.send(scrubber.scrub(_render(first, kept)))
     if bodiless:
-        return keep
+        return keep, clean
     chunk = version == "HTTP/1.1"
     async for piece in origin.body(headers, until_close=True):
         out = scrubber.feed(piece)
@@ -266,7 +337,7 @@ async def _answer(
         await sandbox.stream.send(b"%x\r\n%s\r\n" % (len(rest), rest) if chunk else rest)
     if chunk:
         await sandbox.stream.send(b"0\r\n\r\n")
-    return keep
+    return keep, clean
 
 
 async def _copy_both(sandbox: _Side, origin: _Side) -> None:

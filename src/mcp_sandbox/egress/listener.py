@@ -25,7 +25,8 @@ from anyio.abc import SocketListener
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.authority import Authority
-from mcp_sandbox.egress.proxy import EgressProxy, Resolver, system_resolver
+from mcp_sandbox.egress.proxy import EgressProxy
+from mcp_sandbox.egress.resolve import Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
 from mcp_sandbox.events import Observer, unheard
 

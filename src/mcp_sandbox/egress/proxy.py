@@ -15,10 +15,7 @@ import collections
 import contextlib
 import ipaddress
 import logging
-import socket
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import anyio
@@ -28,22 +25,18 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp_sandbox import tracing
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, is_own
-from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, Verdict, summary_line
+from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, summary_line
+from mcp_sandbox.egress.audit import Connection as _Connection
 from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.heads import Refused, answer, forwarded_head, printable
-from mcp_sandbox.egress.intercept import Stopped, serve_intercepted
+from mcp_sandbox.egress.resolve import Resolver, is_address, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
-from mcp_sandbox.egress.secrets import BoundSecret, foreign_placeholder, secrets_for
-from mcp_sandbox.egress.terminate import handshakes
-from mcp_sandbox.egress.tls import RECORD_HEADER, Replay, client_hello_length, server_name
+from mcp_sandbox.egress.secrets import foreign_placeholder, secrets_for
+from mcp_sandbox.egress.secured import serve_secured
+from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 from mcp_sandbox.events import EgressConnection, Observer, unheard
 
-__all__ = [
-    "EgressProxy",
-    "Resolver",
-    "hosts_resolver",
-    "system_resolver",
-]
+__all__ = ["EgressProxy"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,41 +45,6 @@ _HEAD_TIMEOUT = 30.0
 _CONNECT_TIMEOUT = 15.0
 _HELLO_TIMEOUT = 15.0
 _CHUNK = 64 << 10
-
-Resolver = Callable[[str, int], Awaitable[list[IPAddress]]]
-
-
-async def system_resolver(host: str, port: int) -> list[IPAddress]:
-    """The host's own resolver (getaddrinfo)."""
-    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
-
-
-def hosts_resolver(hosts: Mapping[str, Sequence[str]]) -> Resolver:
-    """A resolver that knows only ``hosts`` (name to addresses) and never asks DNS: for tests."""
-    table = {
-        name.lower(): [ipaddress.ip_address(address) for address in addresses] for name, addresses in hosts.items()
-    }
-
-    async def resolve(host: str, port: int) -> list[IPAddress]:
-        if host in table:
-            return list(table[host])
-        raise OSError(f"{host} is not in the test resolver's table")
-
-    return resolve
-
-
-@dataclass(slots=True)
-class _Connection:
-    host: str
-    port: int
-    method: str
-    address: str | None = None
-    sent: int = 0
-    received: int = 0
-    verdict: Verdict = "refused"
-    rule: str = "request"
-    secrets: tuple[str, ...] = ()
 
 
 class EgressProxy:
@@ -181,15 +139,16 @@ class EgressProxy:
             if not port_text.isdigit() or not host:
                 raise Refused(Refusal("request", "CONNECT needs host:port"), 400)
             c.host, c.port = host.removeprefix("[").removesuffix("]")[:255], int(port_text)
-            upstream = await self._open(c)
+            self._check(c)
+            applied = secrets_for(self.grant.secrets, c.host) if self._authority is not None else ()
+            if applied and self._authority is not None:
+                await serve_secured(self, self._authority, client, reader, c, applied)
+                return
+            upstream = await self.connect(c)
             async with upstream:
                 await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                hello = await self._client_hello(reader, c)
+                hello = await self.client_hello(reader, c)
                 if hello is None:
-                    return
-                applied = secrets_for(self.grant.secrets, c.host) if self._authority is not None else ()
-                if applied:
-                    await self._intercept(Replay(reader, client, hello), upstream, c, applied)
                     return
                 await upstream.send(hello)
                 c.sent += len(hello)
@@ -227,6 +186,15 @@ class EgressProxy:
         Raises:
             Refused: a rule refused it (403), or no address answered (502).
         """
+        self._check(c)
+        return await self.connect(c)
+
+    def _check(self, c: _Connection) -> None:
+        """Check the run's caps and ``c``'s host and port (``c.host`` normalised), before any resolving.
+
+        Raises:
+            Refused: a cap or a rule refused it.
+        """
         grant = self.grant
         if self.connections > grant.max_connections:
             raise Refused(Refusal("egress_max_connections", f"this run used its {grant.max_connections} connections"))
@@ -236,18 +204,26 @@ class EgressProxy:
         if isinstance(checked, Refusal):
             raise Refused(checked)
         c.host = checked
+
+    def refusal(self, address: IPAddress, c: _Connection) -> Refusal | None:
+        if any(is_own(address, c.port, host, port) for host, port in self.grant.own):
+            return Refusal("proxy_itself", "the server's own address is refused")
+        return self.grant.rules.check_address(address)
+
+    async def connect(self, c: _Connection) -> SocketStream:
+        """Resolve ``c.host`` (checked), check the addresses and connect to a checked one.
+
+        Raises:
+            Refused: a rule refused every address (403), or none answered (502).
+        """
+        checked = c.host
         try:
-            addresses = (
-                [ipaddress.ip_address(checked)] if _is_address(checked) else await self._resolve(checked, c.port)
-            )
+            addresses = [ipaddress.ip_address(checked)] if is_address(checked) else await self._resolve(checked, c.port)
         except OSError:
             raise Refused(Refusal("resolve", f"{checked} does not resolve"), 502) from None
         refusal: Refusal | None = None
         for address in addresses:
-            if any(is_own(address, c.port, host, port) for host, port in grant.own):
-                refusal = Refusal("proxy_itself", "the server's own address is refused")
-                continue
-            refusal = grant.rules.check_address(address)
+            refusal = self.refusal(address, c)
             if refusal is not None:
                 continue
             c.address = str(address)
@@ -260,50 +236,7 @@ class EgressProxy:
             refusal = Refusal("resolve", f"{checked} has no address")
         raise Refused(refusal, 502 if refusal.rule == "unreachable" else 403)
 
-    async def _intercept(
-        self, inner: Replay, upstream: SocketStream, c: _Connection, applied: Sequence[BoundSecret]
-    ) -> None:
-        """A connection to a host with a secret: TLS ended both ways, requests rewritten (:mod:`.intercept`)."""
-        assert self._authority is not None
-        c.secrets = tuple(secret.name for secret in applied)
-        authority, key = self._authority, (self.grant.tenant, c.host, c.port)
-        try:
-            leaf = authority.server_context(c.host)
-        except OSError:  # no memory file could hold the leaf
-            c.rule = "tls_handshake"
-            return
-        upstream_context, session = authority.upstream_context(), authority.sessions.get(key)
-        sandbox, origin = await handshakes(inner, leaf, upstream, c.host, upstream_context, session, _HELLO_TIMEOUT)
-        if sandbox is None:
-            c.rule = "tls_handshake"  # the code did not trust the CA, or spoke no TLS
-            return
-        if origin is None:
-            c.rule = "upstream_certificate"
-            untrusted = Refused(Refusal(c.rule, "the host's certificate is not trusted"), 502)
-            await answer(sandbox, untrusted, c.host, c.port)
-            return
-
-        def meter(size: int, outbound: bool) -> bool:
-            if self.bytes + size > self.grant.max_bytes:
-                return False
-            self.bytes += size
-            if outbound:
-                c.sent += size
-            else:
-                c.received += size
-            return True
-
-        c.verdict, c.rule = "allowed", "secret"
-        with anyio.move_on_after(self.grant.connection_timeout) as scope:
-            try:
-                await serve_intercepted(sandbox, origin, c.host, self.grant.secrets, meter)
-            except Stopped as stopped:
-                c.verdict, c.rule = stopped.verdict, stopped.rule  # type: ignore[assignment]
-        authority.sessions.keep(key, origin)
-        if scope.cancelled_caught and c.verdict == "allowed":
-            c.verdict, c.rule = "cut", "egress_connection_timeout"
-
-    async def _client_hello(self, reader: BufferedByteReceiveStream, c: _Connection) -> bytes | None:
+    async def client_hello(self, reader: BufferedByteReceiveStream, c: _Connection) -> bytes | None:
         """The ClientHello the tunnel starts with, if it names ``c.host``; None (and the verdict) if not."""
         c.verdict = "refused"
         try:
@@ -389,11 +322,3 @@ class EgressProxy:
             secrets=c.secrets,
             trace_id=tracing.trace_id(),
         )
-
-
-def _is_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True

@@ -2,7 +2,8 @@
 
 The sandbox's handshake (with a leaf of :class:`~.authority.Authority`) and the proxy's own to the
 host (verified against the host's roots and ``egress_upstream_ca``) run side by side, so the
-first request waits for the slower of the two, not their sum. The proxy's own resumes the TLS
+first request waits for the slower of the two, not their sum (or is a kept one, :mod:`.pool`, and
+only the sandbox's runs: :func:`sandbox_tls`). The proxy's own resumes the TLS
 session of its last connection to the same host for the same tenant (:class:`Sessions`): a
 resumed handshake skips the certificate checks and most of the key exchange's work.
 
@@ -20,7 +21,7 @@ import anyio
 from anyio.abc import ByteStream
 from anyio.streams.tls import TLSAttribute, TLSStream
 
-__all__ = ["SessionKey", "Sessions", "handshakes"]
+__all__ = ["SessionKey", "Sessions", "handshakes", "open_upstream", "sandbox_tls"]
 
 SessionKey = tuple[str, str, int]  # tenant, host, port
 _FAILED = (ssl.SSLError, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError)
@@ -61,9 +62,14 @@ class Sessions:
             self._kept.popitem(last=False)
 
 
-async def _open_upstream(
+async def open_upstream(
     upstream: ByteStream, host: str, context: ssl.SSLContext, session: ssl.SSLSession | None
 ) -> TLSStream:
+    """The proxy's own TLS to ``host`` over ``upstream`` (``context`` verifying it, resuming ``session``).
+
+    Raises:
+        ssl.SSLError, OSError, anyio.EndOfStream, anyio.BrokenResourceError: the handshake failed.
+    """
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     ssl_object = context.wrap_bio(incoming, outgoing, server_hostname=host, session=session)
     stream = TLSStream(
@@ -97,7 +103,7 @@ async def handshakes(
     async def upstream_side() -> None:
         try:
             with anyio.fail_after(limit):
-                opened.append(await _open_upstream(upstream, host, context, session))
+                opened.append(await open_upstream(upstream, host, context, session))
         except _FAILED:
             pass
 
@@ -110,3 +116,12 @@ async def handshakes(
         except _FAILED:
             group.cancel_scope.cancel()
     return (ended[0] if ended else None), (opened[0] if opened else None)
+
+
+async def sandbox_tls(sandbox: ByteStream, leaf: ssl.SSLContext, limit: float) -> TLSStream | None:
+    """The sandbox's TLS alone (``leaf`` presented; the proxy's own to the host is a kept one); None if it failed."""
+    try:
+        with anyio.fail_after(limit):
+            return await TLSStream.wrap(sandbox, server_side=True, ssl_context=leaf, standard_compatible=False)
+    except _FAILED:
+        return None

@@ -104,13 +104,15 @@ class Engine:
     async def running(self) -> AsyncIterator[Engine]:
         """Run the engine's background work (session interpreters, warm sandboxes, reapers) for this block.
 
-        On the way out every session and warm sandbox is closed (bounded, shielded from cancellation).
+        On the way out every session and warm sandbox is closed (bounded, shielded from cancellation), and
+        the egress proxy's kept connections.
 
         Raises:
             RuntimeError: the engine is already running.
         """
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.backend.running())
+            stack.push_async_callback(self._opener.close_egress)
             await stack.enter_async_context(self._ready.running())  # after the sessions (born of it) on the way out
             await stack.enter_async_context(self._sessions.running())
             await stack.enter_async_context(self._pools.running())

@@ -107,6 +107,11 @@ class Opener:
         except ConfigError:
             self.session_relay = False  # the server refuses to start with these settings anyway
 
+    async def close_egress(self) -> None:
+        """Close the egress proxy's kept connections to the hosts a secret goes to (at the engine's end)."""
+        if self._authority is not None:
+            await self._authority.pool.aclose()
+
     async def host_uid(self, tenant: str) -> int | None:
         """The host uid of ``tenant``'s sandboxes when it is not ``sandbox_uid`` (see :mod:`mcp_sandbox.tenant_uids`).
 
