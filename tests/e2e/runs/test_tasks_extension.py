@@ -126,6 +126,10 @@ async def test_a_short_call_is_answered_at_once_a_long_one_with_a_task_then_its_
     assert final["status"] == "completed" and "error" not in final
     assert final["result"]["structuredContent"]["stdout"] == "step 0\nstep 1\nstep 2\nstep 3\ndone\n"
     assert final["result"]["resultType"] == "complete" and final["result"]["isError"] is False
+    # Both answers link the run's MCP Apps view: the task at once, the result when it is inlined.
+    view = created["_meta"]["ui"]["resourceUri"]
+    assert view.startswith("ui://mcp-sandbox/run/") and short["_meta"]["ui"]["resourceUri"] != view
+    assert final["result"]["_meta"]["ui"]["resourceUri"] == view
 
 
 async def test_a_client_that_declared_nothing_keeps_the_blocking_call_and_is_refused_tasks(base: str) -> None:

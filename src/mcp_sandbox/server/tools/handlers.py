@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -58,6 +59,9 @@ __all__ = ["ToolHandlers"]
 
 def _error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+
+
+_T = TypeVar("_T")
 
 
 class ToolHandlers:
@@ -114,7 +118,7 @@ class ToolHandlers:
         """The call's result; a ``CreateTaskResult`` of the 2026-07-28 tasks extension when the
         client declared it and the run outlasted ``task_after`` (:mod:`..tasks.extension`)."""
         if self.extension.applies(ctx, params.name):
-            return await self.extension.call(ctx, params.name, params.arguments)
+            return await self._viewed(ctx, lambda: self.extension.call(ctx, params.name, params.arguments))
         raw_params = getattr(ctx, "params", None)
         if (view_id := stop_request(raw_params if isinstance(raw_params, dict) else None)) is not None:
             return self._stop(tenant_of(getattr(ctx, "request", None)), view_id)
@@ -124,22 +128,27 @@ class ToolHandlers:
 
     async def call_as_task(self, ctx: Any) -> dict[str, Any] | None:
         """:meth:`.TaskMethods.call_as_task`, a run's task linking the run's view in its ``_meta``."""
+        return await self._viewed(ctx, lambda: self.tasks.call_as_task(ctx))
+
+    async def _viewed(self, ctx: Any, start: Callable[[], Awaitable[_T]]) -> _T:
+        """``start()``'s answer to a run tool's call; a task it answers with links the run's view (a
+        result links it already: the run tool takes the view opened here)."""
         params = ctx.params if isinstance(ctx.params, dict) else {}
         name = params.get("name")
         if name not in ("run_python", "run_code"):
-            return await self.tasks.call_as_task(ctx)
+            return await start()
         raw = params.get("arguments")
         view = self.views.open(
             tenant_of(getattr(ctx, "request", None)), str(name), raw if isinstance(raw, dict) else None
         )
         opened = OPENED.set(view)  # the task's run starts in a copy of this context, and takes it
         try:
-            created = await self.tasks.call_as_task(ctx)
+            answer = await start()
         finally:
             OPENED.reset(opened)
-        if created is not None:
-            created["_meta"] = {**created.get("_meta", {}), **view_meta(view)}
-        return created
+        if isinstance(answer, dict):
+            answer["_meta"] = {**answer.get("_meta", {}), **view_meta(view)}
+        return answer
 
     def _stop(self, tenant: str, view_id: str) -> types.CallToolResult:
         """A run view's Stop: end the tenant's run ``view_id`` (runs nothing)."""
