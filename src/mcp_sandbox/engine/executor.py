@@ -27,6 +27,7 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.ready import ReadyPool
@@ -101,10 +102,12 @@ class Engine:
     # --- lifecycle --------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Engine]:
+    async def running(self, parked: ParkedStates | None = None) -> AsyncIterator[Engine]:
         """Run the engine's background work (session interpreters, warm sandboxes, reapers) for this block.
 
-        On the way out every session and warm sandbox is closed (bounded, shielded from cancellation).
+        ``parked``: where idle sessions are parked (``session_park_after``) and resumed from; None:
+        sessions are never parked. On the way out every idle session is parked, then every session
+        and warm sandbox is closed (bounded, shielded from cancellation).
 
         Raises:
             RuntimeError: the engine is already running.
@@ -112,7 +115,7 @@ class Engine:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.backend.running())
             await stack.enter_async_context(self._ready.running())  # after the sessions (born of it) on the way out
-            await stack.enter_async_context(self._sessions.running())
+            await stack.enter_async_context(self._sessions.running(parked))
             await stack.enter_async_context(self._pools.running())
             yield self
 

@@ -31,6 +31,7 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
@@ -314,7 +315,7 @@ async def open_service(
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
                 open_mediator(settings, discovery, events) as mediator,
-                engine.running(),
+                engine.running(ParkedStates(layout, secret)),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
             ):

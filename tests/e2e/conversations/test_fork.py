@@ -53,6 +53,8 @@ def double(x, factor=2):
     return x * factor
 class Local:
     pass
+class Tagged(metaclass=type("Meta", (type,), {})):
+    pass
 gen = (i for i in range(3))
 open('/workspace/data.txt', 'w').write('source data')
 import os
@@ -77,10 +79,11 @@ async def test_a_fork_sees_the_sources_variables_functions_modules_and_files(cli
     assert data["stdout"] == '[1, 2, 3] 2 42 {"k": 1} source data nested data.txt\n'
     assert data["session"] == "new"
     report = data["fork"]
-    assert (report["from"], report["files"], report["variables"]) == (source, 2, 6)  # json, collections, os too
+    # json, collections, os and the class Local too
+    assert (report["from"], report["files"], report["variables"]) == (source, 2, 7)
     assert report["modules"] > 0
     skipped = " ".join(report["skipped"])
-    assert "Local (a class defined in a run" in skipped
+    assert "Tagged (a class with a metaclass of its own" in skipped
     assert "gen (" in skipped
     assert sorted(entry["name"] for entry in data["files"]) == ["data.txt", "sub/deeper/n.txt"]
 

@@ -1,0 +1,188 @@
+"""Parked sessions: an idle interpreter's variables saved beside its conversation, resumed by its next run.
+
+A park is a fork's snapshot (the runtime's ``fork.py``: modules, functions and classes by value,
+every picklable variable) written to ``state_dir/parked/<key>.state`` instead of a fork's
+nameless file (:mod:`.fork_state`), then the session's sandbox is released. The next run of the
+conversation, in a session born of a ready sandbox, gets the file through the same pipe a fork's
+first run does and says ``session: resumed``, naming what was not kept; the file is gone once
+loaded. The host never unpickles it: only the tenant's own sandboxes do.
+
+Integrity: the file ends with a trailer, an HMAC-SHA256 (the server secret's ``parked-state``
+key) over the conversation's key, its tenant and the snapshot: a file changed on disk or in the
+object store, or moved to another conversation (another tenant's), fails it, is refused with a
+clear error and deleted, and never reaches a sandbox. ``parked/`` is the server's alone (0700):
+no sandbox sees it. The file counts in the conversation's quota (``WorkspaceStore.usage``) and
+is deleted with the conversation (``WorkspaceStore.delete``).
+
+Why not a process checkpoint (CRIU): see docs/design.md, "Parked sessions".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import uuid
+from dataclasses import dataclass
+
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.engine.fork_state import ForkState, spool_cap
+from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace.secret import derive_key
+
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedStates"]
+
+# The pickled variables a park keeps at most; larger ones are left out, each named on resume.
+PARK_VARIABLES_BYTES = 256 << 20
+
+_MAGIC = b"mcp-sandbox-park"  # 16 bytes
+_TRAILER = len(_MAGIC) + 8 + 32  # magic, the snapshot's size, its HMAC
+_READ_CHUNK = 1 << 20
+
+TAMPERED = (
+    "the conversation's parked interpreter state failed its integrity check (it was changed or moved "
+    "on disk or in the object store): it was not loaded, and is deleted; nothing ran. Run again to start "
+    "a fresh interpreter (the conversation's files are unchanged)"
+)
+
+
+def _framed(value: str) -> bytes:
+    data = value.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(8, "big") + data
+
+
+@dataclass
+class _Writer:
+    """A park's snapshot on its way to its file: the runtime's stdout, chunk by chunk, MAC'd as it goes."""
+
+    fd: int
+    mac: hmac.HMAC
+    cap: int
+    size: int = 0
+    over: bool = False
+    failed: OSError | None = None
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.cap:
+            self.over = True
+        if self.over or self.failed is not None:
+            return
+        self.mac.update(data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            self.failed = exc
+
+
+class ParkedStates:
+    """The parked states of one state directory, signed with the server secret's ``parked-state`` key."""
+
+    def __init__(self, layout: StateLayout, secret: bytes) -> None:
+        self._layout = layout
+        self._key = derive_key(secret, "parked-state")
+
+    def _mac(self, key: str, tenant: str) -> hmac.HMAC:
+        return hmac.new(self._key, _framed(key) + _framed(tenant), hashlib.sha256)
+
+    def exists(self, key: str) -> bool:
+        """Whether conversation ``key`` has a parked state."""
+        return self._layout.parked_state(key).is_file()
+
+    async def park(self, key: str, tenant: str, interpreter: Interpreter, budget: int) -> str | None:
+        """Save ``interpreter``'s variables (about ``budget`` bytes at most) as ``key``'s parked state,
+        replacing any earlier one; None when saved, else why not (nothing is left of it then).
+        The caller bounds it; cut short, the interpreter is killed (it cannot serve a run)."""
+        parked = await anyio.to_thread.run_sync(self._layout.prepare_parked)
+        partial = parked / f".{key}.{uuid.uuid4().hex}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        writer = _Writer(os.open(partial, flags, 0o600), self._mac(key, tenant), spool_cap(budget))
+        kept = False
+        try:
+            try:
+                dumped = await interpreter.snapshot(budget, writer.feed)
+            except BaseException:
+                await interpreter.kill()
+                raise
+            if writer.over:
+                return f"the snapshot passed the limit of {budget >> 20} MiB of variables"
+            if writer.failed is not None:
+                return f"the server could not write it ({os.strerror(writer.failed.errno or 0)})"
+            if not dumped or not writer.size:
+                return "the interpreter could not dump its variables"
+            trailer = _MAGIC + writer.size.to_bytes(8, "big") + writer.mac.digest()
+            await anyio.to_thread.run_sync(_finish, writer.fd, trailer, partial, self._layout.parked_state(key))
+            kept = True
+            return None
+        finally:
+            os.close(writer.fd)
+            if not kept:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial)
+
+    async def open(self, key: str, tenant: str) -> ForkState | None:
+        """``key``'s parked state, checked, as a fork's state to send into its resumed session (the
+        caller closes it); None when there is none. The file stays until :meth:`discard`.
+
+        Raises:
+            WorkspaceError: it failed its integrity check (:data:`TAMPERED`; the file is deleted),
+                or it cannot be read.
+        """
+        return await anyio.to_thread.run_sync(self._open, key, tenant)
+
+    def _open(self, key: str, tenant: str) -> ForkState | None:
+        path = self._layout.parked_state(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise WorkspaceError(f"the conversation's parked interpreter state cannot be read: {exc.strerror}") from exc
+        try:
+            size = self._checked(fd, key, tenant)
+        except BaseException:
+            os.close(fd)
+            raise
+        if size is None:
+            os.close(fd)
+            self.discard(key)
+            raise WorkspaceError(TAMPERED)
+        return ForkState(fd, size)
+
+    def _checked(self, fd: int, key: str, tenant: str) -> int | None:
+        """The snapshot's size if the file's trailer vouches for it, else None."""
+        total = os.fstat(fd).st_size
+        if total < _TRAILER:
+            return None
+        trailer = os.pread(fd, _TRAILER, total - _TRAILER)
+        size = int.from_bytes(trailer[len(_MAGIC) : len(_MAGIC) + 8], "big")
+        if trailer[: len(_MAGIC)] != _MAGIC or size != total - _TRAILER:
+            return None
+        mac = self._mac(key, tenant)
+        offset = 0
+        while offset < size:
+            chunk = os.pread(fd, min(_READ_CHUNK, size - offset), offset)
+            if not chunk:
+                return None
+            mac.update(chunk)
+            offset += len(chunk)
+        return size if hmac.compare_digest(mac.digest(), trailer[-32:]) else None
+
+    def discard(self, key: str) -> None:
+        """Delete ``key``'s parked state, if any (loaded, reset, or refused)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._layout.parked_state(key))
+
+
+def _finish(fd: int, trailer: bytes, partial: os.PathLike[str], path: os.PathLike[str]) -> None:
+    """Append the trailer, make the file durable, and put it in place atomically."""
+    os.write(fd, trailer)
+    os.fsync(fd)
+    os.replace(partial, path)
