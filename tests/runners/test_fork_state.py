@@ -24,7 +24,7 @@ def _defined(code: str) -> dict[str, Any]:
 
 def _carried(namespace: dict[str, Any], budget: int = MiB) -> tuple[dict[str, Any], dict[str, Any]]:
     target: dict[str, Any] = {"__builtins__": __builtins__}
-    report = fork.load("\n" + fork.dump(namespace, budget), target)
+    report = fork.load(b"a thread's print\n" + fork.dump(namespace, budget), target)
     return target, report
 
 
@@ -84,7 +84,7 @@ def test_classes_their_instances_and_closures_over_values_are_carried_by_value()
         dumped = fork.dump(module.__dict__, MiB)
         target = types.ModuleType("__main__")
         sys.modules["__main__"] = target
-        report = fork.load("\n" + dumped, target.__dict__)
+        report = fork.load(dumped, target.__dict__)
     finally:
         sys.modules["__main__"] = saved
     made = target.__dict__
@@ -120,7 +120,7 @@ def test_an_object_that_prints_or_exits_while_pickled_spoils_nothing_else() -> N
 def test_a_state_that_is_not_a_dump_carries_nothing_and_says_so() -> None:
     target: dict[str, Any] = {}
 
-    report = fork.load("not base64 at all!", target)
+    report = fork.load(b"not a dump at all!", target)
 
     assert target == {}
     assert report["variables"] == 0

@@ -1,6 +1,6 @@
 """A session's ``__main__`` carried into a fork: dumped in the source's sandbox, loaded in the fork's.
 
-The host carries the dump as opaque base64 and never unpickles it: only the two sandboxes of the
+The host carries the dump as opaque bytes and never unpickles it: only the two sandboxes of the
 same tenant do. What is carried: the top-level modules the source imported (imported again),
 functions and classes its runs defined (by value: their code marshalled, what their closures hold
 pickled, a class's methods and attributes one by one; an instance of such a class pickles by
@@ -12,8 +12,6 @@ session's state (the host's ``engine/parking.py``) is the same dump.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import importlib
 import io
@@ -26,6 +24,12 @@ from typing import Any
 __all__ = ["dump", "load"]
 
 _FORMAT = 2
+# A dump is the variables' pickles one after the other, then the index (a pickle: what each one
+# is, where, and the rest), then the lengths of both and this mark: its end says where it begins,
+# so what a thread of the source wrote to the same stdout before it is not taken for it, and each
+# variable is unpickled from a view of the one buffer read (no copy of it in between).
+_MARK = b"\x00mcp-sandbox-fork"
+_TRAILER = 16 + len(_MARK)
 # Names every run gets again anyway (the library's, code mode's): never carried.
 _REBOUND = frozenset({"saved", "mcp", "mcp_servers", "LOADED_MCP_SERVERS"})
 _MAX_SKIPPED = 20
@@ -134,8 +138,9 @@ def _load_class(carried: tuple[str, list[Any], list[Any]], name: str, namespace:
     return cls
 
 
-def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> str:
-    """``namespace`` as base64 of at most about ``budget`` bytes (larger variables are skipped, named)."""
+def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> bytes:
+    """``namespace`` as bytes, at most about ``budget`` of them (larger variables are skipped, named),
+    ending with their length and a mark (:func:`load` finds them by it)."""
     modules = sorted(
         {name.partition(".")[0] for name in list(sys.modules) if not name.startswith("_") and name != "__main__"}
     )
@@ -185,17 +190,33 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
         "values": values,
         "skipped": skipped,
     }
-    return base64.b64encode(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    blobs = [data for _, data in values]
+    payload["values"] = [(name, len(data)) for name, data in values]
+    index = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    blob = sum(len(data) for data in blobs)
+    return b"".join([*blobs, index, len(index).to_bytes(8, "big"), blob.to_bytes(8, "big"), _MARK])
 
 
-def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
+def _payload(state: bytes) -> tuple[Any, memoryview]:
+    """The index of the dump at the end of ``state``, and a view of its variables' pickles."""
+    if len(state) < _TRAILER or not state.endswith(_MARK):
+        raise ValueError("not a snapshot of this runtime (no mark at its end)")
+    index = int.from_bytes(state[-_TRAILER : -_TRAILER + 8], "big")
+    blob = int.from_bytes(state[-_TRAILER + 8 : -len(_MARK)], "big")
+    if index + blob > len(state) - _TRAILER:
+        raise ValueError("a snapshot cut short")
+    view = memoryview(state)
+    end = len(state) - _TRAILER
+    return pickle.loads(view[end - index : end]), view[end - index - blob : end - index]
+
+
+def load(state: bytes, namespace: dict[str, Any]) -> dict[str, Any]:
     """Load what :func:`dump` gave into ``namespace``; the report: variables and modules carried, skipped."""
     try:
-        # The last line: whatever a background thread of the source wrote first is not the dump.
-        payload = pickle.loads(base64.b64decode(state.rstrip("\n").rpartition("\n")[2], validate=True))
+        payload, blob = _payload(state)
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
             raise ValueError("not a snapshot of this runtime")
-    except (ValueError, binascii.Error, pickle.UnpicklingError, EOFError) as exc:
+    except (ValueError, pickle.UnpicklingError, EOFError) as exc:
         return {"variables": 0, "modules": 0, "skipped": [f"all variables ({_why(exc)})"]}
     skipped: list[str] = list(payload["skipped"])
     quiet = io.StringIO()
@@ -223,7 +244,9 @@ def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
             skipped.append(f"{name} ({_why(exc)})")
             continue
         carried += 1
-    for name, data in payload["values"]:
+    offset = 0
+    for name, size in payload["values"]:
+        data, offset = blob[offset : offset + size], offset + size
         try:
             kind, value = pickle.loads(data)
             namespace[name] = importlib.import_module(value) if kind == "module" else value
