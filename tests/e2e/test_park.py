@@ -16,6 +16,9 @@ import anyio
 import pytest
 from mcp import Client
 
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import WorkspaceStore, load_secret
 from mcp_test_helpers import memory_client, poll, run_python, structured, text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -78,6 +81,13 @@ def _parked(state_dir: Path) -> list[Path]:
     return sorted(parked.glob("*.state")) if parked.is_dir() else []
 
 
+def _state(state_dir: Path, conversation: str) -> Path:
+    """Where the server parks the default tenant's ``conversation`` (its key, as the server's secret makes it)."""
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
+    key = WorkspaceStore(settings, load_secret(state_dir)).key("default", conversation)
+    return StateLayout.of(settings).parked_state(key)
+
+
 @pytest.fixture
 async def parking(state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
     """A service that parks a session idle for a second."""
@@ -91,8 +101,10 @@ async def test_an_idle_session_is_parked_and_resumed_with_its_variables_naming_w
     conversation = _new()
     defined = await _run(parking, _DEFINE, conversation)
     assert defined["status"] == "success", defined
+    state = _state(state_dir, conversation)
     with anyio.fail_after(_PARK_WAIT):
-        await poll(lambda: len(_parked(state_dir)) == 1)
+        await poll(state.exists)
+    parked = state.stat().st_ino
 
     result = await run_python(parking, {"code": _CHECK, "conversationId": conversation})
     resumed = structured(result)
@@ -103,7 +115,7 @@ async def test_an_idle_session_is_parked_and_resumed_with_its_variables_naming_w
     not_kept = " ".join(resumed["notKept"])
     assert "pending" in not_kept and "handle" in not_kept
     assert "(session: resumed; not kept: pending" in text(result)
-    assert _parked(state_dir) == []  # loaded: no longer kept (and not parked again within the second)
+    assert not state.exists() or state.stat().st_ino != parked  # loaded, deleted (or parked anew since)
 
 
 async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resumes_it(
@@ -171,3 +183,22 @@ async def test_a_parked_state_moved_to_another_conversation_is_refused(parking: 
         assert refused["status"] == "error", refused
         assert "failed its integrity check" in refused["error"]
     assert _parked(state_dir) == []
+
+
+async def test_a_fork_of_a_parked_conversation_carries_its_variables_and_leaves_it_parked(
+    parking: Client, state_dir: Path
+) -> None:
+    source, fork = _new(), _new()
+    assert (await _run(parking, "class Point:\n    x = 3\nplace = Point()", source))["status"] == "success"
+    state = _state(state_dir, source)
+    with anyio.fail_after(_PARK_WAIT):
+        await poll(state.exists)
+
+    forked = await _run(parking, "print(place.x, type(place).__name__)", fork, forkFrom=source)
+    still_parked = state.exists()
+    resumed = await _run(parking, "print(place.x)", source)
+
+    assert (forked["status"], forked["stdout"]) == ("success", "3 Point\n"), forked
+    assert forked["fork"]["variables"] == 2 and forked["session"] == "new"
+    assert still_parked
+    assert (resumed["session"], resumed["stdout"]) == ("resumed", "3\n")

@@ -155,11 +155,14 @@ class Engine:
 
     @contextlib.asynccontextmanager
     async def fork_source(
-        self, key: str, budget: int | None, grow: Callable[[int], None] | None = None
+        self, key: str, budget: int | None, grow: Callable[[int], None] | None = None, *, tenant: str = "default"
     ) -> AsyncIterator[ForkState | str | None]:
-        """Hold session ``key`` between two runs (waiting for its running one; the caller bounds
-        the wait) and yield its variables as a fork's state, or why they are not carried, or None
-        where it has no live interpreter.
+        """Hold session ``key`` (``tenant``'s) between two runs (waiting for its running one; the
+        caller bounds the wait) and yield its variables as a fork's state, or why they are not
+        carried, or None where it has neither a live interpreter nor a parked state.
+
+        A parked source's state is its file, checked (:mod:`.parking`), sent as it is: it is
+        already counted in the source's bytes, which the caller reserved for the copy.
 
         ``budget``: the bytes of variables carried at most (larger ones are skipped, named);
         None: none are (the session is only held still while its files are copied). The state is
@@ -169,10 +172,13 @@ class Engine:
         Raises:
             QuotaExceededError: ``grow`` refused a chunk (a disk budget); nothing is left of it.
             OSError: the file for the state cannot be made.
+            WorkspaceError: the source's parked state failed its integrity check (deleted).
         """
         async with self._sessions.holding(key) as interpreter:
             taken: ForkState | str | None = None
-            if interpreter is not None and budget is not None:
+            if interpreter is None and budget is not None:
+                taken = await self._sessions.parked_state(key, tenant)
+            elif interpreter is not None and budget is not None:
                 spool = Spool(self._opener.layout.prepare_runs(), budget, grow)
                 try:
                     dumped = await interpreter.snapshot(budget, spool.feed)

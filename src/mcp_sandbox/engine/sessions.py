@@ -190,6 +190,14 @@ class SessionManager:
             session.users -= 1
             self._forget_if_unused(session)
 
+    async def parked_state(self, key: str, tenant: str) -> ForkState | None:
+        """``key``'s parked state, checked, for a fork to carry (the caller closes it); None if it has none.
+
+        Raises:
+            WorkspaceError: it failed its integrity check (deleted), or cannot be read.
+        """
+        return None if self._parked is None else await self._parked.open(key, tenant)
+
     async def unpark(self, key: str) -> None:
         """Delete ``key``'s parked state: its resumed session has loaded it."""
         if self._parked is not None:
