@@ -202,3 +202,11 @@ async def test_a_fork_of_a_parked_conversation_carries_its_variables_and_leaves_
     assert forked["fork"]["variables"] == 2 and forked["session"] == "new"
     assert still_parked
     assert (resumed["session"], resumed["stdout"]) == ("resumed", "3\n")
+
+
+async def test_with_parking_off_a_graceful_stop_parks_nothing(state_dir: Path, sandbox_runtime: Path | None) -> None:
+    conversation = _new()
+    async with memory_client(state_dir, sandbox_runtime, session_park_after=0) as client:
+        assert (await _run(client, "lost = 1", conversation))["status"] == "success"
+
+    assert _parked(state_dir) == []

@@ -149,6 +149,10 @@ class Engine:
         """The warm and pre-started sandboxes of every host uid (for status, metrics and tests)."""
         return self._pools
 
+    async def park_sessions(self) -> None:
+        """Park every idle session now (see :meth:`.SessionManager.park_idle`); nothing where parking is off."""
+        await self._sessions.park_idle()
+
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
         return await self._sessions.end(key)

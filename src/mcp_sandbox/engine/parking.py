@@ -14,6 +14,12 @@ clear error and deleted, and never reaches a sandbox. ``parked/`` is the server'
 no sandbox sees it. The file counts in the conversation's quota (``WorkspaceStore.usage``) and
 is deleted with the conversation (``WorkspaceStore.delete``).
 
+With replicas (``object_store_url``), each park is copied to the object store (``ParkedCopies``,
+``replicas/parked.py``) once it is in place here, and a resume fetches the store's copy, the one
+that counts (a replica that takes a conversation over has none of its own, and one that had the
+conversation before may hold a stale one): a kill -9 of the owner loses what changed since the
+last park, not everything. A loaded or refused state is deleted in both places.
+
 Why not a process checkpoint (CRIU): see docs/design.md, "Parked sessions".
 """
 
@@ -22,9 +28,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import logging
 import os
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -35,7 +44,9 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.secret import derive_key
 
-__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedStates"]
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates"]
+
+logger = logging.getLogger(__name__)
 
 # The pickled variables a park keeps at most; larger ones are left out, each named on resume.
 PARK_VARIABLES_BYTES = 256 << 20
@@ -82,12 +93,30 @@ class _Writer:
             self.failed = exc
 
 
-class ParkedStates:
-    """The parked states of one state directory, signed with the server secret's ``parked-state`` key."""
+class ParkedCopies(Protocol):
+    """Where parked states are copied for other replicas (the object store). Blocking methods.
 
-    def __init__(self, layout: StateLayout, secret: bytes) -> None:
+    Each raises :class:`~mcp_sandbox.errors.WorkspaceError` when the store refused or cannot be reached.
+    """
+
+    def upload(self, key: str, path: Path) -> None:
+        """Store the file ``path`` as ``key``'s parked state."""
+
+    def download(self, key: str, path: Path) -> bool:
+        """Write ``key``'s stored parked state to the new file ``path``; False if there is none."""
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``'s stored parked state, if any."""
+
+
+class ParkedStates:
+    """The parked states of one state directory, signed with the server secret's ``parked-state`` key;
+    with ``copies``, each also kept there for other replicas."""
+
+    def __init__(self, layout: StateLayout, secret: bytes, copies: ParkedCopies | None = None) -> None:
         self._layout = layout
         self._key = derive_key(secret, "parked-state")
+        self._copies = copies
 
     def _mac(self, key: str, tenant: str) -> hmac.HMAC:
         return hmac.new(self._key, _framed(key) + _framed(tenant), hashlib.sha256)
@@ -118,8 +147,14 @@ class ParkedStates:
             if not dumped or not writer.size:
                 return "the interpreter could not dump its variables"
             trailer = _MAGIC + writer.size.to_bytes(8, "big") + writer.mac.digest()
-            await anyio.to_thread.run_sync(_finish, writer.fd, trailer, partial, self._layout.parked_state(key))
+            path = self._layout.parked_state(key)
+            await anyio.to_thread.run_sync(_finish, writer.fd, trailer, partial, path)
             kept = True
+            if self._copies is not None:
+                try:
+                    await anyio.to_thread.run_sync(self._copies.upload, key, path)
+                except WorkspaceError as exc:  # parked here all the same; only a takeover would miss it
+                    logger.warning("a parked session's state could not be copied to the object store: %s", exc)
             return None
         finally:
             os.close(writer.fd)
@@ -140,6 +175,8 @@ class ParkedStates:
     def _open(self, key: str, tenant: str) -> ForkState | None:
         path = self._layout.parked_state(key)
         try:
+            if self._copies is not None and not self._fetch(key, path):
+                return None
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
@@ -155,6 +192,31 @@ class ParkedStates:
             self.discard(key)
             raise WorkspaceError(TAMPERED)
         return ForkState(fd, size)
+
+    def _fetch(self, key: str, path: Path) -> bool:
+        """Make ``path`` the object store's copy of ``key``'s parked state; whether there is one.
+
+        With replicas the store's copy is the one: another replica may have resumed and parked the
+        conversation since this one last did, so a copy here may be stale (it is deleted when the
+        store has none). Where the store cannot be reached, the copy here is used, if any.
+        """
+        assert self._copies is not None
+        partial = self._layout.prepare_parked() / f".{key}.{uuid.uuid4().hex}"
+        try:
+            try:
+                found = self._copies.download(key, partial)
+            except WorkspaceError as exc:
+                logger.warning("a parked state could not be fetched (the local one is used): %s", exc)
+                return path.exists()
+            if not found:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return False
+            os.replace(partial, path)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
 
     def _checked(self, fd: int, key: str, tenant: str) -> int | None:
         """The snapshot's size if the file's trailer vouches for it, else None."""
@@ -176,9 +238,15 @@ class ParkedStates:
         return size if hmac.compare_digest(mac.digest(), trailer[-32:]) else None
 
     def discard(self, key: str) -> None:
-        """Delete ``key``'s parked state, if any (loaded, reset, or refused)."""
+        """Delete ``key``'s parked state, if any (loaded, reset, or refused), here and in the object store
+        (where the store cannot be reached, logged: a takeover could then resume that state)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._layout.parked_state(key))
+        if self._copies is not None:
+            try:
+                self._copies.delete(key)
+            except WorkspaceError as exc:
+                logger.warning("a parked session's state could not be deleted from the object store: %s", exc)
 
 
 def _finish(fd: int, trailer: bytes, partial: os.PathLike[str], path: os.PathLike[str]) -> None:

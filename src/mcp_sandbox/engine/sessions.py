@@ -104,8 +104,7 @@ class SessionManager:
                 failure = exc
             finally:
                 self._group = None
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_PARK_ALL_SECONDS):
-                    await self._park_all()
+                await self.park_idle()
                 self._parked = None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._close_all("the server is shutting down")
@@ -360,14 +359,18 @@ class SessionManager:
             session.users -= 1
             self._forget_if_unused(session)
 
-    async def _park_all(self) -> None:
-        """Park every idle session (a graceful stop), each beside the others."""
-        if self._parked is None:
+    async def park_idle(self) -> None:
+        """Park every idle session now, each beside the others (a graceful stop; a replica's drain,
+        before it gives their leases back); bounded, shielded from cancellation. One that could not
+        be parked before is not tried again. None with ``session_park_after`` 0 (states parked before
+        are still resumed)."""
+        if self._parked is None or not self._settings.sessions.session_park_after:
             return
-        async with anyio.create_task_group() as parking:
-            for session in list(self._sessions.values()):
-                if session.users == 0 and session.live is not None:
-                    parking.start_soon(self._park, session, False)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_PARK_ALL_SECONDS):
+            async with anyio.create_task_group() as parking:
+                for session in list(self._sessions.values()):
+                    if session.users == 0 and session.live is not None and not session.unparked:
+                        parking.start_soon(self._park, session, False)
 
     async def _close_all(self, reason: str) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}

@@ -157,7 +157,7 @@ async def test_a_fork_of_an_idle_source_carries_its_files_and_says_its_variables
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
     source, fork = _new(), _new()
-    async with memory_client(state_dir, sandbox_runtime) as client:
+    async with memory_client(state_dir, sandbox_runtime, session_park_after=0) as client:  # not parked at its stop
         await _ok(client, "x = 1\nopen('kept.txt', 'w').write('k')", source)
     async with memory_client(state_dir, sandbox_runtime) as client:  # a new server: no live interpreter
         data = await _run(client, "print(open('kept.txt').read(), 'x' in globals())", fork, forkFrom=source)
