@@ -210,3 +210,21 @@ async def test_with_parking_off_a_graceful_stop_parks_nothing(state_dir: Path, s
         assert (await _run(client, "lost = 1", conversation))["status"] == "success"
 
     assert _parked(state_dir) == []
+
+
+async def test_a_park_keeps_no_more_variables_than_the_conversations_quota_leaves(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    conversation = _new()
+    code = "open('fill.bin', 'wb').write(b'f' * (700 << 10))\nbig = b'b' * (500 << 10)\nsmall = 7"
+    async with memory_client(state_dir, sandbox_runtime, session_park_after=1.0, quota_bytes=1 << 20) as client:
+        assert (await _run(client, code, conversation))["status"] == "success"
+        state = _state(state_dir, conversation)
+        with anyio.fail_after(_PARK_WAIT):
+            await poll(state.exists)
+        size = state.stat().st_size
+        resumed = await _run(client, "print(small, 'big' in globals())", conversation)
+
+    assert size < 300 << 10  # what the quota left: the 500 KiB variable is not in it
+    assert (resumed["session"], resumed["stdout"]) == ("resumed", "7 False\n")
+    assert any(entry.startswith("big (over the limit of") for entry in resumed["notKept"]), resumed

@@ -101,7 +101,7 @@ def test_variables_past_the_budget_are_skipped_and_the_rest_carried() -> None:
     target, report = _carried(source, budget=MiB)
 
     assert target == {"__builtins__": __builtins__, "small": b"y"}
-    assert report["skipped"] == ["big (over the fork's limit of 1 MiB of variables)"]
+    assert report["skipped"] == ["big (over the limit of 1 MiB of variables)"]
 
 
 class _Loud:

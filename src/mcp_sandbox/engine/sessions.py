@@ -25,6 +25,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.disk import measure
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
@@ -348,7 +349,8 @@ class SessionManager:
                     return
                 why: str | None = "it took too long"
                 with anyio.move_on_after(_PARK_SECONDS):
-                    why = await parked.park(session.key, session.tenant, live.interpreter, PARK_VARIABLES_BYTES)
+                    budget = await anyio.to_thread.run_sync(self._park_budget, live.workspace)
+                    why = await parked.park(session.key, session.tenant, live.interpreter, budget)
                 if why is not None:
                     session.unparked = True
                     logger.warning("a session could not be parked, it stays live: %s", why)
@@ -358,6 +360,15 @@ class SessionManager:
         finally:
             session.users -= 1
             self._forget_if_unused(session)
+
+    def _park_budget(self, workspace: Path) -> int:
+        """The bytes of variables a park of ``workspace``'s session may keep: what its quota leaves."""
+        quota = self._settings.workspaces.quota_bytes
+        try:
+            used = measure(workspace, 2 * self._settings.workspaces.quota_files + 1).bytes
+        except OSError:
+            used = quota
+        return max(0, min(PARK_VARIABLES_BYTES, quota - used))
 
     async def park_idle(self) -> None:
         """Park every idle session now, each beside the others (a graceful stop; a replica's drain,

@@ -178,7 +178,7 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
             skipped.append(f"{name} ({_why(exc)})")
             continue
         if used + len(data) > budget:
-            skipped.append(f"{name} (over the fork's limit of {budget >> 20} MiB of variables)")
+            skipped.append(f"{name} (over the limit of {budget >> 20} MiB of variables)")
             continue
         used += len(data)
         values.append((name, data))
