@@ -271,6 +271,12 @@ def delete_file(endpoint: str, url: str, name: str) -> None:
         delete_object(endpoint, url, name)
 
 
+def put_object(endpoint: str, url: str, name: str, body: bytes) -> None:
+    """Write object ``name`` under ``url`` behind the server's back (an attacker with the store's keys)."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    _client(endpoint).put_object(Bucket=bucket, Key=prefix.strip("/") + "/" + name, Body=body)
+
+
 def delete_object(endpoint: str, url: str, name: str) -> None:
     """Delete object ``name`` under ``url`` behind the server's back."""
     client = _client(endpoint)

@@ -25,6 +25,8 @@
                                         at once (sandbox/backends/bwrap/etc.py)
       workspaces/               0711  conversation directories (workspace/store.py)
         <key>/                  0700    its tenant's host uid's (tenant_uids.py)
+      parked/                   0700  parked sessions' interpreter states, one per conversation
+        <key>.state             0600    (engine/parking.py), deleted with the conversation
       uploads/                  0700  files being uploaded, renamed into a workspace when complete
         <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
       mirror/                   0700  with object_store_url: what the store holds of each workspace and
@@ -103,6 +105,15 @@ class StateLayout:
     def workspaces(self) -> Path:
         """Conversation directories, one per keyed hash of tenant and conversation id."""
         return self._shared / "workspaces"
+
+    @property
+    def parked(self) -> Path:
+        """Parked sessions' interpreter states, one file per conversation key (the server's alone)."""
+        return self.root / "parked"
+
+    def parked_state(self, key: str) -> Path:
+        """Where conversation ``key``'s parked interpreter state lives (whether or not it exists)."""
+        return self.parked / f"{key}.state"
 
     @property
     def uploads(self) -> Path:
@@ -214,6 +225,16 @@ class StateLayout:
         """
         self.uploads.mkdir(mode=0o700, exist_ok=True)
         return self.uploads
+
+    def prepare_parked(self) -> Path:
+        """Create ``root`` and ``parked/`` (0700, the server's own) if missing.
+
+        Raises:
+            OSError: they cannot be created.
+        """
+        self.make_root_private()
+        self.parked.mkdir(mode=0o700, exist_ok=True)
+        return self.parked
 
     def prepare_stubs(self) -> Path:
         """Create ``stubs/`` (0711) if missing; ``root`` must exist.

@@ -24,7 +24,7 @@ def _defined(code: str) -> dict[str, Any]:
 
 def _carried(namespace: dict[str, Any], budget: int = MiB) -> tuple[dict[str, Any], dict[str, Any]]:
     target: dict[str, Any] = {"__builtins__": __builtins__}
-    report = fork.load("\n" + fork.dump(namespace, budget), target)
+    report = fork.load(b"a thread's print\n" + fork.dump(namespace, budget), target)
     return target, report
 
 
@@ -47,18 +47,52 @@ def test_values_modules_and_plain_functions_are_carried_by_value() -> None:
 
 def test_what_cannot_be_carried_is_named_with_why() -> None:
     source = _defined(
-        "class Local:\n    pass\n"
-        "def outer():\n    y = 1\n    return lambda: y\n"
+        "class Tagged(metaclass=type('Meta', (type,), {})):\n    pass\n"
+        "def outer():\n    y = (i for i in range(2))\n    return lambda: y\n"
         "closure = outer()\ngen = (i for i in range(3))\nkept = 1\n"
     )
 
     target, report = _carried(source)
 
     skipped = " | ".join(report["skipped"])
-    assert "Local (a class defined in a run" in skipped
-    assert "closure (a closure" in skipped
+    assert "Tagged (a class with a metaclass of its own" in skipped
+    assert "closure (TypeError" in skipped
     assert "gen (TypeError" in skipped
-    assert target["kept"] == 1 and "gen" not in target and "Local" not in target
+    assert target["kept"] == 1 and "gen" not in target and "Tagged" not in target
+
+
+def test_classes_their_instances_and_closures_over_values_are_carried_by_value() -> None:
+    module = types.ModuleType("__main__")
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = module  # instances pickle by reference to __main__, as in the sandbox
+    try:
+        exec(
+            compile(
+                "class Base:\n    kind = 'base'\n    def __init__(self, v):\n        self.v = v\n"
+                "    def show(self):\n        return f'{self.kind}:{self.v}'\n"
+                "class Child(Base):\n    kind = 'child'\n    def show(self):\n        return 'C' + super().show()\n"
+                "    @staticmethod\n    def seven():\n        return 7\n"
+                "    @classmethod\n    def named(cls):\n        return cls.__name__\n"
+                "    @property\n    def double(self):\n        return self.v * 2\n"
+                "def outer():\n    y = [1, 2]\n    return lambda: y\n"
+                "closure = outer()\nitem = Child(5)\n",
+                "<main>",
+                "exec",
+            ),
+            module.__dict__,
+        )
+        dumped = fork.dump(module.__dict__, MiB)
+        target = types.ModuleType("__main__")
+        sys.modules["__main__"] = target
+        report = fork.load(dumped, target.__dict__)
+    finally:
+        sys.modules["__main__"] = saved
+    made = target.__dict__
+
+    assert report["skipped"] == []
+    assert made["item"].show() == "Cchild:5" and made["item"].double == 10
+    assert isinstance(made["item"], made["Base"]) and made["Child"] is not module.__dict__["Child"]
+    assert (made["Child"].seven(), made["Child"].named(), made["closure"]()) == (7, "Child", [1, 2])
 
 
 def test_variables_past_the_budget_are_skipped_and_the_rest_carried() -> None:
@@ -67,7 +101,7 @@ def test_variables_past_the_budget_are_skipped_and_the_rest_carried() -> None:
     target, report = _carried(source, budget=MiB)
 
     assert target == {"__builtins__": __builtins__, "small": b"y"}
-    assert report["skipped"] == ["big (over the fork's limit of 1 MiB of variables)"]
+    assert report["skipped"] == ["big (over the limit of 1 MiB of variables)"]
 
 
 class _Loud:
@@ -86,7 +120,7 @@ def test_an_object_that_prints_or_exits_while_pickled_spoils_nothing_else() -> N
 def test_a_state_that_is_not_a_dump_carries_nothing_and_says_so() -> None:
     target: dict[str, Any] = {}
 
-    report = fork.load("not base64 at all!", target)
+    report = fork.load(b"not a dump at all!", target)
 
     assert target == {}
     assert report["variables"] == 0

@@ -29,6 +29,7 @@ from mcp_sandbox.config.fields import (
     computed,
     database_url,
     duration,
+    duration_or_zero,
     host_id_range,
     language_images,
     module_names,
@@ -317,6 +318,15 @@ class SessionSettings:
     sessions: bool = setting(True, "Keep a conversation's interpreter between runs.")
     session_ttl: float = setting(
         600.0, "An idle session's interpreter is stopped after this (its files stay).", check=duration, unit=DURATION
+    )
+    session_park_after: float = setting(
+        300.0,
+        (
+            "An idle session's interpreter is parked after this: its variables saved with the conversation, "
+            "its sandbox released, the next run resumes them (0: never; parked at `session_ttl` at the latest)."
+        ),
+        check=duration_or_zero,
+        unit=DURATION,
     )
     max_sessions: int = setting(16, "Live interpreters; the least recently used idle one makes room.", check=positive)
     session_cpu_seconds: int = setting(3600, "CPU seconds one session's interpreter may use in all.", check=positive)

@@ -27,6 +27,7 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.ready import ReadyPool
@@ -101,11 +102,13 @@ class Engine:
     # --- lifecycle --------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[Engine]:
+    async def running(self, parked: ParkedStates | None = None) -> AsyncIterator[Engine]:
         """Run the engine's background work (session interpreters, warm sandboxes, reapers) for this block.
 
-        On the way out every session and warm sandbox is closed (bounded, shielded from cancellation), and
-        the egress proxy's kept connections.
+        ``parked``: where idle sessions are parked (``session_park_after``) and resumed from; None:
+        sessions are never parked. On the way out every idle session is parked, then every session
+        and warm sandbox is closed (bounded, shielded from cancellation), and the egress proxy's kept
+        connections.
 
         Raises:
             RuntimeError: the engine is already running.
@@ -114,7 +117,7 @@ class Engine:
             await stack.enter_async_context(self.backend.running())
             stack.push_async_callback(self._opener.close_egress)
             await stack.enter_async_context(self._ready.running())  # after the sessions (born of it) on the way out
-            await stack.enter_async_context(self._sessions.running())
+            await stack.enter_async_context(self._sessions.running(parked))
             await stack.enter_async_context(self._pools.running())
             yield self
 
@@ -148,17 +151,24 @@ class Engine:
         """The warm and pre-started sandboxes of every host uid (for status, metrics and tests)."""
         return self._pools
 
+    async def park_sessions(self) -> None:
+        """Park every idle session now (see :meth:`.SessionManager.park_idle`); nothing where parking is off."""
+        await self._sessions.park_idle()
+
     async def end_session(self, key: str) -> bool:
         """Stop session ``key``'s interpreter now (a run in it fails); False if it had none."""
         return await self._sessions.end(key)
 
     @contextlib.asynccontextmanager
     async def fork_source(
-        self, key: str, budget: int | None, grow: Callable[[int], None] | None = None
+        self, key: str, budget: int | None, grow: Callable[[int], None] | None = None, *, tenant: str = "default"
     ) -> AsyncIterator[ForkState | str | None]:
-        """Hold session ``key`` between two runs (waiting for its running one; the caller bounds
-        the wait) and yield its variables as a fork's state, or why they are not carried, or None
-        where it has no live interpreter.
+        """Hold session ``key`` (``tenant``'s) between two runs (waiting for its running one; the
+        caller bounds the wait) and yield its variables as a fork's state, or why they are not
+        carried, or None where it has neither a live interpreter nor a parked state.
+
+        A parked source's state is its file, checked (:mod:`.parking`), sent as it is: it is
+        already counted in the source's bytes, which the caller reserved for the copy.
 
         ``budget``: the bytes of variables carried at most (larger ones are skipped, named);
         None: none are (the session is only held still while its files are copied). The state is
@@ -168,10 +178,13 @@ class Engine:
         Raises:
             QuotaExceededError: ``grow`` refused a chunk (a disk budget); nothing is left of it.
             OSError: the file for the state cannot be made.
+            WorkspaceError: the source's parked state failed its integrity check (deleted).
         """
         async with self._sessions.holding(key) as interpreter:
             taken: ForkState | str | None = None
-            if interpreter is not None and budget is not None:
+            if interpreter is None and budget is not None:
+                taken = await self._sessions.parked_state(key, tenant)
+            elif interpreter is not None and budget is not None:
                 spool = Spool(self._opener.layout.prepare_runs(), budget, grow)
                 try:
                     dumped = await interpreter.snapshot(budget, spool.feed)

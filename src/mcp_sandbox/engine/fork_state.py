@@ -1,6 +1,6 @@
 """A fork's variables on their way from its source's sandbox to its own: through a file, never whole in memory.
 
-The source's runtime writes its variables (opaque base64, the runtime's ``fork.py``) to its
+The source's runtime writes its variables (opaque bytes, the runtime's ``fork.py``) to its
 snapshot run's stdout; the host writes what it reads of that pipe, chunk by chunk, to an unlinked
 file in ``runs/`` (:class:`Spool`), each chunk reserved first against the fork's disk budgets and
 none past the cap. The fork's first run gets, with its EXEC frame, the read end of a pipe the
@@ -16,6 +16,7 @@ when the call ends, whichever comes first.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import uuid
@@ -32,10 +33,11 @@ __all__ = ["ForkState", "Spool", "StatePipe", "spool_cap", "state_pipe"]
 logger = logging.getLogger(__name__)
 
 _SEND_CHUNK = 1 << 20
+_PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask (fs.pipe-max-size's default)
 
 
 def spool_cap(budget: int) -> int:
-    """The bytes a snapshot of ``budget`` bytes of variables may take: its base64, and room for its frame."""
+    """The bytes a snapshot of ``budget`` bytes of variables may take, with room for its frame."""
     return 4 * (budget // 3) + (1 << 20)
 
 
@@ -89,6 +91,8 @@ class StatePipe:
         self._write: int | None = None
         if state is not None:
             self._read, self._write = os.pipe2(os.O_CLOEXEC)
+            with contextlib.suppress(OSError):  # fewer round trips through the event loop; the default where refused
+                fcntl.fcntl(self._write, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
 
     @property
     def ends(self) -> tuple[int, ...]:

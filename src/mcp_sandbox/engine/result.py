@@ -25,8 +25,9 @@ __all__ = [
 ]
 
 Status = Literal["success", "error", "timeout", "validation_error"]
-# "new": the run started a fresh interpreter for its session; "kept": earlier runs' variables were there.
-SessionState = Literal["new", "kept"]
+# "new": the run started a fresh interpreter for its session; "kept": earlier runs' variables were there;
+# "resumed": a fresh interpreter loaded the session's parked variables first (engine/parking.py).
+SessionState = Literal["new", "kept", "resumed"]
 
 EXIT_TIMEOUT = 124  # as GNU timeout(1)
 
@@ -117,6 +118,8 @@ class ExecutionResult:
             data["error"] = self.error
         if self.session is not None:
             data["session"] = self.session
+        if self.session == "resumed" and self.forked is not None and self.forked.skipped:
+            data["notKept"] = list(self.forked.skipped)
         if self.images_dropped:
             data["imagesDropped"] = self.images_dropped
         return data

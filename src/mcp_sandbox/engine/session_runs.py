@@ -85,8 +85,11 @@ class SessionPlacement:
                             environment = {**proxies, **request.environment}
                             run = dataclasses.replace(request, environment=environment)
                         file_size = overrun.file_size(settings.limits.max_file_size) if request.workspace else None
-                        fork = request.fork_state if lease.new else None  # a fork's first run: its variables
+                        # A fork's first run: its source's variables; a resumed session's: its parked ones.
+                        fork = (request.fork_state or lease.parked) if lease.new else None
                         await lease.interpreter.run(record, run, last=False, file_size=file_size, state=fork)
+                        if lease.parked is not None and record.forked is not None:  # loaded: no longer needed
+                            await self._sessions.unpark(request.session)
                 finally:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
@@ -97,6 +100,8 @@ class SessionPlacement:
                 result, request, "it was still waiting for the session's previous run to finish; nothing ran", None
             )
         state: SessionState = "new" if lease.new else "kept"
+        if lease.new and lease.parked is not None and request.fork_state is None:
+            state = "resumed"
         result = dataclasses.replace(
             captured(record, lease.interpreter, started), session=state, forked=record.forked, born=lease.born
         )

@@ -6,82 +6,46 @@ judged by the exit code its DONE frame reports; if the interpreter dies, the ses
 gone and the next run starts a new one. Where some tenant may be granted network, a session's
 sandbox holds a relay and an (empty) directory for the egress proxy's socket for life; the socket
 exists only during its runs granted network, and only those runs get the proxy variables.
+
+A session idle for ``session_park_after`` (and each one at a graceful stop) is parked where the
+manager runs with :class:`~.parking.ParkedStates`: its variables saved beside its conversation,
+its sandbox released; the run that next leases it gets the state to load first (``Lease.parked``).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.disk import measure
+from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.parking import PARK_VARIABLES_BYTES, ParkedStates
 from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_uids import ReadyByUid
-from mcp_sandbox.engine.tools_view import ToolsView
+from mcp_sandbox.engine.session_state import Lease, Live, Session
 from mcp_sandbox.errors import BusyError
 from mcp_sandbox.workspace.changes import ChangeGate
 
 __all__ = ["Lease", "SessionManager"]
 
+logger = logging.getLogger(__name__)
+
 # How long closing a session (kill, then remove its scratch files) may hold up whoever waits for it.
 _CLOSE_SECONDS = 10.0
 _REAP_MAX_INTERVAL = 5.0
-
-
-@dataclass(eq=False)
-class _Live:
-    """One interpreter of a session, from start to close."""
-
-    interpreter: Interpreter
-    tools: ToolsView
-    sockets: Path | None  # the directory for the egress proxy's socket (None: it holds no relay)
-    workspace: Path | None  # as requested (None: a scratch workspace of its own)
-    stop: anyio.Event = field(default_factory=anyio.Event)  # ask the owner task to close it
-    closed: anyio.Event = field(default_factory=anyio.Event)  # the owner task has closed it
-    ended: str | None = None  # why the host stopped it while a run may have been using it
-
-
-@dataclass(eq=False)
-class _Session:
-    key: str
-    last_used: float
-    tenant: str = "default"
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
-    users: int = 0  # runs holding or waiting for the lock
-    live: _Live | None = None
-
-
-@dataclass(eq=False)
-class Lease:
-    """One run's hold on its session, for the duration of the run."""
-
-    interpreter: Interpreter
-    tools: ToolsView
-    new: bool  # this run starts a fresh interpreter
-    _live: _Live
-    born: bool = False  # that interpreter is a session-ready sandbox's (see .ready)
-
-    @property
-    def sockets(self) -> Path | None:
-        """The directory the sandbox's relay reaches the egress proxy's socket in; None without a relay."""
-        return self._live.sockets
-
-    @property
-    def ended(self) -> str | None:
-        """Why the session was ended from outside during the run (``end_session``, shutdown), or None."""
-        return self._live.ended
-
-    async def discard(self) -> None:
-        """Kill the interpreter now (timeout, crash, broken protocol): the next run starts a new one."""
-        await self.interpreter.kill()
-        self._live.stop.set()
+# How long one park may take (its snapshot, then its file written), and all of them at a graceful stop.
+_PARK_SECONDS = 30.0
+_PARK_ALL_SECONDS = 30.0
 
 
 class SessionManager:
@@ -106,8 +70,9 @@ class SessionManager:
         self._opener = opener
         self._ready = ready
         self._gate = ChangeGate() if gate is None else gate
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._group: TaskGroup | None = None
+        self._parked: ParkedStates | None = None  # while running with parking
 
     def live(self) -> set[str]:
         """Keys of the sessions that exist (an interpreter running, starting or awaited)."""
@@ -118,10 +83,12 @@ class SessionManager:
         return {key for key, session in self._sessions.items() if session.users > 0}
 
     @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    async def running(self, parked: ParkedStates | None = None) -> AsyncIterator[None]:
         """Own the sessions: a task group with the reaper and every interpreter's owner task.
 
-        On the way out every session is closed (bounded, shielded from cancellation).
+        ``parked``: where idle sessions are parked and resumed from (None: never parked). On the
+        way out every idle session is parked, then every session is closed (bounded, shielded
+        from cancellation).
 
         Raises:
             RuntimeError: already running.
@@ -130,7 +97,7 @@ class SessionManager:
             raise RuntimeError("the session manager is already running")
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
-            self._group = group
+            self._group, self._parked = group, parked
             group.start_soon(self._reap)
             try:
                 yield
@@ -138,6 +105,8 @@ class SessionManager:
                 failure = exc
             finally:
                 self._group = None
+                await self.park_idle()
+                self._parked = None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._close_all("the server is shutting down")
                 group.cancel_scope.cancel()
@@ -160,15 +129,20 @@ class SessionManager:
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
         differs from the one it was started with. The caller bounds the wait (its deadline).
         With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is
-        idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`).
+        idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`). A new interpreter of
+        a conversation with a parked state gets it (``Lease.parked``; a preloading sandbox), unless
+        ``reset``, which deletes it.
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
             BusyError: the session is new and every live session (of the tenant, or in all) is busy.
             SandboxStartError: the interpreter could not be started.
+            WorkspaceError: the conversation's parked state failed its integrity check (deleted;
+                nothing was started), or cannot be read.
         """
         session = await self._acquire(key, tenant)
         ready: ReadySandbox | None = None
+        parked: ForkState | None = None
         try:
             live = session.live
             if live is not None and (reset or live.workspace != workspace or live.interpreter.exited.is_set()):
@@ -177,11 +151,19 @@ class SessionManager:
             new = live is None
             if live is None:
                 group = self._require_group()
+                if self._parked is not None and workspace is not None:
+                    if reset:
+                        await anyio.to_thread.run_sync(self._parked.discard, key)
+                    else:
+                        parked = await self._parked.open(key, tenant)
                 if born and workspace is not None:
+                    preloaded = preloaded or parked is not None
                     ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)
                 live = await group.start(self._own, session, workspace, ready)
-            yield Lease(live.interpreter, live.tools, new, live, born=ready is not None)
+            yield Lease(live.interpreter, live.tools, new, live, born=ready is not None, parked=parked)
         finally:
+            if parked is not None:
+                parked.close()
             if ready is not None:  # its replacement starts after this first run, not beside it
                 self._ready.settle(ready)
             session.last_used = anyio.current_time()
@@ -208,6 +190,19 @@ class SessionManager:
             session.users -= 1
             self._forget_if_unused(session)
 
+    async def parked_state(self, key: str, tenant: str) -> ForkState | None:
+        """``key``'s parked state, checked, for a fork to carry (the caller closes it); None if it has none.
+
+        Raises:
+            WorkspaceError: it failed its integrity check (deleted), or cannot be read.
+        """
+        return None if self._parked is None else await self._parked.open(key, tenant)
+
+    async def unpark(self, key: str) -> None:
+        """Delete ``key``'s parked state: its resumed session has loaded it."""
+        if self._parked is not None:
+            await anyio.to_thread.run_sync(self._parked.discard, key)
+
     async def end(self, key: str, reason: str = "the session was ended") -> bool:
         """Stop session ``key`` now, even mid-run (that run fails saying ``reason``); False if there was none."""
         session = self._sessions.pop(key, None)
@@ -228,7 +223,7 @@ class SessionManager:
             raise RuntimeError("sessions need a running engine: use `async with engine.running():`")
         return self._group
 
-    async def _acquire(self, key: str, tenant: str) -> _Session:
+    async def _acquire(self, key: str, tenant: str) -> Session:
         """The session ``key`` (created if needed) with its lock held and this run counted as a user."""
         self._require_group()
         while True:
@@ -237,7 +232,7 @@ class SessionManager:
                 await self._make_room(tenant)
                 session = self._sessions.get(key)  # another run may have created it meanwhile
                 if session is None:
-                    session = _Session(key, anyio.current_time(), tenant)
+                    session = Session(key, anyio.current_time(), tenant)
                     self._sessions[key] = session
             session.users += 1
             try:
@@ -285,24 +280,24 @@ class SessionManager:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._retire(victim.live)
 
-    def _forget_if_unused(self, session: _Session) -> None:
+    def _forget_if_unused(self, session: Session) -> None:
         if session.users == 0 and session.live is None and self._sessions.get(session.key) is session:
             del self._sessions[session.key]
 
-    async def _retire(self, live: _Live) -> None:
+    async def _retire(self, live: Live) -> None:
         """Have the owner task close ``live``, and wait until it has (the caller bounds the wait)."""
         live.stop.set()
         await live.closed.wait()
 
     async def _own(
-        self, session: _Session, workspace: Path | None, ready: ReadySandbox | None, *, task_status: TaskStatus[_Live]
+        self, session: Session, workspace: Path | None, ready: ReadySandbox | None, *, task_status: TaskStatus[Live]
     ) -> None:
         """The owner task of one interpreter of ``session`` (``ready``'s, or a new one): keep it, then close it."""
-        live: _Live | None = None
+        live: Live | None = None
         try:
             opened = self._opener.session(workspace, session.tenant) if ready is None else ready.held()
             async with opened as (runner, tools, sockets):
-                live = _Live(runner, tools, sockets, workspace)
+                live = Live(runner, tools, sockets, workspace)
                 session.live = live
                 task_status.started(live)
                 async with anyio.create_task_group() as watch:
@@ -317,17 +312,76 @@ class SessionManager:
                 self._forget_if_unused(session)
 
     async def _reap(self) -> None:
-        """Stop sessions idle for ``session_ttl``."""
+        """Park sessions idle for ``session_park_after`` (each in a task of its own); stop those idle
+        for ``session_ttl``."""
         ttl = self._settings.sessions.session_ttl
-        interval = max(0.01, min(ttl / 4, _REAP_MAX_INTERVAL))
+        park_after = min(self._settings.sessions.session_park_after or ttl, ttl)
+        interval = max(0.01, min(min(ttl, park_after) / 4, _REAP_MAX_INTERVAL))
+        group = self._require_group()
+        parking = self._parked is not None and self._settings.sessions.session_park_after > 0
         while True:
             await anyio.sleep(interval)
             now = anyio.current_time()
             for session in list(self._sessions.values()):
-                if session.users == 0 and now - session.last_used >= ttl:
+                if session.users:
+                    continue
+                idle = now - session.last_used
+                if parking and session.live is not None and not session.unparked and idle >= park_after:
+                    session.users += 1  # until the park is done: nothing else takes it meanwhile
+                    group.start_soon(self._park, session)
+                elif idle >= ttl:
                     del self._sessions[session.key]
                     if session.live is not None:
                         session.live.stop.set()  # its owner closes it; nothing waits here
+
+    async def _park(self, session: Session, counted: bool = True) -> None:
+        """Park ``session``'s interpreter (its lock held: no run meanwhile), then stop it; where it
+        cannot be parked, it stays live (``session_ttl`` stops it). ``counted``: the caller counted
+        this as a user of the session (as the reaper does before it starts this task)."""
+        if not counted:
+            session.users += 1
+        try:
+            async with session.lock:
+                live, parked = session.live, self._parked
+                if live is None or live.workspace is None or live.interpreter.exited.is_set() or parked is None:
+                    return
+                if self._sessions.get(session.key) is not session:
+                    return
+                why: str | None = "it took too long"
+                with anyio.move_on_after(_PARK_SECONDS):
+                    budget = await anyio.to_thread.run_sync(self._park_budget, live.workspace)
+                    why = await parked.park(session.key, session.tenant, live.interpreter, budget)
+                if why is not None:
+                    session.unparked = True
+                    logger.warning("a session could not be parked, it stays live: %s", why)
+                    return
+                del self._sessions[session.key]
+                live.stop.set()
+        finally:
+            session.users -= 1
+            self._forget_if_unused(session)
+
+    def _park_budget(self, workspace: Path) -> int:
+        """The bytes of variables a park of ``workspace``'s session may keep: what its quota leaves."""
+        quota = self._settings.workspaces.quota_bytes
+        try:
+            used = measure(workspace, 2 * self._settings.workspaces.quota_files + 1).bytes
+        except OSError:
+            used = quota
+        return max(0, min(PARK_VARIABLES_BYTES, quota - used))
+
+    async def park_idle(self) -> None:
+        """Park every idle session now, each beside the others (a graceful stop; a replica's drain,
+        before it gives their leases back); bounded, shielded from cancellation. One that could not
+        be parked before is not tried again. None with ``session_park_after`` 0 (states parked before
+        are still resumed)."""
+        if self._parked is None or not self._settings.sessions.session_park_after:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_PARK_ALL_SECONDS):
+            async with anyio.create_task_group() as parking:
+                for session in list(self._sessions.values()):
+                    if session.users == 0 and session.live is not None and not session.unparked:
+                        parking.start_soon(self._park, session, False)
 
     async def _close_all(self, reason: str) -> None:
         sessions, self._sessions = list(self._sessions.values()), {}
@@ -339,6 +393,6 @@ class SessionManager:
             await live.closed.wait()
 
 
-async def _stop_on_exit(live: _Live) -> None:
+async def _stop_on_exit(live: Live) -> None:
     await live.interpreter.exited.wait()
     live.stop.set()

@@ -40,6 +40,7 @@ from mcp_sandbox.replicas.packs import (
     save_manifest,
     untag,
 )
+from mcp_sandbox.replicas.parked import StoredParked
 from mcp_sandbox.replicas.transfers import Placer, read_index, read_pack, write_file, write_pack
 from mcp_sandbox.replicas.upkeep import index_to_update, keep_stored, reads_index, restorable, split
 from mcp_sandbox.state import StateLayout
@@ -388,6 +389,7 @@ class Mirror:
             names = [item.name for item in self.objects.list(self._under(key))]
             if names:
                 self.objects.delete(self._under(key) + name for name in names)
+            StoredParked(self.objects).delete(key)  # its parked interpreter state, if any
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too

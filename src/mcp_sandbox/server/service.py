@@ -17,7 +17,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,6 +31,7 @@ from mcp_sandbox.bridge.mediator import Mediator, open_mediator
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
@@ -40,6 +41,7 @@ from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.opening import open_mirror
+from mcp_sandbox.replicas.parked import StoredParked
 from mcp_sandbox.replicas.running import open_replica, replica_leases
 from mcp_sandbox.replicas.shared_secret import load_shared_secret
 from mcp_sandbox.sandbox.backends.base import Backend
@@ -180,6 +182,14 @@ async def _sweep_periodically(service: Service) -> None:
         await anyio.sleep(service.settings.workspaces.retention_interval)
 
 
+async def _parked_then(engine: Engine | None, then: Awaitable[None]) -> None:
+    """Park ``engine``'s idle sessions (none: no object store to park them for another replica), then
+    ``then``: a replica's leases are given back with their states in the store, never before."""
+    if engine is not None:
+        await engine.park_sessions()
+    await then
+
+
 async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None) -> Engine:
     if backend is not None:
         engine = Engine(settings, backend, events)
@@ -314,7 +324,7 @@ async def open_service(
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
                 open_mediator(settings, discovery, events) as mediator,
-                engine.running(),
+                engine.running(ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
             ):
@@ -345,9 +355,11 @@ async def open_service(
                 if leases is not None:
                     group.start_soon(leases.keep)
                     held = leases
+                    # With the object store, idle sessions are parked there before their leases are given back.
+                    parks = engine if mirror is not None else None
                     lifecycle.on_drain(
-                        lambda: flushed(idle, held.release_all(keep=busy.in_flight())),
-                        lambda: flushed(idle, held.release_all()),
+                        lambda: flushed(idle, _parked_then(parks, held.release_all(keep=busy.in_flight()))),
+                        lambda: flushed(idle, _parked_then(parks, held.release_all())),
                     )
                 group.start_soon(_sweep_periodically, service)
                 group.start_soon(flush_periodically, refusals)

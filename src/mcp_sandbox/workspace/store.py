@@ -206,7 +206,8 @@ class WorkspaceStore:
         return Listing(files=tuple(found), truncated=not walk.complete)
 
     def usage(self, key: str) -> Usage:
-        """What conversation ``key``'s quota counts: every regular file and the sum of ``st_size``.
+        """What conversation ``key``'s quota counts: every regular file and the sum of ``st_size``, and
+        the size of its parked interpreter state (``engine/parking.py``), which is not a file of it.
 
         ``st_size`` (not allocated blocks) is what users see in listings; a sparse file counts
         at its full size. Files the listing hides (odd names, closed directories) count too.
@@ -214,10 +215,11 @@ class WorkspaceStore:
         Raises:
             WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
         """
+        parked = self._parked_bytes(key)
         root = self._open_root(key)
         if root is None:
-            return Usage(bytes=0, files=0)
-        total = files = 0
+            return Usage(bytes=parked, files=0)
+        total, files = parked, 0
         try:
             bound = max(MAX_LIST_ENTRIES, 2 * self.settings.workspaces.quota_files)
             walk = Walk(root, max_depth=MAX_DEPTH, max_entries=bound, servable_only=False)
@@ -229,6 +231,16 @@ class WorkspaceStore:
         finally:
             os.close(root)
         return Usage(bytes=total, files=files, complete=walk.complete)
+
+    def _parked_bytes(self, key: str) -> int:
+        """The size of conversation ``key``'s parked interpreter state (``engine/parking.py``), 0 if none."""
+        self.directory(key)  # the key checked before it names a path
+        try:
+            return os.lstat(self._layout.parked_state(key)).st_size
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise WorkspaceError(f"the conversation's parked state cannot be measured: {exc.strerror}") from exc
 
     def begin_write(self, key: str, name: str, tenant: str | None = None) -> PendingWrite:
         """Start writing ``name`` (creating the workspace, ``tenant``'s, and parent directories as needed).
@@ -368,7 +380,10 @@ class WorkspaceStore:
         Raises:
             WorkspaceError: it could not be removed completely.
         """
+        directory = self.directory(key)
         try:
-            remove_tree(self.directory(key))
+            with contextlib.suppress(FileNotFoundError):  # its parked interpreter state goes with it
+                os.unlink(self._layout.parked_state(key))
+            remove_tree(directory)
         except OSError as exc:
             raise WorkspaceError(f"cannot delete the conversation's workspace: {exc.strerror}") from exc

@@ -53,6 +53,8 @@ def double(x, factor=2):
     return x * factor
 class Local:
     pass
+class Tagged(metaclass=type("Meta", (type,), {})):
+    pass
 gen = (i for i in range(3))
 open('/workspace/data.txt', 'w').write('source data')
 import os
@@ -77,10 +79,11 @@ async def test_a_fork_sees_the_sources_variables_functions_modules_and_files(cli
     assert data["stdout"] == '[1, 2, 3] 2 42 {"k": 1} source data nested data.txt\n'
     assert data["session"] == "new"
     report = data["fork"]
-    assert (report["from"], report["files"], report["variables"]) == (source, 2, 6)  # json, collections, os too
+    # json, collections, os and the class Local too
+    assert (report["from"], report["files"], report["variables"]) == (source, 2, 7)
     assert report["modules"] > 0
     skipped = " ".join(report["skipped"])
-    assert "Local (a class defined in a run" in skipped
+    assert "Tagged (a class with a metaclass of its own" in skipped
     assert "gen (" in skipped
     assert sorted(entry["name"] for entry in data["files"]) == ["data.txt", "sub/deeper/n.txt"]
 
@@ -154,7 +157,7 @@ async def test_a_fork_of_an_idle_source_carries_its_files_and_says_its_variables
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
     source, fork = _new(), _new()
-    async with memory_client(state_dir, sandbox_runtime) as client:
+    async with memory_client(state_dir, sandbox_runtime, session_park_after=0) as client:  # not parked at its stop
         await _ok(client, "x = 1\nopen('kept.txt', 'w').write('k')", source)
     async with memory_client(state_dir, sandbox_runtime) as client:  # a new server: no live interpreter
         data = await _run(client, "print(open('kept.txt').read(), 'x' in globals())", fork, forkFrom=source)

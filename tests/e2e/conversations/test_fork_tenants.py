@@ -1,7 +1,8 @@
-"""``forkFrom`` across tenants, over a real ``serve --transport http`` with two bearer tokens.
+"""``forkFrom`` and parked sessions across tenants, over a real ``serve --transport http`` with two bearer tokens.
 
 A conversation id names a conversation of the caller's tenant only: another tenant's
-conversation of the same id is simply not found, and a fork of one's own never sees the other's.
+conversation of the same id is simply not found, a fork of one's own never sees the other's, and
+another tenant's parked interpreter state is never resumed, forked nor read (issue 48).
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
 import pytest
 
-from mcp_test_helpers import auth_tokens, http_server, new_conversation, run_over_http
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_test_helpers import auth_tokens, http_server, new_conversation, poll, run_over_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -23,8 +28,11 @@ BOB = "bob-fork-token-0123456789abcdef000"
 
 @pytest.fixture(scope="module")
 async def base(module_state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[str]:
+    """The server's URL; its state directory is ``module_state_dir``."""
     config = module_state_dir.parent / f"fork-tenants-{uuid.uuid4().hex[:8]}.toml"
-    config.write_text(textwrap.dedent("pool_preload = []\n") + auth_tokens({"alice": ALICE}, {"bob": BOB}))
+    # A session idle for a second is parked (the other test never waits that long between its calls).
+    settings = textwrap.dedent("pool_preload = []\nsession_park_after = 1\n")
+    config.write_text(settings + auth_tokens({"alice": ALICE}, {"bob": BOB}))
     async with http_server(module_state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
         yield url
 
@@ -52,3 +60,34 @@ async def test_another_tenants_conversation_cannot_be_forked_and_is_not_found(ba
     assert bobs["status"] == "success", bobs
     assert forked["status"] == "success", forked
     assert forked["stdout"] == "['mine.txt'] False\n"
+
+
+def _parked_state(state_dir: Path, tenant: str, conversation: str) -> Path:
+    """Where the server parks ``tenant``'s ``conversation`` (its key, as the server's secret makes it)."""
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
+    key = WorkspaceStore(settings, load_secret(state_dir)).key(tenant, conversation)
+    return StateLayout.of(settings).parked_state(key)
+
+
+async def test_another_tenant_cannot_resume_fork_or_read_a_parked_state(base: str, module_state_dir: Path) -> None:
+    alices = new_conversation()
+    made = await run_over_http(base, ALICE, "alice_secret = 'alice-only'", conversationId=alices)
+    assert made["status"] == "success", made
+    parked = _parked_state(module_state_dir, "alice", alices)
+    with anyio.fail_after(60):
+        await poll(parked.exists)
+
+    resumed = await run_over_http(base, BOB, "print(globals().get('alice_secret'))", conversationId=alices)
+    forked = await run_over_http(
+        base, BOB, "print(globals().get('alice_secret'))", conversationId=new_conversation(), forkFrom=alices
+    )
+    listed = await run_over_http(base, BOB, "import os\nprint(os.listdir('.'))", conversationId=alices)
+    still_parked = parked.exists()
+    alices_own = await run_over_http(base, ALICE, "print(alice_secret)", conversationId=alices)
+
+    assert (resumed["status"], resumed["session"], resumed["stdout"]) == ("success", "new", "None\n")
+    assert (forked["status"], forked["stdout"]) == ("success", "None\n"), forked  # his own, empty conversation
+    assert forked["fork"]["variables"] == 0
+    assert listed["stdout"] == "[]\n" and listed["files"] == []
+    assert still_parked  # nothing Bob did touched it
+    assert (alices_own["session"], alices_own["stdout"]) == ("resumed", "alice-only\n")

@@ -69,7 +69,8 @@ async def fork_conversation(
             or its copy (its files, or its variables as they are spooled) would take the tenant or
             the server past a disk budget; nothing was copied, nothing of them is left.
         BusyError: the source was still running a call after ``wait`` seconds; nothing was copied.
-        WorkspaceError: the copy failed (a full disk); nothing of it is left.
+        WorkspaceError: the copy failed (a full disk), or the source's parked interpreter state failed
+            its integrity check; nothing of it is left.
     """
     store = service.workspaces
     source = store.key(tenant, source_id)
@@ -96,7 +97,7 @@ async def fork_conversation(
     taken: ForkState | str | None = None
     try:
         with anyio.move_on_after(wait):
-            async with service.engine.fork_source(source, budget, reservation.grow) as taken:
+            async with service.engine.fork_source(source, budget, reservation.grow, tenant=tenant) as taken:
                 if isinstance(taken, ForkState):
                     held.callback(taken.close)
                 with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
@@ -111,7 +112,7 @@ async def fork_conversation(
         if not python or not sessions:
             why_not = "only a Python run in a session carries them"
         else:
-            why_not = "the conversation forked had no live interpreter (idle past its TTL)"
+            why_not = "the conversation forked had no live interpreter nor a parked one"
     return Fork(source_id, counts, state, why_not)
 
 

@@ -39,6 +39,9 @@ def _shortened(text: str, stream: str) -> str:
 def _notes(data: dict[str, Any]) -> list[str]:
     """What the result adds to the output: a fork's origin, images not returned, a quota warning, the files."""
     lines = []
+    if data.get("session") == "resumed":
+        not_kept = data.get("notKept") or []
+        lines.append("(session: resumed" + (f"; not kept: {'; '.join(not_kept)})" if not_kept else ")"))
     if fork := data.get("fork"):
         carried = f"(forked from {fork['from']}: {fork['files']} files, {fork['variables']} variables"
         skipped = fork.get("skipped") or []

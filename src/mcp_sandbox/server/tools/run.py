@@ -242,8 +242,10 @@ class RunTool:
         if result.status != "success" and (trace := tracing.trace_id()) is not None:
             data["traceId"] = trace  # the operator's way from a failed run to its trace
         lost = None
-        if call.key is not None and data.get("session") == "new":  # the interpreter lost since the last run?
+        if call.key is not None and data.get("session") in ("new", "resumed"):  # lost since the last run?
             lost = await _take_state_lost(service, call.key)
+            if data["session"] == "resumed":  # parked, so no run came after: nothing was lost
+                lost = None
             if lost is not None:
                 data["stateLost"], data["stateLostReason"] = True, lost
         files_bytes = 0

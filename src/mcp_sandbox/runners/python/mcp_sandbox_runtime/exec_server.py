@@ -174,8 +174,10 @@ class Server:
         """Write this session's variables to the run's stdout as a fork's state (see ``fork.py``)."""
         from . import fork, library
 
-        dumped = fork.dump(self.namespace.namespace, budget, frozenset(library.__all__))
-        sys.stdout.write("\n" + dumped)  # on a line of its own (see fork.load)
+        dumped = memoryview(fork.dump(self.namespace.namespace, budget, frozenset(library.__all__)))
+        _flush(sys.stdout)  # what a thread wrote first goes before the dump, not into it
+        while dumped:
+            dumped = dumped[os.write(1, dumped) :]
         return 0
 
     def _load(self, state: int) -> Forked:
@@ -185,7 +187,7 @@ class Server:
 
         with open(state, "rb") as pipe:
             data = pipe.read()
-        report = fork.load(data.decode("ascii", errors="replace"), self.namespace.namespace)
+        report = fork.load(data, self.namespace.namespace)
         return Forked(report["variables"], report["modules"], tuple(report["skipped"]))
 
 

@@ -1,16 +1,17 @@
 """A session's ``__main__`` carried into a fork: dumped in the source's sandbox, loaded in the fork's.
 
-The host carries the dump as opaque base64 and never unpickles it: only the two sandboxes of the
+The host carries the dump as opaque bytes and never unpickles it: only the two sandboxes of the
 same tenant do. What is carried: the top-level modules the source imported (imported again),
-functions its runs defined (their code marshalled, by value, when they close over nothing) and
-every other variable stdlib ``pickle`` can pickle, one by one. What cannot be carried is named
-with why (classes defined by a run, generators, open files, over the size budget) and left out.
+functions and classes its runs defined (by value: their code marshalled, what their closures hold
+pickled, a class's methods and attributes one by one; an instance of such a class pickles by
+reference to it, so classes are loaded before values) and every other variable stdlib ``pickle``
+can pickle, one by one. What cannot be carried is named with why (generators, open files,
+threads, a class with a metaclass of its own, over the size budget) and left out. A parked
+session's state (the host's ``engine/parking.py``) is the same dump.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import importlib
 import io
@@ -22,7 +23,13 @@ from typing import Any
 
 __all__ = ["dump", "load"]
 
-_FORMAT = 1
+_FORMAT = 2
+# A dump is the variables' pickles one after the other, then the index (a pickle: what each one
+# is, where, and the rest), then the lengths of both and this mark: its end says where it begins,
+# so what a thread of the source wrote to the same stdout before it is not taken for it, and each
+# variable is unpickled from a view of the one buffer read (no copy of it in between).
+_MARK = b"\x00mcp-sandbox-fork"
+_TRAILER = 16 + len(_MARK)
 # Names every run gets again anyway (the library's, code mode's): never carried.
 _REBOUND = frozenset({"saved", "mcp", "mcp_servers", "LOADED_MCP_SERVERS"})
 _MAX_SKIPPED = 20
@@ -32,23 +39,113 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:120]
 
 
-def _function(value: types.FunctionType) -> tuple[str, bytes, bytes, str] | str:
-    """A function a run defined, by value (code, defaults, qualified name); else why it cannot be."""
-    if value.__closure__:
-        return "a closure: define it again in the fork"
+# A function by value: name, marshalled code, pickled defaults, qualified name, and its closure's
+# cells (None: the class it is a method of, for zero-argument super(); else the cell's value pickled).
+Carried = tuple[str, bytes, bytes, str, tuple[bytes | None, ...]]
+
+
+def _function(value: types.FunctionType, owner: type | None = None) -> Carried | str:
+    """A function a run defined, by value; else why it cannot be. ``owner``: the class it is a method of."""
+    cells: list[bytes | None] = []
     try:
+        for name, cell in zip(value.__code__.co_freevars, value.__closure__ or (), strict=True):
+            contents = cell.cell_contents
+            if owner is not None and name == "__class__" and contents is owner:
+                cells.append(None)
+            else:
+                cells.append(pickle.dumps(contents, protocol=pickle.HIGHEST_PROTOCOL))
         defaults = pickle.dumps((value.__defaults__, value.__kwdefaults__), protocol=pickle.HIGHEST_PROTOCOL)
-        return value.__name__, marshal.dumps(value.__code__), defaults, value.__qualname__
+        return value.__name__, marshal.dumps(value.__code__), defaults, value.__qualname__, tuple(cells)
+    except ValueError:  # an empty cell
+        return "a closure over a name not yet bound: define it again"
     except Exception as exc:  # the defaults' own __reduce__ may raise anything
         return _why(exc)
 
 
-def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> str:
-    """``namespace`` as base64 of at most about ``budget`` bytes (larger variables are skipped, named)."""
+def _rebuilt(carried: Carried, namespace: dict[str, Any], owner: type | None = None) -> types.FunctionType:
+    """The function :func:`_function` carried, its globals ``namespace``."""
+    fname, code, defaults, qualname, cells = carried
+    closure = tuple(types.CellType(owner) if cell is None else types.CellType(pickle.loads(cell)) for cell in cells)
+    function = types.FunctionType(marshal.loads(code), namespace, fname, None, closure or None)
+    function.__defaults__, function.__kwdefaults__ = pickle.loads(defaults)
+    function.__qualname__ = qualname
+    function.__module__ = "__main__"
+    return function
+
+
+_SKIPPED_ATTRIBUTES = frozenset({"__dict__", "__weakref__"})
+
+
+def _class(value: type, namespace: dict[str, Any]) -> tuple[str, list[Any], list[Any]] | str:
+    """A class a run defined, by value (its bases by name or reference, its attributes); else why not."""
+    if type(value) is not type:
+        return "a class with a metaclass of its own: define it again"
+    bases: list[Any] = []
+    for base in value.__bases__:
+        if base.__module__ == "__main__":
+            if namespace.get(base.__name__) is not base:
+                return f"its base {base.__name__} is not a variable of the session"
+            bases.append(("main", base.__name__))
+        else:
+            try:
+                bases.append(("ref", pickle.dumps(base, protocol=pickle.HIGHEST_PROTOCOL)))
+            except Exception as exc:
+                return _why(exc)
+    attributes: list[Any] = []
+    for name, attribute in value.__dict__.items():
+        if name in _SKIPPED_ATTRIBUTES:
+            continue
+        kind, inner = "value", attribute
+        if isinstance(attribute, (staticmethod, classmethod)):
+            kind, inner = type(attribute).__name__, attribute.__func__
+        if isinstance(inner, types.FunctionType):
+            carried = _function(inner, value)
+            if isinstance(carried, str):
+                return f"its {name}: {carried}"
+            attributes.append((name, "function" if kind == "value" else kind, carried))
+            continue
+        if isinstance(attribute, property):
+            pair = (attribute.fget, attribute.fset)
+            accessors = [_function(f, value) if isinstance(f, types.FunctionType) else f for f in pair]
+            if any(accessor is not None and not isinstance(accessor, tuple) for accessor in accessors):
+                return f"its property {name} cannot be carried"
+            attributes.append((name, "property", accessors))
+            continue
+        try:
+            attributes.append((name, "value", pickle.dumps(attribute, protocol=pickle.HIGHEST_PROTOCOL)))
+        except Exception as exc:
+            return f"its {name}: {_why(exc)}"
+    return value.__qualname__, bases, attributes
+
+
+def _load_class(carried: tuple[str, list[Any], list[Any]], name: str, namespace: dict[str, Any]) -> type:
+    qualname, bases, attributes = carried
+    resolved = tuple(namespace[ref] if kind == "main" else pickle.loads(ref) for kind, ref in bases)
+    cls = types.new_class(name, resolved)
+    for attribute, kind, data in attributes:
+        if kind == "value":
+            if attribute not in ("__module__", "__qualname__"):
+                setattr(cls, attribute, pickle.loads(data))
+        elif kind == "function":
+            setattr(cls, attribute, _rebuilt(data, namespace, cls))
+        elif kind in ("staticmethod", "classmethod"):
+            wrapper = staticmethod if kind == "staticmethod" else classmethod
+            setattr(cls, attribute, wrapper(_rebuilt(data, namespace, cls)))
+        else:  # a property
+            fget, fset = (None if f is None else _rebuilt(f, namespace, cls) for f in data)
+            setattr(cls, attribute, property(fget, fset))
+    cls.__module__, cls.__qualname__ = "__main__", qualname
+    return cls
+
+
+def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> bytes:
+    """``namespace`` as bytes, at most about ``budget`` of them (larger variables are skipped, named),
+    ending with their length and a mark (:func:`load` finds them by it)."""
     modules = sorted(
         {name.partition(".")[0] for name in list(sys.modules) if not name.startswith("_") and name != "__main__"}
     )
-    functions: list[tuple[str, tuple[str, bytes, bytes, str]]] = []
+    functions: list[tuple[str, Carried]] = []
+    classes: list[tuple[str, tuple[str, list[Any], list[Any]]]] = []
     values: list[tuple[str, bytes]] = []
     skipped: list[str] = []
     used = 0
@@ -68,7 +165,11 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
                 used += len(carried[1]) + len(carried[2])
             continue
         if isinstance(value, type) and value.__module__ == "__main__":
-            skipped.append(f"{name} (a class defined in a run: define it again in the fork)")
+            made = _class(value, namespace)
+            if isinstance(made, str):
+                skipped.append(f"{name} ({made})")
+            else:
+                classes.append((name, made))
             continue
         try:
             with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
@@ -77,22 +178,45 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
             skipped.append(f"{name} ({_why(exc)})")
             continue
         if used + len(data) > budget:
-            skipped.append(f"{name} (over the fork's limit of {budget >> 20} MiB of variables)")
+            skipped.append(f"{name} (over the limit of {budget >> 20} MiB of variables)")
             continue
         used += len(data)
         values.append((name, data))
-    payload = {"format": _FORMAT, "modules": modules, "functions": functions, "values": values, "skipped": skipped}
-    return base64.b64encode(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+    payload = {
+        "format": _FORMAT,
+        "modules": modules,
+        "classes": classes,
+        "functions": functions,
+        "values": values,
+        "skipped": skipped,
+    }
+    blobs = [data for _, data in values]
+    payload["values"] = [(name, len(data)) for name, data in values]
+    index = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    blob = sum(len(data) for data in blobs)
+    return b"".join([*blobs, index, len(index).to_bytes(8, "big"), blob.to_bytes(8, "big"), _MARK])
 
 
-def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
+def _payload(state: bytes) -> tuple[Any, memoryview]:
+    """The index of the dump at the end of ``state``, and a view of its variables' pickles."""
+    if len(state) < _TRAILER or not state.endswith(_MARK):
+        raise ValueError("not a snapshot of this runtime (no mark at its end)")
+    index = int.from_bytes(state[-_TRAILER : -_TRAILER + 8], "big")
+    blob = int.from_bytes(state[-_TRAILER + 8 : -len(_MARK)], "big")
+    if index + blob > len(state) - _TRAILER:
+        raise ValueError("a snapshot cut short")
+    view = memoryview(state)
+    end = len(state) - _TRAILER
+    return pickle.loads(view[end - index : end]), view[end - index - blob : end - index]
+
+
+def load(state: bytes, namespace: dict[str, Any]) -> dict[str, Any]:
     """Load what :func:`dump` gave into ``namespace``; the report: variables and modules carried, skipped."""
     try:
-        # The last line: whatever a background thread of the source wrote first is not the dump.
-        payload = pickle.loads(base64.b64decode(state.rstrip("\n").rpartition("\n")[2], validate=True))
+        payload, blob = _payload(state)
         if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
             raise ValueError("not a snapshot of this runtime")
-    except (ValueError, binascii.Error, pickle.UnpicklingError, EOFError) as exc:
+    except (ValueError, pickle.UnpicklingError, EOFError) as exc:
         return {"variables": 0, "modules": 0, "skipped": [f"all variables ({_why(exc)})"]}
     skipped: list[str] = list(payload["skipped"])
     quiet = io.StringIO()
@@ -106,18 +230,23 @@ def load(state: str, namespace: dict[str, Any]) -> dict[str, Any]:
             continue
     modules = sum(1 for module in payload["modules"] if module in sys.modules)
     carried = 0
-    for name, (fname, code, defaults, qualname) in payload["functions"]:
+    for name, made in payload["classes"]:  # in the order defined: a base before the classes built on it
         try:
-            function = types.FunctionType(marshal.loads(code), namespace, fname)
-            function.__defaults__, function.__kwdefaults__ = pickle.loads(defaults)
-            function.__qualname__ = qualname
-            function.__module__ = "__main__"
+            namespace[name] = _load_class(made, name, namespace)
         except Exception as exc:
             skipped.append(f"{name} ({_why(exc)})")
             continue
-        namespace[name] = function
         carried += 1
-    for name, data in payload["values"]:
+    for name, function in payload["functions"]:
+        try:
+            namespace[name] = _rebuilt(function, namespace)
+        except Exception as exc:
+            skipped.append(f"{name} ({_why(exc)})")
+            continue
+        carried += 1
+    offset = 0
+    for name, size in payload["values"]:
+        data, offset = blob[offset : offset + size], offset + size
         try:
             kind, value = pickle.loads(data)
             namespace[name] = importlib.import_module(value) if kind == "module" else value

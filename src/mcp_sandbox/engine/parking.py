@@ -1,0 +1,256 @@
+"""Parked sessions: an idle interpreter's variables saved beside its conversation, resumed by its next run.
+
+A park is a fork's snapshot (the runtime's ``fork.py``: modules, functions and classes by value,
+every picklable variable) written to ``state_dir/parked/<key>.state`` instead of a fork's
+nameless file (:mod:`.fork_state`), then the session's sandbox is released. The next run of the
+conversation, in a session born of a ready sandbox, gets the file through the same pipe a fork's
+first run does and says ``session: resumed``, naming what was not kept; the file is gone once
+loaded. The host never unpickles it: only the tenant's own sandboxes do.
+
+Integrity: the file ends with a trailer, an HMAC-SHA256 (the server secret's ``parked-state``
+key) over the conversation's key, its tenant and the snapshot: a file changed on disk or in the
+object store, or moved to another conversation (another tenant's), fails it, is refused with a
+clear error and deleted, and never reaches a sandbox. ``parked/`` is the server's alone (0700):
+no sandbox sees it. The file counts in the conversation's quota (``WorkspaceStore.usage``) and
+is deleted with the conversation (``WorkspaceStore.delete``).
+
+With replicas (``object_store_url``), each park is copied to the object store (``ParkedCopies``,
+``replicas/parked.py``) once it is in place here, and a resume fetches the store's copy, the one
+that counts (a replica that takes a conversation over has none of its own, and one that had the
+conversation before may hold a stale one): a kill -9 of the owner loses what changed since the
+last park, not everything. A loaded or refused state is deleted in both places.
+
+Why not a process checkpoint (CRIU): see docs/design.md, "Parked sessions".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+import anyio.to_thread
+
+from mcp_sandbox.engine.fork_state import ForkState, spool_cap
+from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.workspace.secret import derive_key
+
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates"]
+
+logger = logging.getLogger(__name__)
+
+# The pickled variables a park keeps at most; larger ones are left out, each named on resume.
+PARK_VARIABLES_BYTES = 256 << 20
+
+_MAGIC = b"mcp-sandbox-park"  # 16 bytes
+_TRAILER = len(_MAGIC) + 8 + 32  # magic, the snapshot's size, its HMAC
+_READ_CHUNK = 1 << 20
+
+TAMPERED = (
+    "the conversation's parked interpreter state failed its integrity check (it was changed or moved "
+    "on disk or in the object store): it was not loaded, and is deleted; nothing ran. Run again to start "
+    "a fresh interpreter (the conversation's files are unchanged)"
+)
+
+
+def _framed(value: str) -> bytes:
+    data = value.encode("utf-8", "surrogatepass")
+    return len(data).to_bytes(8, "big") + data
+
+
+@dataclass
+class _Writer:
+    """A park's snapshot on its way to its file: the runtime's stdout, chunk by chunk, MAC'd as it goes."""
+
+    fd: int
+    mac: hmac.HMAC
+    cap: int
+    size: int = 0
+    over: bool = False
+    failed: OSError | None = None
+
+    def feed(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.cap:
+            self.over = True
+        if self.over or self.failed is not None:
+            return
+        self.mac.update(data)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            self.failed = exc
+
+
+class ParkedCopies(Protocol):
+    """Where parked states are copied for other replicas (the object store). Blocking methods.
+
+    Each raises :class:`~mcp_sandbox.errors.WorkspaceError` when the store refused or cannot be reached.
+    """
+
+    def upload(self, key: str, path: Path) -> None:
+        """Store the file ``path`` as ``key``'s parked state."""
+
+    def download(self, key: str, path: Path) -> bool:
+        """Write ``key``'s stored parked state to the new file ``path``; False if there is none."""
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``'s stored parked state, if any."""
+
+
+class ParkedStates:
+    """The parked states of one state directory, signed with the server secret's ``parked-state`` key;
+    with ``copies``, each also kept there for other replicas."""
+
+    def __init__(self, layout: StateLayout, secret: bytes, copies: ParkedCopies | None = None) -> None:
+        self._layout = layout
+        self._key = derive_key(secret, "parked-state")
+        self._copies = copies
+
+    def _mac(self, key: str, tenant: str) -> hmac.HMAC:
+        return hmac.new(self._key, _framed(key) + _framed(tenant), hashlib.sha256)
+
+    def exists(self, key: str) -> bool:
+        """Whether conversation ``key`` has a parked state."""
+        return self._layout.parked_state(key).is_file()
+
+    async def park(self, key: str, tenant: str, interpreter: Interpreter, budget: int) -> str | None:
+        """Save ``interpreter``'s variables (about ``budget`` bytes at most) as ``key``'s parked state,
+        replacing any earlier one; None when saved, else why not (nothing is left of it then).
+        The caller bounds it; cut short, the interpreter is killed (it cannot serve a run)."""
+        parked = await anyio.to_thread.run_sync(self._layout.prepare_parked)
+        partial = parked / f".{key}.{uuid.uuid4().hex}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        writer = _Writer(os.open(partial, flags, 0o600), self._mac(key, tenant), spool_cap(budget))
+        kept = False
+        try:
+            try:
+                dumped = await interpreter.snapshot(budget, writer.feed)
+            except BaseException:
+                await interpreter.kill()
+                raise
+            if writer.over:
+                return f"the snapshot passed the limit of {budget >> 20} MiB of variables"
+            if writer.failed is not None:
+                return f"the server could not write it ({os.strerror(writer.failed.errno or 0)})"
+            if not dumped or not writer.size:
+                return "the interpreter could not dump its variables"
+            trailer = _MAGIC + writer.size.to_bytes(8, "big") + writer.mac.digest()
+            path = self._layout.parked_state(key)
+            await anyio.to_thread.run_sync(_finish, writer.fd, trailer, partial, path)
+            kept = True
+            if self._copies is not None:
+                try:
+                    await anyio.to_thread.run_sync(self._copies.upload, key, path)
+                except WorkspaceError as exc:  # parked here all the same; only a takeover would miss it
+                    logger.warning("a parked session's state could not be copied to the object store: %s", exc)
+            return None
+        finally:
+            os.close(writer.fd)
+            if not kept:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial)
+
+    async def open(self, key: str, tenant: str) -> ForkState | None:
+        """``key``'s parked state, checked, as a fork's state to send into its resumed session (the
+        caller closes it); None when there is none. The file stays until :meth:`discard`.
+
+        Raises:
+            WorkspaceError: it failed its integrity check (:data:`TAMPERED`; the file is deleted),
+                or it cannot be read.
+        """
+        return await anyio.to_thread.run_sync(self._open, key, tenant)
+
+    def _open(self, key: str, tenant: str) -> ForkState | None:
+        path = self._layout.parked_state(key)
+        try:
+            if self._copies is not None and not self._fetch(key, path):
+                return None
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise WorkspaceError(f"the conversation's parked interpreter state cannot be read: {exc.strerror}") from exc
+        try:
+            size = self._checked(fd, key, tenant)
+        except BaseException:
+            os.close(fd)
+            raise
+        if size is None:
+            os.close(fd)
+            self.discard(key)
+            raise WorkspaceError(TAMPERED)
+        return ForkState(fd, size)
+
+    def _fetch(self, key: str, path: Path) -> bool:
+        """Make ``path`` the object store's copy of ``key``'s parked state; whether there is one.
+
+        With replicas the store's copy is the one: another replica may have resumed and parked the
+        conversation since this one last did, so a copy here may be stale (it is deleted when the
+        store has none). Where the store cannot be reached, the copy here is used, if any.
+        """
+        assert self._copies is not None
+        partial = self._layout.prepare_parked() / f".{key}.{uuid.uuid4().hex}"
+        try:
+            try:
+                found = self._copies.download(key, partial)
+            except WorkspaceError as exc:
+                logger.warning("a parked state could not be fetched (the local one is used): %s", exc)
+                return path.exists()
+            if not found:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                return False
+            os.replace(partial, path)
+            return True
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial)
+
+    def _checked(self, fd: int, key: str, tenant: str) -> int | None:
+        """The snapshot's size if the file's trailer vouches for it, else None."""
+        total = os.fstat(fd).st_size
+        if total < _TRAILER:
+            return None
+        trailer = os.pread(fd, _TRAILER, total - _TRAILER)
+        size = int.from_bytes(trailer[len(_MAGIC) : len(_MAGIC) + 8], "big")
+        if trailer[: len(_MAGIC)] != _MAGIC or size != total - _TRAILER:
+            return None
+        mac = self._mac(key, tenant)
+        offset = 0
+        while offset < size:
+            chunk = os.pread(fd, min(_READ_CHUNK, size - offset), offset)
+            if not chunk:
+                return None
+            mac.update(chunk)
+            offset += len(chunk)
+        return size if hmac.compare_digest(mac.digest(), trailer[-32:]) else None
+
+    def discard(self, key: str) -> None:
+        """Delete ``key``'s parked state, if any (loaded, reset, or refused), here and in the object store
+        (where the store cannot be reached, logged: a takeover could then resume that state)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._layout.parked_state(key))
+        if self._copies is not None:
+            try:
+                self._copies.delete(key)
+            except WorkspaceError as exc:
+                logger.warning("a parked session's state could not be deleted from the object store: %s", exc)
+
+
+def _finish(fd: int, trailer: bytes, partial: os.PathLike[str], path: os.PathLike[str]) -> None:
+    """Append the trailer, make the file durable, and put it in place atomically."""
+    os.write(fd, trailer)
+    os.fsync(fd)
+    os.replace(partial, path)
