@@ -263,9 +263,12 @@ def _traced(request: ExecutionRequest) -> dict[str, tracing.AttributeValue]:
 
 
 def _placed(request: ExecutionRequest, result: ExecutionResult) -> dict[str, tracing.AttributeValue]:
-    """Where the run went: ``session`` (its live session's interpreter), ``born`` (a new session), ``forked``
-    (a fork's first run), ``warm``, ``prestarted`` or ``fresh``; and how it ended."""
-    if request.fork_state is not None and result.session == "new":
+    """Where the run went: ``session`` (its live session's interpreter), ``resumed`` (a parked session's
+    variables loaded first), ``born`` (a new session), ``forked`` (a fork's first run), ``warm``,
+    ``prestarted`` or ``fresh``; and how it ended."""
+    if result.session == "resumed":
+        how = "resumed"
+    elif request.fork_state is not None and result.session == "new":
         how = "forked"
     elif result.path == "session":
         how = "born" if result.session == "new" else "session"
