@@ -41,6 +41,7 @@ __all__ = [
     "delete_object",
     "files",
     "objects",
+    "parked",
     "require_s3",
     "s3_env",
     "s3_server",
@@ -240,19 +241,30 @@ def objects(endpoint: str, url: str) -> dict[str, bytes]:
 
 
 _PACKS = "/.mcp-sandbox-packs/"
+_PARKED = "parked/"
 
 
 def files(endpoint: str, url: str) -> dict[str, bytes]:
     """The files the store holds under ``url``, each named as its own object would be
-    (``workspaces/<key>/<name>``), whether it is one or is in a pack its workspace's index names."""
+    (``workspaces/<key>/<name>``), whether it is one or is in a pack its workspace's index names
+    (parked sessions' states, ``parked/<key>.state``, are no workspace's files: see :func:`parked`)."""
     found = objects(endpoint, url)
-    stored = {name: body for name, body in found.items() if _PACKS not in name}
+    stored = {name: body for name, body in found.items() if _PACKS not in name and not name.startswith(_PARKED)}
     for name, body in found.items():
         if name.endswith(_PACKS + "index.json"):
             workspace = name.removesuffix(_PACKS + "index.json") + "/"
             for file, (pack, offset, length) in json.loads(body)["files"].items():
                 stored[workspace + file] = found[workspace + pack][offset : offset + length]
     return stored
+
+
+def parked(endpoint: str, url: str) -> dict[str, bytes]:
+    """The parked sessions' states the store holds under ``url``, by conversation key."""
+    return {
+        name.removeprefix(_PARKED).removesuffix(".state"): body
+        for name, body in objects(endpoint, url).items()
+        if name.startswith(_PARKED)
+    }
 
 
 def delete_file(endpoint: str, url: str, name: str) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from mcp_sandbox.replicas.packs import SMALL
 from mcp_test_helpers import auth_tokens, http_server, new_conversation, run_over_http, upload
-from s3_helpers import delete_object, files, objects, s3_env, store_url
+from s3_helpers import delete_object, files, objects, parked, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -87,6 +87,7 @@ async def test_an_empty_file_a_run_writes_is_stored_restored_by_a_fresh_server_a
         assert "warning" not in done
     expected = {"empty.txt": b"", "up.txt": b"uploaded", "later.txt": b"later"}
     assert _stored(s3_endpoint, url) == expected
+    assert len(parked(s3_endpoint, url)) == 1  # the stop parked the idle session there, beside its files
 
     fresh = _fresh(state_dir)
     async with _server(fresh, config, s3_endpoint, url, sandbox_runtime) as base:
