@@ -14,6 +14,7 @@ Nothing here reads the environment at import time: callers pass it in.
 - ``reference``: the settings table of the docs, rendered from the declarations.
 """
 
+from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.defaults import (
     JS_RUNTIMES,
     OUTPUT_MODES,
@@ -32,8 +33,6 @@ from mcp_sandbox.config.pieces import (
     PathSettings,
     PoolSettings,
     SandboxSettings,
-    SessionSettings,
-    WorkspaceSettings,
 )
 from mcp_sandbox.config.secrets import SecretSpec, SecretValue
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings

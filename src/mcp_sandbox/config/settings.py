@@ -16,6 +16,7 @@ from dataclasses import Field, dataclass
 from pathlib import Path
 from typing import Any
 
+from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
 from mcp_sandbox.config.fields import check_fields, internal, one_of, otlp_endpoint, piece, setting, setting_fields
 from mcp_sandbox.config.pieces import (
@@ -23,8 +24,6 @@ from mcp_sandbox.config.pieces import (
     PathSettings,
     PoolSettings,
     SandboxSettings,
-    SessionSettings,
-    WorkspaceSettings,
 )
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 
