@@ -8,8 +8,18 @@ import { basicSetup, EditorView } from "codemirror";
 import { editorLook, followColorScheme } from "./editor-theme.js";
 import { examplesFor } from "./examples.js";
 import { McpCancelled, McpClient, McpError } from "./mcp.js";
-import { looksLikeMarkdown, renderMarkdown } from "./render.js";
-import { element, exitCodeText, fileRows, humanSize, problemsOf, resultImages, setBadge, statusOf } from "./result.js";
+import {
+  element,
+  exitCodeText,
+  fileRows,
+  humanSize,
+  problemsOf,
+  resultImages,
+  setBadge,
+  showMarkdown,
+  showStdout,
+  statusOf,
+} from "./result.js";
 
 const TOKEN_KEY = "mcp-sandbox.token";
 const CONVERSATIONS_KEY = "mcp-sandbox.conversations";
@@ -588,7 +598,7 @@ function showResult(result, conversation, forkFrom) {
   ui.duration.textContent = typeof data.durationMs === "number" ? `${data.durationMs} ms` : "";
   if (data.status !== "validation_error") ui.place.textContent = describePlace(conversation, data.session, forkFrom, data.fork);
   showError(problemsOf(result).join("\n"));
-  showStdout(data.stdout ?? "");
+  showStdout(ui, data.stdout ?? "");
   ui.stderr.textContent = data.stderr ?? "";
   ui.stderrBlock.hidden = !data.stderr;
   const images = resultImages(result);
@@ -600,23 +610,7 @@ function showResult(result, conversation, forkFrom) {
   }
 }
 
-function showStdout(text) {
-  ui.stdout.textContent = text;
-  const markdown = Boolean(text) && looksLikeMarkdown(text);
-  ui.toggleMarkdown.hidden = !markdown;
-  ui.stdoutMarkdown.replaceChildren(markdown ? renderMarkdown(text) : "");
-  showMarkdown(markdown);
-  ui.stdoutBlock.hidden = !text;
-}
-
-function showMarkdown(on) {
-  ui.stdoutMarkdown.hidden = !on;
-  ui.stdout.hidden = on;
-  ui.toggleMarkdown.textContent = on ? "Show raw" : "Show Markdown";
-  ui.toggleMarkdown.setAttribute("aria-pressed", String(on));
-}
-
-ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui.stdoutMarkdown.hidden));
+ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui, ui.stdoutMarkdown.hidden));
 ui.run.addEventListener("click", run);
 ui.stop.addEventListener("click", stop);
 document.addEventListener("keydown", (event) => {

@@ -2,6 +2,8 @@
 // links, what went wrong. The playground (main.js) and the run's MCP Apps view (run-view.js) both
 // render results with these, so the two always show a result the same way.
 
+import { looksLikeMarkdown, renderMarkdown } from "./render.js";
+
 export function element(tag, properties = {}, ...children) {
   const node = document.createElement(tag);
   Object.assign(node, properties);
@@ -77,4 +79,22 @@ export function fileRows(files, onLink = null) {
         element("td", {}, link),
       );
     });
+}
+
+/** Show a run's stdout in ``ui``'s blocks: as text, and as Markdown (on by default) where it looks like it. */
+export function showStdout(ui, text) {
+  ui.stdout.textContent = text;
+  const markdown = Boolean(text) && looksLikeMarkdown(text);
+  ui.toggleMarkdown.hidden = !markdown;
+  ui.stdoutMarkdown.replaceChildren(markdown ? renderMarkdown(text) : "");
+  showMarkdown(ui, markdown);
+  ui.stdoutBlock.hidden = !text;
+}
+
+/** Show ``ui``'s stdout as rendered Markdown (``on``) or as raw text. */
+export function showMarkdown(ui, on) {
+  ui.stdoutMarkdown.hidden = !on;
+  ui.stdout.hidden = on;
+  ui.toggleMarkdown.textContent = on ? "Show raw" : "Show Markdown";
+  ui.toggleMarkdown.setAttribute("aria-pressed", String(on));
 }

@@ -7,8 +7,7 @@
 // host answers at all. It fetches nothing itself, and holds no token.
 import { App, PostMessageTransport, applyDocumentTheme, applyHostStyleVariables } from "@modelcontextprotocol/ext-apps";
 
-import { looksLikeMarkdown, renderMarkdown } from "./render.js";
-import { exitCodeText, fileRows, problemsOf, resultImages, setBadge, statusOf } from "./result.js";
+import { exitCodeText, fileRows, problemsOf, resultImages, setBadge, showMarkdown, showStdout, statusOf } from "./result.js";
 
 const VIEW_URI = "ui://mcp-sandbox/run";
 const STOP_META = "mcp-sandbox/stop";
@@ -92,22 +91,6 @@ function showLive(lines, skipped) {
   ui.live.scrollTop = ui.live.scrollHeight;
 }
 
-function showStdout(text) {
-  ui.stdout.textContent = text;
-  const markdown = Boolean(text) && looksLikeMarkdown(text);
-  ui.toggleMarkdown.hidden = !markdown;
-  ui.stdoutMarkdown.replaceChildren(markdown ? renderMarkdown(text) : "");
-  showMarkdown(markdown);
-  ui.stdoutBlock.hidden = !text;
-}
-
-function showMarkdown(on) {
-  ui.stdoutMarkdown.hidden = !on;
-  ui.stdout.hidden = on;
-  ui.toggleMarkdown.textContent = on ? "Show raw" : "Show Markdown";
-  ui.toggleMarkdown.setAttribute("aria-pressed", String(on));
-}
-
 /** The view id a result links (its _meta.ui.resourceUri), or null. */
 function linkedId(result) {
   const uri = result?._meta?.ui?.resourceUri ?? "";
@@ -126,7 +109,7 @@ function showResult(result) {
   ui.elapsed.textContent = typeof data.durationMs === "number" ? `${(data.durationMs / 1000).toFixed(2)} s` : "";
   ui.exitCode.textContent = exitCodeText(data);
   showError(problemsOf(result).join("\n"));
-  showStdout(data.stdout ?? "");
+  showStdout(ui, data.stdout ?? "");
   ui.stderr.textContent = data.stderr ?? "";
   ui.stderrBlock.hidden = !data.stderr;
   const images = resultImages(result);
@@ -230,7 +213,7 @@ function followHost(context) {
   if (context?.styles?.variables) applyHostStyleVariables(context.styles.variables);
 }
 
-ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui.stdoutMarkdown.hidden));
+ui.toggleMarkdown.addEventListener("click", () => showMarkdown(ui, ui.stdoutMarkdown.hidden));
 ui.stop.addEventListener("click", stop);
 ui.again.addEventListener("click", runAgain);
 
