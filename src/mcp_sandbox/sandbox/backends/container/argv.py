@@ -86,6 +86,8 @@ class ContainerRun:
             in the workspace are then the server's).
         channel: ``fd`` or ``socket`` (see the module docstring), or ``none`` (a probe).
         channel_dir: the host directory holding the channel socket (``socket`` only).
+        cidfile: where the client writes the container's id once the engine has created it
+            (docker's: see ``sandbox.py``, ``ContainerSandbox._created``).
         cgroup_parent: a cgroup (path from the hierarchy's root) to nest the container in.
         cgroup_manager: podman's ``--cgroup-manager`` for this container, when not the engine's
             own (``cgroupfs``: rootless podman nested in our delegated cgroup v2, which a
@@ -102,6 +104,7 @@ class ContainerRun:
     keep_id: bool = False
     channel: Literal["fd", "socket", "none"] = "fd"
     channel_dir: str | None = None
+    cidfile: str | None = None
     cgroup_parent: str | None = None
     cgroup_manager: Literal["cgroupfs"] | None = None
 
@@ -130,6 +133,7 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     argv = [
         run.cli, *manager, "run",
         "--name", run.name,
+        *(["--cidfile", run.cidfile] if run.cidfile else []),
         "--label", f"{LABEL}=1",
         "--label", f"{OWNER_LABEL}={run.owner}",
         "--pull", "never",  # no registry behind a missing image: fail, never fetch

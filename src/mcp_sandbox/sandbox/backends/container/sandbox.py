@@ -91,6 +91,8 @@ _CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
 # which picks among the container's processes, and never ours, which could pick conmon (the run
 # would then hang to its timeout). The container's cgroup still enforces the run's limit.
 _RUNTIME_HEADROOM = 32 << 20
+_CIDFILE = "cid"  # docker's client writes the container's id there once it is created
+_CREATED_POLL = 0.01
 
 
 def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
@@ -120,14 +122,14 @@ class ContainerSandbox(ProcessSandbox):
         engine: ContainerEngine,
         name: str,
         limits: Limits,
-        channel_dir: Path | None,
+        scratch: Path | None,
         aliases: Path,
     ) -> None:
         super().__init__(process, channel, cgroup)
         self.name = name
         self._engine = engine
         self._limits = limits
-        self._channel_dir = channel_dir
+        self._scratch = scratch
         self._aliases = aliases
 
     async def _kill(self) -> None:
@@ -135,6 +137,7 @@ class ContainerSandbox(ProcessSandbox):
         # nothing yet would leave it created, never started. Then by name: the container outlives
         # its client (and the client may be gone already). Its processes are killed through our
         # cgroup at once: `rm` takes a while to start, and a run over its disk quota must stop now.
+        await self._created()
         self._kill_session()
         if self._cgroup is not None:
             self._cgroup.kill_nested(spare=MONITOR)
@@ -151,9 +154,25 @@ class ContainerSandbox(ProcessSandbox):
         returncode = self._runner.ended() if self._runner is not None else None
         return None if returncode is None else self._judge(returncode)
 
+    async def _created(self) -> None:
+        """Wait until docker's client has its container created, or has ended; bounded.
+
+        docker's engine goes on creating a container whose client is gone: a client killed while
+        it waits for the create's answer leaves the container created just after the removal
+        found no such name (seen once in 120 starts cancelled early). The client writes the
+        container's id (``--cidfile``) once the create answered, so the removal that follows
+        finds it. podman's client creates the container itself: killing it ends that.
+        """
+        cidfile = self._scratch / _CIDFILE if self._scratch is not None else None
+        if cidfile is None:
+            return
+        with anyio.move_on_after(self.teardown_seconds):
+            while self._process.returncode is None and not cidfile.exists():  # noqa: ASYNC110 - a file has no event
+                await anyio.sleep(_CREATED_POLL)
+
     def _release(self) -> None:
-        if self._channel_dir is not None:
-            shutil.rmtree(self._channel_dir, ignore_errors=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         remove_aliases(self._aliases)
 
     def _judge(self, returncode: int) -> SandboxOutcome:
@@ -311,6 +330,7 @@ class ContainerBackend:
                 cgroup = run_cgroup(self.cgroups, room, nested=True)
                 undo.callback(cgroup.remove)
                 parent = cgroup.hierarchy_path()
+            scratch: Path | None = None
             channel_dir: Path | None = None
             listener: socket.socket | None = None
             host_end: socket.socket | None = None
@@ -319,9 +339,11 @@ class ContainerBackend:
                 host_end, sandbox_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 undo.callback(host_end.close)
                 undo.callback(sandbox_end.close)
-            else:
-                channel_dir = Path(tempfile.mkdtemp(prefix="mcp-sandbox-channel-"))
-                undo.callback(shutil.rmtree, channel_dir, ignore_errors=True)
+            else:  # the channel's directory (bound into the container) and the cidfile beside it
+                scratch = Path(tempfile.mkdtemp(prefix="mcp-sandbox-channel-"))
+                undo.callback(shutil.rmtree, scratch, ignore_errors=True)
+                channel_dir = scratch / "channel"
+                channel_dir.mkdir(mode=0o700)
                 listener = listen(channel_dir, self.user(policy)[0])
                 undo.callback(listener.close)
             try:
@@ -330,7 +352,10 @@ class ContainerBackend:
                 raise SandboxStartError(f"cannot alias the container's bind sources: {exc}") from exc
             undo.callback(remove_aliases, aliases)
             try:
-                command = container_argv(aliased, self.run_spec(policy, name, channel_dir, parent))
+                spec = self.run_spec(policy, name, channel_dir, parent)
+                if scratch is not None:
+                    spec = dataclasses.replace(spec, cidfile=str(scratch / _CIDFILE))
+                command = container_argv(aliased, spec)
             except ValueError as exc:
                 raise SandboxStartError(str(exc)) from exc
             passed = sandbox_end.fileno() if sandbox_end is not None else None
@@ -351,7 +376,7 @@ class ContainerBackend:
                 engine=self.engine,
                 name=name,
                 limits=policy.limits,
-                channel_dir=channel_dir,
+                scratch=scratch,
                 aliases=aliases,
             )
             undo.pop_all()  # the sandbox holds them now and releases them when it closes
