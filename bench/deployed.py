@@ -9,7 +9,10 @@ the two (so that the machine's load falls on both), end to end, medians / p95 in
 - the same, 8 new conversations back to back (each call's time; 2 s between bursts: the pools
   grow with the first burst, sized by the arrival rate, and refill between bursts);
 - a conversation's first run with ``network: true`` (paced);
-- a warm ``print(1)`` (no ``conversationId``: a warm sandbox), back to back;
+- a warm ``print(1)`` (no ``conversationId``: a warm sandbox), back to back; beside it the same
+  runs' own figure (the result's ``durationMs``: the engine's, from the sandbox taken to its
+  result) and the MCP round trip of ``list_runners``, a tool that starts no sandbox: the round
+  trip's floor (what is neither is the server's own work around a run);
 - throughput: ``print(1)`` runs per second with 16 concurrent callers for ``--seconds``.
 
 The HTTP lines also say where the server placed their runs (``born``: a new session born of a
@@ -56,13 +59,16 @@ async def placements(base: str | None) -> collections.Counter[str]:
     return counts
 
 
-async def call(client: Client, arguments: dict[str, Any]) -> float:
+async def call(client: Client, arguments: dict[str, Any], engine: list[float] | None = None) -> float:
+    """The run's round trip in ms; its own ``durationMs`` appended to ``engine`` when given."""
     started = time.perf_counter()
     result = await client.call_tool("run_python", arguments)
     elapsed = (time.perf_counter() - started) * 1000
     data: dict[str, Any] = result.structured_content or {}
     if data.get("status") != "success":
         raise RuntimeError(f"run failed: {data}")
+    if engine is not None:
+        engine.append(float(data["durationMs"]))
     return elapsed
 
 
@@ -98,6 +104,28 @@ def burst(count: int) -> Measure:
 def warm(count: int) -> Measure:
     async def measure(client: Client) -> list[float]:
         return [await call(client, {"code": "print(1)"}) for _ in range(count)]
+
+    return measure
+
+
+def engine_figure(count: int) -> Measure:
+    async def measure(client: Client) -> list[float]:
+        figures: list[float] = []
+        for _ in range(count):
+            await call(client, {"code": "print(1)"}, figures)
+        return figures
+
+    return measure
+
+
+def floor(count: int) -> Measure:
+    async def measure(client: Client) -> list[float]:
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await client.call_tool("list_runners", {})
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples
 
     return measure
 
@@ -153,6 +181,8 @@ async def main() -> None:
         f"first run, {BURST} back to back": burst(max(2, options.runs // 3)),
         "first run, network: true": paced(options.runs, options.pause, network=True),
         "warm print(1)": warm(options.warm),
+        "warm print(1), its durationMs": engine_figure(options.warm),
+        "list_runners (no sandbox)": floor(options.warm),
         "throughput, 16 callers (runs/s)": throughput(options.seconds),
     }
     figures = {name: measure for name, measure in figures.items() if options.only in name}
