@@ -131,10 +131,11 @@ _SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
 
 
 # Modules whose assertions bound a run, a takeover or a pool's retirement in seconds: `make test`
-# runs them after the parallel workers are done (`-m serial`), on a machine nobody else loads.
+# runs them after the parallel workers are done (`-m serial`), on a machine nobody else loads. A
+# module where only some tests are timed marks those `@pytest.mark.serial` itself
+# (tests/sandbox/test_limits.py).
 _SERIAL_MODULES = frozenset(
     {
-        "tests/sandbox/test_limits.py",
         "tests/replicas/test_nemesis.py",
         "tests/engine/test_ready_uids.py",
         "tests/bridge/test_clients.py",
