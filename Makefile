@@ -16,7 +16,8 @@ SYSTEM_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` and `make pytest`: the suite mostly waits (on sandboxes,
 # servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
-# on one worker, where its module-scoped servers are started once. PYTEST_WORKERS=0: no workers.
+# on one worker, where its module-scoped servers are started once; tests/xdist_scopes.py cuts the
+# long sandbox modules and deals the costliest units out first. PYTEST_WORKERS=0: no workers.
 # `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
 PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
