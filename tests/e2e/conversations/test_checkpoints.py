@@ -55,9 +55,9 @@ async def test_a_checkpoint_saved_before_the_code_is_restored_with_its_files_and
         checkpoint="one",
     )
     later = await _run(client, "count = 3\nprint(count, open('f.txt').read())", conversation)
-    restored = await _run(
-        client, "import os\nprint(count, open('f.txt').read(), os.path.exists('g.txt'))", conversation, reset="one"
-    )
+    restoring = {"code": "import os\nprint(count, open('f.txt').read(), os.path.exists('g.txt'))", "reset": "one"}
+    answer = await run_python(client, {**restoring, "conversationId": conversation})
+    restored = structured(answer)
     goes_on = await _run(client, "count += 10\nprint(count, json.dumps([1]))", conversation)
     again = await _run(client, "print(count)", conversation, reset="one")
 
@@ -72,6 +72,7 @@ async def test_a_checkpoint_saved_before_the_code_is_restored_with_its_files_and
     assert restored["session"] == "resumed"
     assert restored["checkpoint"] == {"restored": {"name": "one", "files": 1, "bytes": 3, "variables": True}}
     assert [item["name"] for item in restored["files"]] == ["f.txt"]
+    assert "(checkpoint 'one' restored before the run: 1 files, its variables)" in text(answer)
     assert goes_on["stdout"] == "11 [1]\n"  # the restored interpreter is the live one now, imports and all
     assert again["stdout"] == "1\n"  # a checkpoint stays after a restore
 

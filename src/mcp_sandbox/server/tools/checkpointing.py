@@ -92,6 +92,12 @@ async def save_checkpoint(
         with store.gate.reserving(tenant, files, held, _budgets(service)) as reservation, anyio.move_on_after(wait):
             async with service.engine.fork_source(key, budget, reservation.grow, tenant=tenant) as taken:
                 try:
+                    if isinstance(taken, ForkState) and taken.size > room:  # a parked one, or a spool's last frame
+                        raise ValidationError(
+                            "checkpoint",
+                            f"its variables ({taken.size} bytes) beside its files would pass the conversation's "
+                            f"quota of {quota} (quota_bytes); nothing was saved",
+                        )
                     with anyio.CancelScope(shield=True):  # once begun, the save finishes or fails by itself
                         counts = await anyio.to_thread.run_sync(checkpoints.save, key, name, tenant)
                         if isinstance(taken, ForkState):
