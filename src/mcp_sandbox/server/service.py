@@ -36,6 +36,7 @@ from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.replicas.checkpoints import StoredCheckpoints
 from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
 from mcp_sandbox.replicas.leases import Leases
@@ -353,7 +354,9 @@ async def open_service(
                     secret=secret,
                     tasks=tasks,
                     parked=parked,
-                    checkpoints=Checkpoints(settings, workspaces.gate),
+                    checkpoints=Checkpoints(
+                        settings, workspaces.gate, None if mirror is None else StoredCheckpoints(mirror.objects)
+                    ),
                 )
                 group.start_soon(tasks.keep)
                 lifecycle.on_reload("servers", service.reload_servers)

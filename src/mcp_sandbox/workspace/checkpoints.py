@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import secrets
 from pathlib import Path
+from typing import Protocol
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import ValidationError, WorkspaceError
@@ -33,6 +35,7 @@ from mcp_sandbox.workspace.partials import MAX_DEPTH
 from mcp_sandbox.workspace.removal import remove_tree
 
 __all__ = [
+    "CheckpointCopies",
     "Checkpoints",
     "check_checkpoint_name",
     "checkpoint_bytes",
@@ -40,6 +43,8 @@ __all__ = [
     "delete_checkpoints",
     "state_key",
 ]
+
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -111,18 +116,67 @@ def delete_checkpoints(layout: StateLayout, key: str) -> None:
         remove_tree(layout.checkpoints / key)
 
 
-class Checkpoints:
-    """The checkpoints' files of every conversation of one state directory. Blocking methods (worker threads)."""
+class CheckpointCopies(Protocol):
+    """Where checkpoints' files are copied for other replicas (the object store). Blocking methods.
 
-    def __init__(self, settings: Settings, gate: ChangeGate) -> None:
+    Each raises :class:`~mcp_sandbox.errors.WorkspaceError` when the store refused or cannot be reached.
+    """
+
+    def upload(self, key: str, name: str, directory: Path) -> None:
+        """Store ``directory`` as ``key``'s checkpoint ``name``."""
+
+    def download(self, key: str, name: str, directory: Path) -> bool:
+        """Make the new ``directory`` ``key``'s stored checkpoint ``name``; False if there is none."""
+
+    def names(self, key: str) -> list[str]:
+        """The names of ``key``'s stored checkpoints."""
+
+
+class Checkpoints:
+    """The checkpoints' files of every conversation of one state directory; with ``copies``, each
+    also kept there for other replicas, and fetched from there when not here. Blocking methods
+    (worker threads)."""
+
+    def __init__(self, settings: Settings, gate: ChangeGate, copies: CheckpointCopies | None = None) -> None:
         self._settings = settings
         self._layout = StateLayout.of(settings)
         self._gate = gate
         self._uids = TenantUids(settings)
+        self._copies = copies
 
     def names(self, key: str) -> list[str]:
-        """The names of conversation ``key``'s checkpoints, sorted."""
-        return checkpoint_names(self._layout, key)
+        """The names of conversation ``key``'s checkpoints (here, and in the object store), sorted."""
+        here = checkpoint_names(self._layout, key)
+        if self._copies is None:
+            return here
+        try:
+            return sorted({*here, *self._copies.names(key)})
+        except WorkspaceError as exc:
+            logger.warning("the object store's checkpoints could not be listed (this replica's are): %s", exc)
+            return here
+
+    def fetch(self, key: str, name: str) -> None:
+        """Bring checkpoint ``name`` of conversation ``key`` here from the object store if it is not here.
+
+        Raises:
+            WorkspaceError: the store could not give it.
+        """
+        path = self.path(key, name)
+        if self._copies is None or path.is_dir():
+            return
+        try:
+            self._layout.prepare_checkpoints()
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise disk_error(exc, "cannot create the conversation's checkpoints") from exc
+        made = path.parent / f"{FORK_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            if self._copies.download(key, name, made):
+                with contextlib.suppress(FileExistsError, OSError):  # fetched meanwhile: that one is as good
+                    os.rename(made, path)
+        finally:
+            with contextlib.suppress(OSError):
+                remove_tree(made)
 
     def bytes(self, key: str) -> int:
         """What conversation ``key``'s checkpoints hold (see :func:`checkpoint_bytes`)."""
@@ -160,7 +214,13 @@ class Checkpoints:
         return Usage(bytes=total, files=files, complete=walk.complete)
 
     def held(self, key: str, name: str) -> int:
-        """What checkpoint ``name`` of conversation ``key`` holds, files and state (0: none)."""
+        """What checkpoint ``name`` of conversation ``key`` holds, files and state (0: none; fetched
+        from the object store first where it is not here).
+
+        Raises:
+            WorkspaceError: it cannot be measured, or fetched.
+        """
+        self.fetch(key, name)
         try:
             state = os.lstat(self._layout.parked_state(state_key(key, name))).st_size
         except FileNotFoundError:
@@ -194,6 +254,11 @@ class Checkpoints:
                     workspace, made, self._uids.ids(tenant), files, self._quota(), max_depth=MAX_DEPTH
                 )
         _replace(made, self.path(key, name))
+        if self._copies is not None:
+            try:
+                self._copies.upload(key, name, self.path(key, name))
+            except WorkspaceError as exc:  # saved here all the same; only a takeover would miss it
+                logger.warning("a checkpoint's files could not be copied to the object store: %s", exc)
         return counts
 
     def restore(self, key: str, name: str, tenant: str) -> CloneCounts:
@@ -205,6 +270,7 @@ class Checkpoints:
         """
         workspace = self._layout.workspaces / key
         made = self._layout.workspaces / f"{FORK_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        self.fetch(key, name)
         with self._gate.changing(key):
             counts = self.copy(key, name, made, tenant)
             _replace(made, workspace)
@@ -216,6 +282,7 @@ class Checkpoints:
         Raises:
             WorkspaceError: ``target`` exists, or the copy failed; nothing is left of it.
         """
+        self.fetch(key, name)
         with self._gate.changing(key, target):
             return self.copy(key, name, self._layout.workspaces / target, tenant)
 

@@ -133,9 +133,12 @@ async def restore_checkpoint(service: Service, tenant: str, key: str, name: str,
     store, checkpoints, settings = service.workspaces, service.checkpoints, service.settings
 
     def look() -> tuple[list[str], int, int, int, tuple[int, int]]:
+        names = checkpoints.names(key)
+        if name in names:
+            checkpoints.fetch(key, name)  # from the object store, where it was saved by another replica
         files = checkpoints.measure(store.directory(key)).bytes
         saved = checkpoints.measure(checkpoints.path(key, name)).bytes
-        return checkpoints.names(key), store.usage(key).bytes, files, saved, service.metadata.bytes_held(tenant)
+        return names, store.usage(key).bytes, files, saved, service.metadata.bytes_held(tenant)
 
     names, used, files, saved, held = await anyio.to_thread.run_sync(look)
     if name not in names:
