@@ -49,12 +49,16 @@ class StoredCheckpoints:
         Raises:
             WorkspaceError: the store refused or could not be reached, or the files could not be read.
         """
-        with tempfile.TemporaryFile() as archive:
+        try:
+            archive = tempfile.TemporaryFile()
+        except OSError as exc:
+            raise WorkspaceError(f"the checkpoint's files cannot be archived: {exc.strerror}") from exc
+        with archive:
             try:
                 with tarfile.open(fileobj=archive, mode="w") as tar:
                     tar.add(directory, arcname=".", recursive=True)
-            except OSError as exc:
-                raise WorkspaceError(f"the checkpoint's files cannot be archived: {exc.strerror}") from exc
+            except (OSError, tarfile.TarError) as exc:
+                raise WorkspaceError(f"the checkpoint's files cannot be archived: {exc}") from exc
             archive.seek(0)
             self._objects.put(self._under(key) + name + _SUFFIX, archive)
 
@@ -64,7 +68,11 @@ class StoredCheckpoints:
         Raises:
             WorkspaceError: the store refused or could not be reached, or the archive is not one.
         """
-        with tempfile.TemporaryFile() as archive:
+        try:
+            archive = tempfile.TemporaryFile()
+        except OSError as exc:
+            raise WorkspaceError(f"the stored checkpoint {name!r} cannot be fetched: {exc.strerror}") from exc
+        with archive:
             try:
                 self._objects.get(self._under(key) + name + _SUFFIX, archive)
             except FileNotFoundError:

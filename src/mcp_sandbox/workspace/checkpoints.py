@@ -253,12 +253,17 @@ class Checkpoints:
                 counts = fork_directory(
                     workspace, made, self._uids.ids(tenant), files, self._quota(), max_depth=MAX_DEPTH
                 )
-        _replace(made, self.path(key, name))
-        if self._copies is not None:
+        if self._copies is not None:  # the new copy, still this call's alone
             try:
-                self._copies.upload(key, name, self.path(key, name))
+                self._copies.upload(key, name, made)
             except WorkspaceError as exc:  # saved here all the same; only a takeover would miss it
                 logger.warning("a checkpoint's files could not be copied to the object store: %s", exc)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    remove_tree(made)
+                raise
+        with self._gate.changing(key):  # no fork or restore is reading the one it replaces
+            _replace(made, self.path(key, name))
         return counts
 
     def restore(self, key: str, name: str, tenant: str) -> CloneCounts:
