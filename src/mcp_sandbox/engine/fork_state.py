@@ -48,6 +48,12 @@ class ForkState:
         self._fd: int | None = fd
         self.size = size
 
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the state from ``offset`` (b"" past its end, or once closed)."""
+        if self._fd is None or offset >= self.size:
+            return b""
+        return os.pread(self._fd, min(size, self.size - offset), offset)
+
     def close(self) -> None:
         """Free the file's blocks. Safe to call more than once."""
         if self._fd is not None:
