@@ -3,13 +3,15 @@
 Two `mcp-sandbox serve` over stdio, started alike but for ``otel_endpoint``: one with none
 (tracing off), one exporting over OTLP/gRPC to a receiver of the benchmark's own on loopback
 (tests/tracing/receiver.py, on the collector's official service definitions). Warm ``print(1)``
-runs alternate between them (so load drifts hit both alike), the traced ones each with a
-client's sampled ``traceparent`` in ``_meta``: every span of a run is made, ended and exported.
-Then the price of the off path itself: ``mcp_sandbox.tracing.span`` with no span recording, in
-process, per call, and the number of such calls a run makes. Medians and p95 in milliseconds.
-Nothing is asserted; absolute numbers drift +-30% between runs on a shared 2-core machine.
+runs alternate between them (so load drifts hit both alike), each with a client's sampled
+``traceparent`` in ``_meta`` (a client that traces sends it whether the server traces or not):
+every span of a traced run is made, ended and exported. Every third round both servers also get
+a run without one (on the traced server, a trace of its own). Then the price of the off path
+itself: ``mcp_sandbox.tracing.span`` with no span recording, in process, per call, and the number
+of such look-ups a run makes. Medians and p95 in milliseconds. Nothing is asserted; absolute
+numbers drift +-30% between runs on a shared 2-core machine.
 
-Run: `.venv/bin/python bench/tracing.py [--runs N]`.
+Run: `.venv/bin/python bench/trace_cost.py [--runs N]`.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from tracing.receiver import grpc_receiver  # noqa: E402 - tests/ is put on the path just above
 
-# The spans mcp_sandbox.tracing asks for in a warm run without code mode or network: admission,
-# placement and the run.
-SPANS_PER_RUN = 3
+# What a warm run without code mode or network asks of mcp_sandbox.tracing: its placement's span
+# and the span its run is told on (tracing.current()), one context look-up each when off.
+LOOKUPS_PER_RUN = 2
 
 
 def _pythonpath() -> dict[str, str]:
@@ -66,9 +68,11 @@ def _serve_pid(state_dir: Path) -> int:
     raise RuntimeError(f"no server of {state_dir} among this process's children")
 
 
-def _cpu_ms(pid: int) -> float:
-    """CPU time (user + system, every thread: the exporter's too) of process ``pid`` so far, in ms."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def _cpu_ms(pid: int, thread: int | None = None) -> float:
+    """CPU time (user + system) of process ``pid`` so far, in ms: every thread (the exporter's too), or
+    only ``thread``'s."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
@@ -98,28 +102,33 @@ async def main(runs: int) -> None:
             off = await stack.enter_async_context(Client(_server(root / "off", {})))
             on = await stack.enter_async_context(Client(_server(root / "on", traced_env)))
             for _ in range(30):  # the warm pools start, the code paths warm up
-                await _run(off, False)
+                await _run(off, True)
                 await _run(on, True)
-            times: dict[str, list[float]] = {"off": [], "on": [], "on, no traceparent": []}
+            times: dict[str, list[float]] = {"off": [], "on": [], "off, no traceparent": [], "on, no traceparent": []}
             pids = {"off": _serve_pid(root / "off"), "on": _serve_pid(root / "on")}
             cpu = {name: _cpu_ms(pid) for name, pid in pids.items()}
+            loop = {name: _cpu_ms(pid, pid) for name, pid in pids.items()}  # the main thread runs the event loop
             for index in range(runs):
-                times["off"].append(await _run(off, False))
+                times["off"].append(await _run(off, True))
                 times["on"].append(await _run(on, True))
-                if index % 3 == 0:
+                if index % 3 == 0:  # still alternating: neither server runs twice in a row (its warm pool refills)
+                    times["off, no traceparent"].append(await _run(off, False))
                     times["on, no traceparent"].append(await _run(on, False))
-            cpu = {name: (_cpu_ms(pid) - cpu[name]) for name, pid in pids.items()}
-            cpu["on"] /= runs + len(times["on, no traceparent"])
-            cpu["off"] /= runs
+            per_server = runs + len(times["on, no traceparent"])
+            cpu = {name: (_cpu_ms(pid) - cpu[name]) / per_server for name, pid in pids.items()}
+            loop = {name: (_cpu_ms(pid, pid) - loop[name]) / per_server for name, pid in pids.items()}
         print(f"\n{'warm print(1) over stdio (ms)':<50} {'median':>8} {'p95':>8}")
         medians = {label: _line(f"tracing {label}", samples) for label, samples in times.items()}
         print(f"  {'added by tracing (on - off, medians)':<48} {medians['on'] - medians['off']:8.3f}")
-        traced_runs = 30 + runs + len(times["on, no traceparent"])
+        untraced = medians["on, no traceparent"] - medians["off, no traceparent"]
+        print(f"  {'  the same, no traceparent':<48} {untraced:8.3f}")
+        traced_runs = 30 + per_server
         print(f"  spans exported: {len(received.spans())} ({len(received.spans()) / traced_runs:.1f} per traced run)")
         print("the server process's CPU per warm run (ms; all its threads)")
         print(f"  {'tracing off':<48} {cpu['off']:8.3f}")
         print(f"  {'tracing on':<48} {cpu['on']:8.3f}")
         print(f"  {'added by tracing':<48} {cpu['on'] - cpu['off']:8.3f}")
+        print(f"  {'  of it in the event loop thread':<48} {loop['on'] - loop['off']:8.3f}")
 
     def off_path() -> None:
         with tracing.span("bench", {"a": 1}):
@@ -129,8 +138,12 @@ async def main(runs: int) -> None:
     per_call = min(timeit.repeat(off_path, number=loops, repeat=5)) / loops * 1e6
     print("\ntracing off, in process")
     print(f"  {'mcp_sandbox.tracing.span(), no span recording':<48} {per_call:8.3f} us per call")
-    print(f"  {'per warm run (' + str(SPANS_PER_RUN) + ' calls)':<48} {per_call * SPANS_PER_RUN:8.3f} us")
-    added = {"wall_ms": round(medians["on"] - medians["off"], 3), "cpu_ms": round(cpu["on"] - cpu["off"], 3)}
+    print(f"  {'per warm run (' + str(LOOKUPS_PER_RUN) + ' calls)':<48} {per_call * LOOKUPS_PER_RUN:8.3f} us")
+    added = {
+        "wall_ms": round(medians["on"] - medians["off"], 3),
+        "cpu_ms": round(cpu["on"] - cpu["off"], 3),
+        "loop_cpu_ms": round(loop["on"] - loop["off"], 3),
+    }
     print(json.dumps({"added": added, "off_path_us": round(per_call, 3)}))
 
 

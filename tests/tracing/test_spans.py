@@ -1,4 +1,5 @@
-"""mcp_sandbox.tracing's rules: nothing made when off, no exception text when on; where traces go; the HTTP header."""
+"""mcp_sandbox.tracing's rules: nothing made when off, no exception text when on; where traces go; the HTTP header;
+an admission span only for a run that waits."""
 
 from __future__ import annotations
 
@@ -87,6 +88,64 @@ def test_on_a_span_continues_a_traceparent_and_keeps_an_exceptions_class_but_not
     assert seen["status"] == ["ERROR", None] and seen["events"] == 0
     assert seen["cancelled"] == [{}, "UNSET"]  # a cancellation (a run's end closing a connection) is no error
     assert "secret-in-a-message" not in done.stdout + done.stderr
+
+
+_ADMISSION = """
+import json
+import anyio
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+from mcp_sandbox import tracing
+from mcp_sandbox.engine.admission import Admission
+from mcp_sandbox.errors import BusyError
+
+
+async def main() -> None:
+    admission = Admission(1, 4, 0.05)
+    release = anyio.Event()
+
+    async def hold(tenant: str) -> None:
+        with tracing.span(f"call {tenant}", context=tracing.context_of({"traceparent": "TRACEPARENT"})):
+            try:
+                async with admission.slot(tenant):
+                    await release.wait()
+            except BusyError:
+                pass
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(hold, "free")
+        await anyio.wait_all_tasks_blocked()
+        await hold("refused")  # waits out the 0.05 s bound
+        group.start_soon(hold, "waited")
+        await anyio.wait_all_tasks_blocked()
+        release.set()
+
+
+anyio.run(main)
+spans = exporter.get_finished_spans()
+calls = {span.context.span_id: span.name for span in spans if span.name.startswith("call ")}
+print(json.dumps(sorted(
+    [calls[span.parent.span_id], dict(span.attributes), span.status.status_code.name]
+    for span in spans if span.name == "mcp_sandbox.admission"
+)))
+""".replace("TRACEPARENT", TRACEPARENT)
+
+
+def test_only_a_run_that_waits_for_its_slot_has_an_admission_span() -> None:
+    script = textwrap.dedent(_ADMISSION)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        ["call refused", {"mcp_sandbox.tenant": "refused", "error.type": "BusyError"}, "ERROR"],
+        ["call waited", {"mcp_sandbox.tenant": "waited"}, "UNSET"],
+    ]
 
 
 @pytest.mark.parametrize(

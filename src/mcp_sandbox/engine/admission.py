@@ -8,7 +8,8 @@ pass ``wait`` seconds, the run is refused with :class:`~mcp_sandbox.errors.BusyE
 running anything. Overload then shows as quick, clear refusals instead of every run slowing down
 until all of them time out. A full queue does not shut a tenant out: a tenant with nothing queued
 takes the place of the newest waiter of the tenant with the most queued (two or more), which is
-refused as a full queue's newcomer would have been.
+refused as a full queue's newcomer would have been. A traced run that waits gets a span for its wait
+(``mcp_sandbox.admission``); one that finds a slot free gets none.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from mcp_sandbox import tracing
 from mcp_sandbox.errors import BusyError
 
 __all__ = ["Admission"]
@@ -75,24 +77,33 @@ class Admission:
         waiter = self._enqueue(tenant)
         self._dispatch()
         if not waiter.granted:
-            try:
-                with anyio.move_on_after(self.wait):
-                    await waiter.event.wait()
-            except BaseException:  # cancelled while waiting (or just granted): give the turn back
-                self._release(waiter) if waiter.granted else self._leave(waiter)
-                raise
-            if waiter.refused is not None:
-                raise BusyError(waiter.refused)
-            if not waiter.granted:
-                self._leave(waiter)
-                raise BusyError(
-                    f"no run slot came free within {self.wait:g} s ({self.running} runs are running, "
-                    f"{self._running[tenant]} of them this tenant's); try again shortly"
-                )
+            with tracing.span("mcp_sandbox.admission", {"mcp_sandbox.tenant": tenant}):
+                await self._wait(waiter)
         try:
             yield
         finally:
             self._release(waiter)
+
+    async def _wait(self, waiter: _Waiter) -> None:
+        """Wait for ``waiter``'s turn, bounded by :attr:`wait`.
+
+        Raises:
+            BusyError: it was pushed out of the queue, or no slot came free in time.
+        """
+        try:
+            with anyio.move_on_after(self.wait):
+                await waiter.event.wait()
+        except BaseException:  # cancelled while waiting (or just granted): give the turn back
+            self._release(waiter) if waiter.granted else self._leave(waiter)
+            raise
+        if waiter.refused is not None:
+            raise BusyError(waiter.refused)
+        if not waiter.granted:
+            self._leave(waiter)
+            raise BusyError(
+                f"no run slot came free within {self.wait:g} s ({self.running} runs are running, "
+                f"{self._running[waiter.tenant]} of them this tenant's); try again shortly"
+            )
 
     def _release(self, waiter: _Waiter) -> None:
         self._running[waiter.tenant] -= 1

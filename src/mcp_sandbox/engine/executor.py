@@ -246,11 +246,12 @@ class Engine:
         """
         queued = time.perf_counter()
         async with contextlib.AsyncExitStack() as stack:
-            with tracing.span("mcp_sandbox.admission", {"mcp_sandbox.tenant": request.tenant}):
-                await stack.enter_async_context(self._admission.slot(request.tenant))
+            await stack.enter_async_context(self._admission.slot(request.tenant))
             if prepare is not None:
                 request = await prepare(request)
-            with self._use(request.workspace), tracing.span("mcp_sandbox.placement", _traced(request)) as span:
+            with self._use(request.workspace), tracing.span("mcp_sandbox.placement") as span:
+                if span is not None:
+                    span.set_attributes(_traced(request))
                 started = time.perf_counter()
                 self.events.emit(RunAdmitted(wait=started - queued))
                 result = await self._place(request, started)

@@ -223,7 +223,7 @@ class Interpreter:
                 if sent:
                     async with anyio.create_task_group() as feeding:
                         carried.start(feeding)
-                        await serve_run(record, frame.run, tools, self.channel, self.caps)
+                        await serve_run(record, frame.run, tools, self.channel, self.caps, dump=request is None)
                         feeding.cancel_scope.cancel()  # a runner that never read them all is done anyway
                 if record.protocol_error is not None:
                     # The runner broke the protocol (an oversized or malformed frame): it cannot be

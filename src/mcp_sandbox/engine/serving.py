@@ -67,20 +67,30 @@ class RunRecord:
         )
 
 
-async def serve_run(record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel, caps: RunCaps) -> None:
-    """Serve the runner's frames on ``channel`` until run ``run_id``'s DONE, an ERROR or the channel's end."""
-    with tracing.span("mcp_sandbox.run") as span:
-        async with anyio.create_task_group() as calls:
-            try:
-                await _serve(record, run_id, tools, calls, channel, caps)
-            finally:
-                calls.cancel_scope.cancel()
-        if span is not None:
-            span.set_attributes(_ended(record))
+async def serve_run(
+    record: RunRecord, run_id: int, tools: ToolAccess | None, channel: Channel, caps: RunCaps, *, dump: bool = False
+) -> None:
+    """Serve the runner's frames on ``channel`` until run ``run_id``'s DONE, an ERROR or the channel's end.
+
+    A traced request's run (not the ``dump`` of a session's variables) is told on the span it runs
+    under, its placement's: an ``mcp_sandbox.run.start`` event as the code is handed over, and how it
+    ended. Not a span of its own: it would cover nearly the same time and cost as much again.
+    """
+    span = None if dump else tracing.current()
+    if span is not None:
+        span.add_event("mcp_sandbox.run.start")
+    async with anyio.create_task_group() as calls:
+        try:
+            await _serve(record, run_id, tools, calls, channel, caps)
+        finally:
+            calls.cancel_scope.cancel()
+    if span is not None:
+        span.set_attributes(_ended(record))
 
 
 def _ended(record: RunRecord) -> dict[str, tracing.AttributeValue]:
-    """How the run ended, as a run span says it: whether it finished, its exit code (never its exception's text)."""
+    """How the run ended, as its placement span says it: whether it finished, its exit code (never its
+    exception's text)."""
     ended: dict[str, tracing.AttributeValue] = {"mcp_sandbox.run.done": record.done}
     if record.exit_code is not None:
         ended["mcp_sandbox.run.exit_code"] = record.exit_code

@@ -100,6 +100,13 @@ def _attributes(span: Span) -> dict[str, Any]:
     return values
 
 
+def _run_started(span: Span) -> int:
+    """When the code was handed to the sandbox: the placement span's one ``mcp_sandbox.run.start`` event, in it."""
+    [started] = [event.time_unix_nano for event in span.events if event.name == "mcp_sandbox.run.start"]
+    assert span.start_time_unix_nano <= started <= span.end_time_unix_nano
+    return int(started)
+
+
 async def _wait_for(received: Received, trace_id: str, names: set[str]) -> list[Span]:
     def arrived() -> bool:
         return names <= {span.name for span in _in_trace(received, trace_id)}
@@ -149,9 +156,7 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
 
     expected = {
         "tools/call run_code",
-        "mcp_sandbox.admission",
         "mcp_sandbox.placement",
-        "mcp_sandbox.run",
         "code_mode tools/call",
         "MCP send tools/call trace_context",
         "egress connection",
@@ -167,9 +172,16 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
             assert parent in by_id, f"{span.name}: its parent {parent} is not in the trace"
             seen = by_id[parent]
     named = {span.name: span for span in spans}
+    # A run that found a slot free has no admission span; the run is told on its placement's span.
+    assert {span.name for span in spans if span.name.startswith("mcp_sandbox.")} == {"mcp_sandbox.placement"}
     assert _attributes(root)["gen_ai.tool.name"] == "run_code"
-    placement = _attributes(named["mcp_sandbox.placement"])
+    placed = named["mcp_sandbox.placement"]
+    placement = _attributes(placed)
     assert placement["mcp_sandbox.placement"] in {"born", "fresh", "warm", "prestarted", "session"}
+    assert (placement["mcp_sandbox.run.status"], placement["mcp_sandbox.run.done"]) == ("success", True)
+    assert placement["mcp_sandbox.run.exit_code"] == 0
+    assert _run_started(placed) <= named["code_mode tools/call"].start_time_unix_nano
+    assert named["code_mode tools/call"].parent_span_id == placed.span_id
     call = _attributes(named["code_mode tools/call"])
     assert (call["gen_ai.tool.name"], call["mcp_sandbox.server"]) == ("trace_context", "fixture")
     # The downstream call's own span (the MCP SDK's) is the child of the code-mode call's.
@@ -200,9 +212,11 @@ async def test_a_failed_run_names_its_trace_and_an_untraced_call_still_runs(trac
     assert structured(failed)["status"] == "error"
     assert structured(failed)["traceId"] == trace_id
     assert structured(plain)["status"] == "success" and "traceId" not in structured(plain)
-    spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.run"})
-    run = _attributes(next(span for span in spans if span.name == "mcp_sandbox.run"))
-    assert run["mcp_sandbox.run.exit_code"] == 3
+    spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.placement"})
+    placed = next(span for span in spans if span.name == "mcp_sandbox.placement")
+    run = _attributes(placed)
+    assert (run["mcp_sandbox.run.status"], run["mcp_sandbox.run.exit_code"]) == ("error", 3)
+    _run_started(placed)
 
 
 async def test_a_plain_json_rpc_callers_traceparent_header_is_continued_to_an_http_protobuf_collector(
@@ -219,6 +233,6 @@ async def test_a_plain_json_rpc_callers_traceparent_header_is_continued_to_an_ht
                 reply = await web.post(f"{base}/mcp", json=call, headers=headers, timeout=CALL_BOUND)
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["result"]["structuredContent"]["stdout"] == "1\n"
-                spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.run"})
+                spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.placement"})
     root = next(span for span in spans if span.name == "tools/call run_python")
     assert root.parent_span_id.hex() == client_span
