@@ -39,6 +39,8 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from mcp_sandbox.config import WorkspaceSettings
+from mcp_sandbox.engine.disk import measure
 from mcp_sandbox.engine.fork_state import ForkState, spool_cap
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.park_seal import Seal, Sealer
@@ -46,7 +48,7 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.secret import derive_key
 
-__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates"]
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates", "park_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,16 @@ class _Writer:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
             self.failed = exc
+
+
+def park_budget(workspaces: WorkspaceSettings, workspace: Path) -> int:
+    """The bytes of variables a park of ``workspace``'s session may keep: what its quota leaves."""
+    quota = workspaces.quota_bytes
+    try:
+        used = measure(workspace, 2 * workspaces.quota_files + 1).bytes
+    except OSError:
+        used = quota
+    return max(0, min(PARK_VARIABLES_BYTES, quota - used))
 
 
 class ParkedCopies(Protocol):

@@ -7,6 +7,7 @@ state directory. A park is seen where it lands: ``parked/`` of the state directo
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -164,6 +165,27 @@ async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resu
 
     assert (resumed["status"], resumed["stdout"], resumed["session"]) == ("success", "45\n", "resumed")
     assert "notKept" not in resumed
+
+
+async def test_twenty_conversations_past_the_session_cap_are_parked_and_each_resumes_its_own_variables(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    own = {_new(): index for index in range(20)}
+    order = list(own)
+    random.Random(48).shuffle(order)
+    # Four live at most, parked only to make room (never at idle here): each new one parks another.
+    async with memory_client(state_dir, sandbox_runtime, max_sessions=4, session_park_after=300.0) as client:
+        for conversation, index in own.items():
+            defined = await _run(client, f"mine, name = {index}, {conversation!r}", conversation)
+            assert defined["status"] == "success", defined
+        parked = len(_parked(state_dir))
+        resumed = [await _run(client, "print(mine, name)", conversation) for conversation in order]
+
+    assert parked == 16
+    for conversation, result in zip(order, resumed, strict=True):
+        assert result["stdout"] == f"{own[conversation]} {conversation}\n", result
+        assert result["session"] in ("resumed", "kept")  # the last four may still have been live
+    assert sum(result["session"] == "resumed" for result in resumed) >= 16
 
 
 async def test_a_reset_deletes_the_parked_state_and_starts_afresh(parking: Client, state_dir: Path) -> None:
