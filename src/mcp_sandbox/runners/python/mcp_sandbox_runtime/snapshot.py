@@ -8,8 +8,8 @@ bytes give the lengths of all three and a mark. Its end says where it begins, so
 of the source wrote to the same stdout before the dump is not taken for it.
 
 Reading (:func:`read`) takes a descriptor of the state's file and reads every byte into memory
-of this process, each buffer into a mapping of its own (anonymous, so it is counted in the
-sandbox's memory, asked for in huge pages, so a 50 MB column takes 25 page faults, not 12,000),
+of this process, each large buffer into a mapping of its own (anonymous, so it is counted in the
+sandbox's memory; populated as it is made, cheaper than a page fault per page during the read),
 before anything of it is unpickled: the caller closes the descriptor before a single object of
 the state (whose ``__setstate__`` may be the session's own code) is made. The sizes table is
 plain integers for that reason: the layout is known without unpickling anything.
@@ -29,7 +29,7 @@ MARK = b"\x00mcp-sandbox-frk3"
 _LEGACY_MARK = b"\x00mcp-sandbox-fork"  # format 2: index and values lengths, then this mark
 _TRAILER = 24 + len(MARK)  # the buffer count, the index's and the values' lengths, the mark
 _LEGACY_TRAILER = 16 + len(_LEGACY_MARK)
-# A buffer this large is read into a mapping of its own, in huge pages where the kernel has them.
+# A buffer this large is read into a mapping of its own.
 HUGE = 2 << 20
 _MAX_IOV = 512  # vectors per preadv (IOV_MAX is 1024 on Linux)
 
@@ -72,10 +72,8 @@ def _sizes(table: bytes | memoryview, count: int) -> list[int]:
 def _buffer(size: int) -> bytearray | mmap.mmap:
     if size < HUGE:
         return bytearray(size)
-    mapped = mmap.mmap(-1, size)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        mapped.madvise(mmap.MADV_HUGEPAGE)
-    return mapped
+    # Its pages made in one call, not one fault each as the read reaches them.
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0))
 
 
 def _read_into(fd: int, targets: list[bytearray | mmap.mmap], offset: int) -> None:
