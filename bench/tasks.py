@@ -45,6 +45,7 @@ from replica_helpers import TOKEN, replicas
 RUNTIME = Path(__file__).resolve().parents[1] / ".runtime" / "python"
 METRICS_TOKEN = "bench-metrics-token-0123456789ab"
 TASK_AFTER = 1.0
+LONG = 3600  # seconds a polled task runs (and may: max_timeout)
 MODERN = "2026-07-28"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
@@ -112,6 +113,7 @@ async def main(gets: int, handles: int, cancels: int, calls: int) -> None:
     print(f"{platform.platform()}, {len(os.sched_getaffinity(0))} CPUs, Python {platform.python_version()}")
     runtime = RUNTIME if (RUNTIME / "bin" / "python3").exists() else None
     env = {"MCP_SANDBOX_TASK_AFTER": f"{TASK_AFTER:g}", "MCP_SANDBOX_METRICS_TOKEN": METRICS_TOKEN}
+    env["MCP_SANDBOX_MAX_TIMEOUT"] = str(LONG)  # the polled tasks outlast every get, however loaded the machine
     headers = {"Authorization": f"Bearer {TOKEN}"}
     with postgres_cluster() as cluster:
         async with (
@@ -120,7 +122,7 @@ async def main(gets: int, handles: int, cancels: int, calls: int) -> None:
             httpx2.AsyncClient(headers=headers, timeout=120) as to_other,
         ):
             sides = ((owner.url, to_owner), (other.url, to_other))
-            run = {"name": "run_python", "arguments": {"code": "import time; time.sleep(600)"}}
+            run = {"name": "run_python", "arguments": {"code": f"import time; time.sleep({LONG})", "timeout": LONG}}
 
             handed: list[float] = []
             started: list[str] = []

@@ -14,6 +14,7 @@ from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import remove_tree
 from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
 from s3_helpers import s3_server
+from xdist_scopes import CostFirstScheduling
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
@@ -131,10 +132,11 @@ _SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
 
 
 # Modules whose assertions bound a run, a takeover or a pool's retirement in seconds: `make test`
-# runs them after the parallel workers are done (`-m serial`), on a machine nobody else loads.
+# runs them after the parallel workers are done (`-m serial`), on a machine nobody else loads. A
+# module where only some tests are timed marks those `@pytest.mark.serial` itself
+# (tests/sandbox/test_limits.py).
 _SERIAL_MODULES = frozenset(
     {
-        "tests/sandbox/test_limits.py",
         "tests/replicas/test_nemesis.py",
         "tests/engine/test_ready_uids.py",
         "tests/bridge/test_clients.py",
@@ -148,6 +150,12 @@ def _uses_a_service(item: pytest.Item) -> bool:
         return True
     callspec = getattr(item, "callspec", None)  # metadata_target's PostgreSQL half asks for it late
     return callspec is not None and callspec.params.get("metadata_target") == "postgresql"
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> CostFirstScheduling | None:
+    """``--dist loadscope`` (``make test``): long modules cut, the costliest first (tests/xdist_scopes.py)."""
+    return CostFirstScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

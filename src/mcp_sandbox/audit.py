@@ -11,6 +11,11 @@ written inside a traced call (:mod:`mcp_sandbox.tracing`), the key from a line t
 at ``max_bytes`` keeping ``backups`` old ones (``audit.jsonl.1`` ...), through the standard library's
 :class:`logging.handlers.RotatingFileHandler`, each file made 0600 in a 0700 directory. Writing is
 synchronous and small; a failing disk is reported by the logging module and never raises into the caller.
+Each line is flushed to the file as it is written. The file stays open between lines (opening and
+closing it for each was most of a line's cost, on every run's path); as the standard library's
+:class:`~logging.handlers.WatchedFileHandler` does, a line finds the file at ``path`` by its device
+and inode and reopens it when another process has moved or removed it, and a log dropped without
+:meth:`AuditLog.close` closes its file when it is collected.
 What anyone can cause unauthenticated goes through a :class:`Tally`: one summary line per interval
 with a count, never a line per request, so nobody can rotate everyone's records out of the files.
 """
@@ -24,6 +29,7 @@ import logging
 import logging.handlers
 import os
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,27 +45,47 @@ DEFAULT_BACKUPS = 5
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating file of ready-made lines; every new file (after each rotation too) is 0600, whatever the umask."""
 
+    _opened: tuple[int, int] | None = None  # the (device, inode) of the open stream's file
+
     def format(self, record: logging.LogRecord) -> str:
         return str(record.msg)  # the line as the caller made it, never %-formatted
 
     def _open(self) -> Any:
-        return open(  # the handler owns the stream and closes it
+        stream = open(  # the handler owns the stream and closes it
             self.baseFilename,
             self.mode,
             encoding=self.encoding,
             errors=self.errors,
             opener=lambda path, flags: os.open(path, flags | os.O_CLOEXEC, 0o600),
         )
+        opened = os.fstat(stream.fileno())
+        self._opened = (opened.st_dev, opened.st_ino)
+        return stream
+
+    def reopen_if_moved(self) -> None:
+        """Close the stream (the next line reopens ``baseFilename``) if its file is no longer there."""
+        if self.stream is None:
+            return
+        try:
+            there = os.stat(self.baseFilename)
+        except FileNotFoundError:
+            there = None
+        if there is None or (there.st_dev, there.st_ino) != self._opened:
+            self.close()
 
 
 class AuditLog:
     """An append-only JSON-lines log at ``path``; see the module docstring."""
 
-    def __init__(self, path: Path, handler: logging.Handler) -> None:
+    def __init__(self, path: Path, handler: _PrivateRotatingFile) -> None:
         self.path = path
         # Lines go straight to the handler, through no logger: audit lines never reach the
         # console log, and a line costs no logger's work (levels, the caller's frame, propagation).
         self._handler = handler
+        self._closer = weakref.finalize(self, handler.close)  # an owner that never closed it
+        # One record for every line, its text set under the handler's lock (building a LogRecord,
+        # with its caller's file name, thread and process, cost more than writing the line).
+        self._record = logging.LogRecord("mcp_sandbox.audit", logging.INFO, "", 0, "", None, None)
 
     @classmethod
     def open(cls, path: Path, *, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS) -> AuditLog:
@@ -86,19 +112,20 @@ class AuditLog:
 
     def write(self, line: str) -> None:
         """Append ``line`` (one JSON object, no newline) as it is. Never raises for a failing disk."""
-        record = logging.LogRecord("mcp_sandbox.audit", logging.INFO, "", 0, line, None, None)
         handler = self._handler
         handler.acquire()
         try:
-            handler.handle(record)  # its rotation and errors (reported, never raised)
-            # Closed after each line (the next one reopens it in append mode): no file is left
-            # open by an owner dropped without closing, and a rotation by another process is seen.
-            handler.close()
+            record = self._record
+            record.msg = line
+            handler.reopen_if_moved()  # rotated or removed by another process: a line goes to the file at path
+            handler.handle(record)  # its rotation, the flush and errors (reported, never raised)
+            if not self._closer.alive:  # written after close(): the file is not left open
+                handler.close()
         finally:
             handler.release()
 
     def close(self) -> None:
-        self._handler.close()
+        self._closer()
 
 
 class Tally:

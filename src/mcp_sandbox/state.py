@@ -27,6 +27,8 @@
         <key>/                  0700    its tenant's host uid's (tenant_uids.py)
       parked/                   0700  parked sessions' interpreter states, one per conversation
         <key>.state             0600    (engine/parking.py), deleted with the conversation
+      checkpoints/              0700  conversations' named checkpoints' files (workspace/checkpoints.py;
+        <key>/<name>/           0700    their variables are parked states), deleted with the conversation
       uploads/                  0700  files being uploaded, renamed into a workspace when complete
         <pid>-<hex>             0600    (workspace/writing.py); a dead server's are swept at start
       mirror/                   0700  with object_store_url: what the store holds of each workspace and
@@ -114,6 +116,12 @@ class StateLayout:
     def parked_state(self, key: str) -> Path:
         """Where conversation ``key``'s parked interpreter state lives (whether or not it exists)."""
         return self.parked / f"{key}.state"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Conversations' named checkpoints' files, ``<key>/<name>/`` (the server's alone; beside the
+        workspaces, so a copy can be a reflink)."""
+        return self._shared / "checkpoints"
 
     @property
     def uploads(self) -> Path:
@@ -235,6 +243,16 @@ class StateLayout:
         self.make_root_private()
         self.parked.mkdir(mode=0o700, exist_ok=True)
         return self.parked
+
+    def prepare_checkpoints(self) -> Path:
+        """Create ``checkpoints/`` (0700, the server's own) if missing.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        self.make_root_private()
+        self.checkpoints.mkdir(mode=0o700, exist_ok=True)
+        return self.checkpoints
 
     def prepare_stubs(self) -> Path:
         """Create ``stubs/`` (0711) if missing; ``root`` must exist.

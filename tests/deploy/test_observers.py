@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
 import stat
 from pathlib import Path
 
@@ -29,6 +32,48 @@ def test_audit_lines_are_json_with_time_and_event_and_rotate(tmp_path: Path) -> 
     assert rotated == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
     last = [json.loads(line) for line in path.read_text().splitlines()][-1]
     assert last["event"] == "upload" and last["size"] == 19 and last["time"].endswith("Z")
+
+
+def _open_files(path: Path) -> list[str]:
+    """This process's descriptors open on ``path`` (or on what it was renamed to)."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor, closed since
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in links if link.startswith(str(path))]
+
+
+def test_audit_lines_are_in_the_file_at_once_and_follow_it_when_another_process_moves_it(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog.open(path)
+    try:
+        log.record("run", n=1)
+        assert json.loads(path.read_text())["n"] == 1  # flushed with the call, the log still open
+        path.rename(tmp_path / "audit.jsonl.1")  # as logrotate does
+        log.record("run", n=2)
+        path.unlink()
+        log.record("run", n=3)
+    finally:
+        log.close()
+    assert [json.loads(line)["n"] for line in (tmp_path / "audit.jsonl.1").read_text().splitlines()] == [1]
+    assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [3]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _open_files(tmp_path) == []
+
+
+def test_an_audit_log_dropped_or_written_after_close_leaves_no_file_open(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog.open(path)
+    log.record("run", n=1)
+    assert _open_files(path) != []
+    del log
+    gc.collect()  # a file closed by the collector instead would be a ResourceWarning: an error here
+    assert _open_files(path) == []
+    closed = AuditLog.open(path)
+    closed.close()
+    closed.record("run", n=2)
+    assert _open_files(path) == []
+    assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_a_tally_writes_the_first_event_then_one_line_per_interval_with_the_count(tmp_path: Path) -> None:

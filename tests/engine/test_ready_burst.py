@@ -15,9 +15,9 @@ from typing import Any
 import anyio
 import pytest
 
-from mcp_sandbox.engine import Engine, ready_sizing
+from mcp_sandbox.engine import Engine, ready, ready_sizing
 from mcp_sandbox.engine.ready import ReadyPool
-from mcp_sandbox.engine.ready_sizing import Arrivals, ReadyBudget
+from mcp_sandbox.engine.ready_sizing import Arrivals, Mix, ReadyBudget
 from mcp_sandbox.tenant_uids import TenantUids
 
 from .conftest import RunningEngine
@@ -97,6 +97,53 @@ def test_arrivals_count_only_their_window_and_the_budget_has_room_below_its_limi
     now[0] = 112.0
     assert arrivals.recent() == 2  # the one at 100 is older than 10 s
     assert (ReadyBudget(2, used=1).room, ReadyBudget(2, used=2).room, ReadyBudget(0).room) == (True, False, False)
+
+
+@pytest.mark.sandbox
+@pytest.mark.anyio
+async def test_a_pool_whose_burst_has_passed_replaces_its_claimed_preloading_sandbox(
+    running_engine: RunningEngine, state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A burst of light first runs grew the pool with light sandboxes; once it has passed (the
+    # arrivals' clock moved on), a run naming a preloaded module claims the one preloading
+    # sandbox, and the stock is at its target. Its replacement must still be a preloading one,
+    # or a fork's first run later imports the modules itself.
+    now = [1000.0]
+    monkeypatch.setattr(ready, "Arrivals", lambda: Arrivals(clock=lambda: now[0]))
+    monkeypatch.setattr(ready_sizing, "RATE_WINDOW", 3600.0)  # no trim during the test
+    preloaded = "import sys\nprint('colorsys' in sys.modules)\n"  # names it: a preloading sandbox is asked for
+    flags = {**_FLAGS, "session_ready": 2, "session_ready_burst": 2, "pool_preload": "colorsys"}
+    async with running_engine(**flags) as engine:
+        engine.ready.wake()
+        await _wait_idle(engine, 2)  # one of each kind
+        for _ in range(3):  # each takes the light one; the third grows the pool by one, light
+            assert await _burst(engine, state_dir, 1) == ["born"]
+            await _wait_idle(engine, engine.ready.target)
+        assert (engine.ready.target, engine.ready.stock) == (3, 3)
+        now[0] += ready_sizing.RATE_WINDOW + 1  # the burst has passed: the target is the floor again
+        first = await execute(engine, preloaded, session="a", workspace=_conversation(engine, state_dir))
+        await _wait_idle(engine, 2)
+        second = await execute(engine, preloaded, session="b", workspace=_conversation(engine, state_dir))
+
+    assert (first.path, first.stdout) == ("born", "True\n"), first
+    assert (second.path, second.stdout) == ("born", "True\n"), second  # a light one had been kept instead
+
+
+def test_the_floors_mix_holds_both_kinds_and_says_which_one_lacks_or_may_go() -> None:
+    mix = Mix(floor=2)  # one preloading, one light
+    assert mix.lacking() is True
+    mix.add(True)
+    assert mix.lacking() is False
+    mix.add(False)
+    mix.add(False)  # a burst's
+    assert (mix.lacking(), mix.surplus(True), mix.surplus(False)) == (None, False, True)
+    mix.remove(True)  # the preloading one claimed
+    assert (mix.lacking(), mix.surplus(False)) == (True, True)
+    assert (Mix(floor=1).lacking(), Mix(floor=0).lacking()) == (True, None)
+    three = Mix(floor=3)
+    three.add(True)
+    three.add(False)
+    assert three.lacking() is True  # two preloading, one light
 
 
 @pytest.mark.sandbox

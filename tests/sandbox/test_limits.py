@@ -16,6 +16,11 @@ from .harness import HOST_BOUND, RunnerFactory, SandboxRunner, report_of, wait_u
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 
+# Marked `serial` (`make test` runs them alone, after the parallel workers): the tests that bound
+# a run's end in seconds (its timeout, or its processes gone), and the fork bombs (where no pids
+# cgroup is writable, RLIMIT_NPROC counts every sandbox of the uid). The memory and file limits
+# hold whatever the load, so those tests run on the workers.
+
 # How far past its timeout a killed run may take to come back (teardown, a busy 2-core host);
 # MCP_SANDBOX_TEST_TIMEOUT_SLACK widens it where every process runs slower (the emulated vm-test guest).
 TIMEOUT_SLACK = float(os.environ.get("MCP_SANDBOX_TEST_TIMEOUT_SLACK", "3"))
@@ -29,6 +34,7 @@ async def _host_still_works(sandbox: SandboxRunner) -> None:
     assert (after.status, after.stdout) == ("success", "still here\n")
 
 
+@pytest.mark.serial
 async def test_fork_bomb_ends_and_the_host_keeps_working(make_sandbox: RunnerFactory) -> None:
     sandbox = make_sandbox(pids=32)
     marker = f"fb{uuid.uuid4().hex[:12]}"  # a process name: at most 15 bytes
@@ -50,6 +56,7 @@ async def test_fork_bomb_ends_and_the_host_keeps_working(make_sandbox: RunnerFac
     await _host_still_works(sandbox)
 
 
+@pytest.mark.serial
 async def test_fork_bomb_hits_the_pids_limit(make_sandbox: RunnerFactory, backend_probe: BackendProbe) -> None:
     sandbox = make_sandbox(pids=32)
     result = await sandbox.run_reporting("""
@@ -93,6 +100,7 @@ async def test_memory_bomb_is_killed_and_reported(make_sandbox: RunnerFactory, b
     await _host_still_works(sandbox)
 
 
+@pytest.mark.serial
 async def test_cpu_spin_times_out_within_its_bound(sandbox: SandboxRunner) -> None:
     started = time.monotonic()
     result = await sandbox.run("while True:\n    pass", time_limit=2)
@@ -101,6 +109,7 @@ async def test_cpu_spin_times_out_within_its_bound(sandbox: SandboxRunner) -> No
     assert 2 <= elapsed < 2 + TIMEOUT_SLACK
 
 
+@pytest.mark.serial
 async def test_cpu_spin_in_a_child_is_killed_with_the_run(sandbox: SandboxRunner) -> None:
     marker = f"cpu{uuid.uuid4().hex[:12]}"
     result = await sandbox.run(
@@ -143,6 +152,7 @@ async def test_rlimits_cannot_be_raised(sandbox: SandboxRunner) -> None:
     assert report == dict.fromkeys(["RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_CORE"], "ValueError")
 
 
+@pytest.mark.serial
 async def test_sleeping_run_is_bounded_by_its_timeout_not_by_the_host_bound(sandbox: SandboxRunner) -> None:
     started = time.monotonic()
     result = await sandbox.run("import time\ntime.sleep(600)", time_limit=1)

@@ -87,7 +87,9 @@ def test_reset_and_network_null_are_accepted() -> None:
         ("run_python", {"code": 1}, "code"),
         ("run_python", {"code": "1", "timeout": True}, "timeout"),
         ("run_python", {"code": "1", "timeout": "5"}, "timeout"),
-        ("run_python", {"code": "1", "reset": "yes", "conversationId": "c"}, "reset"),
+        ("run_code", {"code": "1", "language": "python", "reset": "yes", "conversationId": "c"}, "reset"),
+        ("run_python", {"code": "1", "reset": 5, "conversationId": "c"}, "reset"),
+        ("run_python", {"code": "1", "checkpoint": True, "conversationId": "c"}, "checkpoint"),
         ("run_python", {"code": "1", "servers": [1]}, "servers"),
         ("run_python", {"code": "1", "outputMode": "xml"}, "outputMode"),
         ("run_code", {"code": "1", "language": "cobol"}, "language"),
@@ -177,3 +179,35 @@ def test_input_schemas_are_terse_no_titles_defaults_or_anyof(tool: str) -> None:
 
     for keyword in ("'title'", "'default'", "'anyOf'", "'$defs'"):
         assert keyword not in text
+
+
+@pytest.mark.parametrize(
+    ("arguments", "argument", "message"),
+    [
+        ({"checkpoint": "cp"}, "checkpoint", "needs a conversationId: the conversation to save"),
+        (
+            {"checkpoint": "cp", "conversationId": "c-1", "forkFrom": "c-0"},
+            "checkpoint",
+            "cannot be saved in a fork's first call: save it in the fork's next call",
+        ),
+        ({"checkpoint": "../up", "conversationId": "c"}, "checkpoint", "a checkpoint's name is 1 to 64 letters"),
+        ({"reset": "", "conversationId": "c"}, "reset", "a checkpoint's name is 1 to 64 letters"),
+        ({"reset": "cp"}, "reset", "needs a conversationId"),
+    ],
+)
+def test_a_checkpoint_is_named_plainly_and_needs_its_conversation(
+    arguments: dict[str, Any], argument: str, message: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        parse(RunPythonArguments, {"code": "1", **arguments}, CONTEXT)
+
+    assert refused.value.argument == argument
+    assert refused.value.message.startswith(message)
+
+
+def test_reset_takes_true_or_a_checkpoints_name() -> None:
+    named = parse(RunPythonArguments, {"code": "1", "conversationId": "c", "reset": "before-1"}, CONTEXT)
+    fresh = parse(RunPythonArguments, {"code": "1", "conversationId": "c", "reset": True}, CONTEXT)
+
+    assert (named.reset, named.restore) == ("before-1", "before-1")
+    assert (fresh.reset, fresh.restore) == (True, None)

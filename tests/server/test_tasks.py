@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
 
 from mcp_sandbox.events import Event
+from mcp_sandbox.replicas.forward import Router
+from mcp_sandbox.replicas.peers import Reply, Unreachable
 from mcp_sandbox.server.metrics import Metrics
+from mcp_sandbox.server.tasks.remote import RemoteTasks, serve_task
 from mcp_sandbox.server.tasks.runtime import OWNER_GONE, TaskEnded, Tasks, UnknownTask
-from mcp_sandbox.server.tasks.table import KeyReused, TaskTable
+from mcp_sandbox.server.tasks.table import KeyReused, TaskRow, TaskTable
 from mcp_sandbox.workspace import Metadata
 from postgres_helpers import MetadataTarget
 
@@ -73,11 +76,15 @@ async def test_another_tenants_task_is_unknown_to_every_lookup(table: TaskTable)
         async with anyio.create_task_group() as group:
             tasks = Tasks(table, group)
             row, _ = await tasks.start("alice", done, ttl_ms=None, key=None)
+            running, _ = await tasks.start("alice", forever, ttl_ms=None, key=None)  # answered from memory
             await tasks.result("alice", row.id)
-            for lookup in (tasks.get, tasks.result, tasks.cancel):
-                with pytest.raises(UnknownTask):
-                    await lookup("mallory", row.id)
+            for task_id in (row.id, running.id):
+                for lookup in (tasks.get, tasks.look, tasks.result, tasks.cancel):
+                    with pytest.raises(UnknownTask):
+                        await lookup("mallory", task_id)
             listed, _ = await tasks.page("mallory", None)
+            assert (await tasks.get("alice", running.id)).status == "working"
+            await tasks.cancel("alice", running.id)
 
     assert listed == []
 
@@ -174,6 +181,7 @@ async def test_a_cancel_through_another_server_stops_the_owners_run_at_its_next_
             row, _ = await owner.start("alice", forever, ttl_ms=None, key=None)
             await other.cancel("alice", row.id)
             assert owner.running == 1
+            assert (await owner.get("alice", row.id)).status == "working"  # it still runs, until its beat
             await owner.upkeep()
             ended = await owner.result("alice", row.id)
 
@@ -253,3 +261,72 @@ async def test_a_task_is_answered_by_another_server_of_the_database(table: TaskT
 
     assert ended.status == "completed" and ended.result is not None and "from the owner" in ended.result
     assert [task.id for task in listed] == [row.id]
+
+
+class CountingTable(TaskTable):
+    """The real table, counting the reads of one task."""
+
+    reads = 0
+
+    def get(self, tenant: str, task_id: str) -> TaskRow | None:
+        self.reads += 1
+        return super().get(tenant, task_id)
+
+
+@pytest.fixture
+async def counted(metadata_target: MetadataTarget) -> AsyncIterator[CountingTable]:
+    metadata = Metadata.open(metadata_target.path, metadata_target.url)
+    try:
+        yield CountingTable(metadata.database)
+    finally:
+        metadata.close()
+
+
+class Hop:
+    """The internal hop to the owner without its HTTP: the owner's side (serve_task) called in process."""
+
+    me = "http://other"
+
+    def __init__(self, owner: Tasks) -> None:
+        self._serve = serve_task(owner)
+        self.asked = 0
+        self.down = False
+
+    async def ask(self, url: str, request: dict[str, Any]) -> Reply:
+        self.asked += 1
+        if self.down:
+            raise Unreachable(f"{url} is down")
+        return Reply(*await self._serve(request))
+
+
+async def test_a_polled_task_is_asked_of_its_owner_and_neither_reads_the_database_again(counted: CountingTable) -> None:
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as group:
+            owner = Tasks(counted, group, url="http://owner")
+            hop = Hop(owner)
+            other = Tasks(counted, group, url=hop.me, peer=RemoteTasks(cast("Router", hop)))
+            row, _ = await owner.start("alice", forever, ttl_ms=None, key=None, describe=lambda: "tick 3")
+            reads = counted.reads
+            polled = [await other.look("alice", row.id) for _ in range(4)]
+            assert counted.reads - reads == 1 and hop.asked == 4  # the first poll's own read; none at the owner
+            with pytest.raises(UnknownTask):  # remembered for alice only
+                await other.look("mallory", row.id)
+            await owner.cancel("alice", row.id)
+            ended, _ = await other.look("alice", row.id)  # the owner says it ended: forgotten
+            reads, asked = counted.reads, hop.asked
+            assert (await other.look("alice", row.id))[0].status == "cancelled"
+            assert (counted.reads - reads, hop.asked - asked) == (1, 0)
+
+            second, _ = await owner.start("alice", forever, ttl_ms=None, key=None)
+            await other.look("alice", second.id)
+            hop.down = True
+            unanswered = await other.look("alice", second.id)  # the database answers (the lease decides)
+            hop.down = False
+            reads = counted.reads
+            await other.look("alice", second.id)  # forgotten when its owner did not answer
+            assert counted.reads - reads == 1
+            await owner.cancel("alice", second.id)
+
+    assert [(seen.status, progress) for seen, progress in polled] == [("working", "tick 3")] * 4
+    assert ended.status == "cancelled"
+    assert unanswered[0].status == "working" and unanswered[1] is None

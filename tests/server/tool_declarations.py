@@ -40,6 +40,7 @@ SAMPLES: dict[str, Any] = {
     "conversationId": "c-1",
     "reset": False,
     "forkFrom": "c-0",
+    "checkpoint": "before-1",
     "servers": ["time", "time"],
     "timeout": 1.5,
     "outputMode": "json",
@@ -54,7 +55,10 @@ SAMPLES: dict[str, Any] = {
 }
 
 # What an argument's sample needs beside it to be valid (a fork makes the conversation it names).
-COMPANIONS: dict[str, dict[str, Any]] = {"forkFrom": {"conversationId": "c-1"}}
+COMPANIONS: dict[str, dict[str, Any]] = {
+    "forkFrom": {"conversationId": "c-1"},
+    "checkpoint": {"conversationId": "c-1"},
+}
 
 
 def required(tool: str) -> dict[str, Any]:

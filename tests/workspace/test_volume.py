@@ -29,6 +29,9 @@ from mcp_sandbox.workspace import WorkspaceStore, load_secret
 GIB = 1 << 30
 OWN_CHANGES_BOUND = 8 << 20  # what a fork of 1 GiB may write: metadata and its own few blocks, far from a copy
 WRITTEN = 64 << 20  # of the 1 GiB, the bytes written (the rest allocated): a copy would write them all
+MIB = 1 << 20
+LARGE_FILES = ("a.bin", "b.bin", "deep/c.bin")  # the large workspace's, LARGE_FILE_BYTES of written data each
+LARGE_FILE_BYTES = 64 << 20
 HINT = "the reflink volume needs root and mkfs.xfs (Debian: apt-get install xfsprogs)"
 
 
@@ -57,7 +60,10 @@ def store(module_state_dir: Path) -> Iterator[WorkspaceStore]:
 
 
 def used(store: WorkspaceStore) -> int:
-    """The volume's used bytes, once what is written is on it."""
+    """The volume's used bytes, once what is written is on it and XFS has let go of its speculative
+    preallocation (blocks it reserves past the end of a file that grows: up to the file's size
+    again, not data, freed by itself minutes later or when space runs short)."""
+    subprocess.run(["xfs_spaceman", "-c", "prealloc -s", str(store.root.parent)], check=True, timeout=60)
     descriptor = os.open(store.root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if ctypes.CDLL(None, use_errno=True).syncfs(descriptor) != 0:
@@ -81,6 +87,39 @@ def tenant_file(directory: Path, name: str, data: bytes = b"", size: int = 0) ->
             os.posix_fallocate(file.fileno(), 0, size)
     os.chown(path, owner.st_uid, owner.st_gid)
     return path
+
+
+BASE = os.urandom(MIB)
+
+
+def block(index: int) -> bytes:
+    """The large workspace's ``index``-th MiB of a file: numbered, so a block read back tells where it came from."""
+    return index.to_bytes(8, "big") + BASE[8:]
+
+
+@pytest.fixture(scope="module")
+def large_source(store: WorkspaceStore) -> str:
+    """A conversation holding three files of written data (no hole, nothing merely allocated), made once."""
+    key = store.key("alice", "large")
+    directory = store.ensure(key, "alice")
+    for name in LARGE_FILES:
+        path = tenant_file(directory, name)
+        with path.open("ab") as file:
+            for index in range(LARGE_FILE_BYTES // MIB):
+                file.write(block(index))
+    return key
+
+
+def read_block(path: Path, index: int) -> bytes:
+    with path.open("rb") as file:
+        file.seek(index * MIB)
+        return file.read(MIB)
+
+
+def write_block(path: Path, index: int, data: bytes) -> None:
+    with path.open("r+b") as file:
+        file.seek(index * MIB)
+        file.write(data)
 
 
 def test_the_workspaces_runs_and_uploads_live_on_the_volume_closed_to_other_users(store: WorkspaceStore) -> None:
@@ -113,6 +152,47 @@ def test_a_fork_of_a_1_gib_workspace_writes_only_its_own_changes(store: Workspac
     with big.open("rb") as file:
         assert file.read(20) != b"the fork's own block"  # the source's block is not the fork's
     assert store.usage(fork).bytes == GIB  # the quota counts what the fork may grow to, as a copy's
+
+
+def test_a_fork_of_a_large_workspace_of_written_data_writes_only_its_own_changes(
+    store: WorkspaceStore, large_source: str
+) -> None:
+    fork = store.key("alice", "large-fork")
+    before = used(store)
+
+    counts = store.fork(large_source, fork, "alice")
+    cloned = used(store) - before
+    forked = store.directory(fork) / "a.bin"
+    write_block(forked, 10, b"F" * MIB)  # in place, in blocks it shared with the source
+    with forked.open("ab") as file:
+        file.write(b"G" * MIB)
+    written = used(store) - before
+
+    assert (counts.files, counts.bytes, counts.reflinked) == (3, 3 * LARGE_FILE_BYTES, 3)
+    assert cloned < OWN_CHANGES_BOUND  # a copy would have written 192 MiB
+    assert 2 * MIB <= written < OWN_CHANGES_BOUND + 2 * MIB  # its own two MiB, in blocks of its own
+    assert read_block(store.directory(large_source) / "a.bin", 10) == block(10)
+    assert read_block(forked, 10) == b"F" * MIB
+
+
+def test_writes_after_a_fork_of_a_large_workspace_stay_on_their_side_and_each_quota_counts_its_own(
+    store: WorkspaceStore, large_source: str
+) -> None:
+    fork = store.key("alice", "large-fork-2")
+    store.fork(large_source, fork, "alice")
+    source, forked = store.directory(large_source), store.directory(fork)
+
+    write_block(source / "b.bin", 20, b"S" * MIB)
+    write_block(forked / "b.bin", 30, b"F" * MIB)
+    (forked / "deep" / "c.bin").unlink()
+    with (forked / "a.bin").open("ab") as file:
+        file.write(b"G" * MIB)
+
+    assert (read_block(source / "b.bin", 20), read_block(source / "b.bin", 30)) == (b"S" * MIB, block(30))
+    assert (read_block(forked / "b.bin", 20), read_block(forked / "b.bin", 30)) == (block(20), b"F" * MIB)
+    assert read_block(source / "deep" / "c.bin", LARGE_FILE_BYTES // MIB - 1) == block(LARGE_FILE_BYTES // MIB - 1)
+    assert store.usage(large_source).bytes == 3 * LARGE_FILE_BYTES
+    assert store.usage(fork).bytes == 2 * LARGE_FILE_BYTES + MIB
 
 
 def test_writes_after_a_fork_stay_on_their_side_and_a_deleted_source_breaks_no_fork(store: WorkspaceStore) -> None:

@@ -7,7 +7,7 @@ import { basicSetup, EditorView } from "codemirror";
 
 import { editorLook, followColorScheme } from "./editor-theme.js";
 import { examplesFor } from "./examples.js";
-import { McpCancelled, McpClient, McpError } from "./mcp.js";
+import { McpClient, McpError } from "./mcp.js";
 import {
   element,
   exitCodeText,
@@ -16,6 +16,7 @@ import {
   problemsOf,
   resultImages,
   setBadge,
+  showLive,
   showMarkdown,
   showStdout,
   statusOf,
@@ -65,6 +66,12 @@ const ui = {
   place: $("place"),
   error: $("error"),
   notice: $("notice"),
+  taskBlock: $("task-block"),
+  taskStatus: $("task-status"),
+  taskElapsed: $("task-elapsed"),
+  taskId: $("task-id"),
+  taskOutputRow: $("task-output-row"),
+  taskOutput: $("task-output"),
   liveBlock: $("live-block"),
   live: $("live"),
   stdoutBlock: $("stdout-block"),
@@ -87,7 +94,7 @@ const state = {
   token: sessionStorage.getItem(TOKEN_KEY) ?? "",
   offers: new Set(),
   languages: [],
-  running: null, // the AbortController of the run going on, or null
+  running: null, // the run going on (its task, whether Stop was pressed), or null
   files: new Map(),
   forkFrom: null, // the conversation the current one branches from, until the server has made it
   listed: [], // the tenant's conversations the server confirmed, most recently used first
@@ -470,6 +477,7 @@ function resetResult() {
   ui.place.textContent = "";
   ui.live.textContent = "";
   ui.liveBlock.hidden = true;
+  ui.taskBlock.hidden = true;
   for (const block of [ui.stdoutBlock, ui.stderrBlock, ui.imagesBlock]) block.hidden = true;
   ui.images.replaceChildren();
 }
@@ -506,11 +514,55 @@ function revealResult() {
   ui.resultHeading.scrollIntoView({ block: "start", behavior: REDUCED_MOTION.matches ? "auto" : "smooth" });
 }
 
-function appendLive(lines) {
-  ui.liveBlock.hidden = false;
-  ui.live.append(lines.join("\n") + "\n");
-  while (ui.live.childNodes.length > LIVE_LINES) ui.live.firstChild.remove();
-  ui.live.scrollTop = ui.live.scrollHeight;
+/** "12 s", "3 min 4 s": how long a run has lasted. */
+function humanElapsed(ms) {
+  const whole = Math.floor(ms / 1000);
+  return whole < 60 ? `${whole} s` : `${Math.floor(whole / 60)} min ${whole % 60} s`;
+}
+
+/** Show the run's task as the server last said it: its status, and while it works its last output line. */
+function showTask(task) {
+  ui.taskBlock.hidden = false;
+  setBadge(ui.taskStatus, task.status);
+  ui.taskId.textContent = task.taskId;
+  const line = task._meta?.["mcp-sandbox/lastOutput"];
+  ui.taskOutput.textContent = typeof line === "string" ? line : "";
+  ui.taskOutputRow.hidden = task.status !== "working" || typeof line !== "string";
+}
+
+function tickElapsed(running) {
+  ui.taskElapsed.textContent = humanElapsed(performance.now() - running.started);
+}
+
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/**
+ * While the run lasts, ask for its task every poll interval (tasks/get: status, last output
+ * line) and for its view's state (the last lines of output); a run that outlasts the first
+ * interval is shown as the task it is, its elapsed time ticking.
+ */
+async function watchTask(running, task) {
+  const interval = Math.max(250, task.pollInterval ?? 1000);
+  const view = task._meta?.ui?.resourceUri;
+  while (!running.over) {
+    await pause(interval);
+    if (running.over) return;
+    try {
+      const [seen, read] = await Promise.all([
+        state.client.getTask(task.taskId),
+        view ? state.client.readResource(`${view}/state`).catch(() => null) : null,
+      ]);
+      if (running.over) return;
+      showTask(seen);
+      tickElapsed(running);
+      running.ticker ??= setInterval(() => tickElapsed(running), 1000);
+      const text = read?.contents?.[0]?.text;
+      const runState = text ? JSON.parse(text) : null;
+      if (runState?.status === "running") showLive(ui, runState, LIVE_LINES);
+    } catch {
+      // The next poll asks again; tasks/result says how the run ended.
+    }
+  }
 }
 
 async function run() {
@@ -532,7 +584,8 @@ async function run() {
   if (forkFrom) args.forkFrom = forkFrom;
   if (ui.timeout.value) args.timeout = Number(ui.timeout.value);
   if (!ui.networkRow.hidden && ui.network.checked) args.network = true;
-  const running = new AbortController();
+  // The run goes on as a task: the page polls it, and Stop cancels it (tasks/cancel).
+  const running = { taskId: null, stopRequested: false, stopping: null, over: false, ticker: null, started: performance.now() };
   state.running = running;
   updateRunButton();
   ui.stop.hidden = false;
@@ -540,40 +593,43 @@ async function run() {
   resetResult();
   setStatus("running", "running…");
   ui.runStatus.textContent = "Running…";
-  let seen = 0;
-  const started = performance.now();
-  const elapsed = () => `${Math.round(performance.now() - started)} ms`;
+  const elapsed = () => `${Math.round(performance.now() - running.started)} ms`;
   try {
-    const result = await state.client.callTool(
-      "run_code",
-      args,
-      (progress) => {
-        const lines = [];
-        if (typeof progress.progress === "number" && progress.progress > seen + 1) {
-          lines.push(`… ${progress.progress - seen - 1} more lines`);
-        }
-        seen = Math.max(seen, progress.progress ?? seen + 1);
-        lines.push(progress.message ?? "");
-        appendLive(lines);
-      },
-      running.signal,
-    );
+    const task = await state.client.callToolAsTask("run_code", args);
+    running.taskId = task.taskId;
+    if (running.stopRequested) cancelTask(running);
+    watchTask(running, task);
+    let result;
+    try {
+      result = await state.client.taskResult(task.taskId);
+    } finally {
+      running.over = true;
+    }
+    if (!ui.taskBlock.hidden) showTask({ ...task, status: "completed" });
     if (conversation) rememberConversation(conversation);
     showResult(result, conversation, forkFrom);
   } catch (error) {
+    running.over = true;
     ui.duration.textContent = elapsed();
-    if (error instanceof McpCancelled) {
+    // Stopped: the cancel's answer says the task's end (null: it had ended before the cancel came).
+    const stopped = running.stopping ? await running.stopping : null;
+    ui.liveBlock.hidden = true;
+    if (stopped?.status === "cancelled") {
+      showTask(stopped);
       setStatus("cancelled");
       showNotice(
-        "Stopped: the run was cancelled and its sandbox killed." +
+        "Stopped: the task was cancelled and its sandbox killed." +
           (conversation ? " Files written before stay; its variables are gone (the next run starts a new interpreter)." : ""),
       );
     } else {
+      if (running.taskId && !ui.taskBlock.hidden) showTask({ taskId: running.taskId, status: error.data?.status ?? "failed" });
       setStatus("error", "failed");
       showError(error instanceof McpError ? error.message : String(error));
       if (error instanceof McpError && error.status === 401) setConnection("The token was refused: enter it again.", "bad");
     }
   } finally {
+    clearInterval(running.ticker);
+    if (!ui.taskBlock.hidden) tickElapsed(running);
     state.running = null;
     ui.stop.hidden = true;
     updateRunButton();
@@ -583,11 +639,21 @@ async function run() {
   }
 }
 
+/** Ask the server to cancel the run's task; its answer (the task, or null) is kept for run() to show. */
+function cancelTask(running) {
+  running.stopping = state.client.cancelTask(running.taskId).catch((error) => {
+    showError(`Could not stop the run: ${error.message}`);
+    return null;
+  });
+}
+
 function stop() {
-  if (!state.running) return;
+  const running = state.running;
+  if (!running || running.stopRequested) return;
+  running.stopRequested = true;
   ui.stop.disabled = true;
   ui.runStatus.textContent = "Stopping…";
-  state.running.abort("stopped from the playground");
+  if (running.taskId) cancelTask(running); // else as soon as the task's handle comes
 }
 
 function showResult(result, conversation, forkFrom) {

@@ -2,17 +2,19 @@
 // endpoint with the bearer token, answers read as JSON or as an event stream (where progress
 // notifications come before the answer). A call given an AbortSignal is cancelled when it aborts:
 // `notifications/cancelled` for its request id (the server then ends the run), and the answer's
-// stream is dropped. The playground has no powers another client lacks.
+// stream is dropped. A tool call may run as a task instead (callToolAsTask, then tasks/get,
+// tasks/result and tasks/cancel). The playground has no powers another client lacks.
 
 const PROTOCOL_VERSION = "2025-11-25";
 
 export class McpError extends Error {
-  /** @param {string} message @param {{status?: number, code?: number}} [details] */
+  /** @param {string} message @param {{status?: number, code?: number, data?: unknown}} [details] */
   constructor(message, details = {}) {
     super(message);
     this.name = "McpError";
     this.status = details.status;
     this.code = details.code;
+    this.data = details.data;
   }
 }
 
@@ -176,7 +178,8 @@ export class McpClient {
     }
     if (answer === null) throw new McpError(`the server ended the answer to ${method} without a result`);
     if (answer.error) {
-      throw new McpError(`${method} failed: ${answer.error.message}`, { code: answer.error.code });
+      const { code, data } = answer.error;
+      throw new McpError(`${method} failed: ${answer.error.message}`, { code, data });
     }
     return answer.result;
   }
@@ -195,5 +198,33 @@ export class McpClient {
 
   callTool(name, args, onProgress, signal) {
     return this.request("tools/call", { name, arguments: args }, onProgress, signal);
+  }
+
+  /**
+   * Start a tools/call as a task (MCP Tasks, the 2025-11-25 design): the server answers at once
+   * with the task (its `taskId`, `status`, `pollInterval`), and the run goes on without this request.
+   */
+  async callToolAsTask(name, args) {
+    const created = await this.request("tools/call", { name, arguments: args, task: {} });
+    return { ...created.task, _meta: created._meta };
+  }
+
+  /** The task now: its status, and while it works its `statusMessage`. */
+  getTask(taskId) {
+    return this.request("tasks/get", { taskId });
+  }
+
+  /** The task's tool result once it ends (the request waits); rejects when it failed or was cancelled. */
+  taskResult(taskId) {
+    return this.request("tasks/result", { taskId });
+  }
+
+  /** Cancel the task: the server ends its run's processes before it answers. */
+  cancelTask(taskId) {
+    return this.request("tasks/cancel", { taskId });
+  }
+
+  readResource(uri) {
+    return this.request("resources/read", { uri });
   }
 }

@@ -98,3 +98,13 @@ export function showMarkdown(ui, on) {
   ui.toggleMarkdown.textContent = on ? "Show raw" : "Show Markdown";
   ui.toggleMarkdown.setAttribute("aria-pressed", String(on));
 }
+
+/** Show a running run's last lines (`run`: its view's state, `lines` and `skipped`) in `ui.live`. */
+export function showLive(ui, run, most) {
+  const lines = run.lines ?? [];
+  const skipped = (run.skipped ?? 0) + Math.max(0, lines.length - most);
+  const text = (skipped > 0 ? `… ${skipped} earlier lines\n` : "") + lines.slice(-most).join("\n");
+  ui.live.textContent = text;
+  ui.liveBlock.hidden = !text;
+  ui.live.scrollTop = ui.live.scrollHeight;
+}

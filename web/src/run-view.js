@@ -7,7 +7,17 @@
 // host answers at all. It fetches nothing itself, and holds no token.
 import { App, PostMessageTransport, applyDocumentTheme, applyHostStyleVariables } from "@modelcontextprotocol/ext-apps";
 
-import { exitCodeText, fileRows, problemsOf, resultImages, setBadge, showMarkdown, showStdout, statusOf } from "./result.js";
+import {
+  exitCodeText,
+  fileRows,
+  problemsOf,
+  resultImages,
+  setBadge,
+  showLive,
+  showMarkdown,
+  showStdout,
+  statusOf,
+} from "./result.js";
 
 const VIEW_URI = "ui://mcp-sandbox/run";
 const STOP_META = "mcp-sandbox/stop";
@@ -84,13 +94,6 @@ function clearResult() {
   ui.images.replaceChildren();
 }
 
-function showLive(lines, skipped) {
-  const text = (skipped > 0 ? `… ${skipped} earlier lines\n` : "") + lines.slice(-LIVE_LINES).join("\n");
-  ui.live.textContent = text;
-  ui.liveBlock.hidden = !text;
-  ui.live.scrollTop = ui.live.scrollHeight;
-}
-
 /** The view id a result links (its _meta.ui.resourceUri), or null. */
 function linkedId(result) {
   const uri = result?._meta?.ui?.resourceUri ?? "";
@@ -136,7 +139,7 @@ function showState(run) {
     setRunning(true);
   }
   describe();
-  showLive(run.lines ?? [], run.skipped ?? 0);
+  showLive(ui, run, LIVE_LINES);
   tick();
   startPolling();
 }

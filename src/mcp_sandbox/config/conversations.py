@@ -85,6 +85,14 @@ class WorkspaceSettings:
 
     quota_bytes: int = setting(1 << 30, "The files of one conversation.", check=positive, unit=BYTES)
     quota_files: int = setting(10_000, "Files of one conversation.", check=positive)
+    max_checkpoints: int = setting(
+        8,
+        (
+            "Named checkpoints one conversation keeps (a run's `checkpoint`); past it, only an existing "
+            "name can be saved again. Their bytes count in the conversation's `quota_bytes`."
+        ),
+        check=positive,
+    )
     conversation_ttl: float = setting(
         30 * 86400.0, "An idle conversation's files are deleted after this.", check=duration, unit=DURATION
     )

@@ -26,6 +26,7 @@ from mcp_sandbox.egress import Resolver, system_resolver
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
+from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.placement import Placement
@@ -194,6 +195,13 @@ class Engine:
                     raise
                 taken = spool.taken(dumped)
             yield taken
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str) -> AsyncIterator[Interpreter | None]:
+        """Hold session ``key`` between two runs (its running one waited for; the caller bounds the
+        wait) and yield its live interpreter, or None: what a checkpoint's restore replaces."""
+        async with self._sessions.holding(key) as interpreter:
+            yield interpreter
 
     def live_sessions(self) -> set[str]:
         """Keys of the sessions that exist now (their workspaces are in use)."""

@@ -50,6 +50,12 @@ class ForkState:
             raise ValueError("the fork's state was closed")
         return self._fd
 
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the state from ``offset`` (b"" past its end, or once closed)."""
+        if self._fd is None or offset >= self.size:
+            return b""
+        return os.pread(self._fd, min(size, self.size - offset), offset)
+
     def close(self) -> None:
         """Close the host's descriptor (the spool's blocks are freed once the runner closed its own).
         Safe to call more than once."""

@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 # The pickled variables a park keeps at most; larger ones are left out, each named on resume.
 PARK_VARIABLES_BYTES = 256 << 20
+_READ_CHUNK = 1 << 20  # a saved state copied through this much at a time
 
 
 TAMPERED = (
@@ -161,6 +162,48 @@ class ParkedStates:
             return None
         finally:
             os.close(writer.fd)
+            if not kept:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(partial)
+
+    async def save(self, key: str, tenant: str, state: ForkState) -> None:
+        """Keep ``state`` (a snapshot as a fork carries it: another key's state, opened, or a live
+        session's, spooled) as ``key``'s parked state, signed for ``key`` and ``tenant``, replacing any;
+        copied to the object store as a park is (a checkpoint, saved or restored).
+
+        Raises:
+            WorkspaceError: it cannot be written here (nothing is left of it).
+        """
+        path = await anyio.to_thread.run_sync(self._save, key, tenant, state)
+        if self._copies is not None:
+            try:
+                await anyio.to_thread.run_sync(self._copies.upload, key, path)
+            except WorkspaceError as exc:  # kept here all the same; only a takeover would miss it
+                logger.warning("a saved interpreter state could not be copied to the object store: %s", exc)
+
+    def _save(self, key: str, tenant: str, state: ForkState) -> Path:
+        try:
+            partial = self._layout.prepare_parked() / f".{key}.{uuid.uuid4().hex}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(partial, flags, 0o600)
+        except OSError as exc:
+            raise WorkspaceError(f"the interpreter state cannot be saved: {exc.strerror}") from exc
+        writer = _Writer(fd, self._sealer.seal(key, tenant), state.size)
+        kept = False
+        try:
+            while writer.size < state.size and (chunk := state.read(writer.size, _READ_CHUNK)):
+                writer.feed(chunk)
+            if writer.failed is not None or writer.size != state.size:
+                why = "it was cut short" if writer.failed is None else os.strerror(writer.failed.errno or 0)
+                raise WorkspaceError(f"the interpreter state cannot be saved: {why}")
+            path = self._layout.parked_state(key)
+            _finish(fd, writer.seal.trailer(writer.size), partial, path)
+            kept = True
+            return path
+        except OSError as exc:
+            raise WorkspaceError(f"the interpreter state cannot be saved: {exc.strerror}") from exc
+        finally:
+            os.close(fd)
             if not kept:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(partial)

@@ -33,7 +33,7 @@ from mcp_sandbox.engine import ready_sizing
 from mcp_sandbox.engine.adoption import SplitAdoptionError, adopt, few_entries
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.ready_sizing import Arrivals, ReadyBudget
+from mcp_sandbox.engine.ready_sizing import Arrivals, Mix, ReadyBudget
 from mcp_sandbox.engine.scratch import remove_shielded
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
@@ -54,6 +54,7 @@ _REFILL_SECONDS = 0.1
 class Ticket:
     """A sandbox's place in its pool's stock (starting or idle), from its start until it is claimed or gone."""
 
+    preloaded: bool = True  # the kind of runner it starts (see ReadySandbox.preloaded)
     stocked: bool = True
 
 
@@ -126,6 +127,7 @@ class ReadyPool:
         self._budget = ReadyBudget(0) if budget is None else budget
         self._arrivals = Arrivals()
         self.stock = 0  # sandboxes starting (or about to) and idle
+        self._mix = Mix(self.floor)  # the stock's kinds
         self._idle: list[ReadySandbox] = []
         self._group: TaskGroup | None = None
         self._retry_at = 0.0
@@ -151,6 +153,7 @@ class ReadyPool:
     def _unstock(self, ticket: Ticket) -> None:
         if ticket.stocked:
             ticket.stocked = False
+            self._mix.remove(ticket.preloaded)
             self._restock(self.stock - 1)
 
     def _schedule(self, delay: float, preloaded: bool) -> bool:
@@ -160,26 +163,51 @@ class ReadyPool:
         if self.stock >= self.floor and not self._budget.room:
             return False
         self._restock(self.stock + 1)
-        self._group.start_soon(self._own, delay, preloaded, Ticket())
+        self._mix.add(preloaded)
+        self._group.start_soon(self._own, delay, preloaded, Ticket(preloaded))
         return True
 
     def _grow(self, delay: float, preloaded: bool) -> None:
-        """Start, all at once, as many as the stock lacks of :attr:`target` (as the budget allows)."""
-        while self.stock < self.target and self._schedule(delay, preloaded):
-            pass
+        """Start, all at once, as many as the stock lacks of :attr:`target` (as the budget allows): first
+        the kinds the floor lacks, then ``preloaded``'s; then swap an idle one for a kind still lacking."""
+        while self.stock < self.target:
+            lacking = self._mix.lacking()
+            if not self._schedule(delay, preloaded if lacking is None else lacking):
+                break
+        self._rebalance(delay)
+
+    def _rebalance(self, delay: float) -> None:
+        """Where the stock lacks a kind of the floor's, stop an idle one of the other kind and start one of it.
+
+        The stock is at its target then (a burst's extra sandboxes, of the kind its runs asked
+        for, not yet trimmed, while the one its floor kept of the other kind was claimed): a
+        claim of the lacking kind would get the other, and a fork's first run would import
+        ``pool_preload`` itself.
+        """
+        lacking = self._mix.lacking()
+        if lacking is None or self._group is None or self._retiring:
+            return
+        spare = next((idle for idle in reversed(self._idle) if self._mix.surplus(idle.preloaded)), None)
+        if spare is not None:
+            self._idle.remove(spare)
+            self._unstock(spare.ticket)
+            spare.release()
+            self._schedule(delay, lacking)
 
     async def _trim(self) -> None:
         """Once new conversations come slower, stop the idle sandboxes above :attr:`target`, newest first.
 
-        The oldest stay: the floor's, one of each kind (a burst's are of the kind its runs asked for).
+        Never one of a kind the stock holds no more of than the floor's share (:class:`.Mix`).
         """
         while True:
             await anyio.sleep(ready_sizing.RATE_WINDOW / 2)
-            excess = min(len(self._idle), max(0, self.stock - self.target))
-            for ready in self._idle[len(self._idle) - excess :]:
-                self._idle.remove(ready)
-                self._unstock(ready.ticket)
-                ready.release()
+            excess = max(0, self.stock - self.target)
+            for ready in reversed(list(self._idle)):
+                if excess and self._mix.surplus(ready.preloaded):
+                    self._idle.remove(ready)
+                    self._unstock(ready.ticket)
+                    ready.release()
+                    excess -= 1
 
     async def retire(self) -> None:
         """Start no more sandboxes, stop the idle ones, and wait until the sessions born of the rest have ended."""
@@ -289,8 +317,8 @@ class ReadyPool:
         assert self._group is not None
         if (wait := max(delay, self._retry_at - time.monotonic())) > 0:
             await anyio.sleep(wait)
-            if self._retiring or self.stock > self.target:  # no longer wanted: the burst has passed
-                return
+            if self._retiring or (self.stock > self.target and self._mix.surplus(preloaded)):
+                return  # no longer wanted: the burst has passed (the floor's kinds are always wanted)
         layout = self._opener.layout
         try:
             layout.prepare_runs()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas import indexing
+from mcp_sandbox.replicas.checkpoints import forget_checkpoints
 from mcp_sandbox.replicas.indexing import stop_point
 from mcp_sandbox.replicas.links import link_name
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
@@ -45,6 +46,7 @@ from mcp_sandbox.replicas.transfers import Placer, read_index, read_pack, write_
 from mcp_sandbox.replicas.upkeep import index_to_update, keep_stored, reads_index, restorable, split
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
+from mcp_sandbox.workspace.checkpoints import checkpoint_names
 from mcp_sandbox.workspace.fencing import Check, unfenced
 from mcp_sandbox.workspace.files import DIR_FLAGS, Walk, disk_error, unlink_in
 from mcp_sandbox.workspace.store import MAX_DEPTH, MAX_LIST_ENTRIES
@@ -390,6 +392,7 @@ class Mirror:
             if names:
                 self.objects.delete(self._under(key) + name for name in names)
             StoredParked(self.objects).delete(key)  # its parked interpreter state, if any
+            forget_checkpoints(self.objects, key, checkpoint_names(StateLayout.of(self._workspaces.settings), key))
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too

@@ -36,6 +36,7 @@ from mcp_sandbox.engine.startup import open_engine
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision import js_status
+from mcp_sandbox.replicas.checkpoints import StoredCheckpoints
 from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
 from mcp_sandbox.replicas.leases import Leases
@@ -57,6 +58,7 @@ from mcp_sandbox.server.tasks.table import TaskTable
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import Metadata, WorkspaceStore, derive_key, load_secret, sweep
+from mcp_sandbox.workspace.checkpoints import Checkpoints
 from mcp_sandbox.workspace.runner_data import RunnerData, import_runner_data
 
 __all__ = ["RETENTION_INTERVAL", "Service", "open_service"]
@@ -91,6 +93,10 @@ class Service:
     secret: bytes = dataclasses.field(repr=False)
     # Tool calls run as MCP Tasks (server/tasks), kept in the metadata database.
     tasks: Tasks
+    # Parked interpreter states (sessions idle, and checkpoints' variables), signed; with replicas, in the store too.
+    parked: ParkedStates
+    # Checkpoints' files (workspace/checkpoints.py).
+    checkpoints: Checkpoints
 
     @property
     def workspaces(self) -> WorkspaceStore:
@@ -321,10 +327,11 @@ async def open_service(
                 )
             urls = UrlSigner(derive_key(secret, "download-url"), settings.http.base_url, settings.http.url_ttl)
             lifecycle = Lifecycle()
+            parked = ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
                 open_mediator(settings, discovery, events) as mediator,
-                engine.running(ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))),
+                engine.running(parked),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
             ):
@@ -346,6 +353,10 @@ async def open_service(
                     router=router,
                     secret=secret,
                     tasks=tasks,
+                    parked=parked,
+                    checkpoints=Checkpoints(
+                        settings, workspaces.gate, None if mirror is None else StoredCheckpoints(mirror.objects)
+                    ),
                 )
                 group.start_soon(tasks.keep)
                 lifecycle.on_reload("servers", service.reload_servers)

@@ -30,7 +30,7 @@ _OLD_PARTIAL = RESERVED_PREFIX + "upload-"
 def sweep_partials(
     layout: StateLayout, workspaces: Path, keys: Iterable[str], open_root: Callable[[str], int | None]
 ) -> int:
-    """Delete dead servers' files in ``uploads/``, their forks cut short, and older versions' partial
+    """Delete dead servers' files in ``uploads/``, their forks and checkpoints cut short, and older versions' partial
     files in the conversations ``keys`` (``open_root``: a conversation's directory fd, or None);
     return how many were deleted."""
     removed = 0
@@ -38,7 +38,10 @@ def sweep_partials(
         with contextlib.suppress(FileNotFoundError):
             entry.unlink()
             removed += 1
-    for entry in workspaces.glob(FORK_PREFIX + "*") if workspaces.is_dir() else ():
+    staged = list(workspaces.glob(FORK_PREFIX + "*")) if workspaces.is_dir() else []
+    if layout.checkpoints.is_dir():  # and checkpoints' copies (workspace/checkpoints.py)
+        staged += layout.checkpoints.glob(f"*/{FORK_PREFIX}*")
+    for entry in staged:
         pid = entry.name.removeprefix(FORK_PREFIX).partition("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():  # a fork its server's crash cut short
             with contextlib.suppress(OSError):

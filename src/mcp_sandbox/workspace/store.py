@@ -29,6 +29,7 @@ from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace.changes import ChangeGate
+from mcp_sandbox.workspace.checkpoints import checkpoint_bytes, delete_checkpoints
 from mcp_sandbox.workspace.cloning import CloneCounts, fork_directory
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
@@ -207,7 +208,8 @@ class WorkspaceStore:
 
     def usage(self, key: str) -> Usage:
         """What conversation ``key``'s quota counts: every regular file and the sum of ``st_size``, and
-        the size of its parked interpreter state (``engine/parking.py``), which is not a file of it.
+        the size of its parked interpreter state (``engine/parking.py``) and its checkpoints
+        (:mod:`.checkpoints`), which are not files of it.
 
         ``st_size`` (not allocated blocks) is what users see in listings; a sparse file counts
         at its full size. Files the listing hides (odd names, closed directories) count too.
@@ -215,7 +217,7 @@ class WorkspaceStore:
         Raises:
             WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
         """
-        parked = self._parked_bytes(key)
+        parked = self._parked_bytes(key) + checkpoint_bytes(self._layout, key, self.settings.workspaces.quota_files)
         root = self._open_root(key)
         if root is None:
             return Usage(bytes=parked, files=0)
@@ -384,6 +386,7 @@ class WorkspaceStore:
         try:
             with contextlib.suppress(FileNotFoundError):  # its parked interpreter state goes with it
                 os.unlink(self._layout.parked_state(key))
+            delete_checkpoints(self._layout, key)  # and its checkpoints
             remove_tree(directory)
         except OSError as exc:
             raise WorkspaceError(f"cannot delete the conversation's workspace: {exc.strerror}") from exc

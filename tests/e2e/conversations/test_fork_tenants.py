@@ -18,6 +18,7 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace.checkpoints import state_key
 from mcp_test_helpers import auth_tokens, http_server, new_conversation, poll, run_over_http
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -91,3 +92,41 @@ async def test_another_tenant_cannot_resume_fork_or_read_a_parked_state(base: st
     assert listed["stdout"] == "[]\n" and listed["files"] == []
     assert still_parked  # nothing Bob did touched it
     assert (alices_own["session"], alices_own["stdout"]) == ("resumed", "alice-only\n")
+
+
+def _checkpoint_state(state_dir: Path, tenant: str, conversation: str, name: str) -> Path:
+    """Where the server keeps the variables of ``tenant``'s ``conversation``'s checkpoint ``name``."""
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
+    key = WorkspaceStore(settings, load_secret(state_dir)).key(tenant, conversation)
+    return StateLayout.of(settings).parked_state(state_key(key, name))
+
+
+async def test_another_tenant_cannot_restore_fork_list_or_load_a_checkpoint(base: str, module_state_dir: Path) -> None:
+    alices = new_conversation()
+    made = await run_over_http(
+        base, ALICE, "alice_secret = 'alice-only'\nopen('s.txt', 'w').write('alice')", conversationId=alices
+    )
+    saved = await run_over_http(base, ALICE, "alice_secret = 'changed'", conversationId=alices, checkpoint="cp")
+    assert made["status"] == "success" and saved["status"] == "success", (made, saved)
+
+    forked = await run_over_http(base, BOB, "print(1)", conversationId=new_conversation(), forkFrom=alices, reset="cp")
+    restored = await run_over_http(base, BOB, "print(globals().get('alice_secret'))", conversationId=alices, reset="cp")
+    # Bob's conversation of the same id is his own: its checkpoints list his names only.
+    bobs = await run_over_http(base, BOB, "pass", conversationId=alices, checkpoint="cp")
+    # Alice's checkpoint's variables put in place of his: signed for her checkpoint and tenant, refused.
+    alices_state = _checkpoint_state(module_state_dir, "alice", alices, "cp")
+    bobs_state = _checkpoint_state(module_state_dir, "bob", alices, "cp")
+    bobs_state.write_bytes(alices_state.read_bytes())
+    stolen = await run_over_http(base, BOB, "print(globals().get('alice_secret'))", conversationId=alices, reset="cp")
+    alices_own = await run_over_http(
+        base, ALICE, "print(alice_secret, open('s.txt').read())", conversationId=alices, reset="cp"
+    )
+
+    assert restored["status"] == "validation_error" and restored["stdout"] == ""
+    assert restored["error"] == "reset: no checkpoint 'cp' in this conversation (it has: none)"
+    assert forked["status"] == "validation_error"
+    assert forked["error"] == f"forkFrom: no conversation {alices!r}"
+    assert bobs["checkpoint"]["saved"]["checkpoints"] == ["cp"] and bobs["files"] == []
+    assert stolen["status"] == "error" and stolen["stdout"] == ""
+    assert stolen["error"].startswith("checkpoint 'cp': its saved interpreter state failed its integrity check")
+    assert (alices_own["status"], alices_own["stdout"]) == ("success", "alice-only alice\n"), alices_own

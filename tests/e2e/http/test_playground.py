@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import anyio
 import httpx2
 import pytest
 from playwright.async_api import Browser, Locator, Page, Request, Response, async_playwright, expect
 
 from downstream import FIXTURE_SERVER
 from mcp_sandbox.server.routes.playground import STATIC_DIR
-from mcp_test_helpers import host_processes, http_client, http_server, poll
+from mcp_test_helpers import host_processes, http_client, http_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -47,9 +46,10 @@ CHROMIUM_ARGS = [
 
 
 def _is_run_answer(response: Response) -> bool:
-    """Whether ``response`` answers a ``run_code`` call (its request's JSON-RPC body)."""
+    """Whether ``response`` has a run's result: the answer to its task's ``tasks/result`` (the page
+    runs ``run_code`` as a task)."""
     body = response.request.post_data or ""
-    return urlsplit(response.url).path == "/mcp" and '"run_code"' in body and '"tools/call"' in body
+    return urlsplit(response.url).path == "/mcp" and '"tasks/result"' in body
 
 
 def _tool_result(body: str) -> dict[str, Any]:
@@ -564,9 +564,9 @@ async def test_a_branch_starts_from_a_copy_of_the_source_and_then_goes_its_own_w
 # --- stopping a run -----------------------------------------------------------------------------------
 
 
-async def test_stop_cancels_the_run_and_the_server_ends_it(watched: Watched, base: str) -> None:
-    # The run starts a `sleep` with a number of its own: the host sees that process while the run
-    # lasts, and must not once Stop has ended it.
+async def test_a_long_run_is_shown_as_a_task_and_stop_cancels_it(watched: Watched, base: str) -> None:
+    # The run starts a `sleep` with a number of its own: the host sees that process while the
+    # task works, and must not once the server answered Stop's tasks/cancel.
     marker = f"3600.{uuid.uuid4().int % 10**9:09d}"
     page = watched.page
     await connect(page, base)
@@ -574,31 +574,42 @@ async def test_stop_cancels_the_run_and_the_server_ends_it(watched: Watched, bas
     await set_code(
         page,
         textwrap.dedent(f"""
-            import subprocess, time
+            import itertools, subprocess, time
             subprocess.Popen(["sleep", "{marker}"])
-            print("sleeping", flush=True)
-            time.sleep(60)
+            for step in itertools.count():
+                print(f"step {{step}}", flush=True)
+                time.sleep(0.2)
         """),
     )
     await page.get_by_role("button", name=re.compile("^Run")).click()
-    await expect(page.locator("#live")).to_contain_text("sleeping", timeout=RUN_BOUND_MS)
+    elapsed = page.locator("#task-elapsed")
+    await expect(page.locator("#task-status")).to_have_text("working", timeout=RUN_BOUND_MS)
+    await expect(page.locator("#task-output")).to_have_text(re.compile(r"^step \d+$"), timeout=RUN_BOUND_MS)
+    await expect(elapsed).to_have_text(re.compile(r"^\d+ s$"))
+    shown = await elapsed.inner_text()
+    await expect(elapsed).not_to_have_text(shown, timeout=10_000)  # it ticks
+    await expect(page.locator("#live")).to_contain_text("step 1")  # and the output so far shows
+    await screenshot(page, "task")
     assert host_processes(marker) != []
+    task_id = await page.locator("#task-id").inner_text()
+    calls = [m["params"] for m in watched.messages if m.get("method") == "tools/call"]
+    assert calls[-1]["name"] == "run_code" and calls[-1]["task"] == {}
 
     await page.get_by_role("button", name="Stop").click()
 
-    await expect(page.locator("#status")).to_have_text("cancelled", timeout=10_000)
-    await expect(page.locator("#notice")).to_contain_text("the run was cancelled and its sandbox killed")
+    await expect(page.locator("#task-status")).to_have_text("cancelled", timeout=RUN_BOUND_MS)
+    assert host_processes(marker) == []  # ended before the server answered the cancel
+    await expect(page.locator("#status")).to_have_text("cancelled")
+    await expect(page.locator("#notice")).to_contain_text("the task was cancelled and its sandbox killed")
     await expect(page.get_by_role("button", name="Stop")).to_be_hidden()
-    cancels = [m for m in watched.messages if m.get("method") == "notifications/cancelled"]
-    run_ids = [m["id"] for m in watched.messages if m.get("method") == "tools/call"]
-    assert [cancel["params"]["requestId"] for cancel in cancels] == run_ids[-1:]
-    with anyio.fail_after(10):
-        await poll(lambda: not host_processes(marker))
+    cancels = [m["params"] for m in watched.messages if m.get("method") in ("tasks/cancel", "notifications/cancelled")]
+    assert cancels == [{"taskId": task_id}]
     await screenshot(page, "cancelled")
-    # The slot is free again: the next run runs.
+    # The slot is free again: the next run runs, a short one never shown as a task.
     await set_code(page, "print('after the stop')")
     assert await run_and_wait(page) == "success"
     await expect(page.locator("#stdout")).to_have_text("after the stop\n")
+    await expect(page.locator("#task-block")).to_be_hidden()
 
 
 # --- files ------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -238,6 +239,8 @@ async def test_a_cancel_ends_every_process_of_the_run_before_it_answers(base: st
     with anyio.fail_after(CALL_BOUND * 2):
         task_id = await start(base, ALICE, code)
         await poll(lambda: bool(host_processes(marker)))
+        while "_meta" not in (seen := await result(base, ALICE, "tasks/get", {"taskId": task_id})):  # noqa: ASYNC110 - polled, as a client does
+            await anyio.sleep(0.05)
         began = time.perf_counter()
         cancelled = await result(base, ALICE, "tasks/cancel", {"taskId": task_id})
         elapsed = time.perf_counter() - began
@@ -245,6 +248,8 @@ async def test_a_cancel_ends_every_process_of_the_run_before_it_answers(base: st
         payload = await rpc(base, ALICE, "tasks/result", {"taskId": task_id})
         again = await rpc(base, ALICE, "tasks/cancel", {"taskId": task_id})
 
+    assert seen["status"] == "working" and seen["_meta"] == {"mcp-sandbox/lastOutput": "started"}
+    assert re.fullmatch(r"running for \d+ s; last output: started", seen["statusMessage"])
     assert cancelled["status"] == "cancelled" and left == []
     assert elapsed < 5, elapsed
     assert payload["error"]["data"]["status"] == "cancelled"

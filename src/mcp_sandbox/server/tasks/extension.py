@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -27,16 +27,15 @@ from mcp_types import CLIENT_CAPABILITIES_META_KEY, INTERNAL_ERROR, INVALID_PARA
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.tasks.lastline import LastLine, working_message
 from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, TaskEnded, Tasks
 from mcp_sandbox.server.tasks.table import TaskRow
 from mcp_sandbox.server.tasks.wire import TASK_TOOLS, TaskMethods, idempotency_key, iso
 
-__all__ = ["EXTENSION", "ExtensionMethods", "LastLine", "declared", "detailed_task", "modern"]
+__all__ = ["EXTENSION", "ExtensionMethods", "declared", "detailed_task", "modern"]
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 _REQUIRED: dict[str, Any] = {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
-_MAX_LINE = 200  # characters of the last line said in statusMessage
-_KEEP = 4096  # bytes of a line without its end kept
 
 
 def modern(ctx: Any) -> bool:
@@ -63,32 +62,6 @@ def _require(ctx: Any) -> None:
         )
 
 
-class LastLine:
-    """The last line a run printed (stdout or stderr, as it comes): a running task's progress."""
-
-    def __init__(self) -> None:
-        self._partial: dict[str, bytes] = {"stdout": b"", "stderr": b""}
-        self.line: str | None = None
-
-    def feed(self, stream: Literal["stdout", "stderr"], data: bytes) -> None:
-        """Take a chunk of ``stream`` (an :data:`~mcp_sandbox.engine.OutputListener`); never blocks."""
-        *lines, rest = (self._partial[stream] + data).replace(b"\r", b"\n").split(b"\n")
-        self._partial[stream] = rest[-_KEEP:]
-        for line in reversed([*lines, rest]):
-            if line.strip():
-                text = line[-_KEEP:].decode("utf-8", errors="replace").strip()
-                self.line = text if len(text) <= _MAX_LINE else text[:_MAX_LINE] + "…"
-                return
-
-    def describe(self) -> str | None:
-        return None if self.line is None else f"last output: {self.line}"
-
-
-def _seconds(elapsed: float) -> str:
-    whole = int(elapsed)
-    return f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
-
-
 def detailed_task(row: TaskRow, progress: str | None, now: float) -> dict[str, Any]:
     """The extension's ``DetailedTask`` of ``row``: the final result or error inlined once it ended."""
     task: dict[str, Any] = {
@@ -101,8 +74,7 @@ def detailed_task(row: TaskRow, progress: str | None, now: float) -> dict[str, A
     }
     stored = json.loads(row.result) if row.result is not None else {}
     if row.status == "working":
-        said = f"running for {_seconds(max(0.0, now - row.created))}"
-        task["statusMessage"] = said if progress is None else f"{said}; {progress}"
+        task["statusMessage"] = working_message(row, progress, now)
     elif row.message is not None:
         task["statusMessage"] = row.message
     if row.status == "completed":

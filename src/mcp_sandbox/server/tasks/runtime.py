@@ -11,15 +11,21 @@ the tasks it still runs the same way before it exits.
 
 Task ids are 192 random bits. Every lookup names the tenant with the id (:mod:`.table`), so
 another tenant's id is answered like an unknown one.
+
+A ``tasks/get`` is polled, often by many clients: it reads no database where it need not. A task
+running in this process is answered from the row it wrote (working: a cancel another server
+marked in the database while its owner could not be reached stops it at the next beat, and it
+says so then). With replicas, a working task of another replica is asked of its owner, and once
+it answered, its row (the owner never changes) is remembered, so the next ``tasks/get`` goes
+straight to the owner; an owner that does not answer sends the question back to the database.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
-import os
 import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -32,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, TaskChanged
+from mcp_sandbox.server.tasks.owners import gone_here, new_owner
 from mcp_sandbox.server.tasks.table import LEASE, TaskRow, TaskTable, decode_cursor, encode_cursor
 
 __all__ = [
@@ -57,6 +64,7 @@ POLL_INTERVAL_MS = 1000  # suggested to clients; also how often a waiter polls a
 PAGE = 50  # tasks per tasks/list page
 OWNER_GONE = "the server running this task stopped before it finished; call the tool again"
 CANCELLED = "cancelled by tasks/cancel"
+_ELSEWHERE = 4096  # working tasks of other replicas whose owner is remembered
 
 # What a task runs: the tool call, answered as the wire dict of its result.
 Run = Callable[[], Awaitable[dict[str, Any]]]
@@ -93,25 +101,7 @@ class _Running:
     done: anyio.Event = field(default_factory=anyio.Event)
     cancelled: bool = False
     describe: Describe | None = None
-
-
-def _new_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
-
-
-def _gone_here(owner: str, me: str) -> bool:
-    """Whether ``owner`` was a process of this host that is gone (a reused pid reads as alive: the lease decides)."""
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if owner == me or host != me.partition(":")[0] or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # someone else's process: alive
-        return False
-    return False
+    row: TaskRow | None = None  # once written
 
 
 class Tasks:
@@ -136,9 +126,12 @@ class Tasks:
         self._lease = lease
         self._heartbeat = heartbeat
         # With replicas the owner names its replica (its replica_url): another replica asks it (``peer``).
-        self.owner = (owner or _new_owner()) + ("" if url is None else f"@{url}")
+        self.owner = (owner or new_owner()) + ("" if url is None else f"@{url}")
         self._peer = peer
         self._running: dict[str, _Running] = {}
+        # Working tasks of other replicas asked of their owner already, by tenant and id: asked of
+        # it again without reading the database first (an owner never changes).
+        self._elsewhere: collections.OrderedDict[tuple[str, str], TaskRow] = collections.OrderedDict()
         self._emit = emit or (lambda event: None)  # the service's EventHub: metrics count tasks by state
 
     @property
@@ -191,6 +184,7 @@ class Tasks:
         if stored.id != row.id:
             del self._running[row.id]
             return stored, False
+        running.row = row
         self._emit(TaskChanged(tenant, "working"))
         self._group.start_soon(self._run, row, running, run, notify)
         return row, True
@@ -238,12 +232,15 @@ class Tasks:
                 running.done.set()
 
     async def get(self, tenant: str, task_id: str) -> TaskRow:
-        """The tenant's task ``task_id``, a lost one failed first.
+        """The tenant's task ``task_id``, a lost one failed first (one running here: as it was written).
 
         Raises:
             UnknownTask: no such task of this tenant.
             WorkspaceError: the database cannot answer.
         """
+        running = self._running.get(task_id)
+        if running is not None and running.row is not None and running.row.tenant == tenant and not running.cancelled:
+            return running.row  # runs here: working, whatever another server marked until the next beat stops it
         row = await anyio.to_thread.run_sync(self._table.get, tenant, task_id)
         now = time.time()
         if row is None or (row.terminal and row.expires < now):
@@ -258,18 +255,40 @@ class Tasks:
 
     async def look(self, tenant: str, task_id: str) -> tuple[TaskRow, str | None]:
         """:meth:`get`, with how the task is getting on (:meth:`progress`), asked of the replica
-        running it when that is another.
+        running it when that is another (straight away when it answered before).
 
         Raises:
             UnknownTask, WorkspaceError: as :meth:`get`.
         """
+        key = (tenant, task_id)
+        if self._peer is not None and (known := self._elsewhere.get(key)) is not None:
+            answer = await self._peer.get(known)
+            if answer is not None:
+                return await self._answered(known, answer)
+            del self._elsewhere[key]  # its owner does not answer: the database does
+            return await self.get(tenant, task_id), None
         row = await self.get(tenant, task_id)
         if row.status != "working" or row.id in self._running or self._peer is None:
             return row, self.progress(task_id)
         answer = await self._peer.get(row)
+        return (row, None) if answer is None else await self._answered(row, answer)
+
+    async def _answered(
+        self, row: TaskRow, answer: tuple[TaskRow, str | None] | Literal["gone"]
+    ) -> tuple[TaskRow, str | None]:
+        """What the owner of working task ``row`` answered, its owner remembered while it works."""
+        key = (row.tenant, row.id)
         if answer == "gone":
+            self._elsewhere.pop(key, None)
             return await self._reaped(row), None
-        return (row, None) if answer is None else answer
+        if answer[0].status == "working":
+            self._elsewhere[key] = row
+            self._elsewhere.move_to_end(key)
+            while len(self._elsewhere) > _ELSEWHERE:
+                self._elsewhere.popitem(last=False)
+        else:
+            self._elsewhere.pop(key, None)
+        return answer
 
     async def _reaped(self, row: TaskRow) -> TaskRow:
         """``row`` once its owner, known to be gone, has its working tasks failed."""
@@ -288,7 +307,7 @@ class Tasks:
         return task_id in self._running
 
     def _lost(self, row: TaskRow, now: float) -> bool:
-        return row.owner == self.owner or row.heartbeat < now - self._lease or _gone_here(row.owner, self.owner)
+        return row.owner == self.owner or row.heartbeat < now - self._lease or gone_here(row.owner, self.owner)
 
     async def result(self, tenant: str, task_id: str) -> TaskRow:
         """The task once it has ended (waits for it).
@@ -367,7 +386,7 @@ class Tasks:
         if self._running:
             await anyio.to_thread.run_sync(table.beat, self.owner, now)
         owners = await anyio.to_thread.run_sync(table.working_owners)
-        gone = {owner for owner in owners if _gone_here(owner, self.owner)}
+        gone = {owner for owner in owners if gone_here(owner, self.owner)}
         await anyio.to_thread.run_sync(table.reap, now, now - self._lease, gone, OWNER_GONE)
         for task_id in await anyio.to_thread.run_sync(table.cancelled_of, self.owner, list(self._running)):
             if (running := self._running.get(task_id)) is not None:

@@ -5,7 +5,8 @@ methods are bound here: a server middleware answers a task-augmented ``tools/cal
 ``CreateTaskResult`` at once (the SDK's result sieve knows only ``CallToolResult`` for that
 method, and a middleware owns its result), and ``tasks/get``, ``tasks/result``, ``tasks/list``
 and ``tasks/cancel`` are request handlers of their own. Only the handshake era has them: the
-2026-07-28 revision moved tasks to an extension (:mod:`.extension`).
+2026-07-28 revision moved tasks to an extension (:mod:`.extension`). While a task works,
+``tasks/get`` says the time so far and the last line its run printed (:mod:`.lastline`).
 
 ``_meta.idempotencyKey`` on a ``tools/call`` (with a task or without) makes the call a task
 keyed by it: a repeat of the key by the same tenant within the task's time to live returns the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -28,10 +30,21 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_sandbox.engine import OutputListener
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
+from mcp_sandbox.server.tasks.lastline import LastLine, working_message
 from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Describe, Notify, TaskEnded, Tasks, UnknownTask
 from mcp_sandbox.server.tasks.table import KeyReused, TaskRow
 
-__all__ = ["CAPABILITY", "RELATED_TASK", "TASK_TOOLS", "Call", "TaskMethods", "idempotency_key", "iso", "task_json"]
+__all__ = [
+    "CAPABILITY",
+    "LAST_OUTPUT",
+    "RELATED_TASK",
+    "TASK_TOOLS",
+    "Call",
+    "TaskMethods",
+    "idempotency_key",
+    "iso",
+    "task_json",
+]
 
 TASK_TOOLS = frozenset({"run_python", "run_code"})  # the tools listed with execution.taskSupport "optional"
 CAPABILITY = types.ServerTasksCapability(
@@ -40,6 +53,7 @@ CAPABILITY = types.ServerTasksCapability(
     requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(call=types.TasksCallCapability())),
 )
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+LAST_OUTPUT = "mcp-sandbox/lastOutput"  # a working task's last line of output, for a page to show as it is
 _MAX_KEY = 200
 
 T = TypeVar("T")
@@ -54,8 +68,9 @@ def iso(moment: float) -> str:
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def task_json(row: TaskRow) -> dict[str, Any]:
-    """The wire's ``Task`` of ``row``."""
+def task_json(row: TaskRow, *, line: str | None = None, now: float | None = None) -> dict[str, Any]:
+    """The wire's ``Task`` of ``row``; given ``now``, a working one says how it is getting on: the
+    time so far and ``line``, the last its run printed (also bare, in ``_meta``: :data:`LAST_OUTPUT`)."""
     task: dict[str, Any] = {
         "taskId": row.id,
         "status": row.status,
@@ -66,6 +81,10 @@ def task_json(row: TaskRow) -> dict[str, Any]:
     }
     if row.message is not None:
         task["statusMessage"] = row.message
+    elif row.status == "working" and now is not None:
+        task["statusMessage"] = working_message(row, line, now)
+        if line is not None:
+            task["_meta"] = {LAST_OUTPUT: line}
     return task
 
 
@@ -118,7 +137,10 @@ class TaskMethods:
             only = ", ".join(sorted(TASK_TOOLS))
             raise MCPError(METHOD_NOT_FOUND, f"tool {name!r} cannot run as a task (only {only})")
         ttl = _ttl(params["task"])
-        row, _ = await self.start(ctx, str(name), params.get("arguments"), ttl, idempotency_key(params), notify=True)
+        key, line = idempotency_key(params), LastLine()
+        row, _ = await self.start(
+            ctx, str(name), params.get("arguments"), ttl, key, notify=True, listener=line.feed, describe=line.describe
+        )
         return {"task": task_json(row)}
 
     async def call_once(self, ctx: Any, name: str, raw: dict[str, Any] | None, key: str) -> types.CallToolResult:
@@ -158,8 +180,8 @@ class TaskMethods:
         return await self.guard(started)
 
     async def get(self, ctx: Any, params: types.GetTaskRequestParams) -> dict[str, Any]:
-        row, _ = await self.guard(self._tasks.look(tenant_of(ctx.request), _task_id(params)))
-        return task_json(row)
+        row, line = await self.guard(self._tasks.look(tenant_of(ctx.request), _task_id(params)))
+        return task_json(row, line=line, now=time.time())
 
     async def result(self, ctx: Any, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         row = await self.guard(self._tasks.result(tenant_of(ctx.request), _task_id(params)))

@@ -36,6 +36,7 @@ from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
 from mcp_sandbox.egress import check_pattern
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace import check_conversation_id, check_filename
+from mcp_sandbox.workspace.checkpoints import check_checkpoint_name
 
 __all__ = [
     "CallContext",
@@ -96,6 +97,17 @@ def _filename(value: str) -> str:
         return check_filename(value)
     except ValidationError as exc:
         raise ValueError(exc.message) from exc
+
+
+def _checkpoint_name(value: str) -> str:
+    try:
+        return check_checkpoint_name("checkpoint", value)
+    except ValidationError as exc:
+        raise ValueError(exc.message) from exc
+
+
+def _reset(value: bool | str) -> bool | str:
+    return value if isinstance(value, bool) else _checkpoint_name(value)
 
 
 def _deduplicated(servers: list[str]) -> list[str]:
@@ -182,7 +194,11 @@ class RunArguments(ToolArguments):
     conversation: Annotated[str | None, AfterValidator(_conversation)] = Field(
         None, alias="conversationId", description="Keeps files and variables"
     )
-    reset: bool = Field(False, description="Fresh interpreter")
+    # True: a fresh interpreter; a checkpoint's name: the conversation's files and variables as saved
+    # then (with forkFrom: the source's checkpoint, which the new conversation starts from).
+    reset: Annotated[bool | str, AfterValidator(_reset), WithJsonSchema({"type": ["boolean", "string"]})] = Field(
+        False, description="Fresh, or a checkpoint"
+    )
     # Undescribed: the name says it, and a misuse is refused with what it needs (see below).
     fork_from: Annotated[str | None, AfterValidator(_conversation)] = Field(None, alias="forkFrom")
     servers: Annotated[list[str], AfterValidator(_deduplicated)] = []
@@ -211,6 +227,11 @@ class RunArguments(ToolArguments):
             raise ValueError("must name another conversation than conversationId, which must be new")
         return fork_from
 
+    @property
+    def restore(self) -> str | None:
+        """The checkpoint ``reset`` names, if it names one."""
+        return self.reset if isinstance(self.reset, str) else None
+
     @field_validator("timeout")
     @classmethod
     def _timeout_positive(cls, timeout: float | None) -> float | None:
@@ -227,11 +248,24 @@ class RunArguments(ToolArguments):
 
 
 class RunPythonArguments(RunArguments):
-    pass
+    # A name to save the conversation's files and variables as, before the code runs (run_python
+    # only, for tools/list's tokens: a conversation is the same for both tools, and only Python's
+    # interpreter has variables to keep).
+    checkpoint: Annotated[str | None, AfterValidator(_checkpoint_name)] = None
+
+    @field_validator("checkpoint")
+    @classmethod
+    def _checkpoint_needs_a_conversation(cls, checkpoint: str | None, info: ValidationInfo) -> str | None:
+        if checkpoint is not None and info.data.get("conversation") is None:
+            raise ValueError("needs a conversationId: the conversation to save")
+        if checkpoint is not None and info.data.get("fork_from") is not None:
+            raise ValueError("cannot be saved in a fork's first call: save it in the fork's next call")
+        return checkpoint
 
 
 class RunCodeArguments(RunArguments):
     language: str  # its enum is added by schemas.py, from the same CallContext
+    reset: bool = False  # a checkpoint is restored by run_python (the same conversation), for tools/list's tokens
     # Shown as a list of {name, value} (strict function-calling schemas cannot say "an object of any
     # keys"); the earlier code runner's {name: value} object is accepted too.
     environment: Annotated[

@@ -23,9 +23,12 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.engine.fork_state import ForkState
-from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError
+from mcp_sandbox.engine.parking import TAMPERED
+from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
 from mcp_sandbox.protocol import Forked
 from mcp_sandbox.server.service import Service
+from mcp_sandbox.server.tools.checkpointing import tampered
+from mcp_sandbox.workspace.checkpoints import state_key
 from mcp_sandbox.workspace.cloning import CloneCounts
 
 __all__ = ["FORK_VARIABLES_BYTES", "Fork", "fork_conversation"]
@@ -43,6 +46,7 @@ class Fork:
     counts: CloneCounts
     state: ForkState | None  # closed with the call (or once the fork's runner read it)
     why_not: str | None  # why no variables are carried, when state is None
+    checkpoint: str | None = None  # the source's checkpoint it was made of (reset: <name>)
 
     def report(self, forked: Forked | None) -> dict[str, Any]:
         """The result's ``fork`` field: what the fork carried, and what not (named, with why)."""
@@ -52,6 +56,8 @@ class Fork:
             "bytes": self.counts.bytes,
             "reflinked": self.counts.reflinked,
         }
+        if self.checkpoint is not None:
+            data["checkpoint"] = self.checkpoint
         if forked is not None:
             return {**data, "variables": forked.variables, "modules": forked.modules, "skipped": list(forked.skipped)}
         why = self.why_not or "the fork's run did not load them"
@@ -59,10 +65,18 @@ class Fork:
 
 
 async def fork_conversation(
-    service: Service, tenant: str, source_id: str, key: str, held: contextlib.ExitStack, *, python: bool, wait: float
+    service: Service,
+    tenant: str,
+    source_id: str,
+    key: str,
+    held: contextlib.ExitStack,
+    *,
+    python: bool,
+    wait: float,
+    checkpoint: str | None = None,
 ) -> Fork:
-    """Copy ``tenant``'s conversation ``source_id`` into the new conversation ``key``; bytes reserved,
-    and the variables' file held, on ``held``.
+    """Copy ``tenant``'s conversation ``source_id`` (or its ``checkpoint``) into the new conversation
+    ``key``; bytes reserved, and the variables' file held, on ``held``.
 
     Raises:
         ValidationError: ``key`` exists, the source does not (for this tenant), it is over quota,
@@ -85,6 +99,8 @@ async def fork_conversation(
         raise ValidationError("conversationId", "that conversation exists; a fork makes a new one (choose a new id)")
     if not source_exists and source not in live:
         raise ValidationError("forkFrom", f"no conversation {source_id!r}")
+    if checkpoint is not None:
+        return await _fork_checkpoint(service, tenant, source_id, source, checkpoint, key, held)
     size, holding = await anyio.to_thread.run_sync(_measure, service, tenant, source)
     budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
     try:
@@ -119,3 +135,36 @@ async def fork_conversation(
 def _measure(service: Service, tenant: str, source: str) -> tuple[int, tuple[int, int]]:
     """The source's bytes, and what the tenant's and all conversations hold (as last recorded)."""
     return service.workspaces.usage(source).bytes, service.metadata.bytes_held(tenant)
+
+
+async def _fork_checkpoint(
+    service: Service, tenant: str, source_id: str, source: str, name: str, key: str, held: contextlib.ExitStack
+) -> Fork:
+    """Copy checkpoint ``name`` of ``source`` (``tenant``'s ``source_id``) into the new conversation ``key``."""
+    checkpoints = service.checkpoints
+
+    def look() -> tuple[list[str], int, tuple[int, int]]:
+        return checkpoints.names(source), checkpoints.held(source, name), service.metadata.bytes_held(tenant)
+
+    names, size, holding = await anyio.to_thread.run_sync(look)
+    if name not in names:
+        raise ValidationError(
+            "reset", f"no checkpoint {name!r} in {source_id!r} (it has: {', '.join(names) or 'none'})"
+        )
+    budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
+    try:
+        held.enter_context(service.workspaces.gate.reserving(tenant, size, holding, budgets))
+    except QuotaExceededError as exc:
+        raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
+    try:
+        state = await service.parked.open(state_key(source, name), tenant)
+    except WorkspaceError as exc:
+        if str(exc) == TAMPERED:
+            raise WorkspaceError(tampered(name)) from exc
+        raise
+    if state is not None:
+        held.callback(state.close)
+    with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
+        counts = await anyio.to_thread.run_sync(checkpoints.fork, source, name, key, tenant)
+    why_not = None if state is not None else "the checkpoint has none"
+    return Fork(source_id, counts, state, why_not, checkpoint=name)

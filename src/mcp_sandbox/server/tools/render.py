@@ -37,7 +37,8 @@ def _shortened(text: str, stream: str) -> str:
 
 
 def _notes(data: dict[str, Any]) -> list[str]:
-    """What the result adds to the output: a fork's origin, images not returned, a quota warning, the files."""
+    """What the result adds to the output: a fork's origin, a checkpoint, images not returned, a quota
+    warning, the files."""
     lines = []
     if data.get("session") == "resumed":
         not_kept = data.get("notKept") or []
@@ -46,6 +47,16 @@ def _notes(data: dict[str, Any]) -> list[str]:
         carried = f"(forked from {fork['from']}: {fork['files']} files, {fork['variables']} variables"
         skipped = fork.get("skipped") or []
         lines.append(carried + (f"; not carried: {'; '.join(skipped)})" if skipped else ")"))
+    checkpoint = data.get("checkpoint") or {}
+    for done in ("restored", "saved"):
+        if step := checkpoint.get(done):
+            variables = "its variables" if step["variables"] else "no variables"
+            line = f"(checkpoint {step['name']!r} {done} before the run: {step['files']} files, {variables}"
+            if step.get("notKept"):
+                line += f"; not kept: {'; '.join(step['notKept'])}"
+            if "checkpoints" in step:
+                line += f"; this conversation's checkpoints: {', '.join(step['checkpoints'])}"
+            lines.append(line + ")")
     if clamped := data.get("timeoutClamped"):
         lines.append(
             f"(timeout {clamped['requested']:g} s is above this server's maximum: the run had {clamped['used']:g} s)"

@@ -41,6 +41,7 @@ from mcp_sandbox.server.tools.arguments import (
     output_mode,
     parse,
 )
+from mcp_sandbox.server.tools.checkpointing import restore_checkpoint, save_checkpoint
 from mcp_sandbox.server.tools.forking import Fork, fork_conversation
 from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
 from mcp_sandbox.server.tools.render import render
@@ -70,7 +71,8 @@ class RunCall:
     busy: bool = False  # refused for capacity (or draining)
     timeout_clamped: dict[str, float] | None = None  # {"requested", "used"} when above max_timeout
     fork: Fork | None = None  # forkFrom: the copy this call's conversation was made of
-    prepare: Prepare | None = None  # forkFrom: the copy, made once the run is admitted
+    prepare: Prepare | None = None  # forkFrom, a checkpoint: the copy, made once the run is admitted
+    checkpoint: dict[str, Any] | None = None  # the checkpoint restored and saved: the result's ``checkpoint``
 
 
 def refused(call: RunCall, exc: SandboxError) -> ExecutionResult:
@@ -183,10 +185,14 @@ class RunTool:
             held.enter_context(service.using(call.key))
             if arguments.fork_from is not None:  # copied once the run is admitted (see _forking)
                 held.enter_context(service.using(service.workspaces.key(call.tenant, arguments.fork_from)))
-                call.prepare = self._forking(call, arguments.fork_from, arguments.conversation, timeout, held)
+                fork = (arguments.fork_from, arguments.restore)
+                call.prepare = self._forking(call, fork, arguments.conversation, timeout, held)
                 workspace = service.workspaces.directory(call.key)
             else:
                 workspace = await service.storage.touch(call.key, call.tenant, arguments.conversation)
+                save = arguments.checkpoint if isinstance(arguments, RunPythonArguments) else None
+                if arguments.restore is not None or save is not None:
+                    call.prepare = self._checkpointing(call, arguments.restore, save, timeout)
             if (base := service.file_base_url(call.key)) is not None:
                 environment["FILE_BASE_URL"] = base
         return ExecutionRequest(
@@ -197,25 +203,53 @@ class RunTool:
             workspace=workspace,
             tools=tools,
             session=call.key,
-            reset=arguments.reset,
+            reset=arguments.reset is True,
             on_output=listener,
             egress=self._egress.grant(call.tenant, arguments.network, arguments.conversation),
             tenant=call.tenant,
         )
 
     def _forking(
-        self, call: RunCall, source: str, conversation: str | None, timeout: float, held: contextlib.ExitStack
+        self,
+        call: RunCall,
+        fork: tuple[str, str | None],
+        conversation: str | None,
+        timeout: float,
+        held: contextlib.ExitStack,
     ) -> Prepare:
-        """What a fork's run does once admitted: copy the source, then make the new conversation's row."""
+        """What a fork's run does once admitted: copy the source (``fork``: its id, and the checkpoint
+        of it to start from, if any), then make the new conversation's row."""
+        service = self._service
+        assert call.key is not None
+        key = call.key
+        source, checkpoint = fork
+
+        async def prepare(request: ExecutionRequest) -> ExecutionRequest:
+            python = call.language == "python"
+            call.fork = await fork_conversation(
+                service, call.tenant, source, key, held, python=python, wait=timeout, checkpoint=checkpoint
+            )
+            await service.storage.touch(key, call.tenant, conversation)
+            return dataclasses.replace(request, fork_state=call.fork.state)
+
+        return prepare
+
+    def _checkpointing(self, call: RunCall, restore: str | None, save: str | None, timeout: float) -> Prepare:
+        """What the run does once admitted: restore the checkpoint ``restore``, then save the
+        conversation as ``save`` (each when given), both before the code runs."""
         service = self._service
         assert call.key is not None
         key = call.key
 
         async def prepare(request: ExecutionRequest) -> ExecutionRequest:
-            python = call.language == "python"
-            call.fork = await fork_conversation(service, call.tenant, source, key, held, python=python, wait=timeout)
-            await service.storage.touch(key, call.tenant, conversation)
-            return dataclasses.replace(request, fork_state=call.fork.state)
+            call.checkpoint = {}
+            if restore is not None:
+                call.checkpoint["restored"] = await restore_checkpoint(service, call.tenant, key, restore, wait=timeout)
+            if save is not None:
+                python = call.language == "python"
+                saved = await save_checkpoint(service, call.tenant, key, save, python=python, wait=timeout)
+                call.checkpoint["saved"] = saved
+            return request
 
         return prepare
 
@@ -239,6 +273,8 @@ class RunTool:
             data["timeoutClamped"] = call.timeout_clamped
         if call.fork is not None:
             data["fork"] = call.fork.report(result.forked)
+        if call.checkpoint:
+            data["checkpoint"] = call.checkpoint
         if result.status != "success" and (trace := tracing.trace_id()) is not None:
             data["traceId"] = trace  # the operator's way from a failed run to its trace
         lost = None

@@ -78,7 +78,7 @@ def _servers_line(aliases: Sequence[str]) -> str:
     if shown and hidden:
         servers += f" and {hidden} more"
     # search_tools' own description says it finds what these servers offer.
-    return f" {servers}: list in `servers`, call `await mcp_<server>.<tool>(...)`."
+    return f" {servers}: name in `servers`; `await mcp_<server>.<tool>()`."
 
 
 class _TerseSchema(GenerateJsonSchema):
@@ -163,9 +163,9 @@ def run_python_tool(context: CallContext, servers: Sequence[str]) -> types.Tool:
     return types.Tool(
         name="run_python",
         description=(
-            "Python 3 in a sandbox: "
+            "Sandboxed Python 3: "
             + ("network if granted" if context.network else "no network")
-            + ", only /workspace writable, limited memory/CPU/time. "
+            + ", only /workspace writable. "
             "Top-level await; numpy, pandas, matplotlib; plots become images." + _servers_line(servers)
         ),
         input_schema=input_schema(RunPythonArguments, context),
@@ -183,7 +183,7 @@ def run_code_tool(context: CallContext) -> types.Tool:
         prop.pop("description", None)  # run_python describes the arguments they share
     return types.Tool(
         name="run_code",
-        description=("run_python in any language list_runners reports."),
+        description="run_python in list_runners' languages.",
         # No outputSchema: the result is run_python's, whose schema is listed once to save tokens.
         input_schema=schema,
         execution=TASKS_OPTIONAL,
@@ -205,7 +205,7 @@ def upload_file_tool(context: CallContext) -> types.Tool:
 def list_runners_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="list_runners",
-        description="run_code's languages, with versions and packages.",
+        description="run_code's languages, versions, packages.",
         input_schema=input_schema(ListRunnersArguments, context),
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),
     )
@@ -214,7 +214,7 @@ def list_runners_tool(context: CallContext) -> types.Tool:
 def search_tools_tool(context: CallContext) -> types.Tool:
     return types.Tool(
         name="search_tools",
-        description="Search tools sandboxed code can call; detail full gives typed stubs.",
+        description="Find tools code can call; detail full: typed stubs.",
         input_schema=input_schema(SearchToolsArguments, context),
         # No outputSchema: {"results": [{server, tool, doc}]} is not worth its tokens in every tools/list.
         annotations=types.ToolAnnotations(read_only_hint=True, open_world_hint=False),

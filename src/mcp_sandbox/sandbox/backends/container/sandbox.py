@@ -95,6 +95,13 @@ _CIDFILE = "cid"  # docker's client writes the container's id there once it is c
 _CREATED_POLL = 0.01
 
 
+def _written(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
     """``policy`` with the socket channel's connector (the Python runner's ``connect.py``) bound in.
 
@@ -159,15 +166,15 @@ class ContainerSandbox(ProcessSandbox):
 
         docker's engine goes on creating a container whose client is gone: a client killed while
         it waits for the create's answer leaves the container created just after the removal
-        found no such name (seen once in 120 starts cancelled early). The client writes the
-        container's id (``--cidfile``) once the create answered, so the removal that follows
-        finds it. podman's client creates the container itself: killing it ends that.
+        found no such name. The client creates ``--cidfile`` empty when it starts and writes the
+        container's id there once the create has answered, so the removal that follows finds it.
+        podman's client creates the container itself: killing it ends that.
         """
-        cidfile = self._scratch / _CIDFILE if self._scratch is not None else None
-        if cidfile is None:
+        if self._scratch is None:
             return
+        cidfile = self._scratch / _CIDFILE
         with anyio.move_on_after(self.teardown_seconds):
-            while self._process.returncode is None and not cidfile.exists():  # noqa: ASYNC110 - a file has no event
+            while self._process.returncode is None and not _written(cidfile):  # noqa: ASYNC110 - a file has no event
                 await anyio.sleep(_CREATED_POLL)
 
     def _release(self) -> None:
