@@ -14,6 +14,12 @@ bwrap, ``session_park_after`` short so a conversation parks between calls. Three
   conversations were opened and parked, against before (each parked conversation is a file:
   the server keeps no entry for it).
 
+``--many N`` measures instead the issue's 1,000: N conversations, each with variables of its own,
+opened and parked (at most ``--live`` sessions live at once, as a server's caps keep them), the
+server's resident set per parked conversation, then each resumed once in a random order
+(``--seed``) and checked: its own variables, ``session: resumed``. The resumes' times, the parked
+files' sizes and how many were resumed correctly are reported.
+
 Medians, p95 in ms. Run as root on a machine with the sandbox's runtime built (``make setup``).
 """
 
@@ -23,6 +29,7 @@ import argparse
 import gc
 import os
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -190,13 +197,89 @@ async def memory(state_dir: Path, count: int) -> tuple[int, int, int]:
         return before, rss(), len(parked_files(state_dir))
 
 
+def _own(index: int) -> tuple[str, str]:
+    """The variables conversation ``index`` defines, and what printing them gives back."""
+    token = uuid.uuid4().hex
+    return (
+        f"token, number = {token!r}, {index}\nvalues = list(range({index % 97}))\ntable = {{'n': number}}\n",
+        f"{token} {index} {sum(range(index % 97))} {index}\n",
+    )
+
+
+async def many(state_dir: Path, count: int, live: int, seed: int) -> dict[str, Any]:
+    """``count`` conversations opened and parked, then each resumed in a random order and checked."""
+    settings = load_settings(
+        env={},
+        flags={
+            "state_dir": str(state_dir),
+            "discover_servers": False,
+            "python_runtime": str(RUNTIME),
+            "session_park_after": 0.3,
+        },
+    )
+    check = "print(token, number, sum(values), table['n'])"
+    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+        await call(client, SMALL, f"bench-warm-{uuid.uuid4().hex}")  # everything imported once
+        await wait_parked(state_dir, 1)
+        gc.collect()
+        before = rss()
+        expected: dict[str, str] = {}
+        for index in range(count):
+            await until(lambda: len(service.engine.live_sessions()) < live, bound=600)
+            conversation = f"bench-{index}-{uuid.uuid4().hex}"
+            define, expected[conversation] = _own(index)
+            await call(client, define, conversation)
+        await wait_parked(state_dir, count + 1)
+        await until(lambda: not service.engine.live_sessions(), bound=600)
+        gc.collect()
+        after = rss()
+        sizes = [path.stat().st_size for path in parked_files(state_dir)]
+        order = list(expected)
+        random.Random(seed).shuffle(order)
+        times: list[float] = []
+        wrong: list[str] = []
+        for conversation in order:
+            await until(lambda: len(service.engine.live_sessions()) < live, bound=600)
+            elapsed, data = await call(client, check, conversation)
+            times.append(elapsed)
+            if data.get("session") != "resumed" or data.get("stdout") != expected[conversation]:
+                wrong.append(f"{conversation}: {data.get('session')} {data.get('stdout')!r}")
+        return {"before": before, "after": after, "sizes": sizes, "times": times, "wrong": wrong}
+
+
+def report_many(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-park-") as root:
+        os.chmod(root, 0o711)
+        started = time.perf_counter()
+        found = anyio.run(many, Path(root) / "many", args.many, args.live, args.seed)
+    count, wrong = args.many, found["wrong"]
+    print(
+        f"\n{count} parked conversations: server memory {found['before'] / 2**20:.1f} MiB before, "
+        f"{found['after'] / 2**20:.1f} MiB after: {(found['after'] - found['before']) / count / 1024:.1f} KiB each"
+    )
+    sizes = found["sizes"]
+    print(f"parked files: {len(sizes)}, median {statistics.median(sizes) / 1024:.1f} KiB, {sum(sizes) / 2**20:.1f} MiB")
+    median, p95 = quantiles(found["times"])
+    print(f"resumed in a random order: {count - len(wrong)} of {count} correct; run_python {median:.1f} / {p95:.1f} ms")
+    for line in wrong[:10]:
+        print(f"  wrong: {line}")
+    print(f"took {time.perf_counter() - started:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--pause", type=float, default=1.5)
     parser.add_argument("--parked", type=int, default=50)
+    parser.add_argument("--many", type=int, default=0, help="only this many parked conversations, resumed")
+    parser.add_argument("--live", type=int, default=8, help="with --many: at most this many sessions live")
+    parser.add_argument("--seed", type=int, default=48)
     args = parser.parse_args()
     print(f"{platform.node()} · {os.cpu_count()} cores · load {os.getloadavg()[0]:.1f}")
+    if args.many:
+        report_many(args)
+        print(f"load after: {os.getloadavg()[0]:.1f}")
+        return
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-park-") as root:
         os.chmod(root, 0o711)  # the sandbox uid reaches its workspaces under it
         figures = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause)

@@ -6,11 +6,16 @@ and the fork's runtimes do in theirs (the same Python, the same packages).
 
 from __future__ import annotations
 
+import os
+import pickle
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
-from mcp_sandbox.runners.python.mcp_sandbox_runtime import exec_server, fork, frames
+import pytest
+
+from mcp_sandbox.runners.python.mcp_sandbox_runtime import exec_server, fork, frames, snapshot
 
 MiB = 1 << 20
 
@@ -22,9 +27,13 @@ def _defined(code: str) -> dict[str, Any]:
     return module.__dict__
 
 
+def _joined(pieces: list[memoryview | bytes]) -> bytes:
+    return b"".join(bytes(piece) for piece in pieces)
+
+
 def _carried(namespace: dict[str, Any], budget: int = MiB) -> tuple[dict[str, Any], dict[str, Any]]:
     target: dict[str, Any] = {"__builtins__": __builtins__}
-    report = fork.load(b"a thread's print\n" + fork.dump(namespace, budget), target)
+    report = fork.load(b"a thread's print\n" + _joined(fork.dump(namespace, budget)), target)
     return target, report
 
 
@@ -81,7 +90,7 @@ def test_classes_their_instances_and_closures_over_values_are_carried_by_value()
             ),
             module.__dict__,
         )
-        dumped = fork.dump(module.__dict__, MiB)
+        dumped = _joined(fork.dump(module.__dict__, MiB))
         target = types.ModuleType("__main__")
         sys.modules["__main__"] = target
         report = fork.load(dumped, target.__dict__)
@@ -128,7 +137,7 @@ def test_a_state_that_is_not_a_dump_carries_nothing_and_says_so() -> None:
 
 
 def test_a_runner_takes_a_forks_state_only_as_the_descriptor_after_the_run_pipes_and_a_zygote_never() -> None:
-    state = frames.Exec(1, "x", (), {}, 0, 0, False, state=True)
+    state = frames.Exec(1, "x", (), {}, 0, 0, False, state=100)
     plain = frames.Exec(1, "x", (), {}, 0, 0, False)
 
     assert exec_server.accept_exec(state, [3, 4, 5]) is state
@@ -138,3 +147,86 @@ def test_a_runner_takes_a_forks_state_only_as_the_descriptor_after_the_run_pipes
         assert isinstance(exec_server.accept_exec(frame, fds), str)
     # A zygote's EXEC carries the run's channel third: a state there would be read from it.
     assert isinstance(exec_server.accept_exec(state, [3, 4, 5], descriptors=3), str)
+
+
+class _Column:
+    """A stand-in for an array: its data pickles out of band (protocol 5), as numpy's does."""
+
+    def __init__(self, data: bytearray) -> None:
+        self.data = data
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return type(self), (pickle.PickleBuffer(self.data),)
+
+
+def _state_file(tmp_path: Path, pieces: list[Any], before: bytes = b"", after: bytes = b"") -> tuple[int, int]:
+    """A file holding what a thread printed ``before`` the dump, the dump, and a host's trailer ``after`` it;
+    an open descriptor and the size of all but the trailer."""
+    path = tmp_path / "state"
+    path.write_bytes(before + _joined(pieces) + after)
+    return os.open(path, os.O_RDONLY), path.stat().st_size - len(after)
+
+
+def test_a_state_is_read_from_its_file_with_large_buffers_in_place_and_writable(tmp_path: Path) -> None:
+    module = types.ModuleType("__main__")
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = module
+    try:
+        column = bytearray(range(256)) * (snapshot.HUGE // 256 + 1)
+        source = {"column": _Column(column), "blob": bytes(200_000), "small": [1, 2]}
+        fd, size = _state_file(tmp_path, fork.dump(source, 64 * MiB), b"printed first\n", b"T" * 56)
+        try:
+            read = snapshot.read(fd, size)
+        finally:
+            os.close(fd)
+        target: dict[str, Any] = {}
+        report = fork.load(read, target)
+    finally:
+        sys.modules["__main__"] = saved
+
+    assert report == {"variables": 3, "modules": report["modules"], "skipped": []}
+    assert len(read.buffers) == 1 and read.buffers[0].__class__.__name__ == "mmap"  # its own mapping
+    loaded = target["column"].data
+    assert bytes(loaded) == bytes(column) and not memoryview(loaded).readonly
+    loaded[0] = 7  # writable in place
+    assert (target["blob"], target["small"]) == (bytes(200_000), [1, 2])
+
+
+def test_a_state_of_the_earlier_layout_still_loads(tmp_path: Path) -> None:
+    values = [("numbers", pickle.dumps(("value", [1, 2.5]))), ("name", pickle.dumps(("value", "kept")))]
+    index = pickle.dumps(
+        {
+            "format": 2,
+            "modules": ["json"],
+            "classes": [],
+            "functions": [],
+            "values": [(name, len(data)) for name, data in values],
+            "skipped": ["gen (TypeError: cannot pickle 'generator' object)"],
+        }
+    )
+    blob = b"".join(data for _, data in values)
+    earlier = blob + index + len(index).to_bytes(8, "big") + len(blob).to_bytes(8, "big") + b"\x00mcp-sandbox-fork"
+    fd, size = _state_file(tmp_path, [earlier], after=b"T" * 56)
+    try:
+        read = snapshot.read(fd, size)
+    finally:
+        os.close(fd)
+    target: dict[str, Any] = {}
+
+    report = fork.load(read, target)
+
+    assert target == {"numbers": [1, 2.5], "name": "kept"}
+    assert report["variables"] == 2 and report["skipped"] == ["gen (TypeError: cannot pickle 'generator' object)"]
+
+
+def test_a_state_cut_short_is_refused_before_anything_is_read_into_place(tmp_path: Path) -> None:
+    pieces = fork.dump({"column": _Column(bytearray(snapshot.HUGE)), "kept": 1}, 64 * MiB)
+    whole = _joined(pieces)
+    path = tmp_path / "state"
+    path.write_bytes(whole[: len(whole) // 2] + whole[-60:])  # the layout's end, its buffers cut out
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="cut short"):
+            snapshot.read(fd, path.stat().st_size)
+    finally:
+        os.close(fd)

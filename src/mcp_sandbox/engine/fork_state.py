@@ -3,37 +3,27 @@
 The source's runtime writes its variables (opaque bytes, the runtime's ``fork.py``) to its
 snapshot run's stdout; the host writes what it reads of that pipe, chunk by chunk, to an unlinked
 file in ``runs/`` (:class:`Spool`), each chunk reserved first against the fork's disk budgets and
-none past the cap. The fork's first run gets, with its EXEC frame, the read end of a pipe the
-host fills from that file while the runner reads it (:meth:`ForkState.send`: ``sendfile`` in
-bounded chunks). Neither sandbox ever sees the file: the source writes into a pipe and the fork
-reads from one, so nothing a hostile source leaves behind (a name, a link, a descriptor) can make
-the fork read anything but what the host spooled, and no descriptor of the file is ever in a
-sandbox to grow it past its reservation. The file has no name from the moment it is made (a
-server that dies leaves nothing); its blocks are freed once the fork's runner has read it all, or
-when the call ends, whichever comes first.
+none past the cap. The fork's first run gets, with its EXEC frame, a read-only descriptor of that
+file and the state's size (:class:`ForkState`); its runtime reads the state straight into place
+(``snapshot.py``: each array's data into memory of its own, no pipe and no copy in between) and
+closes the descriptor before anything of the state is unpickled, so no code of the state, nor of
+the run, ever holds it. The source's sandbox never sees the file (it writes into a pipe); the
+fork's cannot write to it (read-only, and a file the sandbox's uid cannot open again by its
+``/proc`` link where the server runs as root), so nothing can grow it past its reservation. The
+file has no name from the moment it is made (a server that dies leaves nothing); its blocks are
+freed once both the host and the fork's runner have closed it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import logging
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import anyio
-from anyio.abc import TaskGroup
 
 from mcp_sandbox.errors import QuotaExceededError
 
-__all__ = ["ForkState", "Spool", "StatePipe", "spool_cap", "state_pipe"]
-
-logger = logging.getLogger(__name__)
-
-_SEND_CHUNK = 1 << 20
-_PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask (fs.pipe-max-size's default)
+__all__ = ["ForkState", "Spool", "spool_cap"]
 
 
 def spool_cap(budget: int) -> int:
@@ -42,11 +32,23 @@ def spool_cap(budget: int) -> int:
 
 
 class ForkState:
-    """A fork's spooled variables: an open, unlinked file of ``size`` bytes, until :meth:`close`."""
+    """A fork's spooled variables: the first ``size`` bytes of a file open read-only as ``fd``, until
+    :meth:`close` (an unlinked spool, or a parked state: :mod:`.parking`)."""
 
     def __init__(self, fd: int, size: int) -> None:
         self._fd: int | None = fd
         self.size = size
+
+    @property
+    def fd(self) -> int:
+        """The read-only descriptor the fork's EXEC frame carries.
+
+        Raises:
+            ValueError: it was closed.
+        """
+        if self._fd is None:
+            raise ValueError("the fork's state was closed")
+        return self._fd
 
     def read(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the state from ``offset`` (b"" past its end, or once closed)."""
@@ -55,84 +57,11 @@ class ForkState:
         return os.pread(self._fd, min(size, self.size - offset), offset)
 
     def close(self) -> None:
-        """Free the file's blocks. Safe to call more than once."""
+        """Close the host's descriptor (the spool's blocks are freed once the runner closed its own).
+        Safe to call more than once."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
-
-    async def send(self, pipe: int) -> None:
-        """Write the file into ``pipe`` (a pipe's write end; closed here) as its reader takes it, then
-        close the file: the fork's runner has it all. A reader that goes away ends it early; the
-        caller bounds it (it is cancelled with the run)."""
-        try:
-            if self._fd is None:
-                return
-            os.set_blocking(pipe, False)
-            offset = 0
-            while offset < self.size:
-                try:
-                    sent = os.sendfile(pipe, self._fd, offset, min(_SEND_CHUNK, self.size - offset))
-                except BlockingIOError:
-                    await anyio.wait_writable(pipe)
-                    continue
-                except BrokenPipeError:  # the runner is gone, or closed its end unread
-                    return
-                except OSError as exc:  # the fork's runner reads a short state, and says it could not load it
-                    logger.error("could not send a fork's variables to its sandbox: %s", exc)
-                    return
-                if not sent:
-                    return
-                offset += sent
-            self.close()
-        finally:
-            os.close(pipe)
-
-
-class StatePipe:
-    """The pipe a fork's first EXEC frame carries its variables in (see :func:`state_pipe`)."""
-
-    def __init__(self, state: ForkState | None) -> None:
-        self._state = state
-        self._read: int | None = None
-        self._write: int | None = None
-        if state is not None:
-            self._read, self._write = os.pipe2(os.O_CLOEXEC)
-            with contextlib.suppress(OSError):  # fewer round trips through the event loop; the default where refused
-                fcntl.fcntl(self._write, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-
-    @property
-    def ends(self) -> tuple[int, ...]:
-        """The descriptor the EXEC frame carries: the read end (none without variables)."""
-        return () if self._read is None else (self._read,)
-
-    def close(self) -> None:
-        """Close our copy of the read end (once it was sent): the runner's is the only one."""
-        if self._read is not None:
-            fd, self._read = self._read, None
-            os.close(fd)
-
-    def start(self, group: TaskGroup) -> None:
-        """Fill the pipe from the state's file in a task of ``group`` (which owns the write end from now on)."""
-        if self._state is not None and self._write is not None:
-            group.start_soon(self._state.send, self._write)
-            self._write = None
-
-    def end(self) -> None:
-        """Close what is still ours."""
-        self.close()
-        if self._write is not None:
-            fd, self._write = self._write, None
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def state_pipe(state: ForkState | None) -> Iterator[StatePipe]:
-    """A fork's variables' pipe for one EXEC frame (nothing when ``state`` is None); both ends closed after."""
-    pipe = StatePipe(state)
-    try:
-        yield pipe
-    finally:
-        pipe.end()
 
 
 class Spool:
@@ -150,9 +79,15 @@ class Spool:
 
     def __init__(self, runs: Path, budget: int, grow: Callable[[int], None] | None) -> None:
         path = runs / f"{os.getpid()}-fork-{uuid.uuid4().hex}"
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         self._fd: int | None = os.open(path, flags, 0o600)
-        os.unlink(path)  # nameless from now on: the fd is the file
+        try:  # the descriptor the fork gets: it cannot write through it
+            self._read: int | None = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            os.close(self._fd)
+            raise
+        finally:
+            os.unlink(path)  # nameless from now on: the descriptors are the file
         self.budget = budget
         self.cap = spool_cap(budget)
         self.size = 0  # written
@@ -183,9 +118,10 @@ class Spool:
 
     def close(self) -> None:
         """Free the file (unless it was taken). Safe to call more than once."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        for fd in (self._fd, self._read):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._read = None
 
     def taken(self, dumped: bool) -> ForkState | str:
         """The spooled variables, or why there are none; ``dumped``: the runtime said it wrote them all.
@@ -203,9 +139,10 @@ class Spool:
             why = f"the server could not keep their snapshot ({os.strerror(self.failed.errno or 0)})"
         elif not dumped or not self.size:
             why = "the conversation forked could not dump them"
-        if why is not None or self._fd is None:
+        if why is not None or self._read is None:
             self.close()
             return why or "the conversation forked could not dump them"
-        state = ForkState(self._fd, self.size)
-        self._fd = None
+        state = ForkState(self._read, self.size)
+        self._read = None
+        self.close()
         return state

@@ -22,7 +22,7 @@ import anyio
 
 from mcp_sandbox.egress import grant_environment
 from mcp_sandbox.engine.channel import Channel
-from mcp_sandbox.engine.fork_state import ForkState, state_pipe
+from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.serving import RunCaps, RunRecord, serve_run
@@ -141,7 +141,7 @@ class Interpreter:
         cpu_seconds: int | None = None,
         guard: bytes | None = None,
         file_size: int | None = None,
-        state: bool = False,
+        state: int | None = None,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -175,11 +175,11 @@ class Interpreter:
         runs, as the backend judges (:meth:`Sandbox.runner_ended`), and returns that outcome
         (the sandbox is torn down after the answer). None: the outcome is the sandbox's.
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
-        ``state``: a fork's first run, its source's variables to load before the code (sent
-        through a pipe of their own while the runner reads them, see :mod:`.fork_state`).
+        ``state``: a fork's first run, its source's variables to load before the code (their file
+        handed over read-only, see :mod:`.fork_state`).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(request, last=last, file_size=file_size, state=state is not None)
+        frame = self._exec(request, last=last, file_size=file_size, state=None if state is None else state.size)
         return await self._serve_exec(record, frame, request, last=last, early=early, state=state)
 
     async def snapshot(self, budget: int, sink: Callable[[bytes], None]) -> bool:
@@ -215,30 +215,26 @@ class Interpreter:
         state: ForkState | None = None,
     ) -> SandboxOutcome | None:
         tools = request.tools if request is not None else None
-        with state_pipe(state) as carried:
-            async with run_pipes(record.stdout, record.stderr) as pipes:
-                sent = await self._send_exec(record, frame, (*pipes.ends, *carried.ends))
-                pipes.close()
-                carried.close()
-                if sent:
-                    async with anyio.create_task_group() as feeding:
-                        carried.start(feeding)
-                        await serve_run(record, frame.run, tools, self.channel, self.caps, dump=request is None)
-                        feeding.cancel_scope.cancel()  # a runner that never read them all is done anyway
-                if record.protocol_error is not None:
-                    # The runner broke the protocol (an oversized or malformed frame): it cannot be
-                    # trusted to end the run, and what it still writes is not read. The run ends now.
-                    await self.kill()
-                    return None
-                if last and early and record.done and (outcome := await self._runner_end()) is not None:
-                    pipes.ended = True  # nothing can write to them any more: what they hold is all
-                    return outcome
-                if last or (record.channel_ended and record.protocol_error is None):
-                    # The runner is exiting: wait for the whole sandbox, then its own output.
-                    await self.exited.wait()
-                    with anyio.move_on_after(_SETTLE_SECONDS):
-                        for own in self._own_ended:
-                            await own.wait()
+        carried = () if state is None else (state.fd,)
+        async with run_pipes(record.stdout, record.stderr) as pipes:
+            sent = await self._send_exec(record, frame, (*pipes.ends, *carried))
+            pipes.close()
+            if sent:
+                await serve_run(record, frame.run, tools, self.channel, self.caps, dump=request is None)
+            if record.protocol_error is not None:
+                # The runner broke the protocol (an oversized or malformed frame): it cannot be
+                # trusted to end the run, and what it still writes is not read. The run ends now.
+                await self.kill()
+                return None
+            if last and early and record.done and (outcome := await self._runner_end()) is not None:
+                pipes.ended = True  # nothing can write to them any more: what they hold is all
+                return outcome
+            if last or (record.channel_ended and record.protocol_error is None):
+                # The runner is exiting: wait for the whole sandbox, then its own output.
+                await self.exited.wait()
+                with anyio.move_on_after(_SETTLE_SECONDS):
+                    for own in self._own_ended:
+                        await own.wait()
         return None
 
     async def _runner_end(self) -> SandboxOutcome | None:

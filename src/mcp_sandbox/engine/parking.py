@@ -3,16 +3,19 @@
 A park is a fork's snapshot (the runtime's ``fork.py``: modules, functions and classes by value,
 every picklable variable) written to ``state_dir/parked/<key>.state`` instead of a fork's
 nameless file (:mod:`.fork_state`), then the session's sandbox is released. The next run of the
-conversation, in a session born of a ready sandbox, gets the file through the same pipe a fork's
-first run does and says ``session: resumed``, naming what was not kept; the file is gone once
-loaded. The host never unpickles it: only the tenant's own sandboxes do.
+conversation, in a session born of a ready sandbox, gets the file as a fork's first run does
+(a read-only descriptor; the runtime reads it straight into place) and says ``session:
+resumed``, naming what was not kept; the file is gone once loaded. The host never unpickles it:
+only the tenant's own sandboxes do.
 
-Integrity: the file ends with a trailer, an HMAC-SHA256 (the server secret's ``parked-state``
-key) over the conversation's key, its tenant and the snapshot: a file changed on disk or in the
-object store, or moved to another conversation (another tenant's), fails it, is refused with a
-clear error and deleted, and never reaches a sandbox. ``parked/`` is the server's alone (0700):
-no sandbox sees it. The file counts in the conversation's quota (``WorkspaceStore.usage``) and
-is deleted with the conversation (``WorkspaceStore.delete``).
+Integrity: the file ends with a seal (:mod:`.park_seal`: a one-time Poly1305 tag, its key
+derived from the server secret's ``parked-state`` key, the conversation's key and its tenant): a
+file changed on disk or in the object store, or moved to another conversation (another
+tenant's), fails it, is refused with a clear error and deleted, and never reaches a sandbox.
+``parked/`` is the server's alone (0700): no sandbox sees it (a resumed one gets a read-only
+descriptor of its own state, closed before any of it is loaded, see :mod:`.fork_state`). The
+file counts in the conversation's quota (``WorkspaceStore.usage``) and is deleted with the
+conversation (``WorkspaceStore.delete``).
 
 With replicas (``object_store_url``), each park is copied to the object store (``ParkedCopies``,
 ``replicas/parked.py``) once it is in place here, and a resume fetches the store's copy, the one
@@ -26,8 +29,6 @@ Why not a process checkpoint (CRIU): see docs/design.md, "Parked sessions".
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import logging
 import os
 import uuid
@@ -38,22 +39,23 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from mcp_sandbox.config import WorkspaceSettings
+from mcp_sandbox.engine.disk import measure
 from mcp_sandbox.engine.fork_state import ForkState, spool_cap
 from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.park_seal import Seal, Sealer
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.secret import derive_key
 
-__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates"]
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates", "park_budget"]
 
 logger = logging.getLogger(__name__)
 
 # The pickled variables a park keeps at most; larger ones are left out, each named on resume.
 PARK_VARIABLES_BYTES = 256 << 20
+_READ_CHUNK = 1 << 20  # a saved state copied through this much at a time
 
-_MAGIC = b"mcp-sandbox-park"  # 16 bytes
-_TRAILER = len(_MAGIC) + 8 + 32  # magic, the snapshot's size, its HMAC
-_READ_CHUNK = 1 << 20
 
 TAMPERED = (
     "the conversation's parked interpreter state failed its integrity check (it was changed or moved "
@@ -62,17 +64,12 @@ TAMPERED = (
 )
 
 
-def _framed(value: str) -> bytes:
-    data = value.encode("utf-8", "surrogatepass")
-    return len(data).to_bytes(8, "big") + data
-
-
 @dataclass
 class _Writer:
-    """A park's snapshot on its way to its file: the runtime's stdout, chunk by chunk, MAC'd as it goes."""
+    """A park's snapshot on its way to its file: the runtime's stdout, chunk by chunk, sealed as it goes."""
 
     fd: int
-    mac: hmac.HMAC
+    seal: Seal
     cap: int
     size: int = 0
     over: bool = False
@@ -84,13 +81,23 @@ class _Writer:
             self.over = True
         if self.over or self.failed is not None:
             return
-        self.mac.update(data)
+        self.seal.update(data)
         view = memoryview(data)
         try:
             while view:
                 view = view[os.write(self.fd, view) :]
         except OSError as exc:
             self.failed = exc
+
+
+def park_budget(workspaces: WorkspaceSettings, workspace: Path) -> int:
+    """The bytes of variables a park of ``workspace``'s session may keep: what its quota leaves."""
+    quota = workspaces.quota_bytes
+    try:
+        used = measure(workspace, 2 * workspaces.quota_files + 1).bytes
+    except OSError:
+        used = quota
+    return max(0, min(PARK_VARIABLES_BYTES, quota - used))
 
 
 class ParkedCopies(Protocol):
@@ -115,11 +122,8 @@ class ParkedStates:
 
     def __init__(self, layout: StateLayout, secret: bytes, copies: ParkedCopies | None = None) -> None:
         self._layout = layout
-        self._key = derive_key(secret, "parked-state")
+        self._sealer = Sealer(derive_key(secret, "parked-state"))
         self._copies = copies
-
-    def _mac(self, key: str, tenant: str) -> hmac.HMAC:
-        return hmac.new(self._key, _framed(key) + _framed(tenant), hashlib.sha256)
 
     def exists(self, key: str) -> bool:
         """Whether conversation ``key`` has a parked state."""
@@ -132,7 +136,7 @@ class ParkedStates:
         parked = await anyio.to_thread.run_sync(self._layout.prepare_parked)
         partial = parked / f".{key}.{uuid.uuid4().hex}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        writer = _Writer(os.open(partial, flags, 0o600), self._mac(key, tenant), spool_cap(budget))
+        writer = _Writer(os.open(partial, flags, 0o600), self._sealer.seal(key, tenant), spool_cap(budget))
         kept = False
         try:
             try:
@@ -146,7 +150,7 @@ class ParkedStates:
                 return f"the server could not write it ({os.strerror(writer.failed.errno or 0)})"
             if not dumped or not writer.size:
                 return "the interpreter could not dump its variables"
-            trailer = _MAGIC + writer.size.to_bytes(8, "big") + writer.mac.digest()
+            trailer = writer.seal.trailer(writer.size)
             path = self._layout.parked_state(key)
             await anyio.to_thread.run_sync(_finish, writer.fd, trailer, partial, path)
             kept = True
@@ -184,7 +188,7 @@ class ParkedStates:
             fd = os.open(partial, flags, 0o600)
         except OSError as exc:
             raise WorkspaceError(f"the interpreter state cannot be saved: {exc.strerror}") from exc
-        writer = _Writer(fd, self._mac(key, tenant), state.size)
+        writer = _Writer(fd, self._sealer.seal(key, tenant), state.size)
         kept = False
         try:
             while writer.size < state.size and (chunk := state.read(writer.size, _READ_CHUNK)):
@@ -193,7 +197,7 @@ class ParkedStates:
                 why = "it was cut short" if writer.failed is None else os.strerror(writer.failed.errno or 0)
                 raise WorkspaceError(f"the interpreter state cannot be saved: {why}")
             path = self._layout.parked_state(key)
-            _finish(fd, _MAGIC + writer.size.to_bytes(8, "big") + writer.mac.digest(), partial, path)
+            _finish(fd, writer.seal.trailer(writer.size), partial, path)
             kept = True
             return path
         except OSError as exc:
@@ -225,7 +229,7 @@ class ParkedStates:
         except OSError as exc:
             raise WorkspaceError(f"the conversation's parked interpreter state cannot be read: {exc.strerror}") from exc
         try:
-            size = self._checked(fd, key, tenant)
+            size = self._sealer.check(fd, key, tenant)
         except BaseException:
             os.close(fd)
             raise
@@ -259,25 +263,6 @@ class ParkedStates:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(partial)
-
-    def _checked(self, fd: int, key: str, tenant: str) -> int | None:
-        """The snapshot's size if the file's trailer vouches for it, else None."""
-        total = os.fstat(fd).st_size
-        if total < _TRAILER:
-            return None
-        trailer = os.pread(fd, _TRAILER, total - _TRAILER)
-        size = int.from_bytes(trailer[len(_MAGIC) : len(_MAGIC) + 8], "big")
-        if trailer[: len(_MAGIC)] != _MAGIC or size != total - _TRAILER:
-            return None
-        mac = self._mac(key, tenant)
-        offset = 0
-        while offset < size:
-            chunk = os.pread(fd, min(_READ_CHUNK, size - offset), offset)
-            if not chunk:
-                return None
-            mac.update(chunk)
-            offset += len(chunk)
-        return size if hmac.compare_digest(mac.digest(), trailer[-32:]) else None
 
     def discard(self, key: str) -> None:
         """Delete ``key``'s parked state, if any (loaded, reset, or refused), here and in the object store

@@ -25,11 +25,10 @@ import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine.disk import measure
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.parking import PARK_VARIABLES_BYTES, ParkedStates
+from mcp_sandbox.engine.parking import ParkedStates, park_budget
 from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_uids import ReadyByUid
 from mcp_sandbox.engine.session_state import Lease, Live, Session
@@ -57,6 +56,7 @@ class SessionManager:
       refused with :class:`~mcp_sandbox.errors.BusyError`;
     - at most ``max_sessions`` live in all: a new one evicts the least recently used idle session of
       the tenant holding the most, and when every one is busy the run is refused the same way;
+    - with parking, an evicted session is parked first (its next run resumes it), as at idle;
     - a session idle for ``session_ttl`` is stopped by a reaper task (its files stay);
     - a session ends early when its interpreter dies or a run times out; the next run starts a new one.
 
@@ -275,10 +275,21 @@ class SessionManager:
                 return
             held = collections.Counter(session.tenant for session in sessions)
             victim = min(idle, key=lambda session: (-held[session.tenant], session.last_used))
+            if self._parks(victim):
+                # Parked, not lost: the new run waits for the room anyway (a victim that cannot be parked is stopped).
+                await self._park(victim, counted=False)
+                if self._sessions.get(victim.key) is not victim:
+                    continue
             del self._sessions[victim.key]
             if victim.live is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._retire(victim.live)
+
+    def _parks(self, session: Session) -> bool:
+        """Whether ``session`` is parked, not stopped, when it must go (a live one, not failed to park before)."""
+        live = session.live
+        parking = self._parked is not None and self._settings.sessions.session_park_after > 0
+        return parking and live is not None and live.workspace is not None and not session.unparked
 
     def _forget_if_unused(self, session: Session) -> None:
         if session.users == 0 and session.live is None and self._sessions.get(session.key) is session:
@@ -318,7 +329,6 @@ class SessionManager:
         park_after = min(self._settings.sessions.session_park_after or ttl, ttl)
         interval = max(0.01, min(min(ttl, park_after) / 4, _REAP_MAX_INTERVAL))
         group = self._require_group()
-        parking = self._parked is not None and self._settings.sessions.session_park_after > 0
         while True:
             await anyio.sleep(interval)
             now = anyio.current_time()
@@ -326,7 +336,7 @@ class SessionManager:
                 if session.users:
                     continue
                 idle = now - session.last_used
-                if parking and session.live is not None and not session.unparked and idle >= park_after:
+                if idle >= park_after and self._parks(session):
                     session.users += 1  # until the park is done: nothing else takes it meanwhile
                     group.start_soon(self._park, session)
                 elif idle >= ttl:
@@ -349,7 +359,7 @@ class SessionManager:
                     return
                 why: str | None = "it took too long"
                 with anyio.move_on_after(_PARK_SECONDS):
-                    budget = await anyio.to_thread.run_sync(self._park_budget, live.workspace)
+                    budget = await anyio.to_thread.run_sync(park_budget, self._settings.workspaces, live.workspace)
                     why = await parked.park(session.key, session.tenant, live.interpreter, budget)
                 if why is not None:
                     session.unparked = True
@@ -360,15 +370,6 @@ class SessionManager:
         finally:
             session.users -= 1
             self._forget_if_unused(session)
-
-    def _park_budget(self, workspace: Path) -> int:
-        """The bytes of variables a park of ``workspace``'s session may keep: what its quota leaves."""
-        quota = self._settings.workspaces.quota_bytes
-        try:
-            used = measure(workspace, 2 * self._settings.workspaces.quota_files + 1).bytes
-        except OSError:
-            used = quota
-        return max(0, min(PARK_VARIABLES_BYTES, quota - used))
 
     async def park_idle(self) -> None:
         """Park every idle session now, each beside the others (a graceful stop; a replica's drain,

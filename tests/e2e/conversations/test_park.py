@@ -7,6 +7,7 @@ state directory. A park is seen where it lands: ``parked/`` of the state directo
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -33,6 +34,8 @@ count, ratio, name = 42, 0.5, "parked"
 items, table = [1, "two", [3.0]], {"a": {"b": (1, 2)}}
 array = np.arange(12).reshape(3, 4)
 frame = pd.DataFrame({"x": [1, 2, 3], "y": ["a", "b", "c"]})
+big = np.arange(100_000, dtype="float64")  # its data travels out of band, read into place
+wide = pd.DataFrame({"v": np.arange(100_000)})
 def scaled(value, factor=3):
     return value * factor + count
 class Shape:
@@ -58,6 +61,8 @@ print(count, ratio, name, items, table, math.pi > 3)
 print(array.sum(), array.shape, frame["x"].sum(), list(frame["y"]))
 print(scaled(2), square.describe(), square.area, isinstance(square, Shape))
 print("pending" in globals(), "handle" in globals())
+big[0] = 1.0
+print(big.sum(), big.flags.writeable, wide.v.sum())
 """
 
 _CHECKED = (
@@ -65,6 +70,7 @@ _CHECKED = (
     "66 (3, 4) 6 ['a', 'b', 'c']\n"
     "48 square Square:4:5 25 True\n"
     "False False\n"
+    "4999950001.0 True 4999950000\n"
 )
 
 
@@ -118,6 +124,33 @@ async def test_an_idle_session_is_parked_and_resumed_with_its_variables_naming_w
     assert not state.exists() or state.stat().st_ino != parked  # loaded, deleted (or parked anew since)
 
 
+# A variable whose unpickling lists the descriptors the resumed sandbox holds at that moment.
+_SPY = """
+class Spy:
+    def __reduce__(self):
+        return (eval, ("[__import__('os').readlink('/proc/self/fd/' + fd) for fd in __import__('os').listdir("
+                       "'/proc/self/fd') if __import__('os').path.lexists('/proc/self/fd/' + fd)]",))
+spy = Spy()
+"""
+
+
+async def test_a_resumed_sandbox_holds_no_descriptor_of_the_state_when_any_of_its_code_runs(
+    parking: Client, state_dir: Path
+) -> None:
+    conversation = _new()
+    assert (await _run(parking, _SPY + "payload = bytes(1 << 20)", conversation))["status"] == "success"
+    state = _state(state_dir, conversation)
+    with anyio.fail_after(_PARK_WAIT):
+        await poll(state.exists)
+
+    resumed = await _run(parking, "print(type(spy).__name__, len(payload))\nprint(*spy, sep='\\n')", conversation)
+
+    assert resumed["session"] == "resumed", resumed
+    listed, *links = resumed["stdout"].splitlines()
+    assert listed == "list 1048576"  # the spy ran while the state was loaded
+    assert links and not [link for link in links if "parked" in link or state.name in link]
+
+
 async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resumes_it(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
@@ -132,6 +165,27 @@ async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resu
 
     assert (resumed["status"], resumed["stdout"], resumed["session"]) == ("success", "45\n", "resumed")
     assert "notKept" not in resumed
+
+
+async def test_twenty_conversations_past_the_session_cap_are_parked_and_each_resumes_its_own_variables(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    own = {_new(): index for index in range(20)}
+    order = list(own)
+    random.Random(48).shuffle(order)
+    # Four live at most, parked only to make room (never at idle here): each new one parks another.
+    async with memory_client(state_dir, sandbox_runtime, max_sessions=4, session_park_after=300.0) as client:
+        for conversation, index in own.items():
+            defined = await _run(client, f"mine, name = {index}, {conversation!r}", conversation)
+            assert defined["status"] == "success", defined
+        parked = len(_parked(state_dir))
+        resumed = [await _run(client, "print(mine, name)", conversation) for conversation in order]
+
+    assert parked == 16
+    for conversation, result in zip(order, resumed, strict=True):
+        assert result["stdout"] == f"{own[conversation]} {conversation}\n", result
+        assert result["session"] in ("resumed", "kept")  # the last four may still have been live
+    assert sum(result["session"] == "resumed" for result in resumed) >= 16
 
 
 async def test_a_reset_deletes_the_parked_state_and_starts_afresh(parking: Client, state_dir: Path) -> None:

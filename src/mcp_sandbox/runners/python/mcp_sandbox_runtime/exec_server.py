@@ -102,13 +102,14 @@ def accept_exec(frame: Frame, fds: list[int], *, descriptors: int = 2) -> Exec |
     """``frame`` if it is an EXEC frame with the descriptors it should carry; else why not.
 
     A runner's EXEC frame carries the run's stdout and stderr pipes (or nothing: the process's
-    own), and a fork's first one the pipe of its variables after them; a zygote's carries the
+    own), and a fork's first one the file of its variables after them; a zygote's carries the
     pipes and the run's own channel socket (``descriptors`` = 3).
     """
     if not isinstance(frame, Exec):
         return f"expected an EXEC frame, got {frame.KIND.name}"
-    expected = descriptors + frame.state
-    if len(fds) != expected and (descriptors != 2 or frame.state or fds):
+    carried = frame.state is not None
+    expected = descriptors + carried
+    if len(fds) != expected and (descriptors != 2 or carried or fds):
         return f"an EXEC frame here carries {expected} descriptors, not {len(fds)}"
     return frame
 
@@ -141,7 +142,7 @@ class Server:
         self.connection.max_call_bytes = frame.max_call_bytes
         if frame.file_size is not None:
             _limit_file_size(frame.file_size, for_good=frame.last)
-        state = fds[2] if frame.state else None
+        state = fds[2] if frame.state is not None else None
         if fds:
             self.stdio.attach(fds[0], fds[1])
         display.begin(frame.run, frame.max_images, frame.max_image_bytes)
@@ -152,9 +153,9 @@ class Server:
                 relay.add_packages()
             if frame.snapshot is not None:  # a fork's source: its variables, not a run of code
                 return Done(frame.run, self._snapshot(frame.snapshot), None)
-            if state is not None:
+            if state is not None and frame.state is not None:
                 fd, state = state, None
-                forked = self._load(fd)
+                forked = self._load(fd, frame.state)
             exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
         finally:
             if state is not None:
@@ -174,20 +175,26 @@ class Server:
         """Write this session's variables to the run's stdout as a fork's state (see ``fork.py``)."""
         from . import fork, library
 
-        dumped = memoryview(fork.dump(self.namespace.namespace, budget, frozenset(library.__all__)))
+        pieces = fork.dump(self.namespace.namespace, budget, frozenset(library.__all__))
         _flush(sys.stdout)  # what a thread wrote first goes before the dump, not into it
-        while dumped:
-            dumped = dumped[os.write(1, dumped) :]
+        for piece in pieces:
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(1, view) :]
         return 0
 
-    def _load(self, state: int) -> Forked:
-        """Load a fork's state, read to its end from the pipe ``state`` (closed here), into the
-        namespace before its first run's code."""
-        from . import fork
+    def _load(self, state: int, size: int) -> Forked:
+        """Load a fork's state, the first ``size`` bytes of the file ``state`` (closed here, before
+        anything of it is unpickled), into the namespace before its first run's code."""
+        from . import fork, snapshot
 
-        with open(state, "rb") as pipe:
-            data = pipe.read()
-        report = fork.load(data, self.namespace.namespace)
+        try:
+            read = snapshot.read(state, size)
+        except (OSError, ValueError, MemoryError) as exc:
+            return Forked(0, 0, (f"all variables ({type(exc).__name__}: {exc})"[:120],))
+        finally:
+            close_fds([state])
+        report = fork.load(read, self.namespace.namespace)
         return Forked(report["variables"], report["modules"], tuple(report["skipped"]))
 
 

@@ -5,7 +5,8 @@ same tenant do. What is carried: the top-level modules the source imported (impo
 functions and classes its runs defined (by value: their code marshalled, what their closures hold
 pickled, a class's methods and attributes one by one; an instance of such a class pickles by
 reference to it, so classes are loaded before values) and every other variable stdlib ``pickle``
-can pickle, one by one. What cannot be carried is named with why (generators, open files,
+can pickle, one by one, its large buffers (an array's data) kept out of its pickle and written from
+their own memory (the layout: ``snapshot.py``). What cannot be carried is named with why (generators, open files,
 threads, a class with a metaclass of its own, over the size budget) and left out. A parked
 session's state (the host's ``engine/parking.py``) is the same dump.
 """
@@ -21,18 +22,18 @@ import sys
 import types
 from typing import Any
 
+from . import snapshot
+
 __all__ = ["dump", "load"]
 
-_FORMAT = 2
-# A dump is the variables' pickles one after the other, then the index (a pickle: what each one
-# is, where, and the rest), then the lengths of both and this mark: its end says where it begins,
-# so what a thread of the source wrote to the same stdout before it is not taken for it, and each
-# variable is unpickled from a view of the one buffer read (no copy of it in between).
-_MARK = b"\x00mcp-sandbox-fork"
-_TRAILER = 16 + len(_MARK)
+# 3: out-of-band buffers (``snapshot.py``); 2, the earlier layout, is still loaded.
+_FORMAT = 3
+_FORMATS = (2, 3)
 # Names every run gets again anyway (the library's, code mode's): never carried.
 _REBOUND = frozenset({"saved", "mcp", "mcp_servers", "LOADED_MCP_SERVERS"})
 _MAX_SKIPPED = 20
+# A buffer smaller than this stays inside its variable's pickle.
+_OUT_OF_BAND = 64 << 10
 
 
 def _why(exc: BaseException) -> str:
@@ -138,15 +139,34 @@ def _load_class(carried: tuple[str, list[Any], list[Any]], name: str, namespace:
     return cls
 
 
-def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> bytes:
-    """``namespace`` as bytes, at most about ``budget`` of them (larger variables are skipped, named),
-    ending with their length and a mark (:func:`load` finds them by it)."""
+def _pickled(value: Any, quiet: io.StringIO) -> tuple[bytes, list[memoryview]]:
+    """``value``'s pickle and its large contiguous buffers, kept out of it (not copied)."""
+    buffers: list[memoryview] = []
+
+    def take(buffer: pickle.PickleBuffer) -> bool:
+        try:
+            raw = buffer.raw()
+        except BufferError:  # not contiguous: pickled in band
+            return True
+        if raw.nbytes < _OUT_OF_BAND:
+            return True
+        buffers.append(raw)
+        return False
+
+    with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        data = pickle.dumps(("value", value), protocol=5, buffer_callback=take)
+    return data, buffers
+
+
+def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = frozenset()) -> list[memoryview | bytes]:
+    """``namespace`` as bytes, at most about ``budget`` of them (larger variables are skipped, named):
+    the pieces to write one after the other (the variables' buffers are views of their memory)."""
     modules = sorted(
         {name.partition(".")[0] for name in list(sys.modules) if not name.startswith("_") and name != "__main__"}
     )
     functions: list[tuple[str, Carried]] = []
     classes: list[tuple[str, tuple[str, list[Any], list[Any]]]] = []
-    values: list[tuple[str, bytes]] = []
+    values: list[tuple[str, bytes, list[memoryview]]] = []
     skipped: list[str] = []
     used = 0
     quiet = io.StringIO()  # what objects print while they are pickled: not the dump's
@@ -154,7 +174,7 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
         if name.startswith("__") or name in _REBOUND or name in rebound or name.startswith("mcp_"):
             continue
         if isinstance(value, types.ModuleType):
-            values.append((name, pickle.dumps(("module", value.__name__))))
+            values.append((name, pickle.dumps(("module", value.__name__)), []))
             continue
         if isinstance(value, types.FunctionType) and value.__module__ == "__main__":
             carried = _function(value)
@@ -172,49 +192,36 @@ def dump(namespace: dict[str, Any], budget: int, rebound: frozenset[str] = froze
                 classes.append((name, made))
             continue
         try:
-            with contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-                data = pickle.dumps(("value", value), protocol=pickle.HIGHEST_PROTOCOL)
+            data, buffers = _pickled(value, quiet)
         except BaseException as exc:  # an object's __reduce__ may raise anything, even SystemExit
             skipped.append(f"{name} ({_why(exc)})")
             continue
-        if used + len(data) > budget:
+        size = len(data) + sum(buffer.nbytes for buffer in buffers)
+        if used + size > budget:
             skipped.append(f"{name} (over the limit of {budget >> 20} MiB of variables)")
             continue
-        used += len(data)
-        values.append((name, data))
+        used += size
+        values.append((name, data, buffers))
     payload = {
         "format": _FORMAT,
         "modules": modules,
         "classes": classes,
         "functions": functions,
-        "values": values,
+        "values": [(name, len(data), len(buffers)) for name, data, buffers in values],
         "skipped": skipped,
     }
-    blobs = [data for _, data in values]
-    payload["values"] = [(name, len(data)) for name, data in values]
     index = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    blob = sum(len(data) for data in blobs)
-    return b"".join([*blobs, index, len(index).to_bytes(8, "big"), blob.to_bytes(8, "big"), _MARK])
+    buffers = [buffer for _, _, taken in values for buffer in taken]
+    return snapshot.pack(buffers, [data for _, data, _ in values], index)
 
 
-def _payload(state: bytes) -> tuple[Any, memoryview]:
-    """The index of the dump at the end of ``state``, and a view of its variables' pickles."""
-    if len(state) < _TRAILER or not state.endswith(_MARK):
-        raise ValueError("not a snapshot of this runtime (no mark at its end)")
-    index = int.from_bytes(state[-_TRAILER : -_TRAILER + 8], "big")
-    blob = int.from_bytes(state[-_TRAILER + 8 : -len(_MARK)], "big")
-    if index + blob > len(state) - _TRAILER:
-        raise ValueError("a snapshot cut short")
-    view = memoryview(state)
-    end = len(state) - _TRAILER
-    return pickle.loads(view[end - index : end]), view[end - index - blob : end - index]
-
-
-def load(state: bytes, namespace: dict[str, Any]) -> dict[str, Any]:
-    """Load what :func:`dump` gave into ``namespace``; the report: variables and modules carried, skipped."""
+def load(state: snapshot.Unpacked | bytes | memoryview, namespace: dict[str, Any]) -> dict[str, Any]:
+    """Load what :func:`dump` gave (read with :func:`.snapshot.read`, or whole in memory) into
+    ``namespace``; the report: variables and modules carried, skipped."""
     try:
-        payload, blob = _payload(state)
-        if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
+        unpacked = state if isinstance(state, snapshot.Unpacked) else snapshot.unpack(state)
+        payload = pickle.loads(unpacked.index)
+        if not isinstance(payload, dict) or payload.get("format") not in _FORMATS:
             raise ValueError("not a snapshot of this runtime")
     except (ValueError, pickle.UnpicklingError, EOFError) as exc:
         return {"variables": 0, "modules": 0, "skipped": [f"all variables ({_why(exc)})"]}
@@ -244,11 +251,12 @@ def load(state: bytes, namespace: dict[str, Any]) -> dict[str, Any]:
             skipped.append(f"{name} ({_why(exc)})")
             continue
         carried += 1
-    offset = 0
-    for name, size in payload["values"]:
-        data, offset = blob[offset : offset + size], offset + size
+    offset, taken = 0, 0
+    for name, size, *count in payload["values"]:  # format 2 has no buffer count
+        buffers = unpacked.buffers[taken : taken + (count[0] if count else 0)]
+        data, offset, taken = unpacked.values[offset : offset + size], offset + size, taken + len(buffers)
         try:
-            kind, value = pickle.loads(data)
+            kind, value = pickle.loads(data, buffers=buffers)
             namespace[name] = importlib.import_module(value) if kind == "module" else value
         except Exception as exc:
             skipped.append(f"{name} ({_why(exc)})")

@@ -126,10 +126,10 @@ class Exec:
     on a CALL body: the runtime fails a larger request itself (a larger frame would end the run).
     ``file_size`` is the run's ``RLIMIT_FSIZE`` (what its conversation's quota has left): a
     ``last`` run lowers its hard limit to it, a session's run its soft limit.
-    ``state``: the frame carries a third descriptor, a pipe with a forked session's variables
-    (base64, opaque to the host), read to its end and loaded before the code; ``snapshot`` (a byte
-    budget) asks instead for this session's variables, written to the run's stdout as such a
-    state (``fork.py``).
+    ``state``: the frame carries a third descriptor, a read-only file whose first ``state`` bytes
+    are a forked (or resumed) session's variables (opaque to the host), read whole and loaded
+    before the code; ``snapshot`` (a byte budget) asks instead for this session's variables,
+    written to the run's stdout as such a state (``fork.py``).
     A field absent on the wire is its default.
     """
 
@@ -145,7 +145,7 @@ class Exec:
     guard: str | None = None
     max_call_bytes: int | None = None  # the host's limit on a CALL body: a larger request fails here
     file_size: int | None = None
-    state: bool = False
+    state: int | None = None
     snapshot: int | None = None
 
     def encode(self) -> dict[str, Any]:
@@ -166,8 +166,8 @@ class Exec:
             body["maxCallBytes"] = self.max_call_bytes
         if self.file_size is not None:
             body["fileSize"] = self.file_size
-        if self.state:
-            body["state"] = True
+        if self.state is not None:
+            body["state"] = self.state
         if self.snapshot is not None:
             body["snapshot"] = self.snapshot
         return body
@@ -187,9 +187,9 @@ class Exec:
             for k, v in env.items()
         ):
             raise FrameError("EXEC env must map variable names to strings")
-        last, state = body.get("last", False), body.get("state", False)
-        if not isinstance(last, bool) or not isinstance(state, bool):
-            raise FrameError("EXEC last and state must be booleans")
+        last = body.get("last", False)
+        if not isinstance(last, bool):
+            raise FrameError("EXEC last must be a boolean")
         return cls(
             run=int_of(body, "run", 0),
             code=body["code"],
@@ -202,7 +202,7 @@ class Exec:
             guard=str_of(body, "guard") if "guard" in body else None,
             max_call_bytes=int_of(body, "maxCallBytes") if "maxCallBytes" in body else None,
             file_size=int_of(body, "fileSize") if "fileSize" in body else None,
-            state=state,
+            state=int_of(body, "state") if "state" in body else None,
             snapshot=int_of(body, "snapshot") if "snapshot" in body else None,
         )
 

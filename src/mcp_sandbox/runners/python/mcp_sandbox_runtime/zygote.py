@@ -144,7 +144,7 @@ def _waiting_child(control: _Control, report: int, guard: str | None) -> int:
         return 0
     frame, fds = command
     accepted = exec_server.accept_exec(frame, fds, descriptors=3)
-    if isinstance(accepted, Exec) and (not accepted.last or accepted.state):
+    if isinstance(accepted, Exec) and (not accepted.last or accepted.state is not None):
         accepted = "a zygote serves one run per child, never a fork's first: its EXEC must be the last"
     if isinstance(accepted, str):
         host.close_fds(fds)
