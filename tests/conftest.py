@@ -6,6 +6,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -14,7 +15,9 @@ from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import remove_tree
 from postgres_helpers import Cluster, MetadataTarget, postgres_cluster
 from s3_helpers import s3_server
-from xdist_scopes import CostFirstScheduling
+
+if TYPE_CHECKING:  # imported where xdist calls the hook: pytest runs without xdist too (the vm-test guest)
+    from xdist_scopes import CostFirstScheduling
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]
 _RUNTIME = _REPO_ROOT / ".runtime" / "python"
@@ -155,6 +158,8 @@ def _uses_a_service(item: pytest.Item) -> bool:
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> CostFirstScheduling | None:
     """``--dist loadscope`` (``make test``): long modules cut, the costliest first (tests/xdist_scopes.py)."""
+    from xdist_scopes import CostFirstScheduling  # needs xdist, there whenever xdist calls this
+
     return CostFirstScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
