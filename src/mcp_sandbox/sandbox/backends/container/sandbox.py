@@ -1,9 +1,10 @@
-"""The container sandbox and backend: podman and docker behind the same policy (see ``argv.py``).
+"""The container backend: podman and docker behind the same policy (see ``argv.py``).
 
 A sandbox is one container, started with ``<cli> run`` attached: the client's stdout/stderr
 are the container's, its exit code the container's. Killing the client would leave the
 container running, so a sandbox is always ended by name (``rm --force``, see ``engine.py``);
 containers a crashed server left behind are swept by label when a backend first starts one.
+What a start gives back, the running container, is ``running.py``'s.
 
 Where the host gives us cgroups (root, v1) and the engine places containers with cgroupfs
 paths, each container is nested in a per-run cgroup of ours at the hierarchies' root
@@ -29,7 +30,6 @@ Which ids the container runs as:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -49,7 +49,7 @@ import anyio.to_thread
 from mcp_sandbox.config import Settings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.runners import runner_dir
-from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability, SandboxOutcome
+from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
 from mcp_sandbox.sandbox.backends.container.aliases import alias_binds, remove_aliases
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_FD,
@@ -61,11 +61,11 @@ from mcp_sandbox.sandbox.backends.container.argv import (
     server_env,
 )
 from mcp_sandbox.sandbox.backends.container.channel import accept, listen, place_fd
-from mcp_sandbox.sandbox.backends.container.ending import MONITOR, ContainerRunner, container_runner
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine
 from mcp_sandbox.sandbox.backends.container.probe import probe_container
 from mcp_sandbox.sandbox.backends.container.rootless import RootlessProblems, rootless_problems
-from mcp_sandbox.sandbox.backends.process import ProcessSandbox, launch, run_cgroup
+from mcp_sandbox.sandbox.backends.container.running import CIDFILE, ContainerSandbox
+from mcp_sandbox.sandbox.backends.process import launch, run_cgroup
 from mcp_sandbox.sandbox.cgroups import (
     CgroupSupport,
     RunCgroup,
@@ -74,7 +74,7 @@ from mcp_sandbox.sandbox.cgroups import (
     sweep_stale,
     sweep_stale_everywhere,
 )
-from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
+from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import oci_profile
 from mcp_sandbox.state import StateLayout
 
@@ -91,15 +91,6 @@ _CGROUP_LIMITS = ("memory limit", "pids limit", "cpu quota")
 # which picks among the container's processes, and never ours, which could pick conmon (the run
 # would then hang to its timeout). The container's cgroup still enforces the run's limit.
 _RUNTIME_HEADROOM = 32 << 20
-_CIDFILE = "cid"  # docker's client writes the container's id there once it is created
-_CREATED_POLL = 0.01
-
-
-def _written(path: Path) -> bool:
-    try:
-        return path.stat().st_size > 0
-    except FileNotFoundError:
-        return False
 
 
 def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
@@ -112,86 +103,6 @@ def with_connector(policy: SandboxPolicy) -> SandboxPolicy:
     if any(mount.target == inside for mount in policy.mounts):
         return policy
     return dataclasses.replace(policy, mounts=(*policy.mounts, Mount(runner_dir("python"), inside)))
-
-
-class ContainerSandbox(ProcessSandbox):
-    """A running container (see :class:`mcp_sandbox.sandbox.backends.base.Sandbox`)."""
-
-    teardown_seconds = 10.0
-    _runner: ContainerRunner | None = None
-
-    def __init__(
-        self,
-        process: asyncio.subprocess.Process,
-        channel: socket.socket,
-        cgroup: RunCgroup | None,
-        *,
-        engine: ContainerEngine,
-        name: str,
-        limits: Limits,
-        scratch: Path | None,
-        aliases: Path,
-    ) -> None:
-        super().__init__(process, channel, cgroup)
-        self.name = name
-        self._engine = engine
-        self._limits = limits
-        self._scratch = scratch
-        self._aliases = aliases
-
-    async def _kill(self) -> None:
-        # The client first, and gone: one still creating the container when a removal found
-        # nothing yet would leave it created, never started. Then by name: the container outlives
-        # its client (and the client may be gone already). Its processes are killed through our
-        # cgroup at once: `rm` takes a while to start, and a run over its disk quota must stop now.
-        await self._created()
-        self._kill_session()
-        if self._cgroup is not None:
-            self._cgroup.kill_nested(spare=MONITOR)
-        with anyio.move_on_after(self.teardown_seconds):
-            await self._process.wait()
-        await self._engine.remove([self.name])
-
-    def watch_runner(self) -> None:
-        if self._cgroup is not None:
-            self._runner = container_runner(Path(self._cgroup.procs_files[0]).parent)
-
-    def runner_ended(self) -> SandboxOutcome | None:
-        """See :mod:`.ending`: needs our cgroup (to find the container's and see that nothing else runs)."""
-        returncode = self._runner.ended() if self._runner is not None else None
-        return None if returncode is None else self._judge(returncode)
-
-    async def _created(self) -> None:
-        """Wait until docker's client has its container created, or has ended; bounded.
-
-        docker's engine goes on creating a container whose client is gone: a client killed while
-        it waits for the create's answer leaves the container created just after the removal
-        found no such name. The client creates ``--cidfile`` empty when it starts and writes the
-        container's id there once the create has answered, so the removal that follows finds it.
-        podman's client creates the container itself: killing it ends that.
-        """
-        if self._scratch is None:
-            return
-        cidfile = self._scratch / _CIDFILE
-        with anyio.move_on_after(self.teardown_seconds):
-            while self._process.returncode is None and not _written(cidfile):  # noqa: ASYNC110 - a file has no event
-                await anyio.sleep(_CREATED_POLL)
-
-    def _release(self) -> None:
-        if self._scratch is not None:
-            shutil.rmtree(self._scratch, ignore_errors=True)
-        remove_aliases(self._aliases)
-
-    def _judge(self, returncode: int) -> SandboxOutcome:
-        # The container's own cgroup, where the kernel counts its kills, is gone: ours (its
-        # parent) tells by its peaks.
-        cgroup = self._cgroup
-        memory, pids = self._limits.memory, self._limits.pids
-        return SandboxOutcome(
-            returncode=returncode,
-            memory_exceeded=(cgroup.memory_exceeded() or cgroup.memory_peaked(memory)) if cgroup else False,
-            pids_exhausted=cgroup.pids_peaked(pids) if cgroup else False,
-        )
 
 
 class ContainerBackend:
@@ -361,7 +272,7 @@ class ContainerBackend:
             try:
                 spec = self.run_spec(policy, name, channel_dir, parent)
                 if scratch is not None:
-                    spec = dataclasses.replace(spec, cidfile=str(scratch / _CIDFILE))
+                    spec = dataclasses.replace(spec, cidfile=str(scratch / CIDFILE))
                 command = container_argv(aliased, spec)
             except ValueError as exc:
                 raise SandboxStartError(str(exc)) from exc
