@@ -12,7 +12,6 @@ first task is then asked for over plain JSON-RPC.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -24,30 +23,18 @@ import pytest
 
 from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server
 
+from .venvs import downstream_python
+
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 TOKEN = "fastmcp-token-0123456789abcdef"
-ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("fastmcp_task_call.py")
 REQUEST_TIMEOUT = 2  # seconds: the client's, shorter than the run
 MODERN = "2026-07-28"
 
 
 def fastmcp_python() -> Path:
-    """The interpreter of the FastMCP venv (``MCP_SANDBOX_TEST_FASTMCP_PYTHON`` overrides).
-
-    Raises:
-        pytest.skip.Exception: outside make and CI, when it is not installed.
-        pytest.fail.Exception: the same under make (MAKELEVEL) or CI, which install it first.
-    """
-    default = ROOT / ".downstream" / "fastmcp" / "bin" / "python"
-    python = Path(os.environ.get("MCP_SANDBOX_TEST_FASTMCP_PYTHON", default))
-    if python.exists():
-        return python
-    reason = f"FastMCP is not installed ({python} is missing): run `make downstream`"
-    if os.environ.get("MAKELEVEL") or os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    return downstream_python("fastmcp", "MCP_SANDBOX_TEST_FASTMCP_PYTHON", "FastMCP")
 
 
 async def test_a_run_longer_than_the_clients_request_timeout_completes_as_a_task(

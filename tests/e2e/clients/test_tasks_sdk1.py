@@ -9,7 +9,6 @@ blocking call times out, the same run as a task is polled to ``completed`` and i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -19,28 +18,17 @@ import pytest
 
 from mcp_test_helpers import CALL_BOUND, auth_tokens, http_server
 
+from .venvs import downstream_python
+
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 TOKEN = "sdk1-token-0123456789abcdef01"
-ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).with_name("sdk1_task_call.py")
 REQUEST_TIMEOUT = 2  # seconds: the client's, shorter than the run
 
 
 def sdk1_python() -> Path:
-    """The interpreter of the python-sdk 1.x venv (``MCP_SANDBOX_TEST_SDK1_PYTHON`` overrides).
-
-    Raises:
-        pytest.skip.Exception: outside make and CI, when it is not installed.
-        pytest.fail.Exception: the same under make (MAKELEVEL) or CI, which install it first.
-    """
-    python = Path(os.environ.get("MCP_SANDBOX_TEST_SDK1_PYTHON", ROOT / ".downstream" / "sdk1" / "bin" / "python"))
-    if python.exists():
-        return python
-    reason = f"python-sdk 1.x is not installed ({python} is missing): run `make downstream`"
-    if os.environ.get("MAKELEVEL") or os.environ.get("CI"):
-        pytest.fail(reason, pytrace=False)
-    pytest.skip(reason)
+    return downstream_python("sdk1", "MCP_SANDBOX_TEST_SDK1_PYTHON", "python-sdk 1.x")
 
 
 async def test_a_run_longer_than_the_clients_request_timeout_completes_as_a_task(
