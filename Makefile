@@ -79,7 +79,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
 .PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy bench-peers downstream conformance-tools containers image run test \
-        check lint format typecheck typecheck-ts pytest bench soak doctor vm-test clean
+        check lint format typecheck typecheck-ts pytest bench soak long-tasks doctor vm-test clean
 
 help: ## List the targets
 	@echo "usage: make TARGET [PYTHON=python3] [PYTEST_ARGS=...] [ARGS=...]"
@@ -354,6 +354,10 @@ bench: setup downstream containers postgres bench-peers ## Run the benchmarks in
 # Five minutes of 8 clients of two tenants against one HTTP server (bench/soak.py): not in `bench`.
 soak: setup ## Soak the HTTP server: 8 clients, two tenants, mixed runs for 5 minutes (bench/soak.py; ARGS=--seconds 30)
 	$(BIN)/python bench/soak.py $(ARGS)
+
+# A 10-minute run as a task through the Inspector, python-sdk 1.x and FastMCP 4 at once (bench/long_tasks.py): not in `bench`.
+long-tasks: setup downstream conformance-tools ## A 10-minute run as an MCP task through three real clients at once (bench/long_tasks.py; ARGS=--minutes 2)
+	$(BIN)/python bench/long_tasks.py $(ARGS)
 
 # A real systemd host to prove the product for an ordinary user (tests/vm/run.sh): a Debian 12
 # guest (systemd, pure cgroup v2, a lingering user manager) built once into .vm/ by mmdebstrap,
