@@ -222,7 +222,10 @@ def test_a_parked_states_large_buffers_are_mapped_copy_on_write_and_writes_never
     loaded[0] = 7  # writable, copy-on-write
     assert bytes(loaded[:2]) == b"\x07\x01" and path.read_bytes() == whole
     assert (target["blob"], target["small"]) == (bytes(200_000), [1, 2])
-    del read, target, loaded, report
+    again: dict[str, Any] = {}
+    fork.load(_joined(fork.dump(target, 64 * MiB)), again)  # parked again, mapped buffers and all
+    assert bytes(again["column"].data) == b"\x07" + bytes(column)[1:]
+    del read, target, loaded, report, again
     gc.collect()
     assert _mappings(path) == 0  # unmapped once nothing refers to it
 
