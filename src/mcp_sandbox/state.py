@@ -117,6 +117,10 @@ class StateLayout:
         """Where conversation ``key``'s parked interpreter state lives (whether or not it exists)."""
         return self.parked / f"{key}.state"
 
+    def held_state(self, key: str) -> Path:
+        """Where conversation ``key``'s resumed parked state is kept while its session lives (it may map it)."""
+        return self.parked / f"{key}.held"
+
     @property
     def checkpoints(self) -> Path:
         """Conversations' named checkpoints' files, ``<key>/<name>/`` (the server's alone; beside the

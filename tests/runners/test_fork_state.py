@@ -6,6 +6,7 @@ and the fork's runtimes do in theirs (the same Python, the same packages).
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import sys
@@ -190,6 +191,43 @@ def test_a_state_is_read_from_its_file_with_large_buffers_in_place_and_writable(
     assert bytes(loaded) == bytes(column) and not memoryview(loaded).readonly
     loaded[0] = 7  # writable in place
     assert (target["blob"], target["small"]) == (bytes(200_000), [1, 2])
+
+
+def _mappings(path: Path) -> int:
+    return sum(str(path) in line for line in Path("/proc/self/maps").read_text().splitlines())
+
+
+@pytest.mark.parametrize("before", [b"", b"a thread's print, 32 bytes long\n"], ids=["at-0", "after-a-print"])
+def test_a_parked_states_large_buffers_are_mapped_copy_on_write_and_writes_never_reach_the_file(
+    tmp_path: Path, before: bytes
+) -> None:
+    column = bytearray(range(256)) * (snapshot.HUGE // 256 + 1)
+    source = {"column": _Column(column), "blob": bytes(200_000), "small": [1, 2]}
+    fd, size = _state_file(tmp_path, fork.dump(source, 64 * MiB), before, b"T" * 56)
+    path = tmp_path / "state"
+    whole = path.read_bytes()
+    descriptors = len(os.listdir("/proc/self/fd"))
+    try:
+        read = snapshot.read(fd, size, mapped=True)
+    finally:
+        os.close(fd)
+    assert len(os.listdir("/proc/self/fd")) == descriptors - 1  # no duplicate of it kept with the mapping
+    target: dict[str, Any] = {}
+    report = fork.load(read, target)
+
+    assert report["variables"] == 3 and report["skipped"] == []
+    assert isinstance(read.buffers[0], memoryview) and _mappings(path) == 1  # the file's pages, not a copy
+    loaded = target["column"].data
+    assert bytes(loaded) == bytes(column) and not memoryview(loaded).readonly
+    loaded[0] = 7  # writable, copy-on-write
+    assert bytes(loaded[:2]) == b"\x07\x01" and path.read_bytes() == whole
+    assert (target["blob"], target["small"]) == (bytes(200_000), [1, 2])
+    again: dict[str, Any] = {}
+    fork.load(_joined(fork.dump(target, 64 * MiB)), again)  # parked again, mapped buffers and all
+    assert bytes(again["column"].data) == b"\x07" + bytes(column)[1:]
+    del read, target, loaded, report, again
+    gc.collect()
+    assert _mappings(path) == 0  # unmapped once nothing refers to it
 
 
 def test_a_state_of_the_earlier_layout_still_loads(tmp_path: Path) -> None:

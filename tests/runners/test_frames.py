@@ -341,7 +341,7 @@ def test_a_typed_frame_is_immutable_has_slots_and_equals_only_its_own_kind() -> 
 
 
 def test_a_forks_fields_travel_in_exec_and_done_and_a_malformed_report_is_refused() -> None:
-    exec_frame = frames.Exec(3, "x", (), {}, 0, 0, False, state=123_456, snapshot=1 << 20)
+    exec_frame = frames.Exec(3, "x", (), {}, 0, 0, False, state=123_456, snapshot=1 << 20, mapped=True)
     done = frames.Done(3, 0, None, frames.Forked(2, 5, ("g (TypeError: cannot pickle 'generator' object)",)))
 
     assert frames.decode(Kind.EXEC, exec_frame.encode()) == exec_frame
@@ -365,6 +365,7 @@ def test_a_forks_fields_travel_in_exec_and_done_and_a_malformed_report_is_refuse
         pytest.param(Kind.EXEC, {"code": "1", "cpuSeconds": True}, id="exec-cpu-seconds-a-boolean"),
         pytest.param(Kind.EXEC, {"code": "1", "guard": 5}, id="exec-guard-a-number"),
         pytest.param(Kind.EXEC, {"code": "1", "state": True}, id="exec-state-not-a-size"),
+        pytest.param(Kind.EXEC, {"code": "1", "state": 5, "mapped": 1}, id="exec-mapped-not-a-boolean"),
         pytest.param(Kind.READY, {"runtime": "python", "version": "3", "preloaded": "numpy"}, id="ready-preloaded"),
         pytest.param(Kind.READY, {"runtime": "python", "version": "3", "failed": {"x": 1}}, id="ready-failed"),
         pytest.param(Kind.REPLY, {"id": 1, "ok": False, "error": {"kind": "denied"}}, id="reply-no-message"),

@@ -193,6 +193,10 @@ def test_input_schemas_are_terse_no_titles_defaults_or_anyof(tool: str) -> None:
         ({"checkpoint": "../up", "conversationId": "c"}, "checkpoint", "a checkpoint's name is 1 to 64 letters"),
         ({"reset": "", "conversationId": "c"}, "reset", "a checkpoint's name is 1 to 64 letters"),
         ({"reset": "cp"}, "reset", "needs a conversationId"),
+        ({"checkpoint": "-", "conversationId": "c"}, "checkpoint", "a checkpoint's name is 1 to 64 letters"),
+        ({"checkpoint": "--cp", "conversationId": "c"}, "checkpoint", "a checkpoint's name is 1 to 64 letters"),
+        ({"reset": "-cp", "conversationId": "c"}, "reset", "a checkpoint's name is 1 to 64 letters"),
+        ({"checkpoint": "-cp"}, "checkpoint", "needs a conversationId"),
     ],
 )
 def test_a_checkpoint_is_named_plainly_and_needs_its_conversation(
@@ -203,6 +207,12 @@ def test_a_checkpoint_is_named_plainly_and_needs_its_conversation(
 
     assert refused.value.argument == argument
     assert refused.value.message.startswith(message)
+
+
+def test_a_checkpoint_to_delete_is_its_name_after_a_dash() -> None:
+    parsed = parse(RunPythonArguments, {"code": "1", "conversationId": "c", "checkpoint": "-before-1"}, CONTEXT)
+
+    assert parsed.checkpoint == "-before-1"
 
 
 def test_reset_takes_true_or_a_checkpoints_name() -> None:

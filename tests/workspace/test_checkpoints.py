@@ -1,16 +1,17 @@
 """A conversation's checkpoints' files on disk (workspace/checkpoints.py): saved over, restored,
-counted in the conversation's usage, deleted with it, and a crashed server's copies swept.
+counted in the conversation's usage, deleted with it or one by one, and a crashed server's copies swept.
 The tools' side (variables, tenants, quotas) is in tests/e2e/conversations/test_checkpoints.py."""
 
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
-from mcp_sandbox.workspace.checkpoints import Checkpoints
+from mcp_sandbox.workspace.checkpoints import Checkpoints, state_key
 
 
 def _store(state_dir: Path) -> tuple[WorkspaceStore, Checkpoints]:
@@ -59,3 +60,30 @@ def test_checkpoints_go_with_their_conversation_and_a_crashed_servers_copy_is_sw
     assert swept == (False, True)
     assert not checkpoints.path(key, "cp").parent.exists()
     assert checkpoints.names(key) == []
+
+
+def test_one_checkpoint_is_deleted_under_the_change_lock_its_bytes_given_back(tmp_path: Path) -> None:
+    store, checkpoints = _store(tmp_path)
+    key = store.key("t", "c")
+    store.write_file(key, "a.txt", b"data", "t")
+    checkpoints.save(key, "cp", "t")
+    checkpoints.save(key, "other", "t")
+    state = StateLayout.of(store.settings).parked_state(state_key(key, "cp"))
+    StateLayout.of(store.settings).prepare_parked()
+    state.write_bytes(b"s" * 100)  # its variables, as a parked state
+    before = store.usage(key).bytes
+    freed: list[int | None] = []
+    deleting = threading.Thread(target=lambda: freed.append(checkpoints.delete(key, "cp")))
+
+    with store.gate.changing(key):  # a fork or restore of it copying: the deletion waits
+        deleting.start()
+        deleting.join(0.2)
+        waited = deleting.is_alive() and checkpoints.path(key, "cp").is_dir()
+    deleting.join()
+
+    assert waited
+    assert freed == [4 + 100]
+    assert store.usage(key).bytes == before - 104
+    assert checkpoints.names(key) == ["other"] and not state.exists()
+    assert checkpoints.delete(key, "cp") is None  # none left: the caller says so
+    assert sorted(path.name for path in checkpoints.path(key, "cp").parent.iterdir()) == ["other"]

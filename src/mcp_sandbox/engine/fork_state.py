@@ -38,6 +38,9 @@ class ForkState:
     def __init__(self, fd: int, size: int) -> None:
         self._fd: int | None = fd
         self.size = size
+        # The runtime may map its large buffers instead of reading them: only a parked state that the
+        # server keeps, counted in its conversation's quota, for as long as the session lives (.parking).
+        self.mapped = False
 
     @property
     def fd(self) -> int:

@@ -142,6 +142,7 @@ class Interpreter:
         guard: bytes | None = None,
         file_size: int | None = None,
         state: int | None = None,
+        mapped: bool = False,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -156,6 +157,7 @@ class Interpreter:
             max_call_bytes=self.caps.max_call_bytes,
             file_size=file_size,
             state=state,
+            mapped=mapped,
         )
 
     async def run(
@@ -176,10 +178,11 @@ class Interpreter:
         (the sandbox is torn down after the answer). None: the outcome is the sandbox's.
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         ``state``: a fork's first run, its source's variables to load before the code (their file
-        handed over read-only, see :mod:`.fork_state`).
+        handed over read-only, see :mod:`.fork_state`; mapped by the runtime if ``state.mapped``).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        frame = self._exec(request, last=last, file_size=file_size, state=None if state is None else state.size)
+        size, mapped = (None, False) if state is None else (state.size, state.mapped)
+        frame = self._exec(request, last=last, file_size=file_size, state=size, mapped=mapped)
         return await self._serve_exec(record, frame, request, last=last, early=early, state=state)
 
     async def snapshot(self, budget: int, sink: Callable[[bytes], None]) -> bool:

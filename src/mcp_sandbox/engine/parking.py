@@ -4,9 +4,14 @@ A park is a fork's snapshot (the runtime's ``fork.py``: modules, functions and c
 every picklable variable) written to ``state_dir/parked/<key>.state`` instead of a fork's
 nameless file (:mod:`.fork_state`), then the session's sandbox is released. The next run of the
 conversation, in a session born of a ready sandbox, gets the file as a fork's first run does
-(a read-only descriptor; the runtime reads it straight into place) and says ``session:
-resumed``, naming what was not kept; the file is gone once loaded. The host never unpickles it:
-only the tenant's own sandboxes do.
+(a read-only descriptor) and says ``session: resumed``, naming what was not kept. The runtime
+maps its large buffers copy-on-write (``MAP_PRIVATE``: nothing is copied until the session
+writes it, and nothing it writes reaches the file) instead of reading them into place, so once
+loaded the file is renamed ``<key>.held`` (:meth:`ParkedStates.hold`: no longer a state to
+resume, still counted in the conversation's quota) and deleted when that session's sandbox is
+gone (:meth:`ParkedStates.release`; a server's start deletes what an earlier one left). A fork
+of a parked conversation gets no mapping: the source's state is not the fork's to hold. The
+host never unpickles it: only the tenant's own sandboxes do.
 
 Integrity: the file ends with a seal (:mod:`.park_seal`: a one-time Poly1305 tag, its key
 derived from the server secret's ``parked-state`` key, the conversation's key and its tenant): a
@@ -208,15 +213,19 @@ class ParkedStates:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(partial)
 
-    async def open(self, key: str, tenant: str) -> ForkState | None:
+    async def open(self, key: str, tenant: str, *, mapped: bool = False) -> ForkState | None:
         """``key``'s parked state, checked, as a fork's state to send into its resumed session (the
-        caller closes it); None when there is none. The file stays until :meth:`discard`.
+        caller closes it); None when there is none. The file stays until :meth:`discard` or
+        :meth:`hold`. ``mapped``: the session may map it (its run's caller holds it, see :meth:`hold`).
 
         Raises:
             WorkspaceError: it failed its integrity check (:data:`TAMPERED`; the file is deleted),
                 or it cannot be read.
         """
-        return await anyio.to_thread.run_sync(self._open, key, tenant)
+        state = await anyio.to_thread.run_sync(self._open, key, tenant)
+        if state is not None:
+            state.mapped = mapped
+        return state
 
     def _open(self, key: str, tenant: str) -> ForkState | None:
         path = self._layout.parked_state(key)
@@ -274,6 +283,30 @@ class ParkedStates:
                 self._copies.delete(key)
             except WorkspaceError as exc:
                 logger.warning("a parked session's state could not be deleted from the object store: %s", exc)
+
+    def hold(self, key: str) -> None:
+        """``key``'s resumed session loaded its parked state (and may map it): keep the file as
+        ``<key>.held`` until :meth:`release`, counted in the quota, and delete it everywhere else."""
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self._layout.parked_state(key), self._layout.held_state(key))
+        self.discard(key)
+
+    async def release(self, key: str) -> None:
+        """Delete what :meth:`hold` kept of ``key``: its session's sandbox is gone (shielded from cancellation)."""
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_unlink, self._layout.held_state(key))
+
+    def sweep(self) -> None:
+        """Delete every state held for a session (a server's start: no session is live)."""
+        with contextlib.suppress(FileNotFoundError), os.scandir(self._layout.parked) as entries:
+            for entry in entries:
+                if entry.name.endswith(".held"):
+                    _unlink(Path(entry.path))
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _finish(fd: int, trailer: bytes, partial: os.PathLike[str], path: os.PathLike[str]) -> None:

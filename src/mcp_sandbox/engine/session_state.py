@@ -11,6 +11,7 @@ import anyio
 
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.tools_view import ToolsView
 
 __all__ = ["Lease", "Live", "Session"]
@@ -27,6 +28,7 @@ class Live:
     stop: anyio.Event = field(default_factory=anyio.Event)  # ask the owner task to close it
     closed: anyio.Event = field(default_factory=anyio.Event)  # the owner task has closed it
     ended: str | None = None  # why the host stopped it while a run may have been using it
+    held: ParkedStates | None = None  # keeps the parked state it resumed (it may map it) until it is closed
 
 
 @dataclass(eq=False)

@@ -88,16 +88,15 @@ class SessionManager:
 
         ``parked``: where idle sessions are parked and resumed from (None: never parked). On the
         way out every idle session is parked, then every session is closed (bounded, shielded
-        from cancellation).
-
-        Raises:
-            RuntimeError: already running.
+        from cancellation). Raises RuntimeError if already running.
         """
         if self._group is not None:
             raise RuntimeError("the session manager is already running")
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
             self._group, self._parked = group, parked
+            if parked is not None:  # what sessions of an earlier server held
+                await anyio.to_thread.run_sync(parked.sweep)
             group.start_soon(self._reap)
             try:
                 yield
@@ -155,7 +154,7 @@ class SessionManager:
                     if reset:
                         await anyio.to_thread.run_sync(self._parked.discard, key)
                     else:
-                        parked = await self._parked.open(key, tenant)
+                        parked = await self._parked.open(key, tenant, mapped=True)
                 if born and workspace is not None:
                     preloaded = preloaded or parked is not None
                     ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)
@@ -183,25 +182,23 @@ class SessionManager:
         try:
             async with session.lock:
                 live = session.live if self._sessions.get(key) is session else None
-                alive = live is not None and not live.interpreter.exited.is_set()
-                yield live.interpreter if alive and live is not None else None
+                yield live.interpreter if live is not None and not live.interpreter.exited.is_set() else None
         finally:
             session.last_used = anyio.current_time()
             session.users -= 1
             self._forget_if_unused(session)
 
     async def parked_state(self, key: str, tenant: str) -> ForkState | None:
-        """``key``'s parked state, checked, for a fork to carry (the caller closes it); None if it has none.
-
-        Raises:
-            WorkspaceError: it failed its integrity check (deleted), or cannot be read.
-        """
+        """``key``'s parked state, checked, for a fork to carry (the caller closes it); None if it has none
+        (raises :class:`~mcp_sandbox.errors.WorkspaceError` if it failed its check (deleted) or cannot be read)."""
         return None if self._parked is None else await self._parked.open(key, tenant)
 
     async def unpark(self, key: str) -> None:
-        """Delete ``key``'s parked state: its resumed session has loaded it."""
-        if self._parked is not None:
-            await anyio.to_thread.run_sync(self._parked.discard, key)
+        """``key``'s resumed session loaded its parked state: held until it is closed (:meth:`.ParkedStates.hold`)."""
+        session = self._sessions.get(key)
+        if self._parked is not None and session is not None and session.live is not None:
+            await anyio.to_thread.run_sync(self._parked.hold, key)
+            session.live.held = self._parked
 
     async def end(self, key: str, reason: str = "the session was ended") -> bool:
         """Stop session ``key`` now, even mid-run (that run fails saying ``reason``); False if there was none."""
@@ -317,6 +314,8 @@ class SessionManager:
                     watch.cancel_scope.cancel()
         finally:
             if live is not None:
+                if live.held is not None:  # its sandbox is gone, and its mapping with it
+                    await live.held.release(session.key)
                 if session.live is live:
                     session.live = None
                 live.closed.set()

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -130,6 +131,9 @@ class CheckpointCopies(Protocol):
 
     def names(self, key: str) -> list[str]:
         """The names of ``key``'s stored checkpoints."""
+
+    def delete(self, key: str, names: Iterable[str]) -> None:
+        """Delete ``key``'s stored checkpoints ``names``, if there."""
 
 
 class Checkpoints:
@@ -280,6 +284,40 @@ class Checkpoints:
             counts = self.copy(key, name, made, tenant)
             _replace(made, workspace)
         return counts
+
+    def delete(self, key: str, name: str) -> int | None:
+        """Delete checkpoint ``name`` of conversation ``key``: its files and its variables here, its
+        files in the object store (its variables there are a parked state: the caller's); the bytes
+        freed here, None if it had none here nor there. No fork or restore is reading it meanwhile.
+
+        Raises:
+            WorkspaceError: it could not be removed, or the object store refused.
+        """
+        stored = self._copies is not None and name in self._copies.names(key)
+        path = self.path(key, name)
+        aside = path.parent / f"{FORK_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+        with self._gate.changing(key):
+            try:
+                os.rename(path, aside)
+                here = True
+            except FileNotFoundError:
+                here = False
+            except OSError as exc:
+                raise disk_error(exc, "cannot delete the checkpoint") from exc
+        state = self._layout.parked_state(state_key(key, name))
+        try:
+            freed = self.measure(aside).bytes if here else 0
+            with contextlib.suppress(FileNotFoundError):
+                freed += os.lstat(state).st_size
+                os.unlink(state)
+                here = True
+            if aside.exists():
+                remove_tree(aside)
+        except OSError as exc:
+            raise disk_error(exc, "cannot delete the checkpoint") from exc
+        if self._copies is not None and stored:
+            self._copies.delete(key, [name])
+        return freed if here or stored else None
 
     def fork(self, key: str, name: str, target: str, tenant: str) -> CloneCounts:
         """Copy checkpoint ``name`` of conversation ``key`` as the new conversation ``target``'s files.

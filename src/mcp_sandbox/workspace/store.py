@@ -235,14 +235,18 @@ class WorkspaceStore:
         return Usage(bytes=total, files=files, complete=walk.complete)
 
     def _parked_bytes(self, key: str) -> int:
-        """The size of conversation ``key``'s parked interpreter state (``engine/parking.py``), 0 if none."""
+        """The size of conversation ``key``'s parked interpreter state (``engine/parking.py``), and of the one
+        its live session resumed and holds, 0 if none."""
         self.directory(key)  # the key checked before it names a path
-        try:
-            return os.lstat(self._layout.parked_state(key)).st_size
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            raise WorkspaceError(f"the conversation's parked state cannot be measured: {exc.strerror}") from exc
+        total = 0
+        for path in (self._layout.parked_state(key), self._layout.held_state(key)):
+            try:
+                total += os.lstat(path).st_size
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise WorkspaceError(f"the conversation's parked state cannot be measured: {exc.strerror}") from exc
+        return total
 
     def begin_write(self, key: str, name: str, tenant: str | None = None) -> PendingWrite:
         """Start writing ``name`` (creating the workspace, ``tenant``'s, and parent directories as needed).
@@ -384,8 +388,9 @@ class WorkspaceStore:
         """
         directory = self.directory(key)
         try:
-            with contextlib.suppress(FileNotFoundError):  # its parked interpreter state goes with it
-                os.unlink(self._layout.parked_state(key))
+            for state in (self._layout.parked_state(key), self._layout.held_state(key)):
+                with contextlib.suppress(FileNotFoundError):  # its parked interpreter state goes with it
+                    os.unlink(state)
             delete_checkpoints(self._layout, key)  # and its checkpoints
             remove_tree(directory)
         except OSError as exc:

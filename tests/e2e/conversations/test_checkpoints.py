@@ -129,6 +129,40 @@ async def test_the_quota_counts_checkpoints_and_their_number_is_bounded(client: 
     assert resaved["status"] == "success", resaved
 
 
+async def test_one_checkpoint_is_deleted_by_name_its_bytes_given_back_and_the_others_kept(
+    client: Client, module_state_dir: Path
+) -> None:
+    conversation = new_conversation()
+    code = "value = 'kept'\nopen('f.bin', 'wb').write(b'x' * 100_000)"
+    assert (await _run(client, code, conversation))["status"] == "success"
+    assert (await _run(client, "pass", conversation, checkpoint="a"))["status"] == "success"
+    assert (await _run(client, "pass", conversation, checkpoint="b"))["status"] == "success"
+    settings = load_settings(env={}, flags={"state_dir": str(module_state_dir)})
+    store, key = WorkspaceStore(settings, load_secret(module_state_dir)), _key(module_state_dir, conversation)
+    layout = StateLayout.of(settings)
+    used = store.usage(key).bytes
+
+    answer = await run_python(client, {"code": "print(value)", "conversationId": conversation, "checkpoint": "-a"})
+    deleted = structured(answer)
+    after = store.usage(key).bytes
+    missing = await _run(client, "print('ran')", conversation, checkpoint="-a")
+    malformed = await _run(client, "print('ran')", conversation, checkpoint="-../b")
+    gone = await _run(client, "print('ran')", conversation, reset="a")
+
+    assert (deleted["status"], deleted["stdout"], deleted["session"]) == ("success", "kept\n", "kept"), deleted
+    freed = deleted["checkpoint"]["deleted"]
+    assert freed["name"] == "a" and freed["checkpoints"] == ["b"] and freed["bytes"] > 100_000
+    assert f"(checkpoint 'a' deleted before the run: {freed['bytes']} bytes freed; left: b)" in text(answer)
+    assert used - after == freed["bytes"]  # given back to the conversation's quota
+    assert not (layout.checkpoints / key / "a").exists()
+    assert not layout.parked_state(state_key(key, "a")).exists()
+    assert layout.parked_state(state_key(key, "b")).exists() and (layout.checkpoints / key / "b" / "f.bin").exists()
+    for refused in (missing, malformed, gone):
+        assert refused["status"] == "validation_error" and refused["stdout"] == "", refused
+    assert missing["error"] == "checkpoint: no checkpoint 'a' to delete in this conversation (it has: b)"
+    assert "a checkpoint's name is 1 to 64 letters" in malformed["error"]
+
+
 async def test_a_checkpoint_whose_state_was_altered_is_refused_and_nothing_changes(
     client: Client, module_state_dir: Path
 ) -> None:

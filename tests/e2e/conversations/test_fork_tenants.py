@@ -130,3 +130,20 @@ async def test_another_tenant_cannot_restore_fork_list_or_load_a_checkpoint(base
     assert stolen["status"] == "error" and stolen["stdout"] == ""
     assert stolen["error"].startswith("checkpoint 'cp': its saved interpreter state failed its integrity check")
     assert (alices_own["status"], alices_own["stdout"]) == ("success", "alice-only alice\n"), alices_own
+
+
+async def test_another_tenant_cannot_delete_a_checkpoint(base: str, module_state_dir: Path) -> None:
+    alices = new_conversation()
+    made = await run_over_http(base, ALICE, "kept = 'alice'", conversationId=alices)
+    saved = await run_over_http(base, ALICE, "pass", conversationId=alices, checkpoint="mine")
+    assert made["status"] == "success" and saved["status"] == "success", (made, saved)
+    state = _checkpoint_state(module_state_dir, "alice", alices, "mine")
+
+    deleted = await run_over_http(base, BOB, "print('ran')", conversationId=alices, checkpoint="-mine")
+    still = state.exists()
+    alices_own = await run_over_http(base, ALICE, "print(kept)", conversationId=alices, reset="mine")
+
+    assert deleted["status"] == "validation_error" and deleted["stdout"] == ""
+    assert deleted["error"] == "checkpoint: no checkpoint 'mine' to delete in this conversation (it has: none)"
+    assert still
+    assert (alices_own["status"], alices_own["stdout"]) == ("success", "alice\n"), alices_own

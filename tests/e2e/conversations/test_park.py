@@ -151,6 +151,55 @@ async def test_a_resumed_sandbox_holds_no_descriptor_of_the_state_when_any_of_it
     assert links and not [link for link in links if "parked" in link or state.name in link]
 
 
+# In a resumed session whose 4 MiB array is mapped from its parked file: where the file is mapped,
+# an attempt to open it again through /proc/self/map_files (read-only, then read-write), and a write.
+_MAPPED_ATTACK = """
+import os
+ranges = [line.split()[0] for line in open('/proc/self/maps') if '/parked/' in line]
+opened = []
+for name in ranges:
+    for mode in (os.O_RDONLY, os.O_RDWR):
+        try:
+            os.close(os.open('/proc/self/map_files/' + name, mode))
+            opened.append((name, mode))
+        except OSError:
+            pass
+big[0] = -1.0
+print(len(ranges), opened, big[:2].tolist(), big.sum() == (1 << 19) * ((1 << 19) - 1) // 2 - 1)
+"""
+
+
+async def test_a_resumed_state_is_mapped_copy_on_write_held_in_the_quota_and_deleted_when_its_session_ends(
+    state_dir: Path, sandbox_runtime: Path | None
+) -> None:
+    conversation = _new()
+    async with memory_client(state_dir, sandbox_runtime) as client:
+        made = await _run(client, "import numpy as np\nbig = np.arange(1 << 19, dtype='float64')", conversation)
+        assert made["status"] == "success", made
+    state = _state(state_dir, conversation)  # parked at the graceful stop
+    held = state.with_suffix(".held")
+    left = state.with_name("0" * 64 + ".held")  # what a session of a server killed -9 held
+    left.write_bytes(b"stale")
+    whole = state.read_bytes()
+
+    async with memory_client(state_dir, sandbox_runtime) as client:
+        swept = not left.exists()
+        resumed = await _run(client, _MAPPED_ATTACK, conversation)
+        held_then, parked_then = held.exists(), state.exists()
+        unchanged = held_then and held.read_bytes() == whole
+        settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
+        usage = WorkspaceStore(settings, load_secret(state_dir)).usage(state.stem).bytes
+        fresh = await _run(client, "print('big' in globals())", conversation, reset=True)
+        released = not held.exists()
+
+    assert swept
+    assert (resumed["session"], resumed["stdout"]) == ("resumed", "1 [] [-1.0, 1.0] True\n"), resumed
+    assert held_then and not parked_then and unchanged  # the session's write never reached the file
+    assert usage >= len(whole)  # counted in the conversation's quota while its session holds it
+    assert (fresh["session"], fresh["stdout"]) == ("new", "False\n")
+    assert released
+
+
 async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resumes_it(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:

@@ -24,6 +24,7 @@ from mcp_sandbox import load_settings
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import Service, open_service
 from mcp_sandbox.workspace import sweep
+from mcp_sandbox.workspace.checkpoints import state_key
 from mcp_test_helpers import new_conversation, run_python, structured
 from s3_helpers import objects, s3_env, store_url
 
@@ -79,3 +80,33 @@ async def test_a_checkpoint_saved_by_one_server_is_restored_by_another_from_the_
     assert restored["checkpoint"]["restored"]["variables"] is True
     assert (report.idle, report.failed) == ([key], [])
     assert left == {}  # the conversation, its checkpoint's files and its variables: all gone
+
+
+async def test_a_checkpoint_deleted_by_a_server_that_never_held_it_is_deleted_from_the_store(
+    state_dir: Path, s3_endpoint: str, sandbox_runtime: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    url, conversation = store_url(), new_conversation()
+    first = state_dir / "first"
+    async with _serving(first, url, sandbox_runtime) as (service, client):
+        made = await _run(client, "value = 'saved'", conversation)
+        saved = [await _run(client, "pass", conversation, checkpoint=name) for name in ("a", "b")]
+        key = service.workspaces.key("default", conversation)
+    stored = sorted(objects(s3_endpoint, url))
+    second = state_dir / "second"
+    second.mkdir(mode=0o700)
+    (second / "secret").write_bytes((first / "secret").read_bytes())
+    (second / "secret").chmod(0o600)
+
+    async with _serving(second, url, sandbox_runtime) as (_, client):
+        deleted = await _run(client, "print('ran')", conversation, checkpoint="-a")
+    left = sorted(objects(s3_endpoint, url))
+
+    assert made["status"] == "success" and [one["status"] for one in saved] == ["success"] * 2, (made, saved)
+    a_state, b_state = (f"parked/{state_key(key, name)}.state" for name in ("a", "b"))
+    assert {f"checkpoints/{key}/a.tar", f"checkpoints/{key}/b.tar", a_state, b_state} <= set(stored)
+    assert (deleted["status"], deleted["stdout"]) == ("success", "ran\n"), deleted
+    assert deleted["checkpoint"]["deleted"] == {"name": "a", "bytes": 0, "checkpoints": ["b"]}  # none of it here
+    assert f"checkpoints/{key}/a.tar" not in left and a_state not in left
+    assert {f"checkpoints/{key}/b.tar", b_state} <= set(left)

@@ -106,6 +106,10 @@ def _checkpoint_name(value: str) -> str:
         raise ValueError(exc.message) from exc
 
 
+def _checkpoint_or_deleted(value: str) -> str:
+    return "-" + _checkpoint_name(value[1:]) if value.startswith("-") else _checkpoint_name(value)
+
+
 def _reset(value: bool | str) -> bool | str:
     return value if isinstance(value, bool) else _checkpoint_name(value)
 
@@ -250,8 +254,9 @@ class RunArguments(ToolArguments):
 class RunPythonArguments(RunArguments):
     # A name to save the conversation's files and variables as, before the code runs (run_python
     # only, for tools/list's tokens: a conversation is the same for both tools, and only Python's
-    # interpreter has variables to keep).
-    checkpoint: Annotated[str | None, AfterValidator(_checkpoint_name)] = None
+    # interpreter has variables to keep). "-<name>" deletes that checkpoint instead (no name begins
+    # with "-"): a value form, free in tools/list (the error at max_checkpoints tells of it).
+    checkpoint: Annotated[str | None, AfterValidator(_checkpoint_or_deleted)] = None
 
     @field_validator("checkpoint")
     @classmethod

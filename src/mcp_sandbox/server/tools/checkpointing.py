@@ -13,6 +13,11 @@ A restore holds the conversation the same way, checks the checkpoint's state fir
 altered on disk or in the store is refused, nothing changed), stops the live interpreter, puts
 the checkpoint's files in place and its state as the conversation's parked one: the call's run
 then resumes it (``session: resumed``) in a fresh sandbox with every guarantee of a new session.
+
+``checkpoint: "-<name>"`` deletes one (a name begins with a letter or digit, so the form is free, and
+an argument's new value costs ``tools/list`` nothing): its files moved aside under the change lock
+(no fork or restore of it is reading them), then removed with its variables, here and in the object
+store; its bytes leave the conversation's usage, and so its quota and its tenant's disk budget.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, W
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace.checkpoints import state_key
 
-__all__ = ["restore_checkpoint", "save_checkpoint", "tampered"]
+__all__ = ["delete_checkpoint", "restore_checkpoint", "save_checkpoint", "tampered"]
 
 
 def tampered(name: str) -> str:
@@ -76,7 +81,7 @@ async def save_checkpoint(
         raise ValidationError(
             "checkpoint",
             f"the conversation keeps {len(names)} checkpoints, the most it may (max_checkpoints {limit}): "
-            f"save over one of {', '.join(names)}; nothing was saved",
+            f"save over one of {', '.join(names)}, or delete one with checkpoint '-<name>'; nothing was saved",
         )
     quota = settings.workspaces.quota_bytes
     room = quota - (used - replaced) - files
@@ -163,6 +168,28 @@ async def restore_checkpoint(service: Service, tenant: str, key: str, name: str,
     if report is None:
         raise BusyError("the conversation was still running a call at the timeout; nothing was restored")
     return report
+
+
+async def delete_checkpoint(service: Service, key: str, name: str) -> dict[str, Any]:
+    """Delete conversation ``key``'s checkpoint ``name`` (files and variables, here and in the object
+    store); what was deleted, for the result. ``key`` is the caller's tenant's: another tenant's
+    checkpoint of the same conversation id is not found.
+
+    Raises:
+        ValidationError: (``checkpoint``) no such checkpoint of this conversation; nothing was deleted.
+        WorkspaceError: it could not be removed, or the object store refused.
+    """
+    checkpoints = service.checkpoints
+    freed = await anyio.to_thread.run_sync(checkpoints.delete, key, name)
+    if freed is None:
+        names = await anyio.to_thread.run_sync(checkpoints.names, key)
+        raise ValidationError(
+            "checkpoint",
+            f"no checkpoint {name!r} to delete in this conversation (it has: {', '.join(names) or 'none'})",
+        )
+    await anyio.to_thread.run_sync(service.parked.discard, state_key(key, name))  # the object store's copy
+    names = await anyio.to_thread.run_sync(checkpoints.names, key)
+    return {"name": name, "bytes": freed, "checkpoints": names}
 
 
 async def _restore(

@@ -57,6 +57,10 @@ def _notes(data: dict[str, Any]) -> list[str]:
             if "checkpoints" in step:
                 line += f"; this conversation's checkpoints: {', '.join(step['checkpoints'])}"
             lines.append(line + ")")
+    if deleted := checkpoint.get("deleted"):
+        left = ", ".join(deleted["checkpoints"]) or "none"
+        freed = f"{deleted['bytes']} bytes freed; left: {left}"
+        lines.append(f"(checkpoint {deleted['name']!r} deleted before the run: {freed})")
     if clamped := data.get("timeoutClamped"):
         lines.append(
             f"(timeout {clamped['requested']:g} s is above this server's maximum: the run had {clamped['used']:g} s)"

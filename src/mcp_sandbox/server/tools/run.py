@@ -41,7 +41,7 @@ from mcp_sandbox.server.tools.arguments import (
     output_mode,
     parse,
 )
-from mcp_sandbox.server.tools.checkpointing import restore_checkpoint, save_checkpoint
+from mcp_sandbox.server.tools.checkpointing import delete_checkpoint, restore_checkpoint, save_checkpoint
 from mcp_sandbox.server.tools.forking import Fork, fork_conversation
 from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
 from mcp_sandbox.server.tools.render import render
@@ -236,7 +236,8 @@ class RunTool:
 
     def _checkpointing(self, call: RunCall, restore: str | None, save: str | None, timeout: float) -> Prepare:
         """What the run does once admitted: restore the checkpoint ``restore``, then save the
-        conversation as ``save`` (each when given), both before the code runs."""
+        conversation as ``save`` (or delete the checkpoint ``-<name>`` names), each when given,
+        before the code runs."""
         service = self._service
         assert call.key is not None
         key = call.key
@@ -245,7 +246,9 @@ class RunTool:
             call.checkpoint = {}
             if restore is not None:
                 call.checkpoint["restored"] = await restore_checkpoint(service, call.tenant, key, restore, wait=timeout)
-            if save is not None:
+            if save is not None and save.startswith("-"):  # checkpoint: "-<name>" deletes one
+                call.checkpoint["deleted"] = await delete_checkpoint(service, key, save[1:])
+            elif save is not None:
                 python = call.language == "python"
                 saved = await save_checkpoint(service, call.tenant, key, save, python=python, wait=timeout)
                 call.checkpoint["saved"] = saved

@@ -155,7 +155,7 @@ class Server:
                 return Done(frame.run, self._snapshot(frame.snapshot), None)
             if state is not None and frame.state is not None:
                 fd, state = state, None
-                forked = self._load(fd, frame.state)
+                forked = self._load(fd, frame.state, mapped=frame.mapped)
             exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
         finally:
             if state is not None:
@@ -183,13 +183,14 @@ class Server:
                 view = view[os.write(1, view) :]
         return 0
 
-    def _load(self, state: int, size: int) -> Forked:
+    def _load(self, state: int, size: int, *, mapped: bool = False) -> Forked:
         """Load a fork's state, the first ``size`` bytes of the file ``state`` (closed here, before
-        anything of it is unpickled), into the namespace before its first run's code."""
+        anything of it is unpickled), into the namespace before its first run's code; its large
+        buffers mapped with ``mapped`` (see ``snapshot.py``)."""
         from . import fork, snapshot
 
         try:
-            read = snapshot.read(state, size)
+            read = snapshot.read(state, size, mapped=mapped)
         except (OSError, ValueError, MemoryError) as exc:
             return Forked(0, 0, (f"all variables ({type(exc).__name__}: {exc})"[:120],))
         finally:

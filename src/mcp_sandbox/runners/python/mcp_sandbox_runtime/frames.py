@@ -128,8 +128,10 @@ class Exec:
     ``last`` run lowers its hard limit to it, a session's run its soft limit.
     ``state``: the frame carries a third descriptor, a read-only file whose first ``state`` bytes
     are a forked (or resumed) session's variables (opaque to the host), read whole and loaded
-    before the code; ``snapshot`` (a byte budget) asks instead for this session's variables,
-    written to the run's stdout as such a state (``fork.py``).
+    before the code (with ``mapped``, their large buffers are mapped copy-on-write instead: a
+    parked state the server keeps while the session lives, see ``snapshot.py``); ``snapshot`` (a
+    byte budget) asks instead for this session's variables, written to the run's stdout as such
+    a state (``fork.py``).
     A field absent on the wire is its default.
     """
 
@@ -147,6 +149,7 @@ class Exec:
     file_size: int | None = None
     state: int | None = None
     snapshot: int | None = None
+    mapped: bool = False
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -170,6 +173,8 @@ class Exec:
             body["state"] = self.state
         if self.snapshot is not None:
             body["snapshot"] = self.snapshot
+        if self.mapped:
+            body["mapped"] = True
         return body
 
     @classmethod
@@ -190,6 +195,8 @@ class Exec:
         last = body.get("last", False)
         if not isinstance(last, bool):
             raise FrameError("EXEC last must be a boolean")
+        if not isinstance(body.get("mapped", False), bool):
+            raise FrameError("EXEC mapped must be a boolean")
         return cls(
             run=int_of(body, "run", 0),
             code=body["code"],
@@ -204,6 +211,7 @@ class Exec:
             file_size=int_of(body, "fileSize") if "fileSize" in body else None,
             state=int_of(body, "state") if "state" in body else None,
             snapshot=int_of(body, "snapshot") if "snapshot" in body else None,
+            mapped=body.get("mapped", False),
         )
 
 

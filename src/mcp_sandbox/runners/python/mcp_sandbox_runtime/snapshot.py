@@ -13,6 +13,12 @@ sandbox's memory; populated as it is made, cheaper than a page fault per page du
 before anything of it is unpickled: the caller closes the descriptor before a single object of
 the state (whose ``__setstate__`` may be the session's own code) is made. The sizes table is
 plain integers for that reason: the layout is known without unpickling anything.
+
+``mapped`` (a resumed session's parked state, which the server keeps, counted in the
+conversation's quota, for as long as the session lives): the file is mapped copy-on-write
+(``MAP_PRIVATE``, populated read-only, then made writable) instead, and each large buffer is a
+view of that mapping: no page is allocated or copied until the session writes it, and nothing
+the session writes reaches the file. The mapping outlives the descriptor, which is closed as before.
 The earlier layout (format 2: the variables' pickles, the index, two lengths and another mark)
 is still read, so a state parked before an upgrade is resumed after it.
 """
@@ -41,7 +47,7 @@ class Unpacked:
 
     index: bytes | memoryview
     values: bytes | memoryview
-    buffers: tuple[bytearray | mmap.mmap, ...]
+    buffers: tuple[bytearray | mmap.mmap | memoryview, ...]
 
 
 def pack(buffers: list[memoryview], values: list[bytes], index: bytes) -> list[memoryview | bytes]:
@@ -100,8 +106,9 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
     return bytes(target)
 
 
-def read(fd: int, size: int) -> Unpacked:
-    """The state in the first ``size`` bytes of the file ``fd``, read into memory (see the module's docstring).
+def read(fd: int, size: int, *, mapped: bool = False) -> Unpacked:
+    """The state in the first ``size`` bytes of the file ``fd``, read into memory, or its large
+    buffers mapped with ``mapped`` (see the module's docstring).
 
     Raises:
         ValueError: it is not a state of this runtime, or cut short.
@@ -115,11 +122,60 @@ def read(fd: int, size: int) -> Unpacked:
     start = table - index - values - sum(sizes)
     if start < 0:
         raise ValueError("a snapshot cut short")
+    if mapped and start % 8 == 0 and sum(sizes) >= HUGE:
+        return _mapped(fd, start, sizes, values, index)
     buffers = [_buffer(length) for length in sizes]
     pickles = bytearray(values + index)
     _read_into(fd, [*buffers, pickles], start)
     view = memoryview(pickles)
     return Unpacked(view[values:], view[:values], tuple(buffers))
+
+
+def _mapped(fd: int, start: int, sizes: list[int], values: int, index: int) -> Unpacked:
+    """A state whose buffers begin at ``start``, those of :data:`HUGE` bytes or more views of a private mapping."""
+    offset = start % mmap.ALLOCATIONGRANULARITY  # a mapping begins on a page
+    end = start + sum(sizes)
+    mapping = _map_private(fd, start - offset, end - start + offset)
+    buffers: list[bytearray | mmap.mmap | memoryview] = []
+    for length in sizes:
+        piece = mapping[offset : offset + length]
+        buffers.append(piece if length >= HUGE else bytearray(piece))
+        offset += length
+    pickles = bytearray(values + index)
+    _read_into(fd, [pickles], end)
+    view = memoryview(pickles)
+    return Unpacked(view[values:], view[:values], tuple(buffers))
+
+
+def _map_private(fd: int, at: int, length: int) -> memoryview:
+    """``length`` bytes of ``fd`` from ``at`` (a page's start) mapped copy-on-write and populated, writable; unmapped
+    once nothing refers to it. Not ``mmap.mmap``: before Python 3.13 it keeps a duplicate of the
+    descriptor for as long as the mapping lives, within reach of the session's code."""
+    import ctypes
+    import weakref
+
+    from .kernel import libc
+
+    lib = libc()
+    lib.mmap.restype = ctypes.c_void_p
+    lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    # Populated read-only, then made writable: populating a writable private mapping would copy
+    # every page (the kernel breaks copy-on-write as it populates); this way a page is copied
+    # only when the session writes it.
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+    address = lib.mmap(None, length, mmap.PROT_READ, flags, fd, at)
+    if address is None or address == ctypes.c_void_p(-1).value:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+    if lib.mprotect(address, length, mmap.PROT_READ | mmap.PROT_WRITE) != 0:
+        error = ctypes.get_errno()
+        lib.munmap(address, length)
+        raise OSError(error, os.strerror(error))
+    pages = (ctypes.c_ubyte * length).from_address(address)
+    weakref.finalize(pages, lib.munmap, address, length)
+    return memoryview(pages).cast("B")
 
 
 def unpack(state: bytes | memoryview) -> Unpacked:
@@ -137,7 +193,7 @@ def unpack(state: bytes | memoryview) -> Unpacked:
         start = table - index - values - sum(sizes)
         if start < 0:
             raise ValueError("a snapshot cut short")
-        buffers: list[bytearray | mmap.mmap] = []
+        buffers: list[bytearray | mmap.mmap | memoryview] = []
         for length in sizes:
             buffers.append(bytearray(view[start : start + length]))
             start += length

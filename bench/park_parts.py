@@ -1,0 +1,143 @@
+"""Where a resume of a parked conversation with a 50 MB DataFrame goes (issue 48), part by part.
+
+The service in this process, as ``park.py`` runs it (real bwrap, the SDK's in-memory client,
+``session_park_after`` short): a conversation imports pandas and builds the DataFrame, is parked,
+then a ``run_python`` call resumes it. That call is timed end to end and in parts:
+
+- **seal**: ``ParkedStates.open``, the host's check of the state's seal (every byte) in a worker thread;
+- **claim**: a session-ready sandbox claimed and given the conversation's directory (and whether it
+  had preloaded pandas);
+- **to the code**: from the host's EXEC to the first line of the call's code, read by the sandbox's
+  clock (the same clock: no time namespace): the frame, the state read (or mapped) and loaded;
+- **code**: the call's code itself (``df.x.sum()``);
+- **after**: from the code's last line to the call's result in this process;
+- **mapped**: how many mappings of a parked file the resumed session holds (0: the state was read).
+
+The rest of the call (the host's path before the seal, after the run) is the total less these.
+Instrumentation wraps the host's methods in this process only, so the same script times the
+tree before a change (``PYTHONPATH`` of that tree) and after it, in the same minutes.
+Run as root, with the sandbox's runtime built: ``sudo PYTHONPATH=src .venv/bin/python bench/park_parts.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+from park import PANDAS, RUNTIME, call, parked_files, wait_parked
+
+from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine import interpreter, parking, ready_uids
+from mcp_sandbox.server import build_server
+from mcp_sandbox.server.service import open_service
+
+USE = (
+    "import time as _clock\n_began = _clock.time()\nprint(int(df.x.sum()))\n"
+    "print('T', _began, _clock.time())\n"
+    "print('M', sum('/parked/' in line for line in open('/proc/self/maps')))\n"
+)
+
+
+class Timings:
+    """The wrapped methods' times, in ms, for the resume being timed."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[float]] = {}
+        self.preloaded: list[bool] = []
+        self.sent = 0.0  # when the resumed run's EXEC went out (time.time())
+        self.timing = False
+
+    def add(self, part: str, value: float) -> None:
+        if self.timing:
+            self.parts.setdefault(part, []).append(value)
+
+    def wrap(self, owner: Any, name: str, part: str) -> None:
+        original: Callable[..., Awaitable[Any]] = getattr(owner, name)
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            found = await original(*args, **kwargs)
+            self.add(part, (time.perf_counter() - started) * 1000)
+            if part == "claim" and self.timing:
+                self.preloaded.append(bool(getattr(found, "preloaded", False)))
+            return found
+
+        setattr(owner, name, timed)
+
+    def wrap_run(self) -> None:
+        original = interpreter.Interpreter.run
+
+        async def run(self_: interpreter.Interpreter, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("state") is not None:
+                self.sent = time.time()
+            return await original(self_, *args, **kwargs)
+
+        setattr(interpreter.Interpreter, "run", run)  # noqa: B010 - patched in this process only
+
+
+async def resumes(state_dir: Path, samples: int, pause: float) -> Timings:
+    timings = Timings()
+    timings.wrap(parking.ParkedStates, "open", "seal")
+    timings.wrap(ready_uids.ReadyByUid, "claim", "claim")
+    timings.wrap_run()
+    flags = {
+        "state_dir": str(state_dir),
+        "discover_servers": False,
+        "python_runtime": str(RUNTIME),
+        "session_park_after": 2.0,
+    }
+    settings = load_settings(env={}, flags=flags)
+    async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
+        for _ in range(samples):
+            conversation = f"bench-{uuid.uuid4().hex}"
+            await anyio.sleep(pause)
+            await call(client, PANDAS + "print(1)", conversation)
+            await wait_parked(state_dir, 1)
+            await anyio.sleep(pause)  # the ready pool refilled
+            timings.timing = True
+            elapsed, data = await call(client, USE, conversation)
+            returned = time.time()
+            timings.timing = False
+            assert data["session"] == "resumed", data
+            lines = dict(line.split(" ", 1) for line in data["stdout"].splitlines() if line[:2] in ("T ", "M "))
+            began, ended = (float(value) for value in lines["T"].split())
+            timings.parts.setdefault("total", []).append(elapsed)
+            timings.parts.setdefault("to the code", []).append((began - timings.sent) * 1000)
+            timings.parts.setdefault("code", []).append((ended - began) * 1000)
+            timings.parts.setdefault("after", []).append((returned - ended) * 1000)
+            timings.parts.setdefault("mapped", []).append(float(lines["M"]))
+            await call(client, "pass", conversation)
+            await wait_parked(state_dir, 1)
+            for path in parked_files(state_dir):
+                path.unlink()
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--pause", type=float, default=1.5)
+    args = parser.parse_args()
+    print(f"load {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-park-parts-") as root:
+        os.chmod(root, 0o711)  # the sandbox uid reaches its workspaces under it
+        timings = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause)
+    print("resume of pandas + a 50 MB DataFrame, ms (median, min, max)")
+    for part in ("total", "seal", "claim", "to the code", "code", "after", "mapped"):
+        values = timings.parts.get(part, [0.0])
+        print(f"  {part:<12} {statistics.median(values):8.1f} {min(values):8.1f} {max(values):8.1f}")
+    print(f"  claimed a preloading sandbox: {sum(timings.preloaded)} of {len(timings.preloaded)}")
+    print(f"load after: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
