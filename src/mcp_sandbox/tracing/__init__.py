@@ -1,9 +1,10 @@
 """Spans of a traced call: what this server adds under the span of each request it serves.
 
 Tracing is on when a process has installed an OpenTelemetry tracer provider (:mod:`.export`
-does, where ``otel_endpoint`` is set). The MCP SDK then opens a span for each request it serves,
-continuing the client's ``_meta.traceparent``, and one for each request it sends, putting
-``traceparent`` into that request's ``_meta`` (a code-mode call to a downstream server).
+does, where ``otel_endpoint`` is set). Each request the server serves then has a span, continuing
+the client's ``_meta.traceparent`` (:mod:`.requests`), and the MCP SDK opens one for each request
+it sends, putting ``traceparent`` into that request's ``_meta`` (a code-mode call to a downstream
+server).
 
 :func:`span` opens a child of the current span only while that one records: with tracing off
 (or a call that is not sampled) it returns one shared empty context manager, makes no span
@@ -47,7 +48,8 @@ __all__ = [
 
 AttributeValue = str | bool | int | float
 
-# The name of this server's instrumentation scope (the SDK's own spans are "mcp-python-sdk").
+# The name of this server's instrumentation scope, its requests' spans included (the SDK's spans of the requests
+# it sends are "mcp-python-sdk").
 SCOPE: Final = "mcp_sandbox"
 
 _tracer = trace.get_tracer(SCOPE)
