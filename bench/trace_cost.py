@@ -7,9 +7,11 @@ runs alternate between them (so load drifts hit both alike), each with a client'
 ``traceparent`` in ``_meta`` (a client that traces sends it whether the server traces or not):
 every span of a traced run is made, ended and exported. Every third round both servers also get
 a run without one (on the traced server, a trace of its own). Then the price of the off path
-itself: ``mcp_sandbox.tracing.span`` with no span recording, in process, per call, and the number
-of such look-ups a run makes. Medians and p95 in milliseconds. Nothing is asserted; absolute
-numbers drift +-30% between runs on a shared 2-core machine.
+itself, in process: ``mcp_sandbox.tracing.span`` with no span recording, per call, and the number
+of such look-ups a run makes; and the span middleware of each message the server takes (this
+server's, and the MCP SDK's it replaces) with no tracer provider installed. Medians and p95 in
+milliseconds. Nothing is asserted; absolute numbers drift +-30% between runs on a shared 2-core
+machine.
 
 Run: `.venv/bin/python bench/trace_cost.py [--runs N]`.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -32,16 +35,18 @@ from typing import Any
 import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.server._otel import OpenTelemetryMiddleware as SdkSpans
 
 from mcp_sandbox import tracing
+from mcp_sandbox.tracing.requests import RequestSpans
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from tracing.receiver import grpc_receiver  # noqa: E402 - tests/ is put on the path just above
 
-# What a warm run without code mode or network asks of mcp_sandbox.tracing: its placement's span
-# and the span its run is told on (tracing.current()), one context look-up each when off.
+# What a warm run without code mode or network asks of mcp_sandbox.tracing: its placement's step
+# (tracing.step) and the span its run is told on (tracing.current()), one context look-up each when off.
 LOOKUPS_PER_RUN = 2
 
 
@@ -84,6 +89,27 @@ async def _run(client: Client, traced: bool) -> float:
     if (result.structured_content or {}).get("status") != "success":
         raise RuntimeError(f"run failed: {result.structured_content}")
     return elapsed
+
+
+class _Call:
+    """The parts of a request's context a span middleware reads: a traced ``tools/call``."""
+
+    def __init__(self) -> None:
+        self.method = "tools/call"
+        self.protocol_version = "2026-07-28"
+        self.request_id = 1
+        self.meta = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        self.params = {"name": "run_python", "arguments": {"code": "print(1)"}, "_meta": self.meta}
+
+
+async def _answer(ctx: Any) -> dict[str, Any]:
+    return {"content": []}
+
+
+def _drive(middleware: Any) -> None:
+    """One message through ``middleware``, its handler answering at once (no event loop: nothing waits)."""
+    with contextlib.suppress(StopIteration):
+        middleware(_Call(), _answer).send(None)
 
 
 def _line(label: str, samples: list[float]) -> float:
@@ -139,6 +165,10 @@ async def main(runs: int) -> None:
     print("\ntracing off, in process")
     print(f"  {'mcp_sandbox.tracing.span(), no span recording':<48} {per_call:8.3f} us per call")
     print(f"  {'per warm run (' + str(LOOKUPS_PER_RUN) + ' calls)':<48} {per_call * LOOKUPS_PER_RUN:8.3f} us")
+    for label, middleware in (("RequestSpans", RequestSpans()), ("the MCP SDK's OpenTelemetryMiddleware", SdkSpans())):
+        drive = functools.partial(_drive, middleware)
+        per_message = min(timeit.repeat(drive, number=loops // 10, repeat=5)) / loops * 10 * 1e6
+        print(f"  {label + ', per message':<48} {per_message:8.3f} us")
     added = {
         "wall_ms": round(medians["on"] - medians["off"], 3),
         "cpu_ms": round(cpu["on"] - cpu["off"], 3),

@@ -1,5 +1,5 @@
-"""mcp_sandbox.tracing's rules: nothing made when off, no exception text when on; where traces go; the HTTP header;
-an admission span only for a run that waits."""
+"""mcp_sandbox.tracing's rules: nothing made when off, no exception text when on; a step told on its call's span
+unless in the background; where traces go; the HTTP header; an admission span only for a run that waits."""
 
 from __future__ import annotations
 
@@ -61,6 +61,20 @@ with tracing.span("root", context=parent) as root:
             raise asyncio.CancelledError
     except asyncio.CancelledError:
         pass
+    with tracing.step("folded") as told:  # within the call: told on its span
+        told_root = told is root
+        told.set_attribute("mcp_sandbox.placement", "warm")
+    with tracing.background(), tracing.step("stepped") as own:  # may outlive it: a span of its own
+        own.set_attribute("mcp_sandbox.placement", "session")
+with tracing.span("fails", context=parent) as fails:
+    try:
+        with tracing.step("folded-fails"):
+            raise KeyError("secret-in-a-message-31337")
+    except KeyError:
+        pass
+    fails_recording = fails.is_recording()
+with tracing.step("untraced-step") as untraced_step:
+    pass
 spans = {span.name: span for span in exporter.get_finished_spans()}
 child = spans["child"]
 print(json.dumps({
@@ -73,20 +87,29 @@ print(json.dumps({
     "status": [child.status.status_code.name, child.status.description],
     "events": len(child.events),
     "cancelled": [dict(spans["cancelled"].attributes), spans["cancelled"].status.status_code.name],
+    "told": [told_root, dict(spans["root"].attributes)],
+    "stepped": [spans["stepped"].parent.span_id == spans["root"].context.span_id, dict(spans["stepped"].attributes)],
+    "fails": [fails_recording, dict(spans["fails"].attributes), spans["fails"].status.status_code.name],
+    "untraced_step": untraced_step is None,
 }))
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_on_a_span_continues_a_traceparent_and_keeps_an_exceptions_class_but_not_its_message_nor_a_cancel() -> None:
+def test_on_a_span_continues_a_traceparent_keeps_an_exceptions_class_not_its_message_and_steps_fold_into_it() -> None:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(_ON)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
-    assert seen["none"] and seen["names"] == ["cancelled", "child", "root"]  # no span without a traced parent
+    assert seen["none"] and seen["names"] == ["cancelled", "child", "fails", "root", "stepped"]  # none untraced
     assert seen["during"] == TRACEPARENT.split("-")[1] and seen["parent"] == TRACEPARENT.split("-")[2]
     assert seen["child_parent"]
     assert seen["attributes"] == {"mcp_sandbox.language": "python", "error.type": "ValueError"}
     assert seen["status"] == ["ERROR", None] and seen["events"] == 0
     assert seen["cancelled"] == [{}, "UNSET"]  # a cancellation (a run's end closing a connection) is no error
+    # A step within the call is told on the call's span; in work that may outlive it, on a child of its own.
+    assert seen["told"] == [True, {"mcp_sandbox.placement": "warm"}]
+    assert seen["stepped"] == [True, {"mcp_sandbox.placement": "session"}]
+    assert seen["fails"] == [True, {"error.type": "KeyError"}, "ERROR"]  # marked, not ended
+    assert seen["untraced_step"]
     assert "secret-in-a-message" not in done.stdout + done.stderr
 
 

@@ -249,12 +249,16 @@ class Engine:
             await stack.enter_async_context(self._admission.slot(request.tenant))
             if prepare is not None:
                 request = await prepare(request)
-            with self._use(request.workspace), tracing.span("mcp_sandbox.placement") as span:
-                if span is not None:
-                    span.set_attributes(_traced(request))
+            # Told on the call's span where the run is awaited by its call, else a span of its own.
+            with self._use(request.workspace), tracing.step("mcp_sandbox.placement") as span:
                 started = time.perf_counter()
                 self.events.emit(RunAdmitted(wait=started - queued))
-                result = await self._place(request, started)
+                try:
+                    result = await self._place(request, started)
+                except BaseException:
+                    if span is not None:
+                        span.set_attributes(_placed(request, None))
+                    raise
                 if span is not None:
                     span.set_attributes(_placed(request, result))
                 return result
@@ -266,15 +270,17 @@ class Engine:
         return dataclasses.replace(await self._fresh.run(request, started), path="fresh")
 
 
-def _traced(request: ExecutionRequest) -> dict[str, tracing.AttributeValue]:
-    """What a placement span says of the request (bounded values only)."""
-    return {"mcp_sandbox.language": request.language, "mcp_sandbox.network": request.egress is not None}
-
-
-def _placed(request: ExecutionRequest, result: ExecutionResult) -> dict[str, tracing.AttributeValue]:
-    """Where the run went: ``session`` (its live session's interpreter), ``resumed`` (a parked session's
-    variables loaded first), ``born`` (a new session), ``forked`` (a fork's first run), ``warm``,
-    ``prestarted`` or ``fresh``; and how it ended."""
+def _placed(request: ExecutionRequest, result: ExecutionResult | None) -> dict[str, tracing.AttributeValue]:
+    """What the run's span says of it (bounded values only): its language, whether it has network, and where
+    it went: ``session`` (its live session's interpreter), ``resumed`` (a parked session's variables
+    loaded first), ``born`` (a new session), ``forked`` (a fork's first run), ``warm``, ``prestarted``
+    or ``fresh``; and how it ended (no ``result``: the placement raised)."""
+    told: dict[str, tracing.AttributeValue] = {
+        "mcp_sandbox.language": request.language,
+        "mcp_sandbox.network": request.egress is not None,
+    }
+    if result is None:
+        return told
     if result.session == "resumed":
         how = "resumed"
     elif request.fork_state is not None and result.session == "new":
@@ -283,4 +289,6 @@ def _placed(request: ExecutionRequest, result: ExecutionResult) -> dict[str, tra
         how = "born" if result.session == "new" else "session"
     else:
         how = result.path
-    return {"mcp_sandbox.placement": how, "mcp_sandbox.run.status": result.status}
+    told["mcp_sandbox.placement"] = how
+    told["mcp_sandbox.run.status"] = result.status
+    return told

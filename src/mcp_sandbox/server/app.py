@@ -120,6 +120,9 @@ def _bind_tasks(server: Server, handlers: ToolHandlers | _Opening) -> None:
 
 def _server(handlers: ToolHandlers | _Opening) -> Server:
     import mcp_types as types
+    from mcp.server._otel import OpenTelemetryMiddleware
+
+    from mcp_sandbox.tracing.requests import RequestSpans
 
     server = _TasksServer(
         SERVER_NAME,
@@ -134,6 +137,10 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
     )
     # Bound here, not as on_call_tool: a call may be answered with the tasks extension's result.
     server.add_request_handler("tools/call", types.CallToolRequestParams, handlers.call_tool)
+    # The SDK's span of each message, made by this server's middleware for less (mcp_sandbox.tracing.requests).
+    server.middleware[:] = [
+        RequestSpans() if isinstance(layer, OpenTelemetryMiddleware) else layer for layer in server.middleware
+    ]
     server.middleware.append(_named_call_errors)
     _bind_tasks(server, handlers)
     return server

@@ -1,15 +1,17 @@
-"""Spans of a traced call: the children this server adds under the MCP SDK's span of each request.
+"""Spans of a traced call: what this server adds under the span of each request it serves.
 
 Tracing is on when a process has installed an OpenTelemetry tracer provider (:mod:`.export`
-does, where ``otel_endpoint`` is set). The MCP SDK then opens a span for each request it serves,
-continuing the client's ``_meta.traceparent``, and one for each request it sends, putting
-``traceparent`` into that request's ``_meta`` (a code-mode call to a downstream server).
+does, where ``otel_endpoint`` is set). Each request the server serves then has a span, continuing
+the client's ``_meta.traceparent`` (:mod:`.requests`), and the MCP SDK opens one for each request
+it sends, putting ``traceparent`` into that request's ``_meta`` (a code-mode call to a downstream
+server).
 
 :func:`span` opens a child of the current span only while that one records: with tracing off
 (or a call that is not sampled) it returns one shared empty context manager, makes no span
-object and costs one context-variable lookup. A step that would cover nearly the same time as the
-span it runs under is told on that span instead (:func:`current`: an event, attributes), at a
-fraction of a span's price. Attributes are the callers' bounded values: names,
+object and costs one context-variable lookup. A step that runs within the call it serves is told
+on that call's span instead (:func:`step`; :func:`current`: an event, attributes), at a fraction
+of a span's price; only work that may outlive its call (a task's run, :func:`background`) gets
+spans of its own for its steps. Attributes are the callers' bounded values: names,
 ports, verdicts, counts; never code, output, file contents, tokens or secret values. An exception
 leaving a span sets ``error.type`` to its class name and no message (a message can quote the code);
 a cancellation sets nothing.
@@ -19,7 +21,8 @@ This module imports only the OpenTelemetry API, which the MCP SDK depends on.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import contextvars
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Final
 
@@ -28,15 +31,31 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, StatusCode
 
-__all__ = ["AttributeValue", "Span", "SpanKind", "context_of", "current", "enabled", "inject", "span", "trace_id"]
+__all__ = [
+    "AttributeValue",
+    "Span",
+    "SpanKind",
+    "background",
+    "context_of",
+    "current",
+    "enabled",
+    "failed",
+    "inject",
+    "span",
+    "step",
+    "trace_id",
+]
 
 AttributeValue = str | bool | int | float
 
-# The name of this server's instrumentation scope (the SDK's own spans are "mcp-python-sdk").
+# The name of this server's instrumentation scope, its requests' spans included (the SDK's spans of the requests
+# it sends are "mcp-python-sdk").
 SCOPE: Final = "mcp_sandbox"
 
 _tracer = trace.get_tracer(SCOPE)
 _OFF: Final[contextlib.nullcontext[None]] = contextlib.nullcontext()
+# Set in work that may outlive the span it started under (see background()).
+_apart: Final = contextvars.ContextVar[bool]("mcp_sandbox_tracing_apart", default=False)
 
 
 def span(
@@ -54,6 +73,59 @@ def span(
         return _OFF
     # No record_exception: an exception's message and stack could quote the code or a secret.
     return _Recording(_tracer.start_span(name, context, kind, attributes, record_exception=False))
+
+
+def step(name: str) -> contextlib.AbstractContextManager[Span | None]:
+    """The span to tell a step of the current call on, for this block; None when not traced.
+
+    The current span itself, where the step runs within it (a run awaited by the call it answers):
+    its attributes and events go on that span, with no span of their own to make, end and export.
+    Within :func:`background`, a child span named ``name``, as :func:`span` opens. An exception
+    leaving the block marks whichever it is as :func:`span` does.
+    """
+    opened = trace.get_current_span()
+    if not opened.is_recording():
+        return _OFF
+    if _apart.get():
+        return _Recording(_tracer.start_span(name, None, SpanKind.INTERNAL, None, record_exception=False))
+    return _Told(opened)
+
+
+@contextlib.contextmanager
+def background() -> Iterator[None]:
+    """Mark what runs in this block as work that may outlive the current span (a task's run, answered after
+    its call has returned): each :func:`step` in it opens a child span, since the call's span may end first."""
+    token = _apart.set(True)
+    try:
+        yield
+    finally:
+        _apart.reset(token)
+
+
+def failed(opened: Span, kind: type[BaseException]) -> None:
+    """Mark ``opened`` as ended by an exception of class ``kind``: ``error.type`` and status ERROR, no message.
+    A cancellation (no :class:`Exception`) is no error: a run's end closes its open connections."""
+    if issubclass(kind, Exception):
+        opened.set_attribute("error.type", kind.__qualname__)
+        opened.set_status(StatusCode.ERROR)
+
+
+class _Told:
+    """A step told on a span that outlives it: the span yielded, marked if the step fails, not ended."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, opened: Span) -> None:
+        self._span = opened
+
+    def __enter__(self) -> Span:
+        return self._span
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if kind is not None:
+            failed(self._span, kind)
 
 
 class _Recording:
@@ -74,10 +146,8 @@ class _Recording:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         try:
-            # Not a cancellation: the block's owner ended it (a run's end closes its open connections).
-            if kind is not None and issubclass(kind, Exception):
-                self._span.set_attribute("error.type", kind.__qualname__)
-                self._span.set_status(StatusCode.ERROR)
+            if kind is not None:
+                failed(self._span, kind)
         finally:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             self._span.end()

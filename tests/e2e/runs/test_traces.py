@@ -37,6 +37,8 @@ OUTPUT_PLANT = "output-plant-77d2e9"  # printed, never written in the code whole
 FILE_PLANT = "file-plant-c0ffee"
 SECRET_PLANT = "secret-plant-9a8b7c6d"
 BODY_PLANT = b"body-plant-4e4e4e"
+MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
 PLANTS = (CODE_PLANT, OUTPUT_PLANT, FILE_PLANT, SECRET_PLANT, BODY_PLANT.decode())
 
 
@@ -101,7 +103,8 @@ def _attributes(span: Span) -> dict[str, Any]:
 
 
 def _run_started(span: Span) -> int:
-    """When the code was handed to the sandbox: the placement span's one ``mcp_sandbox.run.start`` event, in it."""
+    """When the code was handed to the sandbox: the one ``mcp_sandbox.run.start`` event of the span the run is told
+    on, in it."""
     [started] = [event.time_unix_nano for event in span.events if event.name == "mcp_sandbox.run.start"]
     assert span.start_time_unix_nano <= started <= span.end_time_unix_nano
     return int(started)
@@ -156,7 +159,6 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
 
     expected = {
         "tools/call run_code",
-        "mcp_sandbox.placement",
         "code_mode tools/call",
         "MCP send tools/call trace_context",
         "egress connection",
@@ -172,16 +174,15 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
             assert parent in by_id, f"{span.name}: its parent {parent} is not in the trace"
             seen = by_id[parent]
     named = {span.name: span for span in spans}
-    # A run that found a slot free has no admission span; the run is told on its placement's span.
-    assert {span.name for span in spans if span.name.startswith("mcp_sandbox.")} == {"mcp_sandbox.placement"}
-    assert _attributes(root)["gen_ai.tool.name"] == "run_code"
-    placed = named["mcp_sandbox.placement"]
-    placement = _attributes(placed)
+    # A run that found a slot free has no admission span; a run its call awaits is told on the call's span.
+    assert {span.name for span in spans if span.name.startswith("mcp_sandbox.")} == set()
+    placement = _attributes(root)
+    assert (placement["gen_ai.tool.name"], placement["mcp_sandbox.language"]) == ("run_code", "python")
     assert placement["mcp_sandbox.placement"] in {"born", "fresh", "warm", "prestarted", "session"}
     assert (placement["mcp_sandbox.run.status"], placement["mcp_sandbox.run.done"]) == ("success", True)
-    assert placement["mcp_sandbox.run.exit_code"] == 0
-    assert _run_started(placed) <= named["code_mode tools/call"].start_time_unix_nano
-    assert named["code_mode tools/call"].parent_span_id == placed.span_id
+    assert (placement["mcp_sandbox.run.exit_code"], placement["mcp_sandbox.network"]) == (0, True)
+    assert _run_started(root) <= named["code_mode tools/call"].start_time_unix_nano
+    assert named["code_mode tools/call"].parent_span_id == root.span_id
     call = _attributes(named["code_mode tools/call"])
     assert (call["gen_ai.tool.name"], call["mcp_sandbox.server"]) == ("trace_context", "fixture")
     # The downstream call's own span (the MCP SDK's) is the child of the code-mode call's.
@@ -212,27 +213,57 @@ async def test_a_failed_run_names_its_trace_and_an_untraced_call_still_runs(trac
     assert structured(failed)["status"] == "error"
     assert structured(failed)["traceId"] == trace_id
     assert structured(plain)["status"] == "success" and "traceId" not in structured(plain)
-    spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.placement"})
-    placed = next(span for span in spans if span.name == "mcp_sandbox.placement")
-    run = _attributes(placed)
+    [root] = await _wait_for(received, trace_id, {"tools/call run_python"})
+    run = _attributes(root)
     assert (run["mcp_sandbox.run.status"], run["mcp_sandbox.run.exit_code"]) == ("error", 3)
-    _run_started(placed)
+    assert run["error.type"] == "tool_error" and root.status.code == root.status.STATUS_CODE_ERROR
+    _run_started(root)
 
 
-async def test_a_plain_json_rpc_callers_traceparent_header_is_continued_to_an_http_protobuf_collector(
+async def test_a_plain_json_rpc_callers_traceparent_header_is_continued_and_a_tasks_run_has_a_span_of_its_own(
     state_dir: Path, sandbox_runtime: Path | None, web_port: int
 ) -> None:
     trace_id, client_span, traceparent = _traceparent()
     arguments = {"code": "print(1)"}
-    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "run_python", "arguments": arguments}}
+    call: dict[str, Any] = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+    call["params"] = {"name": "run_python", "arguments": arguments}
     headers = {"traceparent": traceparent, "content-type": "application/json", "accept": "application/json"}
+    # A client that declared the tasks extension: its run is a task's, which may outlive the call.
+    task_trace, task_parent, task_traceparent = _traceparent()
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}},
+        "traceparent": task_traceparent,
+    }
+    as_task = {**call, "id": 8, "params": {**call["params"], "_meta": meta}}
+    modern = {
+        "content-type": "application/json",
+        "accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "run_python",
+    }
     with http_receiver() as (endpoint, received):
-        env = _environment(endpoint, "http/protobuf", web_port)
+        # A task_after no run here reaches: the call is answered with its result, not a task.
+        env = {**_environment(endpoint, "http/protobuf", web_port), "MCP_SANDBOX_TASK_AFTER": "120s"}
         async with http_server(state_dir, env=env, runtime=sandbox_runtime) as base, httpx2.AsyncClient() as web:
             with anyio.fail_after(CALL_BOUND):
                 reply = await web.post(f"{base}/mcp", json=call, headers=headers, timeout=CALL_BOUND)
                 assert reply.status_code == 200, reply.text
                 assert reply.json()["result"]["structuredContent"]["stdout"] == "1\n"
-                spans = await _wait_for(received, trace_id, {"tools/call run_python", "mcp_sandbox.placement"})
-    root = next(span for span in spans if span.name == "tools/call run_python")
+                tasked = await web.post(f"{base}/mcp", json=as_task, headers=modern, timeout=CALL_BOUND)
+                assert tasked.status_code == 200, tasked.text
+                assert tasked.json()["result"]["structuredContent"]["stdout"] == "1\n"
+                [root] = await _wait_for(received, trace_id, {"tools/call run_python"})
+                task_spans = await _wait_for(received, task_trace, {"tools/call run_python", "mcp_sandbox.placement"})
     assert root.parent_span_id.hex() == client_span
+    assert _attributes(root)["mcp_sandbox.placement"] in {"warm", "prestarted", "fresh"}
+    _run_started(root)
+    named = {span.name: span for span in task_spans}
+    assert len(task_spans) == 2 and named["tools/call run_python"].parent_span_id.hex() == task_parent
+    placed = named["mcp_sandbox.placement"]
+    assert placed.parent_span_id == named["tools/call run_python"].span_id
+    assert _attributes(placed)["mcp_sandbox.run.status"] == "success"
+    assert "mcp_sandbox.placement" not in _attributes(named["tools/call run_python"])
+    _run_started(placed)

@@ -36,6 +36,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from mcp.shared.exceptions import MCPError
 
+from mcp_sandbox import tracing
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import Event, TaskChanged
 from mcp_sandbox.server.tasks.owners import gone_here, new_owner
@@ -195,7 +196,8 @@ class Tasks:
         result: str | None = None
         # (unless the run ends: the server stopped with it still going)
         try:
-            with running.scope:
+            # The run may outlive the call that started it (answered with the task): its steps get spans of their own.
+            with running.scope, tracing.background():
                 try:
                     payload = await run()
                 except RunLost as exc:
