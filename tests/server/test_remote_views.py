@@ -1,10 +1,17 @@
-"""View ids with replicas (:class:`ViewIds`): each names its replica, sealed for its tenant only."""
+"""View ids with replicas (:class:`ViewIds`): each names its replica, sealed for its tenant only; a holder
+that never answers reads as unreachable within the bound (a real forwarder, a loopback socket)."""
 
 from __future__ import annotations
 
 import base64
+import socket
+import time
 
-from mcp_sandbox.server.tools.remote_views import ViewIds
+import anyio
+import pytest
+
+from mcp_sandbox.replicas.forward import Forwarder
+from mcp_sandbox.server.tools.remote_views import RemoteViews, ViewIds, ViewUnreachable
 
 KEY = bytes(range(32))
 ME = "https://10.0.0.7:9443"
@@ -31,3 +38,23 @@ def test_an_altered_or_foreign_id_names_no_replica() -> None:
 
     for candidate in (altered, view_id[:-2], "", "not base64 at all!", "A" * 600, "AAAA" * 7):
         assert ids.holder("alice", candidate) is None, candidate
+
+
+@pytest.mark.anyio
+async def test_a_holder_that_takes_the_connection_and_never_answers_reads_as_unreachable_within_the_bound() -> None:
+    ids = ViewIds(KEY, ME)
+    with socket.create_server(("127.0.0.1", 0)) as stuck:  # listens, never accepts: a frozen replica
+        holder = f"http://127.0.0.1:{stuck.getsockname()[1]}"
+        forwarder = Forwarder(ME, KEY, read_timeout=300.0)
+        remote = RemoteViews(ids, forwarder.ask, bound=0.5)
+        view_id = ViewIds(KEY, holder).mint("alice")
+        started = time.monotonic()
+        try:
+            assert remote.elsewhere("alice", view_id) == holder
+            with anyio.fail_after(10), pytest.raises(ViewUnreachable):  # a hang fails here
+                await remote.read(holder, "alice", view_id, f"ui://mcp-sandbox/run/{view_id}/state")
+            with anyio.fail_after(10), pytest.raises(ViewUnreachable):
+                await remote.stop(holder, "alice", view_id)
+        finally:
+            await forwarder.aclose()
+    assert time.monotonic() - started < 5  # two bounded asks, not the read timeout

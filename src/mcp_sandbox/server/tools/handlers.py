@@ -68,7 +68,7 @@ __all__ = ["ToolHandlers"]
 
 def _unreachable(view_id: str) -> str:
     return (
-        f"run {view_id!r} ran on another replica, which does not answer (stopped, restarted or stuck):"
+        f"run {view_id!r} ran on another replica, which does not answer (stopped, died or stuck):"
         " its view went with it; the run's result, once answered, stays as the client got it"
     )
 

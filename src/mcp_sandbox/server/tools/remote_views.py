@@ -13,8 +13,8 @@ internal route that answers another replica's task requests (``op`` ``view-read`
 ``view-stop`` on :data:`~mcp_sandbox.replicas.forward.TASK_PATH`: signed, over mutual TLS with
 ``internal_port``); the holder answers for the tenant the request names from its own views only
 (:func:`serve_views`), as it answers its own clients, so a request makes one hop at most. A holder
-that died, restarted or does not answer within :data:`ASK_SECONDS` reads as :class:`ViewUnreachable`,
-a clear error, never a hang.
+that died or does not answer within :data:`ASK_SECONDS` reads as :class:`ViewUnreachable`, a
+clear error, never a hang; one restarted since (the same URL, a new process) has no views: unknown.
 
 A view opened here whose run is forwarded to the conversation's owner (a task's: its
 ``CreateTaskResult`` links the view before the run is placed) stays here (:func:`watched_hop`):
@@ -86,11 +86,12 @@ class ViewIds:
 
 
 class RemoteViews:
-    """Views held by other replicas, asked with ``ask`` (:meth:`.Router.ask`)."""
+    """Views held by other replicas, asked with ``ask`` (:meth:`.Router.ask`), each answer awaited ``bound`` seconds."""
 
-    def __init__(self, ids: ViewIds, ask: Ask) -> None:
+    def __init__(self, ids: ViewIds, ask: Ask, bound: float = ASK_SECONDS) -> None:
         self._ids = ids
         self._ask = ask
+        self._bound = bound
 
     def elsewhere(self, tenant: str, view_id: str) -> str | None:
         """The other replica holding ``tenant``'s view ``view_id``; None when it is none of another's."""
@@ -124,13 +125,13 @@ class RemoteViews:
         return bool(json.loads(body).get("stopping"))
 
     async def _request(self, holder: str, request: dict[str, Any]) -> tuple[int, bytes]:
-        with anyio.move_on_after(ASK_SECONDS):
+        with anyio.move_on_after(self._bound):
             try:
                 reply = await self._ask(holder, request)
             except PeerError as exc:
                 raise ViewUnreachable(str(exc)) from exc
             return reply.status, reply.body
-        raise ViewUnreachable(f"no answer in {ASK_SECONDS:g} s")
+        raise ViewUnreachable(f"no answer in {self._bound:g} s")
 
 
 def serve_views(views: RunViews, rest: ServeTask) -> ServeTask:
