@@ -142,10 +142,10 @@ async def replicas(count: int, database_url: str, runtime: Path | None, **env: s
 
 @contextlib.asynccontextmanager
 async def replicas_apart(
-    count: int, database_url: str, runtime: Path | None, hop: InternalHop
+    count: int, database_url: str, runtime: Path | None, hop: InternalHop, **env: str
 ) -> AsyncIterator[list[Replica]]:
     """As :func:`replicas`, each with an internal listener of its own (``hop``)."""
-    async with _replicas(count, database_url, runtime, hop, {}) as started:
+    async with _replicas(count, database_url, runtime, hop, env) as started:
         yield started
 
 

@@ -279,6 +279,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.service import open_service
     from mcp_sandbox.server.tasks.remote import serve_task
     from mcp_sandbox.server.tools.handlers import ToolHandlers
+    from mcp_sandbox.server.tools.remote_views import serve_views
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
     from mcp_sandbox.server.transport.internal import InternalListener, internal_tls, without_internal
 
@@ -308,7 +309,8 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
             upload = (settings.workspaces.quota_bytes + (1 << 20)) * 4 // 3
             limit = max(settings.http.max_request_size, upload) + (64 << 10)
 
-            answer_task = serve_task(service.tasks)  # another replica's tasks/get or tasks/cancel of a task run here
+            # Another replica's tasks/get or tasks/cancel of a task run here, or read or Stop of a run view held here.
+            answer_task = serve_views(handlers.views, serve_task(service.tasks))
 
             def route(rest: ASGIApp) -> ASGIApp:
                 return with_internal_route(

@@ -7,6 +7,7 @@ Errors become tool results in these two modules only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from mcp_sandbox.engine import OutputListener
 from mcp_sandbox.errors import BusyError, QuotaExceededError, ValidationError, WorkspaceError
@@ -38,9 +39,17 @@ from mcp_sandbox.server.tools.arguments import (
 )
 from mcp_sandbox.server.tools.library_access import refresh_library
 from mcp_sandbox.server.tools.progress import progress_listener
-from mcp_sandbox.server.tools.resources import read_resource
+from mcp_sandbox.server.tools.remote_views import VIEW_KEY, RemoteViews, ViewIds, ViewUnreachable, watched_hop
+from mcp_sandbox.server.tools.resources import RESOURCE_NOT_FOUND, read_resource
 from mcp_sandbox.server.tools.run import RunTool, listed_file
-from mcp_sandbox.server.tools.run_views import OPENED, RunViews, UnknownView, stop_request, view_meta
+from mcp_sandbox.server.tools.run_views import (
+    OPENED,
+    VIEW_URI,
+    RunViews,
+    UnknownView,
+    stop_request,
+    view_meta,
+)
 from mcp_sandbox.server.tools.runner_info import describe_runners
 from mcp_sandbox.server.tools.runner_shape import runner_error, runner_upload
 from mcp_sandbox.server.tools.schemas import (
@@ -55,6 +64,13 @@ from mcp_sandbox.workspace import derive_key, load_secret
 from mcp_sandbox.workspace.library import Library
 
 __all__ = ["ToolHandlers"]
+
+
+def _unreachable(view_id: str) -> str:
+    return (
+        f"run {view_id!r} ran on another replica, which does not answer (stopped, died or stuck):"
+        " its view went with it; the run's result, once answered, stays as the client got it"
+    )
 
 
 def _error_result(message: str) -> types.CallToolResult:
@@ -93,7 +109,11 @@ class ToolHandlers:
             StateLayout.of(settings).root / "library-views",
             sync=service.mirror,
         )
-        self.views = RunViews()
+        # With replicas a view's id names the replica holding it; the others ask that one.
+        router = service.router
+        ids = None if router is None else ViewIds(derive_key(service.secret, VIEW_KEY), router.me)
+        self.views = RunViews(mint=None if ids is None else ids.mint)
+        self._remote = None if ids is None or router is None else RemoteViews(ids, router.ask)
         self._run = RunTool(service, context, self._egress, self._library, self.views)
         assert service.tasks is not None, "open_service opens the tasks"
         self.tasks = TaskMethods(service.tasks, self._call_as)
@@ -121,7 +141,7 @@ class ToolHandlers:
             return await self._viewed(ctx, lambda: self.extension.call(ctx, params.name, params.arguments))
         raw_params = getattr(ctx, "params", None)
         if (view_id := stop_request(raw_params if isinstance(raw_params, dict) else None)) is not None:
-            return self._stop(tenant_of(getattr(ctx, "request", None)), view_id)
+            return await self._stop(tenant_of(getattr(ctx, "request", None)), view_id)
         if (key := idempotency_key(raw_params if isinstance(raw_params, dict) else None)) is not None:
             return await self.tasks.call_once(ctx, params.name, params.arguments, key)
         return await self._route(ctx, tenant_of(getattr(ctx, "request", None)), params.name, params.arguments)
@@ -150,18 +170,39 @@ class ToolHandlers:
             answer["_meta"] = {**answer.get("_meta", {}), **view_meta(view)}
         return answer
 
-    def _stop(self, tenant: str, view_id: str) -> types.CallToolResult:
-        """A run view's Stop: end the tenant's run ``view_id`` (runs nothing)."""
+    async def _stop(self, tenant: str, view_id: str) -> types.CallToolResult:
+        """A run view's Stop: end the tenant's run ``view_id``, here or on the replica holding it (runs nothing)."""
         try:
             stopping = self.views.stop(tenant, view_id)
         except UnknownView:  # another tenant's id reads exactly like one never made
-            return _error_result(f"unknown run {view_id!r}")
+            holder = None if self._remote is None else self._remote.elsewhere(tenant, view_id)
+            if self._remote is None or holder is None:
+                return _error_result(f"unknown run {view_id!r}")
+            try:
+                stopping = await self._remote.stop(holder, tenant, view_id)
+            except UnknownView:
+                return _error_result(f"unknown run {view_id!r}")
+            except ViewUnreachable:
+                return _error_result(_unreachable(view_id))
         text = "stopping the run" if stopping else "the run had already ended"
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        """The manual, a run's view or its state, for the caller's tenant (see :mod:`.resources`)."""
-        return await read_resource(ctx, params, self.views, tenant_of(getattr(ctx, "request", None)))
+        """The manual, a run's view or its state, for the caller's tenant (see :mod:`.resources`); a view
+        another replica holds is asked of it."""
+        tenant = tenant_of(getattr(ctx, "request", None))
+        try:
+            return await read_resource(ctx, params, self.views, tenant)
+        except MCPError as exc:
+            uri = str(params.uri)
+            view_id = uri.removeprefix(VIEW_URI + "/").partition("/")[0] if uri.startswith(VIEW_URI + "/") else ""
+            holder = None if self._remote is None or not view_id else self._remote.elsewhere(tenant, view_id)
+            if self._remote is None or holder is None or exc.code != RESOURCE_NOT_FOUND:
+                raise
+            try:
+                return await self._remote.read(holder, tenant, view_id, uri)
+            except ViewUnreachable:
+                raise MCPError(INTERNAL_ERROR, _unreachable(view_id)) from None
 
     async def _call_as(
         self, tenant: str, name: str, raw: dict[str, Any] | None, listener: OutputListener | None
@@ -189,11 +230,15 @@ class ToolHandlers:
         # there the new conversation is claimed in turn.
         source = self._replica_key(raw, tenant, "forkFrom")
         claimed = [source, key] if source is not None and source != key else [key]
+        opened = OPENED.get()  # a task's view, opened before its run was placed
+        view = opened if opened is not None and opened.tenant == tenant and name in ("run_python", "run_code") else None
         try:
             with contextlib.ExitStack() as leases:
                 for conversation in claimed:
                     leases.enter_context(router.calling(conversation))  # kept until the call ends
-                    where = await router.route(conversation, name, raw, tenant)
+                    where = await watched_hop(
+                        self.views, view, functools.partial(router.route, conversation, name, raw, tenant)
+                    )
                     if isinstance(where, Forwarded):
                         return where.result
                 return await self._local(ctx, name, raw, tenant, listener)

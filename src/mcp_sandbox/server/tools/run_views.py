@@ -8,7 +8,8 @@ of output; once it ends, the result as the tool answered it. The view's Stop ask
 end with ``_meta["mcp-sandbox/stop"]`` on a ``tools/call`` (:func:`stop_request`): the tool
 path a view can reach through every host, with the caller's tenant checked like any call.
 
-Views are kept in memory, per server process: the last :data:`PER_TENANT` runs of each tenant,
+With replicas, a view's id names the replica that holds it, and the others ask that one
+(:mod:`.remote_views`). Views are kept in memory, per server process: the last :data:`PER_TENANT` runs of each tenant,
 none longer than :data:`KEEP_SECONDS` (a task's default time to live), their results (output and
 images) at most :data:`TENANT_BYTES` together: a run may return a MiB of output and four images
 of a MiB each, and 32 of those would hold 200 MB. A view is a window on a
@@ -23,7 +24,7 @@ import contextlib
 import contextvars
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -80,6 +81,7 @@ class RunView:
     started: float = field(default_factory=time.time)
     clock: float = field(default_factory=time.monotonic)
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    hop: anyio.CancelScope | None = None  # the call forwarded to the replica running it, while it is
     lines: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=LIVE_LINES))
     seen: int = 0  # lines printed so far (more than `lines` keeps)
     result: dict[str, Any] | None = None  # the tool result (wire form), once the run ended
@@ -153,8 +155,13 @@ class RunViews:
     """The views of recent runs: per tenant, the last :data:`PER_TENANT`, each for :data:`KEEP_SECONDS`."""
 
     def __init__(
-        self, per_tenant: int = PER_TENANT, keep_seconds: float = KEEP_SECONDS, tenant_bytes: int = TENANT_BYTES
+        self,
+        per_tenant: int = PER_TENANT,
+        keep_seconds: float = KEEP_SECONDS,
+        tenant_bytes: int = TENANT_BYTES,
+        mint: Callable[[str], str] | None = None,
     ) -> None:
+        self._mint = mint or (lambda tenant: secrets.token_urlsafe(16))  # a tenant's new view id
         self._per_tenant = per_tenant
         self._keep = keep_seconds
         self._bytes = tenant_bytes
@@ -168,7 +175,7 @@ class RunViews:
             return opened
         views = self._views.setdefault(tenant, collections.OrderedDict())
         self._expire(views)
-        view = RunView(secrets.token_urlsafe(16), tenant, tool, _repeatable(raw))
+        view = RunView(self._mint(tenant), tenant, tool, _repeatable(raw))
         views[view.id] = view
         while len(views) > self._per_tenant:
             views.popitem(last=False)
@@ -222,6 +229,8 @@ class RunViews:
         if view.result is not None:
             return False
         view.scope.cancel()
+        if view.hop is not None:  # the holder ends the run as on a client's cancel
+            view.hop.cancel()
         return True
 
     def _expire(self, views: collections.OrderedDict[str, RunView]) -> None:
