@@ -163,7 +163,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
         port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor")
+            rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor: ")
             grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
             engine = Engine(
                 settings,

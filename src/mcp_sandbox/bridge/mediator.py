@@ -43,13 +43,20 @@ class Mediator:
     """Downstream servers, their clients, stubs and search, for the server's lifetime."""
 
     def __init__(
-        self, settings: Settings, discovery: Discovery, pool: ClientPool, events: EventHub | None = None
+        self,
+        settings: Settings,
+        discovery: Discovery,
+        pool: ClientPool,
+        events: EventHub | None = None,
+        *,
+        layout: StateLayout | None = None,
     ) -> None:
+        """``layout``: the server's state directory, where the stubs are written (from ``settings`` when not given)."""
         self.settings = settings
         self.discovery = discovery
         self.pool = pool
         self.events = events if events is not None else EventHub()
-        self._layout = StateLayout.of(settings)
+        self._layout = StateLayout.of(settings) if layout is None else layout
         self._stubs: dict[str, Stubs] = {}
 
     @property
@@ -210,9 +217,17 @@ class Mediator:
 
 @contextlib.asynccontextmanager
 async def open_mediator(
-    settings: Settings, discovery: Discovery | None = None, events: EventHub | None = None
+    settings: Settings,
+    discovery: Discovery | None = None,
+    events: EventHub | None = None,
+    *,
+    layout: StateLayout | None = None,
 ) -> AsyncIterator[Mediator]:
-    """Discover the downstream servers (unless given) and keep their clients for this context."""
+    """Discover the downstream servers (unless given) and keep their clients for this context.
+
+    ``layout``: the server's state directory (from ``settings`` when not given).
+    """
+    layout = StateLayout.of(settings) if layout is None else layout
     if discovery is None:
         discovery = await anyio.to_thread.run_sync(discover, settings)
     discovery = for_tenants(discovery, settings.tenant_count)
@@ -220,7 +235,7 @@ async def open_mediator(
         discovery.servers,
         connect_timeout=settings.code_mode.connect_timeout,
         call_timeout=settings.code_mode.tool_timeout,
-        log_dir=StateLayout.of(settings).logs,
+        log_dir=layout.logs,
         max_message_bytes=settings.code_mode.max_tool_result_bytes,
     ) as pool:
-        yield Mediator(settings, discovery, pool, events)
+        yield Mediator(settings, discovery, pool, events, layout=layout)

@@ -47,7 +47,9 @@ class FreshPlacement:
             bound = DiskBound.conversation(settings)
             uid = await self._opener.host_uid(request.tenant)
             if workspace is None and not self._opener.backend.sized_scratch:
-                workspace = await stack.enter_async_context(scratch_workspace(settings, uid))
+                workspace = await stack.enter_async_context(
+                    scratch_workspace(self._opener.layout, settings.sandbox, uid)
+                )
                 bound = DiskBound.scratch(settings)
             policy = policy_for(
                 settings,

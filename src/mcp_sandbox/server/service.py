@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.to_thread
@@ -196,13 +196,13 @@ async def _parked_then(engine: Engine | None, then: Awaitable[None]) -> None:
     await then
 
 
-async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None) -> Engine:
+async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None, **shared: Any) -> Engine:
     if backend is not None:
-        engine = Engine(settings, backend, events)
+        engine = Engine(settings, backend, events, **shared)
         engine.prepare()
         return engine
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
-    return await anyio.to_thread.run_sync(open_engine, settings, events)
+    return await anyio.to_thread.run_sync(functools.partial(open_engine, settings, events, **shared))
 
 
 class _Stores(NamedTuple):
@@ -225,7 +225,8 @@ async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) 
             secret = await anyio.to_thread.run_sync(
                 lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
             )
-            workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
+            # One change lock per conversation, one layout and one table of tenants' uids, shared with the engine.
+            workspaces = WorkspaceStore(settings, secret, engine.gate, engine.tenant_uids)
             if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
                 logger.info("deleted %d partial uploads a crash left", swept)
             if settings.paths.object_store_url is not None:
@@ -294,10 +295,11 @@ async def open_service(
     Raises:
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
+    # Built once, shared by the engine, the stores and the tools: a malformed tenant's egress stops the start here.
     layout = StateLayout.of(settings)
     egress = TenantEgress(settings)
     events = EventHub()
-    engine = await _open_engine(settings, events, backend)
+    engine = await _open_engine(settings, events, backend, layout=layout, egress=egress)  # its uids shared too
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
@@ -330,7 +332,7 @@ async def open_service(
             parked = ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
-                open_mediator(settings, discovery, events) as mediator,
+                open_mediator(settings, discovery, events, layout=layout) as mediator,
                 engine.running(parked),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
@@ -355,7 +357,11 @@ async def open_service(
                     tasks=tasks,
                     parked=parked,
                     checkpoints=Checkpoints(
-                        settings, workspaces.gate, None if mirror is None else StoredCheckpoints(mirror.objects)
+                        settings.workspaces,
+                        layout,
+                        engine.tenant_uids,
+                        workspaces.gate,
+                        None if mirror is None else StoredCheckpoints(mirror.objects),
                     ),
                 )
                 group.start_soon(tasks.keep)
