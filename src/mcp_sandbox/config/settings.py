@@ -19,6 +19,7 @@ from typing import Any
 from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
 from mcp_sandbox.config.fields import check_fields, internal, one_of, otlp_endpoint, piece, setting, setting_fields
+from mcp_sandbox.config.file import ConfigFile
 from mcp_sandbox.config.pieces import (
     LimitSettings,
     PathSettings,
@@ -68,9 +69,11 @@ class Settings:
     http: HttpSettings = piece(HttpSettings)
     egress: EgressSettings = piece(EgressSettings)
 
-    # Not settings anyone gives: the TOML file the settings came from, and how many tenants the
-    # server serves (over HTTP, as many as the tokens name; finished with the per-tenant caps).
+    # Not settings anyone gives: the TOML file the settings came from (and as the loader parsed it,
+    # so that no part reads it again; SIGHUP's reload does), and how many tenants the server serves
+    # (over HTTP, as many as the tokens name; finished with the per-tenant caps).
     config_file: Path | None = internal(None)
+    config_read: ConfigFile | None = dataclasses.field(default=None, metadata={"internal": True}, repr=False)
     tenant_count: int = internal(1)
 
     def __post_init__(self) -> None:

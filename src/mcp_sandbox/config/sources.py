@@ -146,7 +146,7 @@ def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: Con
     values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
     if file is None:
         return Settings.of(**values).replace(secrets=read_secrets(None, env, "environment"))
-    settings = Settings.of(**values, config_file=file.path)
+    settings = Settings.of(**values, config_file=file.path, config_read=file)
     secrets = read_secrets(file.secrets, env, f"config file {file.path}")
     return settings.replace(tenants=read_tenants(file.tenant_tables, settings), secrets=secrets)
 

@@ -132,7 +132,7 @@ class Service:
 
     async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
-        fresh = await anyio.to_thread.run_sync(discover, self.settings)
+        fresh = await anyio.to_thread.run_sync(discover, self.settings.replace(config_read=None))  # read anew
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
