@@ -262,7 +262,7 @@ def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
 
 def _report_metadata(settings: Settings, out: TextIO) -> bool:
     """Say where the metadata index is, whether it answers and its schema version; never create it."""
-    url, known = settings.paths.database_url, len(MIGRATIONS)
+    url, known = settings.replicas.database_url, len(MIGRATIONS)
     try:
         if url is None:
             from mcp_sandbox.workspace.sqlite_db import read_version as read_sqlite
@@ -292,9 +292,9 @@ def _report_metadata(settings: Settings, out: TextIO) -> bool:
 def _report_replicas(settings: Settings, out: TextIO) -> None:
     """Where the other replicas reach this one, and whether ``/internal/`` has a port of its own."""
     http = settings.http
-    if http.replica_url is None:
+    if settings.replicas.replica_url is None:
         return
-    out.write(f"replica: reached by the others at {http.replica_url}")
+    out.write(f"replica: reached by the others at {settings.replicas.replica_url}")
     if http.internal_port is None:
         out.write(
             "\n  WARNING: no internal_port: the public port serves the replicas' /internal/ route too;"

@@ -26,6 +26,7 @@ from mcp_sandbox.config.pieces import (
     PoolSettings,
     SandboxSettings,
 )
+from mcp_sandbox.config.replicas import ReplicaSettings
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 
 __all__ = ["PLACES", "SETTINGS", "Settings"]
@@ -67,6 +68,7 @@ class Settings:
     admission: AdmissionSettings = piece(AdmissionSettings)
     code_mode: CodeModeSettings = piece(CodeModeSettings)
     http: HttpSettings = piece(HttpSettings)
+    replicas: ReplicaSettings = piece(ReplicaSettings)
     egress: EgressSettings = piece(EgressSettings)
 
     # Not settings anyone gives: the TOML file the settings came from (and as the loader parsed it,

@@ -110,11 +110,11 @@ class Config:
             ConfigError: ``replica_url`` is set for a transport other than HTTP, or without ``database_url``;
                 the internal listener's settings do not fit (:func:`~.serving.check_internal_listener`).
         """
-        check_internal_listener(self.settings.http)
-        if self.settings.http.replica_url is not None:
+        check_internal_listener(self.settings.http, self.settings.replicas.replica_url)
+        if self.settings.replicas.replica_url is not None:
             if transport != "http":
                 raise ConfigError(f"replica_url: replicas serve over HTTP, not {transport}: unset replica_url")
-            if self.settings.paths.database_url is None:
+            if self.settings.replicas.database_url is None:
                 raise ConfigError(
                     "replica_url: replicas share their leases through the database: set database_url too "
                     "(a postgresql:// URL), or unset replica_url"

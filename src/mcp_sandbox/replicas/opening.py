@@ -26,7 +26,7 @@ def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
     Raises:
         ConfigError: boto3 is missing, or the store cannot be reached.
     """
-    url = settings.paths.object_store_url
+    url = settings.replicas.object_store_url
     if url is None:
         raise ConfigError("object_store_url is not set")
     objects = ObjectStore(url)
@@ -36,5 +36,5 @@ def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
         objects.close()
         raise
     logger.info("workspaces mirrored to the object store %s", url)
-    lease = settings.http.replica_lease if settings.http.replica_url is not None else 0.0
+    lease = settings.replicas.replica_lease if settings.replicas.replica_url is not None else 0.0
     return Mirror(objects, workspaces, SWEEP_LEASES * lease)

@@ -216,12 +216,12 @@ class _Stores(NamedTuple):
 async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) -> AsyncIterator[_Stores]:
     """The metadata index, the server secret, the workspaces and their object-store copy; closed at the end."""
     # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
-    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
+    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.replicas.database_url)
     logger.info("metadata index: %s", metadata.description)
     mirror = None
     try:
         try:  # with database_url, servers share the secret in the database
-            shared = settings.paths.database_url is not None
+            shared = settings.replicas.database_url is not None
             secret = await anyio.to_thread.run_sync(
                 lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
             )
@@ -229,7 +229,7 @@ async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) 
             workspaces = WorkspaceStore(settings, secret, engine.gate, engine.tenant_uids)
             if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
                 logger.info("deleted %d partial uploads a crash left", swept)
-            if settings.paths.object_store_url is not None:
+            if settings.replicas.object_store_url is not None:
                 mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
         except BaseException:
             metadata.close()
@@ -276,7 +276,7 @@ def _tasks(
     (:mod:`.tasks.remote`), and a replica's death fails its tasks within ``replica_lease``."""
     if router is None:
         return Tasks(table, group, max_ttl_ms=ttl_ms, emit=events.emit)
-    lease = settings.http.replica_lease
+    lease = settings.replicas.replica_lease
     peer = RemoteTasks(router)
     return Tasks(
         table, group, max_ttl_ms=ttl_ms, emit=events.emit, peer=peer, url=router.me, lease=lease, heartbeat=lease / 3
@@ -317,7 +317,7 @@ async def open_service(
             )
             busy = Busy(engine.live_sessions)
             leases = None
-            if http and settings.http.replica_url is not None:
+            if http and settings.replicas.replica_url is not None:
                 leases = replica_leases(settings, metadata.database, engine.end_session, busy.now, engine.live_sessions)
             storage = Storage(workspaces, metadata, events, busy, mirror=mirror, leases=leases, runner_data=runner_data)
             idle = None  # later writes of sessions
