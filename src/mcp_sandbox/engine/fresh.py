@@ -44,13 +44,13 @@ class FreshPlacement:
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
-            bound = DiskBound.conversation(settings)
+            bound = DiskBound.conversation(settings.workspaces)
             uid = await self._opener.host_uid(request.tenant)
             if workspace is None and not self._opener.backend.sized_scratch:
                 workspace = await stack.enter_async_context(
                     scratch_workspace(self._opener.layout, settings.sandbox, uid)
                 )
-                bound = DiskBound.scratch(settings)
+                bound = DiskBound.scratch(settings.limits, settings.workspaces)
             policy = policy_for(
                 settings,
                 request.language,

@@ -249,7 +249,7 @@ class PrestartPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = sandbox.interpreter
-        overrun = Overrun(DiskBound.scratch(settings))
+        overrun = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))
         outcome: SandboxOutcome | None = None
         try:
             with anyio.move_on_after(request.timeout) as deadline:

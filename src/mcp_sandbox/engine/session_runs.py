@@ -56,7 +56,7 @@ class SessionPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         lease: Lease | None = None
-        overrun = Overrun(DiskBound.conversation(settings))
+        overrun = Overrun(DiskBound.conversation(settings.workspaces))
         # Born of a session-ready sandbox only on a workspace no other run uses (the lease, which renames it, comes
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
         born = request.workspace is not None and not self._shared(request.workspace)

@@ -351,7 +351,7 @@ class WarmPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = warm.interpreter
-        scratch = Overrun(DiskBound.scratch(settings))  # a wiped scratch workspace: all of it is left
+        scratch = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))  # wiped: all of it is left
         before = warm.limits
         after = before
         exited: Exited | None = None

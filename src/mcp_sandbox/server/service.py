@@ -145,7 +145,7 @@ class Service:
             return
         busy = self.busy.from_thread(leased)
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), busy, forget)
+            lambda: sweep(self.workspaces, self.metadata, self.settings.workspaces, time.time(), busy, forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -230,7 +230,7 @@ async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) 
             if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
                 logger.info("deleted %d partial uploads a crash left", swept)
             if settings.replicas.object_store_url is not None:
-                mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
+                mirror = await anyio.to_thread.run_sync(open_mirror, settings.replicas, workspaces)
         except BaseException:
             metadata.close()
             raise
