@@ -73,5 +73,5 @@ class FreshPlacement:
             return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
         if deadline.cancelled_caught or interpreter is None or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        judged = judge_fresh(settings, interpreter.outcome, record, result)
-        return explain_file_size(settings, overrun, judged)
+        judged = judge_fresh(settings.limits, interpreter.outcome, record, result)
+        return explain_file_size(settings.limits, overrun, judged)

@@ -111,7 +111,9 @@ class SessionPlacement:
             return timed_out(
                 result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
             )
-        judged = judge_session(settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
+        judged = judge_session(
+            settings.limits, settings.sessions, record, result, outcome=lease.interpreter.outcome, ended=lease.ended
+        )
         if overrun.reason is not None:
             return stopped_for_disk(judged, overrun.reason, state, stopped=False)
-        return explain_file_size(settings, overrun, judged)
+        return explain_file_size(settings.limits, overrun, judged)
