@@ -48,7 +48,7 @@ def test_a_range_including_a_login_user_is_refused_at_start(tmp_path: Path) -> N
     user = next(entry for entry in pwd.getpwall() if entry.pw_uid > 0)
     settings = _settings(tmp_path, tenant_uid_range=f"{user.pw_uid}-{user.pw_uid}", sandbox_uid=4_000_000)
     with pytest.raises(ConfigError, match=f"user {user.pw_name}'s"):
-        check_tenant_uids(settings)
+        check_tenant_uids(settings.sandbox, settings.tenant_count)
 
 
 @root_only
@@ -56,20 +56,20 @@ def test_a_range_overlapping_subordinate_uids_is_refused_at_start(tmp_path: Path
     subuid = tmp_path / "subuid"
     subuid.write_text("someone:1879100000:65536\n")
     with pytest.raises(ConfigError, match="someone's subordinate uids"):
-        check_tenant_uids(_settings(tmp_path), subuid=subuid)
-    check_tenant_uids(_settings(tmp_path, tenant_uid_range="1879000000-1879099999"), subuid=subuid)
+        check_tenant_uids(_settings(tmp_path).sandbox, 1, subuid=subuid)
+    check_tenant_uids(_settings(tmp_path, tenant_uid_range="1879000000-1879099999").sandbox, 1, subuid=subuid)
 
 
 @root_only
 def test_a_range_smaller_than_the_tenants_is_refused_at_start(tmp_path: Path) -> None:
     settings = with_tenant_caps(_settings(tmp_path, tenant_uid_range="1879048192-1879048193"), 3)
     with pytest.raises(ConfigError, match="fewer than the 3 tenants"):
-        check_tenant_uids(settings, subuid=tmp_path / "none")
+        check_tenant_uids(settings.sandbox, settings.tenant_count, subuid=tmp_path / "none")
 
 
 @root_only
 def test_the_default_range_collides_with_no_user_or_subordinate_range_here(tmp_path: Path) -> None:
-    check_tenant_uids(_settings(tmp_path))
+    check_tenant_uids(_settings(tmp_path).sandbox, 1)
 
 
 @root_only

@@ -250,7 +250,7 @@ def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
         out.write(f"tenant uids: {shared}: tenant_uid_range is off\n")
         return
     try:
-        check_tenant_uids(settings)
+        check_tenant_uids(settings.sandbox, settings.tenant_count)
     except ConfigError as exc:
         out.write(f"tenant uids: refused, the server will not start: {exc}\n")
         return

@@ -22,7 +22,7 @@ import pwd
 import threading
 from pathlib import Path
 
-from mcp_sandbox.config import DEFAULT_TENANT, SandboxSettings, Settings
+from mcp_sandbox.config import DEFAULT_TENANT, SandboxSettings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.state import StateLayout
 
@@ -150,17 +150,18 @@ def subordinate_ranges(path: Path = SUBUID_FILE) -> list[tuple[str, range]]:
     return found
 
 
-def check_tenant_uids(settings: Settings, *, subuid: Path = SUBUID_FILE) -> None:
-    """Refuse a ``tenant_uid_range`` that could give a tenant an id someone else has (a root server only).
+def check_tenant_uids(sandbox: SandboxSettings, tenants: int, *, subuid: Path = SUBUID_FILE) -> None:
+    """Refuse a ``tenant_uid_range`` that could give one of ``tenants`` tenants an id someone else has
+    (a root server only).
 
     Raises:
         ConfigError: the range includes the server's uid, a user's of the password database or a
             subordinate one of ``subuid``, or holds fewer uids than the server has tenants.
     """
-    uids = settings.sandbox.tenant_uids
+    uids = sandbox.tenant_uids
     if os.geteuid() != 0 or not uids:
         return
-    where = f"tenant_uid_range: {settings.sandbox.tenant_uid_range}"
+    where = f"tenant_uid_range: {sandbox.tenant_uid_range}"
     if os.geteuid() in uids:
         raise ConfigError(f"{where} includes the server's own uid ({os.geteuid()})")
     for user in pwd.getpwall():
@@ -172,5 +173,5 @@ def check_tenant_uids(settings: Settings, *, subuid: Path = SUBUID_FILE) -> None
                 f"{where} overlaps {owner}'s subordinate uids {ids.start}-{ids.stop - 1} ({subuid}); "
                 "choose a range outside them"
             )
-    if len(uids) < settings.tenant_count:
-        raise ConfigError(f"{where} holds {len(uids)} uids, fewer than the {settings.tenant_count} tenants")
+    if len(uids) < tenants:
+        raise ConfigError(f"{where} holds {len(uids)} uids, fewer than the {tenants} tenants")

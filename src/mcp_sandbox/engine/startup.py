@@ -41,7 +41,7 @@ def open_engine(
         BackendUnavailableError: the backend does not work here, or cannot enforce part of the
             policy and ``accept_weaker_isolation`` is off.
     """
-    check_tenant_uids(settings)
+    check_tenant_uids(settings.sandbox, settings.tenant_count)
     runtime = python_status(settings)
     if runtime.missing:
         raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
