@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import ReplicaSettings, Settings
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
 from mcp_sandbox.replicas.replays import SeenCalls
@@ -23,18 +23,18 @@ _ANSWER_SLACK = 60.0
 
 
 def replica_leases(
-    settings: Settings,
+    replicas: ReplicaSettings,
     database: Database,
     fence: Callable[[str], Awaitable[object]],
     active: Callable[[], set[str]],
     sessions: Callable[[], set[str]],
 ) -> Leases:
-    """The leases of replica ``settings.replicas.replica_url`` (see :class:`.Leases` for ``fence``,
+    """The leases of replica ``replicas.replica_url`` (see :class:`.Leases` for ``fence``,
     ``active`` and ``sessions``)."""
-    me = settings.replicas.replica_url
+    me = replicas.replica_url
     if me is None:
         raise RuntimeError("replica_leases needs replica_url")
-    return Leases(LeaseTable(database, me), settings.replicas.replica_lease, fence, active, sessions)
+    return Leases(LeaseTable(database, me), replicas.replica_lease, fence, active, sessions)
 
 
 @contextlib.asynccontextmanager

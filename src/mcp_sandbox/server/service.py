@@ -318,7 +318,9 @@ async def open_service(
             busy = Busy(engine.live_sessions)
             leases = None
             if http and settings.replicas.replica_url is not None:
-                leases = replica_leases(settings, metadata.database, engine.end_session, busy.now, engine.live_sessions)
+                leases = replica_leases(
+                    settings.replicas, metadata.database, engine.end_session, busy.now, engine.live_sessions
+                )
             storage = Storage(workspaces, metadata, events, busy, mirror=mirror, leases=leases, runner_data=runner_data)
             idle = None  # later writes of sessions
             if mirror is not None:
