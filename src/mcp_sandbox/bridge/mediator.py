@@ -22,7 +22,7 @@ import anyio.to_thread
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.run_access import RunAccess, Stubs
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import CodeModeSettings, Settings
 from mcp_sandbox.errors import DownstreamError, ValidationError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
@@ -44,19 +44,19 @@ class Mediator:
 
     def __init__(
         self,
-        settings: Settings,
+        code_mode: CodeModeSettings,
+        layout: StateLayout,
         discovery: Discovery,
         pool: ClientPool,
         events: EventHub | None = None,
-        *,
-        layout: StateLayout | None = None,
     ) -> None:
-        """``layout``: the server's state directory, where the stubs are written (from ``settings`` when not given)."""
-        self.settings = settings
+        """``code_mode``: a run's caps on its tool calls; ``layout``: the server's state directory, where
+        the stubs are written."""
+        self.code_mode = code_mode
+        self.layout = layout
         self.discovery = discovery
         self.pool = pool
         self.events = events if events is not None else EventHub()
-        self._layout = StateLayout.of(settings) if layout is None else layout
         self._stubs: dict[str, Stubs] = {}
 
     @property
@@ -148,7 +148,7 @@ class Mediator:
     def _write(self, alias: str, files: dict[str, str]) -> Path:
         from mcp_sandbox.bridge.stubs import write_tree
 
-        return write_tree(self._layout.prepare_stubs(), files, prefix=alias)
+        return write_tree(self.layout.prepare_stubs(), files, prefix=alias)
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
@@ -238,4 +238,4 @@ async def open_mediator(
         log_dir=layout.logs,
         max_message_bytes=settings.code_mode.max_tool_result_bytes,
     ) as pool:
-        yield Mediator(settings, discovery, pool, events, layout=layout)
+        yield Mediator(settings.code_mode, layout, discovery, pool, events)
