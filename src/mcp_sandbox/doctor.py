@@ -163,7 +163,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
         port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
-            rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor")
+            rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor: ")
             grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
             engine = Engine(
                 settings,
@@ -250,7 +250,7 @@ def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
         out.write(f"tenant uids: {shared}: tenant_uid_range is off\n")
         return
     try:
-        check_tenant_uids(settings)
+        check_tenant_uids(settings.sandbox, settings.tenant_count)
     except ConfigError as exc:
         out.write(f"tenant uids: refused, the server will not start: {exc}\n")
         return
@@ -262,7 +262,7 @@ def _report_tenant_uids(settings: Settings, out: TextIO) -> None:
 
 def _report_metadata(settings: Settings, out: TextIO) -> bool:
     """Say where the metadata index is, whether it answers and its schema version; never create it."""
-    url, known = settings.paths.database_url, len(MIGRATIONS)
+    url, known = settings.replicas.database_url, len(MIGRATIONS)
     try:
         if url is None:
             from mcp_sandbox.workspace.sqlite_db import read_version as read_sqlite
@@ -292,9 +292,9 @@ def _report_metadata(settings: Settings, out: TextIO) -> bool:
 def _report_replicas(settings: Settings, out: TextIO) -> None:
     """Where the other replicas reach this one, and whether ``/internal/`` has a port of its own."""
     http = settings.http
-    if http.replica_url is None:
+    if settings.replicas.replica_url is None:
         return
-    out.write(f"replica: reached by the others at {http.replica_url}")
+    out.write(f"replica: reached by the others at {settings.replicas.replica_url}")
     if http.internal_port is None:
         out.write(
             "\n  WARNING: no internal_port: the public port serves the replicas' /internal/ route too;"

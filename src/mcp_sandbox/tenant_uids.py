@@ -22,7 +22,7 @@ import pwd
 import threading
 from pathlib import Path
 
-from mcp_sandbox.config import DEFAULT_TENANT, Settings
+from mcp_sandbox.config import DEFAULT_TENANT, SandboxSettings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.state import StateLayout
 
@@ -37,10 +37,11 @@ class TenantUids:
     Thread-safe: the workspace store asks from worker threads, the engine from the event loop.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._range = settings.sandbox.tenant_uids
-        self._layout = StateLayout.of(settings)
+    def __init__(self, sandbox: SandboxSettings, layout: StateLayout) -> None:
+        """``sandbox``: the uids and the range; ``layout``: the state directory the assignments are kept in."""
+        self._sandbox = sandbox
+        self._range = sandbox.tenant_uids
+        self.layout = layout
         self._known: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -58,12 +59,12 @@ class TenantUids:
         """
         if os.geteuid() != 0:
             return None
-        return self.uid(tenant), self._settings.sandbox.sandbox_gid
+        return self.uid(tenant), self._sandbox.sandbox_gid
 
     def uid(self, tenant: str) -> int:
         """``tenant``'s host uid when the server is root (see :meth:`ids`)."""
         if not self.separate or tenant == DEFAULT_TENANT:
-            return self._settings.sandbox.sandbox_uid
+            return self._sandbox.sandbox_uid
         with self._lock:
             known = self._known.get(tenant)
             if known is None:
@@ -79,8 +80,8 @@ class TenantUids:
         return not self.separate or tenant == DEFAULT_TENANT
 
     def _assign(self, tenant: str) -> int:
-        self._layout.make_root_private()
-        table_path = self._layout.tenant_uids
+        self.layout.make_root_private()
+        table_path = self.layout.tenant_uids
         lock = os.open(table_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -96,7 +97,7 @@ class TenantUids:
                     break
             else:
                 raise ConfigError(
-                    f"tenant_uid_range: all {size} uids of {self._settings.sandbox.tenant_uid_range} are taken "
+                    f"tenant_uid_range: all {size} uids of {self._sandbox.tenant_uid_range} are taken "
                     "by other tenants; widen it"
                 )
             table[tenant] = uid
@@ -149,17 +150,18 @@ def subordinate_ranges(path: Path = SUBUID_FILE) -> list[tuple[str, range]]:
     return found
 
 
-def check_tenant_uids(settings: Settings, *, subuid: Path = SUBUID_FILE) -> None:
-    """Refuse a ``tenant_uid_range`` that could give a tenant an id someone else has (a root server only).
+def check_tenant_uids(sandbox: SandboxSettings, tenants: int, *, subuid: Path = SUBUID_FILE) -> None:
+    """Refuse a ``tenant_uid_range`` that could give one of ``tenants`` tenants an id someone else has
+    (a root server only).
 
     Raises:
         ConfigError: the range includes the server's uid, a user's of the password database or a
             subordinate one of ``subuid``, or holds fewer uids than the server has tenants.
     """
-    uids = settings.sandbox.tenant_uids
+    uids = sandbox.tenant_uids
     if os.geteuid() != 0 or not uids:
         return
-    where = f"tenant_uid_range: {settings.sandbox.tenant_uid_range}"
+    where = f"tenant_uid_range: {sandbox.tenant_uid_range}"
     if os.geteuid() in uids:
         raise ConfigError(f"{where} includes the server's own uid ({os.geteuid()})")
     for user in pwd.getpwall():
@@ -171,5 +173,5 @@ def check_tenant_uids(settings: Settings, *, subuid: Path = SUBUID_FILE) -> None
                 f"{where} overlaps {owner}'s subordinate uids {ids.start}-{ids.stop - 1} ({subuid}); "
                 "choose a range outside them"
             )
-    if len(uids) < settings.tenant_count:
-        raise ConfigError(f"{where} holds {len(uids)} uids, fewer than the {settings.tenant_count} tenants")
+    if len(uids) < tenants:
+        raise ConfigError(f"{where} holds {len(uids)} uids, fewer than the {tenants} tenants")

@@ -229,6 +229,19 @@ def test_load_settings_leaves_the_servers_table_to_discovery(world: World) -> No
     assert list(found.servers) == ["git", "internal_api"]
 
 
+def test_discovery_takes_the_servers_the_loader_read_and_reads_the_file_again_only_when_asked(world: World) -> None:
+    toml = world.copy("mcp-sandbox.toml", world.root / "mcp-sandbox.toml")
+    settings = load_settings({"state_dir": str(world.root / "state")}, env={}, config_file=toml)
+    toml.write_text('[servers.later]\ncommand = "later"\n')  # changed after the start
+    env = {"INTERNAL_TOKEN": "t"}
+
+    found = discover(settings, home=world.home, cwd=world.cwd, env=env, platform="linux")
+    reread = discover(settings.replace(config_read=None), home=world.home, cwd=world.cwd, env=env, platform="linux")
+
+    assert list(found.servers) == ["git", "internal_api"] and toml in found.searched  # as loaded: not read again
+    assert list(reread.servers) == ["later"]  # SIGHUP's reload reads the file anew
+
+
 def test_macos_reads_claude_desktop_and_vscode_from_application_support(world: World) -> None:
     support = world.home / "Library" / "Application Support"
     world.copy("claude_desktop_config.json", support / "Claude" / "claude_desktop_config.json")

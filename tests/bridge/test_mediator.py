@@ -8,6 +8,7 @@ enforces, and that no credential of a downstream server reaches a reply or a stu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -102,7 +103,7 @@ def stub_files(directory: Path) -> dict[str, str]:
 
 def with_settings(bridge: Mediator, **changes: Any) -> Mediator:
     """A bridge with other settings over the same (warm) servers."""
-    return Mediator(bridge.settings.replace(**changes), bridge.discovery, bridge.pool)
+    return Mediator(dataclasses.replace(bridge.code_mode, **changes), bridge.layout, bridge.discovery, bridge.pool)
 
 
 # --- malformed requests -------------------------------------------------------------------------

@@ -334,6 +334,16 @@ def test_each_setting_is_read_from_the_config_file(tmp_path: Path, setting: str)
     assert load_settings(env={}, config_file=config).value(setting) == sample.value
 
 
+def test_the_replicas_settings_keep_their_variables_and_keys_and_live_in_their_piece(tmp_path: Path) -> None:
+    config = write_toml(tmp_path, 'object_store_url = "s3://bucket/prefix"\nreplica_lease = "30s"\n')
+    env = {"MCP_SANDBOX_DATABASE_URL": "postgresql://db/app", "MCP_SANDBOX_REPLICA_URL": "http://10.0.0.2:8765"}
+
+    replicas = load_settings(env=env, config_file=config).replicas
+
+    assert (replicas.database_url, replicas.object_store_url) == ("postgresql://db/app", "s3://bucket/prefix")
+    assert (replicas.replica_url, replicas.replica_lease) == ("http://10.0.0.2:8765", 30.0)
+
+
 def test_the_config_file_is_found_through_mcp_sandbox_config(tmp_path: Path) -> None:
     config = write_toml(tmp_path, "pids = 42\n")
 
@@ -646,7 +656,7 @@ def test_the_runners_variables_alone_make_runner_replies_the_default() -> None:
 
 @pytest.mark.parametrize("url", ["http://[fd00::1]:8765", "https://[::1]", "http://10.0.0.11:8765", "http://a.example"])
 def test_a_replica_url_with_any_address_family_is_accepted(url: str) -> None:
-    assert load_settings(env={"MCP_SANDBOX_REPLICA_URL": url}).http.replica_url == url
+    assert load_settings(env={"MCP_SANDBOX_REPLICA_URL": url}).replicas.replica_url == url
 
 
 @pytest.mark.parametrize(

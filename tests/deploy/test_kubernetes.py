@@ -213,8 +213,8 @@ def test_each_replica_is_reached_at_its_pod_ip_on_either_address_family(pod_ip: 
     ).stdout.splitlines()
     assert f"MCP_SANDBOX_REPLICA_URL={url}" in shown
     env = {"MCP_SANDBOX_REPLICA_URL": url, "MCP_SANDBOX_DATABASE_URL": "postgresql://db/app"}
-    http = load_config(env=env, config_file=_config_toml(tmp_path)).serving("http").http
-    assert http.replica_url == url and url.endswith(f":{http.internal_port}")  # the internal listener
+    settings = load_config(env=env, config_file=_config_toml(tmp_path)).serving("http")
+    assert settings.replicas.replica_url == url and url.endswith(f":{settings.http.internal_port}")  # internal
 
 
 def test_every_replica_gets_the_same_server_secret_privately() -> None:

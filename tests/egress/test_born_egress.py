@@ -18,7 +18,6 @@ import anyio
 import pytest
 
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.tenant_uids import TenantUids
 
 from .conftest import EgressEngine, HostNet, audit_lines, execute, granted
 from .test_egress import ALLOW, fetching, private
@@ -104,7 +103,7 @@ async def test_a_token_tenants_network_run_is_born_of_its_own_uids_sandbox_with_
     )
     flags = {"pool_size": 0, "pool_min": 0, "session_ready": 1, "tenant_concurrent_runs": 1}
     async with egress_engine(config=tables, **flags) as (engine, egress):
-        uids = TenantUids(engine.settings)
+        uids = engine.tenant_uids
 
         def conversation(tenant: str) -> Path:
             directory = state_dir / f"{tenant}-{uuid.uuid4().hex[:8]}"

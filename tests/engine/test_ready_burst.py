@@ -18,7 +18,6 @@ import pytest
 from mcp_sandbox.engine import Engine, ready, ready_sizing
 from mcp_sandbox.engine.ready import ReadyPool
 from mcp_sandbox.engine.ready_sizing import Arrivals, Mix, ReadyBudget
-from mcp_sandbox.tenant_uids import TenantUids
 
 from .conftest import RunningEngine
 from .helpers import execute, poll
@@ -154,7 +153,7 @@ async def test_one_tenants_burst_takes_the_budget_and_anothers_pool_keeps_only_i
 ) -> None:
     flags = {**_FLAGS, "session_ready_burst": 2, "tenant_concurrent_runs": 1}
     async with running_engine(**flags) as engine:
-        uids = TenantUids(engine.settings)
+        uids = engine.tenant_uids
 
         async def burst(tenant: str, count: int) -> None:
             for _ in range(count):

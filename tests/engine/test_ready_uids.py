@@ -19,7 +19,6 @@ import pytest
 
 from mcp_sandbox.engine import Engine, ExecutionResult
 from mcp_sandbox.engine.ready import ReadyPool
-from mcp_sandbox.tenant_uids import TenantUids
 
 from .conftest import RunningEngine
 from .helpers import execute, poll
@@ -41,7 +40,7 @@ open('/workspace/mine', 'w').write('x')
 
 
 def _uid(engine: Engine, tenant: str) -> int:
-    return TenantUids(engine.settings).uid(tenant)  # as the engine gave it (kept in the state directory)
+    return engine.tenant_uids.uid(tenant)  # as the engine gave it (kept in the state directory)
 
 
 def _conversation(engine: Engine, root: Path, tenant: str) -> Path:

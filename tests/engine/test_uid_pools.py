@@ -17,7 +17,6 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionResult
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.engine.uid_pools import UidPools
-from mcp_sandbox.tenant_uids import TenantUids
 from mcp_test_helpers import host_uid
 
 from .conftest import RunningEngine
@@ -90,7 +89,7 @@ async def _run_as(engine: Engine, tenant: str, language: str = "python") -> tupl
 
 
 async def _pools(engine: Engine, tenant: str) -> tuple[int, UidPools]:
-    uid = TenantUids(engine.settings).uid(tenant)  # as the engine gave it (kept in the state directory)
+    uid = engine.tenant_uids.uid(tenant)  # as the engine gave it (kept in the state directory)
     assert uid != engine.settings.sandbox.sandbox_uid
     pools = engine.pools.of(uid)
     assert pools is not None, f"{tenant}'s uid has no pools"

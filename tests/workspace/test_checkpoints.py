@@ -10,6 +10,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 from mcp_sandbox.workspace.checkpoints import Checkpoints, state_key
 
@@ -18,7 +19,7 @@ def _store(state_dir: Path) -> tuple[WorkspaceStore, Checkpoints]:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
     store = WorkspaceStore(settings, load_secret(state_dir))
     store.prepare()
-    return store, Checkpoints(settings, store.gate)
+    return store, Checkpoints(settings.workspaces, store.layout, TenantUids(settings.sandbox, store.layout), store.gate)
 
 
 def test_a_checkpoint_saved_over_is_replaced_and_a_restore_puts_its_files_back(tmp_path: Path) -> None:

@@ -184,7 +184,7 @@ def test_a_database_url_of_another_kind_is_refused_naming_the_setting_and_the_sc
 def test_the_settings_never_show_the_database_password() -> None:
     settings = load_settings(env={"MCP_SANDBOX_DATABASE_URL": "postgresql://app:S3cret-Pass@db.example/app"})
 
-    assert settings.paths.database_url == "postgresql://app:S3cret-Pass@db.example/app"
+    assert settings.replicas.database_url == "postgresql://app:S3cret-Pass@db.example/app"
     assert "S3cret-Pass" not in repr(settings)
 
 

@@ -52,7 +52,7 @@ def test_conversations_idle_longer_than_the_ttl_are_deleted(
     old = _conversation(store, metadata, "old", 10, NOW - 31 * DAY)
     recent = _conversation(store, metadata, "recent", 10, NOW - 29 * DAY)
 
-    report = sweep(store, metadata, budget_settings, NOW, busy=())
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert (report.idle, report.evicted, report.failed) == ([old], [], [])
     assert report.freed_bytes == 10
@@ -68,7 +68,7 @@ def test_over_the_total_budget_the_least_recently_used_go_first_until_it_fits(
     older = _conversation(store, metadata, "older", 400, NOW - 2 * DAY)
     newer = _conversation(store, metadata, "newer", 400, NOW - 1 * DAY)
 
-    report = sweep(store, metadata, budget_settings, NOW, busy=())
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert (report.idle, report.evicted) == ([], [oldest])
     assert report.total_bytes == 800
@@ -82,7 +82,7 @@ def test_busy_conversations_are_spared_however_idle_or_old(
     lru_but_live = _conversation(store, metadata, "live", 600, NOW - 3 * DAY)
     newest = _conversation(store, metadata, "newest", 600, NOW - 1 * DAY)
 
-    report = sweep(store, metadata, budget_settings, NOW, busy={idle_but_running, lru_but_live})
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy={idle_but_running, lru_but_live})
 
     assert (report.idle, report.evicted) == ([], [newest])
     assert store.directory(idle_but_running).exists()
@@ -100,7 +100,7 @@ def test_a_directory_without_a_row_is_dated_by_its_mtime_and_measured_on_disk(
     os.utime(store.directory(orphan_big), (NOW - 2 * DAY, NOW - 2 * DAY))
     recorded = _conversation(store, metadata, "recorded", 200, NOW - 1 * DAY)
 
-    report = sweep(store, metadata, budget_settings, NOW, busy=())
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert (report.idle, report.evicted) == ([orphan_old], [orphan_big])
     assert report.freed_bytes == 910
@@ -113,7 +113,7 @@ def test_a_row_without_a_directory_is_forgotten_when_idle(
     key = store.key("alice", "never-wrote")
     metadata.touch_conversation(key, "alice", NOW - 31 * DAY)
 
-    report = sweep(store, metadata, budget_settings, NOW, busy=())
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert report.idle == [key]
     assert metadata.conversations_by_last_use() == []
@@ -127,7 +127,7 @@ def test_a_deleted_conversations_mark_of_a_lost_interpreter_goes_with_it(
     leases = LeaseTable(metadata.database, "http://a.replica:1")
     leases.release({}, lost=[old, recent])  # a replica stopped with both interpreters live
 
-    sweep(store, metadata, budget_settings, NOW, busy=())
+    sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert leases.take_lost(old) is None  # no row left to outlive the conversation
     assert leases.take_lost(recent) == STOPPED
@@ -138,7 +138,7 @@ def test_a_sweep_within_every_limit_deletes_nothing(
 ) -> None:
     keys = [_conversation(store, metadata, str(index), 100, NOW - index * DAY) for index in range(3)]
 
-    report = sweep(store, metadata, budget_settings, NOW, busy=())
+    report = sweep(store, metadata, budget_settings.workspaces, NOW, busy=())
 
     assert (report.idle, report.evicted, report.freed_bytes, report.total_bytes) == ([], [], 0, 300)
     assert store.keys() == sorted(keys)
@@ -156,7 +156,7 @@ def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants
         bobs = _conversation(store, metadata, "b", 500, NOW - 9 * DAY, tenant="bob")  # the oldest of all
         alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(5)]
 
-        report = sweep(store, metadata, settings, NOW, busy={alices[0]})
+        report = sweep(store, metadata, settings.workspaces, NOW, busy={alices[0]})
 
         # 2,000 bytes of alice's against her 1,000: her oldest go (the busy one is spared), bob's stays.
         assert report.evicted == alices[1:4]
@@ -179,7 +179,7 @@ def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(
         bobs = _conversation(store, metadata, "b", 300, NOW - 9 * DAY, tenant="bob")  # the oldest of all
         alices = [_conversation(store, metadata, str(i), 400, NOW - (5 - i) * DAY) for i in range(4)]
 
-        report = sweep(store, metadata, settings, NOW, busy=())
+        report = sweep(store, metadata, settings.workspaces, NOW, busy=())
 
         assert report.evicted == alices[:1]
         assert report.total_bytes == 1500
@@ -212,7 +212,7 @@ def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_
         _runs(metadata, "alice", [NOW - day * DAY for day in (12, 11, 5, 4, 3, 2, 1)])
         _runs(metadata, "bob", [NOW - 20 * DAY, NOW - 2 * DAY, NOW - DAY])
 
-        report = sweep(store, metadata, settings, NOW, busy=())
+        report = sweep(store, metadata, settings.workspaces, NOW, busy=())
 
         # alice: two past the ttl, then her two oldest past 3; bob: one past the ttl, his other two kept.
         assert report.history_pruned == 5
@@ -220,7 +220,7 @@ def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_
             "alice": [NOW - 3 * DAY, NOW - 2 * DAY, NOW - DAY],
             "bob": [NOW - 2 * DAY, NOW - DAY],
         }
-        assert sweep(store, metadata, settings, NOW, busy=()).history_pruned == 0
+        assert sweep(store, metadata, settings.workspaces, NOW, busy=()).history_pruned == 0
     finally:
         metadata.close()
 
@@ -235,7 +235,7 @@ def test_a_tenant_with_many_runs_never_prunes_another_tenants_history(
         _runs(metadata, "bob", [NOW - 3 * DAY, NOW - 2 * DAY])  # older than all of alice's
         _runs(metadata, "alice", [NOW - 60 * i for i in range(50)])
 
-        sweep(store, metadata, settings, NOW, busy=())
+        sweep(store, metadata, settings.workspaces, NOW, busy=())
 
         assert _kept(metadata_target) == {"alice": [NOW - 60, NOW], "bob": [NOW - 3 * DAY, NOW - 2 * DAY]}
     finally:

@@ -167,6 +167,15 @@ class Scan:
         except ConfigError as exc:
             self._problem(path, str(exc))
             return
+        self._toml_servers(path, servers)
+
+    def toml_read(self, path: Path, servers: object) -> None:
+        """The ``[servers]`` table of ``path`` as the settings' loader read it: the file is not read again."""
+        self.searched.append(path)
+        self._seen.add(path.resolve())
+        self._toml_servers(path, servers)
+
+    def _toml_servers(self, path: Path, servers: object) -> None:
         if servers is None:
             return
         if not isinstance(servers, dict):

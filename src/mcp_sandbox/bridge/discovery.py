@@ -64,7 +64,11 @@ def _scan(settings: Settings, home: Path, cwd: Path, env: Mapping[str, str], pla
     if settings.code_mode.servers_config is not None:
         scan.generic_file(cwd / settings.code_mode.servers_config, required=True)
     if settings.config_file is not None:
-        scan.toml_file(cwd / settings.config_file)
+        read = settings.config_read  # the loader's parse of the file: never read twice (None: read it now)
+        if read is not None and read.path == settings.config_file:
+            scan.toml_read(cwd / read.path, read.servers)
+        else:
+            scan.toml_file(cwd / settings.config_file)
     if not settings.code_mode.discover_servers:
         return scan
 
@@ -107,7 +111,8 @@ def discover(
     :attr:`Discovery.problems`, and everything else still loads.
 
     Args:
-        settings: ``servers_config``, ``config_file`` and ``discover_servers`` are read.
+        settings: ``servers_config``, ``config_file`` (its ``[servers]`` as the loader read it,
+            ``config_read``, else read here) and ``discover_servers`` are read.
         home: the home directory (``Path.home()``, which honours ``$HOME``).
         cwd: the current directory, for project-scoped files (``Path.cwd()``).
         env: variables for ``${VAR}`` (``os.environ``).

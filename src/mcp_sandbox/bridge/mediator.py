@@ -22,7 +22,7 @@ import anyio.to_thread
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
 from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.run_access import RunAccess, Stubs
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import CodeModeSettings, Settings
 from mcp_sandbox.errors import DownstreamError, ValidationError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
@@ -43,13 +43,20 @@ class Mediator:
     """Downstream servers, their clients, stubs and search, for the server's lifetime."""
 
     def __init__(
-        self, settings: Settings, discovery: Discovery, pool: ClientPool, events: EventHub | None = None
+        self,
+        code_mode: CodeModeSettings,
+        layout: StateLayout,
+        discovery: Discovery,
+        pool: ClientPool,
+        events: EventHub | None = None,
     ) -> None:
-        self.settings = settings
+        """``code_mode``: a run's caps on its tool calls; ``layout``: the server's state directory, where
+        the stubs are written."""
+        self.code_mode = code_mode
+        self.layout = layout
         self.discovery = discovery
         self.pool = pool
         self.events = events if events is not None else EventHub()
-        self._layout = StateLayout.of(settings)
         self._stubs: dict[str, Stubs] = {}
 
     @property
@@ -141,7 +148,7 @@ class Mediator:
     def _write(self, alias: str, files: dict[str, str]) -> Path:
         from mcp_sandbox.bridge.stubs import write_tree
 
-        return write_tree(self._layout.prepare_stubs(), files, prefix=alias)
+        return write_tree(self.layout.prepare_stubs(), files, prefix=alias)
 
     async def unavailable_stubs(self, spec: ServerSpec, reason: str) -> Path:
         """A stub package with no tools whose docstring says why the server is unavailable."""
@@ -210,9 +217,17 @@ class Mediator:
 
 @contextlib.asynccontextmanager
 async def open_mediator(
-    settings: Settings, discovery: Discovery | None = None, events: EventHub | None = None
+    settings: Settings,
+    discovery: Discovery | None = None,
+    events: EventHub | None = None,
+    *,
+    layout: StateLayout | None = None,
 ) -> AsyncIterator[Mediator]:
-    """Discover the downstream servers (unless given) and keep their clients for this context."""
+    """Discover the downstream servers (unless given) and keep their clients for this context.
+
+    ``layout``: the server's state directory (from ``settings`` when not given).
+    """
+    layout = StateLayout.of(settings) if layout is None else layout
     if discovery is None:
         discovery = await anyio.to_thread.run_sync(discover, settings)
     discovery = for_tenants(discovery, settings.tenant_count)
@@ -220,7 +235,7 @@ async def open_mediator(
         discovery.servers,
         connect_timeout=settings.code_mode.connect_timeout,
         call_timeout=settings.code_mode.tool_timeout,
-        log_dir=StateLayout.of(settings).logs,
+        log_dir=layout.logs,
         max_message_bytes=settings.code_mode.max_tool_result_bytes,
     ) as pool:
-        yield Mediator(settings, discovery, pool, events)
+        yield Mediator(settings.code_mode, layout, discovery, pool, events)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from mcp_sandbox.bridge.clients import ClientPool
     from mcp_sandbox.bridge.stubs import ToolDoc
-    from mcp_sandbox.config import Settings
+    from mcp_sandbox.config import CodeModeSettings
     from mcp_sandbox.events import EventHub
 
 __all__ = ["Downstream", "RunAccess", "Stubs"]
@@ -57,7 +57,7 @@ class Stubs:
 class Downstream(Protocol):
     """What a run's gate asks of the server-wide bridge (:class:`~.mediator.Mediator`)."""
 
-    settings: Settings
+    code_mode: CodeModeSettings
     pool: ClientPool
     events: EventHub
 
@@ -193,21 +193,20 @@ class RunAccess:
         tool = next((doc.name for doc in docs if request.tool in (doc.name, doc.python_name)), request.tool)
         if not spec.permits(tool):
             raise ToolCallDenied(spec.name, f"the tool {tool!r} is not allowed by the operator's policy", tool)
-        settings = self.bridge.settings
+        code_mode = self.bridge.code_mode
         self.calls += 1
-        if self.calls > settings.code_mode.max_tool_calls:
+        if self.calls > code_mode.max_tool_calls:
             raise ToolCallDenied(
-                spec.name, f"this run reached its limit of {settings.code_mode.max_tool_calls} tool calls", tool
+                spec.name, f"this run reached its limit of {code_mode.max_tool_calls} tool calls", tool
             )
         result = await self.bridge.pool.call(spec.alias, tool, request.arguments, self.tenant)
         dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
         size = len(json.dumps(dumped, ensure_ascii=False).encode("utf-8"))
         self.result_bytes += size
-        if self.result_bytes > settings.code_mode.max_tool_result_bytes:
+        if self.result_bytes > code_mode.max_tool_result_bytes:
             raise ToolCallDenied(
                 spec.name,
-                f"tool results of this run exceeded {settings.code_mode.max_tool_result_bytes} bytes;"
-                " the result was dropped",
+                f"tool results of this run exceeded {code_mode.max_tool_result_bytes} bytes; the result was dropped",
                 tool,
             )
         if request.raw:

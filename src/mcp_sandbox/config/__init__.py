@@ -5,8 +5,8 @@ earlier systems' aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``
 Nothing here reads the environment at import time: callers pass it in.
 
 - ``fields``: how a setting is declared (default, description, unit, alias, check);
-- ``settings``: :class:`Settings`, made of the pieces of ``pieces`` and ``serving``, where every
-  setting is declared once; ``defaults``: the host's defaults;
+- ``settings``: :class:`Settings`, made of the pieces of ``pieces``, ``conversations``, ``serving``
+  and ``replicas``, where every setting is declared once; ``defaults``: the host's defaults;
 - ``values``: parsing what people write (sizes, durations, booleans, lists) into a field's type;
 - ``file``: the TOML file, parsed once; ``tokens`` and ``tenants``: its ``[auth]`` and
   ``[tenants.<name>]`` tables;
@@ -34,6 +34,7 @@ from mcp_sandbox.config.pieces import (
     PoolSettings,
     SandboxSettings,
 )
+from mcp_sandbox.config.replicas import ReplicaSettings
 from mcp_sandbox.config.secrets import SecretSpec, SecretValue
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
@@ -62,6 +63,7 @@ __all__ = [
     "OutputMode",
     "PathSettings",
     "PoolSettings",
+    "ReplicaSettings",
     "SandboxSettings",
     "SecretSpec",
     "SecretValue",

@@ -27,13 +27,11 @@ from mcp_sandbox.config.fields import (
     DURATION,
     check_fields,
     computed,
-    database_url,
     duration,
     host_id_range,
     language_images,
     module_names,
     non_negative,
-    object_store_url,
     one_of,
     positive,
     positive_number,
@@ -111,26 +109,6 @@ class PathSettings:
         "Workspaces, the metadata database, the server secret, generated tool stubs.",
         "`/var/lib/mcp-sandbox` as root, else `$XDG_STATE_HOME/mcp-sandbox`",
         alias="MCP_BRIDGE_STATE_DIR",
-    )
-    database_url: str | None = setting(
-        None,
-        (
-            "Where the metadata index lives (tenants, conversations, their files, the run history): "
-            "`postgresql://user:password@host:port/db`, else the SQLite file in `state_dir` "
-            "([Deploying](deployment.md#the-metadata-database)); also shares the server secret between replicas."
-        ),
-        check=database_url,
-        secret=True,
-    )
-    object_store_url: str | None = setting(
-        None,
-        (
-            "Where conversations' workspaces are kept for every replica: `s3://bucket/prefix` on an "
-            "S3-compatible store, the endpoint and credentials from the standard AWS environment "
-            "(`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`); "
-            "else local disk only ([Scaling](scaling.md#workspaces-in-object-storage))."
-        ),
-        check=object_store_url,
     )
     write_back_interval: float = setting(
         30.0,

@@ -91,15 +91,6 @@ class HttpSettings:
         check=http_url,
         alias="PUBLIC_BASE_URL",
     )
-    replica_url: str | None = setting(
-        None,
-        (
-            "HTTP only, with `database_url`: the base URL the other replicas reach this one at; each"
-            " conversation is run by one replica, and calls landing elsewhere are forwarded to it"
-            " ([Scaling out](scaling.md#leases-and-forwarding))."
-        ),
-        check=http_url,
-    )
     replica_ca: Path | None = setting(
         None,
         (
@@ -135,15 +126,6 @@ class HttpSettings:
             "With `internal_cert` and `replica_ca`: the internal listener accepts only callers presenting"
             " a certificate signed by `replica_ca` (mutual TLS)."
         ),
-    )
-    replica_lease: float = setting(
-        15.0,
-        (
-            "With `replica_url`: how long a replica's hold on a conversation lasts unless renewed (every third"
-            " of it); a replica that died is replaced after at most this."
-        ),
-        check=duration,
-        unit=DURATION,
     )
     allowed_hosts: tuple[str, ...] = setting((), "Host header values accepted besides the loopback ones.")
     allowed_origins: tuple[str, ...] = setting((), "Origin header values accepted besides the loopback ones.")
@@ -285,14 +267,14 @@ class AdmissionSettings:
         check_fields(self)
 
 
-def check_internal_listener(http: HttpSettings) -> None:
+def check_internal_listener(http: HttpSettings, replica_url: str | None) -> None:
     """The internal listener's settings agree with each other and with ``replica_url``.
 
     Raises:
         ConfigError: naming the setting that does not fit.
     """
     if http.internal_port is not None:
-        if http.replica_url is None:
+        if replica_url is None:
             raise ConfigError("internal_port: the internal listener serves replicas: set replica_url too")
         if http.internal_port == http.port and (http.internal_host or http.host) == http.host:
             raise ConfigError(f"internal_port: {http.internal_port} is the public port too: choose another")
@@ -301,5 +283,5 @@ def check_internal_listener(http: HttpSettings) -> None:
     if http.internal_cert is not None:
         if http.internal_port is None:
             raise ConfigError("internal_cert: TLS is served on the internal listener only: set internal_port too")
-        if http.replica_url is not None and not http.replica_url.startswith("https://"):
+        if replica_url is not None and not replica_url.startswith("https://"):
             raise ConfigError("replica_url: the internal listener speaks TLS (internal_cert): make it https://")

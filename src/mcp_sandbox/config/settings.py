@@ -19,12 +19,14 @@ from typing import Any
 from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
 from mcp_sandbox.config.fields import check_fields, internal, one_of, otlp_endpoint, piece, setting, setting_fields
+from mcp_sandbox.config.file import ConfigFile
 from mcp_sandbox.config.pieces import (
     LimitSettings,
     PathSettings,
     PoolSettings,
     SandboxSettings,
 )
+from mcp_sandbox.config.replicas import ReplicaSettings
 from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 
 __all__ = ["PLACES", "SETTINGS", "Settings"]
@@ -66,11 +68,14 @@ class Settings:
     admission: AdmissionSettings = piece(AdmissionSettings)
     code_mode: CodeModeSettings = piece(CodeModeSettings)
     http: HttpSettings = piece(HttpSettings)
+    replicas: ReplicaSettings = piece(ReplicaSettings)
     egress: EgressSettings = piece(EgressSettings)
 
-    # Not settings anyone gives: the TOML file the settings came from, and how many tenants the
-    # server serves (over HTTP, as many as the tokens name; finished with the per-tenant caps).
+    # Not settings anyone gives: the TOML file the settings came from (and as the loader parsed it,
+    # so that no part reads it again; SIGHUP's reload does), and how many tenants the server serves
+    # (over HTTP, as many as the tokens name; finished with the per-tenant caps).
     config_file: Path | None = internal(None)
+    config_read: ConfigFile | None = dataclasses.field(default=None, metadata={"internal": True}, repr=False)
     tenant_count: int = internal(1)
 
     def __post_init__(self) -> None:

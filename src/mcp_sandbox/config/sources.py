@@ -110,11 +110,11 @@ class Config:
             ConfigError: ``replica_url`` is set for a transport other than HTTP, or without ``database_url``;
                 the internal listener's settings do not fit (:func:`~.serving.check_internal_listener`).
         """
-        check_internal_listener(self.settings.http)
-        if self.settings.http.replica_url is not None:
+        check_internal_listener(self.settings.http, self.settings.replicas.replica_url)
+        if self.settings.replicas.replica_url is not None:
             if transport != "http":
                 raise ConfigError(f"replica_url: replicas serve over HTTP, not {transport}: unset replica_url")
-            if self.settings.paths.database_url is None:
+            if self.settings.replicas.database_url is None:
                 raise ConfigError(
                     "replica_url: replicas share their leases through the database: set database_url too "
                     "(a postgresql:// URL), or unset replica_url"
@@ -146,7 +146,7 @@ def _settings(flags: Mapping[str, Any] | None, env: Mapping[str, str], file: Con
     values.setdefault("gate_dir", default_gate_dir(values["data_dir"], checkout=checkout))
     if file is None:
         return Settings.of(**values).replace(secrets=read_secrets(None, env, "environment"))
-    settings = Settings.of(**values, config_file=file.path)
+    settings = Settings.of(**values, config_file=file.path, config_read=file)
     secrets = read_secrets(file.secrets, env, f"config file {file.path}")
     return settings.replace(tenants=read_tenants(file.tenant_tables, settings), secrets=secrets)
 

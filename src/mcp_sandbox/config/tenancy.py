@@ -26,7 +26,8 @@ def _strings(value: object, where: str) -> tuple[str, ...]:
 
 
 def _tenant(name: str, table: Mapping[str, Any], settings: Settings) -> Tenant:
-    where = f"[tenants.{name}]"
+    file = f"config file {settings.config_file}: " if settings.config_file is not None else ""
+    where = f"{file}[tenants.{name}]"
     ports = table.get("egress_ports", list(settings.egress.egress_ports))
     if not isinstance(ports, list | tuple) or not all(type(port) is int and 0 < port < 65536 for port in ports):
         raise ConfigError(f"{where} egress_ports: must be a list of TCP ports")
@@ -35,7 +36,10 @@ def _tenant(name: str, table: Mapping[str, Any], settings: Settings) -> Tenant:
         egress_allow=_strings(table.get("egress_allow", settings.egress.egress_allow), f"{where} egress_allow"),
         egress_deny=(*settings.egress.egress_deny, *_strings(table.get("egress_deny", []), f"{where} egress_deny")),
         egress_ports=tuple(ports),
-        egress_allow_private=_strings(table.get("egress_allow_private", settings.egress.egress_allow_private), where),
+        egress_allow_private=_strings(
+            table.get("egress_allow_private", settings.egress.egress_allow_private),
+            f"{where} egress_allow_private",
+        ),
     )
 
 

@@ -68,20 +68,22 @@ class EgressRules:
     def build(
         cls, allow: Iterable[str], deny: Iterable[str], ports: Iterable[int], private: Iterable[str], where: str
     ) -> EgressRules:
-        """Rules from setting values; ``where`` names their source in errors.
+        """Rules from setting values; ``where`` names their source in errors, before the setting's name
+        (``""`` for the global settings, ``"config file F: [tenants.NAME] "`` for a tenant's).
 
         Raises:
-            ConfigError: a pattern, port or range is malformed.
+            ConfigError: a pattern, port or range is malformed, named with its setting.
         """
+        setting = "egress_allow"
         try:
-            return cls(
-                allow=tuple(dict.fromkeys(check_pattern(item) for item in allow)),
-                deny=tuple(dict.fromkeys(check_pattern(item) for item in deny)),
-                ports=tuple(ports),
-                private=tuple(ipaddress.ip_network(item, strict=False) for item in private),
-            )
+            checked_allow = tuple(dict.fromkeys(check_pattern(item) for item in allow))
+            setting = "egress_deny"
+            checked_deny = tuple(dict.fromkeys(check_pattern(item) for item in deny))
+            setting = "egress_allow_private"
+            checked_private = tuple(ipaddress.ip_network(item, strict=False) for item in private)
         except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
+            raise ConfigError(f"{where}{setting}: {exc}") from exc
+        return cls(allow=checked_allow, deny=checked_deny, ports=tuple(ports), private=checked_private)
 
     def reaches_loopback(self) -> bool:
         """Whether ``localhost`` may be reached: a pattern allows it, none denies it, a loopback range is allowed."""
@@ -180,15 +182,16 @@ class TenantEgress:
             settings.egress.egress_deny,
             settings.egress.egress_ports,
             settings.egress.egress_allow_private,
-            "egress",
+            "",
         )
+        file = f"config file {settings.config_file}: " if settings.config_file is not None else ""
         self._tenants = {
             tenant.name: EgressRules.build(
                 tenant.egress_allow,
                 tenant.egress_deny,
                 tenant.egress_ports,
                 tenant.egress_allow_private,
-                f"[tenants.{tenant.name}]",
+                f"{file}[tenants.{tenant.name}] ",
             )
             for tenant in settings.egress.tenants
         }

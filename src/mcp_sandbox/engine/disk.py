@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, WorkspaceSettings
 from mcp_sandbox.engine.inotify import open_writes
 
 __all__ = [
@@ -69,12 +69,12 @@ class DiskBound:
     entries: int
 
     @classmethod
-    def conversation(cls, settings: Settings) -> DiskBound:
-        return cls(settings.workspaces.quota_bytes, settings.workspaces.quota_files)
+    def conversation(cls, workspaces: WorkspaceSettings) -> DiskBound:
+        return cls(workspaces.quota_bytes, workspaces.quota_files)
 
     @classmethod
-    def scratch(cls, settings: Settings) -> DiskBound:
-        return cls(settings.limits.scratch_size, settings.workspaces.quota_files)
+    def scratch(cls, limits: LimitSettings, workspaces: WorkspaceSettings) -> DiskBound:
+        return cls(limits.scratch_size, workspaces.quota_files)
 
     def exceeded(self, use: DiskUse, allowed: DiskUse) -> str | None:
         """Why ``use`` is over this bound (or over ``allowed``, what was there before), or None."""

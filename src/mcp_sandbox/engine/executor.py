@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mcp_sandbox import tracing
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import Resolver, system_resolver
+from mcp_sandbox.egress import Resolver, TenantEgress, system_resolver
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
@@ -41,6 +41,8 @@ from mcp_sandbox.engine.uid_pools import PoolsByUid
 from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace.changes import ChangeGate
 
 __all__ = ["Engine", "Prepare"]
@@ -60,14 +62,32 @@ class Engine:
         *,
         egress_resolver: Resolver = system_resolver,
         gate: ChangeGate | None = None,
+        layout: StateLayout | None = None,
+        uids: TenantUids | None = None,
+        egress: TenantEgress | None = None,
     ) -> None:
         """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts);
-        ``gate``: the conversations' change locks, shared with the workspace store (``workspace.changes``)."""
+        ``gate``: the conversations' change locks, shared with the workspace store (``workspace.changes``);
+        ``layout``, ``uids``, ``egress``: the state directory, the tenants' host uids and egress rules,
+        which the server builds once and shares (made from ``settings`` when not given).
+
+        Raises:
+            ConfigError: ``egress`` is not given and the egress settings of a tenant are malformed.
+        """
         self.settings = settings
         self.gate = ChangeGate() if gate is None else gate
         self.backend = backend
         self.events = events if events is not None else EventHub()
-        self._opener = Opener(settings, backend, egress_resolver=egress_resolver, emit=self.events.emit)
+        layout = StateLayout.of(settings) if layout is None else layout
+        self._opener = Opener(
+            settings,
+            backend,
+            egress_resolver=egress_resolver,
+            emit=self.events.emit,
+            layout=layout,
+            uids=TenantUids(settings.sandbox, layout) if uids is None else uids,
+            egress=TenantEgress(settings) if egress is None else egress,
+        )
         self._ready = ReadyByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._sessions = SessionManager(settings, self._opener, self._ready, self.gate)
         self._using: collections.Counter[Path] = collections.Counter()  # runs per workspace now
@@ -87,6 +107,16 @@ class Engine:
             ("prestarted", self._pools.placement("prestarted")),
         )
         self._fresh = FreshPlacement(settings, self._opener)
+
+    @property
+    def layout(self) -> StateLayout:
+        """The state directory's layout the engine's sandboxes use."""
+        return self._opener.layout
+
+    @property
+    def tenant_uids(self) -> TenantUids:
+        """The host uid of each tenant's sandboxes (see :mod:`mcp_sandbox.tenant_uids`)."""
+        return self._opener.tenant_uids
 
     def prepare(self) -> None:
         """Create the directories runs need under the state directory (idempotent; see :mod:`mcp_sandbox.state`).

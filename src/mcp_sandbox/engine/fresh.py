@@ -44,11 +44,13 @@ class FreshPlacement:
         interpreter: Interpreter | None = None
         async with contextlib.AsyncExitStack() as stack:
             workspace = request.workspace
-            bound = DiskBound.conversation(settings)
+            bound = DiskBound.conversation(settings.workspaces)
             uid = await self._opener.host_uid(request.tenant)
             if workspace is None and not self._opener.backend.sized_scratch:
-                workspace = await stack.enter_async_context(scratch_workspace(settings, uid))
-                bound = DiskBound.scratch(settings)
+                workspace = await stack.enter_async_context(
+                    scratch_workspace(self._opener.layout, settings.sandbox, uid)
+                )
+                bound = DiskBound.scratch(settings.limits, settings.workspaces)
             policy = policy_for(
                 settings,
                 request.language,
@@ -71,5 +73,5 @@ class FreshPlacement:
             return stopped_for_disk(result, overrun.reason, stopped=overrun.stopped)
         if deadline.cancelled_caught or interpreter is None or interpreter.outcome is None:
             return timed_out(result, request, "the sandbox and all its processes were killed")
-        judged = judge_fresh(settings, interpreter.outcome, record, result)
-        return explain_file_size(settings, overrun, judged)
+        judged = judge_fresh(settings.limits, interpreter.outcome, record, result)
+        return explain_file_size(settings.limits, overrun, judged)

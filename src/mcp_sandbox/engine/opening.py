@@ -86,26 +86,28 @@ class Opener:
         *,
         egress_resolver: Resolver = system_resolver,
         emit: Observer = unheard,
+        layout: StateLayout,
+        uids: TenantUids,
+        egress: TenantEgress,
     ) -> None:
         """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts).
 
         ``emit``: hears each egress connection's end and each sandbox a pool starts (metrics).
+        ``layout``, ``uids``, ``egress``: the state directory, the tenants' host uids and egress rules,
+        each built once at start and shared with the rest of the server.
         """
         self.settings = settings
         self._emit = emit
         self.backend = backend
-        self.layout = StateLayout.of(settings)
+        self.layout = layout
         self.caps = run_caps(settings)
-        self.tenant_uids = TenantUids(settings)
+        self.tenant_uids = uids
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None
         # The CA of the hosts a secret goes to: made once per server start, its key only in memory.
         self._authority = Authority(settings.egress.egress_upstream_ca) if settings.egress.secrets else None
-        try:
-            # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
-            self.session_relay = TenantEgress(settings).anywhere()
-        except ConfigError:
-            self.session_relay = False  # the server refuses to start with these settings anyway
+        # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
+        self.session_relay = egress.anywhere()
 
     async def close_egress(self) -> None:
         """Close the egress proxy's kept connections to the hosts a secret goes to (at the engine's end)."""
@@ -170,7 +172,7 @@ class Opener:
         """
         async with contextlib.AsyncExitStack() as stack:
             if workspace is None and not self.backend.sized_scratch:
-                workspace = await stack.enter_async_context(scratch_workspace(self.settings, uid))
+                workspace = await stack.enter_async_context(scratch_workspace(self.layout, self.settings.sandbox, uid))
             self.layout.prepare_runs()
             tools = ToolsView.create(self.layout)
             stack.push_async_callback(remove_shielded, tools.directory)

@@ -249,7 +249,7 @@ class PrestartPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = sandbox.interpreter
-        overrun = Overrun(DiskBound.scratch(settings))
+        overrun = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))
         outcome: SandboxOutcome | None = None
         try:
             with anyio.move_on_after(request.timeout) as deadline:
@@ -274,7 +274,7 @@ class PrestartPlacement:
         if outcome is None:
             error = "the pre-started sandbox ended before reporting the run"
             return dataclasses.replace(result, status="error", exit_code=None, error=error)
-        return explain_file_size(settings, overrun, judge_fresh(settings, outcome, record, result))
+        return explain_file_size(settings.limits, overrun, judge_fresh(settings.limits, outcome, record, result))
 
     async def _run_forked(
         self, interpreter: Interpreter, record: RunRecord, request: ExecutionRequest, guard: bytes, file_size: int

@@ -28,7 +28,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import SandboxSettings, SessionSettings
 from mcp_sandbox.engine import ready_sizing
 from mcp_sandbox.engine.adoption import SplitAdoptionError, adopt, few_entries
 from mcp_sandbox.engine.interpreter import Interpreter
@@ -109,7 +109,8 @@ class ReadyPool:
 
     def __init__(
         self,
-        settings: Settings,
+        sessions: SessionSettings,
+        sandbox: SandboxSettings,
         opener: Opener,
         *,
         zygotes: bool,
@@ -119,10 +120,10 @@ class ReadyPool:
     ) -> None:
         """``uid``: the host uid its sandboxes and slots are (None: ``sandbox_uid``); ``size``: its floor at most
         this many; ``budget``: what it may keep above its floor, shared with other uids' pools (None: nothing)."""
-        self._settings = settings
+        self._sandbox = sandbox
         self._opener = opener
         self.uid = uid
-        wanted = settings.sessions.session_ready if size is None else min(size, settings.sessions.session_ready)
+        wanted = sessions.session_ready if size is None else min(size, sessions.session_ready)
         self.floor = wanted if zygotes else 0
         self._budget = ReadyBudget(0) if budget is None else budget
         self._arrivals = Arrivals()
@@ -332,8 +333,8 @@ class ReadyPool:
         ready: ReadySandbox | None = None
         try:
             if os.geteuid() == 0:  # as a conversation's directory of the uid's tenant is (WorkspaceStore.ensure)
-                uid = self._settings.sandbox.sandbox_uid if self.uid is None else self.uid
-                os.chown(slot, uid, self._settings.sandbox.sandbox_gid)
+                uid = self._sandbox.sandbox_uid if self.uid is None else self.uid
+                os.chown(slot, uid, self._sandbox.sandbox_gid)
             limits = self._opener.session_policy(slot, ()).limits
             started = self._opener.ready_session(slot, self.uid, preloaded=preloaded)
             async with started as (interpreter, tools, sockets):

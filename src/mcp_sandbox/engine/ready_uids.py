@@ -35,10 +35,11 @@ class ReadyByUid:
         self._settings = settings
         self._opener = opener
         self.budget = ReadyBudget(settings.sessions.session_ready_burst)
-        self.default = ReadyPool(settings, opener, zygotes=zygotes, budget=self.budget)
+        sessions, sandbox = settings.sessions, settings.sandbox
+        self.default = ReadyPool(sessions, sandbox, opener, zygotes=zygotes, budget=self.budget)
         size = settings.admission.tenant_concurrent_runs or settings.admission.max_concurrent_runs
         self._others = UidRegistry(
-            lambda uid: ReadyPool(settings, opener, zygotes=zygotes, uid=uid, size=size, budget=self.budget),
+            lambda uid: ReadyPool(sessions, sandbox, opener, zygotes=zygotes, uid=uid, size=size, budget=self.budget),
             _kept,
             idle_for=settings.pool.pool_idle,
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import SandboxSettings
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.removal import remove_tree
 
@@ -39,21 +39,22 @@ async def remove_shielded(directory: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def scratch_workspace(settings: Settings, uid: int | None = None) -> AsyncIterator[Path]:
-    """A fresh workspace for one run (or session), owned by the sandbox's host uid, removed after.
+async def scratch_workspace(
+    layout: StateLayout, sandbox: SandboxSettings, uid: int | None = None
+) -> AsyncIterator[Path]:
+    """A fresh workspace for one run (or session) under ``layout``, owned by the sandbox's host uid, removed after.
 
-    ``uid``: that host uid, its tenant's (None: ``sandbox_uid``).
+    ``uid``: that host uid, its tenant's (None: ``sandbox.sandbox_uid``).
 
     Raises:
         OSError: it cannot be created.
     """
-    layout = StateLayout.of(settings)
     layout.prepare_runs()
     directory = layout.new_scratch()
     try:
         if os.geteuid() == 0:
-            owner = settings.sandbox.sandbox_uid if uid is None else uid
-            os.chown(directory, owner, settings.sandbox.sandbox_gid)
+            owner = sandbox.sandbox_uid if uid is None else uid
+            os.chown(directory, owner, sandbox.sandbox_gid)
         yield directory
     finally:
         # Off the event loop: a run may leave a million files behind.

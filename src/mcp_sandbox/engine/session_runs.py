@@ -56,7 +56,7 @@ class SessionPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         lease: Lease | None = None
-        overrun = Overrun(DiskBound.conversation(settings))
+        overrun = Overrun(DiskBound.conversation(settings.workspaces))
         # Born of a session-ready sandbox only on a workspace no other run uses (the lease, which renames it, comes
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
         born = request.workspace is not None and not self._shared(request.workspace)
@@ -111,7 +111,9 @@ class SessionPlacement:
             return timed_out(
                 result, request, f"the session's interpreter and all its processes were killed: {STATE_LOST}", state
             )
-        judged = judge_session(settings, record, result, outcome=lease.interpreter.outcome, ended=lease.ended)
+        judged = judge_session(
+            settings.limits, settings.sessions, record, result, outcome=lease.interpreter.outcome, ended=lease.ended
+        )
         if overrun.reason is not None:
             return stopped_for_disk(judged, overrun.reason, state, stopped=False)
-        return explain_file_size(settings, overrun, judged)
+        return explain_file_size(settings.limits, overrun, judged)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine.executor import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
 from mcp_sandbox.events import EventHub
@@ -14,15 +15,25 @@ from mcp_sandbox.provision.status import python_status
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.access import unreachable_ancestor
 from mcp_sandbox.sandbox.backends import get_backend
-from mcp_sandbox.tenant_uids import check_tenant_uids
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids, check_tenant_uids
 
 __all__ = ["open_engine"]
 
 logger = logging.getLogger(__name__)
 
 
-def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
+def open_engine(
+    settings: Settings,
+    events: EventHub | None = None,
+    *,
+    layout: StateLayout | None = None,
+    uids: TenantUids | None = None,
+    egress: TenantEgress | None = None,
+) -> Engine:
     """Build the engine on the configured backend after probing it; it emits to ``events``.
+
+    ``layout``, ``uids``, ``egress``: the server's shared objects, handed to :class:`Engine`.
 
     Raises:
         ConfigError: the backend name or the Python runtime is wrong, or ``tenant_uid_range``
@@ -30,7 +41,7 @@ def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
         BackendUnavailableError: the backend does not work here, or cannot enforce part of the
             policy and ``accept_weaker_isolation`` is off.
     """
-    check_tenant_uids(settings)
+    check_tenant_uids(settings.sandbox, settings.tenant_count)
     runtime = python_status(settings)
     if runtime.missing:
         raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
@@ -49,7 +60,7 @@ def open_engine(settings: Settings, events: EventHub | None = None) -> Engine:
                 "start with --accept-weaker-isolation / MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1"
             )
         logger.warning("running with weaker isolation, as configured: %s", listed)
-    engine = Engine(settings, backend, events)
+    engine = Engine(settings, backend, events, layout=layout, uids=uids, egress=egress)
     engine.prepare()
     swept = engine.sweep()
     if swept:

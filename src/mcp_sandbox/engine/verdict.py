@@ -11,7 +11,7 @@ import dataclasses
 import signal
 import time
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, SessionSettings
 from mcp_sandbox.engine.disk import Overrun
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
@@ -87,7 +87,7 @@ def limits_hit(outcome: SandboxOutcome | None) -> tuple[str, ...]:
     return tuple(hit)
 
 
-def _out_of_memory(settings: Settings, record: RunRecord, result: ExecutionResult) -> ExecutionResult:
+def _out_of_memory(limits: LimitSettings, record: RunRecord, result: ExecutionResult) -> ExecutionResult:
     """``result`` naming the memory limit, when the run reported ending on its own ``MemoryError``.
 
     Where no memory cgroup is writable (a container, a Kubernetes pod, a user without delegated
@@ -98,34 +98,39 @@ def _out_of_memory(settings: Settings, record: RunRecord, result: ExecutionResul
     """
     if not record.done or record.exception != "MemoryError" or "memory" in result.limits:
         return result
-    note = f"memory limit of {human_bytes(settings.limits.memory)} reached: an allocation failed (MemoryError)"
+    note = f"memory limit of {human_bytes(limits.memory)} reached: an allocation failed (MemoryError)"
     error = f"{result.error}; {note}" if result.error else note
     return dataclasses.replace(result, error=error, limits=(*result.limits, "memory"))
 
 
-def death(settings: Settings, outcome: SandboxOutcome, record: RunRecord, *, session: bool) -> str | None:
-    """Why an interpreter ended without reporting its run (None: it exited 0 without saying more)."""
+def death(
+    limits: LimitSettings, outcome: SandboxOutcome, record: RunRecord, *, session: SessionSettings | None = None
+) -> str | None:
+    """Why an interpreter ended without reporting its run (None: it exited 0 without saying more).
+
+    ``session``: the sessions' settings when the interpreter was a session's (None: a single run's).
+    """
     code = outcome.returncode
     if outcome.memory_exceeded:
-        return f"memory limit of {human_bytes(settings.limits.memory)} exceeded"
+        return f"memory limit of {human_bytes(limits.memory)} exceeded"
     if record.protocol_error is not None:  # the host killed it for that
         return f"protocol error on the sandbox channel: {record.protocol_error}"
     if code > 128 and code - 128 in signal.valid_signals():
         sig = signal.Signals(code - 128)
         if sig is signal.SIGXCPU:
-            limit = settings.sessions.session_cpu_seconds if session else None
+            limit = session.session_cpu_seconds if session is not None else None
             counted = f"its CPU time limit of {limit} s, counted over all the session's runs" if limit else None
             return f"the interpreter was killed by SIGXCPU: it used up {counted or 'its CPU time limit'}"
         if sig is signal.SIGXFSZ:
             return "the interpreter was killed by SIGXFSZ: it wrote a file past the run's file size limit"
         return f"the interpreter was killed by {sig.name}"
-    if code != 0 or session:
+    if code != 0 or session is not None:
         return f"the interpreter exited with {code} before reporting a result"
     return None
 
 
 def judge_fresh(
-    settings: Settings, outcome: SandboxOutcome, record: RunRecord, result: ExecutionResult
+    limits: LimitSettings, outcome: SandboxOutcome, record: RunRecord, result: ExecutionResult
 ) -> ExecutionResult:
     """Status, exit code and explanation of a fresh run that ended before its deadline.
 
@@ -134,17 +139,18 @@ def judge_fresh(
     code = outcome.returncode
     error: str | None = None
     if outcome.memory_exceeded or not record.done:
-        error = death(settings, outcome, record, session=False)
+        error = death(limits, outcome, record)
     if outcome.pids_exhausted:
-        note = f"process limit of {settings.limits.pids} reached"
+        note = f"process limit of {limits.pids} reached"
         error = f"{error}; {note}" if error else note
     status: Status = "success" if code == 0 and error is None else "error"
     judged = dataclasses.replace(result, status=status, exit_code=code, error=error, limits=limits_hit(outcome))
-    return _out_of_memory(settings, record, judged)
+    return _out_of_memory(limits, record, judged)
 
 
 def judge_session(
-    settings: Settings,
+    limits: LimitSettings,
+    sessions: SessionSettings,
     record: RunRecord,
     result: ExecutionResult,
     *,
@@ -159,13 +165,13 @@ def judge_session(
     if record.done and record.protocol_error is None:
         reported = record.exit_code if record.exit_code is not None else 1
         status: Status = "success" if reported == 0 else "error"
-        return _out_of_memory(settings, record, dataclasses.replace(result, status=status, exit_code=reported))
+        return _out_of_memory(limits, record, dataclasses.replace(result, status=status, exit_code=reported))
     if ended is not None:
         error = f"{ended}; {STATE_LOST}"
     elif outcome is None:  # pragma: no cover - discard() always records one
         error = f"the interpreter stopped; {STATE_LOST}"
     else:
-        error = f"{death(settings, outcome, record, session=True)}; {STATE_LOST}"
+        error = f"{death(limits, outcome, record, session=sessions)}; {STATE_LOST}"
     code = outcome.returncode if outcome is not None else None
     return dataclasses.replace(result, status="error", exit_code=code, error=error, limits=limits_hit(outcome))
 
@@ -183,12 +189,12 @@ def stopped_for_disk(
     return dataclasses.replace(result, status="error", exit_code=None, error=error, session=session, limits=limits)
 
 
-def explain_file_size(settings: Settings, overrun: Overrun, result: ExecutionResult) -> ExecutionResult:
+def explain_file_size(limits: LimitSettings, overrun: Overrun, result: ExecutionResult) -> ExecutionResult:
     """``result``, its error naming the run's file size limit and where it came from, if the run hit it."""
     if "file_size" not in result.limits or result.error is None:
         return result
-    limit = overrun.file_size(settings.limits.max_file_size)
-    if limit < settings.limits.max_file_size:
+    limit = overrun.file_size(limits.max_file_size)
+    if limit < limits.max_file_size:
         left = max(0, overrun.bound.bytes - overrun.before.bytes)
         source = f"what the workspace's quota of {human_bytes(overrun.bound.bytes)} had left ({human_bytes(left)})"
     else:

@@ -351,7 +351,7 @@ class WarmPlacement:
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
         interpreter = warm.interpreter
-        scratch = Overrun(DiskBound.scratch(settings))  # a wiped scratch workspace: all of it is left
+        scratch = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))  # wiped: all of it is left
         before = warm.limits
         after = before
         exited: Exited | None = None
@@ -390,11 +390,11 @@ class WarmPlacement:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         if exited is None:
             outcome = interpreter.outcome or SandboxOutcome(returncode=-1)
-            error = death(settings, outcome, record, session=False) or "the warm sandbox ended before reporting the run"
+            error = death(settings.limits, outcome, record) or "the warm sandbox ended before reporting the run"
             return dataclasses.replace(result, status="error", exit_code=None, error=error)
         outcome = SandboxOutcome(
             returncode=exited.exit_code,
             memory_exceeded=after.memory > before.memory,
             pids_exhausted=after.pids > before.pids,
         )
-        return explain_file_size(settings, scratch, judge_fresh(settings, outcome, record, result))
+        return explain_file_size(settings.limits, scratch, judge_fresh(settings.limits, outcome, record, result))

@@ -44,7 +44,6 @@ from mcp_sandbox.replicas.packs import (
 from mcp_sandbox.replicas.parked import StoredParked
 from mcp_sandbox.replicas.transfers import Placer, read_index, read_pack, write_file, write_pack
 from mcp_sandbox.replicas.upkeep import index_to_update, keep_stored, reads_index, restorable, split
-from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
 from mcp_sandbox.workspace.checkpoints import checkpoint_names
 from mcp_sandbox.workspace.fencing import Check, unfenced
@@ -74,7 +73,7 @@ class Mirror:
         self.objects = objects
         self._grace = grace  # packs no index names are swept once this old (see .indexing)
         self._workspaces = workspaces
-        layout = StateLayout.of(workspaces.settings)
+        layout = workspaces.layout
         self._manifests = layout.mirror
         self._staging = layout.uploads
         # One write-back or restore of a conversation at a time: each reads and replaces its manifest.
@@ -392,7 +391,7 @@ class Mirror:
             if names:
                 self.objects.delete(self._under(key) + name for name in names)
             StoredParked(self.objects).delete(key)  # its parked interpreter state, if any
-            forget_checkpoints(self.objects, key, checkpoint_names(StateLayout.of(self._workspaces.settings), key))
+            forget_checkpoints(self.objects, key, checkpoint_names(self._workspaces.layout, key))
             with contextlib.suppress(FileNotFoundError):
                 self._manifest_path(key).unlink()
         self._locks.pop(key, None)  # a conversation deleted: its lock goes too

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import ReplicaSettings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.replicas.mirror import Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 SWEEP_LEASES = 4
 
 
-def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
+def open_mirror(replicas: ReplicaSettings, workspaces: WorkspaceStore) -> Mirror:
     """The mirror into the store at ``object_store_url``, reached once: an unreachable store is a
     start-up error, never a silent fall-back to local disk. Among replicas, packs no index names are
     swept once :data:`SWEEP_LEASES` lease times old.
@@ -26,7 +26,7 @@ def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
     Raises:
         ConfigError: boto3 is missing, or the store cannot be reached.
     """
-    url = settings.paths.object_store_url
+    url = replicas.object_store_url
     if url is None:
         raise ConfigError("object_store_url is not set")
     objects = ObjectStore(url)
@@ -36,5 +36,5 @@ def open_mirror(settings: Settings, workspaces: WorkspaceStore) -> Mirror:
         objects.close()
         raise
     logger.info("workspaces mirrored to the object store %s", url)
-    lease = settings.http.replica_lease if settings.http.replica_url is not None else 0.0
+    lease = replicas.replica_lease if replicas.replica_url is not None else 0.0
     return Mirror(objects, workspaces, SWEEP_LEASES * lease)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import ReplicaSettings, Settings
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
 from mcp_sandbox.replicas.replays import SeenCalls
@@ -23,27 +23,27 @@ _ANSWER_SLACK = 60.0
 
 
 def replica_leases(
-    settings: Settings,
+    replicas: ReplicaSettings,
     database: Database,
     fence: Callable[[str], Awaitable[object]],
     active: Callable[[], set[str]],
     sessions: Callable[[], set[str]],
 ) -> Leases:
-    """The leases of replica ``settings.http.replica_url`` (see :class:`.Leases` for ``fence``,
+    """The leases of replica ``replicas.replica_url`` (see :class:`.Leases` for ``fence``,
     ``active`` and ``sessions``)."""
-    me = settings.http.replica_url
+    me = replicas.replica_url
     if me is None:
         raise RuntimeError("replica_leases needs replica_url")
-    return Leases(LeaseTable(database, me), settings.http.replica_lease, fence, active, sessions)
+    return Leases(LeaseTable(database, me), replicas.replica_lease, fence, active, sessions)
 
 
 @contextlib.asynccontextmanager
 async def open_replica(
     settings: Settings, leases: Leases, secret: bytes, restore: Callable[[str, int], Awaitable[None]]
 ) -> AsyncIterator[Router]:
-    """The router of replica ``settings.http.replica_url`` over ``leases``, which are released (bounded)
+    """The router of replica ``settings.replicas.replica_url`` over ``leases``, which are released (bounded)
     when the block exits. The caller runs ``leases.keep()`` in a task group of its own meanwhile."""
-    me, url = settings.http.replica_url, settings.paths.database_url
+    me, url = settings.replicas.replica_url, settings.replicas.database_url
     if me is None or url is None:
         raise RuntimeError("open_replica needs replica_url and database_url")
     key = derive_key(secret, FORWARD_KEY)

@@ -254,7 +254,7 @@ async def serve(
     try:
         tokens = TokenTable(config.tokens)
         check_exposure(settings, tokens)
-        if settings.http.replica_url is not None and settings.http.internal_port is None:
+        if settings.replicas.replica_url is not None and settings.http.internal_port is None:
             logger.warning(
                 "replica_url is set without internal_port: the public port serves /internal/ too; "
                 "keep it off the balancer, or set internal_port (docs/scaling.md, the internal listener)"

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.to_thread
@@ -132,7 +132,7 @@ class Service:
 
     async def reload_servers(self) -> list[str]:
         """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
-        fresh = await anyio.to_thread.run_sync(discover, self.settings)
+        fresh = await anyio.to_thread.run_sync(discover, self.settings.replace(config_read=None))  # read anew
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
@@ -145,7 +145,7 @@ class Service:
             return
         busy = self.busy.from_thread(leased)
         report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings, time.time(), busy, forget)
+            lambda: sweep(self.workspaces, self.metadata, self.settings.workspaces, time.time(), busy, forget)
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
@@ -196,13 +196,13 @@ async def _parked_then(engine: Engine | None, then: Awaitable[None]) -> None:
     await then
 
 
-async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None) -> Engine:
+async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None, **shared: Any) -> Engine:
     if backend is not None:
-        engine = Engine(settings, backend, events)
+        engine = Engine(settings, backend, events, **shared)
         engine.prepare()
         return engine
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
-    return await anyio.to_thread.run_sync(open_engine, settings, events)
+    return await anyio.to_thread.run_sync(functools.partial(open_engine, settings, events, **shared))
 
 
 class _Stores(NamedTuple):
@@ -216,20 +216,21 @@ class _Stores(NamedTuple):
 async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) -> AsyncIterator[_Stores]:
     """The metadata index, the server secret, the workspaces and their object-store copy; closed at the end."""
     # In a worker thread: a PostgreSQL database (database_url) is reached over the network.
-    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.paths.database_url)
+    metadata = await anyio.to_thread.run_sync(Metadata.open, layout.metadata, settings.replicas.database_url)
     logger.info("metadata index: %s", metadata.description)
     mirror = None
     try:
         try:  # with database_url, servers share the secret in the database
-            shared = settings.paths.database_url is not None
+            shared = settings.replicas.database_url is not None
             secret = await anyio.to_thread.run_sync(
                 lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
             )
-            workspaces = WorkspaceStore(settings, secret, engine.gate)  # one change lock per conversation, shared
+            # One change lock per conversation, one layout and one table of tenants' uids, shared with the engine.
+            workspaces = WorkspaceStore(settings, secret, engine.gate, engine.tenant_uids)
             if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
                 logger.info("deleted %d partial uploads a crash left", swept)
-            if settings.paths.object_store_url is not None:
-                mirror = await anyio.to_thread.run_sync(open_mirror, settings, workspaces)
+            if settings.replicas.object_store_url is not None:
+                mirror = await anyio.to_thread.run_sync(open_mirror, settings.replicas, workspaces)
         except BaseException:
             metadata.close()
             raise
@@ -275,7 +276,7 @@ def _tasks(
     (:mod:`.tasks.remote`), and a replica's death fails its tasks within ``replica_lease``."""
     if router is None:
         return Tasks(table, group, max_ttl_ms=ttl_ms, emit=events.emit)
-    lease = settings.http.replica_lease
+    lease = settings.replicas.replica_lease
     peer = RemoteTasks(router)
     return Tasks(
         table, group, max_ttl_ms=ttl_ms, emit=events.emit, peer=peer, url=router.me, lease=lease, heartbeat=lease / 3
@@ -294,10 +295,11 @@ async def open_service(
     Raises:
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
+    # Built once, shared by the engine, the stores and the tools: a malformed tenant's egress stops the start here.
     layout = StateLayout.of(settings)
     egress = TenantEgress(settings)
     events = EventHub()
-    engine = await _open_engine(settings, events, backend)
+    engine = await _open_engine(settings, events, backend, layout=layout, egress=egress)  # its uids shared too
     js = js_status(settings)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
@@ -315,8 +317,10 @@ async def open_service(
             )
             busy = Busy(engine.live_sessions)
             leases = None
-            if http and settings.http.replica_url is not None:
-                leases = replica_leases(settings, metadata.database, engine.end_session, busy.now, engine.live_sessions)
+            if http and settings.replicas.replica_url is not None:
+                leases = replica_leases(
+                    settings.replicas, metadata.database, engine.end_session, busy.now, engine.live_sessions
+                )
             storage = Storage(workspaces, metadata, events, busy, mirror=mirror, leases=leases, runner_data=runner_data)
             idle = None  # later writes of sessions
             if mirror is not None:
@@ -330,7 +334,7 @@ async def open_service(
             parked = ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
-                open_mediator(settings, discovery, events) as mediator,
+                open_mediator(settings, discovery, events, layout=layout) as mediator,
                 engine.running(parked),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes
@@ -355,7 +359,11 @@ async def open_service(
                     tasks=tasks,
                     parked=parked,
                     checkpoints=Checkpoints(
-                        settings, workspaces.gate, None if mirror is None else StoredCheckpoints(mirror.objects)
+                        settings.workspaces,
+                        layout,
+                        engine.tenant_uids,
+                        workspaces.gate,
+                        None if mirror is None else StoredCheckpoints(mirror.objects),
                     ),
                 )
                 group.start_soon(tasks.keep)

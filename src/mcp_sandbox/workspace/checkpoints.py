@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import WorkspaceSettings
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
@@ -141,11 +141,19 @@ class Checkpoints:
     also kept there for other replicas, and fetched from there when not here. Blocking methods
     (worker threads)."""
 
-    def __init__(self, settings: Settings, gate: ChangeGate, copies: CheckpointCopies | None = None) -> None:
-        self._settings = settings
-        self._layout = StateLayout.of(settings)
+    def __init__(
+        self,
+        workspaces: WorkspaceSettings,
+        layout: StateLayout,
+        uids: TenantUids,
+        gate: ChangeGate,
+        copies: CheckpointCopies | None = None,
+    ) -> None:
+        """``workspaces``: the quotas; ``layout`` and ``uids``: the server's, shared with its workspace store."""
+        self._workspaces = workspaces
+        self._layout = layout
         self._gate = gate
-        self._uids = TenantUids(settings)
+        self._uids = uids
         self._copies = copies
 
     def names(self, key: str) -> list[str]:
@@ -184,14 +192,14 @@ class Checkpoints:
 
     def bytes(self, key: str) -> int:
         """What conversation ``key``'s checkpoints hold (see :func:`checkpoint_bytes`)."""
-        return checkpoint_bytes(self._layout, key, self._settings.workspaces.quota_files)
+        return checkpoint_bytes(self._layout, key, self._workspaces.quota_files)
 
     def path(self, key: str, name: str) -> Path:
         """Where checkpoint ``name`` of conversation ``key`` keeps its files (whether or not it exists)."""
         return self._layout.checkpoints / key / name
 
     def _quota(self) -> Usage:
-        return Usage(bytes=self._settings.workspaces.quota_bytes, files=self._settings.workspaces.quota_files)
+        return Usage(bytes=self._workspaces.quota_bytes, files=self._workspaces.quota_files)
 
     def measure(self, directory: Path) -> Usage:
         """The regular files below ``directory`` and their ``st_size`` (nothing when it does not exist).

@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import WorkspaceSettings
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.workspace.metadata import Metadata
 from mcp_sandbox.workspace.store import WorkspaceStore
@@ -106,7 +106,7 @@ def _delete(
 def sweep(
     store: WorkspaceStore,
     metadata: Metadata,
-    settings: Settings,
+    workspaces: WorkspaceSettings,
     now: float,
     busy: Collection[str],
     forget: Callable[[str], None] | None = None,
@@ -120,14 +120,14 @@ def sweep(
     conversation's other copy (the object store's) before its directory and row.
     """
     report = SweepReport()
-    history = settings.workspaces
+    history = workspaces
     try:
         report.history_pruned = metadata.prune_executions(now - history.history_ttl, history.history_max_runs)
     except WorkspaceError as exc:
         logger.warning("retention could not prune the run history: %s", exc)
     remaining: list[_Candidate] = []
     for candidate in _candidates(store, metadata):
-        idle = now - candidate.last_used > settings.workspaces.conversation_ttl
+        idle = now - candidate.last_used > workspaces.conversation_ttl
         if idle and candidate.key not in busy and _delete(store, metadata, candidate, report, forget):
             report.idle.append(candidate.key)
         else:
@@ -145,12 +145,12 @@ def sweep(
         held[candidate.tenant] -= candidate.bytes
         return True
 
-    budget = settings.workspaces.tenant_workspaces_bytes
+    budget = workspaces.tenant_workspaces_bytes
     if budget is not None:
         for candidate in list(remaining):  # least recently used first, each tenant against its own budget
             if held[candidate.tenant] > budget and evict(candidate):
                 remaining.remove(candidate)
-    while sum(held.values()) > settings.workspaces.max_workspaces_bytes:
+    while sum(held.values()) > workspaces.max_workspaces_bytes:
         # The tenant holding the most (that has something left to evict) gives up its oldest.
         for tenant, _ in held.most_common():
             chosen = next((c for c in remaining if c.tenant == tenant and evict(c)), None)

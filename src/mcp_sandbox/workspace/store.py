@@ -65,20 +65,22 @@ def _framed(value: str) -> bytes:
 
 
 class WorkspaceStore:
-    """The workspaces of all conversations under ``settings.paths.state_dir``.
+    """The workspaces of all conversations under ``settings.paths.state_dir`` (``uids``' layout when given).
 
     Methods are synchronous and may block on the disk: call them from a worker thread
     (``anyio.to_thread.run_sync``). They are safe to call concurrently.
     """
 
-    def __init__(self, settings: Settings, secret: bytes, gate: ChangeGate | None = None) -> None:
+    def __init__(
+        self, settings: Settings, secret: bytes, gate: ChangeGate | None = None, uids: TenantUids | None = None
+    ) -> None:
         self.settings = settings
         self.gate = ChangeGate() if gate is None else gate  # the change locks, shared with the engine
-        self._layout = StateLayout.of(settings)
-        self.root = self._layout.workspaces
+        self.layout = StateLayout.of(settings) if uids is None else uids.layout  # the engine's, with its uids
+        self.root = self.layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the tenant's host uid's files, so that sandboxed code can change them.
-        self._uids = TenantUids(settings)
+        self._uids = TenantUids(settings.sandbox, self.layout) if uids is None else uids
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
         self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage, self.gate)
 
@@ -103,14 +105,14 @@ class WorkspaceStore:
             WorkspaceError: they cannot be created.
         """
         try:
-            self._layout.prepare_workspaces()
-            self._layout.prepare_uploads()
+            self.layout.prepare_workspaces()
+            self.layout.prepare_uploads()
         except OSError as exc:
             raise disk_error(exc, "cannot create the workspaces directory") from exc
 
     def sweep_partials(self) -> int:
         """Delete what uploads and forks cut by a crash left (see :mod:`.partials`); how many were deleted."""
-        return sweep_partials(self._layout, self.root, self.keys(), self._open_root)
+        return sweep_partials(self.layout, self.root, self.keys(), self._open_root)
 
     def ensure(self, key: str, tenant: str | None = None) -> Path:
         """Create conversation ``key``'s directory if needed (0700, ``tenant``'s host uid's); return it.
@@ -123,7 +125,7 @@ class WorkspaceStore:
                 directory is there.
         """
         path = self.directory(key)
-        if not self.root.is_dir() or not self._layout.uploads.is_dir():
+        if not self.root.is_dir() or not self.layout.uploads.is_dir():
             self.prepare()
         try:
             with contextlib.suppress(FileExistsError):
@@ -217,7 +219,7 @@ class WorkspaceStore:
         Raises:
             WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
         """
-        parked = self._parked_bytes(key) + checkpoint_bytes(self._layout, key, self.settings.workspaces.quota_files)
+        parked = self._parked_bytes(key) + checkpoint_bytes(self.layout, key, self.settings.workspaces.quota_files)
         root = self._open_root(key)
         if root is None:
             return Usage(bytes=parked, files=0)
@@ -239,7 +241,7 @@ class WorkspaceStore:
         its live session resumed and holds, 0 if none."""
         self.directory(key)  # the key checked before it names a path
         total = 0
-        for path in (self._layout.parked_state(key), self._layout.held_state(key)):
+        for path in (self.layout.parked_state(key), self.layout.held_state(key)):
             try:
                 total += os.lstat(path).st_size
             except FileNotFoundError:
@@ -291,7 +293,7 @@ class WorkspaceStore:
             os.close(parent)
             raise
         try:
-            staging = os.open(self._layout.uploads, DIR_FLAGS)
+            staging = os.open(self.layout.uploads, DIR_FLAGS)
         except OSError as exc:
             os.close(parent)
             raise disk_error(exc, f"{name}: cannot write in the workspace") from exc
@@ -388,10 +390,10 @@ class WorkspaceStore:
         """
         directory = self.directory(key)
         try:
-            for state in (self._layout.parked_state(key), self._layout.held_state(key)):
+            for state in (self.layout.parked_state(key), self.layout.held_state(key)):
                 with contextlib.suppress(FileNotFoundError):  # its parked interpreter state goes with it
                     os.unlink(state)
-            delete_checkpoints(self._layout, key)  # and its checkpoints
+            delete_checkpoints(self.layout, key)  # and its checkpoints
             remove_tree(directory)
         except OSError as exc:
             raise WorkspaceError(f"cannot delete the conversation's workspace: {exc.strerror}") from exc

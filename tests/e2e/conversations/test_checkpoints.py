@@ -203,7 +203,7 @@ async def test_a_conversations_checkpoints_are_deleted_with_it(state_dir: Path, 
     assert (layout.checkpoints / key / "cp" / "f.txt").exists() and state.exists()
     metadata = Metadata.open(state_dir / METADATA_FILE)
     try:
-        report = sweep(store, metadata, settings, time.time() + 10, busy=())
+        report = sweep(store, metadata, settings.workspaces, time.time() + 10, busy=())
     finally:
         metadata.close()
 

@@ -69,7 +69,13 @@ async def test_a_checkpoint_saved_by_one_server_is_restored_by_another_from_the_
             db.execute("UPDATE conversations SET last_used = 0")  # idle since 1970
         assert service.mirror is not None
         report = await anyio.to_thread.run_sync(
-            sweep, service.workspaces, service.metadata, service.settings, time.time(), (), service.mirror.forget
+            sweep,
+            service.workspaces,
+            service.metadata,
+            service.settings.workspaces,
+            time.time(),
+            (),
+            service.mirror.forget,
         )
         left = objects(s3_endpoint, url)
 

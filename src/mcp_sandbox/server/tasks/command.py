@@ -52,7 +52,7 @@ def _line(row: TaskRow, now: float, lease: float) -> str:
 
 def run_tasks(settings: Settings, args: argparse.Namespace) -> int:
     """List the tasks; 0."""
-    metadata = Metadata.open(StateLayout.of(settings).metadata, settings.paths.database_url)
+    metadata = Metadata.open(StateLayout.of(settings).metadata, settings.replicas.database_url)
     try:
         rows = TaskTable(metadata.database).newest(max(args.limit, 1), args.tenant, args.status)
     finally:
@@ -76,7 +76,7 @@ def run_tasks(settings: Settings, args: argparse.Namespace) -> int:
     if not rows:
         print("no tasks")
     # With replicas the servers beat and judge by replica_lease (server/service.py).
-    lease = settings.http.replica_lease if settings.http.replica_url else LEASE
+    lease = settings.replicas.replica_lease if settings.replicas.replica_url else LEASE
     for row in rows:
         print(_line(row, now, lease))
     return 0

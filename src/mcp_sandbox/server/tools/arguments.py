@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from mcp_sandbox.bridge.search import MAX_SEARCH_RESULTS, Detail
-from mcp_sandbox.config import OUTPUT_MODES, OutputMode, Settings
+from mcp_sandbox.config import OUTPUT_MODES, OutputMode
 from mcp_sandbox.egress import check_pattern
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace import check_conversation_id, check_filename
@@ -383,8 +383,8 @@ def parse(model: type[_Arguments], arguments: Mapping[str, Any] | None, context:
         raise ValidationError(str(argument), where + _message(first, model)) from exc
 
 
-def output_mode(arguments: Mapping[str, Any] | None, settings: Settings) -> OutputMode:
-    """The requested ``outputMode``, or the configured one when it is absent or invalid.
+def output_mode(arguments: Mapping[str, Any] | None, configured: OutputMode) -> OutputMode:
+    """The requested ``outputMode``, or ``configured`` when it is absent or invalid.
 
     Read on its own, leniently, so that even a validation error renders in the mode the caller asked for.
     """
@@ -392,4 +392,4 @@ def output_mode(arguments: Mapping[str, Any] | None, settings: Settings) -> Outp
     if raw in OUTPUT_MODES:
         mode: OutputMode = raw
         return mode
-    return settings.output_mode
+    return configured

@@ -59,7 +59,6 @@ from mcp_sandbox.server.tools.schemas import (
     search_tools_tool,
     upload_file_tool,
 )
-from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import derive_key, load_secret
 from mcp_sandbox.workspace.library import Library
 
@@ -102,11 +101,11 @@ class ToolHandlers:
         self._runners: list[dict[str, Any]] | None = None
         settings = service.settings
         self._library = Library(
-            StateLayout.of(settings).root / "library",
+            service.workspaces.layout.root / "library",
             derive_key(service.secret or load_secret(settings.paths.state_dir), "library"),
             settings.workspaces.library_bytes,
             settings.workspaces.library_entries,
-            StateLayout.of(settings).root / "library-views",
+            service.workspaces.layout.root / "library-views",
             sync=service.mirror,
         )
         # With replicas a view's id names the replica holding it; the others ask that one.

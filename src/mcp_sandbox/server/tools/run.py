@@ -135,7 +135,7 @@ class RunTool:
         self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
     ) -> types.CallToolResult:
         service = self._service
-        call = RunCall(tool, tenant, output_mode(raw, service.settings))
+        call = RunCall(tool, tenant, output_mode(raw, service.settings.output_mode))
         view = self._views.open(tenant, tool, raw)
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.

@@ -63,7 +63,9 @@ def bind_listeners(settings: Settings) -> Listeners:
             internal listener's settings do not fit.
     """
     http = settings.http
-    check_internal_listener(http)  # (before binding: the public port twice would bind, then not listen)
+    check_internal_listener(
+        http, settings.replicas.replica_url
+    )  # (before binding: the public port twice would bind, then not listen)
     public = _bind(http.host, http.port, "--port")
     if http.internal_port is None:
         return Listeners(public)

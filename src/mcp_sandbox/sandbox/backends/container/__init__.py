@@ -55,7 +55,7 @@ def create(settings: Settings, name: str) -> ContainerBackend:
     """
     if name == "container":
         try:
-            found, dialect = detect_runtime(settings)
+            found, dialect = detect_runtime(settings.sandbox)
         except BackendUnavailableError:
             found, dialect = "podman", "podman"
         return ContainerBackend(settings, "container", found, dialect)

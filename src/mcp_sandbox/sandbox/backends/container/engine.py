@@ -19,7 +19,7 @@ from pathlib import Path
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import SandboxSettings
 from mcp_sandbox.errors import BackendUnavailableError
 from mcp_sandbox.sandbox.backends.container.argv import LABEL, Flavour, owner_of, server_env
 
@@ -33,7 +33,7 @@ _CLI_SECONDS = 30.0
 _REMOVE_SECONDS = 60.0
 
 
-def detect_runtime(settings: Settings) -> tuple[str, Flavour]:
+def detect_runtime(sandbox: SandboxSettings) -> tuple[str, Flavour]:
     """The container CLI to use for ``--backend container``, in the earlier bridge's order.
 
     ``container_runtime`` (``MCP_BRIDGE_RUNTIME``) when set, else podman, else docker.
@@ -41,8 +41,8 @@ def detect_runtime(settings: Settings) -> tuple[str, Flavour]:
     Raises:
         BackendUnavailableError: none is installed.
     """
-    if settings.sandbox.container_runtime:
-        return settings.sandbox.container_runtime, flavour_of(settings.sandbox.container_runtime)
+    if sandbox.container_runtime:
+        return sandbox.container_runtime, flavour_of(sandbox.container_runtime)
     for name in ("podman", "docker"):
         if shutil.which(name):
             return name, "podman" if name == "podman" else "docker"

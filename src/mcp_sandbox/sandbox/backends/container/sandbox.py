@@ -117,6 +117,7 @@ class ContainerBackend:
         self.name = name
         self.engine = ContainerEngine(cli or flavour, flavour)
         self._settings = settings
+        self._layout = StateLayout.of(settings)  # once, not per run
         self._cgroups: CgroupSupport | None = None
         self._swept = False
         self._sweep_lock = anyio.Lock()
@@ -176,7 +177,7 @@ class ContainerBackend:
             return known
         data = json.dumps(oci_profile(egress=egress), sort_keys=True).encode()
         digest = hashlib.sha256(data).hexdigest()[:16]
-        layout = StateLayout.of(self._settings)
+        layout = self._layout
         layout.make_root_private()
         path = layout.seccomp_profile(digest)
         directory = path.parent
@@ -265,7 +266,7 @@ class ContainerBackend:
                 listener = listen(channel_dir, self.user(policy)[0])
                 undo.callback(listener.close)
             try:
-                aliased, aliases = alias_binds(policy, StateLayout.of(self._settings))
+                aliased, aliases = alias_binds(policy, self._layout)
             except OSError as exc:
                 raise SandboxStartError(f"cannot alias the container's bind sources: {exc}") from exc
             undo.callback(remove_aliases, aliases)
