@@ -98,9 +98,13 @@ class _Pumps:
         self._open = set(sinks)
         self.ended = anyio.Event()  # every pipe ended (or the reading failed)
         self.failure: BaseException | None = None
-        for fd in sinks:
-            os.set_blocking(fd, False)
-            self._loop.add_reader(fd, self._read, fd)
+        try:
+            for fd in sinks:
+                os.set_blocking(fd, False)
+                self._loop.add_reader(fd, self._read, fd)
+        except BaseException:
+            self.stop()  # no reader is left on a descriptor the caller is about to close
+            raise
 
     def _read(self, fd: int) -> None:
         sink = self._sinks[fd]
