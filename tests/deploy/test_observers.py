@@ -34,6 +34,22 @@ def test_audit_lines_are_json_with_time_and_event_and_rotate(tmp_path: Path) -> 
     assert last["event"] == "upload" and last["size"] == 19 and last["time"].endswith("Z")
 
 
+def test_audit_lines_another_writer_appended_count_toward_the_rotation_size(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    ours, theirs = AuditLog.open(path, max_bytes=400, backups=5), AuditLog.open(path, max_bytes=1 << 20)
+    try:
+        ours.record("run", n=0)
+        for index in range(1, 20):
+            theirs.record("run", n=index)  # never full for theirs
+        ours.record("run", n=20)
+    finally:
+        ours.close()
+        theirs.close()
+    # Ours rotated at its line because of the other writer's lines, not its own one line before.
+    assert (tmp_path / "audit.jsonl.1").exists()
+    assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [20]
+
+
 def _open_files(path: Path) -> list[str]:
     """This process's descriptors open on ``path`` (or on what it was renamed to)."""
     links = []

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 
-from mcp_sandbox.engine.output import CappedOutput, pump_fd, pump_stream
+from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 
 
 def test_the_first_cap_bytes_are_kept_across_chunks() -> None:
@@ -113,28 +113,58 @@ async def test_pump_reads_a_stream_to_its_end_past_the_cap() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_descriptor_that_never_runs_dry_does_not_starve_the_event_loop(tmp_path: Path) -> None:
-    # A regular file is always readable, like a pipe a writer never lets run empty: the pump
-    # must still give other tasks turns before it reaches the end.
-    path = tmp_path / "endless"
-    path.write_bytes(b"x" * (4 << 20))
+async def test_a_pipe_that_never_runs_dry_does_not_starve_the_event_loop() -> None:
+    # A writer that never lets the pipe run empty keeps it readable: its reader must still give
+    # other tasks turns before it reaches the end.
     output = CappedOutput(cap=10)
     seen: list[int] = []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as tasks:
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tasks:
 
-                async def watch() -> None:
-                    while True:
-                        seen.append(output.total)
-                        await anyio.lowlevel.checkpoint()
+            async def watch() -> None:
+                while True:
+                    seen.append(output.total)
+                    await anyio.lowlevel.checkpoint()
 
-                tasks.start_soon(watch)
-                await pump_fd(fd, output.feed)
-                tasks.cancel_scope.cancel()
-    finally:
-        os.close(fd)
+            tasks.start_soon(watch)
+            async with run_pipes(output, CappedOutput(cap=10)) as pipes:
+                writer = os.dup(pipes.ends[0])
+                pipes.close()
+                await anyio.to_thread.run_sync(_write_and_close, writer, b"x" * (4 << 20))
+            tasks.cancel_scope.cancel()
 
     assert output.total == 4 << 20
     assert any(0 < total < 4 << 20 for total in seen), seen
+
+
+@pytest.mark.anyio
+async def test_a_run_pipes_output_written_after_the_block_is_read_until_both_end() -> None:
+    stdout, stderr = CappedOutput(cap=100), CappedOutput(cap=100)
+    with anyio.fail_after(10):
+        async with run_pipes(stdout, stderr) as pipes:
+            writers = [os.dup(end) for end in pipes.ends]
+            pipes.close()
+            os.write(writers[1], b"err\n")
+            os.close(writers[1])
+        # Left the block with stdout still open: it was read until DRAIN_SECONDS, then no more.
+        os.close(writers[0])
+
+    assert (stdout.text(), stderr.text()) == ("", "err\n")
+
+
+@pytest.mark.anyio
+async def test_what_a_listener_raises_while_its_pipe_is_read_is_raised_by_the_block() -> None:
+    def refuse(data: bytes) -> None:
+        raise ValueError("the listener failed")
+
+    with anyio.fail_after(10), pytest.raises(ValueError, match="the listener failed"):
+        async with run_pipes(CappedOutput(cap=10, listener=refuse), CappedOutput(cap=10)) as pipes:
+            os.write(pipes.ends[0], b"x")
+            pipes.close()
+
+
+def _write_and_close(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)

@@ -1,8 +1,8 @@
 """Capped capture of a sandbox's stdout/stderr: its process's pipes and each run's own pipes.
 
 The two pumps are the only readers of output: :func:`pump_stream` for the sandbox process's own
-stdout/stderr (the backend's stream readers), :func:`pump_fd` for a run's pipes, which
-:func:`run_pipes` creates and drains.
+stdout/stderr (the backend's stream readers), and the event loop's readers of a run's pipes,
+which :func:`run_pipes` creates and drains.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import os
 from collections.abc import AsyncIterator, Callable
 
 import anyio
-import anyio.lowlevel
 
-__all__ = ["DRAIN_SECONDS", "CappedOutput", "RunPipes", "pump_fd", "pump_stream", "run_pipes"]
+__all__ = ["DRAIN_SECONDS", "CappedOutput", "RunPipes", "pump_stream", "run_pipes"]
 
 _CHUNK = 64 << 10
 _READS_PER_TURN = 8  # at most 512 KiB read between two turns of the event loop
@@ -67,31 +66,6 @@ async def pump_stream(stream: asyncio.StreamReader, feed: Callable[[bytes], None
         feed(chunk)
 
 
-async def pump_fd(fd: int, feed: Callable[[bytes], None]) -> None:
-    """Read the pipe ``fd`` until its end (every writer closed it), handing each chunk to ``feed``.
-
-    ``fd`` is made non-blocking; the caller closes it, after this returned or was cancelled.
-    """
-    os.set_blocking(fd, False)
-    reads = 0  # since this task last gave the loop a turn
-    while True:
-        try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            reads = 0
-            await anyio.wait_readable(fd)
-            continue
-        if not chunk:
-            return
-        feed(chunk)
-        reads += 1
-        if reads == _READS_PER_TURN:
-            # A writer that never pauses keeps the pipe readable: yield now and then, or the loop
-            # starves. (Not after every read: a run's few lines and its end come without a turn.)
-            reads = 0
-            await anyio.lowlevel.checkpoint()
-
-
 class RunPipes:
     """The write ends of a run's stdout and stderr pipes, until they are sent."""
 
@@ -108,6 +82,64 @@ class RunPipes:
                 os.close(fd)
 
 
+class _Pumps:
+    """The read ends of a run's pipes, each read by the event loop whenever it is readable.
+
+    Readers of the loop (``add_reader``), not a task per pipe: a run's two pump tasks in a task
+    group cost more of the server's CPU than all the reading a small run's output needs. A
+    callback reads at most :data:`_READS_PER_TURN` chunks, then gives the loop its turn (the pipe,
+    still readable, is offered again at the next one), so a writer that never pauses cannot
+    starve the loop. What a ``feed`` raises stops the reading and is raised by :meth:`check`.
+    """
+
+    def __init__(self, sinks: dict[int, CappedOutput]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sinks = sinks
+        self._open = set(sinks)
+        self.ended = anyio.Event()  # every pipe ended (or the reading failed)
+        self.failure: BaseException | None = None
+        try:
+            for fd in sinks:
+                os.set_blocking(fd, False)
+                self._loop.add_reader(fd, self._read, fd)
+        except BaseException:
+            self.stop()  # no reader is left on a descriptor the caller is about to close
+            raise
+
+    def _read(self, fd: int) -> None:
+        sink = self._sinks[fd]
+        try:
+            for _ in range(_READS_PER_TURN):
+                try:
+                    chunk = os.read(fd, _CHUNK)
+                except BlockingIOError:
+                    return
+                if not chunk:
+                    self._stop(fd)
+                    return
+                sink.feed(chunk)
+        except Exception as exc:  # a listener's or the read's: the run's, raised by check()
+            self.failure = exc
+            self.stop()
+
+    def _stop(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            self._loop.remove_reader(fd)
+        if not self._open:
+            self.ended.set()
+
+    def stop(self) -> None:
+        """Stop reading (before the pipes are closed: the loop must not watch a closed descriptor)."""
+        for fd in list(self._open):
+            self._stop(fd)
+
+    def check(self) -> None:
+        """Raise what stopped the reading, if anything did."""
+        if self.failure is not None:
+            raise self.failure
+
+
 @contextlib.asynccontextmanager
 async def run_pipes(stdout: CappedOutput, stderr: CappedOutput) -> AsyncIterator[RunPipes]:
     """A run's stdout and stderr pipes, pumped into ``stdout`` and ``stderr`` while the block runs.
@@ -118,25 +150,25 @@ async def run_pipes(stdout: CappedOutput, stderr: CappedOutput) -> AsyncIterator
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
     pipes = RunPipes(out_write, err_write)
+    pumps = None
     try:
-        async with anyio.create_task_group() as pumps:
-            ended = (anyio.Event(), anyio.Event())
-            pumps.start_soon(_pump_pipe, out_read, stdout, ended[0])
-            pumps.start_soon(_pump_pipe, err_read, stderr, ended[1])
-            try:
-                yield pipes
-            finally:
-                pipes.close()
-            if not pipes.ended:
-                with anyio.move_on_after(DRAIN_SECONDS):
-                    for end in ended:
-                        if not end.is_set():  # (wait() on a set event still yields to the loop)
-                            await end.wait()
-            pumps.cancel_scope.cancel()
+        pumps = _Pumps({out_read: stdout, err_read: stderr})
+        try:
+            yield pipes
+        finally:
+            pipes.close()
+        if not pipes.ended and not pumps.ended.is_set():  # (wait() on a set event still yields to the loop)
+            with anyio.move_on_after(DRAIN_SECONDS):
+                await pumps.ended.wait()
+        pumps.stop()
+        pumps.check()
         if pipes.ended:
             _read_left(out_read, stdout)
             _read_left(err_read, stderr)
     finally:
+        if pumps is not None:
+            pumps.stop()
+        pipes.close()
         os.close(out_read)
         os.close(err_read)
 
@@ -147,10 +179,3 @@ def _read_left(fd: int, sink: CappedOutput) -> None:
     with contextlib.suppress(BlockingIOError):
         while chunk := os.read(fd, 1 << 16):
             sink.feed(chunk)
-
-
-async def _pump_pipe(fd: int, sink: CappedOutput, ended: anyio.Event) -> None:
-    try:
-        await pump_fd(fd, sink.feed)
-    finally:
-        ended.set()

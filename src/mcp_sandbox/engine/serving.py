@@ -79,11 +79,17 @@ async def serve_run(
     span = None if dump else tracing.current()
     if span is not None:
         span.add_event("mcp_sandbox.run.start")
-    async with anyio.create_task_group() as calls:
-        try:
-            await _serve(record, run_id, tools, calls, channel, caps)
-        finally:
-            calls.cancel_scope.cancel()
+    first = await _serve(record, run_id, channel, caps)
+    if first is not None:
+        # From its first CALL on, the run's calls are answered in a task group of their own: most
+        # runs call nothing, and a task group entered and left costs more than a small run's frames.
+        async with anyio.create_task_group() as group:
+            try:
+                calls = _Calls(tools, group, anyio.Semaphore(caps.max_calls_in_flight), channel)
+                await calls.answer(first)
+                await _serve(record, run_id, channel, caps, calls)
+            finally:
+                group.cancel_scope.cancel()
     if span is not None:
         span.set_attributes(_ended(record))
 
@@ -97,21 +103,37 @@ def _ended(record: RunRecord) -> dict[str, tracing.AttributeValue]:
     return ended
 
 
+@dataclass
+class _Calls:
+    """The CALLs of a run being answered, at most ``in_flight``'s value at once."""
+
+    tools: ToolAccess | None
+    group: TaskGroup
+    in_flight: anyio.Semaphore
+    channel: Channel
+
+    async def answer(self, call: Call) -> None:
+        """Answer ``call`` in a task of its own, once fewer than the cap are (the channel waits meanwhile)."""
+        await self.in_flight.acquire()
+        self.group.start_soon(_answer, self.tools, call, self.channel, self.in_flight)
+
+
 async def _serve(
-    record: RunRecord, run_id: int, tools: ToolAccess | None, calls: TaskGroup, channel: Channel, caps: RunCaps
-) -> None:
-    """Serve frames until this run's DONE, an ERROR or the end of the channel.
+    record: RunRecord, run_id: int, channel: Channel, caps: RunCaps, calls: _Calls | None = None
+) -> Call | None:
+    """Serve frames until this run's DONE, an ERROR or the end of the channel; without ``calls``,
+    until its first CALL, which is returned (the caller answers it and serves on with ``calls``).
 
     At most ``max_calls_in_flight`` CALLs are answered at once: at the cap the channel is not
     read until one finishes (the sandbox's writes block), so a run cannot queue up work or
     memory on the host.
     """
-    in_flight = anyio.Semaphore(caps.max_calls_in_flight)
     try:
         while (frame := await channel.receive()) is not None:
             if isinstance(frame, Call):
-                await in_flight.acquire()
-                calls.start_soon(_answer, tools, frame, channel, in_flight)
+                if calls is None:
+                    return frame
+                await calls.answer(frame)
             elif isinstance(frame, Done):
                 if frame.run != run_id:
                     continue  # a previous run's, or forged by the code: not this run's end
@@ -119,22 +141,23 @@ async def _serve(
                 record.exit_code = frame.exit_code
                 record.exception = frame.exception
                 record.forked = frame.fork
-                return
+                return None
             elif isinstance(frame, Display):
                 if frame.run == run_id:
                     await _collect_image(record, frame, caps)
             elif isinstance(frame, Error):
                 record.protocol_error = frame.message
-                return
+                return None
             else:
                 record.protocol_error = f"unexpected frame {frame.KIND.name} from the sandbox"
                 with contextlib.suppress(ChannelError):
                     await channel.send(Error(record.protocol_error))
-                return
+                return None
         record.channel_ended = True
     except ChannelError as exc:
         # Sandboxed code can write garbage on its own channel: that ends the run, not the host.
         record.protocol_error = str(exc)
+    return None
 
 
 async def _collect_image(record: RunRecord, frame: Display, caps: RunCaps) -> None:

@@ -1,7 +1,9 @@
-"""A run's cgroup kills what a container runtime nested in it at once, sparing its monitor."""
+"""A run's cgroup kills what a container runtime nested in it at once, sparing its monitor; it counts limit hits."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import time
 
@@ -47,3 +49,35 @@ def test_kill_nested_kills_the_containers_processes_and_spares_the_monitor() -> 
         deadline = time.monotonic() + 5
         while not group.remove() and time.monotonic() < deadline:
             time.sleep(0.01)
+
+
+def _open_descriptors_under(directory: str) -> list[str]:
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return [link for link in links if link.startswith(directory)]
+
+
+def test_limit_hits_after_the_first_read_are_counted_and_removal_closes_what_was_read() -> None:
+    support = detect_root_cgroups()
+    if "pids" not in support.bases:
+        pytest.skip(f"no pids cgroup here: {support.reason}")
+    group = RunCgroup.create(support, Limits(pids=1))
+    pids_directory = str(group.directories["pids"])
+    try:
+        assert group.events()[1] == 0
+        # One process in the cgroup, at its limit: its fork is refused, and counted.
+        script = f"echo $$ > {pids_directory}/cgroup.procs; /bin/true"
+        refused = subprocess.run(["/bin/sh", "-c", script], capture_output=True, timeout=10)
+        assert refused.returncode != 0
+
+        assert group.events()[1] >= 1
+    finally:
+        deadline = time.monotonic() + 5
+        while not group.remove() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert not os.path.exists(pids_directory)
+    assert _open_descriptors_under(pids_directory) == []
+    assert group.events() == (0, 0)  # gone: nothing read, nothing kept open
+    assert _open_descriptors_under(pids_directory) == []

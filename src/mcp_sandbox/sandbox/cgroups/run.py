@@ -24,6 +24,7 @@ _REMOVE_POLL = 0.01
 _CPU_PERIOD_US = 100_000
 # Page-granular accounting: a peak this close to the limit is the limit.
 _PEAK_SLACK = 64 << 10
+_COUNTER_BYTES = 4096  # a limit-hit counter file's whole text, read in one pread
 
 
 class RunCgroup:
@@ -34,6 +35,9 @@ class RunCgroup:
         self.directories = directories
         # A container runtime puts cgroups of its own in it (see ``backends.process.run_cgroup``).
         self.nested = False
+        # The limit-hit counters' files, kept open from their first read (see events) until remove().
+        self._counters: dict[str, int] = {}
+        self._removed = False
 
     @classmethod
     def create(cls, support: CgroupSupport, limits: Limits) -> RunCgroup:
@@ -129,21 +133,36 @@ class RunCgroup:
         """(memory, pids): how often the memory limit was hit (or the OOM killer acted) and a fork
         was refused, so far (counters only grow).
 
-        Read before and after every warm run.
+        Read before and after every warm run, through descriptors kept open: opening a cgroup
+        file costs several times reading it, and a warm run reads three twice.
         """
         memory = pids = 0
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("memory")
             if directory is not None and self._support.version == 1:
-                memory += int(kernfs.read(f"{directory}/memory.failcnt"))
-                memory += _parse_counters(kernfs.read(f"{directory}/memory.oom_control"), ("oom_kill",))[0]
+                memory += int(self._counter(f"{directory}/memory.failcnt"))
+                memory += _parse_counters(self._counter(f"{directory}/memory.oom_control"), ("oom_kill",))[0]
             elif directory is not None:
-                memory += sum(_parse_counters(kernfs.read(f"{directory}/memory.events"), ("oom_kill", "max")))
+                memory += sum(_parse_counters(self._counter(f"{directory}/memory.events"), ("oom_kill", "max")))
         with contextlib.suppress(OSError, ValueError):
             directory = self.directories.get("pids")
             if directory is not None:
-                pids = _parse_counters(kernfs.read(f"{directory}/pids.events"), ("max",))[0]
+                pids = _parse_counters(self._counter(f"{directory}/pids.events"), ("max",))[0]
         return memory, pids
+
+    def _counter(self, path: str) -> str:
+        """The text of the counter file ``path``, read from the start of a descriptor opened at its first
+        read (the kernel makes the text anew for each read at offset 0) and closed by :meth:`remove`.
+
+        Raises:
+            OSError: it cannot be opened or read (``ENODEV`` once the cgroup is removed).
+        """
+        if self._removed:
+            return kernfs.read(path)
+        fd = self._counters.get(path)
+        if fd is None:
+            fd = self._counters[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.pread(fd, _COUNTER_BYTES, 0).decode()
 
     def pids_exhausted(self) -> bool:
         """Whether a fork failed because of the pids limit."""
@@ -224,6 +243,9 @@ class RunCgroup:
         A cgroup is busy (EBUSY) until the kernel has reaped its last process, which can lag
         behind the death of the sandbox's outer process: see :meth:`aremove`.
         """
+        self._removed = True
+        while self._counters:
+            os.close(self._counters.popitem()[1])
         gone = True
         relative = self.hierarchy_path() if self.nested else None
         if relative is not None:
