@@ -286,14 +286,17 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
+# mypy (cold from a fresh clone: minutes), lint-imports and the TypeScript checks run niced beside
+# the parallel tests, which mostly wait on sandboxes and servers; their output follows the tests'.
+# The serial tests start once they are done: those want the machine to themselves.
 test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	$(BIN)/mypy
-	$(BIN)/lint-imports
-	@$(MAKE) --no-print-directory typecheck-ts
-	status=0; \
+	status=0; static=$$(mktemp); \
+	{ nice $(BIN)/mypy && nice $(BIN)/lint-imports && nice $(TSC_CHECK) && nice $(DENO_CHECK); } >"$$static" 2>&1 & checks=$$!; \
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) || status=$$?; \
+	wait $$checks || status=$$?; \
+	echo "--- mypy, lint-imports and the TypeScript checks (run beside the tests above):"; cat "$$static"; rm -f "$$static"; \
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest -m serial $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
@@ -321,9 +324,11 @@ typecheck: venv typecheck-ts ## mypy (strict; configured in pyproject.toml) and 
 
 # The runner's source against the real types of each runtime: tsc (pinned) with bun's types for
 # everything bun runs, and deno's own checker for deno's entry (Deno's types are built into it).
+TSC_CHECK  = $(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
+DENO_CHECK = env DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
 typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check over the TypeScript runner
-	$(RUNTIME_JS)/node_modules/.bin/tsc -p $(JS_RUNNER)/tsconfig.json --typeRoots $(RUNTIME_JS)/node_modules
-	DENO_NO_UPDATE_CHECK=1 $(RUNTIME_JS)/node_modules/@deno/linux-x64-glibc/deno check --quiet --no-config --no-lock $(JS_RUNNER)/deno.ts
+	$(TSC_CHECK)
+	$(DENO_CHECK)
 
 pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
