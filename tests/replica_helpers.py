@@ -28,9 +28,29 @@ from mcp.types import CallToolResult
 from mcp_sandbox.workspace import remove_tree
 from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, _wait_listening, free_port, http_client
 
-__all__ = ["TOKEN", "InternalHop", "Replica", "call", "lease_rows", "replicas", "replicas_apart", "shared_secret"]
+__all__ = [
+    "TOKEN",
+    "InternalHop",
+    "Replica",
+    "call",
+    "lease_rows",
+    "long_run",
+    "replicas",
+    "replicas_apart",
+    "shared_secret",
+]
 
 TOKEN = "replica-token-0123456789abcdef"
+
+
+def long_run(marker: str) -> str:
+    """Code whose run prints ``tick 1`` and works for 300 s, with a child process marked ``marker``."""
+    return f"""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
+        print("tick 1", flush=True)
+        time.sleep(300)
+    """
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import pytest
 
 from mcp_test_helpers import CALL_BOUND, host_processes, poll
 from postgres_helpers import Cluster
-from replica_helpers import TOKEN, replicas
+from replica_helpers import TOKEN, long_run, replicas
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
 
@@ -67,15 +67,6 @@ async def until(url: str, task_id: str, holds: Callable[[dict[str, Any]], bool])
         if holds(task):
             return task
         await anyio.sleep(0.1)
-
-
-def long_run(marker: str) -> str:
-    return f"""
-        import subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
-        print("tick 1", flush=True)
-        time.sleep(300)
-    """
 
 
 async def test_the_other_replica_answers_a_task_from_its_owner_and_the_database(

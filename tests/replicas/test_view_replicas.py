@@ -26,7 +26,7 @@ import pytest
 from mcp_sandbox.server.tools.run_views import STOPPED_FROM_VIEW
 from mcp_test_helpers import CALL_BOUND, auth_tokens, host_processes, new_conversation, poll
 from postgres_helpers import Cluster
-from replica_helpers import TOKEN, InternalHop, lease_rows, replicas_apart
+from replica_helpers import TOKEN, InternalHop, lease_rows, long_run, replicas_apart
 from tls_helpers import certificates
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
@@ -93,15 +93,6 @@ async def until_state(url: str, uri: str, holds: Callable[[dict[str, Any]], bool
         if holds(seen):
             return seen
         await anyio.sleep(0.1)
-
-
-def long_run(marker: str) -> str:
-    return f"""
-        import subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", {marker!r}])
-        print("tick 1", flush=True)
-        time.sleep(300)
-    """
 
 
 async def test_a_run_view_is_read_and_stopped_through_either_replica_and_only_by_its_tenant(
