@@ -2,7 +2,7 @@
 
 The double (tests/doubles/sandbox.py) runs the real runner unconfined and records every policy
 it starts, so these tests need no bwrap. The warm and pre-started paths fork from a zygote,
-which only a real sandbox can hold: tests/engine/test_pool.py and test_prestart.py cover them.
+which only a real sandbox can hold: tests/engine/test_warm.py and test_prestart.py cover them.
 """
 
 from __future__ import annotations

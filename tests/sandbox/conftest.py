@@ -69,7 +69,7 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
     """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``.
 
     Warm: each run goes to a warm sandbox of a running engine (without preloaded modules, which
-    would only slow the suite down; tests/engine/test_pool.py covers the default preload). The
+    would only slow the suite down; tests/engine/test_warm.py covers the default preload). The
     container backends keep no zygotes: there a warm run is a pre-started single-use container's,
     answered on its runner's DONE and judged by the counters then.
     """

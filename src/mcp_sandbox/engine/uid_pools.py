@@ -25,7 +25,8 @@ from mcp_sandbox.engine.per_uid import UidRegistry
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import DEFAULT_SIZES, PrestartPlacement, PrestartPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
-from mcp_sandbox.engine.warm import WarmPlacement, WarmPool
+from mcp_sandbox.engine.warm import WarmPool
+from mcp_sandbox.engine.warm_placement import WarmPlacement
 
 __all__ = ["PoolsByUid", "UidPools", "tenant_pool_settings"]
 
