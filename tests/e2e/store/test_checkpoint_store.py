@@ -41,6 +41,14 @@ async def _serving(state_dir: Path, url: str, runtime: Path | None) -> AsyncIter
             yield service, client
 
 
+def _sharing_the_secret(first: Path, second: Path) -> Path:
+    """``second``, a new server's state directory with ``first``'s secret (as replicas share one)."""
+    second.mkdir(mode=0o700)
+    (second / "secret").write_bytes((first / "secret").read_bytes())
+    (second / "secret").chmod(0o600)
+    return second
+
+
 async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
     return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
 
@@ -56,10 +64,7 @@ async def test_a_checkpoint_saved_by_one_server_is_restored_by_another_from_the_
         made = await _run(client, "value = 'saved'\nopen('f.txt', 'w').write('saved')", conversation)
         saved = await _run(client, "value = 'later'\nopen('f.txt', 'w').write('later')", conversation, checkpoint="cp")
     stored = sorted(name for name in objects(s3_endpoint, url) if name.startswith("checkpoints/"))
-    second = state_dir / "second"
-    second.mkdir(mode=0o700)
-    (second / "secret").write_bytes((first / "secret").read_bytes())
-    (second / "secret").chmod(0o600)
+    second = _sharing_the_secret(first, state_dir / "second")
 
     async with _serving(second, url, sandbox_runtime) as (service, client):
         restored = await _run(client, "print(value, open('f.txt').read())", conversation, reset="cp")
@@ -100,10 +105,7 @@ async def test_a_checkpoint_deleted_by_a_server_that_never_held_it_is_deleted_fr
         saved = [await _run(client, "pass", conversation, checkpoint=name) for name in ("a", "b")]
         key = service.workspaces.key("default", conversation)
     stored = sorted(objects(s3_endpoint, url))
-    second = state_dir / "second"
-    second.mkdir(mode=0o700)
-    (second / "secret").write_bytes((first / "secret").read_bytes())
-    (second / "secret").chmod(0o600)
+    second = _sharing_the_secret(first, state_dir / "second")
 
     async with _serving(second, url, sandbox_runtime) as (_, client):
         deleted = await _run(client, "print('ran')", conversation, checkpoint="-a")
