@@ -23,7 +23,7 @@ from mcp_sandbox.engine import Engine, ExecutionResult
 
 from .conftest import RunningEngine
 from .helpers import execute, host_processes, poll, spawn_marked, wait_until_gone
-from .test_pool import _FRESH_STATE, _SCHEDULING_ATTACK
+from .test_warm import _FRESH_STATE, _SCHEDULING_ATTACK
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 

@@ -19,7 +19,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from engine.test_pool import _FRESH_STATE, _SCHEDULING_ATTACK
+from engine.test_warm import _FRESH_STATE, _SCHEDULING_ATTACK
 from mcp_test_helpers import CALL_BOUND, memory_client, run_python, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client
 
 from container_helpers import backend_flags
-from engine.test_pool import _FRESH_STATE, _SCHEDULING_ATTACK
+from engine.test_warm import _FRESH_STATE, _SCHEDULING_ATTACK
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
