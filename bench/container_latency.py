@@ -45,7 +45,7 @@ import anyio
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.workspace import remove_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
     if (RUNTIME / "bin" / "python3").exists():
         values["python_runtime"] = str(RUNTIME)
     settings = load_settings(env={}, flags=values)
-    backend = get_backend(name, settings)
+    backend = backend_for(settings, name)
     probe = backend.probe()
     if not probe.available:
         print(f"{name:<8} unavailable: {probe.reason}")

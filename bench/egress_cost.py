@@ -31,7 +31,7 @@ import anyio
 from mcp_sandbox import load_settings
 from mcp_sandbox.egress import EgressGrant, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.workspace import remove_tree
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def main() -> None:
                 flags["python_runtime"] = str(runtime)
             settings = load_settings(env={}, flags=flags)
             engine = Engine(
-                settings, get_backend("bwrap", settings), egress_resolver=hosts_resolver({_NAME: ["127.0.0.1"]})
+                settings, backend_for(settings, "bwrap"), egress_resolver=hosts_resolver({_NAME: ["127.0.0.1"]})
             )
             engine.prepare()
             grant = TenantEgress(settings).grant("default", True, None)

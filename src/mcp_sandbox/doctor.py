@@ -20,11 +20,12 @@ from mcp_sandbox.egress import EgressGrant, EgressRules, TenantEgress, hosts_res
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.disk import GROWING_SECONDS, WATCH_SECONDS, WRITE_GAP
 from mcp_sandbox.engine.runtimes import js_binary
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.errors import ConfigError, SandboxError
 from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
 from mcp_sandbox.sandbox import gate
-from mcp_sandbox.sandbox.backends import BackendProbe, available_backends, get_backend
+from mcp_sandbox.sandbox.backends import BackendProbe, available_backends
 from mcp_sandbox.sandbox.host_versions import host_versions
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import check_tenant_uids
@@ -75,13 +76,13 @@ def _report_gate(settings: Settings, out: TextIO) -> None:
 
 def _check_runtime(settings: Settings, out: TextIO) -> bool:
     out.write(f"\npython runtime: {settings.paths.python_runtime} ({settings.paths.python_interpreter})\n")
-    status = python_status(settings)
+    status = python_status(settings.paths, settings.sandbox)
     if status.missing:
         out.write(f"  MISSING: {status.advice()}\n")
         return False
     if status.problem is not None:
         out.write(f"  OUT OF DATE: {status.advice()}\n")
-    engine = Engine(settings, get_backend(settings.sandbox.backend, settings))
+    engine = Engine(settings, backend_for(settings))
     try:
         result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=_CHECK_SECONDS))
     except SandboxError as exc:
@@ -99,20 +100,20 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
     """Run TypeScript once on the configured runtime. Reported only: Python works without it."""
     binary = js_binary(settings)
     out.write(f"\njavascript runtime: {settings.sandbox.js_runtime} ({binary})\n")
-    status = js_status(settings)
+    status = js_status(settings.paths)
     if status.missing or not os.access(binary, os.X_OK):
         out.write(f"  MISSING: typescript/javascript runs fail; {status.advice()}\n")
         return
     if status.problem is not None:
         out.write(f"  OUT OF DATE: {status.advice()}\n")
-    if current_bundle(settings) is None:
+    if current_bundle(settings.paths, settings.sandbox) is None:
         out.write(
             f"  SLOWER start: the runner is not bundled for these sources (2-3.5 ms more CPU per sandbox); "
             f"run `{FIX_COMMAND}` (in a checkout: `make runtime`)\n"
         )
     if not memory_cgroup:
         out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
-    engine = Engine(settings, get_backend(settings.sandbox.backend, settings))
+    engine = Engine(settings, backend_for(settings))
     request = ExecutionRequest(
         code="const n: number = 6 * 7;\nconsole.log(n);", timeout=_CHECK_SECONDS, language="typescript"
     )
@@ -167,7 +168,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
             grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
             engine = Engine(
                 settings,
-                get_backend(settings.sandbox.backend, settings),
+                backend_for(settings),
                 egress_resolver=hosts_resolver({_EGRESS_NAME: ["127.0.0.1"]}),
             )
             code = _EGRESS_CHECK.format(name=_EGRESS_NAME, port=port)
@@ -341,7 +342,9 @@ def doctor(settings: Settings, out: TextIO) -> int:
     _report_forks(settings, out)
     metadata_ok = _report_metadata(settings, out)
     _report_replicas(settings, out)
-    probes = available_backends(settings)
+    probes = available_backends(
+        sandbox=settings.sandbox, paths=settings.paths, limits=settings.limits, layout=StateLayout.of(settings)
+    )
     for probe in probes:
         _report_backend(probe, out)
     configured = next((p for p in probes if p.name == settings.sandbox.backend), None)

@@ -12,7 +12,8 @@ import pytest
 from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.sandbox.backends import BackendProbe, get_backend
+from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.sandbox.backends import BackendProbe
 
 _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
@@ -26,7 +27,7 @@ def _registry_name(kind: str) -> str:
 @pytest.fixture(scope="session")
 def container_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
     return {
-        kind: get_backend(_registry_name(kind), load_settings(env={}, flags=backend_flags(kind))).probe()
+        kind: backend_for(load_settings(env={}, flags=backend_flags(kind)), _registry_name(kind)).probe()
         for kind in ("podman", "docker")
     }
 
@@ -52,7 +53,7 @@ def make_container_engine(state_dir: Path, sandbox_runtime: Path | None, contain
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, get_backend(_registry_name(container_kind), settings))
+        engine = Engine(settings, backend_for(settings, _registry_name(container_kind)))
         engine.prepare()
         return engine
 

@@ -29,7 +29,7 @@ from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.engine.startup import backend_for
 
 SERVER = Path(__file__).with_name("host_server.py")
 NAMES = ("web.test", "api.web.test", "other.test", "denied.web.test")
@@ -141,7 +141,7 @@ def egress_engine(
             config_file = state_dir.parent / "egress-config.toml"
             config_file.write_text(config)
         settings = load_settings(env=env or {}, flags=values, config_file=config_file)
-        chosen = get_backend(backend, settings)
+        chosen = backend_for(settings, backend)
         probe = chosen.probe()
         if not probe.available:
             if backend in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):

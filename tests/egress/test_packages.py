@@ -31,7 +31,7 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.engine.startup import backend_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
@@ -118,7 +118,7 @@ async def test_pip_install_goes_to_the_workspace_and_a_later_run_imports_it(
     if sandbox_runtime is not None:
         flags["python_runtime"] = str(sandbox_runtime)
     settings = load_settings(env={}, flags=flags)
-    engine = Engine(settings, get_backend("bwrap", settings))
+    engine = Engine(settings, backend_for(settings, "bwrap"))
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)
@@ -168,7 +168,7 @@ async def test_bun_add_goes_to_the_workspace_and_a_later_run_imports_it(
     if sandbox_runtime is not None:
         flags["python_runtime"] = str(sandbox_runtime)
     settings = load_settings(env={}, flags=flags)
-    engine = Engine(settings, get_backend("bwrap", settings))
+    engine = Engine(settings, backend_for(settings, "bwrap"))
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)

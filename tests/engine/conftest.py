@@ -11,7 +11,8 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.sandbox.backends import BackendProbe, get_backend
+from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.sandbox.backends import BackendProbe
 
 # Small limits keep the tests quick; tests that need others pass their own.
 _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
@@ -22,7 +23,7 @@ RunningEngine = Callable[..., contextlib.AbstractAsyncContextManager[Engine]]
 
 @pytest.fixture(scope="session")
 def bwrap_probe() -> BackendProbe:
-    return get_backend("bwrap", load_settings(env={}, flags={})).probe()
+    return backend_for(load_settings(env={}, flags={}), "bwrap").probe()
 
 
 @pytest.fixture
@@ -37,7 +38,7 @@ def make_engine(state_dir: Path, sandbox_runtime: Path | None, bwrap_probe: Back
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, get_backend("bwrap", settings))
+        engine = Engine(settings, backend_for(settings, "bwrap"))
         engine.prepare()
         return engine
 

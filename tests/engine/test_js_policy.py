@@ -12,6 +12,7 @@ from mcp_sandbox.engine.runtimes import BASE_ENVIRONMENT, js_policy, policy_for,
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
 from mcp_sandbox.sandbox.cgroups import CgroupSupport
+from settings_helpers import bwrap_pieces
 
 _WORKSPACE = Path("/srv/ws")
 
@@ -61,7 +62,7 @@ def test_js_runtime_is_a_setting_with_an_environment_variable() -> None:
 
 def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
     settings = load_settings(env={}, flags={})
-    backend = BwrapBackend(settings)
+    backend = BwrapBackend(*bwrap_pieces(settings))
     backend._cgroups = CgroupSupport(version=None, reason="none here")  # no memory cgroup on this "host"
     js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
     python = python_policy(settings, workspace=_WORKSPACE, timeout=5)

@@ -102,10 +102,12 @@ async def test_the_runner_runs_the_same_bundled_by_setup_and_from_its_sources(
     for bundled in (False, True):
         engine = make_engine(js_runtime=js_runtime, js_runtime_dir=str(runtime_dir))
         if bundled:
-            (built,) = [path for path in build_bundles(engine.settings, log=lambda _: None) if js_runtime in path.name]
-            assert current_bundle(engine.settings) == built
+            (built,) = [
+                path for path in build_bundles(engine.settings.paths, log=lambda _: None) if js_runtime in path.name
+            ]
+            assert current_bundle(engine.settings.paths, engine.settings.sandbox) == built
         else:
-            assert current_bundle(engine.settings) is None
+            assert current_bundle(engine.settings.paths, engine.settings.sandbox) is None
         policy = js_policy(engine.settings, language="typescript", workspace=None, timeout=5)
         entries.append(policy.command[-2])
         source = {mount.target: mount.source for mount in policy.mounts}[RUNTIME_MOUNT + "/typescript"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.config import JS_RUNTIMES, Settings, load_settings
+from mcp_sandbox.config import JS_RUNTIMES, PathSettings, SandboxSettings, Settings, load_settings
 from mcp_sandbox.provision.bundles import BUNDLES, build_bundles, bundle_digest, current_bundle
 from mcp_sandbox.provision.pins import JS_BINARIES
 from mcp_sandbox.runners import runner_dir
@@ -50,17 +50,22 @@ def _settings(runtime_dir: Path, runtime: str = "bun") -> Settings:
     return load_settings(env={}, flags={"js_runtime_dir": str(runtime_dir), "js_runtime": runtime})
 
 
+def _pieces(runtime_dir: Path, runtime: str = "bun") -> tuple[PathSettings, SandboxSettings]:
+    settings = _settings(runtime_dir, runtime)
+    return settings.paths, settings.sandbox
+
+
 def test_setup_builds_a_readable_bundle_per_runtime_keeps_a_current_one_and_prunes_stale_ones(
     runtime_dir: Path,
 ) -> None:
     stale = runtime_dir / "runners" / "bun-0123456789abcdef0123"
     stale.mkdir(parents=True)
 
-    built = build_bundles(_settings(runtime_dir), log=lambda _: None)
+    built = build_bundles(_settings(runtime_dir).paths, log=lambda _: None)
 
     assert [path.name.partition("-")[0] for path in built] == list(JS_RUNTIMES)
     for runtime, directory in zip(JS_RUNTIMES, built, strict=True):
-        assert current_bundle(_settings(runtime_dir, runtime)) == directory
+        assert current_bundle(*_pieces(runtime_dir, runtime)) == directory
         bundle = directory / BUNDLES[runtime]
         assert bundle.stat().st_size > 0
         # Beside it, every runner file: the workers the runner starts by a path relative to itself.
@@ -73,13 +78,13 @@ def test_setup_builds_a_readable_bundle_per_runtime_keeps_a_current_one_and_prun
     bundle = built[0] / BUNDLES["bun"]
     before = bundle.stat().st_mtime_ns
     stale.mkdir()  # left by an earlier setup whose prune failed
-    assert build_bundles(_settings(runtime_dir), log=lambda _: None) == built
+    assert build_bundles(_settings(runtime_dir).paths, log=lambda _: None) == built
     assert bundle.stat().st_mtime_ns == before  # current: not built again
     assert not stale.exists()  # but the stale one is pruned all the same
 
 
 def test_without_an_installed_runtime_there_is_no_bundle_and_the_sources_run(tmp_path: Path) -> None:
     lines: list[str] = []
-    assert build_bundles(_settings(tmp_path), log=lines.append) == []
-    assert current_bundle(_settings(tmp_path)) is None
+    assert build_bundles(_settings(tmp_path).paths, log=lines.append) == []
+    assert current_bundle(*_pieces(tmp_path)) is None
     assert any("not installed" in line for line in lines)

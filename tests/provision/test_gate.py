@@ -24,6 +24,7 @@ from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.launcher import LaunchSpec, gated, open_gate
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 from mcp_test_helpers import own_processes, poll, private_tmpdir
+from settings_helpers import bwrap_pieces
 
 _NOBODY = 65534
 _GATE = "mcp-sandbox-gat"  # the sh gate's $0, the static gate's name (the kernel keeps 15 characters)
@@ -141,7 +142,7 @@ async def test_the_backend_starts_sandboxes_through_the_gate_and_falls_back_loud
     built: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = load_settings(env={}, flags={"gate_dir": str(built)})
-    backend = BwrapBackend(settings)
+    backend = BwrapBackend(*bwrap_pieces(settings))
     if backend.cgroups.version is None:
         pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
     async with backend.running():
@@ -149,7 +150,7 @@ async def test_the_backend_starts_sandboxes_through_the_gate_and_falls_back_loud
 
     gate.built_path(built).chmod(0o777)
     with caplog.at_level(logging.WARNING):
-        backend = BwrapBackend(settings)
+        backend = BwrapBackend(*bwrap_pieces(settings))
         async with backend.running():
             assert await _waiting_at_the_gate(backend) == ["/bin/sh"] * SPARES
     assert "not running the sandbox's gate" in caplog.text and "writable" in caplog.text
@@ -159,7 +160,7 @@ async def test_the_backend_starts_sandboxes_through_the_gate_and_falls_back_loud
 @pytest.mark.anyio
 async def test_a_gate_removed_under_a_running_backend_is_not_run_again(built: Path) -> None:
     # What setup of another version does (it prunes the builds of other sources) while a server runs.
-    backend = BwrapBackend(load_settings(env={}, flags={"gate_dir": str(built)}))
+    backend = BwrapBackend(*bwrap_pieces(load_settings(env={}, flags={"gate_dir": str(built)})))
     if backend.cgroups.version is None:
         pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
     async with backend.running():
@@ -264,7 +265,7 @@ async def test_runs_start_through_sh_and_setpriv_when_another_user_owns_a_parent
     parent.mkdir(mode=0o755)
     build_gate(parent / "gate", log=lambda _: None)
     os.chown(parent, _NOBODY, _NOBODY)
-    backend = BwrapBackend(load_settings(env={}, flags={"gate_dir": str(parent / "gate")}))
+    backend = BwrapBackend(*bwrap_pieces(load_settings(env={}, flags={"gate_dir": str(parent / "gate")})))
     if backend.cgroups.version is None:
         pytest.skip(f"no cgroups here (a running backend keeps no spares): {backend.cgroups.reason}")
     with caplog.at_level(logging.WARNING):

@@ -49,7 +49,7 @@ def test_a_runtime_package_that_is_not_a_requirement_is_refused_by_name(bad: str
 
 def test_a_missing_runtime_stops_serve_naming_the_command_that_fixes_it(tmp_path: Path) -> None:
     settings = load_settings(env={"MCP_SANDBOX_DATA_DIR": str(tmp_path), "MCP_SANDBOX_STATE_DIR": str(tmp_path)})
-    assert python_status(settings).missing and js_status(settings).missing
+    assert python_status(settings.paths, settings.sandbox).missing and js_status(settings.paths).missing
     with pytest.raises(ConfigError, match=f"run `{FIX_COMMAND}`"):
         open_engine(settings)
 
@@ -59,24 +59,24 @@ def test_a_stamp_from_other_pins_or_packages_is_out_of_date(tmp_path: Path) -> N
     (runtime / "bin").mkdir(parents=True)
     (runtime / "bin" / "python3").symlink_to("/usr/bin/python3")
     settings = load_settings(env={"MCP_SANDBOX_DATA_DIR": str(tmp_path)})
-    write_stamp(runtime, {"digest": python_digest(settings)})
-    assert python_status(settings).problem is None
+    write_stamp(runtime, {"digest": python_digest(settings.sandbox)})
+    assert python_status(settings.paths, settings.sandbox).problem is None
     with_packages = load_settings(
         env={"MCP_SANDBOX_DATA_DIR": str(tmp_path), "MCP_SANDBOX_RUNTIME_PACKAGES": "tabulate"}
     )
-    status = python_status(with_packages)
+    status = python_status(with_packages.paths, with_packages.sandbox)
     assert status.problem is not None and not status.missing and FIX_COMMAND in status.advice()
     (runtime / STAMP).unlink()  # a runtime `make` built: current, unless runtime_packages ask for more
-    assert python_status(settings).problem is None
-    assert python_status(with_packages).problem is not None
+    assert python_status(settings.paths, settings.sandbox).problem is None
+    assert python_status(with_packages.paths, with_packages.sandbox).problem is not None
 
 
 def test_a_runtime_under_usr_local_is_ours_but_usr_itself_is_the_systems() -> None:
     # Root's data dir is /usr/local/lib/mcp-sandbox: a missing runtime there is missing, not "system".
     ours = load_settings(env={"MCP_SANDBOX_DATA_DIR": "/usr/local/lib/mcp-sandbox-test-absent"})
-    assert python_status(ours).missing
+    assert python_status(ours.paths, ours.sandbox).missing
     system = load_settings(env={"MCP_SANDBOX_PYTHON_RUNTIME": "/usr"})
-    assert python_status(system).problem is None
+    assert python_status(system.paths, system.sandbox).problem is None
 
 
 def test_serve_without_a_runtime_ends_at_once_though_the_client_keeps_stdin_open(tmp_path: Path) -> None:

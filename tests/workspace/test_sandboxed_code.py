@@ -13,8 +13,8 @@ import pytest
 
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.errors import WorkspaceError
-from mcp_sandbox.sandbox.backends import get_backend
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
@@ -33,7 +33,7 @@ def sandboxed_settings(state_dir: Path, sandbox_runtime: Path | None) -> Setting
 
 @pytest.fixture
 def engine(sandboxed_settings: Settings) -> Engine:
-    backend = get_backend("bwrap", sandboxed_settings)
+    backend = backend_for(sandboxed_settings, "bwrap")
     probe = backend.probe()
     if not probe.available:
         pytest.skip(f"bwrap is unavailable here: {probe.reason}")

@@ -188,7 +188,7 @@ def js_policy(
     package = js_binary(settings).parent
     inside = f"{RUNTIME_MOUNT}/{settings.sandbox.js_runtime}"
     # The runner bundled into one file when setup built it for these sources (see provision.bundles).
-    bundle = current_bundle(settings)
+    bundle = current_bundle(settings.paths, settings.sandbox)
     entry = BUNDLES[settings.sandbox.js_runtime] if bundle is not None else ENTRIES[settings.sandbox.js_runtime]
     extra = [
         Mount(bundle or runner_dir("typescript"), f"{RUNTIME_MOUNT}/typescript"),

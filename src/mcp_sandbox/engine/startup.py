@@ -14,13 +14,28 @@ from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision.status import python_status
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.access import unreachable_ancestor
-from mcp_sandbox.sandbox.backends import get_backend
+from mcp_sandbox.sandbox.backends import Backend, get_backend
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids, check_tenant_uids
 
-__all__ = ["open_engine"]
+__all__ = ["backend_for", "open_engine"]
 
 logger = logging.getLogger(__name__)
+
+
+def backend_for(settings: Settings, name: str | None = None, layout: StateLayout | None = None) -> Backend:
+    """The backend ``name`` (default: the configured one) made from the settings' pieces it takes.
+
+    Raises:
+        ConfigError: no backend has that name.
+    """
+    return get_backend(
+        settings.sandbox.backend if name is None else name,
+        sandbox=settings.sandbox,
+        paths=settings.paths,
+        limits=settings.limits,
+        layout=StateLayout.of(settings) if layout is None else layout,
+    )
 
 
 def open_engine(
@@ -42,12 +57,12 @@ def open_engine(
             policy and ``accept_weaker_isolation`` is off.
     """
     check_tenant_uids(settings.sandbox, settings.tenant_count)
-    runtime = python_status(settings)
+    runtime = python_status(settings.paths, settings.sandbox)
     if runtime.missing:
         raise ConfigError(f"python_runtime: {runtime.advice()} (in a checkout, `make runtime` builds .runtime)")
     if runtime.problem is not None:
         logger.warning("%s", runtime.advice())
-    backend = get_backend(settings.sandbox.backend, settings)
+    backend = backend_for(settings, layout=layout)
     probe = backend.probe()
     if not probe.available:
         raise BackendUnavailableError(f"backend {probe.name} is unavailable here: {probe.reason}")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from mcp_sandbox.config import Settings
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.errors import SandboxError
 from mcp_sandbox.provision import python_status
-from mcp_sandbox.sandbox.backends import get_backend
 
 __all__ = ["problems"]
 
@@ -16,11 +16,11 @@ def problems(settings: Settings) -> list[str]:
     No sandbox is started (``doctor`` does that): the runtime's stamp and the backend's probe only.
     """
     found: list[str] = []
-    runtime = python_status(settings)
+    runtime = python_status(settings.paths, settings.sandbox)
     if runtime.missing:
         found.append(f"python_runtime: {runtime.advice()} (in a checkout: `make runtime`)")
     try:
-        probe = get_backend(settings.sandbox.backend, settings).probe()
+        probe = backend_for(settings).probe()
     except SandboxError as exc:  # an unknown name, or a probe that cannot run: say why
         return [*found, f"backend {settings.sandbox.backend}: {exc}"]
     if not probe.available:

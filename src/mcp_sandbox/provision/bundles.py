@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from mcp_sandbox.config import JS_RUNTIMES, Settings, load_settings
+from mcp_sandbox.config import JS_RUNTIMES, PathSettings, SandboxSettings, load_settings
 from mcp_sandbox.provision.pins import JS_BINARIES, JS_PACKAGES
 from mcp_sandbox.provision.python import SetupError, run_step
 from mcp_sandbox.runners import runner_dir
@@ -77,16 +77,16 @@ def _bundle_dir(runtime_dir: Path, runtime: str) -> Path | None:
     return runtime_dir / "runners" / bundle_digest(runner_dir("typescript"), runtime, version)
 
 
-def current_bundle(settings: Settings) -> Path | None:
+def current_bundle(paths: PathSettings, sandbox: SandboxSettings) -> Path | None:
     """The directory holding the current bundle of the configured runtime, or None (run from sources)."""
-    directory = _bundle_dir(settings.paths.js_runtime_dir, settings.sandbox.js_runtime)
-    if directory is None or not (directory / BUNDLES[settings.sandbox.js_runtime]).is_file():
+    directory = _bundle_dir(paths.js_runtime_dir, sandbox.js_runtime)
+    if directory is None or not (directory / BUNDLES[sandbox.js_runtime]).is_file():
         return None
     return directory
 
 
-def _build_one(settings: Settings, runtime: str, log: Callable[[str], None]) -> Path | None:
-    runtime_dir = settings.paths.js_runtime_dir
+def _build_one(paths: PathSettings, runtime: str, log: Callable[[str], None]) -> Path | None:
+    runtime_dir = paths.js_runtime_dir
     bundler, version = runtime_dir / JS_BINARIES[_BUNDLER], _bundler_version(runtime_dir)
     if not (runtime_dir / JS_BINARIES[runtime]).is_file() or not bundler.is_file() or not version:
         log(f"  {runtime}: not installed (or bun, which bundles, is not), no bundle")
@@ -138,8 +138,8 @@ def _prune(current: Path, runtime: str) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> list[Path]:
-    """Build the runner's bundle of each runtime in ``settings.paths.js_runtime_dir``; return their directories.
+def build_bundles(paths: PathSettings, *, log: Callable[[str], None] = print) -> list[Path]:
+    """Build the runner's bundle of each runtime in ``paths.js_runtime_dir``; return their directories.
 
     A runtime that is not installed is skipped; a current bundle is kept.
 
@@ -147,20 +147,20 @@ def build_bundles(settings: Settings, *, log: Callable[[str], None] = print) -> 
         SetupError: bun failed to bundle the runner (or took two minutes), or the runtime
             directory cannot be written.
     """
-    log(f"typescript runner bundles: {settings.paths.js_runtime_dir / 'runners'}")
+    log(f"typescript runner bundles: {paths.js_runtime_dir / 'runners'}")
     try:
-        return [directory for runtime in JS_RUNTIMES if (directory := _build_one(settings, runtime, log)) is not None]
+        return [directory for runtime in JS_RUNTIMES if (directory := _build_one(paths, runtime, log)) is not None]
     except subprocess.TimeoutExpired as error:
         raise SetupError(f"bun did not bundle the runner within {error.timeout:.0f} s") from error
     except OSError as error:
-        raise SetupError(f"cannot write the runner's bundles in {settings.paths.js_runtime_dir}: {error}") from error
+        raise SetupError(f"cannot write the runner's bundles in {paths.js_runtime_dir}: {error}") from error
     finally:
         _bundle_dir.cache_clear()
 
 
 def main() -> int:
     """``python -m mcp_sandbox.provision.bundles`` (``make runtime``): build the configured directory's bundles."""
-    return run_step(lambda: build_bundles(load_settings()))
+    return run_step(lambda: build_bundles(load_settings().paths))
 
 
 if __name__ == "__main__":

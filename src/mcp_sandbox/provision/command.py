@@ -58,7 +58,7 @@ def run_setup(settings: Settings, args: argparse.Namespace) -> int:
         print("python runtime: skipped (--no-python)")
     else:
         try:
-            build_python_runtime(settings, base=args.base_python, index_args=index_args)
+            build_python_runtime(settings.paths, settings.sandbox, base=args.base_python, index_args=index_args)
         except SetupError as exc:
             print(f"mcp-sandbox setup: {exc}", file=sys.stderr)
             return 1
@@ -69,7 +69,7 @@ def run_setup(settings: Settings, args: argparse.Namespace) -> int:
         print(f"javascript runtimes: SKIPPED: {NPM_MISSING}")
     else:
         try:
-            build_js_runtime(settings, offline=args.no_index)
+            build_js_runtime(settings.paths, offline=args.no_index)
         except SetupError as exc:
             print(f"mcp-sandbox setup: {exc}", file=sys.stderr)
             return 1

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PathSettings
 from mcp_sandbox.provision.bundles import build_bundles
 from mcp_sandbox.provision.pins import JS_FILES
 from mcp_sandbox.provision.python import SetupError
@@ -49,12 +49,12 @@ def find_npm() -> tuple[list[str], dict[str, str]] | None:
 
 
 def build_js_runtime(
-    settings: Settings,
+    paths: PathSettings,
     *,
     offline: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """(Re)install ``settings.paths.js_runtime_dir`` from the shipped lockfile; return it.
+    """(Re)install ``paths.js_runtime_dir`` from the shipped lockfile; return it.
 
     ``offline``: npm installs from its cache only (``--offline``), as pip's ``--no-index`` does.
 
@@ -68,7 +68,7 @@ def build_js_runtime(
     if found is None:
         raise SetupError(NPM_MISSING)
     npm, env = found
-    runtime = settings.paths.js_runtime_dir
+    runtime = paths.js_runtime_dir
     if runtime.is_symlink():
         raise SetupError(f"js_runtime_dir {runtime} is a symbolic link; setup does not replace what it points at")
     log(f"javascript runtimes (bun, deno): {runtime}\n  installing with {' '.join(npm)} ci")
@@ -92,6 +92,6 @@ def build_js_runtime(
             path = os.path.join(directory, name)
             if not os.path.islink(path):
                 os.chmod(path, (os.stat(path).st_mode | 0o444) & ~0o022)
-    build_bundles(settings, log=log)
+    build_bundles(paths, log=log)
     write_stamp(runtime, {"digest": js_digest()})
     return runtime

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PathSettings, SandboxSettings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.provision.pins import PYTHON_REQUIREMENTS
 from mcp_sandbox.provision.status import SYSTEM_PYTHON, is_system_prefix, python_digest, write_stamp
@@ -103,9 +103,9 @@ def _installer(venv_python: Path, base: Path, runtime: Path, log: Log) -> tuple[
     return [str(venv_python), "-m", "pip", "install"], [str(venv_python), "-m", "pip", "check"]
 
 
-def _check_as_sandbox_uid(venv_python: Path, settings: Settings, log: Log) -> None:
+def _check_as_sandbox_uid(venv_python: Path, sandbox: SandboxSettings, log: Log) -> None:
     """As root: prove the sandbox's uid can import the stack from where it will be bound."""
-    uid, gid = settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid
+    uid, gid = sandbox.sandbox_uid, sandbox.sandbox_gid
     with tempfile.TemporaryDirectory() as mpl:
         os.chown(mpl, uid, gid)  # matplotlib wants a writable config dir (the sandbox gives one too)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "MPLCONFIGDIR": mpl}
@@ -130,20 +130,21 @@ def _check_as_sandbox_uid(venv_python: Path, settings: Settings, log: Log) -> No
 
 
 def build_python_runtime(
-    settings: Settings,
+    paths: PathSettings,
+    sandbox: SandboxSettings,
     *,
     base: Path = SYSTEM_PYTHON,
     index_args: Sequence[str] = (),
     log: Log = print,
 ) -> Path:
-    """(Re)build ``settings.paths.python_runtime`` from scratch; return its interpreter.
+    """(Re)build ``paths.python_runtime`` from scratch; return its interpreter.
 
     ``index_args``: pip's options for where packages come from (``--no-index``, ``--find-links``).
 
     Raises:
         SetupError: the base interpreter is unsuitable, or a step failed (named in the message).
     """
-    runtime = settings.paths.python_runtime
+    runtime = paths.python_runtime
     if is_system_prefix(runtime):
         raise SetupError(
             f"python_runtime is {runtime}, a system directory: setup builds a runtime of its own; "
@@ -166,7 +167,7 @@ def build_python_runtime(
     venv_python = runtime / "bin" / "python3"
     install, check = _installer(venv_python, base, runtime, log)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-    packages = list(settings.sandbox.runtime_packages)
+    packages = list(sandbox.runtime_packages)
     extra = f" and {', '.join(packages)}" if packages else ""
     log(f"  installing the pinned stack ({PYTHON_REQUIREMENTS.name}){extra}")
     _run([*install, "--quiet", *index_args, "-r", str(PYTHON_REQUIREMENTS), *packages], "installing packages", env=env)
@@ -176,11 +177,11 @@ def build_python_runtime(
     _make_readable(runtime)
     _run([str(venv_python), "-c", _IMPORTS], "the import check")
     if os.geteuid() == 0:
-        _check_as_sandbox_uid(venv_python, settings, log)
+        _check_as_sandbox_uid(venv_python, sandbox, log)
     write_stamp(
         runtime,
         {
-            "digest": python_digest(settings),
+            "digest": python_digest(sandbox),
             "base": str(base),
             "python": version,
             "runtime_packages": packages,

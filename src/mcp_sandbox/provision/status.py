@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PathSettings, SandboxSettings
 from mcp_sandbox.provision.pins import JS_FILES, PYTHON_REQUIREMENTS, digest
 
 __all__ = [
@@ -66,40 +66,38 @@ def is_system_prefix(runtime: Path) -> bool:
     return runtime.resolve() in (Path("/usr"), Path("/usr/local"))
 
 
-def python_digest(settings: Settings) -> str:
-    return digest(PYTHON_REQUIREMENTS, extra=settings.sandbox.runtime_packages)
+def python_digest(sandbox: SandboxSettings) -> str:
+    return digest(PYTHON_REQUIREMENTS, extra=sandbox.runtime_packages)
 
 
 def js_digest() -> str:
     return digest(*JS_FILES)
 
 
-def python_status(settings: Settings) -> RuntimeStatus:
+def python_status(paths: PathSettings, sandbox: SandboxSettings) -> RuntimeStatus:
     """Whether the sandbox's Python runtime is there and built from the current pins and packages."""
-    runtime = settings.paths.python_runtime
+    runtime = paths.python_runtime
     if is_system_prefix(runtime):
         # The system's interpreter, configured on purpose (a container image has its packages).
         problem = (
-            "runtime_packages are installed by setup into a runtime of its own"
-            if settings.sandbox.runtime_packages
-            else None
+            "runtime_packages are installed by setup into a runtime of its own" if sandbox.runtime_packages else None
         )
         return RuntimeStatus("python", runtime, problem)
-    if not settings.paths.python_interpreter.exists():
+    if not paths.python_interpreter.exists():
         return RuntimeStatus("python", runtime, "not built (no bin/python3)", missing=True)
     stamp = read_stamp(runtime)
     if stamp is None:
-        if settings.sandbox.runtime_packages:
+        if sandbox.runtime_packages:
             return RuntimeStatus("python", runtime, "runtime_packages are configured but were never installed")
         return RuntimeStatus("python", runtime)  # built by `make`: current by make's own rules
-    if stamp.get("digest") != python_digest(settings):
+    if stamp.get("digest") != python_digest(sandbox):
         return RuntimeStatus("python", runtime, "out of date (the pins or runtime_packages changed since setup)")
     return RuntimeStatus("python", runtime)
 
 
-def js_status(settings: Settings) -> RuntimeStatus:
+def js_status(paths: PathSettings) -> RuntimeStatus:
     """Whether the JavaScript runtimes (bun, deno) are installed from the current lockfile."""
-    runtime = settings.paths.js_runtime_dir
+    runtime = paths.js_runtime_dir
     if not (runtime / "node_modules").is_dir():
         return RuntimeStatus("javascript", runtime, "not installed", missing=True)
     stamp = read_stamp(runtime)

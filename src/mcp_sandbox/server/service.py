@@ -300,7 +300,7 @@ async def open_service(
     egress = TenantEgress(settings)
     events = EventHub()
     engine = await _open_engine(settings, events, backend, layout=layout, egress=egress)  # its uids shared too
-    js = js_status(settings)
+    js = js_status(settings.paths)
     if js.problem is not None:
         logger.warning("TypeScript/JavaScript runs will fail: %s", js.advice())
     async with _open_stores(settings, layout, engine) as (metadata, secret, workspaces, mirror):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from mcp_sandbox.config import load_settings
+from mcp_sandbox.engine.startup import backend_for
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.sandbox.backends import get_backend
 from mcp_sandbox.sandbox.backends.container import DEFAULT_IMAGE, ContainerBackend
 
 
 def _backend(name: str, env: dict[str, str]) -> ContainerBackend:
-    backend = get_backend(name, load_settings(env=env, flags={}))
+    backend = backend_for(load_settings(env=env, flags={}), name)
     assert isinstance(backend, ContainerBackend)
     return backend
 
@@ -51,4 +51,4 @@ def test_a_malformed_images_entry_is_a_config_error() -> None:
 
 def test_an_unknown_backend_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
-        get_backend("lxc", load_settings(env={}, flags={}))
+        backend_for(load_settings(env={}, flags={}), "lxc")

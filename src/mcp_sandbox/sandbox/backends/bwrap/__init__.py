@@ -8,13 +8,16 @@ what this host enforces.
 
 from __future__ import annotations
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, PathSettings, SandboxSettings
 from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv, find_bwrap
 from mcp_sandbox.sandbox.backends.bwrap.sandbox import BwrapBackend, BwrapSandbox
+from mcp_sandbox.state import StateLayout
 
 __all__ = ["BwrapBackend", "BwrapSandbox", "bwrap_argv", "create", "find_bwrap"]
 
 
-def create(settings: Settings, name: str) -> BwrapBackend:
+def create(
+    name: str, sandbox: SandboxSettings, paths: PathSettings, limits: LimitSettings, layout: StateLayout
+) -> BwrapBackend:
     """The registry's constructor (``name`` is ``bwrap``, its one name)."""
-    return BwrapBackend(settings)
+    return BwrapBackend(sandbox, paths, limits, layout)

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, PathSettings, SandboxSettings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.sandbox import gate as gate_program
 from mcp_sandbox.sandbox.backends.base import BackendProbe, SandboxOutcome
@@ -120,13 +120,15 @@ class BwrapBackend:
     warm_pool = True
     sized_scratch = True
 
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
+    def __init__(
+        self, sandbox: SandboxSettings, paths: PathSettings, limits: LimitSettings, layout: StateLayout
+    ) -> None:
+        self._sandbox, self._paths, self._limits = sandbox, paths, limits
         self._cgroups: CgroupSupport | None = None
         self._spares: list[_Gate] = []
         self._wanted: anyio.Event | None = None  # set by a start: prepare spares; None: not running
         self._last_limits: Limits | None = None
-        self._etc = EtcCopies(StateLayout.of(settings))
+        self._etc = EtcCopies(layout)
         self._gate_refused = False  # a gate was found built but not to be run, and that was said
 
     @property
@@ -146,7 +148,7 @@ class BwrapBackend:
         may have replaced the build, and a start must not exec one that is gone. The caller
         passes it to the process it starts and closes it.
         """
-        directory = self._settings.paths.gate_dir
+        directory = self._paths.gate_dir
         opened = gate_program.open_checked(directory)
         if isinstance(opened, int):
             self._gate_refused = False
@@ -164,11 +166,11 @@ class BwrapBackend:
         if os.geteuid() != 0:
             return None, None
         uid = policy.host_uid if policy is not None and policy.host_uid is not None else None
-        return uid if uid is not None else self._settings.sandbox.sandbox_uid, self._settings.sandbox.sandbox_gid
+        return uid if uid is not None else self._sandbox.sandbox_uid, self._sandbox.sandbox_gid
 
     def configured_limits(self) -> Limits:
         """The settings' limits that become a run's rlimits (for the probe; the rest default)."""
-        limits = self._settings.limits
+        limits = self._limits
         return Limits(
             memory=limits.memory, pids=limits.pids, file_size=limits.max_file_size, open_files=limits.open_files
         )
@@ -266,7 +268,7 @@ class BwrapBackend:
             BackendUnavailableError: no bwrap.
             SandboxStartError: it could not be started or admitted.
         """
-        bwrap = find_bwrap(self._settings.paths.bwrap_path)
+        bwrap = find_bwrap(self._paths.bwrap_path)
         with contextlib.ExitStack() as undo:
             cgroup = run_cgroup(self.cgroups, limits) if self.cgroups.version is not None else None
             if cgroup is not None:
@@ -327,7 +329,7 @@ class BwrapBackend:
                 opened.cgroup.write_limits(policy.limits)
                 opened.limits = policy.limits
             _fill(opened.seccomp_fd, compiled_bpf(egress=policy.egress))
-            bwrap = find_bwrap(self._settings.paths.bwrap_path)
+            bwrap = find_bwrap(self._paths.bwrap_path)
             full = [
                 *bwrap_argv(policy, bwrap=bwrap, seccomp_fd=opened.seccomp_fd, etc=etc),
                 str(opened.sandbox_end.fileno()),
@@ -345,7 +347,7 @@ class BwrapBackend:
 
     def probe(self) -> BackendProbe:
         try:
-            bwrap = find_bwrap(self._settings.paths.bwrap_path)
+            bwrap = find_bwrap(self._paths.bwrap_path)
         except BackendUnavailableError as exc:
             return BackendProbe(self.name, available=False, reason=str(exc))
         return probe_bwrap(self, bwrap)

@@ -8,7 +8,7 @@ containers; ``probe.py`` starts a real one to say what this host enforces.
 
 from __future__ import annotations
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, PathSettings, SandboxSettings
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
 from mcp_sandbox.sandbox.backends.container.argv import (
     CHANNEL_DIR,
@@ -25,6 +25,7 @@ from mcp_sandbox.sandbox.backends.container.argv import (
 )
 from mcp_sandbox.sandbox.backends.container.engine import ContainerEngine, detect_runtime, flavour_of
 from mcp_sandbox.sandbox.backends.container.sandbox import DEFAULT_IMAGE, ContainerBackend, ContainerSandbox
+from mcp_sandbox.state import StateLayout
 
 __all__ = [
     "CHANNEL_DIR",
@@ -46,23 +47,25 @@ __all__ = [
 ]
 
 
-def create(settings: Settings, name: str) -> ContainerBackend:
+def create(
+    name: str, sandbox: SandboxSettings, paths: PathSettings, limits: LimitSettings, layout: StateLayout
+) -> ContainerBackend:
     """The registry's constructor for ``podman``, ``docker`` and ``container`` (podman or docker,
-    whichever :func:`detect_runtime` finds).
+    whichever :func:`detect_runtime` finds); ``paths`` and ``limits`` are bwrap's only.
 
     Raises:
         ConfigError: ``name`` is not a container backend.
     """
     if name == "container":
         try:
-            found, dialect = detect_runtime(settings.sandbox)
+            found, dialect = detect_runtime(sandbox)
         except BackendUnavailableError:
             found, dialect = "podman", "podman"
-        return ContainerBackend(settings, "container", found, dialect)
+        return ContainerBackend(sandbox, layout, "container", found, dialect)
     if name not in ("podman", "docker"):
         raise ConfigError(f"backend: {name!r} is not a container backend")
     flavour: Flavour = "podman" if name == "podman" else "docker"
     # container_runtime names the CLI of its own dialect only: a podman path is not docker's.
-    configured = settings.sandbox.container_runtime
+    configured = sandbox.container_runtime
     cli = configured if configured and flavour_of(configured) == flavour else None
-    return ContainerBackend(settings, name, cli, flavour)
+    return ContainerBackend(sandbox, layout, name, cli, flavour)

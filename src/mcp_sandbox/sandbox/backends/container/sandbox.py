@@ -46,7 +46,7 @@ from typing import Literal
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import SandboxSettings
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
 from mcp_sandbox.runners import runner_dir
 from mcp_sandbox.sandbox.backends.base import BackendProbe, Capability
@@ -113,11 +113,13 @@ class ContainerBackend:
     warm_pool = False
     sized_scratch = False  # /data and /workspace must be one directory: a bound host one, watched
 
-    def __init__(self, settings: Settings, name: str, cli: str | None, flavour: Flavour) -> None:
+    def __init__(
+        self, sandbox: SandboxSettings, layout: StateLayout, name: str, cli: str | None, flavour: Flavour
+    ) -> None:
         self.name = name
         self.engine = ContainerEngine(cli or flavour, flavour)
-        self._settings = settings
-        self._layout = StateLayout.of(settings)  # once, not per run
+        self._sandbox = sandbox
+        self._layout = layout
         self._cgroups: CgroupSupport | None = None
         self._swept = False
         self._sweep_lock = anyio.Lock()
@@ -160,11 +162,11 @@ class ContainerBackend:
 
     def image_for(self, language: str) -> str:
         """The image for ``language``: ``images`` by language, else ``image``, else the default."""
-        for entry in self._settings.sandbox.images:
+        for entry in self._sandbox.images:
             key, _, value = entry.partition("=")
             if key.strip() == language:
                 return value.strip()
-        return self._settings.sandbox.image or DEFAULT_IMAGE
+        return self._sandbox.image or DEFAULT_IMAGE
 
     def _seccomp_profile(self, *, egress: bool = False) -> str:
         """The OCI seccomp profile's path: ``<state_dir>/seccomp-<digest>.json``, written once.
@@ -193,7 +195,7 @@ class ContainerBackend:
         the server's own uid is mapped to them (rootless podman's ``--userns keep-id``); see the
         module docstring."""
         if os.geteuid() == 0 and not self.engine.rootless:
-            sandbox = self._settings.sandbox
+            sandbox = self._sandbox
             uid = policy.host_uid if policy is not None and policy.host_uid is not None else sandbox.sandbox_uid
             return (uid, sandbox.sandbox_gid), False
         return (_INSIDE_ID, _INSIDE_ID), self.flavour == "podman"
