@@ -44,8 +44,8 @@ from pathlib import Path
 import anyio
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine import ExecutionRequest
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.workspace import remove_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
     if not probe.available:
         print(f"{name:<8} unavailable: {probe.reason}")
         return
-    engine = Engine(settings, backend)
+    engine = engine_for(settings, backend)
     engine.prepare()
     code = CODE[language]
     zygotes = backend.warm_pool and language == "python"

@@ -31,7 +31,7 @@ import anyio
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.workspace import remove_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ async def main() -> None:
         if (RUNTIME / "bin" / "python3").exists():
             values["python_runtime"] = str(RUNTIME)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, backend_for(settings, args.backend))
+        engine = engine_for(settings, backend_for(settings, args.backend))
         print(f"{args.backend}: quota {args.quota_mib} MiB and {ENTRIES} entries; overshoot median / worst")
         async with engine.running():
             for kind, session in (("fresh", None), ("session", "bench")):

@@ -29,9 +29,9 @@ from pathlib import Path
 import anyio
 
 from mcp_sandbox import load_settings
-from mcp_sandbox.egress import EgressGrant, TenantEgress, hosts_resolver
+from mcp_sandbox.egress import EgressGrant, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for, tenant_egress
 from mcp_sandbox.workspace import remove_tree
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -90,11 +90,11 @@ def main() -> None:
             if (runtime / "bin" / "python3").exists():
                 flags["python_runtime"] = str(runtime)
             settings = load_settings(env={}, flags=flags)
-            engine = Engine(
+            engine = engine_for(
                 settings, backend_for(settings, "bwrap"), egress_resolver=hosts_resolver({_NAME: ["127.0.0.1"]})
             )
             engine.prepare()
-            grant = TenantEgress(settings).grant("default", True, None)
+            grant = tenant_egress(settings).grant("default", True, None)
             assert grant is not None
             times = anyio.run(_measure, engine, grant, port, runs)
         finally:

@@ -36,7 +36,7 @@ from mcp_sandbox import load_settings
 from mcp_sandbox.config import JS_RUNTIMES, Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.workspace import remove_tree
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def _p95(samples: list[float]) -> float:
 
 
 def _bare(runtime: str, settings: Settings, runs: int) -> list[float]:
-    binary = str(js_binary(settings, runtime))
+    binary = str(js_binary(settings.paths, runtime))
     with tempfile.TemporaryDirectory() as scratch:
         script = Path(scratch) / "hello.ts"
         script.write_text(_TS)
@@ -66,7 +66,7 @@ def _bare(runtime: str, settings: Settings, runs: int) -> list[float]:
 
 async def _engine_runs(settings: Settings, language: str, code: str, runs: int) -> tuple[list[float], list[float]]:
     """(cold, fresh): the first run of each of ``runs`` new engines, then ``runs`` more on the last."""
-    engines = [Engine(settings, backend_for(settings)) for _ in range(runs)]
+    engines = [engine_for(settings, backend_for(settings)) for _ in range(runs)]
     cold = [await _timed(engine, language, code) for engine in engines]
     fresh = [await _timed(engines[-1], language, code) for _ in range(runs)]
     return cold, fresh
@@ -74,7 +74,7 @@ async def _engine_runs(settings: Settings, language: str, code: str, runs: int) 
 
 async def _warm_runs(settings: Settings, language: str, code: str, runs: int, pause: float) -> list[float]:
     """``runs`` runs of a running engine (its pools on), ``pause`` seconds apart, after a few to fill the pools."""
-    async with Engine(settings, backend_for(settings)).running() as engine:
+    async with engine_for(settings, backend_for(settings)).running() as engine:
         for _ in range(3):
             await _timed(engine, language, code)
             await anyio.sleep(1.0)
@@ -87,7 +87,7 @@ async def _warm_runs(settings: Settings, language: str, code: str, runs: int, pa
 
 async def _workspace_runs(settings: Settings, language: str, code: str, runs: int) -> list[float]:
     """``runs`` runs of a running engine on a conversation's workspace, 0.1 s apart, after a few."""
-    async with Engine(settings, backend_for(settings)).running() as engine:
+    async with engine_for(settings, backend_for(settings)).running() as engine:
         with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-workspace-") as workspace:
             os.chmod(workspace, 0o777)  # the sandbox's uid writes there
             samples = []
@@ -139,8 +139,8 @@ def main(runs: int) -> None:
         medians["python"] = statistics.median(fresh)
         for runtime in JS_RUNTIMES:
             settings = load_settings(env={}, flags={**flags, "js_runtime": runtime})
-            if not os.access(js_binary(settings), os.X_OK):
-                print(f"{runtime}: not installed at {js_binary(settings)} (make runtime)")
+            if not os.access(js_binary(settings.paths, runtime), os.X_OK):
+                print(f"{runtime}: not installed at {js_binary(settings.paths, runtime)} (make runtime)")
                 continue
             bare = _bare(runtime, settings, runs)
             cold, fresh = anyio.run(_engine_runs, settings, "typescript", _TS, runs)

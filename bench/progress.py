@@ -26,7 +26,7 @@ import anyio
 
 from mcp_sandbox import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.server.tools.progress import ProgressLines
 from mcp_sandbox.workspace import remove_tree
 
@@ -85,7 +85,7 @@ def main(runs: int) -> None:
     try:
         settings = load_settings(env={}, flags=flags)
         print(f"{runs} runs each; milliseconds; {os.cpu_count()} CPUs")
-        anyio.run(_measure, Engine(settings, backend_for(settings)), runs)
+        anyio.run(_measure, engine_for(settings, backend_for(settings)), runs)
     finally:
         remove_tree(state)
 

@@ -27,8 +27,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from mcp_sandbox.config import Settings, load_settings
-from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine import ExecutionRequest
+from mcp_sandbox.engine.startup import backend_for, engine_for
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_SERVER = ROOT / "tests" / "downstream" / "fixture_server.py"
@@ -283,7 +283,7 @@ def memory_of(pid: int) -> tuple[int, int, int]:
 async def in_process(state_dir: Path) -> None:
     """Resident memory per warm sandbox, and the fork baselines inside a sandbox."""
     config = settings(state_dir, pool_size=2, pool_min=2)
-    engine = Engine(config, backend_for(config))
+    engine = engine_for(config, backend_for(config))
     engine.prepare()
     async with engine.running():
         with anyio.fail_after(60):
@@ -303,7 +303,7 @@ async def in_process(state_dir: Path) -> None:
             )
             engine.pool.give_back(warm, reusable=True)
     cold = settings(state_dir, pool_size=0, pool_min=0)
-    engine = Engine(cold, backend_for(cold))
+    engine = engine_for(cold, backend_for(cold))
     for label, imports in (("nothing", ""), ("numpy+pandas", "import numpy, pandas")):
         result = await engine.execute(ExecutionRequest(code=FORK_BASELINE.format(imports=imports), timeout=60))
         print(f"  {f'bare fork+exit in a sandbox, {label} imported':<44} {float(result.stdout):8.2f}")

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from mcp_sandbox import load_settings
-from mcp_sandbox.config import JS_RUNTIMES, Settings
+from mcp_sandbox.config import JS_RUNTIMES, EngineSettings, Settings
 from mcp_sandbox.engine.runtimes import js_binary, js_policy
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.wire import Kind, encode
 
@@ -47,7 +47,7 @@ def _cost(usage: resource.struct_rusage) -> tuple[float, int]:
 
 def _host_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
     """The runner's command and environment as a sandbox gets them, its paths mapped to the host's."""
-    policy = js_policy(settings, language="typescript", workspace=None, timeout=30)
+    policy = js_policy(EngineSettings.of(settings), language="typescript", workspace=None, timeout=30)
     targets = sorted(policy.mounts, key=lambda mount: len(mount.target), reverse=True)
 
     def host(argument: str) -> str:  # the runtime's and the runner's mounts, under /opt/mcp-sandbox
@@ -114,8 +114,8 @@ def main() -> None:
     print(f"{'CPU per start (ms)':<46} {'median':>7} {'p95':>7}   minor faults  (n={runs})")
     for runtime in JS_RUNTIMES:
         settings = load_settings(env={}, flags={"js_runtime": runtime})
-        if not os.access(js_binary(settings), os.X_OK):
-            print(f"{runtime}: not installed at {js_binary(settings)} (make runtime)")
+        if not os.access(js_binary(settings.paths, runtime), os.X_OK):
+            print(f"{runtime}: not installed at {js_binary(settings.paths, runtime)} (make runtime)")
             continue
         command, environment = _host_command(settings)
         entry = next(argument for argument in command if argument.endswith((".js", ".ts")))

@@ -51,8 +51,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from mcp_sandbox import load_settings
-from mcp_sandbox.egress import Authority, EgressGrant, TenantEgress, hosts_resolver, serve_egress
+from mcp_sandbox.egress import Authority, EgressGrant, hosts_resolver, serve_egress
 from mcp_sandbox.egress.listener import SOCKET_NAME
+from mcp_sandbox.engine.startup import tenant_egress
 from mcp_sandbox.workspace import remove_tree
 
 _PLAIN, _RULE = "plain.bench.test", "secret.bench.test"
@@ -246,9 +247,9 @@ def main() -> None:
             "egress_ports": str(port),
             "egress_upstream_ca": str(ca),
         }
-        egress = TenantEgress(load_settings(env=env, flags=flags))
+        egress = tenant_egress(load_settings(env=env, flags=flags))
         with_secret, closes = egress.grant("default", True, None), egress.grant("closes", True, None)
-        without = TenantEgress(load_settings(env={}, flags=flags)).grant("default", True, None)
+        without = tenant_egress(load_settings(env={}, flags=flags)).grant("default", True, None)
         assert with_secret is not None and closes is not None and without is not None
         authority = Authority(ca)
         runs = parent / "runs"

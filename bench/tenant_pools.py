@@ -21,7 +21,7 @@ import anyio
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 
 TS = "const n: number = 6 * 7;\nconsole.log(n);"
 
@@ -56,7 +56,7 @@ async def main() -> None:
         os.chmod(scratch, 0o755)
         flags = {"state_dir": str(Path(scratch) / "state"), "discover_servers": False, "tenant_concurrent_runs": 2}
         settings = load_settings(env={}, flags=flags)
-        engine = Engine(settings, backend_for(settings))
+        engine = engine_for(settings, backend_for(settings))
         engine.prepare()
         async with engine.running():
             # Each tenant's first runs make its pools; let them fill before measuring.

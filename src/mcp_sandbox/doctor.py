@@ -16,11 +16,11 @@ import anyio
 from mcp_sandbox import __version__
 from mcp_sandbox.bridge.discovery import discover
 from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import EgressGrant, EgressRules, TenantEgress, hosts_resolver
-from mcp_sandbox.engine import Engine, ExecutionRequest
+from mcp_sandbox.egress import EgressGrant, EgressRules, hosts_resolver
+from mcp_sandbox.engine import ExecutionRequest
 from mcp_sandbox.engine.disk import GROWING_SECONDS, WATCH_SECONDS, WRITE_GAP
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for, tenant_egress
 from mcp_sandbox.errors import ConfigError, SandboxError
 from mcp_sandbox.provision import FIX_COMMAND, js_status, python_status
 from mcp_sandbox.provision.bundles import current_bundle
@@ -82,7 +82,7 @@ def _check_runtime(settings: Settings, out: TextIO) -> bool:
         return False
     if status.problem is not None:
         out.write(f"  OUT OF DATE: {status.advice()}\n")
-    engine = Engine(settings, backend_for(settings))
+    engine = engine_for(settings, backend_for(settings))
     try:
         result = anyio.run(engine.execute, ExecutionRequest(code=_RUNTIME_CHECK, timeout=_CHECK_SECONDS))
     except SandboxError as exc:
@@ -98,7 +98,7 @@ def _check_runtime(settings: Settings, out: TextIO) -> bool:
 
 def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> None:
     """Run TypeScript once on the configured runtime. Reported only: Python works without it."""
-    binary = js_binary(settings)
+    binary = js_binary(settings.paths, settings.sandbox.js_runtime)
     out.write(f"\njavascript runtime: {settings.sandbox.js_runtime} ({binary})\n")
     status = js_status(settings.paths)
     if status.missing or not os.access(binary, os.X_OK):
@@ -113,7 +113,7 @@ def _check_js_runtime(settings: Settings, memory_cgroup: bool, out: TextIO) -> N
         )
     if not memory_cgroup:
         out.write("  WEAK memory limit: no memory cgroup here, only the runtime's heap limit (never RLIMIT_AS)\n")
-    engine = Engine(settings, backend_for(settings))
+    engine = engine_for(settings, backend_for(settings))
     request = ExecutionRequest(
         code="const n: number = 6 * 7;\nconsole.log(n);", timeout=_CHECK_SECONDS, language="typescript"
     )
@@ -152,7 +152,7 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 def _check_egress(settings: Settings, out: TextIO) -> None:
     """Run once with network through the egress proxy, to a server of the doctor's own on loopback."""
     try:
-        summary = TenantEgress(settings).summary("default")
+        summary = tenant_egress(settings).summary("default")
     except ConfigError as exc:
         out.write(f"\nnetwork: FAILED, the egress settings are wrong: {exc}\n")
         return
@@ -166,7 +166,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
         try:
             rules = EgressRules.build([_EGRESS_NAME], [], [port], ["127.0.0.1/32"], "doctor: ")
             grant = EgressGrant(rules, tenant="doctor", max_bytes=1 << 20, max_connections=4)
-            engine = Engine(
+            engine = engine_for(
                 settings,
                 backend_for(settings),
                 egress_resolver=hosts_resolver({_EGRESS_NAME: ["127.0.0.1"]}),

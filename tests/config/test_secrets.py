@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.engine.startup import tenant_egress
 from mcp_sandbox.errors import ConfigError
 
 VALUE = "tok-" + "Zr81kPq02LmX"
@@ -85,7 +85,7 @@ def test_a_secrets_hosts_join_its_tenants_allowlist_only() -> None:
         "KEY": VALUE,
         "MCP_SANDBOX_SECRET_API": '{ value_from = "env:KEY", hosts = ["api.test"], tenant = "alice" }',
     }
-    egress = TenantEgress(load_settings(env=env, flags={"egress_allow": "web.test"}))
+    egress = tenant_egress(load_settings(env=env, flags={"egress_allow": "web.test"}))
     assert egress.rules("alice").allow == ("web.test", "api.test")
     assert egress.rules("bob").allow == ("web.test",)
     assert egress.secret_names("alice") == ["api"] and egress.secret_names("bob") == []

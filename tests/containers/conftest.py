@@ -12,7 +12,7 @@ import pytest
 from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.sandbox.backends import BackendProbe
 
 _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
@@ -53,7 +53,7 @@ def make_container_engine(state_dir: Path, sandbox_runtime: Path | None, contain
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, backend_for(settings, _registry_name(container_kind)))
+        engine = engine_for(settings, backend_for(settings, _registry_name(container_kind)))
         engine.prepare()
         return engine
 

@@ -29,7 +29,7 @@ from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, TenantEgress, hosts_resolver
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for, tenant_egress
 
 SERVER = Path(__file__).with_name("host_server.py")
 NAMES = ("web.test", "api.web.test", "other.test", "denied.web.test")
@@ -147,10 +147,10 @@ def egress_engine(
             if backend in os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(","):
                 pytest.fail(f"{backend} is required but unavailable: {probe.reason}")
             pytest.skip(f"{backend} is unavailable here: {probe.reason}")
-        engine = Engine(settings, chosen, egress_resolver=hosts_resolver({**test_net.hosts, **(hosts or {})}))
+        engine = engine_for(settings, chosen, egress_resolver=hosts_resolver({**test_net.hosts, **(hosts or {})}))
         engine.prepare()
         async with engine.running():
-            yield engine, TenantEgress(settings)
+            yield engine, tenant_egress(settings)
 
     return make
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import EngineSettings, load_settings
 from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, sandbox_environment
 from mcp_sandbox.engine.runtimes import policy_for, with_egress
 from mcp_sandbox.sandbox.backends.bwrap.argv import bwrap_argv
@@ -21,7 +21,7 @@ _SOCKETS = Path("/srv/state/runs/1-egress-abc")
 @pytest.mark.parametrize("language", ["python", "typescript"])
 def test_with_egress_adds_the_socket_read_only_and_the_proxy_variables_only(language: str) -> None:
     settings = load_settings(env={}, flags={})
-    plain = policy_for(settings, language, workspace=_WORKSPACE, timeout=5)
+    plain = policy_for(EngineSettings.of(settings), language, workspace=_WORKSPACE, timeout=5)
     granted = with_egress(plain, _SOCKETS)
     assert (granted.network, granted.egress) == (False, True)
     (added,) = set(granted.mounts) - set(plain.mounts)
@@ -33,7 +33,7 @@ def test_with_egress_adds_the_socket_read_only_and_the_proxy_variables_only(lang
 
 def test_deno_gets_net_permission_and_the_socket_directory_only_with_egress() -> None:
     settings = load_settings(env={}, flags={"js_runtime": "deno"})
-    plain = policy_for(settings, "typescript", workspace=_WORKSPACE, timeout=5)
+    plain = policy_for(EngineSettings.of(settings), "typescript", workspace=_WORKSPACE, timeout=5)
     granted = with_egress(plain, _SOCKETS)
     assert "--allow-net" not in plain.command and "--allow-net" in granted.command
     assert f"--allow-write=/workspace,/data,/tmp,{SOCKET_DIRECTORY_INSIDE}" in granted.command
@@ -41,7 +41,7 @@ def test_deno_gets_net_permission_and_the_socket_directory_only_with_egress() ->
 
 def test_the_backends_keep_the_empty_network_namespace_with_egress() -> None:
     settings = load_settings(env={}, flags={})
-    granted = with_egress(policy_for(settings, "python", workspace=_WORKSPACE, timeout=5), _SOCKETS)
+    granted = with_egress(policy_for(EngineSettings.of(settings), "python", workspace=_WORKSPACE, timeout=5), _SOCKETS)
     argv = bwrap_argv(granted, bwrap="/usr/bin/bwrap", seccomp_fd=3)
     assert "--unshare-all" in argv and "--share-net" not in argv
     run = ContainerRun(

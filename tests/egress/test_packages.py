@@ -29,9 +29,8 @@ import anyio
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.egress import TenantEgress
-from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine import ExecutionRequest
+from mcp_sandbox.engine.startup import backend_for, engine_for, tenant_egress
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
@@ -118,7 +117,7 @@ async def test_pip_install_goes_to_the_workspace_and_a_later_run_imports_it(
     if sandbox_runtime is not None:
         flags["python_runtime"] = str(sandbox_runtime)
     settings = load_settings(env={}, flags=flags)
-    engine = Engine(settings, backend_for(settings, "bwrap"))
+    engine = engine_for(settings, backend_for(settings, "bwrap"))
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)
@@ -131,7 +130,7 @@ done = subprocess.run(command, capture_output=True, text=True)
 print(done.returncode)
 print(done.stdout[-2000:], done.stderr[-2000:], file=sys.stderr)
 """
-    grant = TenantEgress(settings).grant("default", True, "conversation")
+    grant = tenant_egress(settings).grant("default", True, "conversation")
     with anyio.fail_after(200):
         installed = await engine.execute(
             ExecutionRequest(code=install, timeout=110, workspace=workspace, environment=environment, egress=grant)
@@ -168,7 +167,7 @@ async def test_bun_add_goes_to_the_workspace_and_a_later_run_imports_it(
     if sandbox_runtime is not None:
         flags["python_runtime"] = str(sandbox_runtime)
     settings = load_settings(env={}, flags=flags)
-    engine = Engine(settings, backend_for(settings, "bwrap"))
+    engine = engine_for(settings, backend_for(settings, "bwrap"))
     engine.prepare()
     workspace = state_dir.parent / "conversation"
     workspace.mkdir(mode=0o700)
@@ -181,7 +180,7 @@ const done = Bun.spawnSync([process.execPath, "add", ...flags, "{NPM_PACKAGE}"],
 console.log(done.exitCode);
 console.error(done.stdout.toString().slice(-2000), done.stderr.toString().slice(-2000));
 """
-    grant = TenantEgress(settings).grant("default", True, "conversation")
+    grant = tenant_egress(settings).grant("default", True, "conversation")
     with anyio.fail_after(200):
         installed = await engine.execute(
             ExecutionRequest(

@@ -19,8 +19,9 @@ import anyio.to_thread
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.egress import Authority, TenantEgress, hosts_resolver, serve_egress
+from mcp_sandbox.egress import Authority, hosts_resolver, serve_egress
 from mcp_sandbox.egress.listener import SOCKET_NAME
+from mcp_sandbox.engine.startup import tenant_egress
 
 from .conftest import EgressEngine, HostNet, execute
 from .test_secrets import OTHER, REAL, flags, grant, hashed
@@ -67,7 +68,7 @@ async def runs_of(test_net: HostNet, tmp_path: Path) -> AsyncIterator[tuple[Auth
     one run of ``tenant`` sending ``requests`` on one connection through its own proxy."""
     given = flags(test_net, tmp_path)
     authority = Authority(Path(given["egress_upstream_ca"]))
-    egress = TenantEgress(load_settings(env=ENV, flags={"state_dir": str(tmp_path / "state"), **given}))
+    egress = tenant_egress(load_settings(env=ENV, flags={"state_dir": str(tmp_path / "state"), **given}))
     (runs := tmp_path / "runs").mkdir()
 
     async def run(tenant: str, requests: list[str], unread: bool = False) -> Answers:

@@ -10,9 +10,9 @@ import pytest
 
 from doubles.sandbox import PlainProcessBackend
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.egress import EgressRules, Refusal, TenantEgress
+from mcp_sandbox.egress import EgressRules, Refusal
 from mcp_sandbox.egress.tls import client_hello_length, server_name
-from mcp_sandbox.engine import Engine
+from mcp_sandbox.engine.startup import engine_for, tenant_egress
 from mcp_sandbox.errors import ConfigError, ValidationError
 from mcp_sandbox.server.service import open_service
 
@@ -85,7 +85,7 @@ def test_a_list_of_patterns_narrows_to_what_is_allowed() -> None:
 
 
 def test_network_true_with_nothing_allowed_is_refused_naming_the_setting(tmp_path: Path) -> None:
-    egress = TenantEgress(load_settings(env={}, flags={"state_dir": str(tmp_path)}))
+    egress = tenant_egress(load_settings(env={}, flags={"state_dir": str(tmp_path)}))
     assert egress.grant("default", False, None) is None
     with pytest.raises(ValidationError) as refused:
         egress.grant("default", True, None)
@@ -101,7 +101,7 @@ def test_a_tenants_table_replaces_allow_and_adds_to_deny(tmp_path: Path) -> None
         "[tenants.bob]\negress_allow = []\n"
     )
     settings = load_settings(env={}, flags={"state_dir": str(tmp_path)}, config_file=config)
-    egress = TenantEgress(settings)
+    egress = tenant_egress(settings)
     alice = egress.rules("alice")
     assert alice.allow == ("*.alice.test",)
     assert alice.deny == ("bad.example.com", "x.alice.test")
@@ -130,7 +130,7 @@ def test_a_malformed_tenant_table_is_a_config_error_naming_the_file_and_setting(
     config = tmp_path / "config.toml"
     config.write_text(f"[tenants.alice]\n{table}\n")
     with pytest.raises(ConfigError) as refused:
-        TenantEgress(load_settings(env={}, flags={"state_dir": str(tmp_path)}, config_file=config))
+        tenant_egress(load_settings(env={}, flags={"state_dir": str(tmp_path)}, config_file=config))
     assert f"config file {config}: [tenants.alice] {setting}:" in str(refused.value)
 
 
@@ -145,7 +145,7 @@ async def test_a_malformed_tenant_table_stops_the_service_and_the_engine_at_star
             pytest.fail("the service opened")
     assert said in str(refused.value)
     with pytest.raises(ConfigError) as refused:  # an engine built alone refuses too, never guessing "no network"
-        Engine(settings, PlainProcessBackend())
+        engine_for(settings, PlainProcessBackend())
     assert said in str(refused.value)
 
 

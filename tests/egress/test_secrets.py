@@ -21,10 +21,10 @@ from typing import Any
 import anyio.to_thread
 import pytest
 
+from mcp_sandbox.config import load_settings
 from mcp_sandbox.doctor import doctor
 from mcp_sandbox.egress import EgressGrant, TenantEgress
 from mcp_sandbox.server.metrics import Metrics
-from mcp_sandbox.state import StateLayout
 
 from .conftest import EgressEngine, HostNet, audit_lines, execute
 
@@ -195,10 +195,13 @@ async def test_the_code_uses_a_secret_it_never_sees_and_cannot_send_elsewhere(
         log = (engine.settings.paths.state_dir / "logs" / "egress.log").read_text()
         lines, report = audit_lines(engine), io.StringIO()  # the lines of the run (doctor adds its own)
         if backend == "bwrap":  # what doctor says of secrets is the same for every backend
-            await anyio.to_thread.run_sync(doctor, engine.settings, report)  # it runs an event loop of its own
+            paths = engine.settings.paths  # doctor takes the whole settings: the same ones, read again
+            given = {"state_dir": str(paths.state_dir), "python_runtime": str(paths.python_runtime)}
+            settings = load_settings(env=settings_env(), flags={**given, **flags(test_net, tmp_path)})
+            await anyio.to_thread.run_sync(doctor, settings, report)  # it runs an event loop of its own
     key = seen["key"]
     assert key.startswith("mcpsbx-secret-api-") and REAL not in key
-    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the trust files went with it
+    assert not list(engine.layout.runs.glob("*-egress-*"))  # the trust files went with it
     # The header arrived with the real value, from urllib, requests and curl (pip too), trusting the CA by default.
     assert seen["auth"][:2] == [200, hashed(f"Bearer {REAL}")]
     assert seen["requests"] == hashed(f"Bearer {REAL}")
@@ -281,7 +284,7 @@ async def test_a_conversations_runs_use_the_secret_with_a_placeholder_of_their_o
         first = await execute(engine, code, grant(egress), session="s")
         second = await execute(engine, code, grant(egress), session="s")
     assert first.status == second.status == "success", (first, second)
-    assert not list(StateLayout.of(engine.settings).runs.glob("*-egress-*"))  # the session's, at its end
+    assert not list(engine.layout.runs.glob("*-egress-*"))  # the session's, at its end
     (one,), answer = json.loads(first.stdout)
     (again, two), later = json.loads(second.stdout)
     assert again == one and two != one  # the interpreter kept run 1's; run 2 got its own

@@ -16,8 +16,9 @@ import anyio.to_thread
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.egress import Authority, TenantEgress, hosts_resolver, serve_egress
+from mcp_sandbox.egress import Authority, hosts_resolver, serve_egress
 from mcp_sandbox.egress.listener import SOCKET_NAME
+from mcp_sandbox.engine.startup import tenant_egress
 
 from .conftest import HostNet
 from .test_secrets import REAL, flags, hashed
@@ -63,7 +64,7 @@ def runs_of(
     given = flags(test_net, tmp_path)
     authority = Authority(Path(given["egress_upstream_ca"]) if upstream_ca else None)
     settings = load_settings(env=ENV, flags={"state_dir": str(tmp_path / "state"), **given})
-    egress = TenantEgress(settings)
+    egress = tenant_egress(settings)
     (runs := tmp_path / "runs").mkdir()
 
     async def run(tenant: str, trusted: bytes | None = None) -> str:

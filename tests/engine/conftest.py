@@ -11,7 +11,7 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.sandbox.backends import BackendProbe
 
 # Small limits keep the tests quick; tests that need others pass their own.
@@ -38,7 +38,7 @@ def make_engine(state_dir: Path, sandbox_runtime: Path | None, bwrap_probe: Back
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, backend_for(settings, "bwrap"))
+        engine = engine_for(settings, backend_for(settings, "bwrap"))
         engine.prepare()
         return engine
 

@@ -22,7 +22,6 @@ from mcp_sandbox.sandbox.backends.bwrap import etc
 from mcp_sandbox.sandbox.backends.bwrap.sandbox import BwrapBackend
 from mcp_sandbox.sandbox.hostfs import system_mounts
 from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
-from mcp_sandbox.state import StateLayout
 
 from .conftest import EngineFactory
 from .helpers import HOST_BOUND
@@ -69,7 +68,7 @@ async def _output(sandbox: Sandbox) -> str:
 
 
 def _etc_copies(engine: Engine) -> list[Path]:
-    return sorted(StateLayout.of(engine.settings).runs.glob("*-etc-*"))
+    return sorted(engine.layout.runs.glob("*-etc-*"))
 
 
 def _split(entries: list[tuple[Path, str]]) -> tuple[list[str], list[str]]:
@@ -128,7 +127,7 @@ async def test_a_host_change_shows_in_sandboxes_started_after_it_not_in_one_alre
     make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = make_engine()
-    reachable = StateLayout.of(engine.settings).prepare_workspaces()  # by the sandbox uid (binds)
+    reachable = engine.layout.prepare_workspaces()  # by the sandbox uid (binds)
     certs = reachable / "certs"
     certs.mkdir(mode=0o755)
     (certs / "a.pem").write_text("first\n")
@@ -167,7 +166,7 @@ async def test_without_a_copy_the_entries_are_bound_one_by_one_with_one_warning(
     make_engine: EngineFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     engine = make_engine()
-    runs = StateLayout.of(engine.settings).runs
+    runs = engine.layout.runs
     shutil.rmtree(runs)
     runs.write_text("")  # no copy can be made under it
     entries = sorted(m.target for m in system_mounts()[0] if m.target.startswith("/etc/"))

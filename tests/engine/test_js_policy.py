@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import EngineSettings, load_settings
 from mcp_sandbox.engine.runtimes import BASE_ENVIRONMENT, js_policy, policy_for, python_policy
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.sandbox.backends.bwrap import BwrapBackend
@@ -22,8 +22,8 @@ def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str, tm
     # A runtime directory without setup's bundle of the runner: the runner's sources run (see
     # tests/engine/test_js_runs.py for the bundle).
     settings = load_settings(env={}, flags={"js_runtime": runtime, "memory": "400m", "js_runtime_dir": str(tmp_path)})
-    js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
-    python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
+    js = js_policy(EngineSettings.of(settings), language="typescript", workspace=_WORKSPACE, timeout=5)
+    python = python_policy(EngineSettings.of(settings), workspace=_WORKSPACE, timeout=5)
 
     assert js.command[0] == f"/opt/mcp-sandbox/{runtime}/{runtime}"
     assert js.environment["PATH"] == f"/opt/mcp-sandbox/{runtime}:{BASE_ENVIRONMENT['PATH']}"
@@ -48,10 +48,17 @@ def test_a_js_policy_is_the_python_sandbox_with_its_own_command(runtime: str, tm
 
 def test_policy_for_picks_the_runtime_by_language() -> None:
     settings = load_settings(env={}, flags={})
-    assert policy_for(settings, "javascript", workspace=_WORKSPACE, timeout=5).command[-1] == "javascript"
-    assert policy_for(settings, "python", workspace=_WORKSPACE, timeout=5).command[-1].endswith("boot.py")
+    assert (
+        policy_for(EngineSettings.of(settings), "javascript", workspace=_WORKSPACE, timeout=5).command[-1]
+        == "javascript"
+    )
+    assert (
+        policy_for(EngineSettings.of(settings), "python", workspace=_WORKSPACE, timeout=5)
+        .command[-1]
+        .endswith("boot.py")
+    )
     with pytest.raises(ValueError):
-        js_policy(settings, language="python", workspace=_WORKSPACE, timeout=5)
+        js_policy(EngineSettings.of(settings), language="python", workspace=_WORKSPACE, timeout=5)
 
 
 def test_js_runtime_is_a_setting_with_an_environment_variable() -> None:
@@ -64,8 +71,8 @@ def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
     settings = load_settings(env={}, flags={})
     backend = BwrapBackend(*bwrap_pieces(settings))
     backend._cgroups = CgroupSupport(version=None, reason="none here")  # no memory cgroup on this "host"
-    js = js_policy(settings, language="typescript", workspace=_WORKSPACE, timeout=5)
-    python = python_policy(settings, workspace=_WORKSPACE, timeout=5)
+    js = js_policy(EngineSettings.of(settings), language="typescript", workspace=_WORKSPACE, timeout=5)
+    python = python_policy(EngineSettings.of(settings), workspace=_WORKSPACE, timeout=5)
 
     js_limits = dict(backend.launch_spec(js, None).rlimits)
     python_limits = dict(backend.launch_spec(python, None).rlimits)
@@ -79,5 +86,5 @@ def test_rlimit_as_never_stands_in_for_memory_under_a_js_runtime() -> None:
 def test_the_cpu_rlimit_leaves_the_wall_clock_timeout_to_end_a_spin(cpus: float, timeout: float) -> None:
     """A spin's SIGXCPU (at the soft limit, one second below the hard one) must not race the timeout's kill."""
     settings = load_settings(env={}, flags={"cpus": cpus})
-    hard = python_policy(settings, workspace=_WORKSPACE, timeout=timeout).limits.cpu_seconds
+    hard = python_policy(EngineSettings.of(settings), workspace=_WORKSPACE, timeout=timeout).limits.cpu_seconds
     assert hard - 1 >= timeout * max(1.0, cpus) + 1

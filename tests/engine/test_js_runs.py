@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.anyio]
 @pytest.fixture(params=JS_RUNTIMES)
 def js_runtime(request: pytest.FixtureRequest) -> str:
     runtime: str = request.param
-    binary = js_binary(load_settings(env={}, flags={"js_runtime": runtime}))
+    binary = js_binary(load_settings(env={}, flags={}).paths, runtime)
     if not os.access(binary, os.X_OK):
         pytest.skip(f"{runtime} is not installed at {binary}: run `make runtime`")
     return runtime

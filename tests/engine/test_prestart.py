@@ -31,7 +31,7 @@ _FLAGS: dict[str, Any] = {"timeout": 10.0, "js_runtime": "bun", "prestart_size":
 
 @pytest.fixture(autouse=True)
 def _bun() -> None:
-    binary = js_binary(load_settings(env={}, flags={"js_runtime": "bun"}))
+    binary = js_binary(load_settings(env={}, flags={}).paths, "bun")
     if not os.access(binary, os.X_OK):
         pytest.skip(f"bun is not installed at {binary}: run `make runtime`")
 
@@ -41,7 +41,7 @@ async def prestarted(running_engine: RunningEngine, **flags: Any) -> AsyncIterat
     """A running engine whose TypeScript sandboxes have started (after a first run asked for them)."""
     async with running_engine(**{**_FLAGS, **flags}) as engine:
         await execute(engine, "console.log(1)", language="typescript", time_limit=engine.settings.limits.timeout)
-        await wait_ready(engine, prestart_size(engine.settings, "typescript"))
+        await wait_ready(engine, prestart_size(engine.settings.pool, "typescript"))
         yield engine
 
 
@@ -100,7 +100,7 @@ async def test_by_default_a_language_keeps_its_own_number_of_sandboxes(running_e
         await anyio.sleep(0.5)  # none more than asked for come up meanwhile
         assert engine.prestart.ready("typescript") == engine.prestart.size("typescript") == 4
     assert DEFAULT_SIZES == {"typescript": 4, "javascript": 4, "python": 2}
-    assert prestart_size(load_settings(env={"MCP_SANDBOX_PRESTART_SIZE": "1"}, flags={}), "python") == 1
+    assert prestart_size(load_settings(env={"MCP_SANDBOX_PRESTART_SIZE": "1"}, flags={}).pool, "python") == 1
 
 
 async def test_prestart_size_0_starts_none(running_engine: RunningEngine) -> None:
@@ -129,15 +129,15 @@ async def test_runs_with_other_limits_or_a_workspace_start_their_own(
 def test_only_a_run_shaped_like_the_pools_sandboxes_is_eligible(tmp_path: Any) -> None:
     settings = load_settings(env={}, flags={"timeout": 10.0})
     plain = ExecutionRequest(code="1", timeout=10.0, language="typescript")
-    assert fits_prestarted_sandbox(settings, plain)
-    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, timeout=30.0))
-    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, workspace=tmp_path))
+    assert fits_prestarted_sandbox(settings.limits, plain)
+    assert not fits_prestarted_sandbox(settings.limits, dataclasses.replace(plain, timeout=30.0))
+    assert not fits_prestarted_sandbox(settings.limits, dataclasses.replace(plain, workspace=tmp_path))
     assert fits_warm_sandbox(dataclasses.replace(plain, language="python"))
     assert not fits_warm_sandbox(plain)
     assert not fits_warm_sandbox(dataclasses.replace(plain, language="python", workspace=tmp_path))
     # A run granted network takes neither kind of sandbox.
     grant = EgressGrant(EgressRules.build(["example.com"], [], [443], [], "test"), tenant="default")
-    assert not fits_prestarted_sandbox(settings, dataclasses.replace(plain, egress=grant))
+    assert not fits_prestarted_sandbox(settings.limits, dataclasses.replace(plain, egress=grant))
     assert not fits_warm_sandbox(dataclasses.replace(plain, language="python", egress=grant))
 
 

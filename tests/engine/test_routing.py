@@ -15,6 +15,7 @@ import pytest
 from doubles.sandbox import PlainProcessBackend
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.startup import engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +28,7 @@ async def run(engine: Engine, code: str, *, session: str | None = None, reset: b
 
 
 def engine_on(backend: PlainProcessBackend, settings: Settings) -> Engine:
-    engine = Engine(settings, backend)
+    engine = engine_for(settings, backend)
     engine.prepare()
     return engine
 

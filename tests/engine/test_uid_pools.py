@@ -138,7 +138,7 @@ async def test_a_warm_sandbox_of_one_tenants_uid_never_serves_another(running_en
 async def test_each_tenants_typescript_runs_take_prestarted_sandboxes_of_its_own_uid(
     running_engine: RunningEngine,
 ) -> None:
-    binary = js_binary(load_settings(env={}, flags={"js_runtime": "bun"}))
+    binary = js_binary(load_settings(env={}, flags={}).paths, "bun")
     if not os.access(binary, os.X_OK):
         pytest.skip(f"bun is not installed at {binary}: run `make runtime`")
     async with running_engine(**_FLAGS, prestart_size=2) as engine:

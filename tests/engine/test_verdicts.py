@@ -13,7 +13,8 @@ import pytest
 
 from doubles.sandbox import PlainProcessBackend
 from mcp_sandbox.config import Settings
-from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.startup import engine_for
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +27,7 @@ Run = Callable[..., Awaitable[ExecutionResult]]
 async def execute(request: pytest.FixtureRequest, plain_settings: Callable[..., Settings]) -> AsyncIterator[Run]:
     """``await execute(code, time_limit=...)``: a run in a fresh sandbox, or in a session's."""
     session = "s" if request.param == "session" else None
-    engine = Engine(plain_settings(max_output=64 << 10), PlainProcessBackend())
+    engine = engine_for(plain_settings(max_output=64 << 10), PlainProcessBackend())
     engine.prepare()
     async with engine.running():
 

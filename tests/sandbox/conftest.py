@@ -15,8 +15,7 @@ import pytest
 
 from container_helpers import backend_flags
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine import Engine
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe
 
 from .harness import RunnerFactory, SandboxRunner
@@ -84,7 +83,7 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, backend_for(settings, backend_name))
+        engine = engine_for(settings, backend_for(settings, backend_name))
         kinds = {"warm": sandbox_kind == "warm", "fork": sandbox_kind == "fork", "born": sandbox_kind == "born"}
         return SandboxRunner(settings, engine, **kinds)
 

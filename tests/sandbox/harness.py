@@ -23,6 +23,7 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.fork_state import ForkState
+from mcp_sandbox.engine.startup import engine_for
 from mcp_test_helpers import host_processes
 
 __all__ = [
@@ -148,7 +149,7 @@ class SandboxRunner:
             zygotes = self.engine.backend.warm_pool and language == "python"
             # A pre-started sandbox has the limits of the default timeout: this run's.
             settings = self.settings if zygotes else self.settings.replace(timeout=request.timeout)
-            async with Engine(settings, self.engine.backend).running() as engine:
+            async with engine_for(settings, self.engine.backend).running() as engine:
                 # The pools have no event to wait on.
                 while (engine.pool.idle if zygotes else engine.prestart.ready(language)) == 0:
                     if not zygotes:
@@ -162,7 +163,7 @@ class SandboxRunner:
         """Run ``request`` as the first run of a session forked from a live one that set a variable."""
         source, fork = f"source-{uuid.uuid4().hex}", f"fork-{uuid.uuid4().hex}"
         with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
-            async with Engine(self.settings, self.engine.backend).running() as engine:
+            async with engine_for(self.settings, self.engine.backend).running() as engine:
                 started = await engine.execute(ExecutionRequest(code="carried = 1", timeout=HOST_BOUND, session=source))
                 assert started.status == "success", started
                 async with engine.fork_source(source, 1 << 20) as state:
@@ -186,7 +187,7 @@ class SandboxRunner:
             if os.geteuid() == 0:
                 os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
         with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
-            async with Engine(settings, self.engine.backend).running() as engine:
+            async with engine_for(settings, self.engine.backend).running() as engine:
                 engine.ready.wake()
                 # The pool has no event to wait on.
                 while engine.ready.idle == 0:  # noqa: ASYNC110

@@ -72,7 +72,7 @@ _POSTLUDE = "\nconsole.log(JSON.stringify(report));\n"
 @pytest.fixture(params=JS_RUNTIMES)
 def js_runtime(request: pytest.FixtureRequest) -> str:
     runtime: str = request.param
-    binary = js_binary(load_settings(env={}, flags={"js_runtime": runtime}))
+    binary = js_binary(load_settings(env={}, flags={}).paths, runtime)
     if not os.access(binary, os.X_OK):
         pytest.skip(f"{runtime} is not installed at {binary}: run `make runtime`")
     return runtime

@@ -13,7 +13,7 @@ import pytest
 
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 
@@ -37,7 +37,7 @@ def engine(sandboxed_settings: Settings) -> Engine:
     probe = backend.probe()
     if not probe.available:
         pytest.skip(f"bwrap is unavailable here: {probe.reason}")
-    engine = Engine(sandboxed_settings, backend)
+    engine = engine_for(sandboxed_settings, backend)
     engine.prepare()
     return engine
 

@@ -10,6 +10,7 @@ Nothing here reads the environment at import time: callers pass it in.
 - ``values``: parsing what people write (sizes, durations, booleans, lists) into a field's type;
 - ``file``: the TOML file, parsed once; ``tokens`` and ``tenants``: its ``[auth]`` and
   ``[tenants.<name>]`` tables;
+- ``engine``: :class:`EngineSettings`, the pieces the engine is built from;
 - ``sources``: the environment and its aliases, and the loader, :func:`load_config`;
 - ``reference``: the settings table of the docs, rendered from the declarations.
 """
@@ -27,6 +28,7 @@ from mcp_sandbox.config.defaults import (
     default_sandbox_ids,
     default_state_dir,
 )
+from mcp_sandbox.config.engine import EngineSettings
 from mcp_sandbox.config.file import ConfigFile, parse_config_file, read_config_file
 from mcp_sandbox.config.pieces import (
     LimitSettings,
@@ -58,6 +60,7 @@ __all__ = [
     "Config",
     "ConfigFile",
     "EgressSettings",
+    "EngineSettings",
     "HttpSettings",
     "LimitSettings",
     "OutputMode",

@@ -18,8 +18,9 @@ import dataclasses
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from mcp_sandbox.config import SecretSpec, Settings
+from mcp_sandbox.config import EgressSettings, SecretSpec
 from mcp_sandbox.egress.addresses import IPAddress, IPNetwork, in_ranges, reachable
 from mcp_sandbox.egress.patterns import Refusal, check_pattern, normal_host, pattern_matches
 from mcp_sandbox.egress.secrets import BoundSecret, bind
@@ -170,21 +171,24 @@ class TenantEgress:
     tenant's secrets join its ``egress_allow``.
     """
 
-    def __init__(self, settings: Settings) -> None:
-        """Check the rules of the settings and of each tenant (``settings.egress.tenants``).
+    def __init__(self, egress: EgressSettings, own: tuple[str, int], config_file: Path | None = None) -> None:
+        """Check the rules of ``egress`` and of each tenant (``egress.tenants``).
+
+        ``own``: the server's own address (``host``, ``port``), never reached by a run;
+        ``config_file``: the TOML file the tenants' rules came from, named in their errors.
 
         Raises:
             ConfigError: a pattern or range of the global rules or of a tenant's is malformed.
         """
-        self._settings = settings
+        self._egress, self._own = egress, own
         self.default = EgressRules.build(
-            settings.egress.egress_allow,
-            settings.egress.egress_deny,
-            settings.egress.egress_ports,
-            settings.egress.egress_allow_private,
+            egress.egress_allow,
+            egress.egress_deny,
+            egress.egress_ports,
+            egress.egress_allow_private,
             "",
         )
-        file = f"config file {settings.config_file}: " if settings.config_file is not None else ""
+        file = f"config file {config_file}: " if config_file is not None else ""
         self._tenants = {
             tenant.name: EgressRules.build(
                 tenant.egress_allow,
@@ -193,10 +197,10 @@ class TenantEgress:
                 tenant.egress_allow_private,
                 f"{file}[tenants.{tenant.name}] ",
             )
-            for tenant in settings.egress.tenants
+            for tenant in egress.tenants
         }
         self._secrets: dict[str, list[tuple[SecretSpec, tuple[str, ...]]]] = {}
-        for spec in settings.egress.secrets:
+        for spec in egress.secrets:
             try:
                 hosts = tuple(check_pattern(host) for host in spec.hosts)
             except ValueError as exc:
@@ -230,15 +234,15 @@ class TenantEgress:
             raise ValidationError("network", f"no network is allowed here: {where} names no domain")
         if network is not True:
             rules = rules.narrowed(list(network))
-        settings = self._settings
+        egress = self._egress
         return EgressGrant(
             rules=rules,
             tenant=tenant,
             conversation=conversation,
-            max_bytes=settings.egress.egress_max_bytes,
-            max_connections=settings.egress.egress_max_connections,
-            connection_timeout=settings.egress.egress_connection_timeout,
-            own=((settings.http.host, settings.http.port),),
+            max_bytes=egress.egress_max_bytes,
+            max_connections=egress.egress_max_connections,
+            connection_timeout=egress.egress_connection_timeout,
+            own=(self._own,),
             secrets=bind(self._secrets.get(tenant, ())),
         )
 

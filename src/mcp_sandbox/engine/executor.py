@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 from mcp_sandbox import tracing
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.egress import Resolver, TenantEgress, system_resolver
 from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
@@ -56,29 +56,26 @@ class Engine:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: EngineSettings,
         backend: Backend,
         events: EventHub | None = None,
         *,
+        layout: StateLayout,
+        egress: TenantEgress,
+        uids: TenantUids | None = None,
         egress_resolver: Resolver = system_resolver,
         gate: ChangeGate | None = None,
-        layout: StateLayout | None = None,
-        uids: TenantUids | None = None,
-        egress: TenantEgress | None = None,
     ) -> None:
-        """``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts);
-        ``gate``: the conversations' change locks, shared with the workspace store (``workspace.changes``);
-        ``layout``, ``uids``, ``egress``: the state directory, the tenants' host uids and egress rules,
-        which the server builds once and shares (made from ``settings`` when not given).
-
-        Raises:
-            ConfigError: ``egress`` is not given and the egress settings of a tenant are malformed.
+        """``layout``, ``egress``, ``uids``: the state directory, the tenants' egress rules and host uids,
+        which the server builds once and shares (the uids made from ``settings.sandbox`` when not given);
+        ``egress_resolver``: how the egress proxy resolves names (tests give a table of their own hosts);
+        ``gate``: the conversations' change locks, shared with the workspace store (``workspace.changes``).
+        (:func:`~.startup.engine_for` builds all of them from a ``Settings``.)
         """
         self.settings = settings
         self.gate = ChangeGate() if gate is None else gate
         self.backend = backend
         self.events = events if events is not None else EventHub()
-        layout = StateLayout.of(settings) if layout is None else layout
         self._opener = Opener(
             settings,
             backend,
@@ -86,7 +83,7 @@ class Engine:
             emit=self.events.emit,
             layout=layout,
             uids=TenantUids(settings.sandbox, layout) if uids is None else uids,
-            egress=TenantEgress(settings) if egress is None else egress,
+            egress=egress,
         )
         self._ready = ReadyByUid(settings, self._opener, zygotes=backend.warm_pool)
         self._sessions = SessionManager(settings, self._opener, self._ready, self.gate)

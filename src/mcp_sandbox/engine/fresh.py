@@ -13,7 +13,7 @@ import dataclasses
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
@@ -29,7 +29,7 @@ __all__ = ["FreshPlacement"]
 class FreshPlacement:
     """Runs each request in a sandbox of its own (a :class:`~.placement.Placement` taking every request)."""
 
-    def __init__(self, settings: Settings, opener: Opener) -> None:
+    def __init__(self, settings: EngineSettings, opener: Opener) -> None:
         self._settings = settings
         self._opener = opener
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from mcp_sandbox.config import DEFAULT_TENANT, Settings
+from mcp_sandbox.config import DEFAULT_TENANT, CodeModeSettings, EngineSettings, LimitSettings
 from mcp_sandbox.egress import (
     AuditLog,
     Authority,
@@ -53,13 +53,13 @@ logger = logging.getLogger(__name__)
 MakePolicy = Callable[[Path | None, tuple[Mount, ...]], SandboxPolicy]
 
 
-def run_caps(settings: Settings) -> RunCaps:
+def run_caps(limits: LimitSettings, code_mode: CodeModeSettings) -> RunCaps:
     """What a run may send the host, from the settings: the one place an interpreter's limits come from."""
     return RunCaps(
-        max_images=settings.limits.max_images,
-        max_image_bytes=settings.limits.max_image_bytes,
-        max_call_bytes=settings.code_mode.max_call_bytes,
-        max_calls_in_flight=settings.code_mode.max_calls_in_flight,
+        max_images=limits.max_images,
+        max_image_bytes=limits.max_image_bytes,
+        max_call_bytes=code_mode.max_call_bytes,
+        max_calls_in_flight=code_mode.max_calls_in_flight,
     )
 
 
@@ -81,7 +81,7 @@ class Opener:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: EngineSettings,
         backend: Backend,
         *,
         egress_resolver: Resolver = system_resolver,
@@ -100,7 +100,7 @@ class Opener:
         self._emit = emit
         self.backend = backend
         self.layout = layout
-        self.caps = run_caps(settings)
+        self.caps = run_caps(settings.limits, settings.code_mode)
         self.tenant_uids = uids
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None

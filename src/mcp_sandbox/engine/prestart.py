@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, PoolSettings, WorkspaceSettings
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
@@ -76,7 +76,7 @@ class Prestarted:
     used: anyio.Event = field(default_factory=anyio.Event)
 
 
-def fits_prestarted_sandbox(settings: Settings, request: ExecutionRequest) -> bool:
+def fits_prestarted_sandbox(limits: LimitSettings, request: ExecutionRequest) -> bool:
     """Whether ``request`` may run in a pre-started sandbox: its sandbox would be the pool's.
 
     The pool's sandboxes have a scratch workspace, the limits of the default ``timeout``, no
@@ -86,12 +86,12 @@ def fits_prestarted_sandbox(settings: Settings, request: ExecutionRequest) -> bo
     """
     if request.workspace is not None or request.egress is not None:
         return False
-    return limits_for(settings, request.timeout) == limits_for(settings, settings.limits.timeout)
+    return limits_for(limits, request.timeout) == limits_for(limits, limits.timeout)
 
 
-def prestart_size(settings: Settings, language: str) -> int:
+def prestart_size(pool: PoolSettings, language: str) -> int:
     """How many sandboxes of ``language`` are kept started: ``prestart_size``, else the language's default."""
-    return settings.pool.prestart_size if settings.pool.prestart_size is not None else DEFAULT_SIZES[language]
+    return pool.prestart_size if pool.prestart_size is not None else DEFAULT_SIZES[language]
 
 
 class PrestartPool:
@@ -105,8 +105,8 @@ class PrestartPool:
     ``RETRY_SECONDS`` tries again (runs start their own meanwhile).
     """
 
-    def __init__(self, settings: Settings, opener: Opener, uid: int | None = None) -> None:
-        self.settings = settings
+    def __init__(self, pool: PoolSettings, opener: Opener, uid: int | None = None) -> None:
+        self.pool_settings = pool
         self._opener = opener
         self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
         self._ready: dict[str, list[Prestarted]] = {}
@@ -143,7 +143,7 @@ class PrestartPool:
         The first call for a language starts its sandboxes. With none ready but more starting
         than runs waiting for them, waits at most ``START_WAIT_SECONDS`` for one.
         """
-        if self._group is None or prestart_size(self.settings, language) == 0:
+        if self._group is None or prestart_size(self.pool_settings, language) == 0:
             return None
         ready = self._ready.setdefault(language, [])
         self.fill(language)
@@ -162,7 +162,7 @@ class PrestartPool:
         if self._group is None or time.monotonic() < self._retry_at.get(language, 0.0):
             return
         self._ready.setdefault(language, [])
-        for _ in range(prestart_size(self.settings, language) - self._owners.get(language, 0)):
+        for _ in range(prestart_size(self.pool_settings, language) - self._owners.get(language, 0)):
             self._start(language)
 
     @contextlib.asynccontextmanager
@@ -231,32 +231,34 @@ class PrestartPlacement:
     this run's alone), and answered before the sandbox is torn down.
     """
 
-    def __init__(self, settings: Settings, pool: PrestartPool, *, zygotes: bool) -> None:
+    def __init__(
+        self, limits: LimitSettings, workspaces: WorkspaceSettings, pool: PrestartPool, *, zygotes: bool
+    ) -> None:
         """``zygotes``: the backend keeps warm sandboxes (then Python runs never come here)."""
-        self._settings = settings
+        self._limits, self._workspaces = limits, workspaces
         self._pool = pool
         self._zygotes = zygotes
 
     def accepts(self, request: ExecutionRequest) -> bool:
         """A run that cannot fork from a zygote, shaped like the pool's sandboxes."""
-        return (request.language != "python" or not self._zygotes) and fits_prestarted_sandbox(self._settings, request)
+        return (request.language != "python" or not self._zygotes) and fits_prestarted_sandbox(self._limits, request)
 
     async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult | None:
         """Run ``request`` in a ready sandbox of its language; None if none came (see :meth:`PrestartPool.take`)."""
         sandbox = await self._pool.take(request.language)
         if sandbox is None:
             return None
-        settings = self._settings
-        record = RunRecord.capped(settings.limits.max_output, request.on_output)
+        limits = self._limits
+        record = RunRecord.capped(limits.max_output, request.on_output)
         interpreter = sandbox.interpreter
-        overrun = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))
+        overrun = Overrun(DiskBound.scratch(limits, self._workspaces))
         outcome: SandboxOutcome | None = None
         try:
             with anyio.move_on_after(request.timeout) as deadline:
                 async with disk_bound(sandbox.workspace, overrun.bound) as overrun:
                     await sandbox.tools.show(tool_mounts(request))
                     interpreter.take_own_output()  # what it said while it waited is no run's
-                    file_size = overrun.file_size(settings.limits.max_file_size)
+                    file_size = overrun.file_size(limits.max_file_size)
                     if sandbox.guard is None:  # answered once the runner has ended, before the teardown
                         ended = await interpreter.run(record, request, last=True, file_size=file_size, early=True)
                         outcome = ended or interpreter.outcome
@@ -274,7 +276,7 @@ class PrestartPlacement:
         if outcome is None:
             error = "the pre-started sandbox ended before reporting the run"
             return dataclasses.replace(result, status="error", exit_code=None, error=error)
-        return explain_file_size(settings.limits, overrun, judge_fresh(settings.limits, outcome, record, result))
+        return explain_file_size(limits, overrun, judge_fresh(limits, outcome, record, result))
 
     async def _run_forked(
         self, interpreter: Interpreter, record: RunRecord, request: ExecutionRequest, guard: bytes, file_size: int
@@ -283,7 +285,7 @@ class PrestartPlacement:
 
         The sandbox serves no other run, so its counters now are this run's.
         """
-        cpu_seconds = limits_for(self._settings, request.timeout).cpu_seconds
+        cpu_seconds = limits_for(self._limits, request.timeout).cpu_seconds
         exited = await interpreter.run_forked(
             record, request, cpu_seconds=cpu_seconds, guard=guard, file_size=file_size
         )

@@ -18,7 +18,7 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.per_uid import UidRegistry
 from mcp_sandbox.engine.ready import ReadyPool, ReadySandbox
@@ -30,7 +30,7 @@ __all__ = ["ReadyByUid"]
 class ReadyByUid:
     """The session-ready pool of each host uid a conversation's run has come as; see the module docstring."""
 
-    def __init__(self, settings: Settings, opener: Opener, *, zygotes: bool) -> None:
+    def __init__(self, settings: EngineSettings, opener: Opener, *, zygotes: bool) -> None:
         """``zygotes``: the backend keeps warm sandboxes (and so session-ready ones)."""
         self._settings = settings
         self._opener = opener

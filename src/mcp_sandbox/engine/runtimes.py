@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings, LimitSettings, PathSettings, PoolSettings, SessionSettings
 from mcp_sandbox.egress import SOCKET_DIRECTORY_INSIDE, relay_environment, sandbox_environment, trust_environment
 from mcp_sandbox.provision.bundles import BUNDLES, ENTRIES, current_bundle
 from mcp_sandbox.provision.pins import JS_BINARIES
@@ -48,27 +48,28 @@ BASE_ENVIRONMENT: Mapping[str, str] = {
 }
 
 
-def limits_for(settings: Settings, timeout: float, *, session: bool = False) -> Limits:
+def limits_for(limits: LimitSettings, timeout: float, *, session: SessionSettings | None = None) -> Limits:
     """The per-sandbox limits for one run of at most ``timeout`` seconds, or for a session's sandbox.
 
-    RLIMIT_CPU counts the process's whole life, so a session's interpreter gets
-    ``session_cpu_seconds`` in all; each of its runs stays bounded by its wall-clock timeout.
+    RLIMIT_CPU counts the process's whole life, so a session's interpreter (``session``: the
+    sessions' settings) gets ``session_cpu_seconds`` in all; each of its runs stays bounded by its
+    wall-clock timeout.
     """
     # CPU seconds can only be spent faster than wall time on several cores; the wall-clock
     # timeout is the real bound, this one catches a spin that outlives a lost host. The soft
     # limit (one below, see the runtime's exec_server.py) stays a second above what the timeout lets a
     # run spend: equal to it, a spin's SIGXCPU raced the host's kill and was reported instead
     # of the timeout.
-    per_run = math.ceil(timeout * max(1.0, settings.limits.cpus)) + 2
+    per_run = math.ceil(timeout * max(1.0, limits.cpus)) + 2
     return Limits(
-        memory=settings.limits.memory,
-        pids=settings.limits.pids,
-        cpus=settings.limits.cpus,
-        cpu_seconds=settings.sessions.session_cpu_seconds if session else per_run,
-        tmp_size=settings.limits.tmp_size,
-        workspace_size=settings.limits.scratch_size,
-        file_size=settings.limits.max_file_size,
-        open_files=settings.limits.open_files,
+        memory=limits.memory,
+        pids=limits.pids,
+        cpus=limits.cpus,
+        cpu_seconds=session.session_cpu_seconds if session is not None else per_run,
+        tmp_size=limits.tmp_size,
+        workspace_size=limits.scratch_size,
+        file_size=limits.max_file_size,
+        open_files=limits.open_files,
     )
 
 
@@ -77,7 +78,7 @@ PYTHON_RUNTIME_MOUNT = f"{RUNTIME_MOUNT}/venv"
 
 
 def python_policy(
-    settings: Settings,
+    settings: EngineSettings,
     *,
     workspace: Path | None,
     timeout: float,
@@ -108,12 +109,12 @@ def python_policy(
         symlinks=links,
         workspace=workspace,
         environment=env,
-        limits=limits_for(settings, timeout, session=session),
+        limits=limits_for(settings.limits, timeout, session=settings.sessions if session else None),
     )
 
 
 def zygote_policy(
-    settings: Settings,
+    settings: EngineSettings,
     *,
     workspace: Path | None,
     mounts: Sequence[Mount] = (),
@@ -132,22 +133,22 @@ def zygote_policy(
     return dataclasses.replace(policy, command=(*policy.command, f"--zygote={preload}"))
 
 
-def needs_preload(settings: Settings, code: str) -> bool:
+def needs_preload(pool: PoolSettings, code: str) -> bool:
     """Whether ``code`` names a ``pool_preload`` module (a substring test: a computed name is missed)."""
-    return any(module in code for module in settings.pool.pool_preload)
+    return any(module in code for module in pool.pool_preload)
 
 
 JS_PACKAGES_MOUNT = "/node_modules"
 
 
-def js_binary(settings: Settings, runtime: str | None = None) -> Path:
-    """The host path of the binary of the JavaScript runtime ``runtime`` (default: the configured one)."""
-    return settings.paths.js_runtime_dir / JS_BINARIES[runtime or settings.sandbox.js_runtime]
+def js_binary(paths: PathSettings, runtime: str) -> Path:
+    """The host path of the binary of the JavaScript runtime ``runtime`` (``js_runtime``: the configured one)."""
+    return paths.js_runtime_dir / JS_BINARIES[runtime]
 
 
-def _js_command(settings: Settings, language: str, binary: str, heap_mib: int, entry: str) -> tuple[str, ...]:
+def _js_command(js_runtime: str, language: str, binary: str, heap_mib: int, entry: str) -> tuple[str, ...]:
     runner = f"{RUNTIME_MOUNT}/typescript"
-    if settings.sandbox.js_runtime == "deno":
+    if js_runtime == "deno":
         # Deno's own permissions mirror the sandbox's (which enforces them in any case): no network,
         # writes only where the sandbox has writable space. FFI is the runner's (recvmsg, dup2),
         # and so open to the code too: the OS sandbox, not Deno, is the boundary.
@@ -165,7 +166,7 @@ def _js_command(settings: Settings, language: str, binary: str, heap_mib: int, e
 
 
 def js_policy(
-    settings: Settings,
+    settings: EngineSettings,
     *,
     language: str,
     workspace: Path | None,
@@ -185,7 +186,7 @@ def js_policy(
     if language not in JS_LANGUAGES:
         raise ValueError(f"{language!r} is not a JavaScript language")
     system, links = system_mounts()
-    package = js_binary(settings).parent
+    package = js_binary(settings.paths, settings.sandbox.js_runtime).parent
     inside = f"{RUNTIME_MOUNT}/{settings.sandbox.js_runtime}"
     # The runner bundled into one file when setup built it for these sources (see provision.bundles).
     bundle = current_bundle(settings.paths, settings.sandbox)
@@ -212,20 +213,20 @@ def js_policy(
                 "NO_COLOR": "1",
             }
         )
-    binary = f"{inside}/{js_binary(settings).name}"
+    binary = f"{inside}/{js_binary(settings.paths, settings.sandbox.js_runtime).name}"
     return SandboxPolicy(
-        command=_js_command(settings, language, binary, heap_mib, entry),
+        command=_js_command(settings.sandbox.js_runtime, language, binary, heap_mib, entry),
         mounts=(*system, *extra),
         symlinks=links,
         workspace=workspace,
         environment=env,
-        limits=dataclasses.replace(limits_for(settings, timeout), address_space=False),
+        limits=dataclasses.replace(limits_for(settings.limits, timeout), address_space=False),
         language=language,
     )
 
 
 def policy_for(
-    settings: Settings,
+    settings: EngineSettings,
     language: str,
     *,
     workspace: Path | None,

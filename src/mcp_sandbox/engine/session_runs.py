@@ -11,7 +11,7 @@ import dataclasses
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.egress import grant_environment, sandbox_environment
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.opening import Opener
@@ -35,7 +35,7 @@ __all__ = ["SessionPlacement"]
 class SessionPlacement:
     """Runs a request in its session's interpreter (a :class:`~.placement.Placement`)."""
 
-    def __init__(self, settings: Settings, sessions: SessionManager, opener: Opener, shared: Shared) -> None:
+    def __init__(self, settings: EngineSettings, sessions: SessionManager, opener: Opener, shared: Shared) -> None:
         self._settings = settings
         self._sessions = sessions
         self._opener = opener
@@ -61,7 +61,7 @@ class SessionPlacement:
         # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
         born = request.workspace is not None and not self._shared(request.workspace)
         # A light one unless the code names a preloaded module or a fork's variables may need them.
-        preloaded = request.fork_state is not None or needs_preload(settings, request.code)
+        preloaded = request.fork_state is not None or needs_preload(settings.pool, request.code)
         with anyio.move_on_after(request.timeout) as deadline:
             async with (
                 self._sessions.lease(

@@ -24,7 +24,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup, TaskStatus
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
@@ -64,7 +64,9 @@ class SessionManager:
     starts the sandbox, keeps it until told to stop or until it dies, then closes it.
     """
 
-    def __init__(self, settings: Settings, opener: Opener, ready: ReadyByUid, gate: ChangeGate | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, opener: Opener, ready: ReadyByUid, gate: ChangeGate | None = None
+    ) -> None:
         """``gate``: the conversations' change locks, held while a born session adopts one (:mod:`.ready`)."""
         self._settings = settings
         self._opener = opener

@@ -1,4 +1,9 @@
-"""Opening an engine: pick the backend, prove it enforces the policy, or refuse loudly."""
+"""Opening an engine: pick the backend, prove it enforces the policy, or refuse loudly.
+
+The one place of the engine that takes the whole ``Settings``: it hands each part its pieces
+(:func:`backend_for`, :func:`engine_for`, :func:`tenant_egress`), for the server's start and for
+the commands, benches and tests that build an engine of their own.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
-from mcp_sandbox.egress import TenantEgress
+from mcp_sandbox.config import EngineSettings, Settings
+from mcp_sandbox.egress import Resolver, TenantEgress, system_resolver
 from mcp_sandbox.engine.executor import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
 from mcp_sandbox.events import EventHub
@@ -17,8 +22,9 @@ from mcp_sandbox.sandbox.access import unreachable_ancestor
 from mcp_sandbox.sandbox.backends import Backend, get_backend
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids, check_tenant_uids
+from mcp_sandbox.workspace.changes import ChangeGate
 
-__all__ = ["backend_for", "open_engine"]
+__all__ = ["backend_for", "engine_for", "open_engine", "tenant_egress"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +41,45 @@ def backend_for(settings: Settings, name: str | None = None, layout: StateLayout
         paths=settings.paths,
         limits=settings.limits,
         layout=StateLayout.of(settings) if layout is None else layout,
+    )
+
+
+def tenant_egress(settings: Settings) -> TenantEgress:
+    """The tenants' egress rules of ``settings``, the server's own address refused.
+
+    Raises:
+        ConfigError: the egress settings of a tenant are malformed.
+    """
+    own = (settings.http.host, settings.http.port)
+    return TenantEgress(settings.egress, own, settings.config_file)
+
+
+def engine_for(
+    settings: Settings,
+    backend: Backend,
+    events: EventHub | None = None,
+    *,
+    layout: StateLayout | None = None,
+    uids: TenantUids | None = None,
+    egress: TenantEgress | None = None,
+    egress_resolver: Resolver = system_resolver,
+    gate: ChangeGate | None = None,
+) -> Engine:
+    """An :class:`Engine` on ``backend``, given its pieces of ``settings`` and the shared objects
+    (each built from ``settings`` when not given), not yet probed nor prepared (:func:`open_engine` is).
+
+    Raises:
+        ConfigError: ``egress`` is not given and the egress settings of a tenant are malformed.
+    """
+    return Engine(
+        EngineSettings.of(settings),
+        backend,
+        events,
+        layout=StateLayout.of(settings) if layout is None else layout,
+        egress=tenant_egress(settings) if egress is None else egress,
+        uids=uids,
+        egress_resolver=egress_resolver,
+        gate=gate,
     )
 
 
@@ -75,7 +120,7 @@ def open_engine(
                 "start with --accept-weaker-isolation / MCP_SANDBOX_ACCEPT_WEAKER_ISOLATION=1"
             )
         logger.warning("running with weaker isolation, as configured: %s", listed)
-    engine = Engine(settings, backend, events, layout=layout, uids=uids, egress=egress)
+    engine = engine_for(settings, backend, events, layout=layout, uids=uids, egress=egress)
     engine.prepare()
     swept = engine.sweep()
     if swept:

@@ -14,12 +14,13 @@ sandboxes per language it ran. Every pool stops with the engine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import AdmissionSettings, EngineSettings, PoolSettings
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.per_uid import UidRegistry
 from mcp_sandbox.engine.placement import Placement
@@ -31,13 +32,14 @@ from mcp_sandbox.engine.warm_placement import WarmPlacement
 __all__ = ["PoolsByUid", "UidPools", "tenant_pool_settings"]
 
 
-def tenant_pool_settings(settings: Settings) -> Settings:
+def tenant_pool_settings(pool: PoolSettings, admission: AdmissionSettings) -> PoolSettings:
     """The pool settings of a tenant uid's pools: each holds at most ``tenant_concurrent_runs`` sandboxes."""
-    pool = settings.pool
-    cap = settings.admission.tenant_concurrent_runs or settings.admission.max_concurrent_runs
+    cap = admission.tenant_concurrent_runs or admission.max_concurrent_runs
     size = min(pool.pool_size, cap)
     prestart = pool.prestart_size if pool.prestart_size is not None else max(DEFAULT_SIZES.values())
-    return settings.replace(pool_size=size, pool_min=min(pool.pool_min, size), prestart_size=min(prestart, cap))
+    return dataclasses.replace(
+        pool, pool_size=size, pool_min=min(pool.pool_min, size), prestart_size=min(prestart, cap)
+    )
 
 
 @dataclass(eq=False)
@@ -63,23 +65,24 @@ class UidPools:
 class PoolsByUid:
     """The pools of each host uid runs have come as; see the module docstring."""
 
-    def __init__(self, settings: Settings, opener: Opener, *, zygotes: bool) -> None:
+    def __init__(self, settings: EngineSettings, opener: Opener, *, zygotes: bool) -> None:
         """``zygotes``: the backend keeps warm sandboxes."""
         self.settings = settings
         self._opener = opener
         self._zygotes = zygotes
-        tenant_settings = tenant_pool_settings(settings)
-        self.default = self._make(None, settings)
+        tenant_pool = tenant_pool_settings(settings.pool, settings.admission)
+        self.default = self._make(None, settings.pool)
         self._others = UidRegistry(
-            lambda uid: self._make(uid, tenant_settings), UidPools.running, idle_for=tenant_settings.pool.pool_idle
+            lambda uid: self._make(uid, tenant_pool), UidPools.running, idle_for=tenant_pool.pool_idle
         )
 
-    def _make(self, uid: int | None, pool_settings: Settings) -> UidPools:
-        warm = WarmPool(pool_settings, self._opener, uid)
-        prestart = PrestartPool(pool_settings, self._opener, uid)
+    def _make(self, uid: int | None, pool: PoolSettings) -> UidPools:
+        warm = WarmPool(pool, self._opener, uid)
+        prestart = PrestartPool(pool, self._opener, uid)
+        limits, workspaces = self.settings.limits, self.settings.workspaces
         placements: dict[str, Placement] = {
-            "warm": WarmPlacement(self.settings, warm, zygotes=self._zygotes),
-            "prestarted": PrestartPlacement(self.settings, prestart, zygotes=self._zygotes),
+            "warm": WarmPlacement(limits, workspaces, warm, zygotes=self._zygotes),
+            "prestarted": PrestartPlacement(limits, workspaces, prestart, zygotes=self._zygotes),
         }
         return UidPools(uid, warm, prestart, placements, self._zygotes)
 

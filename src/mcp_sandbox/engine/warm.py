@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PoolSettings
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opening import Opener
 from mcp_sandbox.engine.result import ExecutionRequest
@@ -106,8 +106,8 @@ class WarmPool:
     for ``RETRY_SECONDS`` (runs go cold meanwhile) and is logged.
     """
 
-    def __init__(self, settings: Settings, opener: Opener, uid: int | None = None) -> None:
-        self.settings = settings
+    def __init__(self, pool: PoolSettings, opener: Opener, uid: int | None = None) -> None:
+        self.pool_settings = pool
         self._opener = opener
         self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
         self._preload_reported = False
@@ -141,9 +141,9 @@ class WarmPool:
         """Keep the pool for this block (``pool_min`` sandboxes start now); every sandbox stops on the way out."""
         async with anyio.create_task_group() as group:
             self._group = group
-            for index in range(self.settings.pool.pool_min):
+            for index in range(self.pool_settings.pool_min):
                 self._grow(preloaded=index == 0)
-            if self.settings.pool.pool_size > self.settings.pool.pool_min:
+            if self.pool_settings.pool_size > self.pool_settings.pool_min:
                 group.start_soon(self._shrink_when_idle)
             try:
                 yield self
@@ -154,7 +154,7 @@ class WarmPool:
 
     def needs_preload(self, code: str) -> bool:
         """Whether ``code`` names a ``pool_preload`` module (see :func:`.runtimes.needs_preload`)."""
-        return needs_preload(self.settings, code)
+        return needs_preload(self.pool_settings, code)
 
     async def take(self, *, preloaded: bool = True) -> Warm | None:
         """An idle warm sandbox (a preloading one if ``preloaded``), or None; with none idle the pool grows if it may.
@@ -166,13 +166,13 @@ class WarmPool:
         """
         if self._group is None:
             return None
-        preloaded = preloaded and bool(self.settings.pool.pool_preload)  # else every sandbox is light
+        preloaded = preloaded and bool(self.pool_settings.pool_preload)  # else every sandbox is light
         if (warm := self._pick(preloaded, light=self._light_busy() > 0)) is not None:
             if not preloaded and self._owners == self._preloading:  # a light run, and not one light sandbox
                 self._convert(False)
             return warm
         if time.monotonic() >= self._retry_at:
-            if self._owners < self.settings.pool.pool_size:
+            if self._owners < self.pool_settings.pool_size:
                 self._grow(preloaded=preloaded)
             else:
                 self._convert(preloaded)
@@ -203,7 +203,7 @@ class WarmPool:
         """Retire the least recently used idle sandbox of the other kind for one that is ``preloaded``
         or light, when the pool is full: never the last preloading one, at most every ``CONVERT_SECONDS``."""
         now = time.monotonic()
-        if self._owners < self.settings.pool.pool_size or now - self._converted_at < CONVERT_SECONDS:
+        if self._owners < self.pool_settings.pool_size or now - self._converted_at < CONVERT_SECONDS:
             return
         if not preloaded and self._preloading <= 1:
             return
@@ -240,7 +240,7 @@ class WarmPool:
     def _grow(self, *, preloaded: bool) -> None:
         assert self._group is not None
         self._owners += 1
-        self._group.start_soon(self._own, preloaded and bool(self.settings.pool.pool_preload))
+        self._group.start_soon(self._own, preloaded and bool(self.pool_settings.pool_preload))
 
     async def _own(self, preloaded: bool) -> None:
         """Start a warm sandbox, offer it, stop it when retired; start the next unless it was shrunk.
@@ -302,7 +302,7 @@ class WarmPool:
         self._offered = anyio.Event()
 
     async def _shrink_when_idle(self) -> None:
-        idle_for = self.settings.pool.pool_idle
+        idle_for = self.pool_settings.pool_idle
         while True:
             await anyio.sleep(min(idle_for / 2, 60.0))
             now = time.monotonic()
@@ -310,9 +310,9 @@ class WarmPool:
             preloading = self._preloading
             # The least recently used first, never below pool_min, and the last preloading one kept with it.
             for warm in sorted(self._idle, key=lambda w: w.idle_since):
-                if remaining <= self.settings.pool.pool_min or now - warm.idle_since < idle_for:
+                if remaining <= self.pool_settings.pool_min or now - warm.idle_since < idle_for:
                     break
-                if warm.preloaded and preloading <= 1 and self.settings.pool.pool_min > 0:
+                if warm.preloaded and preloading <= 1 and self.pool_settings.pool_min > 0:
                     continue
                 preloading -= warm.preloaded
                 self._idle.remove(warm)

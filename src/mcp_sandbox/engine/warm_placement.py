@@ -12,7 +12,7 @@ import logging
 
 import anyio
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import LimitSettings, WorkspaceSettings
 from mcp_sandbox.engine.disk import DiskBound, Overrun
 from mcp_sandbox.engine.interpreter import Exited
 from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
@@ -34,9 +34,9 @@ class WarmPlacement:
     It is answered on the zygote's EXITED; the restore after it is the pool's, off the run's path.
     """
 
-    def __init__(self, settings: Settings, pool: WarmPool, *, zygotes: bool) -> None:
+    def __init__(self, limits: LimitSettings, workspaces: WorkspaceSettings, pool: WarmPool, *, zygotes: bool) -> None:
         """``zygotes``: the backend keeps warm sandboxes (else this placement takes no run)."""
-        self._settings = settings
+        self._limits, self._workspaces = limits, workspaces
         self._pool = pool
         self._zygotes = zygotes
 
@@ -49,10 +49,10 @@ class WarmPlacement:
         warm = await self._pool.take(preloaded=self._pool.needs_preload(request.code))
         if warm is None:
             return None
-        settings = self._settings
-        record = RunRecord.capped(settings.limits.max_output, request.on_output)
+        limits = self._limits
+        record = RunRecord.capped(limits.max_output, request.on_output)
         interpreter = warm.interpreter
-        scratch = Overrun(DiskBound.scratch(settings.limits, settings.workspaces))  # wiped: all of it is left
+        scratch = Overrun(DiskBound.scratch(limits, self._workspaces))  # wiped: all of it is left
         before = warm.limits
         after = before
         exited: Exited | None = None
@@ -65,9 +65,9 @@ class WarmPlacement:
                 exited = await interpreter.run_forked(
                     record,
                     request,
-                    cpu_seconds=limits_for(settings, request.timeout).cpu_seconds,
+                    cpu_seconds=limits_for(limits, request.timeout).cpu_seconds,
                     guard=warm.guard,
-                    file_size=scratch.file_size(settings.limits.max_file_size),
+                    file_size=scratch.file_size(limits.max_file_size),
                 )
                 after = interpreter.limit_events()
             reusable = exited is not None and exited.problem is None and not deadline.cancelled_caught
@@ -91,11 +91,11 @@ class WarmPlacement:
             return timed_out(result, request, "the sandbox and all its processes were killed")
         if exited is None:
             outcome = interpreter.outcome or SandboxOutcome(returncode=-1)
-            error = death(settings.limits, outcome, record) or "the warm sandbox ended before reporting the run"
+            error = death(limits, outcome, record) or "the warm sandbox ended before reporting the run"
             return dataclasses.replace(result, status="error", exit_code=None, error=error)
         outcome = SandboxOutcome(
             returncode=exited.exit_code,
             memory_exceeded=after.memory > before.memory,
             pids_exhausted=after.pids > before.pids,
         )
-        return explain_file_size(settings.limits, scratch, judge_fresh(settings.limits, outcome, record, result))
+        return explain_file_size(limits, scratch, judge_fresh(limits, outcome, record, result))

@@ -32,7 +32,7 @@ from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.parking import ParkedStates
-from mcp_sandbox.engine.startup import open_engine
+from mcp_sandbox.engine.startup import engine_for, open_engine, tenant_egress
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision import js_status
@@ -198,7 +198,7 @@ async def _parked_then(engine: Engine | None, then: Awaitable[None]) -> None:
 
 async def _open_engine(settings: Settings, events: EventHub, backend: Backend | None, **shared: Any) -> Engine:
     if backend is not None:
-        engine = Engine(settings, backend, events, **shared)
+        engine = engine_for(settings, backend, events, **shared)
         engine.prepare()
         return engine
     # In a worker thread: probing the backend runs processes, and the event loop may be serving.
@@ -297,7 +297,7 @@ async def open_service(
     """
     # Built once, shared by the engine, the stores and the tools: a malformed tenant's egress stops the start here.
     layout = StateLayout.of(settings)
-    egress = TenantEgress(settings)
+    egress = tenant_egress(settings)
     events = EventHub()
     engine = await _open_engine(settings, events, backend, layout=layout, egress=egress)  # its uids shared too
     js = js_status(settings.paths)

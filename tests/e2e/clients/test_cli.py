@@ -87,7 +87,7 @@ def _bun_processes() -> list[int]:
 def test_run_starts_no_sandbox_beyond_its_own(state_dir: Path, sandbox_runtime: Path | None) -> None:
     # A server pre-starts TypeScript sandboxes on the first TypeScript run; one `run` would only
     # throw them away.
-    if not os.access(js_binary(load_settings(env={}, flags={"js_runtime": "bun"})), os.X_OK):
+    if not os.access(js_binary(load_settings(env={}, flags={}).paths, "bun"), os.X_OK):
         pytest.skip("bun is not installed: run `make runtime`")
     code = "await new Promise((done) => setTimeout(done, 3000)); console.log('waited');"
     command = [sys.executable, "-m", "mcp_sandbox", "run", "--language", "typescript", "-c", code]

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 @pytest.fixture(scope="module", params=JS_RUNTIMES)
 def js_runtime(request: pytest.FixtureRequest) -> str:
     runtime: str = request.param
-    binary = js_binary(load_settings(env={}, flags={"js_runtime": runtime}))
+    binary = js_binary(load_settings(env={}, flags={}).paths, runtime)
     if not os.access(binary, os.X_OK):
         pytest.skip(f"{runtime} is not installed at {binary}: run `make runtime`")
     return runtime

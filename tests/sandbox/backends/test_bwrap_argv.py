@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import EngineSettings, load_settings
 from mcp_sandbox.engine.runtimes import policy_for, with_egress
 from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, etc_entries
@@ -343,12 +343,12 @@ def _real_policies() -> list[tuple[str, SandboxPolicy]]:
     workspace = Path("/srv/state/workspaces/default/c0ffee")
     policies: list[tuple[str, SandboxPolicy]] = []
     for language in ("python", "typescript", "javascript"):
-        plain = policy_for(settings, language, workspace=workspace, timeout=5)
+        plain = policy_for(EngineSettings.of(settings), language, workspace=workspace, timeout=5)
         policies += [
             (f"{language} in a conversation", plain),
             (f"{language} with network", with_egress(plain, Path("/srv/state/egress/run1"))),
             (f"{language} session", with_egress(plain, Path("/srv/state/egress/s1"), for_life=False)),
-            (f"{language} scratch", policy_for(settings, language, workspace=None, timeout=5)),
+            (f"{language} scratch", policy_for(EngineSettings.of(settings), language, workspace=None, timeout=5)),
         ]
     policies.append(("synthetic", make_policy()))
     return policies

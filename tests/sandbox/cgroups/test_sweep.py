@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine import Engine
-from mcp_sandbox.engine.startup import backend_for
+from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.sandbox.cgroups import detect_cgroups, sweep_stale
 
 
@@ -20,7 +19,7 @@ def _dead_pid() -> int:
 
 def test_scratch_workspaces_of_a_dead_server_are_removed_and_a_live_ones_kept(tmp_path: Path) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(tmp_path / "state")})
-    engine = Engine(settings, backend_for(settings, "bwrap"))
+    engine = engine_for(settings, backend_for(settings, "bwrap"))
     engine.prepare()
     runs = settings.paths.state_dir / "runs"
     left = runs / f"{_dead_pid()}-0123456789abcdef"

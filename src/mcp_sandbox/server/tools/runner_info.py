@@ -53,7 +53,7 @@ def _js_packages(settings: Settings) -> list[dict[str, str]]:
 
 def _js_runners(settings: Settings) -> list[dict[str, Any]]:
     """TypeScript and JavaScript on the configured runtime: its version and the packages code can import."""
-    binary = js_binary(settings)
+    binary = js_binary(settings.paths, settings.sandbox.js_runtime)
     # deno runs with --no-npm: bare imports of npm packages are bun's alone.
     packages = _js_packages(settings) if settings.sandbox.js_runtime == "bun" else []
     entry: dict[str, Any] = {"runtime": settings.sandbox.js_runtime, "version": None, "packages": packages}
