@@ -36,6 +36,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from mcp_sandbox.config import load_settings
+from mcp_sandbox.state import StateLayout
+from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.volume import release_volume
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 
@@ -155,7 +157,9 @@ def disk_used(path: Path) -> int:
 def copies(state_dir: Path, count: int, volume: bool) -> tuple[dict[str, list[float]], dict[str, int]]:
     """The copy alone: ``WorkspaceStore.fork`` of each size (files as :func:`filling` makes them); bytes written."""
     flags: dict[str, object] = {"state_dir": str(state_dir), **({"volume_bytes": VOLUME_BYTES} if volume else {})}
-    store = WorkspaceStore(load_settings(env={}, flags=flags), load_secret(state_dir))
+    settings = load_settings(env={}, flags=flags)
+    uids = TenantUids(settings.sandbox, StateLayout.of(settings))
+    store = WorkspaceStore(settings.workspaces, load_secret(state_dir), uids)
     store.prepare()
     samples: dict[str, list[float]] = {}
     written: dict[str, int] = {}

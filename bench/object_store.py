@@ -37,6 +37,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from mcp_sandbox.config import load_settings  # noqa: E402
 from mcp_sandbox.replicas.mirror import Mirror  # noqa: E402
 from mcp_sandbox.replicas.objects import ObjectStore  # noqa: E402
+from mcp_sandbox.state import StateLayout  # noqa: E402
+from mcp_sandbox.tenant_uids import TenantUids  # noqa: E402
 from mcp_sandbox.workspace import WorkspaceStore, load_secret, remove_tree  # noqa: E402
 from s3_helpers import s3_env, s3_server, store_url  # noqa: E402
 
@@ -84,7 +86,8 @@ def main() -> None:
         os.environ.update(s3_env(endpoint))
         state = Path(parent) / "state"
         settings = load_settings(env={}, flags={"state_dir": str(state)})
-        store = WorkspaceStore(settings, load_secret(state))
+        uids = TenantUids(settings.sandbox, StateLayout.of(settings))
+        store = WorkspaceStore(settings.workspaces, load_secret(state), uids)
         store.prepare()
         objects = ObjectStore(store_url("bench/"))
         objects.check()

@@ -224,6 +224,7 @@ def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
 def _cmd_import_runner_data(settings: Settings) -> int:
     from mcp_sandbox.errors import ConfigError
     from mcp_sandbox.state import StateLayout
+    from mcp_sandbox.tenant_uids import TenantUids
     from mcp_sandbox.workspace import WorkspaceStore, load_secret
     from mcp_sandbox.workspace.runner_data import RunnerData
 
@@ -232,7 +233,7 @@ def _cmd_import_runner_data(settings: Settings) -> int:
         raise ConfigError("import-runner-data needs SANDBOX_ROOT and FILE_SECRET (runner_data and runner_secret)")
     layout = StateLayout.of(settings)
     layout.make_root_private()
-    store = WorkspaceStore(settings, load_secret(layout.root))
+    store = WorkspaceStore(settings.workspaces, load_secret(layout.root), TenantUids(settings.sandbox, layout))
     for item in RunnerData(root, secret, layout.runner_import, store).import_all():
         done = f"{item.files} files, {item.bytes} bytes, {item.skipped} skipped (not regular files)"
         print(f"{item.digest}: {'imported before' if item.already else done}")

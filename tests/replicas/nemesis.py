@@ -27,11 +27,12 @@ import pytest
 
 from balancer_helpers import Replica, ReplicaSet, replica_set
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.workspace import WorkspaceStore, remove_tree
+from mcp_sandbox.workspace import remove_tree
 from mcp_test_helpers import fill_disk, http_server, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import lease_rows
 from s3_helpers import Weed, s3_env, weed_server
+from settings_helpers import store_of
 
 from .model import Model, Phase, check, check_links, workload
 
@@ -128,7 +129,7 @@ class Nemesis:
         """The workspace key (and lease key) of the tenant's ``conversation`` on this cluster."""
         settings = load_settings(env={}, flags={"state_dir": str(self.cluster.replicas[0].state_dir)})
         secret = (self.cluster.replicas[0].state_dir / "secret").read_bytes()
-        return WorkspaceStore(settings, secret).key(TENANT, conversation)
+        return store_of(settings, secret).key(TENANT, conversation)
 
     async def owner(self, conversation: str, bound: float = 30.0) -> Replica:
         """The replica holding ``conversation``'s lease, polled until one does (within ``bound``)."""

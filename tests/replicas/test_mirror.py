@@ -14,8 +14,9 @@ from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.errors import LeaseLostError, WorkspaceError
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
-from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace import load_secret
 from s3_helpers import files, objects, s3_env, store_url
+from settings_helpers import store_of
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def url() -> str:
 def mirror(settings: Settings, s3_endpoint: str, url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mirror]:
     for name, value in s3_env(s3_endpoint).items():
         monkeypatch.setenv(name, value)
-    store = WorkspaceStore(settings, load_secret(settings.paths.state_dir))
+    store = store_of(settings, load_secret(settings.paths.state_dir))
     store.prepare()
     objects_ = ObjectStore(url)
     objects_.check()
@@ -42,7 +43,7 @@ def mirror(settings: Settings, s3_endpoint: str, url: str, monkeypatch: pytest.M
 
 @pytest.fixture
 def key(settings: Settings) -> str:
-    return WorkspaceStore(settings, load_secret(settings.paths.state_dir)).key("alice", "conversation-1")
+    return store_of(settings, load_secret(settings.paths.state_dir)).key("alice", "conversation-1")
 
 
 def _workspace(settings: Settings, key: str) -> Path:
@@ -199,7 +200,7 @@ def test_a_writer_of_an_earlier_epoch_cannot_replace_the_index_a_takeover_sealed
     directory.mkdir(parents=True)
     (directory / "a.txt").write_text("alpha")
     mirror.write_back(key, epoch=1)
-    stale = Mirror(mirror.objects, WorkspaceStore(settings, load_secret(settings.paths.state_dir)))
+    stale = Mirror(mirror.objects, store_of(settings, load_secret(settings.paths.state_dir)))
     mirror.restore(key, "alice", epoch=2)  # taken over in epoch 2: the index says so before anything is swept
     (directory / "a.txt").write_text("alpha, later")
 
@@ -219,7 +220,7 @@ def test_a_pack_no_index_names_is_swept_by_a_restore_only_once_older_than_the_gr
     mirror.write_back(key, epoch=1)
     orphan = f"workspaces/{key}/.mcp-sandbox-packs/{'0' * 24}"  # a stalled owner's pack, its index not yet written
     mirror.objects.put(orphan, b"packed files")
-    patient = Mirror(mirror.objects, WorkspaceStore(settings, load_secret(settings.paths.state_dir)), grace=3600)
+    patient = Mirror(mirror.objects, store_of(settings, load_secret(settings.paths.state_dir)), grace=3600)
 
     patient.restore(key, "alice", epoch=2)
     assert orphan in objects(s3_endpoint, url)  # young: kept

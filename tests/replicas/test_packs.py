@@ -16,8 +16,9 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.replicas.packs import PACK_BYTES, PACKS, SMALL
-from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace import load_secret
 from s3_helpers import files, objects, s3_env, store_url
+from settings_helpers import store_of
 
 Replica = tuple[Mirror, Path]  # a mirror and its state directory
 
@@ -38,7 +39,7 @@ def replica(
 
     def make(name: str) -> Replica:
         state = tmp_path / name
-        store = WorkspaceStore(load_settings(env={}, flags={"state_dir": str(state)}), load_secret(state))
+        store = store_of(load_settings(env={}, flags={"state_dir": str(state)}), load_secret(state))
         store.prepare()
         objects_ = ObjectStore(url)
         opened.append(objects_)

@@ -8,6 +8,7 @@ import pytest
 
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from settings_helpers import store_of
 
 
 @pytest.fixture
@@ -17,7 +18,7 @@ def settings(state_dir: Path) -> Settings:
 
 @pytest.fixture
 def store(settings: Settings) -> WorkspaceStore:
-    store = WorkspaceStore(settings, load_secret(settings.paths.state_dir))
+    store = store_of(settings, load_secret(settings.paths.state_dir))
     store.prepare()
     return store
 

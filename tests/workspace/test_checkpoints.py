@@ -9,15 +9,15 @@ import threading
 from pathlib import Path
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
 from mcp_sandbox.workspace.checkpoints import Checkpoints, state_key
+from settings_helpers import store_of
 
 
 def _store(state_dir: Path) -> tuple[WorkspaceStore, Checkpoints]:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     store.prepare()
     return store, Checkpoints(settings.workspaces, store.layout, TenantUids(settings.sandbox, store.layout), store.gate)
 
@@ -49,7 +49,7 @@ def test_checkpoints_go_with_their_conversation_and_a_crashed_servers_copy_is_sw
     checkpoints.save(key, "cp", "t")
     ended = subprocess.Popen(["true"])
     ended.wait()
-    crashed = StateLayout.of(store.settings).checkpoints / key / f".fork-{ended.pid}-deadbeef"
+    crashed = store.layout.checkpoints / key / f".fork-{ended.pid}-deadbeef"
     (crashed / "sub").mkdir(parents=True)  # a server killed mid-save left it
     live = crashed.with_name(".fork-1-livesvr")  # a live server's save in progress
     live.mkdir()
@@ -69,8 +69,8 @@ def test_one_checkpoint_is_deleted_under_the_change_lock_its_bytes_given_back(tm
     store.write_file(key, "a.txt", b"data", "t")
     checkpoints.save(key, "cp", "t")
     checkpoints.save(key, "other", "t")
-    state = StateLayout.of(store.settings).parked_state(state_key(key, "cp"))
-    StateLayout.of(store.settings).prepare_parked()
+    state = store.layout.parked_state(state_key(key, "cp"))
+    store.layout.prepare_parked()
     state.write_bytes(b"s" * 100)  # its variables, as a parked state
     before = store.usage(key).bytes
     freed: list[int | None] = []

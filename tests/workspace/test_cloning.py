@@ -17,6 +17,7 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.errors import DiskFullError, QuotaExceededError, WorkspaceError
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from settings_helpers import store_of
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (other uids, a tmpfs)")
 OTHER = 1879114000
@@ -109,7 +110,7 @@ def test_a_fork_onto_an_existing_conversation_or_past_the_bounds_leaves_nothing(
 
 def test_a_fork_of_a_source_over_the_quota_is_refused_before_any_copy(state_dir: Path) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "quota_bytes": 1000, "quota_files": 5})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     store.prepare()
     big, many = store.key("t", "big"), store.key("t", "many")
     (store.ensure(big, "t") / "big.bin").write_bytes(b"x" * 1001)
@@ -141,7 +142,7 @@ def small_state_dir(state_dir: Path) -> Iterator[Path]:
 @root_only
 def test_a_fork_that_fills_the_disk_leaves_nothing_and_a_crashed_ones_copy_is_swept(small_state_dir: Path) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(small_state_dir)})
-    store = WorkspaceStore(settings, load_secret(small_state_dir))
+    store = store_of(settings, load_secret(small_state_dir))
     store.prepare()
     source = store.key("t", "s")
     (store.ensure(source, "t") / "big.bin").write_bytes(b"x" * (3 << 20))

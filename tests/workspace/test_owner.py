@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace import load_secret
 from mcp_sandbox.workspace.owner import MAX_DEPTH, hand_over
+from settings_helpers import store_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root hands a workspace to another uid")
 
@@ -76,7 +77,7 @@ def test_hand_over_stops_at_its_depth_and_says_so(tmp_path: Path) -> None:
 
 def test_an_existing_workspace_is_handed_to_its_tenant_on_first_use(tmp_path: Path) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(tmp_path / "state")})
-    store = WorkspaceStore(settings, load_secret(settings.paths.state_dir))
+    store = store_of(settings, load_secret(settings.paths.state_dir))
     key = store.key("alice", "conversation")
     store.ensure(key)  # as before tenants had uids: the sandbox uid's
     workspace = store.directory(key)

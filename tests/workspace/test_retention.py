@@ -12,6 +12,7 @@ from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.replicas.leases import STOPPED, LeaseTable
 from mcp_sandbox.workspace import ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
 from postgres_helpers import MetadataTarget
+from settings_helpers import store_of
 
 DAY = 86400.0
 NOW = 1_000 * DAY
@@ -26,7 +27,7 @@ def budget_settings(state_dir: Path) -> Settings:
 
 @pytest.fixture
 def store(budget_settings: Settings) -> WorkspaceStore:
-    return WorkspaceStore(budget_settings, load_secret(budget_settings.paths.state_dir))
+    return store_of(budget_settings, load_secret(budget_settings.paths.state_dir))
 
 
 @pytest.fixture
@@ -150,7 +151,7 @@ def test_a_tenant_over_its_own_budget_loses_its_own_oldest_never_another_tenants
     settings = load_settings(
         env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 1000, "max_workspaces_bytes": 10_000}
     )
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         bobs = _conversation(store, metadata, "b", 500, NOW - 9 * DAY, tenant="bob")  # the oldest of all
@@ -173,7 +174,7 @@ def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(
     settings = load_settings(
         env={}, flags={"state_dir": str(state_dir), "tenant_workspaces_bytes": 5000, "max_workspaces_bytes": 1500}
     )
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         bobs = _conversation(store, metadata, "b", 300, NOW - 9 * DAY, tenant="bob")  # the oldest of all
@@ -206,7 +207,7 @@ def test_the_history_loses_runs_older_than_its_ttl_and_each_tenants_oldest_past_
     state_dir: Path, metadata_target: MetadataTarget
 ) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_ttl": "10d", "history_max_runs": 3})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         _runs(metadata, "alice", [NOW - day * DAY for day in (12, 11, 5, 4, 3, 2, 1)])
@@ -229,7 +230,7 @@ def test_a_tenant_with_many_runs_never_prunes_another_tenants_history(
     state_dir: Path, metadata_target: MetadataTarget
 ) -> None:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "history_max_runs": 2})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     metadata = Metadata.open(metadata_target.path, metadata_target.url)
     try:
         _runs(metadata, "bob", [NOW - 3 * DAY, NOW - 2 * DAY])  # older than all of alice's

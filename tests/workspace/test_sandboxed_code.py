@@ -16,6 +16,7 @@ from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from settings_helpers import store_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sandbox]
 
@@ -44,7 +45,7 @@ def engine(sandboxed_settings: Settings) -> Engine:
 
 @pytest.fixture
 def sandboxed_store(sandboxed_settings: Settings) -> WorkspaceStore:
-    return WorkspaceStore(sandboxed_settings, load_secret(sandboxed_settings.paths.state_dir))
+    return store_of(sandboxed_settings, load_secret(sandboxed_settings.paths.state_dir))
 
 
 async def _run(engine: Engine, workspace: Path, code: str) -> ExecutionResult:
@@ -107,7 +108,7 @@ async def test_traps_the_code_builds_are_skipped_refused_and_deleted(
 
 
 async def test_code_swapping_a_directory_for_a_symlink_while_the_host_reads_and_writes_never_leads_out(
-    engine: Engine, sandboxed_store: WorkspaceStore
+    engine: Engine, sandboxed_store: WorkspaceStore, sandboxed_settings: Settings
 ) -> None:
     key = sandboxed_store.key("alice", "race")
     workspace = sandboxed_store.ensure(key)
@@ -135,7 +136,7 @@ async def test_code_swapping_a_directory_for_a_symlink_while_the_host_reads_and_
     ready = workspace / "ready"
     os.mkfifo(ready, 0o600)
     if os.geteuid() == 0:  # root runs the sandbox as its own uid
-        os.chown(ready, sandboxed_store.settings.sandbox.sandbox_uid, sandboxed_store.settings.sandbox.sandbox_gid)
+        os.chown(ready, sandboxed_settings.sandbox.sandbox_uid, sandboxed_settings.sandbox.sandbox_gid)
     async with anyio.create_task_group() as group:
         group.start_soon(run)
         try:

@@ -17,13 +17,14 @@ from mcp_sandbox.errors import QuotaExceededError, ValidationError, WorkspaceErr
 from mcp_sandbox.workspace import RESERVED_PREFIX, WorkspaceStore, load_secret
 from mcp_sandbox.workspace.files import Usage
 from mcp_sandbox.workspace.reservations import QuotaBook
+from settings_helpers import store_of
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="ownership is only handed to the sandbox uid by root")
 
 
 def _small_store(settings: Settings, **quotas: object) -> WorkspaceStore:
     small = load_settings(env={}, flags={"state_dir": str(settings.paths.state_dir), **quotas})
-    return WorkspaceStore(small, load_secret(small.paths.state_dir))
+    return store_of(small, load_secret(small.paths.state_dir))
 
 
 def _temporaries(directory: Path) -> list[str]:
@@ -85,8 +86,8 @@ def test_moving_characters_between_tenant_and_id_changes_the_key(store: Workspac
 
 
 def test_keys_depend_on_the_server_secret(settings: Settings) -> None:
-    one = WorkspaceStore(settings, b"1" * 32)
-    other = WorkspaceStore(settings, b"2" * 32)
+    one = store_of(settings, b"1" * 32)
+    other = store_of(settings, b"2" * 32)
 
     assert one.key("alice", "chat") != other.key("alice", "chat")
 

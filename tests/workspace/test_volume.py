@@ -22,9 +22,9 @@ import pytest
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.doctor import _report_forks
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.state import StateLayout
 from mcp_sandbox.volume import IMAGE_FILE, VOLUME_DIR, can_reflink, release_volume
 from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from settings_helpers import store_of
 
 GIB = 1 << 30
 OWN_CHANGES_BOUND = 8 << 20  # what a fork of 1 GiB may write: metadata and its own few blocks, far from a copy
@@ -51,7 +51,7 @@ def volume_settings(state_dir: Path, **flags: object) -> Settings:
 @pytest.fixture(scope="module")
 def store(module_state_dir: Path) -> Iterator[WorkspaceStore]:
     require_volume()
-    store = WorkspaceStore(volume_settings(module_state_dir), load_secret(module_state_dir))
+    store = store_of(volume_settings(module_state_dir), load_secret(module_state_dir))
     try:
         store.prepare()
         yield store
@@ -123,8 +123,8 @@ def write_block(path: Path, index: int, data: bytes) -> None:
 
 
 def test_the_workspaces_runs_and_uploads_live_on_the_volume_closed_to_other_users(store: WorkspaceStore) -> None:
-    root = store.settings.paths.state_dir
-    layout = StateLayout.of(store.settings)
+    root = store.layout.root
+    layout = store.layout
     assert os.path.ismount(root / VOLUME_DIR)
     layout.prepare_runs()
     for directory in (layout.workspaces, layout.runs, layout.uploads):
@@ -222,23 +222,23 @@ def test_writes_after_a_fork_stay_on_their_side_and_a_deleted_source_breaks_no_f
 def test_the_volume_is_mounted_again_after_a_restart_with_its_files(store: WorkspaceStore) -> None:
     key = store.key("alice", "kept")
     tenant_file(store.ensure(key, "alice"), "kept.txt", b"across a restart")
-    release_volume(store.settings.paths.state_dir)
+    release_volume(store.layout.root)
     assert not (store.directory(key) / "kept.txt").exists()
 
-    again = WorkspaceStore(store.settings, load_secret(store.settings.paths.state_dir))
+    again = store_of(volume_settings(store.layout.root), load_secret(store.layout.root))
     again.prepare()
 
     assert (again.directory(key) / "kept.txt").read_bytes() == b"across a restart"
 
 
 def test_a_larger_volume_bytes_grows_the_volume_at_the_next_mount_with_its_files(store: WorkspaceStore) -> None:
-    root = store.settings.paths.state_dir
+    root = store.layout.root
     key = store.key("alice", "grown")
     tenant_file(store.ensure(key, "alice"), "kept.txt", b"before it grew")
     before = os.statvfs(store.root)
     release_volume(root)
 
-    grown = WorkspaceStore(volume_settings(root, volume_bytes=6 * GIB), load_secret(root))
+    grown = store_of(volume_settings(root, volume_bytes=6 * GIB), load_secret(root))
     grown.prepare()
 
     after = os.statvfs(grown.root)
@@ -266,11 +266,11 @@ def test_two_processes_starting_together_mount_the_volume_once(state_dir: Path) 
 
 def test_a_volume_that_would_hide_existing_workspaces_is_refused_naming_them(state_dir: Path) -> None:
     require_volume()
-    plain = WorkspaceStore(load_settings(env={}, flags={"state_dir": str(state_dir)}), load_secret(state_dir))
+    plain = store_of(load_settings(env={}, flags={"state_dir": str(state_dir)}), load_secret(state_dir))
     plain.write_file(plain.key("alice", "old"), "old.txt", b"made before the volume")
 
     with pytest.raises(ConfigError, match="workspaces"):
-        WorkspaceStore(volume_settings(state_dir), load_secret(state_dir)).prepare()
+        store_of(volume_settings(state_dir), load_secret(state_dir)).prepare()
 
     assert not os.path.ismount(state_dir / VOLUME_DIR)
     assert not (state_dir / IMAGE_FILE).exists()
@@ -281,7 +281,7 @@ def test_a_volume_that_would_hide_existing_workspaces_is_refused_naming_them(sta
 def test_doctor_says_whether_forks_are_reflinked_or_copied(store: WorkspaceStore, state_dir: Path) -> None:
     plain, on_volume = io.StringIO(), io.StringIO()
     _report_forks(load_settings(env={}, flags={"state_dir": str(state_dir)}), plain)
-    _report_forks(store.settings, on_volume)
+    _report_forks(volume_settings(store.layout.root), on_volume)
 
     if can_reflink(state_dir):
         assert plain.getvalue().startswith("forks: reflinked (the state directory's filesystem")

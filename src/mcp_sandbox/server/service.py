@@ -226,7 +226,7 @@ async def _open_stores(settings: Settings, layout: StateLayout, engine: Engine) 
                 lambda: load_shared_secret(metadata.database, layout.root) if shared else load_secret(layout.root)
             )
             # One change lock per conversation, one layout and one table of tenants' uids, shared with the engine.
-            workspaces = WorkspaceStore(settings, secret, engine.gate, engine.tenant_uids)
+            workspaces = WorkspaceStore(settings.workspaces, secret, engine.tenant_uids, engine.gate)
             if swept := await anyio.to_thread.run_sync(workspaces.sweep_partials):
                 logger.info("deleted %d partial uploads a crash left", swept)
             if settings.replicas.object_store_url is not None:

@@ -24,9 +24,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from mcp_sandbox.config import DEFAULT_TENANT, Settings
+from mcp_sandbox.config import DEFAULT_TENANT, WorkspaceSettings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
-from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace.changes import ChangeGate
 from mcp_sandbox.workspace.checkpoints import checkpoint_bytes, delete_checkpoints
@@ -65,24 +64,25 @@ def _framed(value: str) -> bytes:
 
 
 class WorkspaceStore:
-    """The workspaces of all conversations under ``settings.paths.state_dir`` (``uids``' layout when given).
+    """The workspaces of all conversations under the state directory of ``uids``' layout (the engine's).
 
     Methods are synchronous and may block on the disk: call them from a worker thread
     (``anyio.to_thread.run_sync``). They are safe to call concurrently.
     """
 
     def __init__(
-        self, settings: Settings, secret: bytes, gate: ChangeGate | None = None, uids: TenantUids | None = None
+        self, workspaces: WorkspaceSettings, secret: bytes, uids: TenantUids, gate: ChangeGate | None = None
     ) -> None:
-        self.settings = settings
+        """``workspaces``: the quotas; ``uids``: the tenants' host uids and the layout they are kept in."""
+        self.workspace_settings = workspaces
         self.gate = ChangeGate() if gate is None else gate  # the change locks, shared with the engine
-        self.layout = StateLayout.of(settings) if uids is None else uids.layout  # the engine's, with its uids
+        self.layout = uids.layout
         self.root = self.layout.workspaces
         self._key = derive_key(secret, "workspace")
         # Root writes as the tenant's host uid's files, so that sandboxed code can change them.
-        self._uids = TenantUids(settings.sandbox, self.layout) if uids is None else uids
+        self._uids = uids
         # Writes in progress hold reservations: concurrent uploads cannot pass the quota together.
-        self._quota = QuotaBook(settings.workspaces.quota_bytes, settings.workspaces.quota_files, self.usage, self.gate)
+        self._quota = QuotaBook(workspaces.quota_bytes, workspaces.quota_files, self.usage, self.gate)
 
     def key(self, tenant: str, conversation_id: str) -> str:
         """The directory name of ``tenant``'s conversation ``conversation_id`` (64 hex digits)."""
@@ -219,13 +219,13 @@ class WorkspaceStore:
         Raises:
             WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
         """
-        parked = self._parked_bytes(key) + checkpoint_bytes(self.layout, key, self.settings.workspaces.quota_files)
+        parked = self._parked_bytes(key) + checkpoint_bytes(self.layout, key, self.workspace_settings.quota_files)
         root = self._open_root(key)
         if root is None:
             return Usage(bytes=parked, files=0)
         total, files = parked, 0
         try:
-            bound = max(MAX_LIST_ENTRIES, 2 * self.settings.workspaces.quota_files)
+            bound = max(MAX_LIST_ENTRIES, 2 * self.workspace_settings.quota_files)
             walk = Walk(root, max_depth=MAX_DEPTH, max_entries=bound, servable_only=False)
             for _, info in walk:
                 total += info.st_size
@@ -266,7 +266,7 @@ class WorkspaceStore:
         self.ensure(key, tenant)
         usage = self.usage(key)
         # At the file quota only a replacement can succeed: then make no directories for it.
-        full = usage.files >= self.settings.workspaces.quota_files
+        full = usage.files >= self.workspace_settings.quota_files
         with self.gate.changing(key):  # no folder made inside an adoption or a fork's copy
             root = self._require_root(key, name)
             try:
@@ -315,7 +315,7 @@ class WorkspaceStore:
             raise
 
     def _files_exceeded(self, name: str, usage: Usage) -> QuotaExceededError:
-        quota = self.settings.workspaces.quota_files
+        quota = self.workspace_settings.quota_files
         return QuotaExceededError(
             "files", usage.files, quota, f"{name}: the conversation has {usage.files} files, its quota is {quota}"
         )
@@ -377,7 +377,7 @@ class WorkspaceStore:
             QuotaExceededError: the source's files are over a conversation's quota; nothing copied.
             WorkspaceError: ``target`` exists, or the copy failed; nothing is left of it.
         """
-        quota = Usage(bytes=self.settings.workspaces.quota_bytes, files=self.settings.workspaces.quota_files)
+        quota = Usage(bytes=self.workspace_settings.quota_bytes, files=self.workspace_settings.quota_files)
         owner, paths = self._uids.ids(tenant), (self.directory(source), self.directory(target))
         with self.gate.changing(source, target):
             return fork_directory(*paths, owner, self.usage(source), quota, max_depth=MAX_DEPTH)

@@ -21,9 +21,10 @@ from mcp import Client
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import METADATA_FILE, Metadata, WorkspaceStore, load_secret, sweep
+from mcp_sandbox.workspace import METADATA_FILE, Metadata, load_secret, sweep
 from mcp_sandbox.workspace.checkpoints import state_key
 from mcp_test_helpers import CALL_BOUND, memory_client, new_conversation, run_python, structured, text
+from settings_helpers import store_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -42,7 +43,7 @@ async def _run(client: Client, code: str, conversation: str, **arguments: Any) -
 
 def _key(state_dir: Path, conversation: str, tenant: str = "default") -> str:
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    return WorkspaceStore(settings, load_secret(state_dir)).key(tenant, conversation)
+    return store_of(settings, load_secret(state_dir)).key(tenant, conversation)
 
 
 async def test_a_checkpoint_saved_before_the_code_is_restored_with_its_files_and_variables(client: Client) -> None:
@@ -138,7 +139,7 @@ async def test_one_checkpoint_is_deleted_by_name_its_bytes_given_back_and_the_ot
     assert (await _run(client, "pass", conversation, checkpoint="a"))["status"] == "success"
     assert (await _run(client, "pass", conversation, checkpoint="b"))["status"] == "success"
     settings = load_settings(env={}, flags={"state_dir": str(module_state_dir)})
-    store, key = WorkspaceStore(settings, load_secret(module_state_dir)), _key(module_state_dir, conversation)
+    store, key = store_of(settings, load_secret(module_state_dir)), _key(module_state_dir, conversation)
     layout = StateLayout.of(settings)
     used = store.usage(key).bytes
 
@@ -196,7 +197,7 @@ async def test_a_conversations_checkpoints_are_deleted_with_it(state_dir: Path, 
         saved = await _run(client, "pass", conversation, checkpoint="cp")
     assert saved["status"] == "success", saved
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "conversation_ttl": "1s"})
-    store = WorkspaceStore(settings, load_secret(state_dir))
+    store = store_of(settings, load_secret(state_dir))
     key = store.key("default", conversation)
     layout = StateLayout.of(settings)
     state = layout.parked_state(state_key(key, "cp"))

@@ -17,9 +17,10 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace import load_secret
 from mcp_sandbox.workspace.checkpoints import state_key
 from mcp_test_helpers import auth_tokens, http_server, new_conversation, poll, run_over_http
+from settings_helpers import store_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -66,7 +67,7 @@ async def test_another_tenants_conversation_cannot_be_forked_and_is_not_found(ba
 def _parked_state(state_dir: Path, tenant: str, conversation: str) -> Path:
     """Where the server parks ``tenant``'s ``conversation`` (its key, as the server's secret makes it)."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    key = WorkspaceStore(settings, load_secret(state_dir)).key(tenant, conversation)
+    key = store_of(settings, load_secret(state_dir)).key(tenant, conversation)
     return StateLayout.of(settings).parked_state(key)
 
 
@@ -97,7 +98,7 @@ async def test_another_tenant_cannot_resume_fork_or_read_a_parked_state(base: st
 def _checkpoint_state(state_dir: Path, tenant: str, conversation: str, name: str) -> Path:
     """Where the server keeps the variables of ``tenant``'s ``conversation``'s checkpoint ``name``."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    key = WorkspaceStore(settings, load_secret(state_dir)).key(tenant, conversation)
+    key = store_of(settings, load_secret(state_dir)).key(tenant, conversation)
     return StateLayout.of(settings).parked_state(state_key(key, name))
 
 

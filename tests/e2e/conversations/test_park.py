@@ -19,8 +19,9 @@ from mcp import Client
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import WorkspaceStore, load_secret
+from mcp_sandbox.workspace import load_secret
 from mcp_test_helpers import memory_client, poll, run_python, structured, text
+from settings_helpers import store_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -90,7 +91,7 @@ def _parked(state_dir: Path) -> list[Path]:
 def _state(state_dir: Path, conversation: str) -> Path:
     """Where the server parks the default tenant's ``conversation`` (its key, as the server's secret makes it)."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-    key = WorkspaceStore(settings, load_secret(state_dir)).key("default", conversation)
+    key = store_of(settings, load_secret(state_dir)).key("default", conversation)
     return StateLayout.of(settings).parked_state(key)
 
 
@@ -188,7 +189,7 @@ async def test_a_resumed_state_is_mapped_copy_on_write_held_in_the_quota_and_del
         held_then, parked_then = held.exists(), state.exists()
         unchanged = held_then and held.read_bytes() == whole
         settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
-        usage = WorkspaceStore(settings, load_secret(state_dir)).usage(state.stem).bytes
+        usage = store_of(settings, load_secret(state_dir)).usage(state.stem).bytes
         fresh = await _run(client, "print('big' in globals())", conversation, reset=True)
         released = not held.exists()
 
