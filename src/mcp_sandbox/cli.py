@@ -143,7 +143,9 @@ def _serve(config: Config, transport: str) -> int:
     if transport == "http":
         from mcp_sandbox.server.transport.listeners import bind_listeners
 
-        listeners = bind_listeners(settings)  # before the imports: a port in use is said at once
+        listeners = bind_listeners(
+            settings.http, settings.replicas.replica_url
+        )  # before the imports: a port in use is said at once
         # A stop signal during the imports and the start-up is the server's to honour (it stops in
         # order, see server/lifecycle.py's stop_signals), not the default action's.
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -172,9 +174,11 @@ def _read_source(args: argparse.Namespace) -> str:
 
 
 def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from mcp_sandbox.bridge.discovery import discover
     from mcp_sandbox.bridge.mediator import open_mediator
     from mcp_sandbox.engine import ExecutionRequest, ExecutionResult
     from mcp_sandbox.engine.startup import open_engine
+    from mcp_sandbox.state import StateLayout
 
     code = _read_source(args)
     # One run: warm and pre-started sandboxes would only start (numpy, pandas; bun, containers)
@@ -182,8 +186,14 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     settings = settings.replace(pool_size=0, pool_min=0, prestart_size=0)
     engine = open_engine(settings)
 
+    discovery = discover(settings.code_mode, settings.config_read or settings.config_file)
+    layout, tenants = StateLayout.of(settings), settings.tenant_count
+
     async def run() -> ExecutionResult:
-        async with open_mediator(settings) as bridge, engine.running():
+        async with (
+            open_mediator(settings.code_mode, discovery, None, layout, tenants) as bridge,
+            engine.running(),
+        ):
             tools = await bridge.open_run(bridge.aliases(args.servers))
             request = ExecutionRequest(code=code, timeout=settings.limits.timeout, language=args.language, tools=tools)
             return await engine.execute(request)
@@ -205,11 +215,13 @@ def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.bridge.discovery import discover
     from mcp_sandbox.bridge.listing import describe, describe_json
     from mcp_sandbox.bridge.mediator import open_mediator
+    from mcp_sandbox.state import StateLayout
 
-    discovery = discover(settings)
+    discovery = discover(settings.code_mode, settings.config_read or settings.config_file)
+    layout, tenants = StateLayout.of(settings), settings.tenant_count
 
     async def count() -> dict[str, int | str]:
-        async with open_mediator(settings, discovery) as bridge:
+        async with open_mediator(settings.code_mode, discovery, None, layout, tenants) as bridge:
             listed = await bridge.pool.all_tools()
         return {
             alias: len(tools) if isinstance(tools, tuple) else f"error: {tools.message}"

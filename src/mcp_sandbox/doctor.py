@@ -187,7 +187,7 @@ def _check_egress(settings: Settings, out: TextIO) -> None:
 
 def _report_tenancy(settings: Settings, out: TextIO) -> None:
     """Say which downstream servers (code mode) tenants share: one process, its credentials and state."""
-    servers = discover(settings).servers
+    servers = discover(settings.code_mode, settings.config_read or settings.config_file).servers
     if not servers:
         return
     out.write("code mode: downstream servers and who shares them\n")

@@ -13,10 +13,15 @@ import pytest
 from mcp_sandbox.bridge.discovery import Discovery, Problem, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.listing import describe, describe_json
 from mcp_sandbox.cli import main
-from mcp_sandbox.config import Settings, load_settings
+from mcp_sandbox.config import CodeModeSettings, ConfigFile, Settings, load_settings
 from mcp_sandbox.errors import ConfigError
 
 SAMPLES = Path(__file__).parent / "samples"
+
+
+def _source(settings: Settings) -> tuple[CodeModeSettings, ConfigFile | Path | None]:
+    """What discovery reads of ``settings``: the code-mode piece and the config file, as the loader read it."""
+    return settings.code_mode, settings.config_read or settings.config_file
 
 
 class World:
@@ -55,7 +60,7 @@ class World:
         self.settings = self.settings.replace(**changes)
 
     def discover(self, platform: str = "linux") -> Discovery:
-        return discover(self.settings, home=self.home, cwd=self.cwd, env=self.env, platform=platform)
+        return discover(*_source(self.settings), home=self.home, cwd=self.cwd, env=self.env, platform=platform)
 
 
 @pytest.fixture
@@ -223,7 +228,7 @@ def test_load_settings_leaves_the_servers_table_to_discovery(world: World) -> No
     toml = world.copy("mcp-sandbox.toml", world.root / "mcp-sandbox.toml")
     settings = load_settings({"state_dir": str(world.root / "state")}, env={}, config_file=toml)
 
-    found = discover(settings, home=world.home, cwd=world.cwd, env={"INTERNAL_TOKEN": "t"}, platform="linux")
+    found = discover(*_source(settings), home=world.home, cwd=world.cwd, env={"INTERNAL_TOKEN": "t"}, platform="linux")
 
     assert settings.limits.timeout == 45
     assert list(found.servers) == ["git", "internal_api"]
@@ -235,8 +240,10 @@ def test_discovery_takes_the_servers_the_loader_read_and_reads_the_file_again_on
     toml.write_text('[servers.later]\ncommand = "later"\n')  # changed after the start
     env = {"INTERNAL_TOKEN": "t"}
 
-    found = discover(settings, home=world.home, cwd=world.cwd, env=env, platform="linux")
-    reread = discover(settings.replace(config_read=None), home=world.home, cwd=world.cwd, env=env, platform="linux")
+    found = discover(*_source(settings), home=world.home, cwd=world.cwd, env=env, platform="linux")
+    reread = discover(
+        settings.code_mode, settings.config_file, home=world.home, cwd=world.cwd, env=env, platform="linux"
+    )
 
     assert list(found.servers) == ["git", "internal_api"] and toml in found.searched  # as loaded: not read again
     assert list(reread.servers) == ["later"]  # SIGHUP's reload reads the file anew

@@ -25,6 +25,7 @@ from mcp_sandbox.bridge.run_access import RunAccess
 from mcp_sandbox.config import Settings
 from mcp_sandbox.protocol import Call, Reply
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT
+from mcp_sandbox.state import StateLayout
 
 pytestmark = pytest.mark.anyio
 
@@ -58,7 +59,7 @@ SERVERS = {
 async def bridge(module_state_dir: Path) -> AsyncIterator[Mediator]:
     await anyio.Path(module_state_dir).mkdir(parents=True, exist_ok=True)
     settings = Settings.of(state_dir=module_state_dir, discover_servers=False, connect_timeout=BOUND)
-    async with open_mediator(settings, Discovery(servers=SERVERS)) as opened:
+    async with open_mediator(settings.code_mode, Discovery(servers=SERVERS), None, StateLayout.of(settings)) as opened:
         yield opened
 
 

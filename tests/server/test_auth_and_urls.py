@@ -74,15 +74,15 @@ def test_loopback_addresses_are_recognised(host: str, loopback: bool) -> None:
 def test_listening_beyond_loopback_needs_a_token_and_a_wildcard_needs_host_names(tmp_path: Path) -> None:
     no_token = _settings(tmp_path, host="0.0.0.0")
     with pytest.raises(ConfigError, match="without a bearer token"):
-        check_exposure(no_token, TokenTable(load_tokens(no_token)))
+        check_exposure(no_token.http, TokenTable(load_tokens(no_token)))
     wildcard = _settings(tmp_path, host="0.0.0.0", token=ALICE)
     with pytest.raises(ConfigError, match="allowed_hosts"):
-        check_exposure(wildcard, TokenTable(load_tokens(wildcard)))
+        check_exposure(wildcard.http, TokenTable(load_tokens(wildcard)))
     named = _settings(tmp_path, host="0.0.0.0", token=ALICE, public_url="https://sandbox.example.com")
-    check_exposure(named, TokenTable(load_tokens(named)))
-    assert "sandbox.example.com" in transport_security(named).allowed_hosts
-    assert "https://sandbox.example.com" in transport_security(named).allowed_origins
-    assert not transport_security(_settings(tmp_path, allowed_hosts="*")).enable_dns_rebinding_protection
+    check_exposure(named.http, TokenTable(load_tokens(named)))
+    assert "sandbox.example.com" in transport_security(named.http).allowed_hosts
+    assert "https://sandbox.example.com" in transport_security(named.http).allowed_origins
+    assert not transport_security(_settings(tmp_path, allowed_hosts="*").http).enable_dns_rebinding_protection
 
 
 KEY = "ab" * 32

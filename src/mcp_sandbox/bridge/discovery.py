@@ -24,7 +24,7 @@ from types import MappingProxyType
 from mcp_sandbox.bridge.config_files import Scan
 from mcp_sandbox.bridge.server_entries import Expander, InvalidEntry, Skip, alias_for, check_entry, restrict
 from mcp_sandbox.bridge.server_spec import Problem, ServerSpec
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import CodeModeSettings, ConfigFile
 
 __all__ = ["Discovery", "Problem", "ServerSpec", "discover", "for_tenants"]
 
@@ -59,17 +59,22 @@ class Discovery:
 # --- the sources, in order --------------------------------------------------------------------
 
 
-def _scan(settings: Settings, home: Path, cwd: Path, env: Mapping[str, str], platform: str) -> Scan:
+def _scan(
+    code_mode: CodeModeSettings,
+    config: ConfigFile | Path | None,
+    home: Path,
+    cwd: Path,
+    env: Mapping[str, str],
+    platform: str,
+) -> Scan:
     scan = Scan()
-    if settings.code_mode.servers_config is not None:
-        scan.generic_file(cwd / settings.code_mode.servers_config, required=True)
-    if settings.config_file is not None:
-        read = settings.config_read  # the loader's parse of the file: never read twice (None: read it now)
-        if read is not None and read.path == settings.config_file:
-            scan.toml_read(cwd / read.path, read.servers)
-        else:
-            scan.toml_file(cwd / settings.config_file)
-    if not settings.code_mode.discover_servers:
+    if code_mode.servers_config is not None:
+        scan.generic_file(cwd / code_mode.servers_config, required=True)
+    if isinstance(config, ConfigFile):  # the loader's parse of the file: never read twice
+        scan.toml_read(cwd / config.path, config.servers)
+    elif config is not None:
+        scan.toml_file(cwd / config)
+    if not code_mode.discover_servers:
         return scan
 
     xdg = env.get("XDG_CONFIG_HOME", "")
@@ -98,7 +103,8 @@ def _scan(settings: Settings, home: Path, cwd: Path, env: Mapping[str, str], pla
 
 
 def discover(
-    settings: Settings,
+    code_mode: CodeModeSettings,
+    config: ConfigFile | Path | None = None,
     *,
     home: Path | None = None,
     cwd: Path | None = None,
@@ -111,8 +117,9 @@ def discover(
     :attr:`Discovery.problems`, and everything else still loads.
 
     Args:
-        settings: ``servers_config``, ``config_file`` (its ``[servers]`` as the loader read it,
-            ``config_read``, else read here) and ``discover_servers`` are read.
+        code_mode: its ``servers_config`` and ``discover_servers`` are read.
+        config: the TOML file the settings came from, whose ``[servers]`` are read: as the loader
+            parsed it (``Settings.config_read``), or read here when it is a path (SIGHUP's reload).
         home: the home directory (``Path.home()``, which honours ``$HOME``).
         cwd: the current directory, for project-scoped files (``Path.cwd()``).
         env: variables for ``${VAR}`` (``os.environ``).
@@ -122,7 +129,7 @@ def discover(
     cwd = Path.cwd() if cwd is None else cwd
     env = os.environ if env is None else env
     platform = sys.platform if platform is None else platform
-    scan = _scan(settings, home, cwd, env, platform)
+    scan = _scan(code_mode, config, home, cwd, env, platform)
 
     predefined = {"workspaceFolder": str(cwd), "userHome": str(home)}
     servers: dict[str, ServerSpec] = {}

@@ -20,9 +20,9 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
-from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover, for_tenants
+from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, for_tenants
 from mcp_sandbox.bridge.run_access import RunAccess, Stubs
-from mcp_sandbox.config import CodeModeSettings, Settings
+from mcp_sandbox.config import CodeModeSettings
 from mcp_sandbox.errors import DownstreamError, ValidationError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.sandbox.policy import TOOLS_MOUNT, Mount
@@ -217,25 +217,23 @@ class Mediator:
 
 @contextlib.asynccontextmanager
 async def open_mediator(
-    settings: Settings,
-    discovery: Discovery | None = None,
-    events: EventHub | None = None,
-    *,
-    layout: StateLayout | None = None,
+    code_mode: CodeModeSettings,
+    discovery: Discovery,
+    events: EventHub | None,
+    layout: StateLayout,
+    tenants: int = 1,
 ) -> AsyncIterator[Mediator]:
-    """Discover the downstream servers (unless given) and keep their clients for this context.
+    """Keep the clients of the downstream servers ``discovery`` found for this context.
 
-    ``layout``: the server's state directory (from ``settings`` when not given).
+    ``layout``: the server's state directory (the servers' logs and stubs); ``tenants``: how many tenants the
+    server serves, for which each server's ``per_tenant`` is decided (:func:`.discovery.for_tenants`).
     """
-    layout = StateLayout.of(settings) if layout is None else layout
-    if discovery is None:
-        discovery = await anyio.to_thread.run_sync(discover, settings)
-    discovery = for_tenants(discovery, settings.tenant_count)
+    discovery = for_tenants(discovery, tenants)
     async with open_client_pool(
         discovery.servers,
-        connect_timeout=settings.code_mode.connect_timeout,
-        call_timeout=settings.code_mode.tool_timeout,
+        connect_timeout=code_mode.connect_timeout,
+        call_timeout=code_mode.tool_timeout,
         log_dir=layout.logs,
-        max_message_bytes=settings.code_mode.max_tool_result_bytes,
+        max_message_bytes=code_mode.max_tool_result_bytes,
     ) as pool:
-        yield Mediator(settings.code_mode, layout, discovery, pool, events)
+        yield Mediator(code_mode, layout, discovery, pool, events)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 
-from mcp_sandbox.config import ReplicaSettings, Settings
+from mcp_sandbox.config import HttpSettings, LimitSettings, ReplicaSettings
 from mcp_sandbox.replicas.forward import Forwarder, Router
 from mcp_sandbox.replicas.leases import Leases, LeaseTable
 from mcp_sandbox.replicas.replays import SeenCalls
@@ -39,19 +39,26 @@ def replica_leases(
 
 @contextlib.asynccontextmanager
 async def open_replica(
-    settings: Settings, leases: Leases, secret: bytes, restore: Callable[[str, int], Awaitable[None]]
+    replicas: ReplicaSettings,
+    http: HttpSettings,
+    limits: LimitSettings,
+    leases: Leases,
+    secret: bytes,
+    restore: Callable[[str, int], Awaitable[None]],
 ) -> AsyncIterator[Router]:
-    """The router of replica ``settings.replicas.replica_url`` over ``leases``, which are released (bounded)
-    when the block exits. The caller runs ``leases.keep()`` in a task group of its own meanwhile."""
-    me, url = settings.replicas.replica_url, settings.replicas.database_url
+    """The router of replica ``replicas.replica_url`` over ``leases``, which are released (bounded)
+    when the block exits. The caller runs ``leases.keep()`` in a task group of its own meanwhile.
+
+    ``http``: the internal hop's keep-alive, CA and certificate; ``limits``: the longest run it forwards.
+    """
+    me, url = replicas.replica_url, replicas.database_url
     if me is None or url is None:
         raise RuntimeError("open_replica needs replica_url and database_url")
     key = derive_key(secret, FORWARD_KEY)
     # An idle connection to a peer is kept for half the keep-alive every replica closes it after.
-    idle = settings.http.keep_alive_timeout / 2
-    http = settings.http
+    idle = http.keep_alive_timeout / 2
     identity = (http.internal_cert, http.internal_key) if http.internal_cert and http.internal_key else None
-    forwarder = Forwarder(me, key, settings.limits.max_timeout + _ANSWER_SLACK, idle, http.replica_ca, identity)
+    forwarder = Forwarder(me, key, limits.max_timeout + _ANSWER_SLACK, idle, http.replica_ca, identity)
     seen = SeenCalls(url)
     try:
         yield Router(leases, forwarder, Verifier(key, seen=seen), restore)

@@ -250,10 +250,10 @@ async def serve(
     from mcp_sandbox.server.transport.listeners import bind_listeners
 
     if listeners is None:
-        listeners = bind_listeners(settings)
+        listeners = bind_listeners(settings.http, settings.replicas.replica_url)
     try:
         tokens = TokenTable(config.tokens)
-        check_exposure(settings, tokens)
+        check_exposure(settings.http, tokens)
         if settings.replicas.replica_url is not None and settings.http.internal_port is None:
             logger.warning(
                 "replica_url is set without internal_port: the public port serves /internal/ too; "
@@ -283,11 +283,11 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
     from mcp_sandbox.server.transport.http import auth_guard, build_http_app, serve_http
     from mcp_sandbox.server.transport.internal import InternalListener, internal_tls, without_internal
 
-    tls = internal_tls(settings)  # a bad certificate stops the start before the service opens
+    tls = internal_tls(settings.http)  # a bad certificate stops the start before the service opens
     internal: InternalListener | None = None
     async with open_service(settings, http=True) as service:
         service.lifecycle.on_reload("tokens", lambda: _reload_tokens(settings, tokens))
-        guard = auth_guard(settings, tokens)
+        guard = auth_guard(tokens)
         handlers = ToolHandlers(service)
         routes = [
             *file_routes(service, guard),
@@ -301,7 +301,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
         # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:
         # health says up or down, metrics needs a token of its own.
         any_host = (HEALTH_PATH, READY_PATH, METRICS_PATH)
-        app: ASGIApp = build_http_app(settings, build_server(service, handlers), tokens, routes, any_host)
+        app: ASGIApp = build_http_app(settings.http, build_server(service, handlers), tokens, routes, any_host)
         if (router := service.router) is not None:
             # The tenants as the tokens name them now (SIGHUP reloads them); the body is a call's, wrapped.
             known: Callable[[str], bool] = (lambda name: name in tokens.tenants) if tokens else DEFAULT_TENANT.__eq__
@@ -319,10 +319,10 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
 
             if listeners.internal:  # internal_port: /internal/ there only, over TLS with internal_cert
                 app = without_internal(app)
-                internal = InternalListener(settings, route, listeners.internal, tls)
+                internal = InternalListener(settings.http, settings.log_level, route, listeners.internal, tls)
             else:
                 app = route(app)
-        await serve_http(settings, app, service.lifecycle, signals, listeners.public, internal)
+        await serve_http(settings.http, settings.log_level, app, service.lifecycle, signals, listeners.public, internal)
 
 
 async def _reload_tokens(settings: Settings, tokens: TokenTable) -> list[str]:

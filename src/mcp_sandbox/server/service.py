@@ -131,8 +131,8 @@ class Service:
         return _ready(self.engine, self.lifecycle, self.settings.pool.pool_min)
 
     async def reload_servers(self) -> list[str]:
-        """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
-        fresh = await anyio.to_thread.run_sync(discover, self.settings.replace(config_read=None))  # read anew
+        """Re-read the downstream servers' tool allow/deny lists, the config file anew (SIGHUP)."""
+        fresh = await anyio.to_thread.run_sync(discover, self.settings.code_mode, self.settings.config_file)
         return self.mediator.reload_policies(fresh)
 
     async def sweep(self) -> None:
@@ -252,7 +252,8 @@ async def _replication(
     async with contextlib.AsyncExitStack() as stack:
         router = None
         if leases is not None:
-            router = await stack.enter_async_context(open_replica(settings, leases, secret, storage.restore_files))
+            ctx = open_replica(settings.replicas, settings.http, settings.limits, leases, secret, storage.restore_files)
+            router = await stack.enter_async_context(ctx)
         if idle is not None:  # after the sessions are closed, before the leases are given back
             stack.push_async_callback(idle.flush)
         yield router
@@ -299,6 +300,8 @@ async def open_service(
     layout = StateLayout.of(settings)
     egress = tenant_egress(settings)
     events = EventHub()
+    source = settings.config_read or settings.config_file  # the downstream servers as the loader read them
+    found = discovery if discovery is not None else await anyio.to_thread.run_sync(discover, settings.code_mode, source)
     engine = await _open_engine(settings, events, backend, layout=layout, egress=egress)  # its uids shared too
     js = js_status(settings.paths)
     if js.problem is not None:
@@ -334,7 +337,7 @@ async def open_service(
             parked = ParkedStates(layout, secret, None if mirror is None else StoredParked(mirror.objects))
             async with (
                 _replication(settings, leases, secret, storage, idle) as router,  # exits last
-                open_mediator(settings, discovery, events, layout=layout) as mediator,
+                open_mediator(settings.code_mode, found, events, layout, settings.tenant_count) as mediator,
                 engine.running(parked),
                 anyio.create_task_group() as group,
                 anyio.create_task_group() as writes,  # never cancelled: its exit waits for the last writes

@@ -334,7 +334,9 @@ class ToolHandlers:
         except ValidationError as exc:
             return _error_result(str(exc))
         if self._runners is None:
-            self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.settings)
+            self._runners = await anyio.to_thread.run_sync(
+                describe_runners, self._service.settings.paths, self._service.settings.sandbox
+            )
         lines = []
         for runner in self._runners:
             packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"

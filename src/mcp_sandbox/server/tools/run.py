@@ -24,7 +24,7 @@ import anyio.to_thread
 import mcp_types as types
 
 from mcp_sandbox import tracing
-from mcp_sandbox.config import OutputMode, Settings
+from mcp_sandbox.config import OutputMode, WorkspaceSettings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
 from mcp_sandbox.engine.executor import Prepare
@@ -93,14 +93,14 @@ def listed_file(service: Service, key: str, entry: FileEntry) -> dict[str, Any]:
     return {"name": entry.name, "size": entry.size, "url": service.file_url(key, entry.name)}
 
 
-def over_quota(settings: Settings, entries: list[FileEntry]) -> str | None:
+def over_quota(workspaces: WorkspaceSettings, entries: list[FileEntry]) -> str | None:
     """The warning for a workspace over its quota (``entries`` are its files), or None."""
     used = sum(entry.size for entry in entries)
-    if used <= settings.workspaces.quota_bytes and len(entries) <= settings.workspaces.quota_files:
+    if used <= workspaces.quota_bytes and len(entries) <= workspaces.quota_files:
         return None
     return (
-        f"the conversation's workspace is over its quota ({used} of {settings.workspaces.quota_bytes} bytes, "
-        f"{len(entries)} of {settings.workspaces.quota_files} files): uploads are refused until files are deleted"
+        f"the conversation's workspace is over its quota ({used} of {workspaces.quota_bytes} bytes, "
+        f"{len(entries)} of {workspaces.quota_files} files): uploads are refused until files are deleted"
     )
 
 
@@ -295,7 +295,7 @@ class RunTool:
                 entries = []
                 data["warning"] = f"Files not saved: {exc}."
             else:
-                if (warning := over_quota(service.settings, entries)) is not None:
+                if (warning := over_quota(service.settings.workspaces, entries)) is not None:
                     data["warning"] = warning
                 try:
                     unsaved = await service.storage.write_back(

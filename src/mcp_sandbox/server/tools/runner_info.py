@@ -6,7 +6,7 @@ import json
 import subprocess
 from typing import Any
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PathSettings, SandboxSettings
 from mcp_sandbox.engine.runtimes import js_binary
 from mcp_sandbox.runners import JS_LANGUAGES
 
@@ -23,18 +23,18 @@ _PROBE = (
 )
 
 
-def describe_runners(settings: Settings) -> list[dict[str, Any]]:
+def describe_runners(paths: PathSettings, sandbox: SandboxSettings) -> list[dict[str, Any]]:
     """The runners this server offers. Blocking (it runs each runtime once): call from a thread."""
-    return [*_python_runners(settings), *_js_runners(settings)]
+    return [*_python_runners(paths), *_js_runners(paths, sandbox.js_runtime)]
 
 
 # The runtime's own packages (the binaries), not packages for user code.
 _JS_RUNTIME_SCOPES = ("@oven/", "@deno/")
 
 
-def _js_packages(settings: Settings) -> list[dict[str, str]]:
+def _js_packages(paths: PathSettings) -> list[dict[str, str]]:
     """The packages user code can import: the runtime's ``dependencies``, with their installed versions."""
-    root = settings.paths.js_runtime_dir
+    root = paths.js_runtime_dir
     try:
         declared = json.loads((root / "package.json").read_text(encoding="utf-8")).get("dependencies", {})
     except (OSError, ValueError):
@@ -51,23 +51,23 @@ def _js_packages(settings: Settings) -> list[dict[str, str]]:
     return packages
 
 
-def _js_runners(settings: Settings) -> list[dict[str, Any]]:
+def _js_runners(paths: PathSettings, js_runtime: str) -> list[dict[str, Any]]:
     """TypeScript and JavaScript on the configured runtime: its version and the packages code can import."""
-    binary = js_binary(settings.paths, settings.sandbox.js_runtime)
+    binary = js_binary(paths, js_runtime)
     # deno runs with --no-npm: bare imports of npm packages are bun's alone.
-    packages = _js_packages(settings) if settings.sandbox.js_runtime == "bun" else []
-    entry: dict[str, Any] = {"runtime": settings.sandbox.js_runtime, "version": None, "packages": packages}
+    packages = _js_packages(paths) if js_runtime == "bun" else []
+    entry: dict[str, Any] = {"runtime": js_runtime, "version": None, "packages": packages}
     try:
         done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=True)
         # bun prints "1.4.5"; deno "deno 2.9.6 (stable, ...)" and then its V8's and TypeScript's.
-        entry["version"] = done.stdout.split()[1] if settings.sandbox.js_runtime == "deno" else done.stdout.strip()
+        entry["version"] = done.stdout.split()[1] if js_runtime == "deno" else done.stdout.strip()
     except (OSError, subprocess.SubprocessError, IndexError) as exc:
-        entry["error"] = f"{settings.sandbox.js_runtime} is not installed at {binary} (run make): {exc}"
+        entry["error"] = f"{js_runtime} is not installed at {binary} (run make): {exc}"
     return [{"language": language, **entry} for language in JS_LANGUAGES]
 
 
-def _python_runners(settings: Settings) -> list[dict[str, Any]]:
-    interpreter = str(settings.paths.python_interpreter)
+def _python_runners(paths: PathSettings) -> list[dict[str, Any]]:
+    interpreter = str(paths.python_interpreter)
     try:
         done = subprocess.run([interpreter, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=30, check=True)
         found = json.loads(done.stdout)

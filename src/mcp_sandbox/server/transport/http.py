@@ -32,7 +32,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import HttpSettings
 from mcp_sandbox.errors import ConfigError, UnavailableError
 from mcp_sandbox.server.auth.bearer import RequireBearer, oauth_discovery_routes
 from mcp_sandbox.server.auth.tokens import TokenTable, tenant_of
@@ -79,45 +79,45 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_exposure(settings: Settings, tokens: TokenTable) -> None:
+def check_exposure(http: HttpSettings, tokens: TokenTable) -> None:
     """Refuse configurations that would expose the server.
 
     Raises:
         ConfigError: a non-loopback address without a token, or a wildcard address with no
             ``allowed_hosts``/``public_url`` to validate Host headers against.
     """
-    if is_loopback(settings.http.host):
+    if is_loopback(http.host):
         return
     if not tokens:
         raise ConfigError(
-            f"refusing to listen on {settings.http.host}, beyond loopback, without a bearer token: "
+            f"refusing to listen on {http.host}, beyond loopback, without a bearer token: "
             "set MCP_SANDBOX_TOKEN or [auth] tokens in the config file"
         )
-    if settings.http.host in _WILDCARDS and not settings.http.allowed_hosts and settings.http.public_url is None:
+    if http.host in _WILDCARDS and not http.allowed_hosts and http.public_url is None:
         raise ConfigError(
-            f"listening on {settings.http.host!r} (every address): set public_url or allowed_hosts to the names "
+            f"listening on {http.host!r} (every address): set public_url or allowed_hosts to the names "
             "clients use, so Host headers can be checked (allowed_hosts = '*' turns the check off)"
         )
 
 
-def transport_security(settings: Settings) -> TransportSecuritySettings:
+def transport_security(http: HttpSettings) -> TransportSecuritySettings:
     """Which Host and Origin headers the server accepts (DNS-rebinding protection), on every route."""
-    if "*" in settings.http.allowed_hosts:
+    if "*" in http.allowed_hosts:
         return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts: list[str] = []
     origins: list[str] = []
     names = list(_LOOPBACK_HOSTS)
-    if settings.http.host not in _WILDCARDS:
-        names.append(f"[{settings.http.host}]" if ":" in settings.http.host else settings.http.host)
+    if http.host not in _WILDCARDS:
+        names.append(f"[{http.host}]" if ":" in http.host else http.host)
     for name in names:
         hosts += [name, f"{name}:*"]
         origins += [f"http://{name}", f"http://{name}:*", f"https://{name}", f"https://{name}:*"]
-    if settings.http.public_url is not None:
-        parts = urlsplit(settings.http.public_url)
+    if http.public_url is not None:
+        parts = urlsplit(http.public_url)
         hosts.append(parts.netloc)
         origins.append(f"{parts.scheme}://{parts.netloc}")
-    hosts += settings.http.allowed_hosts
-    origins += settings.http.allowed_origins
+    hosts += http.allowed_hosts
+    origins += http.allowed_origins
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=list(dict.fromkeys(hosts)),
@@ -136,7 +136,7 @@ class _Endpoint:
 
 
 def _sse_routes(
-    settings: Settings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
+    http: HttpSettings, server: Server, guard: Callable[[ASGIApp], ASGIApp], quota: SessionQuota
 ) -> tuple[ASGIApp, list[BaseRoute]]:
     """The deprecated HTTP+SSE transport, for clients that predate Streamable HTTP (sessions under ``quota``,
     ended after ``http_session_ttl`` without a message): its handshake (``GET`` opens the stream, whose
@@ -144,10 +144,10 @@ def _sse_routes(
     ``/sse``, ``/mcp/events`` (the earlier code runner's) and the messages."""
     sse = SseServerTransport(
         MESSAGES_PATH,
-        security_settings=transport_security(settings),
-        max_request_body_size=settings.http.max_request_size,
+        security_settings=transport_security(http),
+        max_request_body_size=http.max_request_size,
     )
-    idle = SseIdle(settings.http.http_session_ttl)
+    idle = SseIdle(http.http_session_ttl)
 
     async def connect(scope: Scope, receive: Receive, send: Send) -> None:
         tenant = tenant_of(Request(scope))
@@ -169,13 +169,13 @@ def _sse_routes(
     ]
 
 
-def auth_guard(settings: Settings, tokens: TokenTable) -> Callable[[ASGIApp], ASGIApp]:
+def auth_guard(tokens: TokenTable) -> Callable[[ASGIApp], ASGIApp]:
     """Wrap an ASGI app so it answers 401 (with ``WWW-Authenticate``) to requests without a valid token."""
     return RequireBearer if tokens else _Endpoint
 
 
 def build_http_app(
-    settings: Settings,
+    http: HttpSettings,
     server: Server,
     tokens: TokenTable,
     extra_routes: Sequence[BaseRoute] = (),
@@ -187,19 +187,19 @@ def build_http_app(
     themselves where they need it, wrapped in :func:`auth_guard` (as the upload route is).
     Every path but ``any_host`` has its Host and Origin checked first (:mod:`.hosts`).
     """
-    security = transport_security(settings)
-    guard = auth_guard(settings, tokens)
+    security = transport_security(http)
+    guard = auth_guard(tokens)
     stateful = StreamableHTTPSessionManager(
         server,
         security_settings=security,
-        max_request_body_size=settings.http.max_request_size,
-        max_sessions=settings.http.max_http_sessions,
-        session_idle_timeout=settings.http.http_session_ttl,
+        max_request_body_size=http.max_request_size,
+        max_sessions=http.max_http_sessions,
+        session_idle_timeout=http.http_session_ttl,
     )
-    quota = SessionQuota(settings.http.tenant_http_sessions or settings.http.max_http_sessions)
+    quota = SessionQuota(http.tenant_http_sessions or http.max_http_sessions)
     quota.attach(stateful)
-    legacy_sse, sse_routes = _sse_routes(settings, server, guard, quota)
-    mcp = McpRoute(server, stateful, security, settings.http.max_request_size, legacy_sse)
+    legacy_sse, sse_routes = _sse_routes(http, server, guard, quota)
+    mcp = McpRoute(server, stateful, security, http.max_request_size, legacy_sse)
     middleware = [Middleware(HostCheck, security=security, exempt=any_host)]
     if tokens:
         middleware += [
@@ -221,7 +221,8 @@ def build_http_app(
 
 
 async def serve_http(
-    settings: Settings,
+    http: HttpSettings,
+    log_level: str,
     app: ASGIApp,
     lifecycle: Lifecycle,
     signals: StopSignals,
@@ -238,15 +239,15 @@ async def serve_http(
     raise_open_files_limit()
     install_log_limits()
     config = uvicorn.Config(
-        SlowBodyGuard(app, settings.http.body_timeout, settings.http.body_min_rate),
-        host=settings.http.host,
-        port=settings.http.port,
-        log_level=settings.log_level.lower(),
+        SlowBodyGuard(app, http.body_timeout, http.body_min_rate),
+        host=http.host,
+        port=http.port,
+        log_level=log_level.lower(),
         lifespan="on",
         server_header=False,
-        timeout_graceful_shutdown=round(settings.http.shutdown_grace),
-        **uvicorn_limits(settings),
+        timeout_graceful_shutdown=round(http.shutdown_grace),
+        **uvicorn_limits(http),
     )
     also = internal.start if internal is not None else None
-    server = DrainingServer(config, lifecycle, settings.http.shutdown_grace, signals, also)
+    server = DrainingServer(config, lifecycle, http.shutdown_grace, signals, also)
     await server.serve_draining(listeners)

@@ -21,7 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import HttpSettings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.transport.limits import SlowBodyGuard, uvicorn_limits
 
@@ -33,13 +33,12 @@ INTERNAL_PREFIX = "/internal/"
 StartExtra = Callable[[ServerState, dict[str, Any]], Awaitable[list[asyncio.Server]]]
 
 
-def internal_tls(settings: Settings) -> ssl.SSLContext | None:
+def internal_tls(http: HttpSettings) -> ssl.SSLContext | None:
     """The internal listener's TLS context (``internal_cert``), or None for plain HTTP.
 
     Raises:
         ConfigError: a certificate, key or CA file that cannot be read or does not match.
     """
-    http = settings.http
     if http.internal_cert is None or http.internal_key is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -85,21 +84,22 @@ class InternalListener:
     """The internal port's sockets, and what serves them: ``route(fallback)`` answers ``/internal/``
     and hands the rest to ``fallback`` (here: 404)."""
 
-    settings: Settings
+    http: HttpSettings
+    log_level: str
     route: Callable[[ASGIApp], ASGIApp]
     sockets: list[socket.socket]
     tls: ssl.SSLContext | None
 
     async def start(self, state: ServerState, app_state: dict[str, Any]) -> list[asyncio.Server]:
         """Serve the sockets beside the public ones (``state``: the public server's, shared)."""
-        http = self.settings.http
+        http = self.http
         app = SlowBodyGuard(self.route(_not_found), http.body_timeout, http.body_min_rate)
         config = uvicorn.Config(
             app,
-            log_level=self.settings.log_level.lower(),
+            log_level=self.log_level.lower(),
             lifespan="off",
             server_header=False,
-            **uvicorn_limits(self.settings),
+            **uvicorn_limits(http),
         )
         config.load()
         loop = asyncio.get_running_loop()

@@ -23,7 +23,7 @@ import anyio
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import HttpSettings
 from mcp_sandbox.server.transport.coalesce import CoalescingTransport
 
 __all__ = ["RateLimitedLog", "SlowBodyGuard", "protocol_class", "raise_open_files_limit", "uvicorn_limits"]
@@ -88,8 +88,8 @@ def raise_open_files_limit() -> int:
     return soft
 
 
-def protocol_class(settings: Settings) -> type[H11Protocol]:
-    """uvicorn's h11 protocol bounded by ``settings``; one class per server.
+def protocol_class(http: HttpSettings) -> type[H11Protocol]:
+    """uvicorn's h11 protocol bounded by ``http``; one class per server.
 
     A header deadline (``header_timeout``: a client that sends its headers a byte at a time is
     cut), a cap of ``max_connections_per_address`` open connections per client address (past it a
@@ -99,8 +99,8 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
     client still sends a body.
     """
     per_address: collections.Counter[str] = collections.Counter()
-    header_timeout = settings.http.header_timeout
-    cap = settings.http.max_connections_per_address
+    header_timeout = http.header_timeout
+    cap = http.max_connections_per_address
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     total_cap = max(64, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
     total = [0]
@@ -180,9 +180,9 @@ def protocol_class(settings: Settings) -> type[H11Protocol]:
     return GuardedH11Protocol
 
 
-def uvicorn_limits(settings: Settings) -> dict[str, Any]:
+def uvicorn_limits(http: HttpSettings) -> dict[str, Any]:
     """The keyword arguments of ``uvicorn.Config`` that bound connections (see :func:`protocol_class`)."""
-    return {"http": protocol_class(settings), "timeout_keep_alive": max(1, math.ceil(settings.http.keep_alive_timeout))}
+    return {"http": protocol_class(http), "timeout_keep_alive": max(1, math.ceil(http.keep_alive_timeout))}
 
 
 class SlowBodyGuard:

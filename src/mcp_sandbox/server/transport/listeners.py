@@ -10,7 +10,7 @@ import errno
 import socket
 from dataclasses import dataclass, field
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import HttpSettings
 from mcp_sandbox.config.serving import check_internal_listener
 from mcp_sandbox.errors import ConfigError
 
@@ -50,7 +50,7 @@ def _bind(host: str, port: int, setting: str) -> list[socket.socket]:
     return bound
 
 
-def bind_listeners(settings: Settings) -> Listeners:
+def bind_listeners(http: HttpSettings, replica_url: str | None) -> Listeners:
     """The sockets :func:`serve_http` will listen on, bound now, before the service opens.
 
     A port in use is then said at once, in one line, not seconds later inside the service's
@@ -62,10 +62,7 @@ def bind_listeners(settings: Settings) -> Listeners:
         ConfigError: an address cannot be bound (in use, not this host's, not permitted), or the
             internal listener's settings do not fit.
     """
-    http = settings.http
-    check_internal_listener(
-        http, settings.replicas.replica_url
-    )  # (before binding: the public port twice would bind, then not listen)
+    check_internal_listener(http, replica_url)  # (before binding: the public port twice would bind, then not listen)
     public = _bind(http.host, http.port, "--port")
     if http.internal_port is None:
         return Listeners(public)
