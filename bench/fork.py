@@ -158,7 +158,7 @@ def copies(state_dir: Path, count: int, volume: bool) -> tuple[dict[str, list[fl
     """The copy alone: ``WorkspaceStore.fork`` of each size (files as :func:`filling` makes them); bytes written."""
     flags: dict[str, object] = {"state_dir": str(state_dir), **({"volume_bytes": VOLUME_BYTES} if volume else {})}
     settings = load_settings(env={}, flags=flags)
-    uids = TenantUids(settings.sandbox, StateLayout.of(settings))
+    uids = TenantUids(settings.sandbox, StateLayout.of(settings.paths, settings.sandbox, settings.workspaces))
     store = WorkspaceStore(settings.workspaces, load_secret(state_dir), uids)
     store.prepare()
     samples: dict[str, list[float]] = {}

@@ -86,7 +86,7 @@ def main() -> None:
         os.environ.update(s3_env(endpoint))
         state = Path(parent) / "state"
         settings = load_settings(env={}, flags={"state_dir": str(state)})
-        uids = TenantUids(settings.sandbox, StateLayout.of(settings))
+        uids = TenantUids(settings.sandbox, StateLayout.of(settings.paths, settings.sandbox, settings.workspaces))
         store = WorkspaceStore(settings.workspaces, load_secret(state), uids)
         store.prepare()
         objects = ObjectStore(store_url("bench/"))

@@ -147,7 +147,7 @@ async def parks(state_dir: Path, samples: int) -> dict[str, list[tuple[float, fl
     settings = load_settings(
         env={}, flags={"state_dir": str(state_dir), "discover_servers": False, "python_runtime": str(RUNTIME)}
     )
-    layout = StateLayout.of(settings)
+    layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
     figures: dict[str, list[tuple[float, float, float, int]]] = {kind: [] for kind in SETUP}
     async with open_service(settings, http=False) as service, Client(build_server(service)) as client:
         parked = ParkedStates(layout, load_secret(layout.root))

@@ -75,7 +75,7 @@ def test_the_default_range_collides_with_no_user_or_subordinate_range_here(tmp_p
 @root_only
 def test_tenants_get_distinct_uids_that_survive_a_restart(tmp_path: Path) -> None:
     settings = _settings(tmp_path / "state", tenant_uid_range="1879048192-1879048195")
-    first = TenantUids(settings.sandbox, StateLayout.of(settings))
+    first = TenantUids(settings.sandbox, StateLayout.of(settings.paths, settings.sandbox, settings.workspaces))
     assert first.known("alice") is None  # not given yet: the engine asks uid() (in a worker thread)
     uids = {tenant: first.uid(tenant) for tenant in ("alice", "bob", "carol", "dave")}
     assert {tenant: first.known(tenant) for tenant in uids} == uids  # then given on the event loop, no thread
@@ -84,7 +84,7 @@ def test_tenants_get_distinct_uids_that_survive_a_restart(tmp_path: Path) -> Non
     assert first.uid("default") == settings.sandbox.sandbox_uid
     assert first.ids("alice") == (uids["alice"], settings.sandbox.sandbox_gid)
     # Another server on the state directory (or this one restarted) reads the same table.
-    again = TenantUids(settings.sandbox, StateLayout.of(settings))
+    again = TenantUids(settings.sandbox, StateLayout.of(settings.paths, settings.sandbox, settings.workspaces))
     assert {tenant: again.uid(tenant) for tenant in reversed(list(uids))} == uids
     table = tmp_path / "state" / "tenant-uids.json"
     assert json.loads(table.read_text()) == uids
@@ -96,7 +96,7 @@ def test_tenants_get_distinct_uids_that_survive_a_restart(tmp_path: Path) -> Non
 @root_only
 def test_with_the_range_off_every_tenant_runs_as_the_sandbox_uid(tmp_path: Path) -> None:
     settings = _settings(tmp_path, tenant_uid_range="off")
-    uids = TenantUids(settings.sandbox, StateLayout.of(settings))
+    uids = TenantUids(settings.sandbox, StateLayout.of(settings.paths, settings.sandbox, settings.workspaces))
     assert uids.uid("alice") == settings.sandbox.sandbox_uid
     assert uids.is_default("alice")
     assert not (tmp_path / "tenant-uids.json").exists()

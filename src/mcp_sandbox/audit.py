@@ -1,6 +1,6 @@
 """Audit logs: one JSON object per line, rotated by size, for whatever a module wants on record.
 
-    log = AuditLog.open(StateLayout.of(settings).audit_log)
+    log = AuditLog.open(layout.audit_log)  # the state directory's StateLayout
     log.record("run", tenant="alice", outcome="success", duration_ms=12)
     log.close()
 

@@ -187,7 +187,7 @@ def _cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     engine = open_engine(settings)
 
     discovery = discover(settings.code_mode, settings.config_read or settings.config_file)
-    layout, tenants = StateLayout.of(settings), settings.tenant_count
+    layout, tenants = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces), settings.tenant_count
 
     async def run() -> ExecutionResult:
         async with (
@@ -218,7 +218,7 @@ def _cmd_servers(settings: Settings, args: argparse.Namespace) -> int:
     from mcp_sandbox.state import StateLayout
 
     discovery = discover(settings.code_mode, settings.config_read or settings.config_file)
-    layout, tenants = StateLayout.of(settings), settings.tenant_count
+    layout, tenants = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces), settings.tenant_count
 
     async def count() -> dict[str, int | str]:
         async with open_mediator(settings.code_mode, discovery, None, layout, tenants) as bridge:
@@ -243,7 +243,7 @@ def _cmd_import_runner_data(settings: Settings) -> int:
     root, secret = settings.workspaces.runner_data, settings.workspaces.runner_secret
     if root is None or secret is None:
         raise ConfigError("import-runner-data needs SANDBOX_ROOT and FILE_SECRET (runner_data and runner_secret)")
-    layout = StateLayout.of(settings)
+    layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
     layout.make_root_private()
     store = WorkspaceStore(settings.workspaces, load_secret(layout.root), TenantUids(settings.sandbox, layout))
     for item in RunnerData(root, secret, layout.runner_import, store).import_all():

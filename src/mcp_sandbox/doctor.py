@@ -268,7 +268,7 @@ def _report_metadata(settings: Settings, out: TextIO) -> bool:
         if url is None:
             from mcp_sandbox.workspace.sqlite_db import read_version as read_sqlite
 
-            path = StateLayout.of(settings).metadata
+            path = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).metadata
             out.write(f"metadata index: SQLite {path}")
             if not path.exists():
                 out.write(" (made at the first start)\n")
@@ -343,7 +343,10 @@ def doctor(settings: Settings, out: TextIO) -> int:
     metadata_ok = _report_metadata(settings, out)
     _report_replicas(settings, out)
     probes = available_backends(
-        sandbox=settings.sandbox, paths=settings.paths, limits=settings.limits, layout=StateLayout.of(settings)
+        sandbox=settings.sandbox,
+        paths=settings.paths,
+        limits=settings.limits,
+        layout=StateLayout.of(settings.paths, settings.sandbox, settings.workspaces),
     )
     for probe in probes:
         _report_backend(probe, out)

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import PathSettings, SandboxSettings, WorkspaceSettings
 from mcp_sandbox.volume import VOLUME_DIR, ensure_volume
 
 __all__ = ["METADATA_FILE", "SECRET_FILE", "StateLayout"]
@@ -72,10 +72,10 @@ class StateLayout:
     volume_bytes: int = 0
 
     @classmethod
-    def of(cls, settings: Settings) -> StateLayout:
-        """The layout of ``settings.paths.state_dir``."""
-        root, volume = settings.paths.state_dir, settings.workspaces.volume_bytes or 0
-        return cls(root, settings.sandbox.sandbox_gid if os.geteuid() == 0 else None, volume)
+    def of(cls, paths: PathSettings, sandbox: SandboxSettings, workspaces: WorkspaceSettings) -> StateLayout:
+        """The layout of ``paths.state_dir``, its group ``sandbox``'s gid as root, on ``workspaces``' volume if any."""
+        root, volume = paths.state_dir, workspaces.volume_bytes or 0
+        return cls(root, sandbox.sandbox_gid if os.geteuid() == 0 else None, volume)
 
     @property
     def _shared(self) -> Path:

@@ -59,7 +59,12 @@ SERVERS = {
 async def bridge(module_state_dir: Path) -> AsyncIterator[Mediator]:
     await anyio.Path(module_state_dir).mkdir(parents=True, exist_ok=True)
     settings = Settings.of(state_dir=module_state_dir, discover_servers=False, connect_timeout=BOUND)
-    async with open_mediator(settings.code_mode, Discovery(servers=SERVERS), None, StateLayout.of(settings)) as opened:
+    async with open_mediator(
+        settings.code_mode,
+        Discovery(servers=SERVERS),
+        None,
+        StateLayout.of(settings.paths, settings.sandbox, settings.workspaces),
+    ) as opened:
         yield opened
 
 

@@ -71,7 +71,7 @@ async def test_the_host_process_list_names_no_state_or_workspace_path(
     # through --args, a container's binds through per-run aliases (no workspace key in them).
     if os.geteuid() != 0:
         pytest.skip("reading the process list as another uid needs root to switch to it")
-    layout = StateLayout.of(sandbox.settings)
+    layout = StateLayout.of(sandbox.settings.paths, sandbox.settings.sandbox, sandbox.settings.workspaces)
     key = f"key{uuid.uuid4().hex}"
     workspace = layout.prepare_workspaces() / key
     workspace.mkdir(mode=0o700)
@@ -116,7 +116,7 @@ async def test_a_workspace_a_run_opened_stays_closed_to_other_host_users(sandbox
     # there that the next run reads. The directory above it is closed to that user.
     if os.geteuid() != 0:
         pytest.skip("acting as another host uid needs root (a non-root server's workspaces are 0700 and its own)")
-    layout = StateLayout.of(sandbox.settings)
+    layout = StateLayout.of(sandbox.settings.paths, sandbox.settings.sandbox, sandbox.settings.workspaces)
     workspace = layout.prepare_workspaces() / uuid.uuid4().hex
     workspace.mkdir(mode=0o700)
     os.chown(workspace, sandbox.settings.sandbox.sandbox_uid, sandbox.settings.sandbox.sandbox_gid)

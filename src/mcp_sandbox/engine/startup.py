@@ -40,7 +40,7 @@ def backend_for(settings: Settings, name: str | None = None, layout: StateLayout
         sandbox=settings.sandbox,
         paths=settings.paths,
         limits=settings.limits,
-        layout=StateLayout.of(settings) if layout is None else layout,
+        layout=StateLayout.of(settings.paths, settings.sandbox, settings.workspaces) if layout is None else layout,
     )
 
 
@@ -75,7 +75,7 @@ def engine_for(
         EngineSettings.of(settings),
         backend,
         events,
-        layout=StateLayout.of(settings) if layout is None else layout,
+        layout=StateLayout.of(settings.paths, settings.sandbox, settings.workspaces) if layout is None else layout,
         egress=tenant_egress(settings) if egress is None else egress,
         uids=uids,
         egress_resolver=egress_resolver,

@@ -297,7 +297,7 @@ async def open_service(
         ConfigError, BackendUnavailableError: the configuration or the host cannot serve.
     """
     # Built once, shared by the engine, the stores and the tools: a malformed tenant's egress stops the start here.
-    layout = StateLayout.of(settings)
+    layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
     egress = tenant_egress(settings)
     events = EventHub()
     source = settings.config_read or settings.config_file  # the downstream servers as the loader read them

@@ -140,7 +140,7 @@ async def test_one_checkpoint_is_deleted_by_name_its_bytes_given_back_and_the_ot
     assert (await _run(client, "pass", conversation, checkpoint="b"))["status"] == "success"
     settings = load_settings(env={}, flags={"state_dir": str(module_state_dir)})
     store, key = store_of(settings, load_secret(module_state_dir)), _key(module_state_dir, conversation)
-    layout = StateLayout.of(settings)
+    layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
     used = store.usage(key).bytes
 
     answer = await run_python(client, {"code": "print(value)", "conversationId": conversation, "checkpoint": "-a"})
@@ -175,7 +175,9 @@ async def test_a_checkpoint_whose_state_was_altered_is_refused_and_nothing_chang
         "status"
     ] == "success"
     settings = load_settings(env={}, flags={"state_dir": str(module_state_dir)})
-    path = StateLayout.of(settings).parked_state(state_key(_key(module_state_dir, conversation), "cp"))
+    path = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).parked_state(
+        state_key(_key(module_state_dir, conversation), "cp")
+    )
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
@@ -199,7 +201,7 @@ async def test_a_conversations_checkpoints_are_deleted_with_it(state_dir: Path, 
     settings = load_settings(env={}, flags={"state_dir": str(state_dir), "conversation_ttl": "1s"})
     store = store_of(settings, load_secret(state_dir))
     key = store.key("default", conversation)
-    layout = StateLayout.of(settings)
+    layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
     state = layout.parked_state(state_key(key, "cp"))
     assert (layout.checkpoints / key / "cp" / "f.txt").exists() and state.exists()
     metadata = Metadata.open(state_dir / METADATA_FILE)

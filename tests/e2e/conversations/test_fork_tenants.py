@@ -68,7 +68,7 @@ def _parked_state(state_dir: Path, tenant: str, conversation: str) -> Path:
     """Where the server parks ``tenant``'s ``conversation`` (its key, as the server's secret makes it)."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
     key = store_of(settings, load_secret(state_dir)).key(tenant, conversation)
-    return StateLayout.of(settings).parked_state(key)
+    return StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).parked_state(key)
 
 
 async def test_another_tenant_cannot_resume_fork_or_read_a_parked_state(base: str, module_state_dir: Path) -> None:
@@ -99,7 +99,7 @@ def _checkpoint_state(state_dir: Path, tenant: str, conversation: str, name: str
     """Where the server keeps the variables of ``tenant``'s ``conversation``'s checkpoint ``name``."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
     key = store_of(settings, load_secret(state_dir)).key(tenant, conversation)
-    return StateLayout.of(settings).parked_state(state_key(key, name))
+    return StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).parked_state(state_key(key, name))
 
 
 async def test_another_tenant_cannot_restore_fork_list_or_load_a_checkpoint(base: str, module_state_dir: Path) -> None:

@@ -92,7 +92,7 @@ def _state(state_dir: Path, conversation: str) -> Path:
     """Where the server parks the default tenant's ``conversation`` (its key, as the server's secret makes it)."""
     settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
     key = store_of(settings, load_secret(state_dir)).key("default", conversation)
-    return StateLayout.of(settings).parked_state(key)
+    return StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).parked_state(key)
 
 
 @pytest.fixture

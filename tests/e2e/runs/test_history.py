@@ -43,9 +43,11 @@ async def test_concurrent_runs_are_all_recorded_once_and_the_last_before_closing
     # Closed as soon as the last call was answered: the last records were still to be written.
 
     if metadata_target.url is None:
-        metadata_target = MetadataTarget("sqlite", StateLayout.of(settings).metadata)
+        metadata_target = MetadataTarget(
+            "sqlite", StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).metadata
+        )
     else:  # with database_url, no SQLite file is made beside it
-        assert not StateLayout.of(settings).metadata.exists()
+        assert not StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).metadata.exists()
     rows = metadata_target.query("SELECT status, count(*), count(DISTINCT id) FROM executions GROUP BY status")
     assert sorted(statuses) == ["error"] * 3 + ["success"] * 45
     assert sorted(rows) == [("error", 3, 3), ("success", 45, 45)]

@@ -52,7 +52,9 @@ def _line(row: TaskRow, now: float, lease: float) -> str:
 
 def run_tasks(settings: Settings, args: argparse.Namespace) -> int:
     """List the tasks; 0."""
-    metadata = Metadata.open(StateLayout.of(settings).metadata, settings.replicas.database_url)
+    metadata = Metadata.open(
+        StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).metadata, settings.replicas.database_url
+    )
     try:
         rows = TaskTable(metadata.database).newest(max(args.limit, 1), args.tenant, args.status)
     finally:
