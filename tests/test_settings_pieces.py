@@ -1,0 +1,70 @@
+"""Each component takes the pieces of the settings it reads; only start-up takes ``Settings`` whole.
+
+Start-up is where a ``Settings`` is turned into pieces and shared objects: the command line, doctor,
+the HTTP service's ``serve`` and ``open_service`` (whose ``Service`` keeps the settings for the
+tools), ``engine.startup``, and the setup, install and tasks commands. Everywhere else, an
+annotation naming ``Settings`` (an argument, a field, a return) is a component reaching for all of
+it: give it the piece instead (``config/``'s pieces, or ``EngineSettings``).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import mcp_sandbox
+
+_PACKAGE = Path(mcp_sandbox.__file__).parent
+_START_UP = {
+    "cli.py",
+    "doctor.py",
+    "engine/startup.py",
+    "install/command.py",
+    "install/readiness.py",
+    "provision/command.py",
+    "server/app.py",
+    "server/service.py",
+    "server/tasks/command.py",
+}
+
+
+def _annotations(tree: ast.AST) -> Iterator[ast.expr]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            yield from (argument.annotation for argument in every if argument and argument.annotation)
+            if node.returns is not None:
+                yield node.returns
+        elif isinstance(node, ast.AnnAssign):
+            yield node.annotation
+
+
+def _names_settings(annotation: ast.expr) -> bool:
+    return any(
+        (isinstance(node, ast.Name) and node.id == "Settings")
+        or (isinstance(node, ast.Attribute) and node.attr == "Settings")
+        or (isinstance(node, ast.Constant) and isinstance(node.value, str) and "Settings" in node.value.split("|"))
+        for node in ast.walk(annotation)
+    )
+
+
+def _takers() -> list[str]:
+    found = []
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        relative = path.relative_to(_PACKAGE).as_posix()
+        if relative.startswith("config/"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{relative}:{a.lineno}" for a in _annotations(tree) if _names_settings(a)]
+    return found
+
+
+def test_no_component_outside_start_up_takes_the_whole_settings() -> None:
+    assert [place for place in _takers() if place.partition(":")[0] not in _START_UP] == []
+
+
+def test_the_start_up_list_names_only_modules_that_take_the_whole_settings() -> None:
+    takers = {place.partition(":")[0] for place in _takers()}
+    assert _START_UP <= takers, f"no longer start-up, drop from the list: {sorted(_START_UP - takers)}"
