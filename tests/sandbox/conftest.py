@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from container_helpers import backend_flags
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.engine import Engine
-from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe, get_backend
+from mcp_sandbox.sandbox.backends import BACKEND_NAMES, Backend, BackendProbe, get_backend
+from mcp_sandbox.sandbox.backends.container import ContainerBackend
 
 from .harness import RunnerFactory, SandboxRunner
 
@@ -25,13 +26,23 @@ _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
 
 @pytest.fixture(scope="session")
-def backend_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
+def probed_backends(docker_engine: str | None) -> dict[str, Backend]:
+    """One backend of each name, probed, whose container engine every test's backend shares."""
+    return {name: get_backend(name, load_settings(env={}, flags=backend_flags(name))) for name in BACKEND_NAMES}
+
+
+@pytest.fixture(scope="session")
+def backend_probes(probed_backends: dict[str, Backend]) -> dict[str, BackendProbe]:
     """Probe each backend once per session (a probe starts a real sandbox)."""
-    probes = {}
-    for name in BACKEND_NAMES:
-        settings = load_settings(env={}, flags=backend_flags(name))
-        probes[name] = get_backend(name, settings).probe()
-    return probes
+    return {name: backend.probe() for name, backend in probed_backends.items()}
+
+
+def _backend(name: str, settings: Settings, probed: Backend) -> Backend:
+    """Backend ``name`` with ``settings``; a container one shares the probed one's engine (its
+    facts read by `info`, its leftovers swept) instead of asking the engine again in every test."""
+    if isinstance(probed, ContainerBackend):
+        return ContainerBackend(settings, name, probed.engine)
+    return get_backend(name, settings)
 
 
 @pytest.fixture(params=BACKEND_NAMES)
@@ -65,7 +76,13 @@ def sandbox_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox_runtime: Path | None) -> RunnerFactory:
+def make_sandbox(
+    backend_name: str,
+    sandbox_kind: str,
+    state_root: Path,
+    sandbox_runtime: Path | None,
+    probed_backends: dict[str, Backend],
+) -> RunnerFactory:
     """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``.
 
     Warm: each run goes to a warm sandbox of a running engine (without preloaded modules, which
@@ -83,7 +100,7 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = Engine(settings, get_backend(backend_name, settings))
+        engine = Engine(settings, _backend(backend_name, settings, probed_backends[backend_name]))
         kinds = {"warm": sandbox_kind == "warm", "fork": sandbox_kind == "fork", "born": sandbox_kind == "born"}
         return SandboxRunner(settings, engine, **kinds)
 

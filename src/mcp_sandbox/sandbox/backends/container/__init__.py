@@ -58,11 +58,11 @@ def create(settings: Settings, name: str) -> ContainerBackend:
             found, dialect = detect_runtime(settings.sandbox)
         except BackendUnavailableError:
             found, dialect = "podman", "podman"
-        return ContainerBackend(settings, "container", found, dialect)
+        return ContainerBackend(settings, "container", ContainerEngine(found, dialect))
     if name not in ("podman", "docker"):
         raise ConfigError(f"backend: {name!r} is not a container backend")
     flavour: Flavour = "podman" if name == "podman" else "docker"
     # container_runtime names the CLI of its own dialect only: a podman path is not docker's.
     configured = settings.sandbox.container_runtime
     cli = configured if configured and flavour_of(configured) == flavour else None
-    return ContainerBackend(settings, name, cli, flavour)
+    return ContainerBackend(settings, name, ContainerEngine(cli or flavour, flavour))
