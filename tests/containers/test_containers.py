@@ -15,6 +15,7 @@ import pytest
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.events import RunFinished
+from mcp_sandbox.sandbox.backends import get_backend
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
 from mcp_sandbox.server.metrics import Metrics
@@ -122,7 +123,9 @@ async def test_containers_of_dead_servers_are_swept_at_start_and_live_ones_kept(
             [str(PODMAN_WRAPPER), "create", "--name", name, *labels, "--network", "none", image, "sleep", "600"]
         )
     try:
-        engine = make_container_engine()
+        settings = make_container_engine().settings
+        engine = Engine(settings, get_backend("podman", settings))  # a container engine of its own: it sweeps
+        engine.prepare()
         result = await _execute(engine, "print('after the sweep')")
         left = _containers(f"{LABEL}=1", "podman")
     finally:
