@@ -27,7 +27,7 @@ from mcp_sandbox import tracing
 from mcp_sandbox.config import OutputMode, Settings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
-from mcp_sandbox.engine.executor import Prepare
+from mcp_sandbox.engine.engine import Prepare
 from mcp_sandbox.errors import BusyError, LeaseLostError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.replicas.forward import STATE_LOST_NOTE
