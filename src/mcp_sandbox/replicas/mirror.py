@@ -6,7 +6,7 @@ conversation's lock and hand its directory to :mod:`.directory_sync`, which move
 (small files in packs for a workspace, the index written only by the conversation's lease
 holder: :mod:`.indexing`), as files owned by the tenant's host uid. Besides: a file read from the
 store for a replica that has not got it (:meth:`Mirror.open_remote`), the earlier runner's links
-(:mod:`.links`), and a conversation's objects deleted. Transfers run on the store's threads; the
+(:mod:`.runner_records`), and a conversation's objects deleted. Transfers run on the store's threads; the
 methods block.
 """
 
@@ -22,9 +22,9 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas import indexing
 from mcp_sandbox.replicas.checkpoints import forget_checkpoints
 from mcp_sandbox.replicas.directory_sync import Changes, restore_directory, write_back_directory
-from mcp_sandbox.replicas.links import link_name
 from mcp_sandbox.replicas.objects import ObjectStore
 from mcp_sandbox.replicas.parked import StoredParked
+from mcp_sandbox.replicas.runner_records import link_name
 from mcp_sandbox.replicas.transfers import read_index
 from mcp_sandbox.workspace import OpenFile, WorkspaceStore, check_filename
 from mcp_sandbox.workspace.checkpoints import checkpoint_names
