@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import Settings
 from mcp_sandbox.egress import TenantEgress
-from mcp_sandbox.engine.executor import Engine
+from mcp_sandbox.engine.engine import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision.status import python_status
