@@ -89,8 +89,9 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=150, help="calls per server and round")
     parser.add_argument("--http", action="store_true", help="Streamable HTTP for a token tenant (as root)")
     parser.add_argument("--tool", default="run_python", choices=["run_python", "list_runners"])
+    parser.add_argument("--code", default="print(1)", help="what each run_python call runs")
     options = parser.parse_args()
-    arguments: dict[str, Any] = {"code": "print(1)"} if options.tool == "run_python" else {}
+    arguments: dict[str, Any] = {"code": options.code} if options.tool == "run_python" else {}
     trees = {"baseline": options.baseline, "change": options.change}
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-") as scratch:
         os.chmod(scratch, 0o755)
