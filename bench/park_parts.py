@@ -36,7 +36,7 @@ from mcp import Client
 from park import PANDAS, RUNTIME, call, parked_files, wait_parked
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine import interpreter, parking, ready_uids
+from mcp_sandbox.engine import interpreter, parking, ready_by_uid
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
 
@@ -87,7 +87,7 @@ class Timings:
 async def resumes(state_dir: Path, samples: int, pause: float) -> Timings:
     timings = Timings()
     timings.wrap(parking.ParkedStates, "open", "seal")
-    timings.wrap(ready_uids.ReadyByUid, "claim", "claim")
+    timings.wrap(ready_by_uid.ReadyByUid, "claim", "claim")
     timings.wrap_run()
     flags = {
         "state_dir": str(state_dir),

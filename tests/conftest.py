@@ -141,7 +141,7 @@ _SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
 _SERIAL_MODULES = frozenset(
     {
         "tests/replicas/test_nemesis.py",
-        "tests/engine/test_ready_uids.py",
+        "tests/engine/test_ready_by_uid.py",
         "tests/bridge/test_clients.py",
     }
 )

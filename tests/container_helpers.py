@@ -172,16 +172,21 @@ def server_image_in_docker(image: str) -> None:
 def server_image_in(cli: Path, image: str) -> None:
     """The server's image (scripts/build-server-image.sh) in the engine ``cli`` drives, built there
     when missing or made from other sources (its label carries the digest of what went in); kept in
-    the engine's state between runs. The root filesystem's tarball is built once per digest and
-    shared, under a lock, by every engine and worker that needs it: podman's and docker's tests
-    would otherwise each build the same 760 MB image, often at the same time."""
+    the engine's state between runs. Its base layer (all but src/) is kept in the engine too, so a
+    change to the source rebuilds only the thin top layer. The base's root filesystem tarball is
+    built once per base digest and shared, under a lock, by every engine and worker that needs it:
+    podman's and docker's tests would otherwise each build the same 760 MB layer, often at the
+    same time."""
     build = _REPO / "scripts" / "build-server-image.sh"
-    digest = subprocess.run(["bash", str(build), "--digest"], capture_output=True, text=True, check=True).stdout.strip()
+
+    def digest_of(option: str) -> str:
+        return subprocess.run(["bash", str(build), option], capture_output=True, text=True, check=True).stdout.strip()
+
     inspect = [str(cli), "image", "inspect", "--format", '{{index .Config.Labels "io.mcp-sandbox.digest"}}', image]
-    if subprocess.run(inspect, capture_output=True, text=True, check=False).stdout.strip() == digest:
+    if subprocess.run(inspect, capture_output=True, text=True, check=False).stdout.strip() == digest_of("--digest"):
         return
     cache = Path(os.environ.get("MCP_SANDBOX_TEST_IMAGE_CACHE", "/var/tmp"))
-    tarball = cache / f"mcp-sandbox-server-image-{digest}.tar"
+    tarball = cache / f"mcp-sandbox-server-image-{digest_of('--base-digest')}.tar"
     with open(cache / "mcp-sandbox-server-image.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for stale in cache.glob("mcp-sandbox-server-image-*.tar"):

@@ -13,8 +13,11 @@ import anyio
 import pytest
 
 from container_helpers import DOCKER_WRAPPER, PODMAN_WRAPPER, remove_containers
+from mcp_sandbox.config import HttpSettings
+from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.events import RunFinished
+from mcp_sandbox.sandbox.backends import get_backend
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
 from mcp_sandbox.server.metrics import Metrics
@@ -122,7 +125,12 @@ async def test_containers_of_dead_servers_are_swept_at_start_and_live_ones_kept(
             [str(PODMAN_WRAPPER), "create", "--name", name, *labels, "--network", "none", image, "sleep", "600"]
         )
     try:
-        engine = make_container_engine()
+        made = make_container_engine()
+        pieces, layout, http = made.settings, made.layout, HttpSettings()
+        backend = get_backend("podman", sandbox=pieces.sandbox, paths=pieces.paths, limits=pieces.limits, layout=layout)
+        egress = TenantEgress(pieces.egress, (http.host, http.port))
+        engine = Engine(pieces, backend, layout=layout, egress=egress)  # a container engine of its own: it sweeps
+        engine.prepare()
         result = await _execute(engine, "print('after the sweep')")
         left = _containers(f"{LABEL}=1", "podman")
     finally:

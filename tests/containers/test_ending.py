@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
 from .conftest import EngineFactory

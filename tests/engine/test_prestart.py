@@ -16,8 +16,8 @@ from mcp_sandbox.config import load_settings
 from mcp_sandbox.egress import EgressGrant, EgressRules
 from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.prestart import DEFAULT_SIZES, fits_prestarted_sandbox, prestart_size
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.warm import fits_warm_sandbox
 
 from .conftest import RunningEngine

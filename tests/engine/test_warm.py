@@ -448,6 +448,26 @@ async def test_a_run_leaves_no_scheduling_xattrs_modes_or_descriptor_state_to_th
     assert eval(fresh.stdout)["xattrs"] == [[], [], []]
 
 
+_IMPORT_STATE = """
+    import sys
+    finders = [sys.path_importer_cache.get(entry) for entry in sys.path]
+    listed = [finder._path_mtime != -1 for finder in finders if hasattr(finder, "_path_mtime")]
+    print(sys.path[-1], bool(listed) and all(listed))
+"""
+
+
+async def test_a_warm_run_finds_the_workspace_packages_with_its_zygotes_import_caches(
+    running_engine: RunningEngine,
+) -> None:
+    # The child puts the workspace's packages on sys.path, as every run does, but keeps the import
+    # caches the zygote filled: forgetting them made the run's imports list each directory again.
+    async with warm_engine(running_engine) as engine:
+        result = await warm_run(engine, _IMPORT_STATE)
+
+    assert result.status == "success", result.stderr
+    assert result.stdout.split() == ["/workspace/.packages/python", "True"]
+
+
 async def test_a_run_that_hides_its_exit_status_from_the_zygote_still_gets_its_own(
     running_engine: RunningEngine,
 ) -> None:

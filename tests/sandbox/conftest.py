@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from container_helpers import backend_flags
-from mcp_sandbox.config import load_settings
+from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.engine.startup import backend_for, engine_for
-from mcp_sandbox.sandbox.backends import BACKEND_NAMES, BackendProbe
+from mcp_sandbox.sandbox.backends import BACKEND_NAMES, Backend, BackendProbe
+from mcp_sandbox.sandbox.backends.container import ContainerBackend
+from mcp_sandbox.state import StateLayout
 
 from .harness import RunnerFactory, SandboxRunner
 
@@ -25,13 +27,24 @@ _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
 
 @pytest.fixture(scope="session")
-def backend_probes(docker_engine: str | None) -> dict[str, BackendProbe]:
+def probed_backends(docker_engine: str | None) -> dict[str, Backend]:
+    """One backend of each name, probed, whose container engine every test's backend shares."""
+    return {name: backend_for(load_settings(env={}, flags=backend_flags(name)), name) for name in BACKEND_NAMES}
+
+
+@pytest.fixture(scope="session")
+def backend_probes(probed_backends: dict[str, Backend]) -> dict[str, BackendProbe]:
     """Probe each backend once per session (a probe starts a real sandbox)."""
-    probes = {}
-    for name in BACKEND_NAMES:
-        settings = load_settings(env={}, flags=backend_flags(name))
-        probes[name] = backend_for(settings, name).probe()
-    return probes
+    return {name: backend.probe() for name, backend in probed_backends.items()}
+
+
+def _backend(name: str, settings: Settings, probed: Backend) -> Backend:
+    """Backend ``name`` with ``settings``; a container one shares the probed one's engine (its
+    facts read by `info`, its leftovers swept) instead of asking the engine again in every test."""
+    if isinstance(probed, ContainerBackend):
+        layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
+        return ContainerBackend(settings.sandbox, layout, name, probed.engine)
+    return backend_for(settings, name)
 
 
 @pytest.fixture(params=BACKEND_NAMES)
@@ -65,7 +78,13 @@ def sandbox_kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox_runtime: Path | None) -> RunnerFactory:
+def make_sandbox(
+    backend_name: str,
+    sandbox_kind: str,
+    state_root: Path,
+    sandbox_runtime: Path | None,
+    probed_backends: dict[str, Backend],
+) -> RunnerFactory:
     """``make_sandbox(**flags)``: an engine on the backend under test, with settings ``flags``.
 
     Warm: each run goes to a warm sandbox of a running engine (without preloaded modules, which
@@ -83,7 +102,7 @@ def make_sandbox(backend_name: str, sandbox_kind: str, state_root: Path, sandbox
             values["python_runtime"] = str(sandbox_runtime)
         values.update(flags)
         settings = load_settings(env={}, flags=values)
-        engine = engine_for(settings, backend_for(settings, backend_name))
+        engine = engine_for(settings, _backend(backend_name, settings, probed_backends[backend_name]))
         kinds = {"warm": sandbox_kind == "warm", "fork": sandbox_kind == "fork", "born": sandbox_kind == "born"}
         return SandboxRunner(settings, engine, **kinds)
 

@@ -10,7 +10,8 @@ import pytest
 from mcp_sandbox.bridge.search import MAX_SEARCH_RESULTS
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.runners import LANGUAGES
-from mcp_sandbox.server.tools.arguments import RunCodeArguments, RunPythonArguments, SearchToolsArguments, parse
+from mcp_sandbox.server.tools.arguments import RunCodeArguments, RunPythonArguments, SearchToolsArguments
+from mcp_sandbox.server.tools.parsing import parse
 
 from .tool_declarations import COMPANIONS, CONTEXT, SAMPLES, TOOLS, required
 

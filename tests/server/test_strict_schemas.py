@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from mcp_sandbox.errors import ValidationError
-from mcp_sandbox.server.tools.arguments import parse
+from mcp_sandbox.server.tools.parsing import parse
 
 from .tool_declarations import CONTEXT, SAMPLES, TOOLS, required
 

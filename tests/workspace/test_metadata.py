@@ -19,6 +19,7 @@ import pytest
 
 from mcp_sandbox.errors import ConfigError, WorkspaceError
 from mcp_sandbox.workspace import METADATA_FILE, ExecutionRecord, FileEntry, Metadata, Usage, WorkspaceStore
+from mcp_sandbox.workspace.executions import record_execution, record_executions
 from mcp_sandbox.workspace.metadata import MIGRATIONS
 from postgres_helpers import MetadataTarget
 
@@ -160,7 +161,7 @@ def test_forgetting_a_conversation_drops_its_files_and_keeps_its_executions(
     key = "a" * 64
     metadata.touch_conversation(key, "alice", 1.0)
     metadata.record_files(key, [FileEntry("a.txt", 5, 2.0)], Usage(bytes=5, files=1))
-    metadata.record_execution(_record(1, conversation=key))
+    record_execution(metadata.database, _record(1, conversation=key))
 
     metadata.forget_conversation(key)
 
@@ -170,16 +171,16 @@ def test_forgetting_a_conversation_drops_its_files_and_keeps_its_executions(
 
 
 def test_a_duplicate_execution_id_is_refused(metadata: Metadata) -> None:
-    metadata.record_execution(_record(1))
+    record_execution(metadata.database, _record(1))
 
     with pytest.raises(WorkspaceError):
-        metadata.record_execution(_record(1))
+        record_execution(metadata.database, _record(1))
 
 
 def test_executions_recorded_together_are_all_kept_or_none(metadata: Metadata, metadata_target: MetadataTarget) -> None:
-    metadata.record_executions([_record(1), _record(2, tenant="bob"), _record(3)])
+    record_executions(metadata.database, [_record(1), _record(2, tenant="bob"), _record(3)])
     with pytest.raises(WorkspaceError):
-        metadata.record_executions([_record(4), _record(2)])  # run-2 is there: run-4 is not kept either
+        record_executions(metadata.database, [_record(4), _record(2)])  # run-2 is there: run-4 is not kept either
 
     rows = metadata_target.query("SELECT id, tenant FROM executions ORDER BY id")
     tenants = metadata_target.query("SELECT name FROM tenants ORDER BY name")
@@ -193,7 +194,7 @@ def test_threads_can_share_one_metadata_object(metadata: Metadata) -> None:
     def work(offset: int) -> None:
         try:
             for number in range(offset, offset + 50):
-                metadata.record_execution(_record(number))
+                record_execution(metadata.database, _record(number))
                 metadata.touch_conversation(f"{number:064x}", "alice", float(number))
         except BaseException as exc:
             failures.append(exc)
@@ -222,7 +223,8 @@ def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(
     store.write_file(key, "notes.txt", f"{code}\nAPI_TOKEN={token}\nPASSWORD={password}\n".encode())
     metadata.record_files(key, store.list_files(key).files, store.usage(key))
     # What a caller records for run_code(code, environment={"API_TOKEN": token, ...}) whose stdout echoed them.
-    metadata.record_execution(
+    record_execution(
+        metadata.database,
         ExecutionRecord(
             id="exec-1",
             tenant="alice",
@@ -235,7 +237,7 @@ def test_no_table_holds_code_environment_tokens_or_raw_conversation_ids(
             stdout_bytes=len(token) + len(password),
             stderr_bytes=0,
             files_bytes=store.usage(key).bytes,
-        )
+        ),
     )
     metadata.close()
 
@@ -266,11 +268,12 @@ _WRITER = textwrap.dedent(
     import sys
     from pathlib import Path
     from mcp_sandbox.workspace import ExecutionRecord, Metadata
+    from mcp_sandbox.workspace.executions import record_execution
 
     metadata = Metadata.open(Path(sys.argv[1]) / "metadata.sqlite3")
     number = 0
     while True:
-        metadata.record_execution(ExecutionRecord(
+        record_execution(metadata.database, ExecutionRecord(
             id=f"run-{number}", tenant="alice", conversation=None, language="python",
             started_at=float(number), duration_ms=1, status="success", exit_code=0,
             stdout_bytes=0, stderr_bytes=0,

@@ -11,6 +11,7 @@ import pytest
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.replicas.leases import STOPPED, LeaseTable
 from mcp_sandbox.workspace import ExecutionRecord, Metadata, WorkspaceStore, load_secret, sweep
+from mcp_sandbox.workspace.executions import record_executions
 from postgres_helpers import MetadataTarget
 from settings_helpers import store_of
 
@@ -190,8 +191,9 @@ def test_over_the_total_the_tenant_holding_the_most_gives_up_its_oldest(
 
 
 def _runs(metadata: Metadata, tenant: str, started: list[float]) -> None:
-    metadata.record_executions(
-        ExecutionRecord(tenant, None, "python", at, 10, "success", 0, 1, 0, id=f"{tenant}-{at}") for at in started
+    record_executions(
+        metadata.database,
+        (ExecutionRecord(tenant, None, "python", at, 10, "success", 0, 1, 0, id=f"{tenant}-{at}") for at in started),
     )
 
 

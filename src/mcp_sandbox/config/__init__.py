@@ -38,11 +38,11 @@ from mcp_sandbox.config.pieces import (
 )
 from mcp_sandbox.config.replicas import ReplicaSettings
 from mcp_sandbox.config.secrets import SecretSpec, SecretValue
-from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.server_pieces import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
 from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
-from mcp_sandbox.config.tenancy import with_tenant_caps
-from mcp_sandbox.config.tenants import TENANT_DEFAULTS, Tenant
+from mcp_sandbox.config.tenant import TENANT_DEFAULTS, Tenant
+from mcp_sandbox.config.tenant_tables import with_tenant_caps
 from mcp_sandbox.config.tokens import DEFAULT_TENANT, TenantToken, load_tokens
 from mcp_sandbox.config.values import parse_bytes, parse_duration
 

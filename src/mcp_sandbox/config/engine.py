@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.pieces import LimitSettings, PathSettings, PoolSettings, SandboxSettings
-from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings
+from mcp_sandbox.config.server_pieces import AdmissionSettings, CodeModeSettings, EgressSettings
 from mcp_sandbox.config.settings import Settings
 
 __all__ = ["EngineSettings"]

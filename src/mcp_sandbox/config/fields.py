@@ -82,7 +82,7 @@ def computed(
 
 
 def piece(cls: Callable[[], T]) -> T:
-    """A piece of the settings (:mod:`.pieces`, :mod:`.serving`): its defaults unless given."""
+    """A piece of the settings (:mod:`.pieces`, :mod:`.server_pieces`): its defaults unless given."""
     return field(default_factory=cls, metadata={"piece": True})
 
 

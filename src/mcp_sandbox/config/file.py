@@ -1,7 +1,7 @@
 """The TOML file, parsed once: its settings, ``[auth]``, ``[tenants.<name>]`` and ``[servers]``.
 
 The settings are the file's top-level keys; the tables are read by :mod:`.tokens`,
-:mod:`.tenants` and the bridge's discovery (which checks each server entry). Every malformed
+:mod:`.tenant_tables` and the bridge's discovery (which checks each server entry). Every malformed
 file or table is a :class:`~mcp_sandbox.errors.ConfigError` that names the file.
 """
 

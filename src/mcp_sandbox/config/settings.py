@@ -1,6 +1,6 @@
 """The settings object: small frozen pieces, and one table from each flat key to its piece.
 
-Each setting is declared once (:func:`~.fields.setting`, in :mod:`.pieces` and :mod:`.serving`)
+Each setting is declared once (:func:`~.fields.setting`, in :mod:`.pieces` and :mod:`.server_pieces`)
 with its default, description, unit, alias and check; each piece checks its own values, and a
 component can take only the piece it needs (``settings.limits``, ``settings.http``, ...). People
 write the flat keys (``timeout``, ``MCP_SANDBOX_TIMEOUT``): :data:`SETTINGS` and
@@ -27,7 +27,7 @@ from mcp_sandbox.config.pieces import (
     SandboxSettings,
 )
 from mcp_sandbox.config.replicas import ReplicaSettings
-from mcp_sandbox.config.serving import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.server_pieces import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
 
 __all__ = ["PLACES", "SETTINGS", "Settings"]
 

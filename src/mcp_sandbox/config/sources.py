@@ -27,10 +27,10 @@ from mcp_sandbox.config.defaults import (
 )
 from mcp_sandbox.config.file import ConfigFile, read_config_file
 from mcp_sandbox.config.secrets import read_secrets
-from mcp_sandbox.config.serving import check_internal_listener
+from mcp_sandbox.config.server_pieces import check_internal_listener
 from mcp_sandbox.config.settings import SETTINGS, Settings
-from mcp_sandbox.config.tenancy import read_tenants, with_tenant_caps
-from mcp_sandbox.config.tenants import Tenant
+from mcp_sandbox.config.tenant import Tenant
+from mcp_sandbox.config.tenant_tables import read_tenants, with_tenant_caps
 from mcp_sandbox.config.tokens import TenantToken, read_tokens
 from mcp_sandbox.config.values import FIELDS, coerce
 from mcp_sandbox.errors import ConfigError

@@ -1,6 +1,6 @@
 """Executions: requests in, results out, on a sandbox backend; fresh or in a session."""
 
-from mcp_sandbox.engine.executor import Engine
+from mcp_sandbox.engine.engine import Engine
 from mcp_sandbox.engine.result import (
     ExecutionRequest,
     ExecutionResult,

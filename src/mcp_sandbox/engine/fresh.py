@@ -16,11 +16,11 @@ import anyio
 from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.engine.runtimes import policy_for, with_egress, with_file_size
 from mcp_sandbox.engine.scratch import scratch_workspace
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.verdict import captured, explain_file_size, judge_fresh, stopped_for_disk, timed_out
 
 __all__ = ["FreshPlacement"]

@@ -25,7 +25,7 @@ from mcp_sandbox.engine.channel import Channel
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
-from mcp_sandbox.engine.serving import RunCaps, RunRecord, serve_run
+from mcp_sandbox.engine.run_frames import RunCaps, RunRecord, serve_run
 from mcp_sandbox.errors import ChannelError, SandboxStartError
 from mcp_sandbox.protocol import HEADER, Exec, Exited, Kind, Ready
 from mcp_sandbox.sandbox.backends import Backend, LimitEvents, Sandbox, SandboxOutcome

@@ -27,11 +27,11 @@ from anyio.abc import TaskGroup
 from mcp_sandbox.config import LimitSettings, PoolSettings, WorkspaceSettings
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.engine.runtimes import limits_for
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.engine.verdict import captured, explain_file_size, judge_fresh, stopped_for_disk, timed_out
 from mcp_sandbox.errors import BackendUnavailableError, SandboxStartError
@@ -108,7 +108,7 @@ class PrestartPool:
     def __init__(self, pool: PoolSettings, opener: Opener, uid: int | None = None) -> None:
         self.pool_settings = pool
         self._opener = opener
-        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
+        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .pools_by_uid
         self._ready: dict[str, list[Prestarted]] = {}
         self._starting: dict[str, int] = {}
         self._owners: dict[str, int] = {}

@@ -1,6 +1,6 @@
 """Session-ready sandboxes: sessions' sandboxes started ahead on an empty slot, each to become a conversation's.
 
-A few are kept per host uid (:mod:`.ready_uids`), bwrap and Python: each has a session's policy
+A few are kept per host uid (:mod:`.ready_by_uid`), bwrap and Python: each has a session's policy
 and limits (and relay, where network may be granted), its runner (``runner.py --ready``, the
 session's interpreter to be) imported ``pool_preload`` (or, in every other one, nothing) and
 waits for the session's first EXEC, and its ``/workspace`` is a bind of a *slot*, an empty
@@ -32,7 +32,7 @@ from mcp_sandbox.config import SandboxSettings, SessionSettings
 from mcp_sandbox.engine import ready_sizing
 from mcp_sandbox.engine.adoption import SplitAdoptionError, adopt, few_entries
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.ready_sizing import Arrivals, Mix, ReadyBudget
 from mcp_sandbox.engine.scratch import remove_shielded
 from mcp_sandbox.engine.tools_view import ToolsView

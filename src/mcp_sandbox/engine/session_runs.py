@@ -1,6 +1,6 @@
 """A run in its conversation's session: the session's interpreter leased, the run's network and disk bound, the verdict.
 
-The placement the executor picks for a Python run that names a session (see
+The placement the engine picks for a Python run that names a session (see
 :mod:`.placement`); the sessions themselves, their interpreters and leases are :mod:`.sessions`'.
 """
 
@@ -14,11 +14,11 @@ import anyio
 from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.egress import grant_environment, sandbox_environment
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.placement import Shared, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.engine.runtimes import needs_preload
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.sessions import Lease, SessionManager
 from mcp_sandbox.engine.verdict import (
     STATE_LOST,
@@ -58,7 +58,7 @@ class SessionPlacement:
         lease: Lease | None = None
         overrun = Overrun(DiskBound.conversation(settings.workspaces))
         # Born of a session-ready sandbox only on a workspace no other run uses (the lease, which renames it, comes
-        # first), of a ready sandbox of the tenant's own host uid (.ready_uids).
+        # first), of a ready sandbox of the tenant's own host uid (.ready_by_uid).
         born = request.workspace is not None and not self._shared(request.workspace)
         # A light one unless the code names a preloaded module or a fork's variables may need them.
         preloaded = request.fork_state is not None or needs_preload(settings.pool, request.code)

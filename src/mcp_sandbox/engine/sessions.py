@@ -27,10 +27,10 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.parking import ParkedStates, park_budget
 from mcp_sandbox.engine.ready import ReadySandbox
-from mcp_sandbox.engine.ready_uids import ReadyByUid
+from mcp_sandbox.engine.ready_by_uid import ReadyByUid
 from mcp_sandbox.engine.session_state import Lease, Live, Session
 from mcp_sandbox.errors import BusyError
 from mcp_sandbox.workspace.changes import ChangeGate

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mcp_sandbox.config import EngineSettings, Settings
 from mcp_sandbox.egress import Resolver, TenantEgress, system_resolver
-from mcp_sandbox.engine.executor import Engine
+from mcp_sandbox.engine.engine import Engine
 from mcp_sandbox.errors import BackendUnavailableError, ConfigError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision.status import python_status

@@ -15,7 +15,7 @@ from mcp_sandbox.config import LimitSettings, SessionSettings
 from mcp_sandbox.engine.disk import Overrun
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.result import EXIT_TIMEOUT, ExecutionRequest, ExecutionResult, SessionState, Status
-from mcp_sandbox.engine.serving import RunRecord
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.sandbox.backends import SandboxOutcome
 
 __all__ = [

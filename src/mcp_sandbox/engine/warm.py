@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import PoolSettings
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.runtimes import needs_preload
 from mcp_sandbox.engine.tools_view import ToolsView
@@ -109,7 +109,7 @@ class WarmPool:
     def __init__(self, pool: PoolSettings, opener: Opener, uid: int | None = None) -> None:
         self.pool_settings = pool
         self._opener = opener
-        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .uid_pools
+        self.uid = uid  # the host uid its sandboxes run as (None: sandbox_uid); see .pools_by_uid
         self._preload_reported = False
         self._idle: list[Warm] = []  # the most recently used last: it is taken first
         self._owners = 0  # sandboxes starting, idle or running
@@ -225,7 +225,7 @@ class WarmPool:
 
     @contextlib.asynccontextmanager
     async def _open(self, preloaded: bool) -> AsyncIterator[Warm]:
-        """A warm sandbox as ``uid`` (see :meth:`.opening.Opener.zygote`), preloading ``pool_preload`` if ``preloaded``.
+        """A warm sandbox as ``uid`` (see :meth:`.opener.Opener.zygote`), preloading ``pool_preload`` if ``preloaded``.
 
         Raises:
             SandboxStartError: it did not start, or its zygote cannot fork safely.

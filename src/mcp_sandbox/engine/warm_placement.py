@@ -17,8 +17,8 @@ from mcp_sandbox.engine.disk import DiskBound, Overrun
 from mcp_sandbox.engine.interpreter import Exited
 from mcp_sandbox.engine.placement import DEATH_SETTLE_SECONDS, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.run_frames import RunRecord
 from mcp_sandbox.engine.runtimes import limits_for
-from mcp_sandbox.engine.serving import RunRecord
 from mcp_sandbox.engine.verdict import captured, death, explain_file_size, judge_fresh, timed_out
 from mcp_sandbox.engine.warm import WarmPool, fits_warm_sandbox
 from mcp_sandbox.sandbox.backends import SandboxOutcome

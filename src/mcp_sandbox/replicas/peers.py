@@ -1,6 +1,6 @@
 """The internal hop's HTTP/1.1 client: one POST to another replica, on a kept-alive connection.
 
-Its own wire (:mod:`.wire`) on anyio's TCP streams rather than httpx2, httpcore2 or h11: the hop
+Its own wire (:mod:`.hop_http`) on anyio's TCP streams rather than httpx2, httpcore2 or h11: the hop
 posts one JSON body to a known peer and reads one answer, and the general clients' layers (URL
 and header models, auth and redirect steps, the pool's locks and events, h11's event machinery)
 cost more CPU than the round trip itself (docs/performance.md, forwarding between replicas).
@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.replicas.wire import Reader, WireError, request_head
+from mcp_sandbox.replicas.hop_http import Reader, WireError, request_head
 
 __all__ = ["Broken", "PeerError", "Peers", "Reply", "Unreachable"]
 

@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 from mcp_sandbox.errors import DiskFullError, WorkspaceError
 from mcp_sandbox.events import Event, RunFinished
 from mcp_sandbox.workspace import ExecutionRecord, Metadata
+from mcp_sandbox.workspace.executions import record_execution, record_executions
 
 __all__ = ["HISTORY_DELAY", "History", "execution_record"]
 
@@ -85,12 +86,12 @@ class History:
 
     def _record_all(self, batch: list[ExecutionRecord]) -> None:
         try:
-            self._metadata.record_executions(batch)
+            record_executions(self._metadata.database, batch)
         except WorkspaceError as exc:
             if len(batch) == 1 or isinstance(exc, DiskFullError):
                 raise
             for record in batch:  # one bad row spoils only itself
                 try:
-                    self._metadata.record_execution(record)
+                    record_execution(self._metadata.database, record)
                 except WorkspaceError:
                     logger.exception("could not record an execution in the metadata database")

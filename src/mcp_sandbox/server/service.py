@@ -41,7 +41,7 @@ from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.idle_writes import IdleWrites, flushed
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Mirror
-from mcp_sandbox.replicas.opening import open_mirror
+from mcp_sandbox.replicas.mirror_opening import open_mirror
 from mcp_sandbox.replicas.parked import StoredParked
 from mcp_sandbox.replicas.running import open_replica, replica_leases
 from mcp_sandbox.replicas.shared_secret import load_shared_secret

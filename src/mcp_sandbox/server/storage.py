@@ -21,9 +21,9 @@ import anyio.to_thread
 from mcp_sandbox import tracing
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub, FilesUnsaved
-from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Changes, Mirror
+from mcp_sandbox.replicas.runner_records import record_names
 from mcp_sandbox.server.busy import Busy
 from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore
 from mcp_sandbox.workspace.fencing import Fence

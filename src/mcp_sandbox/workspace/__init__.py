@@ -5,8 +5,9 @@ import importlib
 import typing
 
 if typing.TYPE_CHECKING:
+    from mcp_sandbox.workspace.executions import ExecutionRecord
     from mcp_sandbox.workspace.files import FileEntry, Listing, OpenFile, Usage
-    from mcp_sandbox.workspace.metadata import METADATA_FILE, ConversationRecord, ExecutionRecord, Metadata
+    from mcp_sandbox.workspace.metadata import METADATA_FILE, ConversationRecord, Metadata
     from mcp_sandbox.workspace.names import RESERVED_PREFIX, check_conversation_id, check_filename
     from mcp_sandbox.workspace.removal import remove_tree
     from mcp_sandbox.workspace.retention import SweepReport, sweep
@@ -18,7 +19,8 @@ if typing.TYPE_CHECKING:
 # not the metadata database, the store or retention (bench/startup.py).
 _HOMES = {
     "files": ("FileEntry", "Listing", "OpenFile", "Usage"),
-    "metadata": ("METADATA_FILE", "ConversationRecord", "ExecutionRecord", "Metadata"),
+    "executions": ("ExecutionRecord",),
+    "metadata": ("METADATA_FILE", "ConversationRecord", "Metadata"),
     "names": ("RESERVED_PREFIX", "check_conversation_id", "check_filename"),
     "removal": ("remove_tree",),
     "retention": ("SweepReport", "sweep"),

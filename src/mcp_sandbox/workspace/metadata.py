@@ -1,4 +1,4 @@
-"""The metadata index: tenants, conversations, their files and past executions.
+"""The metadata index: tenants, conversations and their files (past executions: :mod:`.executions`).
 
 In SQLite (``state_dir/metadata.sqlite3``, :mod:`.sqlite_db`) unless ``database_url`` names a
 PostgreSQL database (:mod:`.postgres_db`); the SQL is written once here, what differs between
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcp_sandbox.errors import LeaseLostError, QuotaExceededError, WorkspaceError
@@ -28,26 +27,9 @@ from mcp_sandbox.workspace.files import FileEntry, Usage
 from mcp_sandbox.workspace.schema import MIGRATIONS
 from mcp_sandbox.workspace.writing import Admit
 
-__all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "ExecutionRecord", "Metadata"]
+__all__ = ["METADATA_FILE", "MIGRATIONS", "ConversationRecord", "Metadata"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionRecord:
-    """One finished execution, as the index keeps it: sizes, times and outcome only."""
-
-    tenant: str
-    conversation: str | None  # the workspace key, never the client's conversation id
-    language: str
-    started_at: float  # seconds since the epoch
-    duration_ms: int
-    status: str
-    exit_code: int | None
-    stdout_bytes: int
-    stderr_bytes: int
-    files_bytes: int = 0
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,69 +244,6 @@ class Metadata:
         if fence is None:
             return unfenced
         return lambda: self._db.run(lambda tx: hold(tx, self._sql, key, fence), write=False)
-
-    def record_execution(self, record: ExecutionRecord) -> None:
-        """Add one execution to the history.
-
-        Raises:
-            WorkspaceError: the database refused the write (e.g. a duplicate id).
-        """
-        self.record_executions((record,))
-
-    def record_executions(self, records: Iterable[ExecutionRecord]) -> None:
-        """Add executions to the history in one transaction: all of them, or none.
-
-        Raises:
-            WorkspaceError: the database refused the write (e.g. a duplicate id).
-        """
-        records = list(records)
-
-        def record(tx: Transaction) -> None:
-            tx.executemany(
-                "INSERT INTO tenants (name, created) VALUES (?, ?) ON CONFLICT DO NOTHING",
-                [(record.tenant, record.started_at) for record in records],
-            )
-            tx.executemany(
-                "INSERT INTO executions (id, tenant, conversation, language, started_at, duration_ms, status, "
-                "exit_code, stdout_bytes, stderr_bytes, files_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        record.id,
-                        record.tenant,
-                        record.conversation,
-                        record.language,
-                        record.started_at,
-                        record.duration_ms,
-                        record.status,
-                        record.exit_code,
-                        record.stdout_bytes,
-                        record.stderr_bytes,
-                        record.files_bytes,
-                    )
-                    for record in records
-                ],
-            )
-
-        self._db.run(record)
-
-    def prune_executions(self, before: float, keep_per_tenant: int) -> int:
-        """Delete the executions started before ``before``, then each tenant's oldest past its
-        ``keep_per_tenant`` most recent; return how many were deleted.
-
-        Raises:
-            WorkspaceError: the database refused the write.
-        """
-
-        def prune(tx: Transaction) -> int:
-            aged = tx.execute("DELETE FROM executions WHERE started_at < ?", (before,))
-            counted = tx.execute(
-                "DELETE FROM executions WHERE id IN (SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY "
-                "tenant ORDER BY started_at DESC, id DESC) AS age FROM executions) AS ranked WHERE age > ?)",
-                (keep_per_tenant,),
-            )
-            return aged + counted
-
-        return self._db.run(prune)
 
     def conversations_by_last_use(self) -> list[ConversationRecord]:
         """Every conversation, least recently used first.

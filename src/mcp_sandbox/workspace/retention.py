@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from mcp_sandbox.config import WorkspaceSettings
 from mcp_sandbox.errors import WorkspaceError
+from mcp_sandbox.workspace.executions import prune_executions
 from mcp_sandbox.workspace.metadata import Metadata
 from mcp_sandbox.workspace.store import WorkspaceStore
 
@@ -122,7 +123,7 @@ def sweep(
     report = SweepReport()
     history = workspaces
     try:
-        report.history_pruned = metadata.prune_executions(now - history.history_ttl, history.history_max_runs)
+        report.history_pruned = prune_executions(metadata.database, now - history.history_ttl, history.history_max_runs)
     except WorkspaceError as exc:
         logger.warning("retention could not prune the run history: %s", exc)
     remaining: list[_Candidate] = []

@@ -3,7 +3,7 @@
 The secret names conversation directories (so a conversation id cannot be turned into a path
 without it) and signs download URLs. It is created once, atomically, and reused: losing it
 makes every workspace unreachable (retention then deletes them) and every URL invalid.
-Replicas of one database share the first one's (``replicas/opening.py``).
+Replicas of one database share the first one's (``replicas/mirror_opening.py``).
 """
 
 from __future__ import annotations

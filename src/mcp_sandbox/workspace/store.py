@@ -28,7 +28,7 @@ from mcp_sandbox.config import DEFAULT_TENANT, WorkspaceSettings
 from mcp_sandbox.errors import QuotaExceededError, WorkspaceError
 from mcp_sandbox.tenant_uids import TenantUids
 from mcp_sandbox.workspace.changes import ChangeGate
-from mcp_sandbox.workspace.checkpoints import checkpoint_bytes, delete_checkpoints
+from mcp_sandbox.workspace.checkpoints import delete_checkpoints
 from mcp_sandbox.workspace.cloning import CloneCounts, fork_directory
 from mcp_sandbox.workspace.files import (
     DIR_FLAGS,
@@ -47,6 +47,7 @@ from mcp_sandbox.workspace.partials import MAX_DEPTH, MAX_LIST_ENTRIES, sweep_pa
 from mcp_sandbox.workspace.removal import remove_tree
 from mcp_sandbox.workspace.reservations import QuotaBook
 from mcp_sandbox.workspace.secret import derive_key
+from mcp_sandbox.workspace.usage import measure_usage
 from mcp_sandbox.workspace.writing import Admit, PendingWrite
 
 __all__ = ["MAX_DEPTH", "MAX_LIST_ENTRIES", "WorkspaceStore"]
@@ -209,46 +210,18 @@ class WorkspaceStore:
         return Listing(files=tuple(found), truncated=not walk.complete)
 
     def usage(self, key: str) -> Usage:
-        """What conversation ``key``'s quota counts: every regular file and the sum of ``st_size``, and
-        the size of its parked interpreter state (``engine/parking.py``) and its checkpoints
-        (:mod:`.checkpoints`), which are not files of it.
-
-        ``st_size`` (not allocated blocks) is what users see in listings; a sparse file counts
-        at its full size. Files the listing hides (odd names, closed directories) count too.
+        """What conversation ``key``'s quota counts (:func:`.usage.measure_usage`).
 
         Raises:
             WorkspaceError: the workspace directory cannot be read (or ``key`` is malformed).
         """
-        parked = self._parked_bytes(key) + checkpoint_bytes(self.layout, key, self.workspace_settings.quota_files)
-        root = self._open_root(key)
-        if root is None:
-            return Usage(bytes=parked, files=0)
-        total, files = parked, 0
-        try:
-            bound = max(MAX_LIST_ENTRIES, 2 * self.workspace_settings.quota_files)
-            walk = Walk(root, max_depth=MAX_DEPTH, max_entries=bound, servable_only=False)
-            for _, info in walk:
-                total += info.st_size
-                files += 1
-        except OSError as exc:  # the top directory itself (the code may chmod /workspace)
-            raise WorkspaceError(f"the conversation's workspace cannot be read: {exc.strerror}") from exc
-        finally:
-            os.close(root)
-        return Usage(bytes=total, files=files, complete=walk.complete)
-
-    def _parked_bytes(self, key: str) -> int:
-        """The size of conversation ``key``'s parked interpreter state (``engine/parking.py``), and of the one
-        its live session resumed and holds, 0 if none."""
         self.directory(key)  # the key checked before it names a path
-        total = 0
-        for path in (self.layout.parked_state(key), self.layout.held_state(key)):
-            try:
-                total += os.lstat(path).st_size
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise WorkspaceError(f"the conversation's parked state cannot be measured: {exc.strerror}") from exc
-        return total
+        root = self._open_root(key)
+        try:
+            return measure_usage(self.layout, key, root, self.workspace_settings.quota_files)
+        finally:
+            if root is not None:
+                os.close(root)
 
     def begin_write(self, key: str, name: str, tenant: str | None = None) -> PendingWrite:
         """Start writing ``name`` (creating the workspace, ``tenant``'s, and parent directories as needed).

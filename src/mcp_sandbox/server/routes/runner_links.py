@@ -8,7 +8,7 @@ where runner data is configured; other files are reached by signed links (:mod:`
 refusal is audited through the service's tally (one line a minute), never a line per request.
 With an object store, a replica that has not the adopted files (or not the current copy) reads
 them from the store, as signed links do, and serves the imported ones only
-(:mod:`~mcp_sandbox.replicas.imported`).
+(:mod:`~mcp_sandbox.replicas.runner_records`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from starlette.routing import BaseRoute, Route
 from mcp_sandbox.errors import UnavailableError, ValidationError, WorkspaceError
 from mcp_sandbox.events import FileServed
 from mcp_sandbox.replicas.files import local_is_current
-from mcp_sandbox.replicas.imported import linked_names
-from mcp_sandbox.replicas.links import linked
+from mcp_sandbox.replicas.runner_records import linked, linked_names
 from mcp_sandbox.server.routes.downloads import file_response
 from mcp_sandbox.server.service import Service
 from mcp_sandbox.workspace import OpenFile, check_filename

@@ -1,8 +1,7 @@
 """Each tool's arguments as one pydantic model: the input schema clients see and the validation calls go through.
 
 Every model refuses unknown arguments, and every optional argument takes ``null`` as "not given".
-A refused call becomes a :class:`~mcp_sandbox.errors.ValidationError` naming the first wrong
-argument by its wire name (``conversationId``, not ``conversation``). What depends on the
+A call's arguments are read through a model by :func:`.parsing.parse`. What depends on the
 deployment (the largest timeout, the languages) comes in a :class:`CallContext`, which
 ``schemas.py`` also reads for the schema, so the two say the same thing.
 """
@@ -16,7 +15,7 @@ import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import pydantic
 from pydantic import (
@@ -29,10 +28,9 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
-from pydantic_core import ErrorDetails
 
 from mcp_sandbox.bridge.search import MAX_SEARCH_RESULTS, Detail
-from mcp_sandbox.config import OUTPUT_MODES, OutputMode
+from mcp_sandbox.config import OutputMode
 from mcp_sandbox.egress import check_pattern
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.workspace import check_conversation_id, check_filename
@@ -48,8 +46,6 @@ __all__ = [
     "SearchToolsArguments",
     "ToolArguments",
     "UploadFileArguments",
-    "output_mode",
-    "parse",
 ]
 
 _MAX_CODE_BYTES = 1 << 20
@@ -313,83 +309,3 @@ class SearchToolsArguments(ToolArguments):
         if not query.strip():
             raise ValueError("must not be empty")
         return query
-
-
-_Arguments = TypeVar("_Arguments", bound=ToolArguments)
-
-# What a pydantic error type means, said the way a model reads it; the value itself is never
-# repeated for these (an environment value may be a secret).
-_TYPE_MESSAGES = {
-    "missing": "is required",
-    "string_type": "must be a string",
-    "bytes_type": "must be a string",
-    "bool_type": "must be true, false or null",
-    "float_type": "must be a number",
-    "int_type": "must be an integer",
-    "list_type": "must be a list",
-    "dict_type": "must be an object",
-}
-
-
-def _message(error: ErrorDetails, model: type[ToolArguments]) -> str:
-    kind, value, ctx = error["type"], error["input"], error.get("ctx", {})
-    if kind == "extra_forbidden":
-        expected = sorted(field.alias or name for name, field in model.model_fields.items())
-        return (
-            f"unknown argument (expected one of: {', '.join(expected)})"
-            if expected
-            else "unknown argument (none taken)"
-        )
-    if kind == "value_error":
-        return str(ctx["error"])
-    if kind in _TYPE_MESSAGES:
-        message = _TYPE_MESSAGES[kind]
-        return message if kind == "missing" else f"{message}, not {_json_type(value)}"
-    if kind == "literal_error":
-        return f"must be one of {ctx['expected']}, got {reprlib.repr(value)}"
-    if kind in ("greater_than_equal", "less_than_equal"):
-        return f"must be from {_bound(model, error, 'ge')} to {_bound(model, error, 'le')}, got {value!r}"
-    return error["msg"]
-
-
-def _bound(model: type[ToolArguments], error: ErrorDetails, bound: str) -> object:
-    """The ``ge``/``le`` bound declared on the field ``error`` is about."""
-    for name, field in model.model_fields.items():
-        if (field.alias or name) == error["loc"][0]:
-            for constraint in field.metadata:
-                if hasattr(constraint, bound):
-                    return getattr(constraint, bound)
-    return "?"
-
-
-def _json_type(value: object) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "an object"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def parse(model: type[_Arguments], arguments: Mapping[str, Any] | None, context: CallContext) -> _Arguments:
-    """Validate a call's ``arguments`` with ``model``.
-
-    Raises:
-        ValidationError: naming the first wrong argument (an unknown one first) by its wire name.
-    """
-    try:
-        return model.model_validate(arguments or {}, context=context)
-    except pydantic.ValidationError as exc:
-        errors = sorted(exc.errors(), key=lambda error: error["type"] != "extra_forbidden")
-        first = errors[0]
-        argument, *inner = first["loc"] or ("arguments",)
-        where = "".join(f"item {part}: " if isinstance(part, int) else f"{part}: " for part in inner)
-        raise ValidationError(str(argument), where + _message(first, model)) from exc
-
-
-def output_mode(arguments: Mapping[str, Any] | None, configured: OutputMode) -> OutputMode:
-    """The requested ``outputMode``, or ``configured`` when it is absent or invalid.
-
-    Read on its own, leniently, so that even a validation error renders in the mode the caller asked for.
-    """
-    raw = (arguments or {}).get("outputMode")
-    if raw in OUTPUT_MODES:
-        mode: OutputMode = raw
-        return mode
-    return configured

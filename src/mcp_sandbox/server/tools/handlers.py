@@ -35,9 +35,9 @@ from mcp_sandbox.server.tools.arguments import (
     ListRunnersArguments,
     SearchToolsArguments,
     UploadFileArguments,
-    parse,
 )
 from mcp_sandbox.server.tools.library_access import refresh_library
+from mcp_sandbox.server.tools.parsing import parse
 from mcp_sandbox.server.tools.progress import progress_listener
 from mcp_sandbox.server.tools.remote_views import VIEW_KEY, RemoteViews, ViewIds, ViewUnreachable, watched_hop
 from mcp_sandbox.server.tools.resources import RESOURCE_NOT_FOUND, read_resource

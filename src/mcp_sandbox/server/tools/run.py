@@ -27,7 +27,7 @@ from mcp_sandbox import tracing
 from mcp_sandbox.config import OutputMode, WorkspaceSettings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import ExecutionRequest, ExecutionResult, OutputListener
-from mcp_sandbox.engine.executor import Prepare
+from mcp_sandbox.engine.engine import Prepare
 from mcp_sandbox.errors import BusyError, LeaseLostError, SandboxError, ValidationError, WorkspaceError
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.replicas.forward import STATE_LOST_NOTE
@@ -38,12 +38,11 @@ from mcp_sandbox.server.tools.arguments import (
     RunArguments,
     RunCodeArguments,
     RunPythonArguments,
-    output_mode,
-    parse,
 )
 from mcp_sandbox.server.tools.checkpointing import delete_checkpoint, restore_checkpoint, save_checkpoint
 from mcp_sandbox.server.tools.forking import Fork, fork_conversation
 from mcp_sandbox.server.tools.library_access import LibraryAccess, refresh_library
+from mcp_sandbox.server.tools.parsing import output_mode, parse
 from mcp_sandbox.server.tools.render import render
 from mcp_sandbox.server.tools.run_views import STOPPED_FROM_VIEW, RunView, RunViews, listening, view_meta
 from mcp_sandbox.workspace import FileEntry

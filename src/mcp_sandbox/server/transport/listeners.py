@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 
 from mcp_sandbox.config import HttpSettings
-from mcp_sandbox.config.serving import check_internal_listener
+from mcp_sandbox.config.server_pieces import check_internal_listener
 from mcp_sandbox.errors import ConfigError
 
 __all__ = ["Listeners", "bind_listeners"]

@@ -118,7 +118,7 @@ class Server:
     """Serves EXEC frames on the connection in one :class:`MainNamespace`.
 
     ``single``: a zygote's child, made ready before its EXEC came (``namespace`` made and the
-    import caches invalidated then, see :func:`prepare_single`), which serves one run and exits:
+    workspace's packages put on ``sys.path`` then, see :func:`prepare_single`), which serves one run and exits:
     its environment is not restored after the run.
     """
 
@@ -215,7 +215,7 @@ def prepare_single() -> MainNamespace:
     compiler) are taken once on throwaway objects, for the same reason: the pages they write
     are copied now, not while the run waits.
     """
-    relay.add_packages()
+    relay.add_packages(invalidate=False)  # this process imported nothing from there yet
     namespace = MainNamespace()
     namespace.bind_library()
     for fd in (1, 2):

@@ -25,11 +25,16 @@ PACKAGES = "/workspace/.packages/python"
 _CHUNK = 64 << 10
 
 
-def add_packages() -> None:
-    """Put the workspace's packages on ``sys.path`` (after the runtime's) and forget what was not found before."""
+def add_packages(*, invalidate: bool = True) -> None:
+    """Put the workspace's packages on ``sys.path`` (after the runtime's) and forget what was not found before.
+
+    ``invalidate=False`` where no import can have looked there yet (a process before its first
+    run): forgetting then only makes the run's imports list every directory on ``sys.path`` again.
+    """
     if PACKAGES not in sys.path:
         sys.path.append(PACKAGES)
-    importlib.invalidate_caches()  # a `pip install` in an earlier run of this session made it exist
+    if invalidate:
+        importlib.invalidate_caches()  # a `pip install` in an earlier run of this session made it exist
 
 
 def _copy(source: socket.socket, sink: socket.socket) -> None:

@@ -61,11 +61,11 @@ def create(
             found, dialect = detect_runtime(sandbox)
         except BackendUnavailableError:
             found, dialect = "podman", "podman"
-        return ContainerBackend(sandbox, layout, "container", found, dialect)
+        return ContainerBackend(sandbox, layout, "container", ContainerEngine(found, dialect))
     if name not in ("podman", "docker"):
         raise ConfigError(f"backend: {name!r} is not a container backend")
     flavour: Flavour = "podman" if name == "podman" else "docker"
     # container_runtime names the CLI of its own dialect only: a podman path is not docker's.
     configured = sandbox.container_runtime
     cli = configured if configured and flavour_of(configured) == flavour else None
-    return ContainerBackend(sandbox, layout, name, cli, flavour)
+    return ContainerBackend(sandbox, layout, name, ContainerEngine(cli or flavour, flavour))

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import anyio
@@ -68,6 +69,8 @@ class ContainerEngine:
     def __init__(self, cli_name: str, flavour: Flavour) -> None:
         self.cli_name = cli_name
         self.flavour: Flavour = flavour
+        self.swept = False  # by :meth:`sweep_once`
+        self._sweeping = threading.Lock()
 
     @property
     def cli(self) -> str:
@@ -164,6 +167,13 @@ class ContainerEngine:
         """Remove one container of ours synchronously (the probe's); never raises."""
         with contextlib.suppress(BackendUnavailableError):
             self.run(self._remove_args([name]))
+
+    def sweep_once(self) -> None:
+        """:meth:`sweep`, the first time only (the first container a backend of this engine starts)."""
+        with self._sweeping:
+            if not self.swept:
+                self.sweep()
+                self.swept = True
 
     def sweep(self) -> int:
         """Remove containers of servers that are gone; return how many. Never raises."""

@@ -3,7 +3,8 @@
 A sandbox is one container, started with ``<cli> run`` attached: the client's stdout/stderr
 are the container's, its exit code the container's. Killing the client would leave the
 container running, so a sandbox is always ended by name (``rm --force``, see ``engine.py``);
-containers a crashed server left behind are swept by label when a backend first starts one.
+containers a crashed server left behind are swept by label when a backend of the engine
+(``engine.py``) first starts one.
 What a start gives back, the running container, is ``running.py``'s.
 
 Where the host gives us cgroups (root, v1) and the engine places containers with cgroupfs
@@ -113,16 +114,12 @@ class ContainerBackend:
     warm_pool = False
     sized_scratch = False  # /data and /workspace must be one directory: a bound host one, watched
 
-    def __init__(
-        self, sandbox: SandboxSettings, layout: StateLayout, name: str, cli: str | None, flavour: Flavour
-    ) -> None:
+    def __init__(self, sandbox: SandboxSettings, layout: StateLayout, name: str, engine: ContainerEngine) -> None:
         self.name = name
-        self.engine = ContainerEngine(cli or flavour, flavour)
+        self.engine = engine  # backends of one engine share its facts and its one sweep
         self._sandbox = sandbox
         self._layout = layout
         self._cgroups: CgroupSupport | None = None
-        self._swept = False
-        self._sweep_lock = anyio.Lock()
         self._profiles: dict[bool, str] = {}  # by egress
 
     @property
@@ -226,19 +223,14 @@ class ContainerBackend:
             cgroup_manager=self._cgroup_manager if parent is not None else None,
         )
 
-    async def _sweep_once(self) -> None:
-        async with self._sweep_lock:
-            if not self._swept:
-                self._swept = True
-                await anyio.to_thread.run_sync(self.engine.sweep)
-
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[ContainerBackend]:
         """Nothing to keep in the background (whole containers are started ahead by ``engine/prestart.py``)."""
         yield self
 
     async def start(self, policy: SandboxPolicy) -> ContainerSandbox:
-        await self._sweep_once()
+        if not self.engine.swept:
+            await anyio.to_thread.run_sync(self.engine.sweep_once)
         if self.flavour == "docker":
             policy = with_connector(policy)
         cli = self.engine.cli

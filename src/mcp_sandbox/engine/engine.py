@@ -3,9 +3,9 @@
 Every run first takes a slot of the admission control (:mod:`.admission`), then goes to the first
 placement (:mod:`.placement`) that accepts it and has a sandbox for it: its session's interpreter
 (:mod:`.sessions`; a new one is born of a session-ready sandbox of its tenant's host uid,
-:mod:`.ready_uids`, where one fits), a warm sandbox's forked child (:mod:`.warm`), a pre-started
+:mod:`.ready_by_uid`, where one fits), a warm sandbox's forked child (:mod:`.warm`), a pre-started
 single-use sandbox (:mod:`.prestart`), else a fresh sandbox of its own (:mod:`.fresh`); warm and pre-started ones
-of its tenant's host uid only (:mod:`.uid_pools`). A run granted network never takes a warm or
+of its tenant's host uid only (:mod:`.pools_by_uid`). A run granted network never takes a warm or
 pre-started sandbox. Sessions and the pools need an owner for their sandboxes:
 ``async with engine.running():``. A run with a ``session`` key outside it raises
 ``RuntimeError``; runs without one work either way (cold).
@@ -27,17 +27,17 @@ from mcp_sandbox.engine.admission import Admission
 from mcp_sandbox.engine.fork_state import ForkState, Spool
 from mcp_sandbox.engine.fresh import FreshPlacement
 from mcp_sandbox.engine.interpreter import Interpreter
-from mcp_sandbox.engine.opening import Opener
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.placement import Placement
+from mcp_sandbox.engine.pools_by_uid import PoolsByUid
 from mcp_sandbox.engine.prestart import PrestartPool
 from mcp_sandbox.engine.ready import ReadyPool
-from mcp_sandbox.engine.ready_uids import ReadyByUid
+from mcp_sandbox.engine.ready_by_uid import ReadyByUid
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.scratch import sweep_scratch
 from mcp_sandbox.engine.session_runs import SessionPlacement
 from mcp_sandbox.engine.sessions import SessionManager
-from mcp_sandbox.engine.uid_pools import PoolsByUid
 from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.events import EventHub, RunAdmitted
 from mcp_sandbox.sandbox.backends import Backend

@@ -1,6 +1,6 @@
 """Session-ready sandboxes per host uid: a new session is born only of a sandbox of its own tenant's uid.
 
-As the warm and pre-started pools are (:mod:`.uid_pools`): ``sandbox_uid``'s pool (the ``default``
+As the warm and pre-started pools are (:mod:`.pools_by_uid`): ``sandbox_uid``'s pool (the ``default``
 tenant's, and every tenant's where all share one uid) is kept while the engine runs; another uid's
 is made on its tenant's first conversation run (that run starts its session from nothing; the
 pool's sandboxes start then), keeps ``session_ready`` sandboxes (at most
@@ -19,10 +19,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from mcp_sandbox.config import EngineSettings
-from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.per_uid import UidRegistry
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.ready import ReadyPool, ReadySandbox
 from mcp_sandbox.engine.ready_sizing import ReadyBudget
+from mcp_sandbox.engine.uid_registry import UidRegistry
 
 __all__ = ["ReadyByUid"]
 

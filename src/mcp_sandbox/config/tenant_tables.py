@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp_sandbox.config.settings import Settings
-from mcp_sandbox.config.tenants import TENANT_DEFAULTS, Tenant
+from mcp_sandbox.config.tenant import TENANT_DEFAULTS, Tenant
 from mcp_sandbox.errors import ConfigError
 
 __all__ = ["read_tenants", "with_tenant_caps"]

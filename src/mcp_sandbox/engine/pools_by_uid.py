@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import anyio
 
 from mcp_sandbox.config import AdmissionSettings, EngineSettings, PoolSettings
-from mcp_sandbox.engine.opening import Opener
-from mcp_sandbox.engine.per_uid import UidRegistry
+from mcp_sandbox.engine.opener import Opener
 from mcp_sandbox.engine.placement import Placement
 from mcp_sandbox.engine.prestart import DEFAULT_SIZES, PrestartPlacement, PrestartPool
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult
+from mcp_sandbox.engine.uid_registry import UidRegistry
 from mcp_sandbox.engine.warm import WarmPool
 from mcp_sandbox.engine.warm_placement import WarmPlacement
 

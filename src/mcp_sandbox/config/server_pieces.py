@@ -32,7 +32,7 @@ from mcp_sandbox.config.fields import (
 )
 from mcp_sandbox.config.fields import port as tcp_port  # HttpSettings' field `port` shadows the check
 from mcp_sandbox.config.secrets import SecretSpec
-from mcp_sandbox.config.tenants import Tenant
+from mcp_sandbox.config.tenant import Tenant
 from mcp_sandbox.errors import ConfigError
 
 __all__ = ["AdmissionSettings", "CodeModeSettings", "EgressSettings", "HttpSettings", "check_internal_listener"]

@@ -3,7 +3,7 @@
 Every placement and pool opens its sandboxes through one :class:`Opener`: a fresh run's
 interpreter, a zygote (a warm or pre-started Python sandbox), a pre-started single-use sandbox,
 a session's sandbox. It holds the backend, the state directory's layout, what a run may send the
-host (:class:`.serving.RunCaps`, built from the settings by :func:`run_caps`) and the egress
+host (:class:`.run_frames.RunCaps`, built from the settings by :func:`run_caps`) and the egress
 audit log, opened on the first run granted network.
 """
 
@@ -33,9 +33,9 @@ from mcp_sandbox.egress import (
 )
 from mcp_sandbox.engine.interpreter import Interpreter, open_interpreter
 from mcp_sandbox.engine.result import ExecutionRequest
+from mcp_sandbox.engine.run_frames import RunCaps
 from mcp_sandbox.engine.runtimes import policy_for, python_policy, with_egress, with_file_size, zygote_policy
 from mcp_sandbox.engine.scratch import remove_shielded, scratch_workspace
-from mcp_sandbox.engine.serving import RunCaps
 from mcp_sandbox.engine.tools_view import ToolsView
 from mcp_sandbox.errors import ConfigError, SandboxStartError
 from mcp_sandbox.events import Observer, PoolStarted, unheard

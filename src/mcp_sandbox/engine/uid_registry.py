@@ -5,7 +5,7 @@ caller keeps for the engine's life): :meth:`UidRegistry.use` makes the uid's ite
 use and starts keeping it (the ``keep`` context entered in the registry's task group), counts the
 uses in progress, and a loop retires each item no use has touched for ``idle_for``: the ``keep``
 context is left (what it does on the way out is the item's retirement). The warm and pre-started
-pools (:mod:`.uid_pools`) and the session-ready pools (:mod:`.ready_uids`) are kept this way.
+pools (:mod:`.pools_by_uid`) and the session-ready pools (:mod:`.ready_by_uid`) are kept this way.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionResult
+from mcp_sandbox.engine.pools_by_uid import UidPools
 from mcp_sandbox.engine.runtimes import js_binary
-from mcp_sandbox.engine.uid_pools import UidPools
 from mcp_test_helpers import host_uid
 
 from .conftest import RunningEngine

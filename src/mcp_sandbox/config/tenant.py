@@ -1,6 +1,6 @@
 """A tenant's settings (its egress rules) and the per-tenant caps a server of several tenants applies.
 
-Read from the ``[tenants.<name>]`` tables and finished by :mod:`.tenancy`.
+Read from the ``[tenants.<name>]`` tables and finished by :mod:`.tenant_tables`.
 """
 
 from __future__ import annotations
