@@ -319,7 +319,7 @@ async def open_service(
             leases = None
             if http and settings.replicas.replica_url is not None:
                 leases = replica_leases(
-                    settings.replicas, metadata.database, engine.end_session, busy.now, engine.live_sessions
+                    settings.replicas, metadata.database, engine.end_session, busy, engine.live_sessions
                 )
             storage = Storage(workspaces, metadata, events, busy, mirror=mirror, leases=leases, runner_data=runner_data)
             idle = None  # later writes of sessions
