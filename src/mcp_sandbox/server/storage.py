@@ -19,6 +19,7 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox import tracing
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub, FilesUnsaved
 from mcp_sandbox.replicas.imported import record_names
@@ -26,6 +27,7 @@ from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.server.busy import Busy
 from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore
+from mcp_sandbox.workspace.checkpoints import Checkpoints
 from mcp_sandbox.workspace.fencing import Fence
 from mcp_sandbox.workspace.runner_data import RunnerData
 
@@ -33,9 +35,12 @@ __all__ = ["Storage"]
 
 
 class Storage:
-    """The conversations' files and records. ``mirror``: the object store's copy (None: local disk
-    only); ``leases``: this replica's (None: one server); ``runner_data``: the earlier runner's
-    data, imported at start."""
+    """The conversations' files and records (built by :func:`.openers.open_storage`). ``secret``: the
+    server's (shared through the database when database_url is set): keys derive from it;
+    ``mirror``: the object store's copy (None: local disk only); ``leases``: this replica's, which
+    fence what calls record (None: one server); ``runner_data``: the earlier runner's data,
+    imported at start; ``parked``: the parked interpreter states (sessions idle, and checkpoints'
+    variables), signed; ``checkpoints``: the checkpoints' files."""
 
     def __init__(
         self,
@@ -44,21 +49,27 @@ class Storage:
         events: EventHub,
         busy: Busy,
         *,
+        secret: bytes,
         mirror: Mirror | None,
         leases: Leases | None,
         runner_data: RunnerData | None,
+        parked: ParkedStates,
+        checkpoints: Checkpoints,
     ) -> None:
         self.workspaces = workspaces
         self.metadata = metadata
+        self.secret = secret
         self.mirror = mirror
+        self.leases = leases
         self.runner_data = runner_data
+        self.parked = parked
+        self.checkpoints = checkpoints
         self._events = events
         self._busy = busy
-        self._leases = leases
 
     def fence(self, key: str) -> Fence | None:
         """The lease conversation ``key``'s writes are fenced by now (:mod:`.workspace.fencing`); None: one server."""
-        return None if self._leases is None else Fence(self._leases.table.me, self._leases.epoch(key))
+        return None if self.leases is None else Fence(self.leases.table.me, self.leases.epoch(key))
 
     async def touch(self, key: str, tenant: str, conversation: str | None = None) -> Path:
         """Create the conversation's directory if needed and mark it used now (call it within
@@ -70,7 +81,7 @@ class Storage:
         """
         existed = await anyio.to_thread.run_sync(self.workspaces.directory(key).is_dir)
         # First seen here: another server of the store may have written it (replicas restore per lease).
-        if not existed and self.mirror is not None and self._leases is None:
+        if not existed and self.mirror is not None and self.leases is None:
             restored = await anyio.to_thread.run_sync(
                 self.workspaces.gate.run, key, self.mirror.restore_new, key, tenant
             )
