@@ -12,6 +12,7 @@ replica's leases and forwarding (:mod:`mcp_sandbox.replicas`), given back on dra
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import time
@@ -19,15 +20,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
-import anyio.to_thread
 
-from mcp_sandbox.bridge.discovery import Discovery, discover
+from mcp_sandbox.bridge.discovery import Discovery
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
-from mcp_sandbox.config import Settings
+from mcp_sandbox.config import Settings, WorkspaceSettings
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.parking import ParkedStates
-from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub
 from mcp_sandbox.provision import js_status
 from mcp_sandbox.replicas.forward import Router
@@ -49,7 +48,7 @@ from mcp_sandbox.server.storage import Storage
 from mcp_sandbox.server.tasks.runtime import Tasks
 from mcp_sandbox.server.urls import UrlSigner
 from mcp_sandbox.state import StateLayout
-from mcp_sandbox.workspace import Metadata, WorkspaceStore, derive_key, sweep
+from mcp_sandbox.workspace import Metadata, WorkspaceStore, derive_key
 from mcp_sandbox.workspace.checkpoints import Checkpoints
 from mcp_sandbox.workspace.runner_data import RunnerData
 
@@ -131,34 +130,14 @@ class Service:
         """Whether runs can be served now: not draining, and the warm pool up where there is one."""
         return ready(self.engine, self.lifecycle, self.settings.pool.pool_min)
 
-    async def reload_servers(self) -> list[str]:
-        """Re-read the downstream servers' tool allow/deny lists (SIGHUP)."""
-        fresh = await anyio.to_thread.run_sync(discover, self.settings.replace(config_read=None))  # read anew
-        return self.mediator.reload_policies(fresh)
 
-    async def sweep(self) -> None:
-        """Apply the retention policy now; conversations busy here, or leased by any replica, are spared."""
-        forget = None if self.mirror is None else self.mirror.forget
-        try:
-            leased = set() if self.router is None else await anyio.to_thread.run_sync(self.router.leases.live)
-        except WorkspaceError as exc:
-            logger.warning("retention skipped: the conversations other replicas use cannot be read: %s", exc)
-            return
-        busy = self.busy.from_thread(leased)
-        report = await anyio.to_thread.run_sync(
-            lambda: sweep(self.workspaces, self.metadata, self.settings.workspaces, time.time(), busy, forget)
-        )
-        if report.removed or report.failed or report.history_pruned:
-            logger.info("retention: %s", report.summary())
-
-
-async def _sweep_periodically(service: Service) -> None:
+async def _sweep_periodically(storage: Storage, limits: WorkspaceSettings) -> None:
     while True:
         try:
-            await service.sweep()
+            await storage.sweep(limits)
         except OSError as exc:
             logger.error("retention sweep failed: %s", exc)
-        await anyio.sleep(service.settings.workspaces.retention_interval)
+        await anyio.sleep(limits.retention_interval)
 
 
 @contextlib.asynccontextmanager
@@ -210,10 +189,10 @@ async def open_service(
             router=replication.router,
             tasks=server_tasks(settings, storage, group, events, replication.router),
         )
-        lifecycle.on_reload("servers", service.reload_servers)
+        lifecycle.on_reload("servers", functools.partial(mediator.reload, settings))
         group.start_soon(service.tasks.keep)
         group.start_soon(replication.keep)
-        group.start_soon(_sweep_periodically, service)
+        group.start_soon(_sweep_periodically, storage, settings.workspaces)
         group.start_soon(flush_periodically, observers.refusals)
         # What is alive now (the SDK's and pydantic's models, the engine) lives as long as the
         # service: the cyclic GC stops walking it, whose full collections otherwise stall a

@@ -1,7 +1,7 @@
 """A conversation's storage as calls see it: its directory, its metadata rows, its object-store copy.
 
 Each step reaches a disk, a database or the object store, so each runs in a worker thread
-here and nowhere else in the server: the tools and the routes await :class:`Storage`'s methods.
+here: the tools, the routes and the service's retention await :class:`Storage`'s methods.
 Among replicas, what a call records is fenced by the lease it runs under
 (:mod:`mcp_sandbox.workspace.fencing`); the earlier code runner's imported files are adopted by
 the conversation that first names them.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox import tracing
+from mcp_sandbox.config import WorkspaceSettings
 from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.events import EventHub, FilesUnsaved
@@ -26,12 +28,14 @@ from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.server.busy import Busy
-from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore
+from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore, sweep
 from mcp_sandbox.workspace.checkpoints import Checkpoints
 from mcp_sandbox.workspace.fencing import Fence
 from mcp_sandbox.workspace.runner_data import RunnerData
 
 __all__ = ["Storage"]
+
+logger = logging.getLogger(__name__)
 
 
 class Storage:
@@ -148,6 +152,22 @@ class Storage:
             restore = functools.partial(self.mirror.restore, key, tenant, epoch)
             restored = await anyio.to_thread.run_sync(self.workspaces.gate.run, key, restore)
             self._count_unsaved(key, restored)
+
+    async def sweep(self, limits: WorkspaceSettings) -> None:
+        """Apply the retention policy now; conversations busy here (:class:`.Busy`), or leased by any
+        replica, are spared."""
+        forget = None if self.mirror is None else self.mirror.forget
+        try:
+            leased = set() if self.leases is None else await anyio.to_thread.run_sync(self.leases.live)
+        except WorkspaceError as exc:
+            logger.warning("retention skipped: the conversations other replicas use cannot be read: %s", exc)
+            return
+        busy = self._busy.from_thread(leased)
+        report = await anyio.to_thread.run_sync(
+            lambda: sweep(self.workspaces, self.metadata, limits, time.time(), busy, forget)
+        )
+        if report.removed or report.failed or report.history_pruned:
+            logger.info("retention: %s", report.summary())
 
     def _count_unsaved(self, key: str, changes: Changes) -> None:
         if changes.unsaved:
