@@ -28,10 +28,12 @@ from mcp_sandbox.replicas.imported import record_names
 from mcp_sandbox.replicas.leases import Leases
 from mcp_sandbox.replicas.mirror import Changes, Mirror
 from mcp_sandbox.server.busy import Busy
-from mcp_sandbox.workspace import FileEntry, Metadata, WorkspaceStore, sweep
+from mcp_sandbox.workspace import ConversationRecord, FileEntry, Listing, Metadata, WorkspaceStore, sweep
 from mcp_sandbox.workspace.checkpoints import Checkpoints
+from mcp_sandbox.workspace.cloning import CloneCounts
 from mcp_sandbox.workspace.fencing import Fence
 from mcp_sandbox.workspace.runner_data import RunnerData
+from mcp_sandbox.workspace.writing import Admit
 
 __all__ = ["Storage"]
 
@@ -168,6 +170,54 @@ class Storage:
         )
         if report.removed or report.failed or report.history_pruned:
             logger.info("retention: %s", report.summary())
+
+    # One step each, one hop each: what the tools and the routes read and change.
+
+    async def conversations_of(self, tenant: str) -> list[ConversationRecord]:
+        """``tenant``'s conversations, most recently used first (WorkspaceError: the database refused)."""
+        return await anyio.to_thread.run_sync(self.metadata.conversations_of, tenant)
+
+    async def list_files(self, key: str) -> Listing:
+        """The conversation's files on disk, nothing recorded (:meth:`refresh_files` records them)."""
+        return await anyio.to_thread.run_sync(self.workspaces.list_files, key)
+
+    async def write_file(self, key: str, name: str, content: bytes, admit: Admit | None) -> FileEntry:
+        """Store ``content`` as ``name``, atomically, admitted by ``admit`` (:meth:`.WorkspaceStore.write_file`)."""
+        return await anyio.to_thread.run_sync(self.workspaces.write_file, key, name, iter([content]), None, admit)
+
+    async def take_state_lost(self, key: str) -> str | None:
+        """Why conversation ``key``'s interpreter was lost since its last run (a lease lapsed, its replica
+        stopped), taken: said once; None when it was not, or on one server.
+
+        Raises:
+            WorkspaceError: the database cannot say now (the mark stays).
+        """
+        return None if self.leases is None else await anyio.to_thread.run_sync(self.leases.table.take_lost, key)
+
+    async def checkpoint_names(self, key: str) -> list[str]:
+        return await anyio.to_thread.run_sync(self.checkpoints.names, key)
+
+    async def save_checkpoint(self, key: str, name: str, tenant: str) -> CloneCounts:
+        return await anyio.to_thread.run_sync(self.checkpoints.save, key, name, tenant)
+
+    async def restore_checkpoint(self, key: str, name: str, tenant: str) -> CloneCounts:
+        return await anyio.to_thread.run_sync(self.checkpoints.restore, key, name, tenant)
+
+    async def delete_checkpoint(self, key: str, name: str) -> int | None:
+        """Delete checkpoint ``name`` of ``key``; the bytes freed, None: no such checkpoint."""
+        return await anyio.to_thread.run_sync(self.checkpoints.delete, key, name)
+
+    async def fork(self, source: str, key: str, tenant: str) -> CloneCounts:
+        """Copy conversation ``source``'s files into the new conversation ``key``."""
+        return await anyio.to_thread.run_sync(self.workspaces.fork, source, key, tenant)
+
+    async def fork_checkpoint(self, source: str, name: str, key: str, tenant: str) -> CloneCounts:
+        """Copy checkpoint ``name`` of ``source`` as the new conversation ``key``'s files."""
+        return await anyio.to_thread.run_sync(self.checkpoints.fork, source, name, key, tenant)
+
+    async def discard_parked(self, key: str) -> None:
+        """Delete the parked state ``key`` (a conversation's, or a checkpoint's), here and in the object store."""
+        await anyio.to_thread.run_sync(self.parked.discard, key)
 
     def _count_unsaved(self, key: str, changes: Changes) -> None:
         if changes.unsaved:
