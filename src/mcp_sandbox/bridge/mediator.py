@@ -90,6 +90,12 @@ class Mediator:
         self.discovery = dataclasses.replace(self.discovery, servers=servers)
         return notes
 
+    async def reload(self, settings: Settings) -> list[str]:
+        """Discover the downstream servers anew, the config files read again, and take their tool
+        allow- and deny-lists (:meth:`reload_policies`: SIGHUP); return what changed."""
+        fresh = await anyio.to_thread.run_sync(discover, settings.replace(config_read=None))
+        return self.reload_policies(fresh)
+
     def known_tool(self, alias: str, name: str) -> str | None:
         """The listed tool of ``alias`` called ``name`` (or by its Python name), if its stubs are made."""
         stubs = self._stubs.get(alias)
