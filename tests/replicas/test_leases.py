@@ -2,7 +2,7 @@
 
 Two replicas are two :class:`LeaseTable` views of one database under different ``replica_url``s;
 the router's forwarding goes to a real closed port (a replica that died). The whole servers are
-tests/replicas/test_replicas.py's.
+tests/replicas/test_forwarding.py's, test_handover.py's and test_internal_route.py's.
 """
 
 from __future__ import annotations
