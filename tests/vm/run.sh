@@ -18,6 +18,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 vm=${1:-.vm}
+mkdir -p "$vm"
+vm=$(cd "$vm" && pwd)  # absolute: qemu's shares need it
 python=${PYTHON:-.venv/bin/python}
 boot_bound=${VM_BOOT_BOUND:-3600}
 log() { echo "vm-test: $*" >&2; }
@@ -63,10 +65,10 @@ timeout "$boot_bound" nice qemu-system-x86_64 \
     -kernel "$vm/image/vmlinuz" -initrd "$vm/image/initrd.img" \
     -append 'root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 mcpvm.job=1 quiet' \
     -drive "file=$vm/image/rootfs.img,format=raw,if=virtio,cache=unsafe,snapshot=on" \
-    -virtfs "local,path=$PWD/$ctl,mount_tag=ctl,security_model=none" \
+    -virtfs "local,path=$ctl,mount_tag=ctl,security_model=none" \
     -virtfs "local,path=$PWD,mount_tag=src,security_model=none,readonly=on" \
-    -virtfs "local,path=$PWD/$wheels,mount_tag=wheelhouse,security_model=none,readonly=on" \
-    -virtfs "local,path=$PWD/$images,mount_tag=images,security_model=none,readonly=on" \
+    -virtfs "local,path=$wheels,mount_tag=wheelhouse,security_model=none,readonly=on" \
+    -virtfs "local,path=$images,mount_tag=images,security_model=none,readonly=on" \
     -nic none -display none -serial "file:$ctl/console.log" -monitor none
 qemu_rc=$?
 set -e
@@ -78,7 +80,10 @@ for f in "$ctl"/*.log; do
     tail -n 60 "$f"
 done
 booted=$(grep -ao 'mcp-vm-job: booted in [0-9.]*' "$ctl/console.log" | grep -o '[0-9.]*$' || true)
-log "image: $(( t1 - t0 )) s; wheelhouse and podman image: $(( t2 - t1 )) s; guest run: $(( t3 - t2 )) s (boot to job: ${booted:-?} s)"
+done_at=$(grep -ao 'job done at [0-9.]*' "$ctl/job.log" 2>/dev/null | grep -o '[0-9.]*$' || true)
+job=$(awk -v b="${booted:-x}" -v d="${done_at:-x}" 'BEGIN {if (b == "x" || d == "x") print "?"; else printf "%.0f", d - b}')
+log "image: $(( t1 - t0 )) s; wheelhouse and podman image: $(( t2 - t1 )) s; guest run: $(( t3 - t2 )) s" \
+    "(boot to job: ${booted:-?} s, job: $job s, job done at ${done_at:-?} s of uptime)"
 if [ "$qemu_rc" != 0 ]; then
     log "ERROR: qemu exited $qemu_rc (124: the guest ran past $boot_bound s)"
     exit 1
