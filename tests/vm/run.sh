@@ -61,7 +61,7 @@ fi
 log "booting the guest (image $(( t1 - t0 )) s, wheelhouse and podman image $(( t2 - t1 )) s)"
 set +e
 timeout "$boot_bound" nice qemu-system-x86_64 \
-    -accel tcg,thread=multi -cpu max -m 3072 -smp 2 -no-reboot \
+    -accel tcg,thread=multi -cpu max -m 4096 -smp 2 -no-reboot \
     -kernel "$vm/image/vmlinuz" -initrd "$vm/image/initrd.img" \
     -append 'root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 mcpvm.job=1 quiet' \
     -drive "file=$vm/image/rootfs.img,format=raw,if=virtio,cache=unsafe,snapshot=on" \
