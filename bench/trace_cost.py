@@ -9,9 +9,11 @@ every span of a traced run is made, ended and exported. Every third round both s
 a run without one (on the traced server, a trace of its own). Then the price of the off path
 itself, in process: ``mcp_sandbox.tracing.span`` with no span recording, per call, and the number
 of such look-ups a run makes; and the span middleware of each message the server takes (this
-server's, and the MCP SDK's it replaces) with no tracer provider installed. Medians and p95 in
-milliseconds. Nothing is asserted; absolute numbers drift +-30% between runs on a shared 2-core
-machine.
+server's, and the MCP SDK's it replaces) with no tracer provider installed; then, with one, each
+part of a traced run's span (extracting the ``traceparent``, starting, telling the run, ending) and
+what the exporter's thread spends on a span (OTLP encoding, a gRPC export to the receiver), in
+CPU time of the calling thread. Medians and p95 in milliseconds. Nothing is asserted; absolute
+numbers drift +-30% between runs on a shared 2-core machine.
 
 Run: `.venv/bin/python bench/trace_cost.py [--runs N]`.
 """
@@ -36,6 +38,8 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.server._otel import OpenTelemetryMiddleware as SdkSpans
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind
 
 from mcp_sandbox import tracing
 from mcp_sandbox.tracing.requests import RequestSpans
@@ -169,12 +173,104 @@ async def main(runs: int) -> None:
         drive = functools.partial(_drive, middleware)
         per_message = min(timeit.repeat(drive, number=loops // 10, repeat=5)) / loops * 10 * 1e6
         print(f"  {label + ', per message':<48} {per_message:8.3f} us")
+    _parts_on()
     added = {
         "wall_ms": round(medians["on"] - medians["off"], 3),
         "cpu_ms": round(cpu["on"] - cpu["off"], 3),
         "loop_cpu_ms": round(loop["on"] - loop["off"], 3),
     }
     print(json.dumps({"added": added, "off_path_us": round(per_call, 3)}))
+
+
+def _per_call_us(call: Any, number: int) -> float:
+    """``call``'s CPU time in this thread, in us: the best of five rounds of ``number`` calls."""
+    return min(timeit.repeat(call, number=number, repeat=5, timer=time.thread_time)) / number * 1e6
+
+
+def _valid(context: Any) -> bool:
+    """What ``tracing.remote_parent`` checks of what it extracted (to compare like with like)."""
+    from opentelemetry import trace
+
+    return bool(trace.get_current_span(context).get_span_context().is_valid)
+
+
+def _parts_on() -> None:
+    """Each part of a traced warm run's span, in process (CPU time of this thread, best of five rounds): what the
+    event loop does for it, and what the exporter's thread does for it, against an OTLP/gRPC receiver on loopback.
+    A tight loop keeps all of it in the CPU's caches: in the running server each part costs several times more."""
+    from opentelemetry import propagate, trace
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import Span as SdkSpan
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    with grpc_receiver() as (endpoint, _):
+        exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
+        provider = TracerProvider(shutdown_on_exit=False)
+        # Nothing exported while timing (the queue holds every span ended), so no other thread runs meanwhile.
+        provider.add_span_processor(BatchSpanProcessor(exporter, 1 << 20, 3_600_000, 1 << 19))
+        trace.set_tracer_provider(provider)
+        tracer = trace.get_tracer(tracing.SCOPE)
+        call = _Call()
+        parent = tracing.remote_parent(call.meta)
+        name, kind = "tools/call run_python", SpanKind.SERVER
+        started = {  # what RequestSpans starts it with
+            "mcp.method.name": "tools/call",
+            "mcp.protocol.version": call.protocol_version,
+            "jsonrpc.request.id": "1",
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": "run_python",
+        }
+        placed: dict[str, tracing.AttributeValue] = {
+            "mcp_sandbox.language": "python",
+            "mcp_sandbox.network": False,
+            "mcp_sandbox.placement": "warm",
+        }
+        ended: dict[str, tracing.AttributeValue] = {
+            "mcp_sandbox.run.status": "success",
+            "mcp_sandbox.run.done": True,
+            "mcp_sandbox.run.exit_code": 0,
+        }
+        number = 2_000
+        name, kind = "tools/call run_python", SpanKind.SERVER
+        spans = [tracer.start_span(name, parent, kind, started) for _ in range(5 * number)]
+        pending = iter(spans)
+
+        def tell() -> None:
+            opened = next(pending)
+            opened.add_event("mcp_sandbox.run.start")
+            opened.set_attributes(placed)
+            opened.set_attributes(ended)
+
+        def attach() -> None:
+            otel_context.detach(otel_context.attach(trace.set_span_in_context(spans[0])))
+
+        parts = {
+            "extract _meta: the configured propagators": lambda: _valid(propagate.extract(call.meta)),
+            "extract _meta: W3C (tracing.remote_parent)": lambda: tracing.remote_parent(call.meta),
+            "start_span, 5 attributes": lambda: tracer.start_span(name, parent, kind, started),
+            "attach and detach it": attach,
+            "tell the run: an event, 6 attributes": tell,
+        }
+        print("\ntracing on, in process (us of this thread's CPU)")
+        for label, part in parts.items():
+            print(f"  {label:<48} {_per_call_us(part, number):8.3f}")
+        pending = iter(spans)
+        print(f"  {'end it (into the batch queue)':<48} {_per_call_us(lambda: next(pending).end(), number):8.3f}")
+        drive = functools.partial(_drive, RequestSpans())
+        print(f"  {'RequestSpans, per traced message (all of it)':<48} {_per_call_us(drive, number // 4):8.3f}")
+        # An ended SDK span is the ReadableSpan its processors get.
+        readable = [opened for opened in spans if isinstance(opened, SdkSpan) and not opened.is_recording()][:512]
+        print("  the exporter's thread, per span of a batch of 512")
+        encoding, sending = (
+            _per_call_us(lambda: encode_spans(readable), 3),
+            _per_call_us(lambda: exporter.export(readable), 3),
+        )
+        print(f"  {'  encode for OTLP':<48} {encoding / 512:8.3f}")
+        print(f"  {'  export over gRPC (encode included)':<48} {sending / 512:8.3f}")
+        print(f"  {'  export of one span alone':<48} {_per_call_us(lambda: exporter.export(readable[:1]), 20):8.3f}")
+        # No shutdown: it would export the thousands of spans queued; the exporter's thread dies with the process.
 
 
 if __name__ == "__main__":

@@ -332,8 +332,9 @@ async def replica_set(
             yield ReplicaSet(url, replicas, store, database_url, token, metrics_token, root)
     finally:
         with anyio.CancelScope(shield=True):
-            for replica in replicas:
-                await replica.stop()
+            async with anyio.create_task_group() as group:
+                for replica in replicas:
+                    group.start_soon(replica.stop)
             for state_dir in mounted:
                 await anyio.run_process(["umount", "-l", str(state_dir)])
         remove_tree(root)

@@ -142,7 +142,6 @@ _SERIAL_MODULES = frozenset(
     {
         "tests/replicas/test_nemesis.py",
         "tests/engine/test_ready_by_uid.py",
-        "tests/bridge/test_clients.py",
     }
 )
 _ROOT = Path(__file__).resolve().parents[1]

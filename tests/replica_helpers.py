@@ -10,11 +10,14 @@ start it again (:meth:`Replica.restart`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,25 +25,34 @@ from typing import IO, Any
 
 import anyio
 import anyio.abc
+import httpx2
 import psycopg
 from mcp.types import CallToolResult
 
-from mcp_sandbox.workspace import remove_tree
+from mcp_sandbox.workspace import derive_key, remove_tree
 from mcp_test_helpers import CALL_BOUND, _server_env, _stop_server, _wait_listening, free_port, http_client
 
 __all__ = [
+    "METRICS_TOKEN",
     "TOKEN",
     "InternalHop",
     "Replica",
     "call",
+    "conversation_key",
     "lease_rows",
     "long_run",
+    "owners",
     "replicas",
     "replicas_apart",
+    "run",
+    "runs_running",
     "shared_secret",
+    "structured_data",
+    "until",
 ]
 
 TOKEN = "replica-token-0123456789abcdef"
+METRICS_TOKEN = "replica-metrics-token-0123456789"
 
 
 def long_run(marker: str) -> str:
@@ -174,28 +186,36 @@ async def _replicas(
     count: int, database_url: str, runtime: Path | None, hop: InternalHop | None, env: dict[str, str]
 ) -> AsyncIterator[list[Replica]]:
     with _state_dirs(count) as states, contextlib.ExitStack() as logs:
-        started: list[Replica] = []
+        slots: list[Replica | None] = [None] * count
+
+        async def start(n: int) -> None:
+            url, log = f"http://127.0.0.1:{free_port()}", logs.enter_context(tempfile.TemporaryFile())
+            replica_url, own = hop.of(n, free_port()) if hop is not None else (url, {})
+            own["MCP_SANDBOX_REPLICA_URL"] = replica_url
+
+            def launch() -> Awaitable[anyio.abc.Process]:
+                return _launch(url, states[n], log, database_url, runtime, {**own, **env})
+
+            slots[n] = Replica(url, states[n], await launch(), log, launch, replica_url)
+
         try:
-            for n, state in enumerate(states):
-                url, log = f"http://127.0.0.1:{free_port()}", logs.enter_context(tempfile.TemporaryFile())
-                replica_url, own = hop.of(n, free_port()) if hop is not None else (url, {})
-                own["MCP_SANDBOX_REPLICA_URL"] = replica_url
-
-                def launch(
-                    url: str = url, state: Path = state, log: IO[bytes] = log, own: dict[str, str] = own
-                ) -> Awaitable[anyio.abc.Process]:
-                    return _launch(url, state, log, database_url, runtime, {**own, **env})
-
-                started.append(Replica(url, state, await launch(), log, launch, replica_url))
-            yield started
+            # The first alone: it makes the database's tables and the shared secret the others read.
+            await start(0)
+            async with anyio.create_task_group() as group:
+                for n in range(1, count):
+                    group.start_soon(start, n)
+            yield [replica for replica in slots if replica is not None]
         except BaseException:
-            for replica in started:
-                print(f"--- {replica.url} ---\n{replica.output()[-3000:]}")
+            for replica in slots:
+                if replica is not None:
+                    print(f"--- {replica.url} ---\n{replica.output()[-3000:]}")
             raise
         finally:
             with anyio.CancelScope(shield=True):
-                for replica in started:
-                    await _stop_server(replica.process, 15)
+                async with anyio.create_task_group() as group:
+                    for replica in slots:
+                        if replica is not None:
+                            group.start_soon(_stop_server, replica.process, 15)
 
 
 async def call(replica: Replica, tool: str, arguments: dict[str, Any], bound: float = CALL_BOUND) -> CallToolResult:
@@ -203,6 +223,32 @@ async def call(replica: Replica, tool: str, arguments: dict[str, Any], bound: fl
     async with http_client(replica.url, TOKEN) as client:
         with anyio.fail_after(bound):
             return await client.call_tool(tool, arguments)
+
+
+def structured_data(result: CallToolResult) -> dict[str, Any]:
+    """A tool result's structured content (asserted present)."""
+    assert result.structured_content is not None, result
+    structured: dict[str, Any] = result.structured_content
+    return structured
+
+
+async def run(replica: Replica, conversation: str, code: str, bound: float = 60.0) -> dict[str, Any]:
+    """``code`` run in ``conversation`` through ``replica``: the result's structured content."""
+    return structured_data(await call(replica, "run_python", {"code": code, "conversationId": conversation}, bound))
+
+
+def owners(database_url: str, conversation: str | None = None) -> set[str]:
+    """The replicas holding a live lease: on ``conversation`` of the default tenant, or on any."""
+    now = time.time()
+    key = None if conversation is None else conversation_key(database_url, conversation)
+    return {owner for held, owner, expires, _epoch in lease_rows(database_url) if expires > now and key in (None, held)}
+
+
+def conversation_key(database_url: str, conversation: str) -> str:
+    """The key of the default tenant's ``conversation`` (its lease, index row and store prefix)."""
+    key = derive_key(shared_secret(database_url), "workspace")
+    framed = b"".join(len(part).to_bytes(8, "big") + part for part in (b"default", conversation.encode()))
+    return hmac.new(key, framed, hashlib.sha256).hexdigest()
 
 
 def lease_rows(database_url: str) -> list[tuple[str, str, float, int]]:
@@ -217,3 +263,21 @@ def shared_secret(database_url: str) -> bytes:
         row = db.execute("SELECT secret FROM server_secret").fetchone()
     assert row is not None
     return bytes.fromhex(row[0])
+
+
+async def runs_running(web: httpx2.AsyncClient, replica: Replica) -> float:
+    """The runs going on on ``replica`` now, from its ``/metrics`` (started with ``METRICS_TOKEN``)."""
+    reply = await web.get(f"{replica.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    for line in reply.text.splitlines():
+        if line.startswith("mcp_sandbox_runs_running "):
+            return float(line.split()[1])
+    raise AssertionError(reply.text)
+
+
+async def until(check: Callable[[], Awaitable[bool]], bound: float) -> None:
+    """Poll another process's HTTP answers: there is nothing to wait on but the answer itself."""
+    with anyio.fail_after(bound):
+        while True:
+            if await check():
+                return
+            await anyio.sleep(0.05)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -215,7 +216,10 @@ def s3_server() -> Iterator[str]:
         yield server.endpoint
 
 
+@functools.cache
 def _client(endpoint: str) -> Any:
+    """One client per endpoint for the whole session: a new one loads botocore's service models
+    again (tenths of a second of CPU), and polls read the store many times. Clients are thread-safe."""
     import boto3
 
     env = s3_env(endpoint)

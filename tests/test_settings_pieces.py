@@ -1,7 +1,7 @@
 """Each component takes the pieces of the settings it reads; only start-up takes ``Settings`` whole.
 
 Start-up is where a ``Settings`` is turned into pieces and shared objects: the command line, doctor,
-the HTTP service's ``serve`` and ``open_service`` (whose ``Service`` keeps the settings for the
+the HTTP service's ``serve``, ``open_service`` and its openers (whose ``Service`` keeps the settings for the
 tools), ``engine.startup``, and the setup, install and tasks commands. Everywhere else, an
 annotation naming ``Settings`` (an argument, a field, a return) is a component reaching for all of
 it: give it the piece instead (``config/``'s pieces, or ``EngineSettings``).
@@ -24,6 +24,7 @@ _START_UP = {
     "install/readiness.py",
     "provision/command.py",
     "server/app.py",
+    "server/openers.py",
     "server/service.py",
     "server/tasks/command.py",
 }

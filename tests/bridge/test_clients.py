@@ -1,7 +1,9 @@
 """ClientPool against real stdio servers: lazy start, caching, crashes, timeouts, broken servers, shutdown.
 
 Each test marks the processes it starts with an environment variable of its own, so it finds
-them (and only them) in /proc without knowing how the SDK spawns them.
+them (and only them) in /proc without knowing how the SDK spawns them. The tests that bound a
+timeout, a start or a stop in a few seconds are marked ``serial`` (``make test`` runs them alone);
+the others bound only a hang, and run on the parallel workers.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ async def test_a_crashed_server_fails_that_call_and_the_next_call_starts_it_agai
             await wait_until_gone({before})
 
 
+@pytest.mark.serial
 async def test_a_call_past_the_call_timeout_fails_and_the_pool_still_works() -> None:
     with anyio.fail_after(BOUND):
         async with open_client_pool({"fixture": fixture_spec()}, call_timeout=0.5) as pool:
@@ -158,6 +161,7 @@ async def test_a_command_that_does_not_exist_is_a_downstream_error_naming_it() -
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 async def test_a_server_that_never_speaks_mcp_fails_after_the_connect_timeout_and_is_stopped() -> None:
     mark = marker()
     spec = command_spec("silent", "sleep", "60", env=mark)
@@ -188,6 +192,7 @@ async def test_a_server_that_never_speaks_mcp_fails_after_the_connect_timeout_an
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 async def test_all_tools_starts_every_server_at_once_and_reports_the_broken_one() -> None:
     silent_a, silent_b = marker(), marker()
     servers = {
@@ -226,6 +231,7 @@ async def test_all_tools_starts_every_server_at_once_and_reports_the_broken_one(
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 async def test_leaving_the_pool_stops_its_servers_within_the_bound() -> None:
     servers = {"one": fixture_spec("one"), "two": fixture_spec("two")}
     with anyio.fail_after(BOUND):
@@ -237,6 +243,7 @@ async def test_leaving_the_pool_stops_its_servers_within_the_bound() -> None:
         await wait_until_gone(pids)
 
 
+@pytest.mark.serial
 async def test_an_http_server_on_a_closed_port_is_a_downstream_error_not_a_hang() -> None:
     # Bound but not listening: a connection is refused, and no other process can take the port.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:

@@ -2,7 +2,7 @@
 
 Two replicas are two :class:`LeaseTable` views of one database under different ``replica_url``s;
 the router's forwarding goes to a real closed port (a replica that died). The whole servers are
-tests/replicas/test_replicas.py's.
+tests/replicas/test_forwarding.py's, test_handover.py's and test_internal_route.py's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mcp_sandbox.errors import LeaseLostError, QuotaExceededError
 from mcp_sandbox.replicas.forward import Forwarder, Here, Moved, Owner, Router
 from mcp_sandbox.replicas.leases import LAPSED_ELSEWHERE, LAPSED_HERE, STOPPED, Leases, LeaseTable
 from mcp_sandbox.replicas.signing import Verifier, sign
+from mcp_sandbox.server.busy import Busy
 from mcp_sandbox.workspace import FileEntry, Metadata
 from mcp_sandbox.workspace.fencing import Fence
 from mcp_test_helpers import free_port
@@ -106,7 +107,7 @@ async def test_a_lease_another_replica_took_has_its_session_ended_here(metadata:
         fenced.append(key)
 
     ttl = 3.0
-    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {KEY}, set)
+    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, Busy(lambda: {KEY}), set)
     assert (await mine.claim(KEY)).mine
     LeaseTable(metadata.database, B).claim(KEY, time.time() + ttl, ttl)  # as if A's clock had stalled past it
 
@@ -121,7 +122,7 @@ async def test_leases_no_session_uses_are_given_back_and_the_others_renewed(meta
 
     ttl = 3.0  # the tick bounds its database work by a third of it: room for a loaded machine
     used = "d" * 64
-    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {used}, set)
+    mine = Leases(LeaseTable(metadata.database, A), ttl, fence, Busy(lambda: {used}), set)
     await mine.claim(KEY)
     await mine.claim(used)
     await anyio.sleep(ttl / 3)
@@ -151,7 +152,7 @@ async def test_a_lease_whose_call_waits_for_its_restore_is_kept_until_the_call_e
         return types.CallToolResult(content=[types.TextContent(type="text", text="ran")])
 
     ttl = 3.0
-    leases = Leases(LeaseTable(metadata.database, A), ttl, fence, set, set)  # no session, no work marked
+    leases = Leases(LeaseTable(metadata.database, A), ttl, fence, Busy(set), set)  # no session, no work marked
     forwarder = Forwarder(A, b"k" * 32, 5.0)
     router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
     results: list[types.CallToolResult] = []
@@ -197,7 +198,7 @@ async def test_a_replica_that_cannot_reach_the_database_ends_its_sessions_before
 
     ttl = 3.0
     try:
-        mine = Leases(LeaseTable(metadata.database, A), ttl, fence, lambda: {KEY}, set)
+        mine = Leases(LeaseTable(metadata.database, A), ttl, fence, Busy(lambda: {KEY}), set)
         claim = await mine.claim(KEY)
         own_cluster.stop()
 
@@ -231,7 +232,7 @@ async def test_a_call_whose_owner_is_gone_waits_for_its_lease_then_restores_and_
             content=[types.TextContent(type="text", text="ran")], structured_content={"status": "success"}
         )
 
-    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, lambda: {KEY}, set)
+    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, Busy(lambda: {KEY}), set)
     forwarder = Forwarder(A, b"k" * 32, 5.0)
     router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
     try:
@@ -263,7 +264,7 @@ async def test_the_router_decides_here_with_the_epoch_or_names_the_owner_and_the
     ttl = 30.0
     other = "c" * 63 + "d"
     LeaseTable(metadata.database, B).claim(other, time.time(), ttl)
-    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, set, set)
+    leases = Leases(LeaseTable(metadata.database, A), ttl, nothing, Busy(set), set)
     forwarder = Forwarder(A, b"k" * 32, 5.0)
     router = Router(leases, forwarder, Verifier(b"k" * 32), restore)
     try:
@@ -335,6 +336,27 @@ def test_a_lapsed_lease_taken_again_or_one_given_back_with_its_session_marks_the
     assert mine.take_lost(KEY) is None
 
 
+async def test_a_drain_keeps_the_lease_of_a_call_still_waiting_for_its_restore(metadata: Metadata) -> None:
+    # The drain keeps the leases of the calls in flight; it once read only the calls past their
+    # claim, and gave back the lease of one still waiting for its restore.
+    async def fence(key: str) -> None:
+        raise AssertionError("nothing is fenced")
+
+    idle = "d" * 64
+    busy = Busy(set)
+    leases = Leases(LeaseTable(metadata.database, A), 30.0, fence, busy, set)
+    await leases.claim(idle)
+    with leases.calling(KEY):
+        await leases.claim(KEY)
+
+        await leases.release_all(keep=busy.in_flight())
+
+        assert leases.held == {KEY}
+        other = LeaseTable(metadata.database, B)
+        assert not other.claim(KEY, time.time(), 30.0).mine
+        assert other.claim(idle, time.time(), 30.0).mine
+
+
 async def test_a_drain_marks_lost_only_the_conversations_with_a_live_interpreter(metadata: Metadata) -> None:
     # An upload in flight keeps its conversation's lease as a session does, but has no interpreter
     # to lose: its next run must not say its state was lost.
@@ -342,7 +364,7 @@ async def test_a_drain_marks_lost_only_the_conversations_with_a_live_interpreter
         raise AssertionError("nothing is fenced")
 
     uploading, running = "d" * 64, "e" * 64
-    leases = Leases(LeaseTable(metadata.database, A), 3.0, fence, lambda: {uploading, running}, lambda: {running})
+    leases = Leases(LeaseTable(metadata.database, A), 3.0, fence, Busy(lambda: {uploading, running}), lambda: {running})
     await leases.claim(uploading)
     await leases.claim(running)
 

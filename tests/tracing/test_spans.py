@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from opentelemetry import baggage, trace
 from starlette.datastructures import Headers
 
 from mcp_sandbox import tracing
@@ -209,3 +210,14 @@ def test_off_the_server_loads_no_opentelemetry_sdk_or_exporter() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_remote_parent_is_w3c_trace_context_and_a_value_of_the_wrong_type_names_none() -> None:
+    parent = tracing.remote_parent({"traceparent": TRACEPARENT, "tracestate": "k=v", "baggage": "user=7"})
+    assert parent is not None
+    named = trace.get_current_span(parent).get_span_context()
+    assert (format(named.trace_id, "032x"), format(named.span_id, "016x")) == tuple(TRACEPARENT.split("-")[1:3])
+    assert named.is_remote and named.trace_state.get("k") == "v" and baggage.get_all(parent) == {"user": "7"}
+    zero_span = TRACEPARENT.replace("b7ad6b7169203331", "0" * 16)
+    for carrier in ({}, {"traceparent": zero_span}, {"traceparent": 5}, {"traceparent": TRACEPARENT, "baggage": 3}):
+        assert tracing.remote_parent(carrier) is None, carrier

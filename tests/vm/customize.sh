@@ -30,6 +30,8 @@ install -m 0755 "$here/mcp-vm-job" "$root/usr/local/sbin/mcp-vm-job"
 install -m 0644 "$here/mcp-vm-job.service" "$root/etc/systemd/system/mcp-vm-job.service"
 mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
 ln -sf /etc/systemd/system/mcp-vm-job.service "$root/etc/systemd/system/multi-user.target.wants/"
-# Nothing to wait for at boot: no network, no getty on the serial console's login prompt.
-chroot "$root" systemctl mask systemd-networkd-wait-online.service serial-getty@ttyS0.service \
+# Nothing to wait for at boot: no network, no getty on the serial console's login prompt, no
+# root containers for podman-restart to start (it starts podman at boot, under emulation, beside
+# the job's first steps).
+chroot "$root" systemctl mask systemd-networkd-wait-online.service serial-getty@ttyS0.service podman-restart.service \
     apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer man-db.timer >/dev/null 2>&1 || true

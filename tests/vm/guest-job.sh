@@ -3,8 +3,8 @@
 # Each step runs as the unprivileged user `sbx` (uid 1000), as a transient service of its own
 # lingering user manager (like an app an MCP client starts), via guest-user.sh STEP, or as root
 # (an operator's deployment) via guest-root.sh STEP; its output goes to /mnt/ctl/STEP.log and one
-# line "STEP<TAB>pass|fail|skip<TAB>seconds" to results.tsv, which the host reads back. A failed
-# step does not stop the later ones.
+# line "STEP<TAB>pass|fail|skip<TAB>seconds" to results.tsv, which the host reads back (one
+# write per line: lanes running at once do not tear them). A failed step does not stop the later ones.
 set -u
 ctl=/mnt/ctl
 results=$ctl/results.tsv
@@ -30,6 +30,15 @@ for _ in $(seq 300); do
     sleep 0.5
 done
 echo "user manager: $(systemctl is-active user@$uid.service) at $(cut -d' ' -f1 /proc/uptime) s"
+# Where the boot's time went (systemd-analyze waits for the boot to finish, which this job is part of).
+echo "boot: initrd to userspace $(systemctl show -p UserspaceTimestampMonotonic --value | awk '{printf "%.1f", $1 / 1e6}') s;" \
+    "slowest units to start: $(systemctl list-units --type=service --state=active --no-legend --plain | awk '{print $1}' |
+        xargs -r systemctl show -p Id -p ActiveEnterTimestampMonotonic -p InactiveExitTimestampMonotonic |
+        awk -F= 'function unit() { if (v["Id"] != "" && v["ActiveEnterTimestampMonotonic"] > v["InactiveExitTimestampMonotonic"])
+                     printf "%.1f %s\n", (v["ActiveEnterTimestampMonotonic"] - v["InactiveExitTimestampMonotonic"]) / 1e6, v["Id"]
+                     delete v }
+                 /^$/ {unit(); next} {v[$1] = $2} END {unit()}' |
+        sort -rn | head -n 5 | tr '\n' ' ')"
 
 # Whether VM_STEPS (run.sh) selects step $1 (all when it names none).
 selected() { ! [ -s "$ctl/steps" ] || grep -qx "$1" "$ctl/steps"; }
@@ -65,15 +74,19 @@ root_step() {
     record "$name" "$rc" "$started"
 }
 
-step user-manager 120
-step install 900
-step setup 1200
-step runtime-fallback 1200
+# Three phases; within one, lanes that share nothing run at once on the guest's two vCPUs (one
+# lane alone leaves the other idle: pytest, the server and uv's installs mostly use one):
+# 1. the user's install and setup beside the operator's systemd unit (root, its own venv and
+#    runtime under /opt); nothing in the user's lane is timed, so the unit's drain keeps its room;
+# 2. doctor and the bwrap conformance slice alone: their bounds are in seconds;
+# 3. the stdio e2e tests and the client's entry beside rootless podman (its runs get 90 s each).
+# A lane's steps keep their order; each step still gets its own line in results.tsv.
+{ step user-manager 120; step install 900; step setup 1200; step runtime-fallback 1200; } &
+root_step systemd-unit 1200 &
+wait
 step doctor 900
 step conformance 1800
-step e2e-stdio 1200
-step install-print 300
-step client-config 600
-root_step systemd-unit 1200
-step podman-rootless 1500
+{ step e2e-stdio 1200; step install-print 300; step client-config 600; } &
+step podman-rootless 1500 &
+wait
 echo "job done at $(cut -d' ' -f1 /proc/uptime) s"

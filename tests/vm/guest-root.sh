@@ -7,7 +7,9 @@ step=$1
 src=/mnt/src
 wheels=/mnt/wheelhouse
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never PYTHONDONTWRITEBYTECODE=1
+# Python writes its bytecode caches, as on an operator's machine (see guest-user.sh).
+export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+unset PYTHONDONTWRITEBYTECODE
 since() { python3 -c "print(round($(date +%s.%N) - $1, 1))"; }
 
 echo "== $step as $(id -un) ($(id -u))"
@@ -15,7 +17,9 @@ case $step in
 systemd-unit)
     # docs/deployment.md's systemd block, as written, from the checkout. Only where the server
     # comes from differs: the host's wheelhouse (no network here), with uv in place of pip (pip
-    # runs 5-10x slower under emulation; the same venv in the same place, and setup then uses uv).
+    # runs 5-10x slower under emulation; the same venv in the same place, and setup then uses uv),
+    # compiling the bytecode as pip does: the service's user cannot write it into the root-owned
+    # venv, so without it every start of the server compiles all it imports.
     block=$(awk '/^<!-- vm-test: systemd/ {marked = 1; next}
                  marked && /^```sh$/ {inside = 1; next}
                  inside && /^```$/ {exit}
@@ -30,7 +34,7 @@ systemd-unit)
     script=$(awk -v venv="$venv_line" -v pip="$pip_line" -v setup="$setup_line" -v wheels="$wheels" '
         index($0, venv) == 1 { print "uv venv --python /usr/bin/python3 /opt/mcp-sandbox/.venv"; next }
         index($0, pip) == 1 {
-            print "uv pip install --python /opt/mcp-sandbox/.venv/bin/python --no-index --find-links " wheels " mcp-sandbox"
+            print "uv pip install --python /opt/mcp-sandbox/.venv/bin/python --compile-bytecode --no-index --find-links " wheels " mcp-sandbox"
             next
         }
         index($0, setup) == 1 { print setup " --no-index --find-links " wheels; next }

@@ -7,11 +7,17 @@ step=$1
 src=/mnt/src
 wheels=/mnt/wheelhouse
 export PATH="$HOME/.local/bin:/usr/local/bin:/usr/bin:/bin"
-export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never PYTHONDONTWRITEBYTECODE=1
+# Python writes its bytecode caches, as on a user's machine: without them every process started
+# (each CLI call, server, pytest) compiled every module it imports again, at emulated speed.
+export UV_NO_CACHE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never
+unset PYTHONDONTWRITEBYTECODE
 tool_python="$HOME/.local/share/uv/tools/mcp-sandbox/bin/python"
 # Until `mcp-sandbox setup` exists, the runtime-fallback step builds the runtime where the
 # settings look for it; nothing else is configured by hand.
 pytest_args=(-p no:cacheprovider --rootdir "$src" -q -rs)
+# The tests come from the read-only checkout: their compiled and assertion-rewritten modules go to
+# one cache the steps that run pytest share (for pytest's processes and the servers they start).
+tests_pyc=(env PYTHONPYCACHEPREFIX="$HOME/.cache/vm-test-pyc")
 
 # Whether this build's CLI has a subcommand (setup and install come from another branch).
 has_command() { mcp-sandbox --help 2>/dev/null | grep -qE "^\s+\{.*\b$1\b.*\}|^\s+$1\s"; }
@@ -75,14 +81,14 @@ conformance)
     )
     # Python runs only: the guest has no JavaScript runtime (bun, deno come from npm).
     selection="bwrap and not js_attacks and ($(printf '%s or ' "${tests[@]}" | sed 's/ or $//'))"
-    MCP_SANDBOX_TEST_REQUIRE=bwrap MCP_SANDBOX_TEST_TIMEOUT_SLACK=12 MCP_SANDBOX_TEST_RUN_SECONDS=30 \
+    "${tests_pyc[@]}" MCP_SANDBOX_TEST_REQUIRE=bwrap MCP_SANDBOX_TEST_TIMEOUT_SLACK=12 MCP_SANDBOX_TEST_RUN_SECONDS=30 \
         "$tool_python" -m pytest "${pytest_args[@]}" tests/sandbox -k "$selection"
     ;;
 e2e-stdio)
     # Not the tests that ask for the checkout's make-built runtime (packaged_runtime): doctor has
     # run numpy and pandas in the installed one already.
     cd "$src"
-    "$tool_python" -m pytest "${pytest_args[@]}" tests/e2e/runs/test_tools.py -k "stdio and (\
+    "${tests_pyc[@]}" "$tool_python" -m pytest "${pytest_args[@]}" tests/e2e/runs/test_tools.py -k "stdio and (\
 tools_list_shows_run_python or code_runs_with_the_expected_status or running_past_its_timeout \
 or a_bad_argument_is_a_validation_error or cancelling_a_call_kills_the_sandbox)"
     ;;
@@ -139,7 +145,8 @@ podman-rootless)
         "test_no_cgroup_is_left_behind_after_runs_that_end_in_every_way"
     )
     selection="podman and not js_attacks and ($(printf '%s or ' "${tests[@]}" | sed 's/ or $//'))"
-    MCP_SANDBOX_TEST_REQUIRE=podman MCP_SANDBOX_TEST_RUN_SECONDS=90 "$tool_python" -m pytest "${pytest_args[@]}" tests/sandbox -k "$selection"
+    "${tests_pyc[@]}" MCP_SANDBOX_TEST_REQUIRE=podman MCP_SANDBOX_TEST_RUN_SECONDS=90 \
+        "$tool_python" -m pytest "${pytest_args[@]}" tests/sandbox -k "$selection"
 
     # The CLI, as a user would: a run, and a memory bomb stopped and reported as such.
     cd "$HOME"

@@ -20,7 +20,7 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.bridge.clients import ClientPool, open_client_pool
-from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, for_tenants
+from mcp_sandbox.bridge.discovery import Discovery, ServerSpec, discover, for_tenants
 from mcp_sandbox.bridge.run_access import RunAccess, Stubs
 from mcp_sandbox.config import CodeModeSettings
 from mcp_sandbox.errors import DownstreamError, ValidationError
@@ -89,6 +89,12 @@ class Mediator:
         ]
         self.discovery = dataclasses.replace(self.discovery, servers=servers)
         return notes
+
+    async def reload(self, code_mode: CodeModeSettings, config_file: Path | None) -> list[str]:
+        """Discover the downstream servers anew, the config files (``config_file`` too) read again, and
+        take their tool allow- and deny-lists (:meth:`reload_policies`: SIGHUP); return what changed."""
+        fresh = await anyio.to_thread.run_sync(discover, code_mode, config_file)
+        return self.reload_policies(fresh)
 
     def known_tool(self, alias: str, name: str) -> str | None:
         """The listed tool of ``alias`` called ``name`` (or by its Python name), if its stubs are made."""

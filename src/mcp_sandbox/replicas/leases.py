@@ -14,12 +14,12 @@ state is lost) from one given back.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
@@ -27,7 +27,7 @@ import anyio.to_thread
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.workspace.database import Database, Transaction
 
-__all__ = ["Claim", "LeaseTable", "Leases"]
+__all__ = ["Activity", "Claim", "LeaseTable", "Leases"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,14 @@ class Claim:
     mine: bool
     fresh: bool = False
     taken_over: bool = False
+
+
+class Activity(Protocol):
+    """Which conversations are busy here, and the mark of a call's claim (:class:`.server.busy.Busy`)."""
+
+    def now(self) -> set[str]: ...
+
+    def claiming(self, key: str) -> contextlib.AbstractContextManager[None]: ...
 
 
 class LeaseTable:
@@ -176,10 +184,11 @@ class _Held:
 class Leases:
     """The leases this replica holds; :meth:`keep` renews them in the background.
 
-    ``fence(key)`` ends conversation ``key``'s session here (its lease is lost); ``active()`` are
-    the conversations with a session or a call going (their leases are kept, the others released);
-    ``sessions()`` those with a live interpreter here, whose state is lost when their lease is
-    given back (a drain, a shutdown): only those are marked so, not one with an upload in flight.
+    ``fence(key)`` ends conversation ``key``'s session here (its lease is lost); ``busy`` says which
+    conversations are busy here (the server's :class:`~mcp_sandbox.server.busy.Busy`: their leases
+    are kept, the others released) and marks a call's claim; ``sessions()`` those with a live
+    interpreter here, whose state is lost when their lease is given back (a drain, a shutdown):
+    only those are marked so, not one with an upload in flight.
     """
 
     def __init__(
@@ -187,18 +196,17 @@ class Leases:
         table: LeaseTable,
         ttl: float,
         fence: Callable[[str], Awaitable[object]],
-        active: Callable[[], set[str]],
+        busy: Activity,
         sessions: Callable[[], set[str]],
     ) -> None:
         self.table = table
         self.ttl = ttl
         self._fence = fence
-        self._active = active
+        self._busy = busy
         self._sessions = sessions
         self._kept_live: set[str] = set()  # kept by a drain with a session: marked lost once given back
         self._held: dict[str, _Held] = {}
         self._releasing: set[str] = set()  # given back by the tick now: a claim asks the database
-        self._calls: collections.Counter[str] = collections.Counter()  # see calling()
 
     @property
     def held(self) -> set[str]:
@@ -223,22 +231,15 @@ class Leases:
         """
         return self.table.live(time.time())
 
-    @contextlib.contextmanager
-    def calling(self, key: str) -> Iterator[None]:
+    def calling(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Keep ``key``'s lease, once claimed, for the block: a call that claims it, waits for its
-        restore and then does its work.
+        restore and then does its work (the conversation is busy meanwhile).
 
-        Only the work marks the conversation active: a lease claimed by a call still waiting for
-        its restore looked idle, and the tick gave it back; another replica then took it and stored
-        files beside this one, each checking the quota against its own copy (issue 37).
+        Marking only the work left a lease claimed by a call still waiting for its restore looking
+        idle, and the tick gave it back; another replica then took it and stored files beside this
+        one, each checking the quota against its own copy (issue 37).
         """
-        self._calls[key] += 1
-        try:
-            yield
-        finally:
-            self._calls[key] -= 1
-            if not self._calls[key]:
-                del self._calls[key]
+        return self._busy.claiming(key)
 
     async def claim(self, key: str) -> Claim:
         """Claim ``key`` (see :meth:`LeaseTable.claim`); a lease another replica now holds is fenced here.
@@ -270,7 +271,7 @@ class Leases:
     async def tick(self) -> None:
         """One round of :meth:`keep`."""
         now = time.time()
-        active = self._active() | set(self._calls)
+        active = self._busy.now()
         idle = {k: h for k, h in self._held.items() if k not in active and h.claimed < now - self.ttl / 3}
         busy = {k: h.epoch for k, h in self._held.items() if k not in idle}
         renewed: set[str] | None = None

@@ -9,7 +9,7 @@ import anyio
 
 from mcp_sandbox.config import HttpSettings, LimitSettings, ReplicaSettings
 from mcp_sandbox.replicas.forward import Forwarder, Router
-from mcp_sandbox.replicas.leases import Leases, LeaseTable
+from mcp_sandbox.replicas.leases import Activity, Leases, LeaseTable
 from mcp_sandbox.replicas.replays import SeenCalls
 from mcp_sandbox.replicas.signing import Verifier
 from mcp_sandbox.workspace.database import Database
@@ -26,15 +26,15 @@ def replica_leases(
     replicas: ReplicaSettings,
     database: Database,
     fence: Callable[[str], Awaitable[object]],
-    active: Callable[[], set[str]],
+    busy: Activity,
     sessions: Callable[[], set[str]],
 ) -> Leases:
     """The leases of replica ``replicas.replica_url`` (see :class:`.Leases` for ``fence``,
-    ``active`` and ``sessions``)."""
+    ``busy`` and ``sessions``)."""
     me = replicas.replica_url
     if me is None:
         raise RuntimeError("replica_leases needs replica_url")
-    return Leases(LeaseTable(database, me), replicas.replica_lease, fence, active, sessions)
+    return Leases(LeaseTable(database, me), replicas.replica_lease, fence, busy, sessions)
 
 
 @contextlib.asynccontextmanager

@@ -27,9 +27,11 @@ from types import TracebackType
 from typing import Final
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
     "AttributeValue",
@@ -41,6 +43,7 @@ __all__ = [
     "enabled",
     "failed",
     "inject",
+    "remote_parent",
     "span",
     "step",
     "trace_id",
@@ -53,6 +56,8 @@ AttributeValue = str | bool | int | float
 SCOPE: Final = "mcp_sandbox"
 
 _tracer = trace.get_tracer(SCOPE)
+_TRACE_CONTEXT: Final = TraceContextTextMapPropagator()
+_BAGGAGE: Final = W3CBaggagePropagator()
 _OFF: Final[contextlib.nullcontext[None]] = contextlib.nullcontext()
 # Set in work that may outlive the span it started under (see background()).
 _apart: Final = contextvars.ContextVar[bool]("mcp_sandbox_tracing_apart", default=False)
@@ -175,15 +180,31 @@ def trace_id() -> str | None:
 def inject(carrier: dict[str, str]) -> None:
     """Put the current span's W3C ``traceparent`` (and ``tracestate``, ``baggage``) into ``carrier`` while traced."""
     if trace.get_current_span().is_recording():
-        propagate.inject(carrier)
+        _TRACE_CONTEXT.inject(carrier)
+        _BAGGAGE.inject(carrier)
 
 
 def context_of(carrier: Mapping[str, str]) -> Context | None:
     """The trace context a ``traceparent`` in ``carrier`` names, where tracing is on and it is valid; else None."""
-    if "traceparent" not in carrier or not enabled():
+    if not enabled():
+        return None
+    return remote_parent(carrier)
+
+
+def remote_parent(carrier: Mapping[str, object]) -> Context | None:
+    """The trace context a valid W3C ``traceparent`` in ``carrier`` names (with its ``tracestate`` and ``baggage``),
+    else None: a span started under None continues the current one or starts a trace.
+
+    The W3C propagators themselves, not the configured composite (``OTEL_PROPAGATORS``): ``_meta`` and the
+    forwarding header carry W3C trace context by definition (as :func:`inject` writes it). A value of the
+    wrong type (the propagators expect strings) names no trace.
+    """
+    if "traceparent" not in carrier:
         return None
     try:
-        extracted = propagate.extract(carrier)
-    except (ValueError, TypeError):
+        extracted = _TRACE_CONTEXT.extract(carrier)
+        if "baggage" in carrier:
+            extracted = _BAGGAGE.extract(carrier, extracted)
+    except (ValueError, TypeError, AttributeError):
         return None
     return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None

@@ -18,11 +18,11 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import ValidationError
 
-from mcp_sandbox.tracing import SCOPE, failed
+from mcp_sandbox.tracing import SCOPE, failed, remote_parent
 
 __all__ = ["RequestSpans"]
 
@@ -50,7 +50,7 @@ class RequestSpans:
             attributes["gen_ai.prompt.name"] = target
         opened = _tracer.start_span(
             f"{method} {target}" if target else method,
-            _parent(ctx.meta),
+            remote_parent(ctx.meta) if ctx.meta else None,
             SpanKind.SERVER,
             attributes,
             record_exception=False,
@@ -81,18 +81,6 @@ class RequestSpans:
         finally:
             otel_context.detach(token)
             opened.end()
-
-
-def _parent(meta: Any) -> otel_context.Context | None:
-    """The trace context ``_meta`` names (``traceparent``, with ``tracestate`` and ``baggage``), else None: the
-    span continues the current one or starts a trace."""
-    if not meta or "traceparent" not in meta:
-        return None
-    try:
-        extracted = propagate.extract(meta)
-    except (ValueError, TypeError):
-        return None
-    return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
 
 
 def _tool_error(result: HandlerResult) -> bool:

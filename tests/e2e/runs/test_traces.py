@@ -204,15 +204,21 @@ async def test_a_code_mode_run_is_one_trace_under_the_clients_traceparent_with_n
     assert any(line.get("trace_id") == trace_id for line in egress_lines), egress_lines
 
 
-async def test_a_failed_run_names_its_trace_and_an_untraced_call_still_runs(traced: tuple[Client, Received]) -> None:
+async def test_a_failed_run_names_its_trace_and_an_untraced_or_malformed_call_still_runs(
+    traced: tuple[Client, Received],
+) -> None:
     client, received = traced
     trace_id, _, traceparent = _traceparent()
+    # Trace context values of the wrong type (the W3C propagators expect strings): the call starts a trace of its own.
+    malformed = cast(RequestParamsMeta, {"traceparent": traceparent, "baggage": 3})
     with anyio.fail_after(CALL_BOUND):
         failed = await client.call_tool("run_python", {"code": "raise SystemExit(3)"}, meta=_meta(traceparent))
         plain = await client.call_tool("run_python", {"code": "print(2)"})
+        odd = await client.call_tool("run_python", {"code": "print(4)"}, meta=malformed)
     assert structured(failed)["status"] == "error"
     assert structured(failed)["traceId"] == trace_id
     assert structured(plain)["status"] == "success" and "traceId" not in structured(plain)
+    assert structured(odd)["status"] == "success" and structured(odd)["stdout"] == "4\n"
     [root] = await _wait_for(received, trace_id, {"tools/call run_python"})
     run = _attributes(root)
     assert (run["mcp_sandbox.run.status"], run["mcp_sandbox.run.exit_code"]) == ("error", 3)

@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
@@ -85,7 +84,7 @@ def _list(service: Service) -> Callable[[Request], Any]:
         tenant = tenant_of(request)
         try:
             ids = _ids(await _body(request))
-            rows = await anyio.to_thread.run_sync(service.metadata.conversations_of, tenant)
+            rows = await service.storage.conversations_of(tenant)
         except ValidationError as exc:
             return _problem(400, str(exc))
         except UnavailableError:

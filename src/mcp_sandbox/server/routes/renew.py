@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, request_response
@@ -44,7 +43,7 @@ def _renew(service: Service) -> Callable[[Request], Any]:
             if name is not None:
                 name = check_filename(name, "name")
             key = service.workspaces.key(tenant_of(request), conversation)
-            listing = await anyio.to_thread.run_sync(service.workspaces.list_files, key)
+            listing = await service.storage.list_files(key)
         except ValidationError as exc:
             return _problem(400, str(exc))
         except UnavailableError:

@@ -104,11 +104,11 @@ async def save_checkpoint(
                             f"quota of {quota} (quota_bytes); nothing was saved",
                         )
                     with anyio.CancelScope(shield=True):  # once begun, the save finishes or fails by itself
-                        counts = await anyio.to_thread.run_sync(checkpoints.save, key, name, tenant)
+                        counts = await service.storage.save_checkpoint(key, name, tenant)
                         if isinstance(taken, ForkState):
                             await service.parked.save(state_key(key, name), tenant, taken)
                         else:
-                            await anyio.to_thread.run_sync(service.parked.discard, state_key(key, name))
+                            await service.storage.discard_parked(state_key(key, name))
                 finally:
                     if isinstance(taken, ForkState):
                         taken.close()
@@ -120,7 +120,7 @@ async def save_checkpoint(
         raise ValidationError("checkpoint", f"{exc}; nothing was saved") from exc
     if report is None:
         raise BusyError("the conversation was still running a call at the timeout; no checkpoint was saved")
-    report["checkpoints"] = await anyio.to_thread.run_sync(checkpoints.names, key)
+    report["checkpoints"] = await service.storage.checkpoint_names(key)
     return report
 
 
@@ -179,16 +179,16 @@ async def delete_checkpoint(service: Service, key: str, name: str) -> dict[str, 
         ValidationError: (``checkpoint``) no such checkpoint of this conversation; nothing was deleted.
         WorkspaceError: it could not be removed, or the object store refused.
     """
-    checkpoints = service.checkpoints
-    freed = await anyio.to_thread.run_sync(checkpoints.delete, key, name)
+    storage = service.storage
+    freed = await storage.delete_checkpoint(key, name)
     if freed is None:
-        names = await anyio.to_thread.run_sync(checkpoints.names, key)
+        names = await storage.checkpoint_names(key)
         raise ValidationError(
             "checkpoint",
             f"no checkpoint {name!r} to delete in this conversation (it has: {', '.join(names) or 'none'})",
         )
-    await anyio.to_thread.run_sync(service.parked.discard, state_key(key, name))  # the object store's copy
-    names = await anyio.to_thread.run_sync(checkpoints.names, key)
+    await storage.discard_parked(state_key(key, name))  # the object store's copy
+    names = await storage.checkpoint_names(key)
     return {"name": name, "bytes": freed, "checkpoints": names}
 
 
@@ -206,11 +206,11 @@ async def _restore(
     try:
         if interpreter is not None:
             await interpreter.kill()
-        counts = await anyio.to_thread.run_sync(service.checkpoints.restore, key, name, tenant)
+        counts = await service.storage.restore_checkpoint(key, name, tenant)
         if state is not None:
             await service.parked.save(key, tenant, state)
         else:
-            await anyio.to_thread.run_sync(service.parked.discard, key)
+            await service.storage.discard_parked(key)
     finally:
         if state is not None:
             state.close()

@@ -117,7 +117,7 @@ async def fork_conversation(
                 if isinstance(taken, ForkState):
                     held.callback(taken.close)
                 with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
-                    counts = await anyio.to_thread.run_sync(store.fork, source, key, tenant)
+                    counts = await service.storage.fork(source, key, tenant)
     except QuotaExceededError as exc:
         raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
     if counts is None:
@@ -165,6 +165,6 @@ async def _fork_checkpoint(
     if state is not None:
         held.callback(state.close)
     with anyio.CancelScope(shield=True):  # once begun, the copy finishes or fails by itself
-        counts = await anyio.to_thread.run_sync(checkpoints.fork, source, name, key, tenant)
+        counts = await service.storage.fork_checkpoint(source, name, key, tenant)
     why_not = None if state is not None else "the checkpoint has none"
     return Fork(source_id, counts, state, why_not, checkpoint=name)

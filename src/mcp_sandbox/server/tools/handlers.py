@@ -305,9 +305,7 @@ class ToolHandlers:
                 limits = service.settings.workspaces
                 admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
                 await service.storage.touch(key, tenant, arguments.conversation)
-                entry = await anyio.to_thread.run_sync(
-                    service.workspaces.write_file, key, arguments.filename, iter([arguments.content]), None, admit
-                )
+                entry = await service.storage.write_file(key, arguments.filename, arguments.content, admit)
                 await service.storage.refresh_files(key, fence)
                 # In the object store before it is acknowledged.
                 if entry.name in await service.storage.write_back(key, fence):

@@ -350,10 +350,8 @@ async def _take_state_lost(service: Service, key: str) -> str | None:
     """Why conversation ``key``'s interpreter was lost since its last run (a lease lapsed, its replica
     stopped: replicas/leases.py), taken so that only the run starting the fresh interpreter says it;
     None when it was not, on one server, or when the database cannot say now (the mark stays)."""
-    if service.router is None:
-        return None
     try:
-        return await anyio.to_thread.run_sync(service.router.leases.table.take_lost, key)
+        return await service.storage.take_state_lost(key)
     except WorkspaceError as exc:
         logger.warning("cannot read whether a conversation's interpreter was lost: %s", exc)
         return None
