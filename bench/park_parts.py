@@ -1,4 +1,4 @@
-"""Where a resume of a parked conversation with a 50 MB DataFrame goes (issue 48), part by part.
+"""Where a resume of a parked conversation (50 MB DataFrame, or ``--small``) goes (issue 48), part by part.
 
 The service in this process, as ``park.py`` runs it (real bwrap, the SDK's in-memory client,
 ``session_park_after`` short): a conversation imports pandas and builds the DataFrame, is parked,
@@ -7,9 +7,11 @@ then a ``run_python`` call resumes it. That call is timed end to end and in part
 - **seal**: ``ParkedStates.open``, the host's check of the state's seal (every byte) in a worker thread;
 - **claim**: a session-ready sandbox claimed and given the conversation's directory (and whether it
   had preloaded pandas);
+- **to the EXEC**: from the call to the host's EXEC carrying the state (the tool's own path, the
+  seal, the claim and the session's start: what overlapping them shortens);
 - **to the code**: from the host's EXEC to the first line of the call's code, read by the sandbox's
   clock (the same clock: no time namespace): the frame, the state read (or mapped) and loaded;
-- **code**: the call's code itself (``df.x.sum()``);
+- **code**: the call's code itself (``df.x.sum()``; with ``--small``, small variables' use);
 - **after**: from the code's last line to the call's result in this process;
 - **mapped**: how many mappings of a parked file the resumed session holds (0: the state was read).
 
@@ -33,18 +35,23 @@ from typing import Any
 
 import anyio
 from mcp import Client
-from park import PANDAS, RUNTIME, call, parked_files, wait_parked
+from park import PANDAS, RUNTIME, SMALL, call, parked_files, wait_parked
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import interpreter, parking, ready_by_uid
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
 
+# The timed call's code around each case's use of its variables (as ``park.py``'s).
 USE = (
-    "import time as _clock\n_began = _clock.time()\nprint(int(df.x.sum()))\n"
+    "import time as _clock\n_began = _clock.time()\n{use}\n"
     "print('T', _began, _clock.time())\n"
     "print('M', sum('/parked/' in line for line in open('/proc/self/maps')))\n"
 )
+CASES = {  # name: (set-up, use)
+    "pandas + a 50 MB DataFrame": (PANDAS + "print(1)", "print(int(df.x.sum()))"),
+    "small variables": (SMALL + "print(1)", "print(count + len(items))"),
+}
 
 
 class Timings:
@@ -84,7 +91,8 @@ class Timings:
         setattr(interpreter.Interpreter, "run", run)  # noqa: B010 - patched in this process only
 
 
-async def resumes(state_dir: Path, samples: int, pause: float) -> Timings:
+async def resumes(state_dir: Path, samples: int, pause: float, case: str) -> Timings:
+    setup, use = CASES[case]
     timings = Timings()
     timings.wrap(parking.ParkedStates, "open", "seal")
     timings.wrap(ready_by_uid.ReadyByUid, "claim", "claim")
@@ -100,17 +108,19 @@ async def resumes(state_dir: Path, samples: int, pause: float) -> Timings:
         for _ in range(samples):
             conversation = f"bench-{uuid.uuid4().hex}"
             await anyio.sleep(pause)
-            await call(client, PANDAS + "print(1)", conversation)
+            await call(client, setup, conversation)
             await wait_parked(state_dir, 1)
             await anyio.sleep(pause)  # the ready pool refilled
             timings.timing = True
-            elapsed, data = await call(client, USE, conversation)
+            called = time.time()
+            elapsed, data = await call(client, USE.format(use=use), conversation)
             returned = time.time()
             timings.timing = False
             assert data["session"] == "resumed", data
             lines = dict(line.split(" ", 1) for line in data["stdout"].splitlines() if line[:2] in ("T ", "M "))
             began, ended = (float(value) for value in lines["T"].split())
             timings.parts.setdefault("total", []).append(elapsed)
+            timings.parts.setdefault("to the EXEC", []).append((timings.sent - called) * 1000)
             timings.parts.setdefault("to the code", []).append((began - timings.sent) * 1000)
             timings.parts.setdefault("code", []).append((ended - began) * 1000)
             timings.parts.setdefault("after", []).append((returned - ended) * 1000)
@@ -126,13 +136,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--pause", type=float, default=1.5)
+    parser.add_argument("--small", action="store_true", help="small variables instead of pandas")
     args = parser.parse_args()
     print(f"load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-park-parts-") as root:
         os.chmod(root, 0o711)  # the sandbox uid reaches its workspaces under it
-        timings = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause)
-    print("resume of pandas + a 50 MB DataFrame, ms (median, min, max)")
-    for part in ("total", "seal", "claim", "to the code", "code", "after", "mapped"):
+        case = "small variables" if args.small else "pandas + a 50 MB DataFrame"
+        timings = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause, case)
+    print(f"resume of {case}, ms (median, min, max)")
+    for part in ("total", "to the EXEC", "seal", "claim", "to the code", "code", "after", "mapped"):
         values = timings.parts.get(part, [0.0])
         print(f"  {part:<12} {statistics.median(values):8.1f} {min(values):8.1f} {max(values):8.1f}")
     print(f"  claimed a preloading sandbox: {sum(timings.preloaded)} of {len(timings.preloaded)}")
