@@ -3,8 +3,8 @@
 # Each step runs as the unprivileged user `sbx` (uid 1000), as a transient service of its own
 # lingering user manager (like an app an MCP client starts), via guest-user.sh STEP, or as root
 # (an operator's deployment) via guest-root.sh STEP; its output goes to /mnt/ctl/STEP.log and one
-# line "STEP<TAB>pass|fail|skip<TAB>seconds" to results.tsv, which the host reads back (one
-# write per line: lanes running at once do not tear them). A failed step does not stop the later ones.
+# line "STEP<TAB>pass|fail|skip<TAB>seconds" to results.tsv, which the host reads back. A failed
+# step does not stop the later ones.
 set -u
 ctl=/mnt/ctl
 results=$ctl/results.tsv
@@ -74,19 +74,15 @@ root_step() {
     record "$name" "$rc" "$started"
 }
 
-# Three phases; within one, lanes that share nothing run at once on the guest's two vCPUs (one
-# lane alone leaves the other idle: pytest, the server and uv's installs mostly use one):
-# 1. the user's install and setup beside the operator's systemd unit (root, its own venv and
-#    runtime under /opt); nothing in the user's lane is timed, so the unit's drain keeps its room;
-# 2. doctor and the bwrap conformance slice alone: their bounds are in seconds;
-# 3. the stdio e2e tests and the client's entry beside rootless podman (its runs get 90 s each).
-# A lane's steps keep their order; each step still gets its own line in results.tsv.
-{ step user-manager 120; step install 900; step setup 1200; step runtime-fallback 1200; } &
-root_step systemd-unit 1200 &
-wait
+step user-manager 120
+step install 900
+step setup 1200
+step runtime-fallback 1200
 step doctor 900
 step conformance 1800
-{ step e2e-stdio 1200; step install-print 300; step client-config 600; } &
-step podman-rootless 1500 &
-wait
+step e2e-stdio 1200
+step install-print 300
+step client-config 600
+root_step systemd-unit 1200
+step podman-rootless 1500
 echo "job done at $(cut -d' ' -f1 /proc/uptime) s"

@@ -77,7 +77,7 @@ set +e
 # Not niced, unlike the builds: the guest's tests bound runs in seconds, and a niced guest on a busy
 # host gets a sliver of the CPU.
 timeout "$boot_bound" qemu-system-x86_64 \
-    -accel tcg,thread=multi -cpu max -m 4096 -smp 2 -no-reboot \
+    -accel tcg,thread=multi -cpu max -m 3072 -smp 2 -no-reboot \
     -kernel "$vm/image/vmlinuz" -initrd "$vm/image/initrd.img" \
     -append 'root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 mcpvm.job=1 quiet' \
     -drive "file=$vm/image/rootfs.img,format=raw,if=virtio,cache=unsafe,snapshot=on" \
