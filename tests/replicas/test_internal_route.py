@@ -55,13 +55,23 @@ def _signed(key: bytes, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     return content, {"content-type": "application/json", **sign(key, content, time.time())}
 
 
+def _appending_call(target: Replica, other: Replica) -> tuple[str, dict[str, Any]]:
+    """A new conversation, and the body of a call forwarded from ``other`` that appends to a file in it."""
+    conversation = new_conversation()
+    arguments = {"code": "print(open('/workspace/ran.txt', 'a').write('x'))", "conversationId": conversation}
+    return conversation, {
+        "to": target.url,
+        "from": other.url,
+        "tool": "run_python",
+        "tenant": "default",
+        "arguments": arguments,
+    }
+
+
 async def test_the_internal_route_refuses_unsigned_forged_replayed_and_misdirected_calls(pair: Pair) -> None:
     url, (target, other) = pair.url, pair.replicas
     async with httpx2.AsyncClient(timeout=60) as web:
-        conversation = new_conversation()
-        marker = "print(open('/workspace/ran.txt', 'a').write('x'))"
-        arguments = {"code": marker, "conversationId": conversation}
-        body = {"to": target.url, "from": other.url, "tool": "run_python", "tenant": "default", "arguments": arguments}
+        conversation, body = _appending_call(target, other)
         endpoint = target.url + CALL_PATH
         key = derive_key(shared_secret(url), FORWARD_KEY)
 
@@ -96,10 +106,7 @@ async def test_the_internal_route_refuses_unsigned_forged_replayed_and_misdirect
 async def test_a_captured_forwarded_call_replayed_after_its_owner_restarts_is_refused(pair: Pair) -> None:
     url, (target, other) = pair.url, pair.replicas
     async with httpx2.AsyncClient(timeout=60) as web:
-        conversation = new_conversation()
-        marker = "print(open('/workspace/ran.txt', 'a').write('x'))"
-        arguments = {"code": marker, "conversationId": conversation}
-        body = {"to": target.url, "from": other.url, "tool": "run_python", "tenant": "default", "arguments": arguments}
+        conversation, body = _appending_call(target, other)
         endpoint = target.url + CALL_PATH
         content = json.dumps(body).encode()
         # Stamped ahead (within the window): the restart below fits in the window with room to spare.
