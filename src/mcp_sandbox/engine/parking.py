@@ -43,7 +43,6 @@ from typing import Protocol
 
 import anyio
 import anyio.to_thread
-from anyio.abc import TaskGroup
 
 from mcp_sandbox.config import WorkspaceSettings
 from mcp_sandbox.engine.disk import measure
@@ -54,7 +53,7 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace.secret import derive_key
 
-__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates", "SealCheck", "park_budget"]
+__all__ = ["PARK_VARIABLES_BYTES", "TAMPERED", "ParkedCopies", "ParkedStates", "park_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +133,6 @@ class ParkedStates:
     def exists(self, key: str) -> bool:
         """Whether conversation ``key`` has a parked state."""
         return self._layout.parked_state(key).is_file()
-
-    def may_have(self, key: str) -> bool:
-        """Whether ``key`` may have a parked state: one here, or an object store that may hold one."""
-        return self._copies is not None or self.exists(key)
 
     async def park(self, key: str, tenant: str, interpreter: Interpreter, budget: int) -> str | None:
         """Save ``interpreter``'s variables (about ``budget`` bytes at most) as ``key``'s parked state,
@@ -307,47 +302,6 @@ class ParkedStates:
             for entry in entries:
                 if entry.name.endswith(".held"):
                     _unlink(Path(entry.path))
-
-
-class SealCheck:
-    """:meth:`ParkedStates.open` (mapped) of one resume, run in a task while its session's sandbox is
-    claimed and started, so the two overlap; nothing of the state reaches the sandbox before
-    :meth:`refused` says it passed. Not cancelled midway: an opened state is always closed (:meth:`close`)."""
-
-    def __init__(self, states: ParkedStates, key: str, tenant: str) -> None:
-        self._states, self._key, self._tenant = states, key, tenant
-        self.state: ForkState | None = None  # the checked state, once it passed; None if there is none
-        self._refused: WorkspaceError | None = None
-        self._done = anyio.Event()
-
-    @classmethod
-    def started(cls, group: TaskGroup, states: ParkedStates, key: str, tenant: str) -> SealCheck:
-        """A check of ``key``'s parked state, running in ``group``."""
-        check = cls(states, key, tenant)
-        group.start_soon(check.run)
-        return check
-
-    async def run(self) -> None:
-        """Check the state (a task of its own)."""
-        try:
-            with anyio.CancelScope(shield=True):
-                self.state = await self._states.open(self._key, self._tenant, mapped=True)
-        except WorkspaceError as exc:
-            self._refused = exc
-        finally:
-            self._done.set()
-
-    async def refused(self) -> WorkspaceError | None:
-        """Once the check has ended: why the state was refused (as :meth:`ParkedStates.open` raises), or None."""
-        await self._done.wait()
-        return self._refused
-
-    async def close(self) -> None:
-        """Once the check has ended, close the state it opened, if any."""
-        with anyio.CancelScope(shield=True):
-            await self._done.wait()
-        if self.state is not None:
-            self.state.close()
 
 
 def _unlink(path: Path) -> None:

@@ -28,7 +28,7 @@ from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.fork_state import ForkState
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opener import Opener
-from mcp_sandbox.engine.parking import ParkedStates, SealCheck, park_budget
+from mcp_sandbox.engine.parking import ParkedStates, park_budget
 from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_by_uid import ReadyByUid
 from mcp_sandbox.engine.session_state import Lease, Live, Session
@@ -130,18 +130,20 @@ class SessionManager:
         The interpreter is restarted when ``reset`` is set, when it died, or when ``workspace``
         differs from the one it was started with. The caller bounds the wait (its deadline).
         With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is
-        idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`). A new interpreter of a
-        conversation with a parked state gets it (``Lease.parked``), unless ``reset``, which deletes it.
+        idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`). A new interpreter of
+        a conversation with a parked state gets it (``Lease.parked``; a preloading sandbox), unless
+        ``reset``, which deletes it.
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
             BusyError: the session is new and every live session (of the tenant, or in all) is busy.
             SandboxStartError: the interpreter could not be started.
-            WorkspaceError: its parked state failed its integrity check (deleted; nothing ran) or cannot be read.
+            WorkspaceError: the conversation's parked state failed its integrity check (deleted;
+                nothing was started), or cannot be read.
         """
         session = await self._acquire(key, tenant)
         ready: ReadySandbox | None = None
-        check: SealCheck | None = None
+        parked: ForkState | None = None
         try:
             live = session.live
             if live is not None and (reset or live.workspace != workspace or live.interpreter.exited.is_set()):
@@ -153,20 +155,16 @@ class SessionManager:
                 if self._parked is not None and workspace is not None:
                     if reset:
                         await anyio.to_thread.run_sync(self._parked.discard, key)
-                    elif self._parked.may_have(key):  # its seal checked while the sandbox is claimed
-                        check = SealCheck.started(group, self._parked, key, tenant)
+                    else:
+                        parked = await self._parked.open(key, tenant, mapped=True)
                 if born and workspace is not None:
-                    preloaded = preloaded or check is not None
+                    preloaded = preloaded or parked is not None
                     ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)
                 live = await group.start(self._own, session, workspace, ready)
-                if check is not None and (refused := await check.refused()) is not None:
-                    await self._retire(live)  # that sandbox ran nothing
-                    raise refused
-            parked = None if check is None else check.state
             yield Lease(live.interpreter, live.tools, new, live, born=ready is not None, parked=parked)
         finally:
-            if check is not None:
-                await check.close()
+            if parked is not None:
+                parked.close()
             if ready is not None:  # its replacement starts after this first run, not beside it
                 self._ready.settle(ready)
             session.last_used = anyio.current_time()
@@ -326,7 +324,8 @@ class SessionManager:
                 self._forget_if_unused(session)
 
     async def _reap(self) -> None:
-        """Park sessions idle for ``session_park_after`` (each in a task); stop those idle for ``session_ttl``."""
+        """Park sessions idle for ``session_park_after`` (each in a task of its own); stop those idle
+        for ``session_ttl``."""
         ttl = self._settings.sessions.session_ttl
         park_after = min(self._settings.sessions.session_park_after or ttl, ttl)
         interval = max(0.01, min(min(ttl, park_after) / 4, _REAP_MAX_INTERVAL))
@@ -347,8 +346,9 @@ class SessionManager:
                         session.live.stop.set()  # its owner closes it; nothing waits here
 
     async def _park(self, session: Session, counted: bool = True) -> None:
-        """Park ``session``'s interpreter (its lock held: no run meanwhile), then stop it; one that cannot
-        be parked stays live (``session_ttl`` stops it). ``counted``: the caller counted this as a user."""
+        """Park ``session``'s interpreter (its lock held: no run meanwhile), then stop it; where it
+        cannot be parked, it stays live (``session_ttl`` stops it). ``counted``: the caller counted
+        this as a user of the session (as the reaper does before it starts this task)."""
         if not counted:
             session.users += 1
         try:
@@ -373,9 +373,10 @@ class SessionManager:
             self._forget_if_unused(session)
 
     async def park_idle(self) -> None:
-        """Park every idle session now, side by side (a graceful stop; a replica's drain, before it gives
-        their leases back); bounded, shielded from cancellation. One that could not be parked before is
-        not tried again. None with ``session_park_after`` 0 (states parked before are still resumed)."""
+        """Park every idle session now, each beside the others (a graceful stop; a replica's drain,
+        before it gives their leases back); bounded, shielded from cancellation. One that could not
+        be parked before is not tried again. None with ``session_park_after`` 0 (states parked before
+        are still resumed)."""
         if self._parked is None or not self._settings.sessions.session_park_after:
             return
         with anyio.CancelScope(shield=True), anyio.move_on_after(_PARK_ALL_SECONDS):
