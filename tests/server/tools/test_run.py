@@ -1,9 +1,12 @@
 """``run_python`` and ``run_code`` in memory on the backend test double: what the server makes of a call.
 
-The cases are tests/tool_cases.py's, which tests/e2e/runs/test_tools.py runs on real sandboxes
-over every transport; here they run in `make check`. Left to the e2e module: a timeout's kill of
-a busy loop, pandas and matplotlib (the packaged runtime), a cancelled call's process tree, and
-the sandbox's /workspace and /data mounts (here the run's directory is the workspace itself).
+Most cases are tests/tool_cases.py's, which tests/e2e/runs/test_tools.py runs on real sandboxes
+over every transport (tests/server/test_tool_results.py has a few more: the text of a success,
+truncation, JSON); here they run in `make check`, with a cancelled call, a reset, a clamped
+timeout, the earlier bridge's TOON block and each run's history row. Left to the e2e modules: a
+timeout's kill of a busy loop, pandas and matplotlib (the packaged runtime), a cancelled call's
+sandbox (the double kills the runner's session, not a namespace or a container), and the
+sandbox's /workspace and /data mounts (the double runs in the workspace directory itself).
 """
 
 from __future__ import annotations
