@@ -3,10 +3,11 @@
 Most cases are tests/tool_cases.py's, which tests/e2e/runs/test_tools.py runs on real sandboxes
 over every transport (tests/server/test_tool_results.py has a few more: the text of a success,
 truncation, JSON); here they run in `make check`, with a cancelled call, a reset, a clamped
-timeout, the earlier bridge's TOON block and each run's history row. Left to the e2e modules: a
-timeout's kill of a busy loop, pandas and matplotlib (the packaged runtime), a cancelled call's
-sandbox (the double kills the runner's session, not a namespace or a container), and the
-sandbox's /workspace and /data mounts (the double runs in the workspace directory itself).
+timeout, the earlier bridge's TOON block, each run's history row and a session kept, parked and
+resumed (a graceful stop, the session cap). Left to the e2e modules: a timeout's kill of a busy
+loop, pandas and matplotlib (the packaged runtime), a cancelled call's sandbox (the double kills
+the runner's session, not a namespace or a container), the sandbox's /workspace and /data
+mounts (the double runs in the workspace directory itself), and parking at idle (a wait).
 """
 
 from __future__ import annotations
@@ -169,3 +170,62 @@ async def test_each_run_is_in_the_history_once_with_its_conversation_status_and_
         ("default", None, "python", "error", 3),
         ("default", None, "python", "validation_error", None),
     ]
+
+
+# --- a conversation's session: kept, parked, resumed ----------------------------------------------
+
+
+def _parked(state_dir: Path) -> list[Path]:
+    parked = state_dir / "parked"
+    return sorted(parked.glob("*.state")) if parked.is_dir() else []
+
+
+def _state(state_dir: Path, conversation: str) -> Path:
+    """Where the server parks the default tenant's ``conversation``."""
+    settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
+    key = store_of(settings, load_secret(state_dir)).key("default", conversation)
+    return StateLayout.of(settings.paths, settings.sandbox, settings.workspaces).parked_state(key)
+
+
+async def _in(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
+    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
+
+
+async def test_a_graceful_stop_parks_the_session_and_the_next_server_resumes_it_or_a_reset_drops_it(
+    state_dir: Path,
+) -> None:
+    runtime, backend = Path(sys.prefix), PlainProcessBackend()
+    async with memory_client(state_dir, runtime, backend=backend, prestart_size=0) as own:
+        first = await _in(own, "total = sum(range(10))", "parked-1")
+        await _in(own, "dropped = True", "parked-2")
+        kept = await _in(own, "print(total)", "parked-1")
+    parked = _parked(state_dir)
+    dropped_state = _state(state_dir, "parked-2")
+
+    async with memory_client(state_dir, runtime, backend=backend, prestart_size=0) as own:
+        resumed = await _in(own, "print(total)", "parked-1")
+        fresh = await _in(own, "print('dropped' in globals())", "parked-2", reset=True)
+        dropped = not dropped_state.exists()
+
+    assert (first["session"], kept["session"], kept["stdout"]) == ("new", "kept", "45\n")
+    assert len(parked) == 2 and dropped_state in parked
+    assert (resumed["status"], resumed["stdout"], resumed["session"]) == ("success", "45\n", "resumed"), resumed
+    assert (fresh["session"], fresh["stdout"], dropped) == ("new", "False\n", True)
+
+
+async def test_conversations_past_the_session_cap_are_parked_and_each_resumes_its_own_variables(
+    state_dir: Path,
+) -> None:
+    own_values = {f"capped-{index}": index for index in range(2)}
+    flags: dict[str, Any] = {"prestart_size": 0, "max_sessions": 1, "session_park_after": 300.0}
+    async with memory_client(state_dir, Path(sys.prefix), backend=PlainProcessBackend(), **flags) as own:
+        for conversation, index in own_values.items():
+            assert (await _in(own, f"mine = {index}", conversation))["status"] == "success"
+        parked = len(_parked(state_dir))
+        resumed = {conversation: await _in(own, "print(mine)", conversation) for conversation in own_values}
+
+    assert parked == 1
+    assert {conversation: result["stdout"] for conversation, result in resumed.items()} == {
+        conversation: f"{index}\n" for conversation, index in own_values.items()
+    }
+    assert [result["session"] for result in resumed.values()] == ["resumed", "resumed"]  # each parks the other
