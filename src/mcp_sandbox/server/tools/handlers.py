@@ -287,7 +287,7 @@ class ToolHandlers:
 
     def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
         """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
-        default = self._service.settings.sessions.stdio_conversation
+        default = self._service.settings.migration.stdio_conversation
         if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
             return raw
         return {**raw, "conversationId": default}
