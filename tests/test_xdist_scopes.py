@@ -41,7 +41,7 @@ def test_a_real_sandbox_test_weighs_more_than_a_pure_one() -> None:
     assert weight("tests/sandbox/test_privileges.py::test_x[bwrap-cold]") > weight(
         "tests/sandbox/backends/test_bwrap_argv.py::test_y"
     )
-    assert weight("tests/deploy/test_image.py::test_z") > weight("tests/config/test_config.py::test_w")
+    assert weight("tests/deploy/test_image.py::test_z") > weight("tests/config/test_sources.py::test_w")
 
 
 def test_a_measured_module_is_costed_at_its_measured_rate_and_a_new_one_by_its_folder(tmp_path: Path) -> None:

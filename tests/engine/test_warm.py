@@ -336,7 +336,7 @@ async def test_without_a_running_engine_runs_start_sandboxes_of_their_own(make_e
 
 
 async def test_warm_runs_see_the_stubs_and_call_the_tools_of_their_own_servers(running_engine: RunningEngine) -> None:
-    from .test_code_mode import stubs
+    from .test_tools_view import stubs
 
     call = "import os\nprint(sorted(os.listdir('/tools')), mcp_{alias}.{tool}_sync())"
     async with warm_engine(running_engine) as engine:

@@ -38,7 +38,7 @@ from mcp_test_helpers import (
     upload,
 )
 from s3_helpers import files, s3_env, store_url
-from workspace.test_volume import require_volume
+from test_volume import require_volume
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 

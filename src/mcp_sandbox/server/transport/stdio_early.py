@@ -138,7 +138,8 @@ def early_answer(line: bytes, version: str) -> tuple[int | str, bytes] | None:
     Whatever this is not sure the SDK answers the same way (another method first, malformed or
     unusual JSON, params the SDK might refuse or read differently) it leaves alone: the SDK
     answers or refuses it as before. The constants are the SDK's and our server's; the tests pin
-    them and every early answer against what the SDK itself answers (tests/server/test_stdio_early.py).
+    them and every early answer against what the SDK itself answers
+    (tests/server/transport/test_stdio_early.py).
     """
     if line.endswith(b"\r"):
         line = line[:-1]

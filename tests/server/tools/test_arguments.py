@@ -13,7 +13,7 @@ from mcp_sandbox.runners import LANGUAGES
 from mcp_sandbox.server.tools.arguments import RunCodeArguments, RunPythonArguments, SearchToolsArguments
 from mcp_sandbox.server.tools.parsing import parse
 
-from .tool_declarations import COMPANIONS, CONTEXT, SAMPLES, TOOLS, required
+from ..tool_declarations import COMPANIONS, CONTEXT, SAMPLES, TOOLS, required
 
 TOOL_NAMES = sorted(TOOLS)
 

@@ -16,7 +16,7 @@ import pytest
 from mcp_sandbox.errors import ValidationError
 from mcp_sandbox.server.tools.parsing import parse
 
-from .tool_declarations import CONTEXT, SAMPLES, TOOLS, required
+from ..tool_declarations import CONTEXT, SAMPLES, TOOLS, required
 
 # The keywords strict mode accepts (of those a tool's schema could use).
 STRICT_KEYWORDS = frozenset(

@@ -1,4 +1,4 @@
-"""Bearer tokens per tenant, exposure checks, and signed download URLs (pure functions, no server)."""
+"""Bearer tokens per tenant, and the exposure checks that ask for them (pure functions, no server)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.auth.tokens import TokenTable, load_tokens
 from mcp_sandbox.server.transport.http import check_exposure, is_loopback, transport_security
-from mcp_sandbox.server.urls import UrlSigner
 
 ALICE = "alice-token-0123456789abcdef"
 
@@ -83,43 +82,3 @@ def test_listening_beyond_loopback_needs_a_token_and_a_wildcard_needs_host_names
     assert "sandbox.example.com" in transport_security(named.http).allowed_hosts
     assert "https://sandbox.example.com" in transport_security(named.http).allowed_origins
     assert not transport_security(_settings(tmp_path, allowed_hosts="*").http).enable_dns_rebinding_protection
-
-
-KEY = "ab" * 32
-
-
-def test_a_file_url_is_valid_for_its_file_until_it_expires() -> None:
-    signer = UrlSigner(b"k" * 32, "http://h:1/", ttl=60)
-    url = signer.file_url(KEY, "dir/a b.txt", now=1000)
-    conversation, expires, signature, name = url.split("/files/")[1].split("/", 3)
-    assert name == "dir/a%20b.txt"
-    assert signer.check(conversation, expires, signature, "dir/a b.txt", now=1000).verdict == "ok"
-    assert signer.check(conversation, expires, signature, "dir/other.txt", now=1000).verdict == "invalid"
-    assert signer.check(conversation, expires, signature, "dir/a b.txt", now=1061).verdict == "expired"
-    assert signer.check(conversation, str(int(expires) + 1), signature, "dir/a b.txt", now=1000).verdict == "invalid"
-    assert signer.check("cd" * 32, expires, signature, "dir/a b.txt", now=1000).verdict == "invalid"
-    other_key = UrlSigner(b"x" * 32, "http://h:1", ttl=60)
-    assert other_key.check(conversation, expires, signature, "dir/a b.txt", now=1000).verdict == "invalid"
-
-
-def test_a_base_url_covers_every_file_of_its_conversation_only() -> None:
-    signer = UrlSigner(b"k" * 32, "http://h:1", ttl=60)
-    base = signer.base_url(KEY, now=1000)
-    conversation, expires, signature = base.split("/files/")[1].split("/")
-    for name in ("a.txt", "plots/b.png"):
-        assert signer.check(conversation, expires, signature, name, now=1000).ok
-    assert not signer.check("cd" * 32, expires, signature, "a.txt", now=1000).ok
-
-
-@pytest.mark.parametrize(
-    ("conversation", "expires", "signature"),
-    [
-        ("xyz", "2000", "f." + "0" * 64),
-        (KEY, "-1", "f." + "0" * 64),
-        (KEY, "2000", "z." + "0" * 64),
-        (KEY, "2000", "f.00"),
-    ],
-)
-def test_malformed_url_parts_are_invalid(conversation: str, expires: str, signature: str) -> None:
-    signer = UrlSigner(b"k" * 32, "http://h:1", ttl=60)
-    assert signer.check(conversation, expires, signature, "a.txt", now=1000).verdict == "invalid"
