@@ -117,9 +117,9 @@ def _check_stdio_conversation(settings: Settings) -> None:
     from mcp_sandbox.errors import ConfigError, ValidationError
     from mcp_sandbox.workspace import check_conversation_id
 
-    if settings.sessions.stdio_conversation is not None:
+    if settings.migration.stdio_conversation is not None:
         try:
-            check_conversation_id(settings.sessions.stdio_conversation)
+            check_conversation_id(settings.migration.stdio_conversation)
         except ValidationError as exc:
             raise ConfigError(f"stdio_conversation: {exc.message}") from exc
 
@@ -240,7 +240,7 @@ def _cmd_import_runner_data(settings: Settings) -> int:
     from mcp_sandbox.workspace import WorkspaceStore, load_secret
     from mcp_sandbox.workspace.runner_data import RunnerData
 
-    root, secret = settings.workspaces.runner_data, settings.workspaces.runner_secret
+    root, secret = settings.migration.runner_data, settings.migration.runner_secret
     if root is None or secret is None:
         raise ConfigError("import-runner-data needs SANDBOX_ROOT and FILE_SECRET (runner_data and runner_secret)")
     layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)

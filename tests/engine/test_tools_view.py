@@ -14,7 +14,8 @@ from typing import Any
 import mcp_types
 import pytest
 
-from mcp_sandbox.bridge.stubs import render_package, tool_docs, write_tree
+from mcp_sandbox.bridge.stub_tree import write_tree
+from mcp_sandbox.bridge.stubs import render_package, tool_docs
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import Call, Failure, Reply
 from mcp_sandbox.sandbox.policy import Mount

@@ -152,7 +152,7 @@ class Mediator:
         return stubs
 
     def _write(self, alias: str, files: dict[str, str]) -> Path:
-        from mcp_sandbox.bridge.stubs import write_tree
+        from mcp_sandbox.bridge.stub_tree import write_tree
 
         return write_tree(self.layout.prepare_stubs(), files, prefix=alias)
 

@@ -10,18 +10,14 @@ Each downstream server (its ``alias``) becomes a package the sandbox sees read-o
 
 Everything from the server is untrusted: names become identifiers only after validation, values
 reach the source only through ``repr()``, text only through the escapes of :mod:`.schema_types`.
+The files rendered here are written to disk by :mod:`.stub_tree`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mcp_sandbox.bridge.schema_types import (
@@ -37,7 +33,7 @@ from mcp_sandbox.bridge.schema_types import (
 if TYPE_CHECKING:  # annotations only: the SDK is imported where a downstream server is used
     import mcp_types
 
-__all__ = ["Param", "ToolDoc", "render_package", "render_tool_module", "tool_docs", "write_tree"]
+__all__ = ["Param", "ToolDoc", "render_package", "render_tool_module", "tool_docs"]
 
 _MAX_NAME = 100
 _SUMMARY_CHARS = 120
@@ -343,47 +339,3 @@ def _render_init(alias: str, server_name: str, description: str | None, docs: Se
         + "\n"
         + _INIT_CODE.format(exported=exported, tools=tools, server_name=server_name)
     )
-
-
-def write_tree(root: Path, files: Mapping[str, str], *, prefix: str = "tools") -> Path:
-    """Write ``files`` once into ``root/<prefix>-<sha256 of the files, 16 hex>`` and return that directory.
-
-    The directory appears atomically (written aside, then renamed); when it already exists it is
-    reused, so concurrent writers of the same files all succeed. Directories are 0755 and files
-    0644: the sandbox's unprivileged uid reads them. ``root`` must exist.
-
-    Raises:
-        ValueError: ``prefix`` or a path in ``files`` would leave ``root``.
-        OSError: the tree cannot be written.
-    """
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", prefix):
-        raise ValueError(f"bad tree prefix {prefix!r}")
-    digest = hashlib.sha256()
-    for path in sorted(files):
-        parts = path.split("/")
-        if not path or any(part in ("", ".", "..") for part in parts) or "\0" in path:
-            raise ValueError(f"bad path in tree: {path!r}")
-        for chunk in (path.encode(), files[path].encode()):
-            digest.update(len(chunk).to_bytes(8, "big") + chunk)
-    target = root / f"{prefix}-{digest.hexdigest()[:16]}"
-    if target.is_dir():
-        return target
-    scratch = Path(tempfile.mkdtemp(prefix=f".{prefix}-", dir=root))
-    try:
-        scratch.chmod(0o755)
-        for path, text in files.items():
-            dest = scratch / path
-            for parent in reversed(dest.relative_to(scratch).parents[:-1]):
-                (scratch / parent).mkdir(mode=0o755, exist_ok=True)
-                (scratch / parent).chmod(0o755)
-            dest.write_text(text, encoding="utf-8")
-            dest.chmod(0o644)
-        try:
-            os.rename(scratch, target)
-        except OSError:
-            if not target.is_dir():  # not lost to a concurrent writer of the same tree
-                raise
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch)
-    return target

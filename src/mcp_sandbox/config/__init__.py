@@ -5,8 +5,9 @@ earlier systems' aliases), the TOML file (``--config`` or ``MCP_SANDBOX_CONFIG``
 Nothing here reads the environment at import time: callers pass it in.
 
 - ``fields``: how a setting is declared (default, description, unit, alias, check);
-- ``settings``: :class:`Settings`, made of the pieces of ``pieces``, ``conversations``, ``serving``
-  and ``replicas``, where every setting is declared once; ``defaults``: the host's defaults;
+- ``settings``: :class:`Settings`, made of the pieces of ``pieces``, ``conversations``, ``server_pieces``,
+  ``replicas`` and ``migration`` (the earlier systems' settings and names), where every setting is
+  declared once; ``defaults``: the host's defaults;
 - ``values``: parsing what people write (sizes, durations, booleans, lists) into a field's type;
 - ``file``: the TOML file, parsed once; ``tokens`` and ``tenants``: its ``[auth]`` and
   ``[tenants.<name>]`` tables;
@@ -30,6 +31,7 @@ from mcp_sandbox.config.defaults import (
 )
 from mcp_sandbox.config.engine import EngineSettings
 from mcp_sandbox.config.file import ConfigFile, parse_config_file, read_config_file
+from mcp_sandbox.config.migration import MigrationSettings
 from mcp_sandbox.config.pieces import (
     LimitSettings,
     PathSettings,
@@ -38,7 +40,13 @@ from mcp_sandbox.config.pieces import (
 )
 from mcp_sandbox.config.replicas import ReplicaSettings
 from mcp_sandbox.config.secrets import SecretSpec, SecretValue
-from mcp_sandbox.config.server_pieces import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.server_pieces import (
+    AdmissionSettings,
+    AuthSettings,
+    CodeModeSettings,
+    EgressSettings,
+    HttpSettings,
+)
 from mcp_sandbox.config.settings import PLACES, SETTINGS, Settings
 from mcp_sandbox.config.sources import ENV_ALIASES, Config, load_config, load_settings
 from mcp_sandbox.config.tenant import TENANT_DEFAULTS, Tenant
@@ -56,6 +64,7 @@ __all__ = [
     "SETTINGS",
     "TENANT_DEFAULTS",
     "AdmissionSettings",
+    "AuthSettings",
     "CodeModeSettings",
     "Config",
     "ConfigFile",
@@ -63,6 +72,7 @@ __all__ = [
     "EngineSettings",
     "HttpSettings",
     "LimitSettings",
+    "MigrationSettings",
     "OutputMode",
     "PathSettings",
     "PoolSettings",

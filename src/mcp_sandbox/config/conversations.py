@@ -4,12 +4,9 @@ Each a frozen piece of :class:`~mcp_sandbox.config.settings.Settings`, its field
 :func:`~.fields.setting`; each checks its own values when made. What one run uses is in :mod:`.pieces`.
 """
 
-# ruff: noqa: RUF009 - each default is a dataclasses.field made by setting(), which declares the field.
-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from mcp_sandbox.config.fields import (
     BYTES,
@@ -44,13 +41,6 @@ class SessionSettings:
     )
     max_sessions: int = setting(16, "Live interpreters; the least recently used idle one makes room.", check=positive)
     session_cpu_seconds: int = setting(3600, "CPU seconds one session's interpreter may use in all.", check=positive)
-    stdio_conversation: str | None = setting(
-        None,
-        (
-            "Over stdio, the `conversationId` of every call that names none: variables and "
-            "files carry over between calls (the earlier bridge's default)."
-        ),
-    )
     tenant_sessions: int | None = setting(
         None,
         ("Live session interpreters of one tenant (its own least recently used idle one makes room)."),
@@ -122,16 +112,6 @@ class WorkspaceSettings:
     )
     history_max_runs: int = setting(
         10_000, "Runs of one tenant the run history keeps (its oldest leave first).", check=positive
-    )
-    runner_data: Path | None = setting(
-        None,
-        "The earlier code runner's `SANDBOX_ROOT`: imported at start with `runner_secret` (see docs/migration.md).",
-        alias="SANDBOX_ROOT",
-    )
-    runner_secret: str | None = setting(
-        None,
-        "The earlier code runner's `FILE_SECRET`, which named its conversations' directories.",
-        alias="FILE_SECRET",
     )
 
     def __post_init__(self) -> None:

@@ -10,8 +10,8 @@ from dataclasses import MISSING, Field
 from typing import Any
 
 from mcp_sandbox.config.fields import BYTES, DURATION
+from mcp_sandbox.config.migration import ADDRESS_ALIASES
 from mcp_sandbox.config.settings import SETTINGS
-from mcp_sandbox.config.sources import ADDRESS_ALIASES
 
 __all__ = ["FLAGS", "env_names", "settings_table"]
 

@@ -1,4 +1,4 @@
-"""The pieces of the settings a server uses: code mode, the HTTP service, egress, admission.
+"""The pieces of the settings a server uses: code mode, the HTTP service and its tokens, egress, admission.
 
 Each a frozen piece of :class:`~mcp_sandbox.config.settings.Settings`, its fields declared with
 :func:`~.fields.setting`; each checks its own values when made.
@@ -35,7 +35,14 @@ from mcp_sandbox.config.secrets import SecretSpec
 from mcp_sandbox.config.tenant import Tenant
 from mcp_sandbox.errors import ConfigError
 
-__all__ = ["AdmissionSettings", "CodeModeSettings", "EgressSettings", "HttpSettings", "check_internal_listener"]
+__all__ = [
+    "AdmissionSettings",
+    "AuthSettings",
+    "CodeModeSettings",
+    "EgressSettings",
+    "HttpSettings",
+    "check_internal_listener",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class CodeModeSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    """The HTTP service: address, auth, request and connection bounds, MCP sessions."""
+    """The HTTP service: address, request and connection bounds, MCP sessions (its tokens: :class:`AuthSettings`)."""
 
     host: str = setting("127.0.0.1", "The address the HTTP service listens on.")
     port: int = setting(8765, "The port the HTTP service listens on.", check=port)
@@ -129,18 +136,6 @@ class HttpSettings:
     )
     allowed_hosts: tuple[str, ...] = setting((), "Host header values accepted besides the loopback ones.")
     allowed_origins: tuple[str, ...] = setting((), "Origin header values accepted besides the loopback ones.")
-    token: str | None = setting(
-        None,
-        ("`MCP_SANDBOX_TOKEN` (or `MCP_API_TOKEN`): the bearer token of tenant `default` (more: `[auth] tokens`)."),
-        alias="MCP_API_TOKEN",
-        secret=True,
-    )
-    token_file: Path | None = setting(
-        None, "A file holding tenant `default`'s token (a container secret); re-read on SIGHUP."
-    )
-    metrics_token: str | None = setting(
-        None, "The bearer token of `GET /metrics`; without it `/metrics` answers 404.", check=secret, secret=True
-    )
     max_request_size: int = setting(4 << 20, "Largest MCP request body.", check=positive, unit=BYTES)
     url_ttl: float = setting(3600.0, "The lifetime of a signed download URL.", check=duration, unit=DURATION)
     shutdown_grace: float = setting(
@@ -191,6 +186,30 @@ class HttpSettings:
             return self.public_url.rstrip("/")
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    """Who may call the HTTP service: tenant ``default``'s bearer token, and ``/metrics``' own.
+
+    The other tenants' tokens are the TOML file's ``[auth] tokens`` (:mod:`.tokens` reads them all).
+    """
+
+    token: str | None = setting(
+        None,
+        ("`MCP_SANDBOX_TOKEN` (or `MCP_API_TOKEN`): the bearer token of tenant `default` (more: `[auth] tokens`)."),
+        alias="MCP_API_TOKEN",
+        secret=True,
+    )
+    token_file: Path | None = setting(
+        None, "A file holding tenant `default`'s token (a container secret); re-read on SIGHUP."
+    )
+    metrics_token: str | None = setting(
+        None, "The bearer token of `GET /metrics`; without it `/metrics` answers 404.", check=secret, secret=True
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 @dataclass(frozen=True, slots=True)

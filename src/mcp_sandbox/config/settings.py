@@ -1,6 +1,6 @@
 """The settings object: small frozen pieces, and one table from each flat key to its piece.
 
-Each setting is declared once (:func:`~.fields.setting`, in :mod:`.pieces` and :mod:`.server_pieces`)
+Each setting is declared once (:func:`~.fields.setting`, in :mod:`.pieces`, :mod:`.server_pieces`, ...)
 with its default, description, unit, alias and check; each piece checks its own values, and a
 component can take only the piece it needs (``settings.limits``, ``settings.http``, ...). People
 write the flat keys (``timeout``, ``MCP_SANDBOX_TIMEOUT``): :data:`SETTINGS` and
@@ -20,6 +20,7 @@ from mcp_sandbox.config.conversations import SessionSettings, WorkspaceSettings
 from mcp_sandbox.config.defaults import OUTPUT_MODES, OutputMode
 from mcp_sandbox.config.fields import check_fields, internal, one_of, otlp_endpoint, piece, setting, setting_fields
 from mcp_sandbox.config.file import ConfigFile
+from mcp_sandbox.config.migration import MigrationSettings
 from mcp_sandbox.config.pieces import (
     LimitSettings,
     PathSettings,
@@ -27,7 +28,13 @@ from mcp_sandbox.config.pieces import (
     SandboxSettings,
 )
 from mcp_sandbox.config.replicas import ReplicaSettings
-from mcp_sandbox.config.server_pieces import AdmissionSettings, CodeModeSettings, EgressSettings, HttpSettings
+from mcp_sandbox.config.server_pieces import (
+    AdmissionSettings,
+    AuthSettings,
+    CodeModeSettings,
+    EgressSettings,
+    HttpSettings,
+)
 
 __all__ = ["PLACES", "SETTINGS", "Settings"]
 
@@ -68,8 +75,10 @@ class Settings:
     admission: AdmissionSettings = piece(AdmissionSettings)
     code_mode: CodeModeSettings = piece(CodeModeSettings)
     http: HttpSettings = piece(HttpSettings)
+    auth: AuthSettings = piece(AuthSettings)
     replicas: ReplicaSettings = piece(ReplicaSettings)
     egress: EgressSettings = piece(EgressSettings)
+    migration: MigrationSettings = piece(MigrationSettings)
 
     # Not settings anyone gives: the TOML file the settings came from (and as the loader parsed it,
     # so that no part reads it again; SIGHUP's reload does), and how many tenants the server serves
@@ -117,11 +126,35 @@ _PIECES: dict[str, type] = {f.name: f.default_factory for f in dataclasses.field
 PLACES: dict[str, str | None] = {f.name: None for f in dataclasses.fields(Settings) if not f.metadata.get("piece")}
 PLACES |= {f.name: name for name, kind in _PIECES.items() for f in dataclasses.fields(kind)}
 
-# Every setting by flat key, in the order of the pieces: the one table sources, checks and docs read.
-SETTINGS: dict[str, Field[Any]] = {
-    **setting_fields(Settings),
-    **{key: f for kind in _PIECES.values() for key, f in setting_fields(kind).items()},
+# The settings of a piece cut out of another stay listed where they were (after the key named), so
+# the docs' table reads as before: the tokens among the HTTP service's settings, the earlier
+# systems' beside the sessions' and the workspaces'.
+_LISTED_AFTER = {
+    "token": "allowed_origins",
+    "token_file": "token",
+    "metrics_token": "token_file",
+    "stdio_conversation": "session_cpu_seconds",
+    "runner_data": "history_max_runs",
+    "runner_secret": "runner_data",
 }
+
+
+def _listed() -> dict[str, Field[Any]]:
+    """The pieces' settings in their order, each of :data:`_LISTED_AFTER` put back after the key it names."""
+    pieces = {key: f for kind in _PIECES.values() for key, f in setting_fields(kind).items()}
+    moved = {key: pieces.pop(key) for key in _LISTED_AFTER}
+    following = {after: key for key, after in _LISTED_AFTER.items()}
+    listed: dict[str, Field[Any]] = {}
+    for key, declaration in pieces.items():
+        listed[key], last = declaration, key
+        while last in following:
+            last = following[last]
+            listed[last] = moved[last]
+    return listed
+
+
+# Every setting by flat key, in the order of the pieces: the one table sources, checks and docs read.
+SETTINGS: dict[str, Field[Any]] = {**setting_fields(Settings), **_listed()}
 
 
 def _grouped(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

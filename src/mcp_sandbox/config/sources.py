@@ -26,6 +26,7 @@ from mcp_sandbox.config.defaults import (
     default_state_dir,
 )
 from mcp_sandbox.config.file import ConfigFile, read_config_file
+from mcp_sandbox.config.migration import ADDRESS_ALIASES, RUNNER_ENV
 from mcp_sandbox.config.secrets import read_secrets
 from mcp_sandbox.config.server_pieces import check_internal_listener
 from mcp_sandbox.config.settings import SETTINGS, Settings
@@ -42,13 +43,6 @@ __all__ = ["ENV_ALIASES", "Config", "load_config", "load_settings"]
 ENV_ALIASES: Mapping[str, str] = {
     declaration.metadata["alias"]: name for name, declaration in SETTINGS.items() if declaration.metadata["alias"]
 }
-
-# Variables that give host and port in one ``host:port`` (Go's form: ``:8080`` is every address).
-ADDRESS_ALIASES: tuple[str, ...] = ("MCP_HTTP_ADDR",)
-
-# The earlier code runner's own variables: a server configured with any of them (and no output mode
-# given) answers in that runner's JSON shape, which its users' scripts parse.
-RUNNER_ENV: tuple[str, ...] = ("MCP_API_TOKEN", "PUBLIC_BASE_URL", "MCP_HTTP_ADDR", "SANDBOX_ROOT", "FILE_SECRET")
 
 
 def _from_toml(file: ConfigFile) -> dict[str, Any]:
@@ -178,8 +172,8 @@ def load_config(
     # A refused token is named as its user gave it.
     given = "--token" if (flags or {}).get("token") is not None else _token_variable(env)
     if file is None:
-        return Config(settings, read_tokens(settings, [], given))
-    return Config(settings, read_tokens(settings, file.auth_tokens, given), file.servers)
+        return Config(settings, read_tokens(settings.auth, [], given))
+    return Config(settings, read_tokens(settings.auth, file.auth_tokens, given), file.servers)
 
 
 def _token_variable(env: Mapping[str, str]) -> str:

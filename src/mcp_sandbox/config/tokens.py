@@ -22,6 +22,7 @@ from mcp_sandbox.config.file import read_config_file
 from mcp_sandbox.errors import ConfigError
 
 if TYPE_CHECKING:
+    from mcp_sandbox.config.server_pieces import AuthSettings
     from mcp_sandbox.config.settings import Settings
 
 __all__ = ["DEFAULT_TENANT", "TenantToken", "load_tokens", "read_tokens"]
@@ -57,9 +58,9 @@ def _digest(token: str, where: str) -> bytes:
 
 
 def read_tokens(
-    settings: Settings, entries: Sequence[Any], token_name: str = "MCP_SANDBOX_TOKEN"
+    auth: AuthSettings, entries: Sequence[Any], token_name: str = "MCP_SANDBOX_TOKEN"
 ) -> tuple[TenantToken, ...]:
-    """The tenants and token digests of ``settings`` (``token``, ``token_file``) and ``[auth] tokens``.
+    """The tenants and token digests of ``auth`` (``token``, ``token_file``) and ``[auth] tokens``.
 
     ``token_name`` is where ``token`` was given (a variable or flag), for the error naming it.
 
@@ -68,14 +69,14 @@ def read_tokens(
             token is given to two tenants.
     """
     tokens: list[TenantToken] = []
-    if settings.http.token is not None:
-        tokens.append(TenantToken(DEFAULT_TENANT, _digest(settings.http.token, token_name)))
-    if settings.http.token_file is not None:
+    if auth.token is not None:
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(auth.token, token_name)))
+    if auth.token_file is not None:
         try:
-            token = settings.http.token_file.read_text(encoding="utf-8").strip()
+            token = auth.token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise ConfigError(f"token_file: {settings.http.token_file}: {exc.strerror}") from exc
-        tokens.append(TenantToken(DEFAULT_TENANT, _digest(token, f"token_file {settings.http.token_file}")))
+            raise ConfigError(f"token_file: {auth.token_file}: {exc.strerror}") from exc
+        tokens.append(TenantToken(DEFAULT_TENANT, _digest(token, f"token_file {auth.token_file}")))
     for index, entry in enumerate(entries):
         where = f"[auth] tokens[{index}]"
         if not isinstance(entry, dict) or set(entry) != {"tenant", "token"}:
@@ -101,4 +102,4 @@ def load_tokens(settings: Settings) -> tuple[TenantToken, ...]:
         ConfigError: the file cannot be read or parsed, or a token is malformed (see :func:`read_tokens`).
     """
     entries = [] if settings.config_file is None else read_config_file(settings.config_file).auth_tokens
-    return read_tokens(settings, entries)
+    return read_tokens(settings.auth, entries)

@@ -1,5 +1,6 @@
 """A session's records: the interpreter it holds (:class:`Live`), its entry in the manager
-(:class:`Session`), and one run's hold on it (:class:`Lease`); the manager is :mod:`.sessions`'.
+(:class:`Session`), and one run's hold on it (:class:`Lease`); the manager is :mod:`.sessions`',
+what becomes of an idle one :mod:`.idle_policy`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.tools_view import ToolsView
 
-__all__ = ["Lease", "Live", "Session"]
+__all__ = ["Lease", "Live", "Session", "forget_if_unused"]
 
 
 @dataclass(eq=False)
@@ -42,6 +43,12 @@ class Session:
     users: int = 0  # runs holding or waiting for the lock
     live: Live | None = None
     unparked: bool = False  # parking its live interpreter failed once: it is stopped at session_ttl
+
+
+def forget_if_unused(table: dict[str, Session], session: Session) -> None:
+    """Drop ``session`` from ``table`` once nothing uses it and it holds no interpreter."""
+    if session.users == 0 and session.live is None and table.get(session.key) is session:
+        del table[session.key]
 
 
 @dataclass(eq=False)

@@ -8,15 +8,15 @@ sandbox holds a relay and an (empty) directory for the egress proxy's socket for
 exists only during its runs granted network, and only those runs get the proxy variables.
 
 A session idle for ``session_park_after`` (and each one at a graceful stop) is parked where the
-manager runs with :class:`~.parking.ParkedStates`: its variables saved beside its conversation,
-its sandbox released; the run that next leases it gets the state to load first (``Lease.parked``).
+manager runs with :class:`~.parking.ParkedStates` (the idle policy: :mod:`.idle_policy`): its
+variables saved beside its conversation, its sandbox released; the run that next leases it gets the
+state to load first (``Lease.parked``).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,25 +26,21 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.engine.fork_state import ForkState
+from mcp_sandbox.engine.idle_policy import IdlePolicy
 from mcp_sandbox.engine.interpreter import Interpreter
 from mcp_sandbox.engine.opener import Opener
-from mcp_sandbox.engine.parking import ParkedStates, park_budget
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.ready import ReadySandbox
 from mcp_sandbox.engine.ready_by_uid import ReadyByUid
-from mcp_sandbox.engine.session_state import Lease, Live, Session
+from mcp_sandbox.engine.session_state import Lease, Live, Session, forget_if_unused
 from mcp_sandbox.errors import BusyError
 from mcp_sandbox.workspace.changes import ChangeGate
 
 __all__ = ["Lease", "SessionManager"]
 
-logger = logging.getLogger(__name__)
 
 # How long closing a session (kill, then remove its scratch files) may hold up whoever waits for it.
 _CLOSE_SECONDS = 10.0
-_REAP_MAX_INTERVAL = 5.0
-# How long one park may take (its snapshot, then its file written), and all of them at a graceful stop.
-_PARK_SECONDS = 30.0
-_PARK_ALL_SECONDS = 30.0
 
 
 class SessionManager:
@@ -74,7 +70,11 @@ class SessionManager:
         self._gate = ChangeGate() if gate is None else gate
         self._sessions: dict[str, Session] = {}
         self._group: TaskGroup | None = None
-        self._parked: ParkedStates | None = None  # while running with parking
+        self._idle = IdlePolicy(settings.sessions, settings.workspaces, self._sessions)
+
+    @property
+    def _parked(self) -> ParkedStates | None:
+        return self._idle.parked
 
     def live(self) -> set[str]:
         """Keys of the sessions that exist (an interpreter running, starting or awaited)."""
@@ -96,10 +96,10 @@ class SessionManager:
             raise RuntimeError("the session manager is already running")
         failure: Exception | None = None
         async with anyio.create_task_group() as group:
-            self._group, self._parked = group, parked
+            self._group, self._idle.parked = group, parked
             if parked is not None:  # what sessions of an earlier server held
                 await anyio.to_thread.run_sync(parked.sweep)
-            group.start_soon(self._reap)
+            group.start_soon(self._idle.reap, group)
             try:
                 yield
             except Exception as exc:  # raised below, not wrapped in the task group's ExceptionGroup
@@ -107,7 +107,7 @@ class SessionManager:
             finally:
                 self._group = None
                 await self.park_idle()
-                self._parked = None
+                self._idle.parked = None
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._close_all("the server is shutting down")
                 group.cancel_scope.cancel()
@@ -274,9 +274,9 @@ class SessionManager:
                 return
             held = collections.Counter(session.tenant for session in sessions)
             victim = min(idle, key=lambda session: (-held[session.tenant], session.last_used))
-            if self._parks(victim):
+            if self._idle.parks(victim):
                 # Parked, not lost: the new run waits for the room anyway (a victim that cannot be parked is stopped).
-                await self._park(victim, counted=False)
+                await self._idle.park(victim, counted=False)
                 if self._sessions.get(victim.key) is not victim:
                     continue
             del self._sessions[victim.key]
@@ -284,15 +284,8 @@ class SessionManager:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_SECONDS):
                     await self._retire(victim.live)
 
-    def _parks(self, session: Session) -> bool:
-        """Whether ``session`` is parked, not stopped, when it must go (a live one, not failed to park before)."""
-        live = session.live
-        parking = self._parked is not None and self._settings.sessions.session_park_after > 0
-        return parking and live is not None and live.workspace is not None and not session.unparked
-
     def _forget_if_unused(self, session: Session) -> None:
-        if session.users == 0 and session.live is None and self._sessions.get(session.key) is session:
-            del self._sessions[session.key]
+        forget_if_unused(self._sessions, session)
 
     async def _retire(self, live: Live) -> None:
         """Have the owner task close ``live``, and wait until it has (the caller bounds the wait)."""
@@ -323,70 +316,14 @@ class SessionManager:
                 live.closed.set()
                 self._forget_if_unused(session)
 
-    async def _reap(self) -> None:
-        """Park sessions idle for ``session_park_after`` (each in a task of its own); stop those idle
-        for ``session_ttl``."""
-        ttl = self._settings.sessions.session_ttl
-        park_after = min(self._settings.sessions.session_park_after or ttl, ttl)
-        interval = max(0.01, min(min(ttl, park_after) / 4, _REAP_MAX_INTERVAL))
-        group = self._require_group()
-        while True:
-            await anyio.sleep(interval)
-            now = anyio.current_time()
-            for session in list(self._sessions.values()):
-                if session.users:
-                    continue
-                idle = now - session.last_used
-                if idle >= park_after and self._parks(session):
-                    session.users += 1  # until the park is done: nothing else takes it meanwhile
-                    group.start_soon(self._park, session)
-                elif idle >= ttl:
-                    del self._sessions[session.key]
-                    if session.live is not None:
-                        session.live.stop.set()  # its owner closes it; nothing waits here
-
-    async def _park(self, session: Session, counted: bool = True) -> None:
-        """Park ``session``'s interpreter (its lock held: no run meanwhile), then stop it; where it
-        cannot be parked, it stays live (``session_ttl`` stops it). ``counted``: the caller counted
-        this as a user of the session (as the reaper does before it starts this task)."""
-        if not counted:
-            session.users += 1
-        try:
-            async with session.lock:
-                live, parked = session.live, self._parked
-                if live is None or live.workspace is None or live.interpreter.exited.is_set() or parked is None:
-                    return
-                if self._sessions.get(session.key) is not session:
-                    return
-                why: str | None = "it took too long"
-                with anyio.move_on_after(_PARK_SECONDS):
-                    budget = await anyio.to_thread.run_sync(park_budget, self._settings.workspaces, live.workspace)
-                    why = await parked.park(session.key, session.tenant, live.interpreter, budget)
-                if why is not None:
-                    session.unparked = True
-                    logger.warning("a session could not be parked, it stays live: %s", why)
-                    return
-                del self._sessions[session.key]
-                live.stop.set()
-        finally:
-            session.users -= 1
-            self._forget_if_unused(session)
-
     async def park_idle(self) -> None:
-        """Park every idle session now, each beside the others (a graceful stop; a replica's drain,
-        before it gives their leases back); bounded, shielded from cancellation. One that could not
-        be parked before is not tried again. None with ``session_park_after`` 0 (states parked before
-        are still resumed)."""
-        if self._parked is None or not self._settings.sessions.session_park_after:
-            return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_PARK_ALL_SECONDS):
-            async with anyio.create_task_group() as parking:
-                for session in list(self._sessions.values()):
-                    if session.users == 0 and session.live is not None and not session.unparked:
-                        parking.start_soon(self._park, session, False)
+        """Park every idle session now (:meth:`.IdlePolicy.park_idle`: bounded, shielded from
+        cancellation); nothing with ``session_park_after`` 0 or without parking."""
+        await self._idle.park_idle()
 
     async def _close_all(self, reason: str) -> None:
-        sessions, self._sessions = list(self._sessions.values()), {}
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
         lives = [session.live for session in sessions if session.live is not None]
         for live in lives:
             live.ended = reason

@@ -295,7 +295,7 @@ async def _serve_http(settings: Settings, tokens: TokenTable, signals: StopSigna
             *conversation_routes(service, guard),
             *runner_link_routes(service),
             *health_routes(service.ready),
-            metrics_route(lambda: settings.http.metrics_token, service.metrics),
+            metrics_route(lambda: settings.auth.metrics_token, service.metrics),
             *playground_routes(),
         ]
         # Asked by address (a load balancer, a kubelet, Prometheus); they tell a page nothing:

@@ -95,9 +95,9 @@ async def open_storage(
                 logger.info("deleted %d partial uploads a crash left", swept)
             if settings.replicas.object_store_url is not None:
                 mirror = await anyio.to_thread.run_sync(open_mirror, settings.replicas, workspaces)
-            limits = settings.workspaces
+            runner = settings.migration  # the earlier code runner's data, imported once
             runner_data = await anyio.to_thread.run_sync(
-                import_runner_data, limits.runner_data, limits.runner_secret, layout.runner_import, workspaces
+                import_runner_data, runner.runner_data, runner.runner_secret, layout.runner_import, workspaces
             )
         except BaseException:
             metadata.close()
@@ -120,7 +120,7 @@ async def open_storage(
                 runner_data=runner_data,
                 parked=ParkedStates(layout, secret, None if objects is None else StoredParked(objects)),
                 checkpoints=Checkpoints(
-                    limits,
+                    settings.workspaces,
                     layout,
                     engine.tenant_uids,
                     workspaces.gate,

@@ -23,7 +23,20 @@ import anyio
 
 from mcp_sandbox.bridge.discovery import Discovery, discover
 from mcp_sandbox.bridge.mediator import Mediator, open_mediator
-from mcp_sandbox.config import Settings, WorkspaceSettings
+from mcp_sandbox.config import (
+    AdmissionSettings,
+    CodeModeSettings,
+    HttpSettings,
+    LimitSettings,
+    MigrationSettings,
+    OutputMode,
+    PathSettings,
+    PoolSettings,
+    SandboxSettings,
+    SessionSettings,
+    Settings,
+    WorkspaceSettings,
+)
 from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine
 from mcp_sandbox.engine.parking import ParkedStates
@@ -65,7 +78,18 @@ class Service:
     """Everything a tool call or a file route needs, built once by :func:`open_service`. ``http``:
     download URLs exist."""
 
-    settings: Settings
+    # The pieces of the settings the tools and routes read (start-up alone holds them all).
+    output_mode: OutputMode
+    limits: LimitSettings
+    paths: PathSettings
+    sandbox: SandboxSettings
+    pool: PoolSettings
+    sessions: SessionSettings
+    workspace_settings: WorkspaceSettings
+    admission: AdmissionSettings
+    code_mode: CodeModeSettings
+    http_settings: HttpSettings
+    migration: MigrationSettings
     engine: Engine
     mediator: Mediator
     # The conversations' files and records; each step in a worker thread.
@@ -129,7 +153,7 @@ class Service:
 
     def ready(self) -> bool:
         """Whether runs can be served now: not draining, and the warm pool up where there is one."""
-        return ready(self.engine, self.lifecycle, self.settings.pool.pool_min)
+        return ready(self.engine, self.lifecycle, self.pool.pool_min)
 
 
 async def _sweep_periodically(storage: Storage, limits: WorkspaceSettings) -> None:
@@ -178,7 +202,17 @@ async def open_service(
         anyio.create_task_group() as group,
     ):
         service = Service(
-            settings=settings,
+            output_mode=settings.output_mode,
+            limits=settings.limits,
+            paths=settings.paths,
+            sandbox=settings.sandbox,
+            pool=settings.pool,
+            sessions=settings.sessions,
+            workspace_settings=settings.workspaces,
+            admission=settings.admission,
+            code_mode=settings.code_mode,
+            http_settings=settings.http,
+            migration=settings.migration,
             engine=engine,
             mediator=mediator,
             storage=storage,

@@ -77,7 +77,7 @@ async def test_a_checkpoint_saved_by_one_server_is_restored_by_another_from_the_
             sweep,
             service.workspaces,
             service.metadata,
-            service.settings.workspaces,
+            service.workspace_settings,
             time.time(),
             (),
             service.mirror.forget,

@@ -150,7 +150,7 @@ async def test_retention_deletes_a_conversations_objects_with_its_directory(
         assert set(workspace_files(s3_endpoint, url)) == {"kept.txt"}
         with sqlite3.connect(state_dir / "metadata.sqlite3") as db:
             db.execute("UPDATE conversations SET last_used = 0")  # idle since 1970
-        await service.storage.sweep(service.settings.workspaces)
+        await service.storage.sweep(service.workspace_settings)
         assert objects(s3_endpoint, url) == {}
         assert not service.workspaces.directory(key).exists()
 

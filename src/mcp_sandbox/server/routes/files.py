@@ -149,7 +149,7 @@ async def _once(content: bytes) -> AsyncIterator[bytes]:
 
 
 def _upload(service: Service) -> Callable[[Request], Any]:
-    uploads = _Uploads(service.settings.http.tenant_uploads, service.settings.http.upload_workers)
+    uploads = _Uploads(service.http_settings.tenant_uploads, service.http_settings.upload_workers)
 
     async def store(
         tenant: str, conversation: str, filename: str, stream: AsyncIterator[bytes], declared: int = 0
@@ -175,7 +175,7 @@ def _upload(service: Service) -> Callable[[Request], Any]:
         started = time.perf_counter()
         # Among replicas, what it records is fenced by the lease it holds now: a replica stalled past
         # its lease meanwhile (another took it over) records nothing (workspace/fencing.py).
-        fence, limits = service.storage.fence(key), service.settings.workspaces
+        fence, limits = service.storage.fence(key), service.workspace_settings
         admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
         try:
             with service.using(key):
@@ -268,7 +268,7 @@ def file_routes(service: Service, guard: Callable[[ASGIApp], ASGIApp]) -> list[B
 
     def limit() -> int:
         # Slack for multipart framing; the store enforces the quota byte by byte.
-        return service.settings.workspaces.quota_bytes + (1 << 20)
+        return service.workspace_settings.quota_bytes + (1 << 20)
 
     return [
         download_route(service),

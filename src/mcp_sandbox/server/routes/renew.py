@@ -54,7 +54,7 @@ def _renew(service: Service) -> Callable[[Request], Any]:
         if name is not None and not files:
             return _problem(404, f"no file {name!r} in conversation {conversation!r}")
         now = time.time()
-        expires = math.ceil(now + service.settings.http.url_ttl)
+        expires = math.ceil(now + service.http_settings.url_ttl)
         renewed = [
             {
                 "name": entry.name,

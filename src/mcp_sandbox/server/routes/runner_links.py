@@ -95,7 +95,7 @@ def runner_link_routes(service: Service) -> list[BaseRoute]:
     where no runner data is configured (``runner_data`` and ``runner_secret``, or ``runner_secret``
     alone on a replica of an object store, which serves them from there): nothing of this
     server's own is reached by such a link."""
-    from_store = service.mirror is not None and service.settings.workspaces.runner_secret is not None
+    from_store = service.mirror is not None and service.migration.runner_secret is not None
     if service.runner_data is None and not from_store:
         return []
     return [Route("/files/{digest}/{name:path}", endpoint=_serve(service), methods=["GET", "HEAD"])]

@@ -28,7 +28,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.tasks.lastline import LastLine, working_message
-from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, TaskEnded, Tasks
+from mcp_sandbox.server.tasks.lookups import POLL_INTERVAL_MS, TaskEnded
+from mcp_sandbox.server.tasks.runtime import Tasks
 from mcp_sandbox.server.tasks.table import TaskRow
 from mcp_sandbox.server.tasks.wire import TASK_TOOLS, TaskMethods, idempotency_key, iso
 

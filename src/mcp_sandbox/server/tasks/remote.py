@@ -23,7 +23,8 @@ from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas.forward import Router
 from mcp_sandbox.replicas.internal_route import ServeTask
 from mcp_sandbox.replicas.peers import PeerError
-from mcp_sandbox.server.tasks.runtime import TaskEnded, Tasks, UnknownTask
+from mcp_sandbox.server.tasks.lookups import TaskEnded, UnknownTask
+from mcp_sandbox.server.tasks.runtime import Tasks
 from mcp_sandbox.server.tasks.table import TaskRow
 
 __all__ = ["RemoteTasks", "owner_url", "serve_task"]

@@ -31,7 +31,8 @@ from mcp_sandbox.engine import OutputListener
 from mcp_sandbox.errors import ValidationError, WorkspaceError
 from mcp_sandbox.server.auth.tokens import tenant_of
 from mcp_sandbox.server.tasks.lastline import LastLine, working_message
-from mcp_sandbox.server.tasks.runtime import POLL_INTERVAL_MS, Describe, Notify, TaskEnded, Tasks, UnknownTask
+from mcp_sandbox.server.tasks.lookups import POLL_INTERVAL_MS, Describe, TaskEnded, UnknownTask
+from mcp_sandbox.server.tasks.runtime import Notify, Tasks
 from mcp_sandbox.server.tasks.table import KeyReused, TaskRow
 
 __all__ = [

@@ -46,7 +46,7 @@ def tampered(name: str) -> str:
 
 
 def _budgets(service: Service) -> tuple[int | None, int]:
-    workspaces = service.settings.workspaces
+    workspaces = service.workspace_settings
     return workspaces.tenant_workspaces_bytes, workspaces.max_workspaces_bytes
 
 
@@ -62,7 +62,7 @@ async def save_checkpoint(
         BusyError: the conversation was still running a call after ``wait`` seconds; nothing was saved.
         WorkspaceError: the copy failed, or the conversation's parked state failed its integrity check.
     """
-    store, checkpoints, settings = service.workspaces, service.checkpoints, service.settings
+    store, checkpoints, limits = service.workspaces, service.checkpoints, service.workspace_settings
 
     def look() -> tuple[list[str], int, int, int, tuple[int, int]]:
         files = checkpoints.measure(store.directory(key))
@@ -76,14 +76,14 @@ async def save_checkpoint(
         )
 
     names, used, files, replaced, held = await anyio.to_thread.run_sync(look)
-    limit = settings.workspaces.max_checkpoints
+    limit = limits.max_checkpoints
     if name not in names and len(names) >= limit:
         raise ValidationError(
             "checkpoint",
             f"the conversation keeps {len(names)} checkpoints, the most it may (max_checkpoints {limit}): "
             f"save over one of {', '.join(names)}, or delete one with checkpoint '-<name>'; nothing was saved",
         )
-    quota = settings.workspaces.quota_bytes
+    quota = limits.quota_bytes
     room = quota - (used - replaced) - files
     if room < 0:
         raise ValidationError(
@@ -91,7 +91,7 @@ async def save_checkpoint(
             f"the conversation holds {used} bytes (files, checkpoints, parked variables); a copy of its {files} "
             f"bytes of files would pass its quota of {quota} (quota_bytes); nothing was saved",
         )
-    budget = min(PARK_VARIABLES_BYTES, room) if python and settings.sessions.sessions else None
+    budget = min(PARK_VARIABLES_BYTES, room) if python and service.sessions.sessions else None
     report: dict[str, Any] | None = None
     try:
         with store.gate.reserving(tenant, files, held, _budgets(service)) as reservation, anyio.move_on_after(wait):
@@ -135,7 +135,7 @@ async def restore_checkpoint(service: Service, tenant: str, key: str, name: str,
         WorkspaceError: the checkpoint's state failed its integrity check (deleted), or the copy
             failed; the conversation's files are as they were.
     """
-    store, checkpoints, settings = service.workspaces, service.checkpoints, service.settings
+    store, checkpoints, limits = service.workspaces, service.checkpoints, service.workspace_settings
 
     def look() -> tuple[list[str], int, int, int, tuple[int, int]]:
         names = checkpoints.names(key)
@@ -150,7 +150,7 @@ async def restore_checkpoint(service: Service, tenant: str, key: str, name: str,
         raise ValidationError(
             "reset", f"no checkpoint {name!r} in this conversation (it has: {', '.join(names) or 'none'})"
         )
-    quota = settings.workspaces.quota_bytes
+    quota = limits.quota_bytes
     if used - files + saved > quota:
         raise ValidationError(
             "reset",

@@ -102,12 +102,12 @@ async def fork_conversation(
     if checkpoint is not None:
         return await _fork_checkpoint(service, tenant, source_id, source, checkpoint, key, held)
     size, holding = await anyio.to_thread.run_sync(_measure, service, tenant, source)
-    budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
+    budgets = (service.workspace_settings.tenant_workspaces_bytes, service.workspace_settings.max_workspaces_bytes)
     try:
         reservation = held.enter_context(store.gate.reserving(tenant, size, holding, budgets))
     except QuotaExceededError as exc:
         raise ValidationError("forkFrom", f"{exc}; nothing was copied") from exc
-    sessions = service.settings.sessions.sessions
+    sessions = service.sessions.sessions
     budget = FORK_VARIABLES_BYTES if python and sessions else None
     counts: CloneCounts | None = None
     taken: ForkState | str | None = None
@@ -151,7 +151,7 @@ async def _fork_checkpoint(
         raise ValidationError(
             "reset", f"no checkpoint {name!r} in {source_id!r} (it has: {', '.join(names) or 'none'})"
         )
-    budgets = (service.settings.workspaces.tenant_workspaces_bytes, service.settings.workspaces.max_workspaces_bytes)
+    budgets = (service.workspace_settings.tenant_workspaces_bytes, service.workspace_settings.max_workspaces_bytes)
     try:
         held.enter_context(service.workspaces.gate.reserving(tenant, size, holding, budgets))
     except QuotaExceededError as exc:

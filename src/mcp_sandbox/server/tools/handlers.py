@@ -87,7 +87,7 @@ class ToolHandlers:
         # One context for the schemas listed and the calls validated: they cannot disagree.
         self._egress = service.egress
         self._context = context = CallContext(
-            max_timeout=service.settings.limits.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
+            max_timeout=service.limits.max_timeout, languages=LANGUAGES, network=self._egress.anywhere()
         )
         names = [spec.alias for spec in service.mediator.servers.values()]
         self._tools = [
@@ -99,12 +99,11 @@ class ToolHandlers:
         if service.mediator.servers:
             self._tools.append(search_tools_tool(context))
         self._runners: list[dict[str, Any]] | None = None
-        settings = service.settings
         self._library = Library(
             service.workspaces.layout.root / "library",
-            derive_key(service.secret or load_secret(settings.paths.state_dir), "library"),
-            settings.workspaces.library_bytes,
-            settings.workspaces.library_entries,
+            derive_key(service.secret or load_secret(service.paths.state_dir), "library"),
+            service.workspace_settings.library_bytes,
+            service.workspace_settings.library_entries,
             service.workspaces.layout.root / "library-views",
             sync=service.mirror,
         )
@@ -116,7 +115,7 @@ class ToolHandlers:
         self._run = RunTool(service, context, self._egress, self._library, self.views)
         assert service.tasks is not None, "open_service opens the tasks"
         self.tasks = TaskMethods(service.tasks, self._call_as)
-        self.extension = ExtensionMethods(self.tasks, service.tasks, service.settings.admission.task_after)
+        self.extension = ExtensionMethods(self.tasks, service.tasks, service.admission.task_after)
 
     async def ready(self) -> ToolHandlers:
         """These handlers (open already: the same interface as a service still opening)."""
@@ -287,7 +286,7 @@ class ToolHandlers:
 
     def _default_conversation(self, raw: dict[str, Any] | None) -> dict[str, Any] | None:
         """``raw`` with ``stdio_conversation`` as its ``conversationId`` when it names none (stdio only)."""
-        default = self._service.settings.sessions.stdio_conversation
+        default = self._service.migration.stdio_conversation
         if self._service.http or default is None or not isinstance(raw, dict) or raw.get("conversationId") is not None:
             return raw
         return {**raw, "conversationId": default}
@@ -302,7 +301,7 @@ class ToolHandlers:
             key = service.workspaces.key(tenant, arguments.conversation)
             with service.using(key):
                 fence = service.storage.fence(key)  # the lease this call runs under (see workspace/fencing.py)
-                limits = service.settings.workspaces
+                limits = service.workspace_settings
                 admit = service.metadata.admitting(key, fence, limits.quota_bytes, limits.quota_files)
                 await service.storage.touch(key, tenant, arguments.conversation)
                 entry = await service.storage.write_file(key, arguments.filename, arguments.content, admit)
@@ -313,7 +312,7 @@ class ToolHandlers:
         except (ValidationError, QuotaExceededError, WorkspaceError, BusyError) as exc:
             outcome = {ValidationError: "invalid", QuotaExceededError: "quota"}.get(type(exc), "refused")
             service.events.emit(FileStored(tenant, key, "tool", outcome, 0, time.perf_counter() - started))
-            runner = service.settings.output_mode == "runner"
+            runner = service.output_mode == "runner"
             refused = _error_result(runner_error(str(exc)) if runner else str(exc))
             refused.meta = refusal_meta(exc)  # a forwarded HTTP upload answers the same status
             return refused
@@ -322,7 +321,7 @@ class ToolHandlers:
         text = f"stored /workspace/{entry.name} ({entry.size} bytes)"
         if data["url"] is not None:
             text += f"; download: {data['url']}"
-        if service.settings.output_mode == "runner":
+        if service.output_mode == "runner":
             text = runner_upload(data)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
 
@@ -332,9 +331,7 @@ class ToolHandlers:
         except ValidationError as exc:
             return _error_result(str(exc))
         if self._runners is None:
-            self._runners = await anyio.to_thread.run_sync(
-                describe_runners, self._service.settings.paths, self._service.settings.sandbox
-            )
+            self._runners = await anyio.to_thread.run_sync(describe_runners, self._service.paths, self._service.sandbox)
         lines = []
         for runner in self._runners:
             packages = ", ".join(f"{p['name']} {p['version']}" for p in runner["packages"]) or "none"

@@ -134,7 +134,7 @@ class RunTool:
         self, raw: dict[str, Any] | None, tool: str, tenant: str, listener: OutputListener | None
     ) -> types.CallToolResult:
         service = self._service
-        call = RunCall(tool, tenant, output_mode(raw, service.settings.output_mode))
+        call = RunCall(tool, tenant, output_mode(raw, service.output_mode))
         view = self._views.open(tenant, tool, raw)
         # The conversation is marked in use from its first touch to its last listing: retention
         # never deletes a workspace between the two.
@@ -173,10 +173,10 @@ class RunTool:
             call.language, environment = arguments.language, arguments.variables()
         if arguments.conversation is not None:
             call.key = service.workspaces.key(call.tenant, arguments.conversation)
-        if service.settings.code_mode.tool_results == "raw":  # read by the runtime's tool calls
+        if service.code_mode.tool_results == "raw":  # read by the runtime's tool calls
             environment[TOOL_RESULTS_VARIABLE] = "raw"
         tools = await self._tool_access(arguments.servers, call.tenant, call.key)
-        timeout, asked = arguments.timeout_within(service.settings.limits.timeout, self._context.max_timeout)
+        timeout, asked = arguments.timeout_within(service.limits.timeout, self._context.max_timeout)
         if asked is not None:
             call.timeout_clamped = {"requested": asked, "used": timeout}
         workspace = None
@@ -294,7 +294,7 @@ class RunTool:
                 entries = []
                 data["warning"] = f"Files not saved: {exc}."
             else:
-                if (warning := over_quota(service.settings.workspaces, entries)) is not None:
+                if (warning := over_quota(service.workspace_settings, entries)) is not None:
                     data["warning"] = warning
                 try:
                     unsaved = await service.storage.write_back(
