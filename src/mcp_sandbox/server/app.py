@@ -13,6 +13,7 @@ refused host. Over HTTP, :func:`serve` gathers the MCP app and the routes beside
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import sys
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 import anyio.to_thread
 from mcp.server.lowlevel import Server
+from mcp.shared.inbound import X_MCP_HEADER_KEY
 
 from mcp_sandbox import __version__
 from mcp_sandbox.config import Config, Settings
@@ -131,7 +133,7 @@ def _server(handlers: ToolHandlers | _Opening) -> Server:
         on_list_tools=handlers.list_tools,
         # Without it, the Streamable HTTP transport runs the whole tools/list for every tools/call
         # to check its Mcp-Param-* headers against the tool's schema.
-        get_tool_input_schema=handlers.input_schema,
+        get_tool_input_schema=_ParamHeaderSchemas(handlers.input_schema),
         on_list_resources=list_resources,
         on_read_resource=handlers.read_resource,
     )
@@ -182,6 +184,31 @@ class _Opening:
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         return await (await self.ready()).read_resource(ctx, params)
+
+
+class _ParamHeaderSchemas:
+    """The SDK's ``get_tool_input_schema``: a tool's input schema where it declares ``Mcp-Param-*``
+    headers (``x-mcp-header``), else None.
+
+    The SDK walks the whole schema on every ``tools/call`` over Streamable HTTP (2026-07-28) to
+    compare the headers it declares with the arguments; a schema that declares none can reject
+    nothing, and None says so without the walk. A tool's schema is the same for every caller and
+    for the handlers' life, so the answer is kept per tool name (names of no tool are not kept).
+    """
+
+    def __init__(self, lookup: Callable[[str], dict[str, Any] | None]) -> None:
+        self._lookup = lookup
+        self._known: dict[str, dict[str, Any] | None] = {}
+
+    def __call__(self, name: str) -> dict[str, Any] | None:
+        if name in self._known:
+            return self._known[name]
+        schema = self._lookup(name)
+        if schema is None:  # no such tool, or the service is still opening
+            return None
+        # Anywhere in the schema, even as a property's name: the SDK's own check decides then.
+        self._known[name] = schema if f'"{X_MCP_HEADER_KEY}"' in json.dumps(schema) else None
+        return self._known[name]
 
 
 def _end_process(exc: Exception) -> NoReturn:

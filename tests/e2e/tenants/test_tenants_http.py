@@ -21,6 +21,7 @@ import anyio.abc
 import httpx2
 import pytest
 
+from mcp_sandbox.server.transport.limits import MAX_HEAD_BYTES
 from mcp_test_helpers import (
     auth_tokens,
     bearer_web,
@@ -135,6 +136,27 @@ async def test_a_slowloris_sending_headers_a_byte_at_a_time_is_cut_at_the_header
     assert answer == b""
     assert sent[0] < len(request)
     assert time.monotonic() - started < HEADER_TIMEOUT + 5
+
+
+async def test_a_request_head_past_its_bound_is_answered_431_and_the_connection_closed(base: str) -> None:
+    # Headers never ended, a little past the bound: the parser would buffer a header whole, unbounded.
+    head = b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Big: " + b"a" * (MAX_HEAD_BYTES + 1024)
+    async with await connect_from(base, "127.0.0.21") as stream:
+        await stream.send(head)
+        with anyio.fail_after(HEADER_TIMEOUT + 10):
+            answer = await read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    assert str(MAX_HEAD_BYTES).encode() in answer
+    # Many small headers count alike; a head within the bound is served.
+    many = b"".join(b"X-H%d: %s\r\n" % (i, b"b" * 60) for i in range(MAX_HEAD_BYTES // 64 + 10))
+    async with await connect_from(base, "127.0.0.21") as stream:
+        await stream.send(b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + many)
+        with anyio.fail_after(HEADER_TIMEOUT + 10):
+            answer = await read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    async with bearer_web(BOB) as web:
+        within = {f"X-H{i}": "b" * 60 for i in range(100)}
+        assert (await web.get(f"{base}/healthz", headers=within)).status_code == 200
 
 
 async def test_an_idle_connection_is_closed_and_a_half_sent_one_too(base: str) -> None:

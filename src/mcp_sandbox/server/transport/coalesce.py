@@ -1,7 +1,7 @@
 """A connection's transport that sends a response's head with its body: one TCP segment, one wake-up of the client.
 
-uvicorn's h11 protocol writes a response's status line and headers as soon as the app starts
-it, and its body as a second write; each write is a segment and the client often wakes for the
+uvicorn's HTTP protocols (h11's, httptools') write a response's status line and headers as soon
+as the app starts it, and its body as a second write; each write is a segment and the client often wakes for the
 head alone, then again for the body (nearly half the calls forwarded between replicas did,
 docs/performance.md). Here a write is held until the next one, which takes it along at once,
 or until the event loop's current step ends; closing sends what is held first. Nothing waits

@@ -1,8 +1,10 @@
 """The HTTP server's own bounds against slow or greedy clients: connections, headers, bodies, logs.
 
 uvicorn closes an idle keep-alive connection (``keep_alive_timeout``) but has no deadline for a
-request's headers, no cap per client address, and keeps reading a body nobody will use. Here
-:func:`protocol_class` bounds headers and connections, :class:`SlowBodyGuard` bodies,
+request's headers, no cap per client address, no bound on a request's head with its httptools
+parser (h11 had 16 KiB), and keeps reading a body nobody will use. Here :func:`protocol_class`
+bounds headers and connections over uvicorn's httptools protocol (llhttp parses in C; the h11
+protocol's parsing in Python was a sixth of the server's CPU per HTTP call), :class:`SlowBodyGuard` bodies,
 :func:`raise_open_files_limit` raises RLIMIT_NOFILE's soft limit to the hard one at start, and
 :class:`RateLimitedLog` lets one log record of a kind through per interval (accept errors under
 descriptor exhaustion once logged millions of lines).
@@ -20,13 +22,19 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from mcp_sandbox.config import HttpSettings
 from mcp_sandbox.server.transport.coalesce import CoalescingTransport
 
-__all__ = ["RateLimitedLog", "SlowBodyGuard", "protocol_class", "raise_open_files_limit", "uvicorn_limits"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "RateLimitedLog",
+    "SlowBodyGuard",
+    "protocol_class",
+    "raise_open_files_limit",
+    "uvicorn_limits",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +46,15 @@ def _refusal(status: bytes, body: bytes) -> bytes:
     )
 
 
+MAX_HEAD_BYTES = 16 * 1024
+"""The most a request's line and headers may take (h11's bound, which uvicorn's h11 protocol kept)."""
+
 _TOO_MANY = _refusal(b"429 Too Many Requests", b"too many open connections from this address; retry later\n")
 _FULL = _refusal(b"503 Service Unavailable", b"the server has too many open connections; retry later\n")
+_HEAD_TOO_LARGE = _refusal(
+    b"431 Request Header Fields Too Large",
+    b"the request line and headers take more than %d bytes\n" % MAX_HEAD_BYTES,
+)
 
 
 class RateLimitedLog(logging.Filter):
@@ -88,15 +103,17 @@ def raise_open_files_limit() -> int:
     return soft
 
 
-def protocol_class(http: HttpSettings) -> type[H11Protocol]:
-    """uvicorn's h11 protocol bounded by ``http``; one class per server.
+def protocol_class(http: HttpSettings) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol bounded by ``http``; one class per server.
 
     A header deadline (``header_timeout``: a client that sends its headers a byte at a time is
-    cut), a cap of ``max_connections_per_address`` open connections per client address (past it a
-    connection is answered ``429`` and closed), at most half the process's descriptors for
-    connections in all (past it ``503`` and closed: the rest stay for sandboxes, workspaces and
-    downstream servers), and a connection closed ``header_timeout`` after its response while the
-    client still sends a body.
+    cut), at most :data:`MAX_HEAD_BYTES` of request line and headers (past it ``431`` and closed:
+    llhttp has no bound of its own and httptools buffers a header whole), a cap of
+    ``max_connections_per_address`` open connections per client address (past it a connection
+    is answered ``429`` and closed), at most half the process's descriptors for connections in
+    all (past it ``503`` and closed: the rest stay for sandboxes, workspaces and downstream
+    servers), and a connection closed ``header_timeout`` after its response while the client
+    still sends a body.
     """
     per_address: collections.Counter[str] = collections.Counter()
     header_timeout = http.header_timeout
@@ -105,10 +122,12 @@ def protocol_class(http: HttpSettings) -> type[H11Protocol]:
     total_cap = max(64, (soft if soft != resource.RLIM_INFINITY else 1 << 20) // 2)
     total = [0]
 
-    class GuardedH11Protocol(H11Protocol):
+    class GuardedProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _address: str | None = None
         _refused = False
+        _in_head = False  # between a request's first byte and the end of its headers
+        _head_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
@@ -145,7 +164,7 @@ def protocol_class(http: HttpSettings) -> type[H11Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._refused:
+            if self._refused or self.transport.is_closing():
                 return
             cycle = self.cycle
             if self._header_timer is None and (cycle is None or cycle.response_complete):
@@ -153,10 +172,24 @@ def protocol_class(http: HttpSettings) -> type[H11Protocol]:
             super().data_received(data)
             if self.cycle is not cycle:  # a request's headers are complete
                 self._disarm_header_timer()
+            if self._in_head:
+                self._head_bytes += len(data)  # (with the end of the message before it, if any)
+                if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                    logger.info("refused a request whose line and headers took more than %d bytes", MAX_HEAD_BYTES)
+                    self.transport.write(_HEAD_TOO_LARGE)
+                    self.transport.close()
+
+        def on_message_begin(self) -> None:
+            self._in_head, self._head_bytes = True, 0
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            if self.cycle.more_body and not self.transport.is_closing():
                 # Answered before the body ended (refused, too slow, too large): the rest of it is
                 # read and dropped for at most header_timeout (closing at once would reset the
                 # connection under the client before it reads the answer).
@@ -177,7 +210,7 @@ def protocol_class(http: HttpSettings) -> type[H11Protocol]:
                 logger.info("closed a connection whose request headers took more than %g s", header_timeout)
                 self.transport.close()
 
-    return GuardedH11Protocol
+    return GuardedProtocol
 
 
 def uvicorn_limits(http: HttpSettings) -> dict[str, Any]:
