@@ -1,4 +1,4 @@
-"""The input schemas the SDK checks ``Mcp-Param-*`` headers against: only those that declare any."""
+"""server/app.py: the input schemas the SDK checks ``Mcp-Param-*`` headers against, only those that declare any."""
 
 from __future__ import annotations
 
