@@ -3,15 +3,17 @@
 :class:`OffLoop` is the tracer provider's span processor (a ``SynchronousMultiSpanProcessor``: the
 processors added to the provider are its own). The SDK's spans (the MCP SDK's, of the requests this
 server sends) reach its processors as ever; an ended :class:`~mcp_sandbox.tracing.spans.OwnSpan`
-is handed to it (:meth:`OffLoop.hand`: one queue put on the event loop) and its thread turns it
-into the SDK's ``ReadableSpan`` (the span limits and attribute validation applied here) and gives
-that to the processors: a ``BatchSpanProcessor`` and its exporter do the rest. ``force_flush`` and
-``shutdown`` first wait for what is queued to reach the processors. Imported only where an SDK
-tracer provider is in use.
+is handed to it (:meth:`OffLoop.hand`: one append on the event loop, no other thread woken) and
+its thread, every :data:`INTERVAL`, turns what was handed into the SDK's ``ReadableSpan`` (the
+span limits and attribute validation applied here) and gives each to the processors: a
+``BatchSpanProcessor`` and its exporter do the rest. ``force_flush`` and ``shutdown`` first wait
+for what was handed to reach the processors. Imported only where an SDK tracer provider is in use.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -27,7 +29,10 @@ from mcp_sandbox.tracing.spans import OwnSpan
 
 __all__ = ["OffLoop"]
 
-_STOP: Final = object()
+# How often the thread takes the spans handed to it (the batch processor after it sends every 5 s by default),
+# and how many waiting wake it sooner: no wake-up of another thread per span on the event loop.
+INTERVAL: Final = 0.2
+_WAKE_AT: Final = 512
 logger = logging.getLogger(__name__)
 
 
@@ -41,23 +46,38 @@ class OffLoop(SynchronousMultiSpanProcessor):
         super().__init__()  # type: ignore[no-untyped-call]
         self._scope = InstrumentationScope(scope)
         self._limits = SpanLimits()  # the OTEL_SPAN_*/OTEL_ATTRIBUTE_* limits, as the SDK's spans read them
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._spans: collections.deque[OwnSpan] = collections.deque()
+        self._flushes: queue.SimpleQueue[threading.Event] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._convert, name="otel-own-spans", daemon=True)
         self._thread.start()
 
     def hand(self, span: OwnSpan) -> None:
-        """Take an ended span of this server's (called on the thread that ends it: no more than a queue put)."""
-        self._queue.put(span)
+        """Take an ended span of this server's (called on the thread that ends it: an append, most times)."""
+        self._spans.append(span)
+        if len(self._spans) >= _WAKE_AT:
+            self._wake.set()
 
     def _convert(self) -> None:
-        while (item := self._queue.get()) is not _STOP:
-            if isinstance(item, threading.Event):
-                item.set()  # a flush: everything handed before it has reached the processors
-            elif isinstance(item, OwnSpan):
+        while True:
+            self._wake.wait(INTERVAL)
+            self._wake.clear()
+            stopping = self._stopped.is_set()
+            flushes: list[threading.Event] = []
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    flushes.append(self._flushes.get_nowait())
+            while self._spans:  # every span handed before the flushes taken above, and maybe some after
+                span = self._spans.popleft()
                 try:
-                    self.on_end(self._readable(item))
+                    self.on_end(self._readable(span))
                 except Exception:  # one span lost, not the thread: the spans after it still leave
                     logger.exception("a span could not be handed to the span processors")
+            for reached in flushes:
+                reached.set()
+            if stopping:
+                return
 
     def _readable(self, span: OwnSpan) -> ReadableSpan:
         limits = self._limits
@@ -99,7 +119,8 @@ class OffLoop(SynchronousMultiSpanProcessor):
         if not self._thread.is_alive():
             return True
         reached = threading.Event()
-        self._queue.put(reached)
+        self._flushes.put(reached)
+        self._wake.set()
         return reached.wait(timeout_millis / 1000)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -110,6 +131,7 @@ class OffLoop(SynchronousMultiSpanProcessor):
 
     def shutdown(self) -> None:
         self._drained(30000)
-        self._queue.put(_STOP)
+        self._stopped.set()
+        self._wake.set()
         self._thread.join()
         super().shutdown()
