@@ -131,6 +131,9 @@ def test_shutdown_exports_what_is_queued_through_a_batch_processor() -> None:
         pipeline.start(f"call {index}", None, SpanKind.SERVER, {"index": index}).end()
     provider.shutdown()
     assert [span.name for span in exporter.get_finished_spans()] == [f"call {index}" for index in range(50)]
+    late = pipeline.start("after shutdown", None, SpanKind.SERVER, None)
+    late.end()  # dropped, not kept
+    assert isinstance(pipeline.sink, OffLoop) and not pipeline.sink._spans
 
 
 def test_a_provider_without_the_own_pipeline_keeps_the_sdks_spans() -> None:

@@ -55,6 +55,8 @@ class OffLoop(SynchronousMultiSpanProcessor):
 
     def hand(self, span: OwnSpan) -> None:
         """Take an ended span of this server's (called on the thread that ends it: an append, most times)."""
+        if self._stopped.is_set():
+            return  # shut down: nothing takes it any more (as the SDK's processors drop it)
         self._spans.append(span)
         if len(self._spans) >= _WAKE_AT:
             self._wake.set()
