@@ -10,10 +10,12 @@ a run without one (on the traced server, a trace of its own). Then the price of 
 itself, in process: ``mcp_sandbox.tracing.span`` with no span recording, per call, and the number
 of such look-ups a run makes; and the span middleware of each message the server takes (this
 server's, and the MCP SDK's it replaces) with no tracer provider installed; then, with one, each
-part of a traced run's span (extracting the ``traceparent``, starting, telling the run, ending) and
-what the exporter's thread spends on a span (OTLP encoding, a gRPC export to the receiver), in
-CPU time of the calling thread. Medians and p95 in milliseconds. Nothing is asserted; absolute
-numbers drift +-30% between runs on a shared 2-core machine.
+part of a traced run's span (extracting the ``traceparent``, starting, telling the run, ending),
+as the OpenTelemetry SDK's span and as this server's own (``mcp_sandbox.tracing.spans``, with the
+SDK's span it is made into off the loop), and what the exporter's thread spends on a span (OTLP
+encoding, a gRPC export to the receiver), in CPU time of the calling thread. Medians and p95 in
+milliseconds. Nothing is asserted; absolute numbers drift +-30% between runs on a shared 2-core
+machine.
 
 Run: `.venv/bin/python bench/trace_cost.py [--runs N]`.
 """
@@ -32,7 +34,7 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from mcp import Client
@@ -205,13 +207,21 @@ def _parts_on() -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    from mcp_sandbox.tracing.records import OffLoop
+    from mcp_sandbox.tracing.spans import OwnSpan, pipeline_of
+
     with grpc_receiver() as (endpoint, _):
         exporter = OTLPSpanExporter(endpoint=endpoint, insecure=True)
-        provider = TracerProvider(shutdown_on_exit=False)
         # Nothing exported while timing (the queue holds every span ended), so no other thread runs meanwhile.
+        provider = TracerProvider(shutdown_on_exit=False)  # the SDK's spans, as before this server made its own
         provider.add_span_processor(BatchSpanProcessor(exporter, 1 << 20, 3_600_000, 1 << 19))
-        trace.set_tracer_provider(provider)
-        tracer = trace.get_tracer(tracing.SCOPE)
+        tracer = provider.get_tracer(tracing.SCOPE)
+        # This server's own spans, as the server makes them (what RequestSpans uses once installed).
+        ours = TracerProvider(shutdown_on_exit=False, active_span_processor=OffLoop(tracing.SCOPE))
+        ours.add_span_processor(BatchSpanProcessor(exporter, 1 << 20, 3_600_000, 1 << 19))
+        trace.set_tracer_provider(ours)
+        pipeline = pipeline_of(ours.get_tracer(tracing.SCOPE))
+        assert pipeline is not None
         call = _Call()
         parent = tracing.remote_parent(call.meta)
         name, kind = "tools/call run_python", SpanKind.SERVER
@@ -235,10 +245,17 @@ def _parts_on() -> None:
         number = 2_000
         name, kind = "tools/call run_python", SpanKind.SERVER
         spans = [tracer.start_span(name, parent, kind, started) for _ in range(5 * number)]
+        own = [pipeline.start(name, parent, kind, started) for _ in range(5 * number)]
         pending = iter(spans)
 
         def tell() -> None:
             opened = next(pending)
+            opened.add_event("mcp_sandbox.run.start")
+            opened.set_attributes(placed)
+            opened.set_attributes(ended)
+
+        def tell_own() -> None:
+            opened = next(told)
             opened.add_event("mcp_sandbox.run.start")
             opened.set_attributes(placed)
             opened.set_attributes(ended)
@@ -253,13 +270,28 @@ def _parts_on() -> None:
             "attach and detach it": attach,
             "tell the run: an event, 6 attributes": tell,
         }
+        told = iter(own)
         print("\ntracing on, in process (us of this thread's CPU)")
         for label, part in parts.items():
             print(f"  {label:<48} {_per_call_us(part, number):8.3f}")
         pending = iter(spans)
         print(f"  {'end it (into the batch queue)':<48} {_per_call_us(lambda: next(pending).end(), number):8.3f}")
+        print("  this server's own span (tracing.spans), on the event loop")
+        own_parts = {
+            "  start, 5 attributes (the sampler, ids)": lambda: pipeline.start(name, parent, kind, started),
+            "  tell the run: an event, 6 attributes": tell_own,
+        }
+        for label, part in own_parts.items():
+            print(f"  {label:<48} {_per_call_us(part, number):8.3f}")
+        ending = iter(own)
+        print(f"  {'  end it (handed to the queue)':<48} {_per_call_us(lambda: next(ending).end(), number):8.3f}")
         drive = functools.partial(_drive, RequestSpans())
         print(f"  {'RequestSpans, per traced message (all of it)':<48} {_per_call_us(drive, number // 4):8.3f}")
+        ended_own = [opened for opened in own if isinstance(opened, OwnSpan) and not opened.is_recording()]
+        offloop = cast(OffLoop, pipeline.sink)
+        converting = iter(ended_own)
+        made = _per_call_us(lambda: offloop._readable(next(converting)), number)
+        print(f"  {'  made the SDK span, off the loop (its thread)':<48} {made:8.3f}")
         # An ended SDK span is the ReadableSpan its processors get.
         readable = [opened for opened in spans if isinstance(opened, SdkSpan) and not opened.is_recording()][:512]
         print("  the exporter's thread, per span of a batch of 512")

@@ -13,6 +13,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tracing.pipelines import PIPELINES, under
+
 TESTS = Path(__file__).resolve().parents[1]
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -47,6 +49,7 @@ async def main() -> None:
 
 
 anyio.run(main)
+provider.force_flush()
 spans = {span.name: span for span in exporter.get_finished_spans()}
 print(json.dumps({
     name: {
@@ -61,9 +64,10 @@ print(json.dumps({
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_the_owner_continues_the_forwarding_replicas_trace_from_its_header() -> None:
+@PIPELINES
+def test_the_owner_continues_the_forwarding_replicas_trace_from_its_header(pipeline: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
-    script = textwrap.dedent(_SCRIPT)
+    script = under(textwrap.dedent(_SCRIPT), pipeline)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     spans = json.loads(done.stdout)

@@ -17,6 +17,7 @@ from mcp.server._otel import OpenTelemetryMiddleware
 
 from mcp_sandbox.server.app import _Opening, _server
 from mcp_sandbox.tracing.requests import RequestSpans
+from tracing.pipelines import PIPELINES, under
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -95,6 +96,7 @@ made = {}
 for middleware in (OpenTelemetryMiddleware(), RequestSpans()):
     exporter.clear()
     anyio.run(each, middleware)
+    provider.force_flush()
     made[type(middleware).__name__] = [
         {
             "name": span.name,
@@ -116,8 +118,10 @@ print(json.dumps({"off": off, **made}))
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_the_servers_request_span_is_the_sdks_without_an_exceptions_message_and_nothing_when_off() -> None:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_BOTH)], capture_output=True, text=True, timeout=60)
+@PIPELINES
+def test_the_servers_request_span_is_the_sdks_without_an_exceptions_message_and_nothing_when_off(pipeline: str) -> None:
+    script = under(textwrap.dedent(_BOTH), pipeline)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     made = json.loads(done.stdout)
     assert made["off"] == [None] * 7  # off: the handler runs under no span

@@ -16,6 +16,7 @@ from mcp_sandbox import tracing
 from mcp_sandbox.errors import ConfigError
 from mcp_sandbox.server.transport.mcp_route import _continue_trace
 from mcp_sandbox.tracing.export import traces_url
+from tracing.pipelines import PIPELINES, under
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -76,6 +77,7 @@ with tracing.span("fails", context=parent) as fails:
     fails_recording = fails.is_recording()
 with tracing.step("untraced-step") as untraced_step:
     pass
+provider.force_flush()
 spans = {span.name: span for span in exporter.get_finished_spans()}
 child = spans["child"]
 print(json.dumps({
@@ -96,8 +98,12 @@ print(json.dumps({
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_on_a_span_continues_a_traceparent_keeps_an_exceptions_class_not_its_message_and_steps_fold_into_it() -> None:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_ON)], capture_output=True, text=True, timeout=60)
+@PIPELINES
+def test_on_a_span_continues_a_traceparent_keeps_an_exceptions_class_not_its_message_and_steps_fold_into_it(
+    pipeline: str,
+) -> None:
+    script = under(textwrap.dedent(_ON), pipeline)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["none"] and seen["names"] == ["cancelled", "child", "fails", "root", "stepped"]  # none untraced
@@ -153,6 +159,7 @@ async def main() -> None:
 
 
 anyio.run(main)
+provider.force_flush()
 spans = exporter.get_finished_spans()
 calls = {span.context.span_id: span.name for span in spans if span.name.startswith("call ")}
 print(json.dumps(sorted(
@@ -162,8 +169,9 @@ print(json.dumps(sorted(
 """.replace("TRACEPARENT", TRACEPARENT)
 
 
-def test_only_a_run_that_waits_for_its_slot_has_an_admission_span() -> None:
-    script = textwrap.dedent(_ADMISSION)
+@PIPELINES
+def test_only_a_run_that_waits_for_its_slot_has_an_admission_span(pipeline: str) -> None:
+    script = under(textwrap.dedent(_ADMISSION), pipeline)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [

@@ -15,6 +15,9 @@ spans of its own for its steps. Attributes are the callers' bounded values: name
 ports, verdicts, counts; never code, output, file contents, tokens or secret values. An exception
 leaving a span sets ``error.type`` to its class name and no message (a message can quote the code);
 a cancellation sets nothing.
+The spans this server makes are its own (:mod:`.spans`: a few stores on the event loop, made the
+SDK's spans off it by :mod:`.records`) where the provider's pipeline is the one :mod:`.export`
+installs; under any other provider they are the installed tracer's (:func:`start`).
 This module imports only the OpenTelemetry API, which the MCP SDK depends on.
 """
 
@@ -33,6 +36,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from mcp_sandbox.tracing.spans import Pipeline, pipeline_of
+
 __all__ = [
     "AttributeValue",
     "Span",
@@ -45,6 +50,7 @@ __all__ = [
     "inject",
     "remote_parent",
     "span",
+    "start",
     "step",
     "trace_id",
 ]
@@ -63,6 +69,32 @@ _OFF: Final[contextlib.nullcontext[None]] = contextlib.nullcontext()
 _apart: Final = contextvars.ContextVar[bool]("mcp_sandbox_tracing_apart", default=False)
 
 
+class _Known:
+    """The tracer provider last seen and its pipeline for this server's own spans (None: the SDK's tracer's)."""
+
+    __slots__ = ("pipeline", "provider")
+
+    def __init__(self) -> None:
+        self.provider: object = None
+        self.pipeline: Pipeline | None = None
+
+
+_known: Final = _Known()
+
+
+def start(name: str, context: Context | None, kind: SpanKind, attributes: Mapping[str, AttributeValue] | None) -> Span:
+    """A span of this server, started (not current): its own (:mod:`.spans`) where the provider's pipeline takes
+    those, else the installed tracer's; recording or not as the provider's sampler decides."""
+    provider = trace.get_tracer_provider()
+    if provider is not _known.provider:
+        _known.pipeline = pipeline_of(provider.get_tracer(SCOPE))
+        _known.provider = provider
+    if _known.pipeline is not None:
+        return _known.pipeline.start(name, context, kind, attributes)
+    # No record_exception: an exception's message and stack could quote the code or a secret.
+    return _tracer.start_span(name, context, kind, attributes, record_exception=False, set_status_on_exception=False)
+
+
 def span(
     name: str,
     attributes: Mapping[str, AttributeValue] | None = None,
@@ -76,8 +108,7 @@ def span(
     """
     if context is None and not trace.get_current_span().is_recording():
         return _OFF
-    # No record_exception: an exception's message and stack could quote the code or a secret.
-    return _Recording(_tracer.start_span(name, context, kind, attributes, record_exception=False))
+    return _Recording(start(name, context, kind, attributes))
 
 
 def step(name: str) -> contextlib.AbstractContextManager[Span | None]:
@@ -92,7 +123,7 @@ def step(name: str) -> contextlib.AbstractContextManager[Span | None]:
     if not opened.is_recording():
         return _OFF
     if _apart.get():
-        return _Recording(_tracer.start_span(name, None, SpanKind.INTERNAL, None, record_exception=False))
+        return _Recording(start(name, None, SpanKind.INTERNAL, None))
     return _Told(opened)
 
 

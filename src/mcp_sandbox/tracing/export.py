@@ -4,8 +4,9 @@ Only imported where ``otel_endpoint`` (or ``OTEL_EXPORTER_OTLP_ENDPOINT``) is se
 SDK is never loaded and :mod:`mcp_sandbox.tracing` makes no spans. The SDK and the exporters come
 with the ``otel`` extra (``pip install 'mcp-sandbox[otel]'``). The provider is process-wide (the
 MCP SDK's spans find it through the OpenTelemetry API's global), so it is installed by the command
-that serves, around the whole server. Spans leave in batches from the SDK's own thread; leaving
-the block flushes what is pending, waiting at most :data:`SHUTDOWN_BOUND`.
+that serves, around the whole server. This server's own spans become the SDK's off the event loop
+(:mod:`.records`); spans leave in batches from the SDK's own thread; leaving the block flushes
+what is pending, waiting at most :data:`SHUTDOWN_BOUND`.
 
 The standard ``OTEL_*`` variables the SDK reads still apply: ``OTEL_SERVICE_NAME`` and
 ``OTEL_RESOURCE_ATTRIBUTES`` (the resource), ``OTEL_TRACES_SAMPLER`` (the sampler),
@@ -69,6 +70,8 @@ def exporting(endpoint: str, protocol: str, version: str) -> Iterator[None]:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
             exporter = HttpExporter(endpoint=url)
+        from mcp_sandbox.tracing import SCOPE
+        from mcp_sandbox.tracing.records import OffLoop
     except ImportError as exc:
         raise ConfigError(
             f"otel_endpoint is set but the OpenTelemetry SDK is not installed ({exc.name} is missing):"
@@ -78,7 +81,8 @@ def exporting(endpoint: str, protocol: str, version: str) -> Iterator[None]:
     resource = Resource({"service.name": "mcp-sandbox", "service.version": version}).merge(
         OTELResourceDetector().detect()
     )
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)  # shut down below, bounded
+    # This server's spans reach the processors off the event loop (tracing.records); shut down below, bounded.
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False, active_span_processor=OffLoop(SCOPE))
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     try:

@@ -22,11 +22,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from pydantic import ValidationError
 
-from mcp_sandbox.tracing import SCOPE, failed, remote_parent
+from mcp_sandbox.tracing import failed, remote_parent, start
 
 __all__ = ["RequestSpans"]
 
-_tracer = trace.get_tracer(SCOPE)
 _INVALID_PARAMS: Final = str(INVALID_PARAMS)
 
 
@@ -48,13 +47,11 @@ class RequestSpans:
                 attributes["gen_ai.tool.name"] = target
         elif method == "prompts/get" and target is not None:
             attributes["gen_ai.prompt.name"] = target
-        opened = _tracer.start_span(
+        opened = start(
             f"{method} {target}" if target else method,
             remote_parent(ctx.meta) if ctx.meta else None,
             SpanKind.SERVER,
             attributes,
-            record_exception=False,
-            set_status_on_exception=False,
         )
         token = otel_context.attach(trace.set_span_in_context(opened))
         try:
