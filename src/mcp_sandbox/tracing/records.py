@@ -33,6 +33,9 @@ __all__ = ["OffLoop"]
 # and how many waiting wake it sooner: no wake-up of another thread per span on the event loop.
 INTERVAL: Final = 0.2
 _WAKE_AT: Final = 512
+# Spans waiting at most (a thread starved of the CPU): past it the oldest are dropped, as the batch processor
+# after it drops spans past its own queue.
+_MOST_WAITING: Final = 8192
 logger = logging.getLogger(__name__)
 
 
@@ -46,7 +49,7 @@ class OffLoop(SynchronousMultiSpanProcessor):
         super().__init__()  # type: ignore[no-untyped-call]
         self._scope = InstrumentationScope(scope)
         self._limits = SpanLimits()  # the OTEL_SPAN_*/OTEL_ATTRIBUTE_* limits, as the SDK's spans read them
-        self._spans: collections.deque[OwnSpan] = collections.deque()
+        self._spans: collections.deque[OwnSpan] = collections.deque(maxlen=_MOST_WAITING)
         self._flushes: queue.SimpleQueue[threading.Event] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopped = threading.Event()

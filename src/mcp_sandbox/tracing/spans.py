@@ -1,13 +1,13 @@
 """This server's own spans: a few attribute stores on the event loop, made into the SDK's spans off it.
 
 Why our own: the OpenTelemetry SDK's span creation (``start_span``: validated attributes under a
-lock, the processors told at start, a ``ReadableSpan`` and the batch queue at end) cost about
-0.4 ms of the event loop per warm traced run in the running server (extract 84 µs, ``start_span``
-119, attributes and the run's event 88, ``end`` 46: each SDK call 6-13 times its tight-loop cost,
-its code pushed out of the CPU's caches between runs), against the issue's 0.3 ms for all of
-tracing. An :class:`OwnSpan` stores its name, ids, attributes, events and status in slots, and
-at its end hands itself to its pipeline's sink (:class:`mcp_sandbox.tracing.records.OffLoop`), whose
-thread builds the SDK's ``ReadableSpan`` from it and gives it to the provider's processors.
+lock, the processors told at start, a ``ReadableSpan`` and the batch queue at end) took more of a
+running server's event loop per warm traced run than tracing's whole budget: each SDK call costs
+many times its tight-loop figure there, its code pushed out of the CPU's caches between runs
+(bench/README.md's trace_cost section has the parts and the figures). An :class:`OwnSpan` stores
+its name, ids, attributes, events and status in slots, and at its end hands itself to its
+pipeline's sink (:class:`mcp_sandbox.tracing.records.OffLoop`), whose thread builds the SDK's
+``ReadableSpan`` from it and gives it to the provider's processors.
 
 What it keeps from the SDK: the provider's sampler decides at start (``OTEL_TRACES_SAMPLER``; a
 call not recorded gets the API's non-recording span, as the SDK gives), its ``IdGenerator`` makes
