@@ -146,6 +146,18 @@ async def run_python(client: Client, arguments: dict[str, Any] | None, bound: fl
         return await client.call_tool("run_python", arguments)
 
 
+async def run_in(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
+    """Run ``code`` in ``conversation`` (more tool arguments as keywords): the result's structured content."""
+    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
+
+
+async def run_ok(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
+    """:func:`run_in`, asserting the run succeeded."""
+    data = await run_in(client, code, conversation, **arguments)
+    assert data["status"] == "success", data
+    return data
+
+
 def structured(result: CallToolResult) -> dict[str, Any]:
     data: dict[str, Any] | None = result.structured_content
     assert data is not None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import textwrap
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from mcp import Client
 
 from engine.test_warm import _FRESH_STATE, _SCHEDULING_ATTACK
-from mcp_test_helpers import CALL_BOUND, memory_client, run_python, structured
+from mcp_test_helpers import CALL_BOUND, memory_client, new_conversation, run_in, run_ok, run_python, structured
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -29,20 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 async def client(state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
     async with memory_client(state_dir, sandbox_runtime) as client:
         yield client
-
-
-def _new() -> str:
-    return f"c-{uuid.uuid4().hex}"
-
-
-async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
-
-
-async def _ok(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    data = await _run(client, code, conversation, **arguments)
-    assert data["status"] == "success", data
-    return data
 
 
 _SOURCE = """
@@ -65,10 +50,10 @@ os.symlink('data.txt', '/workspace/link')
 
 
 async def test_a_fork_sees_the_sources_variables_functions_modules_and_files(client: Client) -> None:
-    source, fork = _new(), _new()
-    await _ok(client, _SOURCE, source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, _SOURCE, source)
 
-    data = await _ok(
+    data = await run_ok(
         client,
         "print(numbers, counts['a'], double(21), json.dumps({'k': 1}), open('data.txt').read(),"
         " open('sub/deeper/n.txt').read(), os.readlink('link'))",
@@ -103,14 +88,14 @@ _FIND = (
 
 
 async def test_writes_after_a_fork_stay_on_their_side(client: Client) -> None:
-    source, fork = _new(), _new()
-    await _ok(
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(
         client,
         "x = 1\nopen('shared.txt', 'w').write('before')\nopen('/tmp/t.txt', 'w').write('tmp before')\n"
         f"import subprocess\nworker = subprocess.Popen(['sh', '-c', 'sleep 300 # {_MARKER}'])",
         source,
     )
-    forked = await _ok(
+    forked = await run_ok(
         client,
         _FIND + "import os\nprint(os.path.exists('/tmp/t.txt'), running('" + _MARKER + "'))\n"
         "x = 2\nopen('shared.txt', 'w').write('fork')\nopen('/tmp/t.txt', 'w').write('tmp fork')\n"
@@ -118,15 +103,15 @@ async def test_writes_after_a_fork_stay_on_their_side(client: Client) -> None:
         fork,
         forkFrom=source,
     )
-    await _ok(client, "x += 10\nopen('source-only.txt', 'w').write('s')", source)
+    await run_ok(client, "x += 10\nopen('source-only.txt', 'w').write('s')", source)
 
-    in_source = await _ok(
+    in_source = await run_ok(
         client,
         _FIND + "print(x, open('shared.txt').read(), open('/tmp/t.txt').read(), sorted(os.listdir('.')),"
         f" running('{_MARKER}'))",
         source,
     )
-    in_fork = await _ok(
+    in_fork = await run_ok(
         client,
         _FIND + "print(x, open('shared.txt').read(), open('/tmp/t.txt').read(), sorted(os.listdir('.')),"
         f" running('{_MARKER}'))",
@@ -140,14 +125,14 @@ async def test_writes_after_a_fork_stay_on_their_side(client: Client) -> None:
 
 
 async def test_a_fork_of_a_fork_and_a_checkpoint_rolled_back(client: Client) -> None:
-    work, checkpoint, second, rolled = _new(), _new(), _new(), _new()
-    await _ok(client, "state = ['a']\nopen('log.txt', 'w').write('a')", work)
-    await _ok(client, "pass", checkpoint, forkFrom=work)  # a checkpoint: a fork kept idle
-    await _ok(client, "state.append('b')\nopen('log.txt', 'a').write('b')", work)
-    await _ok(client, "state.append('c')", second, forkFrom=work)
+    work, checkpoint, second, rolled = new_conversation(), new_conversation(), new_conversation(), new_conversation()
+    await run_ok(client, "state = ['a']\nopen('log.txt', 'w').write('a')", work)
+    await run_ok(client, "pass", checkpoint, forkFrom=work)  # a checkpoint: a fork kept idle
+    await run_ok(client, "state.append('b')\nopen('log.txt', 'a').write('b')", work)
+    await run_ok(client, "state.append('c')", second, forkFrom=work)
 
-    back = await _ok(client, "print(state, open('log.txt').read())", rolled, forkFrom=checkpoint)
-    of_fork = await _ok(client, "print(state, open('log.txt').read())", _new(), forkFrom=second)
+    back = await run_ok(client, "print(state, open('log.txt').read())", rolled, forkFrom=checkpoint)
+    of_fork = await run_ok(client, "print(state, open('log.txt').read())", new_conversation(), forkFrom=second)
 
     assert back["stdout"] == "['a'] a\n"
     assert of_fork["stdout"] == "['a', 'b', 'c'] ab\n"
@@ -156,11 +141,11 @@ async def test_a_fork_of_a_fork_and_a_checkpoint_rolled_back(client: Client) -> 
 async def test_a_fork_of_an_idle_source_carries_its_files_and_says_its_variables_were_not(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
-    source, fork = _new(), _new()
+    source, fork = new_conversation(), new_conversation()
     async with memory_client(state_dir, sandbox_runtime, session_park_after=0) as client:  # not parked at its stop
-        await _ok(client, "x = 1\nopen('kept.txt', 'w').write('k')", source)
+        await run_ok(client, "x = 1\nopen('kept.txt', 'w').write('k')", source)
     async with memory_client(state_dir, sandbox_runtime) as client:  # a new server: no live interpreter
-        data = await _run(client, "print(open('kept.txt').read(), 'x' in globals())", fork, forkFrom=source)
+        data = await run_in(client, "print(open('kept.txt').read(), 'x' in globals())", fork, forkFrom=source)
 
     assert data["stdout"] == "k False\n"
     assert data["fork"]["variables"] == 0
@@ -168,15 +153,15 @@ async def test_a_fork_of_an_idle_source_carries_its_files_and_says_its_variables
 
 
 async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(client: Client) -> None:
-    source = _new()
-    await _ok(client, "x = 1", source)
-    existing = _new()
-    await _ok(client, "y = 1", existing)
+    source = new_conversation()
+    await run_ok(client, "x = 1", source)
+    existing = new_conversation()
+    await run_ok(client, "y = 1", existing)
 
     no_conversation = structured(await run_python(client, {"code": "1", "forkFrom": source}))
-    exists = await _run(client, "1", existing, forkFrom=source)
-    missing = await _run(client, "1", _new(), forkFrom=_new())
-    itself = await _run(client, "1", source, forkFrom=source)
+    exists = await run_in(client, "1", existing, forkFrom=source)
+    missing = await run_in(client, "1", new_conversation(), forkFrom=new_conversation())
+    itself = await run_in(client, "1", source, forkFrom=source)
 
     assert no_conversation["status"] == "validation_error"
     assert "conversationId" in no_conversation["error"]
@@ -191,15 +176,15 @@ async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(clien
 async def test_a_fork_over_the_quota_is_refused_and_leaves_nothing(
     state_dir: Path, sandbox_runtime: Path | None
 ) -> None:
-    source, fork = _new(), _new()
+    source, fork = new_conversation(), new_conversation()
     async with memory_client(state_dir, sandbox_runtime) as client:
-        await _ok(client, "open('big.bin', 'wb').write(b'x' * 300_000)", source)
+        await run_ok(client, "open('big.bin', 'wb').write(b'x' * 300_000)", source)
     before = set(os.listdir(state_dir / "workspaces"))
     # The operator lowered the quota since: the source is over it, and a fork would start over it.
     async with memory_client(state_dir, sandbox_runtime, quota_bytes=200_000) as client:
-        data = await _run(client, "print('ran')", fork, forkFrom=source)
+        data = await run_in(client, "print('ran')", fork, forkFrom=source)
         after = set(os.listdir(state_dir / "workspaces"))
-        again = await _run(client, "import os\nprint(os.listdir('.'))", fork)
+        again = await run_in(client, "import os\nprint(os.listdir('.'))", fork)
 
     assert data["status"] == "validation_error"
     assert data["error"].startswith("forkFrom:")
@@ -220,12 +205,12 @@ async def _running(state_dir: Path) -> None:
 
 
 async def test_a_fork_of_a_running_conversation_waits_for_its_call(client: Client, state_dir: Path) -> None:
-    source, fork = _new(), _new()
-    await _ok(client, "x = 0", source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, "x = 0", source)
     results: dict[str, dict[str, Any]] = {}
 
     async def slow() -> None:
-        results["source"] = await _ok(
+        results["source"] = await run_ok(
             client,
             "import time\nopen('started', 'w').close()\ntime.sleep(1.5)\nx = 1\nopen('late.txt', 'w').write('late')",
             source,
@@ -235,7 +220,7 @@ async def test_a_fork_of_a_running_conversation_waits_for_its_call(client: Clien
         async with anyio.create_task_group() as group:
             group.start_soon(slow)
             await _running(state_dir)
-            results["fork"] = await _ok(client, "print(x, open('late.txt').read())", fork, forkFrom=source)
+            results["fork"] = await run_ok(client, "print(x, open('late.txt').read())", fork, forkFrom=source)
 
     assert results["fork"]["stdout"] == "1 late\n"  # of the moment after the running call
 
@@ -243,40 +228,40 @@ async def test_a_fork_of_a_running_conversation_waits_for_its_call(client: Clien
 async def test_a_fork_of_a_conversation_still_running_at_the_timeout_is_refused_as_busy(
     client: Client, state_dir: Path
 ) -> None:
-    source, fork = _new(), _new()
-    await _ok(client, "x = 0", source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, "x = 0", source)
     results: dict[str, dict[str, Any]] = {}
 
     async def slow() -> None:
-        results["source"] = await _ok(client, "import time\nopen('started', 'w').close()\ntime.sleep(4)", source)
+        results["source"] = await run_ok(client, "import time\nopen('started', 'w').close()\ntime.sleep(4)", source)
 
     with anyio.fail_after(CALL_BOUND):
         async with anyio.create_task_group() as group:
             group.start_soon(slow)
             await _running(state_dir)
-            results["fork"] = await _run(client, "print(x)", fork, forkFrom=source, timeout=1)
+            results["fork"] = await run_in(client, "print(x)", fork, forkFrom=source, timeout=1)
 
     assert results["fork"]["status"] == "error"
     assert results["fork"]["error"].startswith("busy:")
-    after = await _ok(client, "import os\nprint(os.listdir('.'))", fork)
+    after = await run_ok(client, "import os\nprint(os.listdir('.'))", fork)
     assert after["stdout"] == "[]\n"
 
 
 async def test_a_fork_starts_in_the_state_of_a_new_conversation_whatever_its_source_did(client: Client) -> None:
     # The red-team checks of warm residue (issue 21, finding 9) on forks: the source's scheduling
     # policy, xattrs, directory modes and descriptor flags are its sandbox's, not carried.
-    source, fork = _new(), _new()
-    await _ok(client, textwrap.dedent(_SCHEDULING_ATTACK), source)
-    fresh = await _ok(client, textwrap.dedent(_FRESH_STATE), _new())
-    forked = await _ok(client, textwrap.dedent(_FRESH_STATE), fork, forkFrom=source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, textwrap.dedent(_SCHEDULING_ATTACK), source)
+    fresh = await run_ok(client, textwrap.dedent(_FRESH_STATE), new_conversation())
+    forked = await run_ok(client, textwrap.dedent(_FRESH_STATE), fork, forkFrom=source)
 
     assert eval(forked["stdout"]) == eval(fresh["stdout"])
     assert eval(forked["stdout"])["xattrs"] == [[], [], []]
 
 
 async def test_a_javascript_fork_carries_the_files_and_says_the_variables_were_not(client: Client) -> None:
-    source, fork = _new(), _new()
-    await _ok(client, "x = 1\nopen('note.txt', 'w').write('from python')", source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, "x = 1\nopen('note.txt', 'w').write('from python')", source)
 
     with anyio.fail_after(CALL_BOUND):
         result = await client.call_tool(
@@ -300,17 +285,17 @@ async def test_a_javascript_fork_carries_the_files_and_says_the_variables_were_n
 async def test_a_fork_cut_short_while_its_source_dumps_ends_the_sources_interpreter_and_makes_nothing(
     client: Client,
 ) -> None:
-    source, fork = _new(), _new()
-    await _ok(
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(
         client,
         "import time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(30)\n        return (int, ())\n"
         "slow = Slow()\nx = 1",
         source,
     )
 
-    refused = await _run(client, "print('ran')", fork, forkFrom=source, timeout=1)
-    after = await _ok(client, "print('x' in globals())", source)
-    forked_id = await _ok(client, "import os\nprint(os.listdir('.'))", fork)
+    refused = await run_in(client, "print('ran')", fork, forkFrom=source, timeout=1)
+    after = await run_ok(client, "print('x' in globals())", source)
+    forked_id = await run_ok(client, "import os\nprint(os.listdir('.'))", fork)
 
     assert refused["status"] == "error"
     assert refused["error"].startswith("busy:")
@@ -323,12 +308,12 @@ _PARENT = "import os\nprint(b'--ready=' in open('/proc/self/cmdline', 'rb').read
 
 
 async def test_a_forks_first_run_is_born_of_a_session_ready_sandbox_with_the_variables(client: Client) -> None:
-    source = _new()
-    await _ok(client, "import pandas as pd\nframe = pd.DataFrame({'a': [1, 2, 3]})", source)
+    source = new_conversation()
+    await run_ok(client, "import pandas as pd\nframe = pd.DataFrame({'a': [1, 2, 3]})", source)
 
     with anyio.fail_after(CALL_BOUND):
         while True:  # until a session-ready sandbox is idle (the first conversation started the pool)
-            data = await _ok(client, _PARENT + "print(int(frame.a.sum()))", _new(), forkFrom=source)
+            data = await run_ok(client, _PARENT + "print(int(frame.a.sum()))", new_conversation(), forkFrom=source)
             if data["stdout"].startswith("True\n"):
                 break
             await anyio.sleep(0.2)

@@ -20,12 +20,10 @@ from engine.test_warm import _FRESH_STATE, _SCHEDULING_ATTACK
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.server import build_server
 from mcp_sandbox.server.service import open_service
-from mcp_test_helpers import CALL_BOUND
+from mcp_test_helpers import CALL_BOUND, new_conversation, run_ok
 
 from ..runs.test_containers_e2e import container_backend
 from .test_fork import (
-    _new,
-    _ok,
     test_a_fork_sees_the_sources_variables_functions_modules_and_files,
     test_writes_after_a_fork_stay_on_their_side,
 )
@@ -74,11 +72,11 @@ assert _ATTACK != textwrap.dedent(_SCHEDULING_ATTACK), "the attack's xattr and c
 async def test_a_fork_starts_in_the_state_of_a_new_conversation_whatever_its_source_did(client: Client) -> None:
     # The source's scheduling policy, xattrs, directory modes and descriptor flags are its
     # container's: what the attack changed stays in the source, and the fork starts as a new one.
-    source, fork = _new(), _new()
-    attack = await _ok(client, _ATTACK, source)
-    left = await _ok(client, textwrap.dedent(_FRESH_STATE), source)  # what the attack left there
-    fresh = await _ok(client, textwrap.dedent(_FRESH_STATE), _new())
-    forked = await _ok(client, textwrap.dedent(_FRESH_STATE), fork, forkFrom=source)
+    source, fork = new_conversation(), new_conversation()
+    attack = await run_ok(client, _ATTACK, source)
+    left = await run_ok(client, textwrap.dedent(_FRESH_STATE), source)  # what the attack left there
+    fresh = await run_ok(client, textwrap.dedent(_FRESH_STATE), new_conversation())
+    forked = await run_ok(client, textwrap.dedent(_FRESH_STATE), fork, forkFrom=source)
 
     tried, in_source, new = eval(attack["stdout"]), eval(left["stdout"]), eval(fresh["stdout"])
     assert tried["xattr /workspace"] is None  # the one xattr a copy of the files could carry was set

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import Client
 
-from mcp_test_helpers import memory_client, run_python, structured
+from mcp_test_helpers import memory_client, new_conversation, run_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -32,14 +30,6 @@ BUDGET = 64 << 20  # tenant_workspaces_bytes: such a snapshot fits, with 30 MiB 
 async def client(state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator[Client]:
     async with memory_client(state_dir, sandbox_runtime, tenant_workspaces_bytes=BUDGET) as client:
         yield client
-
-
-def _new() -> str:
-    return f"c-{uuid.uuid4().hex}"
-
-
-async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
 
 
 def _status(field: str) -> int:
@@ -73,11 +63,13 @@ _SOURCE = f"import hashlib, os\nblob = os.urandom({VARIABLES})\ndigest = hashlib
 async def test_a_fork_of_30_mib_of_variables_does_not_grow_the_servers_memory_with_them(
     client: Client, state_dir: Path
 ) -> None:
-    source = _new()
-    assert (await _run(client, _SOURCE, source))["status"] == "success"
+    source = new_conversation()
+    assert (await run_in(client, _SOURCE, source))["status"] == "success"
 
     before = _peak_from_now()
-    forked = await _run(client, "print(hashlib.sha256(blob).hexdigest() == digest)", _new(), forkFrom=source)
+    forked = await run_in(
+        client, "print(hashlib.sha256(blob).hexdigest() == digest)", new_conversation(), forkFrom=source
+    )
     growth = _status("VmHWM") - before
 
     assert (forked["status"], forked["stdout"]) == ("success", "True\n"), forked
@@ -90,13 +82,13 @@ async def test_a_snapshot_past_the_tenants_disk_budget_is_refused_and_leaves_not
     client: Client, state_dir: Path
 ) -> None:
     # The files (30 MiB) fit the budget; with the snapshot of the variables (40 MiB) spooled beside them they do not.
-    source, fork = _new(), _new()
-    made = await _run(client, _SOURCE + "\nopen('/workspace/data', 'wb').write(blob)", source)
+    source, fork = new_conversation(), new_conversation()
+    made = await run_in(client, _SOURCE + "\nopen('/workspace/data', 'wb').write(blob)", source)
     assert made["status"] == "success", made
 
-    refused = await _run(client, "print('ran')", fork, forkFrom=source)
-    after = await _run(client, "print(len(blob), len(os.listdir('.')))", source)
-    fresh = await _run(client, "import os\nprint(os.listdir('.'), 'blob' in globals())", fork)
+    refused = await run_in(client, "print('ran')", fork, forkFrom=source)
+    after = await run_in(client, "print(len(blob), len(os.listdir('.')))", source)
+    fresh = await run_in(client, "import os\nprint(os.listdir('.'), 'blob' in globals())", fork)
 
     assert refused["status"] == "validation_error", refused
     assert "tenant_workspaces_bytes" in refused["error"] and "nothing was copied" in refused["error"]
@@ -121,11 +113,11 @@ x = 1
 async def test_a_source_flooding_its_snapshot_past_the_cap_forks_without_variables_and_the_server_stays_small(
     client: Client, state_dir: Path
 ) -> None:
-    source = _new()
-    assert (await _run(client, _FLOOD, source))["status"] == "success"
+    source = new_conversation()
+    assert (await run_in(client, _FLOOD, source))["status"] == "success"
 
     before = _peak_from_now()
-    forked = await _run(client, "print('x' in globals())", _new(), forkFrom=source)
+    forked = await run_in(client, "print('x' in globals())", new_conversation(), forkFrom=source)
     growth = _status("VmHWM") - before
 
     assert (forked["status"], forked["stdout"]) == ("success", "False\n"), forked

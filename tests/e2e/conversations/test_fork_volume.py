@@ -15,7 +15,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
@@ -32,9 +31,8 @@ from mcp_test_helpers import (
     auth_tokens,
     http_server,
     memory_client,
+    run_ok,
     run_over_http,
-    run_python,
-    structured,
     upload,
 )
 from s3_helpers import files, s3_env, store_url
@@ -62,12 +60,6 @@ async def client(state_dir: Path, sandbox_runtime: Path | None) -> AsyncIterator
         release_volume(state_dir)
 
 
-async def _ok(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    data = structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
-    assert data["status"] == "success", data
-    return data
-
-
 _CHECKS = """
 import os, stat
 print(os.getcwd(), os.path.samefile('/workspace', '/data'), sorted(os.listdir('/workspace')))
@@ -88,12 +80,12 @@ async def test_a_fork_on_the_volume_is_an_ordinary_workspace_whose_shared_blocks
     client: Client, state_dir: Path
 ) -> None:
     source, fork = f"c-{uuid.uuid4().hex}", f"c-{uuid.uuid4().hex}"
-    await _ok(client, "open('blocks.bin', 'wb').write(b'0123456789' * 100_000)", source)
+    await run_ok(client, "open('blocks.bin', 'wb').write(b'0123456789' * 100_000)", source)
 
-    forked = await _ok(client, _CHECKS, fork, forkFrom=source)
-    await _ok(client, "with open('blocks.bin', 'r+b') as file:\n    file.write(b'SRC')", source)
-    in_fork = await _ok(client, "print(open('blocks.bin', 'rb').read(12))", fork)
-    in_source = await _ok(client, "print(open('blocks.bin', 'rb').read(12))", source)
+    forked = await run_ok(client, _CHECKS, fork, forkFrom=source)
+    await run_ok(client, "with open('blocks.bin', 'r+b') as file:\n    file.write(b'SRC')", source)
+    in_fork = await run_ok(client, "print(open('blocks.bin', 'rb').read(12))", fork)
+    in_source = await run_ok(client, "print(open('blocks.bin', 'rb').read(12))", source)
 
     assert forked["fork"]["reflinked"] == forked["fork"]["files"] == 1
     lines = forked["stdout"].splitlines()

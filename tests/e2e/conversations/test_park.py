@@ -11,7 +11,6 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -20,7 +19,7 @@ from mcp import Client
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.workspace import load_secret
-from mcp_test_helpers import memory_client, poll, run_python, structured, text
+from mcp_test_helpers import memory_client, poll, run_in, run_python, structured, text
 from settings_helpers import store_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -79,10 +78,6 @@ def _new() -> str:
     return f"park-{uuid.uuid4().hex}"
 
 
-async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
-
-
 def _parked(state_dir: Path) -> list[Path]:
     parked = state_dir / "parked"
     return sorted(parked.glob("*.state")) if parked.is_dir() else []
@@ -106,7 +101,7 @@ async def test_an_idle_session_is_parked_and_resumed_with_its_variables_naming_w
     parking: Client, state_dir: Path
 ) -> None:
     conversation = _new()
-    defined = await _run(parking, _DEFINE, conversation)
+    defined = await run_in(parking, _DEFINE, conversation)
     assert defined["status"] == "success", defined
     state = _state(state_dir, conversation)
     with anyio.fail_after(_PARK_WAIT):
@@ -139,12 +134,12 @@ async def test_a_resumed_sandbox_holds_no_descriptor_of_the_state_when_any_of_it
     parking: Client, state_dir: Path
 ) -> None:
     conversation = _new()
-    assert (await _run(parking, _SPY + "payload = bytes(1 << 20)", conversation))["status"] == "success"
+    assert (await run_in(parking, _SPY + "payload = bytes(1 << 20)", conversation))["status"] == "success"
     state = _state(state_dir, conversation)
     with anyio.fail_after(_PARK_WAIT):
         await poll(state.exists)
 
-    resumed = await _run(parking, "print(type(spy).__name__, len(payload))\nprint(*spy, sep='\\n')", conversation)
+    resumed = await run_in(parking, "print(type(spy).__name__, len(payload))\nprint(*spy, sep='\\n')", conversation)
 
     assert resumed["session"] == "resumed", resumed
     listed, *links = resumed["stdout"].splitlines()
@@ -175,7 +170,7 @@ async def test_a_resumed_state_is_mapped_copy_on_write_held_in_the_quota_and_del
 ) -> None:
     conversation = _new()
     async with memory_client(state_dir, sandbox_runtime) as client:
-        made = await _run(client, "import numpy as np\nbig = np.arange(1 << 19, dtype='float64')", conversation)
+        made = await run_in(client, "import numpy as np\nbig = np.arange(1 << 19, dtype='float64')", conversation)
         assert made["status"] == "success", made
     state = _state(state_dir, conversation)  # parked at the graceful stop
     held = state.with_suffix(".held")
@@ -185,12 +180,12 @@ async def test_a_resumed_state_is_mapped_copy_on_write_held_in_the_quota_and_del
 
     async with memory_client(state_dir, sandbox_runtime) as client:
         swept = not left.exists()
-        resumed = await _run(client, _MAPPED_ATTACK, conversation)
+        resumed = await run_in(client, _MAPPED_ATTACK, conversation)
         held_then, parked_then = held.exists(), state.exists()
         unchanged = held_then and held.read_bytes() == whole
         settings = load_settings(env={}, flags={"state_dir": str(state_dir)})
         usage = store_of(settings, load_secret(state_dir)).usage(state.stem).bytes
-        fresh = await _run(client, "print('big' in globals())", conversation, reset=True)
+        fresh = await run_in(client, "print('big' in globals())", conversation, reset=True)
         released = not held.exists()
 
     assert swept
@@ -206,12 +201,12 @@ async def test_a_graceful_stop_parks_every_session_and_the_restarted_server_resu
 ) -> None:
     conversation = _new()
     async with memory_client(state_dir, sandbox_runtime) as client:
-        assert (await _run(client, "total = sum(range(10))", conversation))["status"] == "success"
+        assert (await run_in(client, "total = sum(range(10))", conversation))["status"] == "success"
         assert _parked(state_dir) == []  # the default waits minutes before parking an idle session
     assert len(_parked(state_dir)) == 1
 
     async with memory_client(state_dir, sandbox_runtime) as client:
-        resumed = await _run(client, "print(total)", conversation)
+        resumed = await run_in(client, "print(total)", conversation)
 
     assert (resumed["status"], resumed["stdout"], resumed["session"]) == ("success", "45\n", "resumed")
     assert "notKept" not in resumed
@@ -226,10 +221,10 @@ async def test_twenty_conversations_past_the_session_cap_are_parked_and_each_res
     # Four live at most, parked only to make room (never at idle here): each new one parks another.
     async with memory_client(state_dir, sandbox_runtime, max_sessions=4, session_park_after=300.0) as client:
         for conversation, index in own.items():
-            defined = await _run(client, f"mine, name = {index}, {conversation!r}", conversation)
+            defined = await run_in(client, f"mine, name = {index}, {conversation!r}", conversation)
             assert defined["status"] == "success", defined
         parked = len(_parked(state_dir))
-        resumed = [await _run(client, "print(mine, name)", conversation) for conversation in order]
+        resumed = [await run_in(client, "print(mine, name)", conversation) for conversation in order]
 
     assert parked == 16
     for conversation, result in zip(order, resumed, strict=True):
@@ -240,11 +235,11 @@ async def test_twenty_conversations_past_the_session_cap_are_parked_and_each_res
 
 async def test_a_reset_deletes_the_parked_state_and_starts_afresh(parking: Client, state_dir: Path) -> None:
     conversation = _new()
-    assert (await _run(parking, "kept_value = 1", conversation))["status"] == "success"
+    assert (await run_in(parking, "kept_value = 1", conversation))["status"] == "success"
     with anyio.fail_after(_PARK_WAIT):
         await poll(lambda: len(_parked(state_dir)) == 1)
 
-    fresh = await _run(parking, "print('kept_value' in globals())", conversation, reset=True)
+    fresh = await run_in(parking, "print('kept_value' in globals())", conversation, reset=True)
 
     assert (fresh["session"], fresh["stdout"]) == ("new", "False\n")
     assert _parked(state_dir) == []
@@ -252,7 +247,7 @@ async def test_a_reset_deletes_the_parked_state_and_starts_afresh(parking: Clien
 
 async def test_a_parked_state_altered_on_disk_is_refused_never_loaded(parking: Client, state_dir: Path) -> None:
     conversation = _new()
-    assert (await _run(parking, "value = 'original'", conversation))["status"] == "success"
+    assert (await run_in(parking, "value = 'original'", conversation))["status"] == "success"
     with anyio.fail_after(_PARK_WAIT):
         await poll(lambda: len(_parked(state_dir)) == 1)
     [path] = _parked(state_dir)
@@ -260,9 +255,9 @@ async def test_a_parked_state_altered_on_disk_is_refused_never_loaded(parking: C
     data[len(data) // 2] ^= 0x01  # one bit of the snapshot
     path.write_bytes(bytes(data))
 
-    refused = await _run(parking, "open('ran.txt', 'w').write('ran')\nprint(value)", conversation)
+    refused = await run_in(parking, "open('ran.txt', 'w').write('ran')\nprint(value)", conversation)
     deleted = _parked(state_dir) == []  # refused: deleted, no session started to park again
-    listed = await _run(parking, "import os\nprint(os.path.exists('ran.txt'), 'value' in globals())", conversation)
+    listed = await run_in(parking, "import os\nprint(os.path.exists('ran.txt'), 'value' in globals())", conversation)
 
     assert refused["status"] == "error"
     assert "failed its integrity check" in refused["error"] and "nothing ran" in refused["error"]
@@ -272,8 +267,8 @@ async def test_a_parked_state_altered_on_disk_is_refused_never_loaded(parking: C
 
 async def test_a_parked_state_moved_to_another_conversation_is_refused(parking: Client, state_dir: Path) -> None:
     first, second = _new(), _new()
-    assert (await _run(parking, "owner = 'first'", first))["status"] == "success"
-    assert (await _run(parking, "owner = 'second'", second))["status"] == "success"
+    assert (await run_in(parking, "owner = 'first'", first))["status"] == "success"
+    assert (await run_in(parking, "owner = 'second'", second))["status"] == "success"
     with anyio.fail_after(_PARK_WAIT):
         await poll(lambda: len(_parked(state_dir)) == 2)
     one, other = _parked(state_dir)
@@ -283,7 +278,7 @@ async def test_a_parked_state_moved_to_another_conversation_is_refused(parking: 
     swap.rename(other)
 
     for conversation in (first, second):
-        refused = await _run(parking, "print(owner)", conversation)
+        refused = await run_in(parking, "print(owner)", conversation)
         assert refused["status"] == "error", refused
         assert "failed its integrity check" in refused["error"]
     assert _parked(state_dir) == []
@@ -293,14 +288,14 @@ async def test_a_fork_of_a_parked_conversation_carries_its_variables_and_leaves_
     parking: Client, state_dir: Path
 ) -> None:
     source, fork = _new(), _new()
-    assert (await _run(parking, "class Point:\n    x = 3\nplace = Point()", source))["status"] == "success"
+    assert (await run_in(parking, "class Point:\n    x = 3\nplace = Point()", source))["status"] == "success"
     state = _state(state_dir, source)
     with anyio.fail_after(_PARK_WAIT):
         await poll(state.exists)
 
-    forked = await _run(parking, "print(place.x, type(place).__name__)", fork, forkFrom=source)
+    forked = await run_in(parking, "print(place.x, type(place).__name__)", fork, forkFrom=source)
     still_parked = state.exists()
-    resumed = await _run(parking, "print(place.x)", source)
+    resumed = await run_in(parking, "print(place.x)", source)
 
     assert (forked["status"], forked["stdout"]) == ("success", "3 Point\n"), forked
     assert forked["fork"]["variables"] == 2 and forked["session"] == "new"
@@ -311,7 +306,7 @@ async def test_a_fork_of_a_parked_conversation_carries_its_variables_and_leaves_
 async def test_with_parking_off_a_graceful_stop_parks_nothing(state_dir: Path, sandbox_runtime: Path | None) -> None:
     conversation = _new()
     async with memory_client(state_dir, sandbox_runtime, session_park_after=0) as client:
-        assert (await _run(client, "lost = 1", conversation))["status"] == "success"
+        assert (await run_in(client, "lost = 1", conversation))["status"] == "success"
 
     assert _parked(state_dir) == []
 
@@ -322,12 +317,12 @@ async def test_a_park_keeps_no_more_variables_than_the_conversations_quota_leave
     conversation = _new()
     code = "open('fill.bin', 'wb').write(b'f' * (700 << 10))\nbig = b'b' * (500 << 10)\nsmall = 7"
     async with memory_client(state_dir, sandbox_runtime, session_park_after=1.0, quota_bytes=1 << 20) as client:
-        assert (await _run(client, code, conversation))["status"] == "success"
+        assert (await run_in(client, code, conversation))["status"] == "success"
         state = _state(state_dir, conversation)
         with anyio.fail_after(_PARK_WAIT):
             await poll(state.exists)
         size = state.stat().st_size
-        resumed = await _run(client, "print(small, 'big' in globals())", conversation)
+        resumed = await run_in(client, "print(small, 'big' in globals())", conversation)
 
     assert size < 300 << 10  # what the quota left: the 500 KiB variable is not in it
     assert (resumed["session"], resumed["stdout"]) == ("resumed", "7 False\n")

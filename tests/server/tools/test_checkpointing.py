@@ -9,16 +9,14 @@ and the double runs code as this process's uid), the quota and a tampered state.
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import Client
 
 from doubles.sandbox import PlainProcessBackend
-from mcp_test_helpers import memory_client, run_python, structured, text
+from mcp_test_helpers import memory_client, new_conversation, run_in, run_python, structured, text
 
 pytestmark = pytest.mark.anyio
 
@@ -31,21 +29,13 @@ async def client(module_state_dir: Path) -> AsyncIterator[Client]:
         yield client
 
 
-def _new() -> str:
-    return f"c-{uuid.uuid4().hex}"
-
-
-async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
-
-
 async def test_a_checkpoint_saved_before_the_code_is_restored_with_its_variables(client: Client) -> None:
-    conversation = _new()
-    await _run(client, "count = 1", conversation)
-    saved = await _run(client, "count = 2", conversation, checkpoint="one")
+    conversation = new_conversation()
+    await run_in(client, "count = 1", conversation)
+    saved = await run_in(client, "count = 2", conversation, checkpoint="one")
     answer = await run_python(client, {"code": "print(count)", "conversationId": conversation, "reset": "one"})
     restored = structured(answer)
-    goes_on = await _run(client, "count += 10\nprint(count)", conversation)
+    goes_on = await run_in(client, "count += 10\nprint(count)", conversation)
 
     assert saved["status"] == "success", saved
     assert saved["checkpoint"]["saved"]["name"] == "one" and saved["checkpoint"]["saved"]["variables"] is True
@@ -56,15 +46,15 @@ async def test_a_checkpoint_saved_before_the_code_is_restored_with_its_variables
 
 
 async def test_a_checkpoint_is_deleted_by_name_and_a_missing_or_malformed_one_is_refused(client: Client) -> None:
-    conversation = _new()
-    await _run(client, "value = 'kept'", conversation)
-    await _run(client, "pass", conversation, checkpoint="a")
-    await _run(client, "pass", conversation, checkpoint="b")
+    conversation = new_conversation()
+    await run_in(client, "value = 'kept'", conversation)
+    await run_in(client, "pass", conversation, checkpoint="a")
+    await run_in(client, "pass", conversation, checkpoint="b")
 
-    deleted = await _run(client, "print(value)", conversation, checkpoint="-a")
-    missing = await _run(client, "print('ran')", conversation, checkpoint="-a")
-    malformed = await _run(client, "print('ran')", conversation, checkpoint="-../b")
-    gone = await _run(client, "print('ran')", conversation, reset="a")
+    deleted = await run_in(client, "print(value)", conversation, checkpoint="-a")
+    missing = await run_in(client, "print('ran')", conversation, checkpoint="-a")
+    malformed = await run_in(client, "print('ran')", conversation, checkpoint="-../b")
+    gone = await run_in(client, "print('ran')", conversation, reset="a")
 
     assert (deleted["status"], deleted["stdout"]) == ("success", "kept\n"), deleted
     assert deleted["checkpoint"]["deleted"]["name"] == "a" and deleted["checkpoint"]["deleted"]["checkpoints"] == ["b"]
@@ -76,10 +66,10 @@ async def test_a_checkpoint_is_deleted_by_name_and_a_missing_or_malformed_one_is
 
 
 async def test_a_checkpoint_past_the_most_a_conversation_keeps_is_refused_before_the_code_runs(client: Client) -> None:
-    conversation = _new()
-    names = [(await _run(client, "pass", conversation, checkpoint=name))["status"] for name in ("a", "b", "c")]
-    fourth = await _run(client, "print('ran')", conversation, checkpoint="d")
-    resaved = await _run(client, "pass", conversation, checkpoint="b")
+    conversation = new_conversation()
+    names = [(await run_in(client, "pass", conversation, checkpoint=name))["status"] for name in ("a", "b", "c")]
+    fourth = await run_in(client, "print('ran')", conversation, checkpoint="d")
+    resaved = await run_in(client, "pass", conversation, checkpoint="b")
 
     assert names == ["success"] * 3
     assert fourth["status"] == "validation_error" and fourth["stdout"] == ""

@@ -9,38 +9,21 @@ the scheduling attack) and, in test_fork_containers.py, on containers.
 
 from __future__ import annotations
 
-import uuid
-from typing import Any
-
 import pytest
 from mcp import Client
 
-from mcp_test_helpers import run_python, structured
+from mcp_test_helpers import new_conversation, run_in, run_ok, run_python, structured
 
 pytestmark = pytest.mark.anyio
 
 
-def _new() -> str:
-    return f"c-{uuid.uuid4().hex}"
-
-
-async def _run(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    return structured(await run_python(client, {"code": code, "conversationId": conversation, **arguments}))
-
-
-async def _ok(client: Client, code: str, conversation: str, **arguments: Any) -> dict[str, Any]:
-    data = await _run(client, code, conversation, **arguments)
-    assert data["status"] == "success", data
-    return data
-
-
 async def test_a_fork_carries_the_sources_variables_and_each_side_keeps_its_own(client: Client) -> None:
-    source, fork = _new(), _new()
-    await _ok(client, "numbers = [1, 2]", source)
+    source, fork = new_conversation(), new_conversation()
+    await run_ok(client, "numbers = [1, 2]", source)
 
-    forked = await _ok(client, "numbers.append(3)\nprint(numbers)", fork, forkFrom=source)
-    unmoved = await _ok(client, "print(numbers)", source)
-    kept = await _ok(client, "print(numbers)", fork)
+    forked = await run_ok(client, "numbers.append(3)\nprint(numbers)", fork, forkFrom=source)
+    unmoved = await run_ok(client, "print(numbers)", source)
+    kept = await run_ok(client, "print(numbers)", fork)
 
     assert forked["stdout"] == "[1, 2, 3]\n"
     assert (forked["fork"]["from"], forked["fork"]["variables"], forked["fork"]["skipped"]) == (source, 1, [])
@@ -50,16 +33,16 @@ async def test_a_fork_carries_the_sources_variables_and_each_side_keeps_its_own(
 
 
 async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(client: Client) -> None:
-    source = _new()
-    await _ok(client, "x = 1", source)
-    existing = _new()
-    await _ok(client, "y = 1", existing)
+    source = new_conversation()
+    await run_ok(client, "x = 1", source)
+    existing = new_conversation()
+    await run_ok(client, "y = 1", existing)
 
     no_conversation = structured(await run_python(client, {"code": "1", "forkFrom": source}))
-    exists = await _run(client, "1", existing, forkFrom=source)
-    missing = await _run(client, "1", _new(), forkFrom=_new())
-    itself = await _run(client, "1", source, forkFrom=source)
-    saved_at_once = await _run(client, "1", _new(), forkFrom=source, checkpoint="now")
+    exists = await run_in(client, "1", existing, forkFrom=source)
+    missing = await run_in(client, "1", new_conversation(), forkFrom=new_conversation())
+    itself = await run_in(client, "1", source, forkFrom=source)
+    saved_at_once = await run_in(client, "1", new_conversation(), forkFrom=source, checkpoint="now")
 
     assert no_conversation["status"] == "validation_error"
     assert no_conversation["error"].startswith("forkFrom:") and "conversationId" in no_conversation["error"]
