@@ -195,6 +195,7 @@ class ReplicaSet:
     token: str
     metrics_token: str
     root: Path
+    fresh: Replica | None = None  # replica_set(fresh=True): the server beside them that takes no lease
 
     def admin(self, command: str) -> str:
         """What HAProxy's runtime API (the config's ``stats socket``) answers to ``command``."""
@@ -272,11 +273,15 @@ async def replica_set(
     runtime: Path | None = None,
     env: Mapping[str, str] | None = None,
     small_disk: str | None = None,
+    fresh: bool = False,
 ) -> AsyncIterator[ReplicaSet]:
     """``count`` replicas sharing ``database_url`` and a new prefix of the store at ``s3_endpoint``
     behind HAProxy (see the module's docstring); everything is stopped and removed when the block ends.
     ``small_disk`` (a tmpfs ``size=``, as root): the last replica's state directory is a tmpfs of
-    that size, so a test can fill its disk."""
+    that size, so a test can fill its disk. ``fresh``: one more server, started and stopped with
+    the replicas, not behind the balancer: a state directory of its own, the same token, server
+    secret, database and store, and no ``replica_url`` (it takes no lease), so each conversation it
+    is asked about is restored from the store alone."""
     require_haproxy()
     root = private_tmpdir("replicas-")
     token = secrets.token_urlsafe(24)
@@ -285,6 +290,8 @@ async def replica_set(
     bind_port = free_port()
     balancer_url = f"http://127.0.0.1:{bind_port}"
     replicas: list[Replica] = []
+    servers: list[Replica] = []  # the replicas and the fresh one
+    spare: Replica | None = None
     mounted: list[Path] = []
     try:
         store = store_url("replicas-")
@@ -319,9 +326,25 @@ async def replica_set(
             replicas.append(
                 Replica(f"replica{index}", port, state_dir, _server_env(runtime, shared), home / "server.log")
             )
+        if fresh:
+            home = root / "fresh"
+            home.mkdir(mode=0o711)
+            (home / "state").mkdir(mode=0o700)
+            (home / "state" / "secret").write_bytes(server_secret)
+            (home / "state" / "secret").chmod(0o600)
+            alone = {
+                "MCP_SANDBOX_TOKEN": token,
+                "MCP_SANDBOX_DATABASE_URL": database_url,
+                "MCP_SANDBOX_OBJECT_STORE_URL": store,
+                "MCP_SANDBOX_POOL_SIZE": "1",
+                "MCP_SANDBOX_PRESTART_SIZE": "0",
+                **s3_env(s3_endpoint),
+            }
+            spare = Replica("fresh", free_port(), home / "state", _server_env(runtime, alone), home / "server.log")
+        servers = [*replicas, *([spare] if spare is not None else [])]
         async with anyio.create_task_group() as group:
-            for replica in replicas:
-                group.start_soon(replica.start)
+            for server in servers:
+                group.start_soon(server.start)
         config = balancer_config(
             HAPROXY_CONFIG.read_text(),
             f"127.0.0.1:{bind_port}",
@@ -329,12 +352,12 @@ async def replica_set(
             root / ADMIN_SOCKET,
         )
         async with _haproxy(config, root, bind_port) as url:
-            yield ReplicaSet(url, replicas, store, database_url, token, metrics_token, root)
+            yield ReplicaSet(url, replicas, store, database_url, token, metrics_token, root, spare)
     finally:
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as group:
-                for replica in replicas:
-                    group.start_soon(replica.stop)
+                for server in servers:
+                    group.start_soon(server.stop)
             for state_dir in mounted:
                 await anyio.run_process(["umount", "-l", str(state_dir)])
         remove_tree(root)

@@ -140,7 +140,10 @@ _SERVICE_FIXTURES = frozenset({"postgres", "s3_endpoint", "own_cluster"})
 # (tests/sandbox/test_limits.py).
 _SERIAL_MODULES = frozenset(
     {
+        # A frozen owner's calls are answered within six 3 s leases: a busy machine holds one longer.
         "tests/replicas/test_nemesis.py",
+        # Its pool_idle of 2 s must outlast a ready sandbox's start: on a busy machine a pool is
+        # retired before its first sandbox is ready, which then never becomes idle.
         "tests/engine/test_ready_by_uid.py",
     }
 )

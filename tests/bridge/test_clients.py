@@ -2,8 +2,10 @@
 
 Each test marks the processes it starts with an environment variable of its own, so it finds
 them (and only them) in /proc without knowing how the SDK spawns them. The tests that bound a
-timeout, a start or a stop in a few seconds are marked ``serial`` (``make test`` runs them alone);
-the others bound only a hang, and run on the parallel workers.
+timeout or a start in a few seconds are marked ``serial`` (``make test`` runs them alone): on a
+busy machine the fixture server can take longer than a 5 s connect timeout to start, an echo
+longer than a 0.5 s call timeout to answer, or ``sleep`` longer than a 1 s one to be seen. The
+others bound only a hang, or a stop well past what it takes, and run on the parallel workers.
 """
 
 from __future__ import annotations
@@ -231,7 +233,6 @@ async def test_all_tools_starts_every_server_at_once_and_reports_the_broken_one(
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 async def test_leaving_the_pool_stops_its_servers_within_the_bound() -> None:
     servers = {"one": fixture_spec("one"), "two": fixture_spec("two")}
     with anyio.fail_after(BOUND):
@@ -243,7 +244,6 @@ async def test_leaving_the_pool_stops_its_servers_within_the_bound() -> None:
         await wait_until_gone(pids)
 
 
-@pytest.mark.serial
 async def test_an_http_server_on_a_closed_port_is_a_downstream_error_not_a_hang() -> None:
     # Bound but not listening: a connection is refused, and no other process can take the port.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:

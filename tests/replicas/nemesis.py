@@ -3,10 +3,10 @@
 :func:`faulty_cluster` starts, for a module, a SeaweedFS of its own (so killing it touches no
 other test's store), three replicas behind HAProxy (tests/balancer_helpers.py) with a short lease,
 the third one's state directory on a small tmpfs (as root) so its disk can be filled, and a
-*fresh* server beside them: a new state directory, the same database, store and server secret,
-no ``replica_url`` (it takes no lease), so each conversation it is asked about is restored from
-the object store alone. :class:`Nemesis` injects the faults and waits for the cluster to recover
-by polling, never by sleeping.
+*fresh* server started beside them (``replica_set(fresh=True)``): a new state directory, the same
+database, store and server secret, no ``replica_url`` (it takes no lease), so each conversation
+it is asked about is restored from the object store alone. :class:`Nemesis` injects the faults
+and waits for the cluster to recover by polling, never by sleeping.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import collections
 import contextlib
 import os
 import signal
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -27,11 +26,10 @@ import pytest
 
 from balancer_helpers import Replica, ReplicaSet, replica_set
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.workspace import remove_tree
-from mcp_test_helpers import fill_disk, http_server, new_conversation, upload
+from mcp_test_helpers import fill_disk, new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import lease_rows
-from s3_helpers import Weed, s3_env, weed_server
+from s3_helpers import Weed, weed_server
 from settings_helpers import store_of
 
 from .model import Model, Phase, check, check_links, workload
@@ -179,36 +177,6 @@ class Nemesis:
             filler.unlink()
 
 
-def _fresh_state(secret: bytes) -> Path:
-    """A new reachable directory holding ``state/`` with the cluster's server ``secret`` alone."""
-    parent = Path(tempfile.mkdtemp(prefix="mcp-sandbox-test-fresh-"))
-    parent.chmod(0o711)  # the sandbox's uid traverses to its workspace
-    (parent / "state").mkdir(mode=0o700)
-    (parent / "state" / "secret").write_bytes(secret)
-    (parent / "state" / "secret").chmod(0o600)
-    return parent
-
-
-@contextlib.asynccontextmanager
-async def _fresh_server(cluster: ReplicaSet, endpoint: str, runtime: Path | None) -> AsyncIterator[str]:
-    """A server with a new state directory and no lease, restoring from the cluster's store alone."""
-    parent = _fresh_state((cluster.replicas[0].state_dir / "secret").read_bytes())
-    state = parent / "state"
-    env = {
-        "MCP_SANDBOX_TOKEN": cluster.token,
-        "MCP_SANDBOX_DATABASE_URL": cluster.database_url,
-        "MCP_SANDBOX_OBJECT_STORE_URL": cluster.store_url,
-        "MCP_SANDBOX_POOL_SIZE": "1",
-        "MCP_SANDBOX_PRESTART_SIZE": "0",
-        **s3_env(endpoint),
-    }
-    try:
-        async with http_server(state, env=env, runtime=runtime, start_bound=90.0) as url:
-            yield url
-    finally:
-        remove_tree(parent)
-
-
 @contextlib.asynccontextmanager
 async def faulty_cluster(postgres: Cluster, runtime: Path | None) -> AsyncIterator[Nemesis]:
     """The module's cluster and nemesis (see the module's docstring)."""
@@ -216,14 +184,15 @@ async def faulty_cluster(postgres: Cluster, runtime: Path | None) -> AsyncIterat
     env = {"MCP_SANDBOX_REPLICA_LEASE": f"{LEASE:g}"}
     small = DISK if os.geteuid() == 0 else None  # mounting a tmpfs needs root
     with weed_server() as weed:
-        async with (
-            replica_set(
-                postgres.create_database(), weed.endpoint, runtime=runtime, env=env, small_disk=small
-            ) as cluster,
-            _fresh_server(cluster, weed.endpoint, runtime) as fresh,
-        ):
+        database = postgres.create_database()
+        async with replica_set(
+            database, weed.endpoint, runtime=runtime, env=env, small_disk=small, fresh=True
+        ) as cluster:
+            assert cluster.fresh is not None
             disk = cluster.replicas[-1].state_dir if small else None
-            yield Nemesis(cluster, postgres, weed, fresh, disk, clients=4, per_client=1 if rounds == 1 else 2)
+            yield Nemesis(
+                cluster, postgres, weed, cluster.fresh.url, disk, clients=4, per_client=1 if rounds == 1 else 2
+            )
 
 
 def require_root(nemesis: Nemesis) -> Path:
