@@ -35,7 +35,7 @@ CONCERN_FILES = frozenset(
         "test_tree.py",  # this file
         "test_xdist_scopes.py",  # tests/xdist_scopes.py, the workers' units
         "workspace/test_public_api.py",  # the workspace package's __all__
-        "tracing/test_spans.py",  # the tracing package's rules, on and off
+        "tracing/test_tracing.py",  # the tracing package's rules (its __init__), on and off
         # Real sandboxes, attacked or run through a running engine.
         "egress/test_egress.py",  # the proxy's rules, attacked from a sandbox
         "egress/test_egress_loopback.py",  # the host's loopback through the proxy

@@ -1,231 +1,177 @@
-"""mcp_sandbox.tracing's rules: nothing made when off, no exception text when on; a step told on its call's span
-unless in the background; where traces go; the HTTP header; an admission span only for a run that waits."""
+"""This server's own spans (tracing.spans) and their export side (tracing.records), in process.
+
+Each test builds an SDK tracer provider with :class:`OffLoop` as its span processor and starts
+spans through its pipeline directly: nothing is installed process-wide. What is exported is the
+SDK's ``ReadableSpan``, read back from the SDK's in-memory exporter.
+"""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
-from opentelemetry import baggage, trace
-from starlette.datastructures import Headers
-
-from mcp_sandbox import tracing
-from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.transport.mcp_route import _continue_trace
-from mcp_sandbox.tracing.export import traces_url
-from tracing.pipelines import PIPELINES, under
-
-TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-def test_off_a_span_is_one_shared_empty_block_and_no_trace_id() -> None:
-    first, second = tracing.span("a", {"k": 1}), tracing.span("b")
-    with first as opened:
-        assert opened is None
-    assert first is second
-    assert tracing.trace_id() is None and not tracing.enabled()
-    carrier: dict[str, str] = {}
-    tracing.inject(carrier)
-    assert carrier == {}
-    assert tracing.context_of({"traceparent": TRACEPARENT}) is None  # off: a header starts nothing
-
-
-# In a process of its own: the tracer provider is process-wide, and this worker's other tests trace nothing.
-_ON = """
-import asyncio
-import json
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import SpanKind, StatusCode
 
-exporter = InMemorySpanExporter()
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(exporter))
-trace.set_tracer_provider(provider)
 from mcp_sandbox import tracing
+from mcp_sandbox.tracing.records import OffLoop
+from mcp_sandbox.tracing.spans import OwnSpan, Pipeline, pipeline_of
 
-with tracing.span("untraced") as none:
-    pass
-parent = tracing.context_of({"traceparent": "TRACEPARENT"})
-with tracing.span("root", context=parent) as root:
-    during = tracing.trace_id()
-    try:
-        with tracing.span("child", {"mcp_sandbox.language": "python"}):
-            raise ValueError("secret-in-a-message-31337")
-    except ValueError:
-        pass
-    try:
-        with tracing.span("cancelled"):
-            raise asyncio.CancelledError
-    except asyncio.CancelledError:
-        pass
-    with tracing.step("folded") as told:  # within the call: told on its span
-        told_root = told is root
-        told.set_attribute("mcp_sandbox.placement", "warm")
-    with tracing.background(), tracing.step("stepped") as own:  # may outlive it: a span of its own
-        own.set_attribute("mcp_sandbox.placement", "session")
-with tracing.span("fails", context=parent) as fails:
-    try:
-        with tracing.step("folded-fails"):
-            raise KeyError("secret-in-a-message-31337")
-    except KeyError:
-        pass
-    fails_recording = fails.is_recording()
-with tracing.step("untraced-step") as untraced_step:
-    pass
-provider.force_flush()
-spans = {span.name: span for span in exporter.get_finished_spans()}
-child = spans["child"]
-print(json.dumps({
-    "none": none is None,
-    "names": sorted(spans),
-    "during": during,
-    "parent": format(spans["root"].parent.span_id, "016x"),
-    "child_parent": child.parent.span_id == spans["root"].context.span_id,
-    "attributes": dict(child.attributes),
-    "status": [child.status.status_code.name, child.status.description],
-    "events": len(child.events),
-    "cancelled": [dict(spans["cancelled"].attributes), spans["cancelled"].status.status_code.name],
-    "told": [told_root, dict(spans["root"].attributes)],
-    "stepped": [spans["stepped"].parent.span_id == spans["root"].context.span_id, dict(spans["stepped"].attributes)],
-    "fails": [fails_recording, dict(spans["fails"].attributes), spans["fails"].status.status_code.name],
-    "untraced_step": untraced_step is None,
-}))
-""".replace("TRACEPARENT", TRACEPARENT)
+TRACE_ID, CLIENT_SPAN = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 
 
-@PIPELINES
-def test_on_a_span_continues_a_traceparent_keeps_an_exceptions_class_not_its_message_and_steps_fold_into_it(
-    pipeline: str,
-) -> None:
-    script = under(textwrap.dedent(_ON), pipeline)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
-    assert seen["none"] and seen["names"] == ["cancelled", "child", "fails", "root", "stepped"]  # none untraced
-    assert seen["during"] == TRACEPARENT.split("-")[1] and seen["parent"] == TRACEPARENT.split("-")[2]
-    assert seen["child_parent"]
-    assert seen["attributes"] == {"mcp_sandbox.language": "python", "error.type": "ValueError"}
-    assert seen["status"] == ["ERROR", None] and seen["events"] == 0
-    assert seen["cancelled"] == [{}, "UNSET"]  # a cancellation (a run's end closing a connection) is no error
-    # A step within the call is told on the call's span; in work that may outlive it, on a child of its own.
-    assert seen["told"] == [True, {"mcp_sandbox.placement": "warm"}]
-    assert seen["stepped"] == [True, {"mcp_sandbox.placement": "session"}]
-    assert seen["fails"] == [True, {"error.type": "KeyError"}, "ERROR"]  # marked, not ended
-    assert seen["untraced_step"]
-    assert "secret-in-a-message" not in done.stdout + done.stderr
+class _Counting(IdGenerator):
+    """Ids the test can tell apart from random ones."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def generate_span_id(self) -> int:
+        self.next += 1
+        return self.next
+
+    def generate_trace_id(self) -> int:
+        return 0xABC
 
 
-_ADMISSION = """
-import json
-import anyio
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-exporter = InMemorySpanExporter()
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(exporter))
-trace.set_tracer_provider(provider)
-from mcp_sandbox import tracing
-from mcp_sandbox.engine.admission import Admission
-from mcp_sandbox.errors import BusyError
+def _pipeline(provider: TracerProvider) -> Pipeline:
+    pipeline = pipeline_of(provider.get_tracer(tracing.SCOPE))
+    assert pipeline is not None
+    return pipeline
 
 
-async def main() -> None:
-    admission = Admission(1, 4, 0.05)
-    release = anyio.Event()
-
-    async def hold(tenant: str) -> None:
-        with tracing.span(f"call {tenant}", context=tracing.context_of({"traceparent": "TRACEPARENT"})):
-            try:
-                async with admission.slot(tenant):
-                    await release.wait()
-            except BusyError:
-                pass
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(hold, "free")
-        await anyio.wait_all_tasks_blocked()
-        await hold("refused")  # waits out the 0.05 s bound
-        group.start_soon(hold, "waited")
-        await anyio.wait_all_tasks_blocked()
-        release.set()
+def _provider(exporter: InMemorySpanExporter, **options: object) -> TracerProvider:
+    provider = TracerProvider(active_span_processor=OffLoop(tracing.SCOPE), **options)  # type: ignore[arg-type]
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
 
 
-anyio.run(main)
-provider.force_flush()
-spans = exporter.get_finished_spans()
-calls = {span.context.span_id: span.name for span in spans if span.name.startswith("call ")}
-print(json.dumps(sorted(
-    [calls[span.parent.span_id], dict(span.attributes), span.status.status_code.name]
-    for span in spans if span.name == "mcp_sandbox.admission"
-)))
-""".replace("TRACEPARENT", TRACEPARENT)
+def _parent(flags: str) -> Context:
+    parent = tracing.remote_parent({"traceparent": f"00-{TRACE_ID}-{CLIENT_SPAN}-{flags}", "tracestate": "k=v"})
+    assert parent is not None
+    return parent
 
 
-@PIPELINES
-def test_only_a_run_that_waits_for_its_slot_has_an_admission_span(pipeline: str) -> None:
-    script = under(textwrap.dedent(_ADMISSION), pipeline)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [
-        ["call refused", {"mcp_sandbox.tenant": "refused", "error.type": "BusyError"}, "ERROR"],
-        ["call waited", {"mcp_sandbox.tenant": "waited"}, "UNSET"],
-    ]
+def test_an_own_span_is_exported_as_the_sdks_span_with_the_providers_resource_ids_and_scope() -> None:
+    exporter, ids = InMemorySpanExporter(), _Counting()
+    provider = _provider(exporter, resource=Resource({"service.name": "own-test"}), id_generator=ids)
+    pipeline = _pipeline(provider)
+    opened = pipeline.start("tools/call run_python", _parent("01"), SpanKind.SERVER, {"mcp.method.name": "tools/call"})
+    assert isinstance(opened, OwnSpan) and opened.is_recording()
+    with tracing.span("child", context=trace.set_span_in_context(opened)) as child:
+        assert child is not None
+    opened.set_attributes({"mcp_sandbox.placement": "warm", "mcp_sandbox.run.exit_code": 0})
+    opened.add_event("mcp_sandbox.run.start")
+    opened.update_name("tools/call run_code")
+    opened.set_status(StatusCode.ERROR, "no such conversation")
+    opened.set_status(StatusCode.UNSET)  # ignored, as by the SDK's span
+    opened.end()
+    opened.set_attribute("after", "end")  # ignored: it has ended
+    assert not opened.is_recording() and provider.force_flush(5_000)
+    [exported] = exporter.get_finished_spans()
+    assert exported.name == "tools/call run_code" and exported.kind is SpanKind.SERVER
+    assert exported.instrumentation_scope is not None and exported.instrumentation_scope.name == "mcp_sandbox"
+    assert exported.resource.attributes["service.name"] == "own-test"
+    assert exported.context is not None and exported.parent is not None
+    assert (format(exported.context.trace_id, "032x"), exported.context.span_id) == (TRACE_ID, 1)
+    assert format(exported.parent.span_id, "016x") == CLIENT_SPAN and exported.parent.is_remote
+    assert exported.context.trace_flags.sampled and exported.context.trace_state.get("k") == "v"
+    assert dict(exported.attributes or {}) == {
+        "mcp.method.name": "tools/call",
+        "mcp_sandbox.placement": "warm",
+        "mcp_sandbox.run.exit_code": 0,
+    }
+    assert [event.name for event in exported.events] == ["mcp_sandbox.run.start"]
+    assert (exported.status.status_code, exported.status.description) == (StatusCode.ERROR, "no such conversation")
+    start_time, end_time = exported.start_time, exported.end_time
+    assert start_time is not None and end_time is not None and start_time <= end_time
+    provider.shutdown()
+
+
+def test_an_exception_is_recorded_by_its_class_alone() -> None:
+    exporter = InMemorySpanExporter()
+    provider = _provider(exporter)
+    opened = _pipeline(provider).start("call", None, SpanKind.INTERNAL, None)
+    opened.record_exception(ValueError("secret-plant-2718"))
+    opened.end()
+    provider.shutdown()
+    [exported] = exporter.get_finished_spans()
+    assert dict(exported.attributes or {}) == {"error.type": "ValueError"} and not exported.events
+    assert exported.parent is None and exported.context is not None and exported.context.trace_id != 0
+
+
+@pytest.mark.parametrize("case", ["client not sampled", "always_off", "OTEL_TRACES_SAMPLER"])
+def test_a_call_the_sampler_drops_makes_no_recording_span(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter = InMemorySpanExporter()
+    if case == "OTEL_TRACES_SAMPLER":
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    provider = _provider(exporter, sampler=ALWAYS_OFF) if case == "always_off" else _provider(exporter)
+    opened = _pipeline(provider).start(
+        "call", _parent("00" if case == "client not sampled" else "01"), SpanKind.SERVER, None
+    )
+    assert not opened.is_recording() and not isinstance(opened, OwnSpan)
+    context = opened.get_span_context()
+    assert format(context.trace_id, "032x") == TRACE_ID and not context.trace_flags.sampled
+    opened.end()
+    provider.shutdown()
+    assert exporter.get_finished_spans() == ()
+
+
+def test_shutdown_exports_what_is_queued_through_a_batch_processor() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(active_span_processor=OffLoop(tracing.SCOPE))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=3_600_000))
+    pipeline = _pipeline(provider)
+    for index in range(50):
+        pipeline.start(f"call {index}", None, SpanKind.SERVER, {"index": index}).end()
+    provider.shutdown()
+    assert [span.name for span in exporter.get_finished_spans()] == [f"call {index}" for index in range(50)]
+    late = pipeline.start("after shutdown", None, SpanKind.SERVER, None)
+    late.end()  # dropped, not kept
+    assert isinstance(pipeline.sink, OffLoop) and not pipeline.sink._spans
+
+
+def test_a_provider_without_the_own_pipeline_keeps_the_sdks_spans() -> None:
+    assert pipeline_of(TracerProvider().get_tracer(tracing.SCOPE)) is None
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "protocol", "url"),
+    "traceparent",
     [
-        ("http://127.0.0.1:4317", "grpc", "http://127.0.0.1:4317"),
-        ("http://collector:4318", "http/protobuf", "http://collector:4318/v1/traces"),
-        ("https://collector/otlp/", "http/protobuf", "https://collector/otlp/v1/traces"),
-        ("http://collector:4318/v1/traces", "http/protobuf", "http://collector:4318/v1/traces"),
+        f"00-{TRACE_ID}-{CLIENT_SPAN}",  # no flags
+        f"00-{TRACE_ID[:-1]}-{CLIENT_SPAN}-01",  # a short trace id
+        f"00-{'0' * 32}-{CLIENT_SPAN}-01",  # the invalid trace id
+        f"ff-{TRACE_ID}-{CLIENT_SPAN}-01",  # the forbidden version
+        f"00-{TRACE_ID.upper()}-{CLIENT_SPAN}-01",  # upper case
+        f"00-{TRACE_ID}-{CLIENT_SPAN}-01-extra",  # more than version 00 has
+        "00-code-plant-5b1f0c",
+        "",
     ],
 )
-def test_the_endpoint_is_the_otlp_base_url(endpoint: str, protocol: str, url: str) -> None:
-    assert traces_url(endpoint, protocol) == url
+def test_a_malformed_traceparent_names_no_trace(traceparent: str) -> None:
+    assert tracing.remote_parent({"traceparent": traceparent}) is None
 
 
-@pytest.mark.parametrize(("endpoint", "protocol"), [("collector:4317", "grpc"), ("http://c:4317", "http/json")])
-def test_a_wrong_endpoint_or_protocol_is_refused(endpoint: str, protocol: str) -> None:
-    with pytest.raises(ConfigError):
-        traces_url(endpoint, protocol)
+class _Refusing(SpanProcessor):
+    """A processor that fails on one span."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.name == "refused":
+            raise RuntimeError("this processor fails")
 
 
-def test_an_http_traceparent_header_goes_into_meta_unless_meta_names_a_trace() -> None:
-    headers = Headers({"traceparent": TRACEPARENT, "tracestate": "k=v", "authorization": "Bearer t"})
-    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "run_python"}}
-    assert _continue_trace(call, headers)
-    assert call["params"] == {"name": "run_python", "_meta": {"traceparent": TRACEPARENT, "tracestate": "k=v"}}
-    own = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": {"traceparent": "00-own"}}}
-    assert not _continue_trace(own, headers) and own["params"] == {"_meta": {"traceparent": "00-own"}}
-    assert not _continue_trace({"jsonrpc": "2.0", "method": "notifications/initialized"}, headers)
-    assert not _continue_trace([call], headers)
-
-
-def test_off_the_server_loads_no_opentelemetry_sdk_or_exporter() -> None:
-    script = (
-        "import sys, mcp_sandbox.cli, mcp_sandbox.server.app, mcp_sandbox.engine;"
-        "print([m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter', 'grpc'))])"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-
-
-def test_a_remote_parent_is_w3c_trace_context_and_a_value_of_the_wrong_type_names_none() -> None:
-    parent = tracing.remote_parent({"traceparent": TRACEPARENT, "tracestate": "k=v", "baggage": "user=7"})
-    assert parent is not None
-    named = trace.get_current_span(parent).get_span_context()
-    assert (format(named.trace_id, "032x"), format(named.span_id, "016x")) == tuple(TRACEPARENT.split("-")[1:3])
-    assert named.is_remote and named.trace_state.get("k") == "v" and baggage.get_all(parent) == {"user": "7"}
-    zero_span = TRACEPARENT.replace("b7ad6b7169203331", "0" * 16)
-    for carrier in ({}, {"traceparent": zero_span}, {"traceparent": 5}, {"traceparent": TRACEPARENT, "baggage": 3}):
-        assert tracing.remote_parent(carrier) is None, carrier
+def test_a_processor_that_fails_on_a_span_loses_that_span_only() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(active_span_processor=OffLoop(tracing.SCOPE))
+    provider.add_span_processor(_Refusing())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    pipeline = _pipeline(provider)
+    for name in ("before", "refused", "after"):
+        pipeline.start(name, None, SpanKind.INTERNAL, None).end()
+    provider.shutdown()
+    assert [span.name for span in exporter.get_finished_spans()] == ["before", "after"]
