@@ -58,12 +58,18 @@ async function errno(): Promise<number> {
   if (isDeno) return new (globalThis as any).Deno.UnsafePointerView(where).getInt32();
   return (await import("bun:ffi" as string)).read.i32(where, 0);
 }
+// The runtime's own work between two FFI calls can overwrite errno (Deno once gave ENOENT for a
+// socket() that seccomp refused), so a failure whose errno is not one we expect is tried again.
 async function syscall(number: number, ...args: number[]): Promise<string> {
   const padded = [...args, 0, 0, 0].slice(0, 3).map((value) => BigInt(value));
-  const result = Number(libc.syscall(BigInt(number), ...padded));
-  if (result !== -1) return `ok ${result}`;
-  const code = await errno();
-  return errnoNames[code] ?? String(code);
+  let code = 0;
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const result = Number(libc.syscall(BigInt(number), ...padded));
+    if (result !== -1) return `ok ${result}`;
+    code = await errno();
+    if (code in errnoNames) return errnoNames[code];
+  }
+  return String(code);
 }
 """
 _POSTLUDE = "\nconsole.log(JSON.stringify(report));\n"

@@ -273,7 +273,9 @@ async def test_the_task_of_a_server_killed_mid_run_is_failed_not_working(
         async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
             task_id = await start(url, ALICE, "import time; time.sleep(300)")
             port = url.rsplit(":", 1)[1]
-            (pid,) = [p for p in host_processes(f"--port\x00{port}") if _is_server(p)]
+            # Exactly this port (not a longer one with the same digits first), and the server itself,
+            # not a child it forked that has not yet exec'd.
+            (pid,) = [p for p in host_processes(f"--port\x00{port}\x00") if _is_server(p)]
             os.kill(pid, signal.SIGKILL)
         async with http_server(state_dir, "--config", str(config), runtime=sandbox_runtime) as url:
             seen = await result(url, ALICE, "tasks/get", {"taskId": task_id})
@@ -298,8 +300,9 @@ async def test_the_task_of_a_server_shut_down_mid_run_is_failed_saying_so(
 
 
 def _is_server(pid: int) -> bool:
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        return b"mcp_sandbox\x00serve" in cmdline.read()
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat", "rb") as stat:
+        parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+        return b"mcp_sandbox\x00serve" in cmdline.read() and parent == os.getpid()
 
 
 async def test_over_stdio_a_task_completes_and_its_status_is_notified(
