@@ -78,7 +78,8 @@ async def _discard(stdout: ByteReceiveStream) -> None:
 
 
 async def _stop(process: Process) -> None:
-    """Close stdin, give the server ``EXIT_GRACE`` to exit, then kill its process group."""
+    """Close stdin, give the server ``EXIT_GRACE`` to exit, then kill its process group and wait
+    (bounded) until its leader is reaped."""
     from mcp.os.posix.utilities import terminate_posix_process_tree
 
     assert process.stdin is not None and process.stdout is not None
@@ -90,6 +91,11 @@ async def _stop(process: Process) -> None:
             await anyio.sleep(0.01)
     if process.returncode is None:
         await terminate_posix_process_tree(process, EXIT_GRACE)
+        # It returns once the group is signalled or gone, before asyncio has seen the leader
+        # exit: waited for, so the process is reaped and never collected as "still running".
+        with anyio.move_on_after(EXIT_GRACE):
+            while process.returncode is None:  # noqa: ASYNC110
+                await anyio.sleep(0.01)
     with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
 
