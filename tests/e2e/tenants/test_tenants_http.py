@@ -154,6 +154,13 @@ async def test_a_request_head_past_its_bound_is_answered_431_and_the_connection_
         with anyio.fail_after(HEADER_TIMEOUT + 10):
             answer = await read_until_closed(stream)
     assert answer.startswith(b"HTTP/1.1 431 ")
+    # A whole head past the bound in one read: refused before the request reaches the app.
+    whole = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + many + b"\r\n"
+    async with await connect_from(base, "127.0.0.21") as stream:
+        await stream.send(whole)
+        with anyio.fail_after(HEADER_TIMEOUT + 10):
+            answer = await read_until_closed(stream)
+    assert answer.startswith(b"HTTP/1.1 431 ") and answer.count(b"HTTP/1.1") == 1
     async with bearer_web(BOB) as web:
         within = {f"X-H{i}": "b" * 60 for i in range(100)}
         assert (await web.get(f"{base}/healthz", headers=within)).status_code == 200

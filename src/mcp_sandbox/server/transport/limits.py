@@ -103,6 +103,10 @@ def raise_open_files_limit() -> int:
     return soft
 
 
+class _HeadTooLargeError(Exception):
+    """Raised in a parser callback to stop a head past :data:`MAX_HEAD_BYTES`."""
+
+
 def protocol_class(http: HttpSettings) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol bounded by ``http``; one class per server.
 
@@ -127,7 +131,9 @@ def protocol_class(http: HttpSettings) -> type[HttpToolsProtocol]:
         _address: str | None = None
         _refused = False
         _in_head = False  # between a request's first byte and the end of its headers
-        _head_bytes = 0
+        _head_bytes = 0  # bytes read while in a head
+        _parsed_head = 0  # bytes of request line and headers parsed
+        _head_too_large = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             peer = transport.get_extra_info("peername")
@@ -180,8 +186,33 @@ def protocol_class(http: HttpSettings) -> type[HttpToolsProtocol]:
                     self.transport.close()
 
         def on_message_begin(self) -> None:
-            self._in_head, self._head_bytes = True, 0
+            self._in_head, self._head_bytes, self._parsed_head = True, 0, 0
             super().on_message_begin()
+
+        # A head that arrives whole in one read is counted as the parser hands it over: past the
+        # bound the callback raises, the parser stops before the request is dispatched, and the
+        # answer uvicorn gives a request it cannot parse is our 431.
+        def on_url(self, url: bytes) -> None:
+            self._count_parsed(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_parsed(len(name) + len(value) + 4)  # with ": " and the line's end
+            super().on_header(name, value)
+
+        def _count_parsed(self, size: int) -> None:
+            self._parsed_head += size
+            if self._parsed_head > MAX_HEAD_BYTES:
+                self._head_too_large = True
+                raise _HeadTooLargeError
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._head_too_large:
+                super().send_400_response(msg)
+            elif not self.transport.is_closing():
+                logger.info("refused a request whose line and headers took more than %d bytes", MAX_HEAD_BYTES)
+                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.close()
 
         def on_headers_complete(self) -> None:
             self._in_head = False
