@@ -11,6 +11,7 @@
 # With a registry, images/python/Containerfile builds a self-contained image instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/replaced-images.sh
 
 image="${1:-localhost/mcp-sandbox-python:latest}"
 shift || true
@@ -27,8 +28,10 @@ work="$(mktemp -d /tmp/mcp-sandbox-rootfs-XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 scripts/container_rootfs.py "$work/rootfs" "$@"
 tar --numeric-owner -C "$work/rootfs" -cf "$work/rootfs.tar" .
+replaced="$(image_id "$cli" "$image")"
 "$cli" import \
     --change 'LABEL io.mcp-sandbox.image=python' \
     --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' \
     "$work/rootfs.tar" "$image" >/dev/null
 echo "build-container-image: built $image with $cli" >&2
+remove_replaced "$cli" "$replaced" "$image" build-container-image

@@ -28,6 +28,7 @@
 # mcp-sandbox (uid 10001). deploy/compose.yaml runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/replaced-images.sh
 
 # What the image is made of: the image carries it as a label, so a stale image can be told
 # (tests/deploy/test_image.py rebuilds when it differs).
@@ -155,5 +156,8 @@ ENTRYPOINT ["/usr/bin/tini", "--", "/usr/local/bin/mcp-sandbox"]
 CMD ["serve", "--transport", "http"]
 EOF
 # docker's own builder: BuildKit needs the buildx plugin, which Debian's docker.io may lack.
+replaced="$(image_id "$cli" "$image")"
 DOCKER_BUILDKIT=0 "$cli" build --quiet --pull=false -f "$top/Containerfile" -t "$image" "$top" >/dev/null
 echo "build-server-image: built $image with $cli" >&2
+remove_replaced "$cli" "$replaced" "$image" build-server-image
+remove_other_tags "$cli" "${base%:*}" "$base" build-server-image

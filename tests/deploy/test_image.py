@@ -255,3 +255,56 @@ def _entry() -> str:
     )
     serve = "exec /usr/bin/tini -- /usr/local/bin/mcp-sandbox serve --transport http"
     return f"{writes} && MCP_SANDBOX_SERVERS_CONFIG=/tmp/servers.json {serve}"
+
+
+def _podman() -> str:
+    podman = shutil.which("podman")
+    if podman is None:
+        why = "podman is not installed (make test installs it)"
+        if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    return podman
+
+
+def test_a_rebuild_removes_the_image_it_replaced_unless_something_uses_it(tmp_path: Path) -> None:
+    podman = _podman()
+    repository = f"localhost/mcp-sandbox-replaced-{uuid.uuid4().hex[:8]}"
+    image = f"{repository}:latest"
+    helpers = REPO / "scripts" / "replaced-images.sh"
+
+    def build(content: str, tag: str = image) -> str:
+        (tmp_path / "file").write_text(content)
+        subprocess.run(["tar", "-C", str(tmp_path), "-cf", str(tmp_path / "fs.tar"), "file"], check=True)
+        subprocess.run([podman, "import", "-q", str(tmp_path / "fs.tar"), tag], check=True, capture_output=True)
+        return subprocess.run(
+            [podman, "image", "inspect", "--format", "{{.Id}}", tag], check=True, text=True, capture_output=True
+        ).stdout.strip()
+
+    def helper(*args: str) -> str:
+        script = f'. {helpers}; "$@"'
+        done = subprocess.run(["bash", "-c", script, "-", *args], check=True, text=True, capture_output=True)
+        return done.stderr
+
+    def exists(image_id: str) -> bool:
+        return subprocess.run([podman, "image", "exists", image_id], check=False).returncode == 0
+
+    container = f"replaced-{uuid.uuid4().hex[:8]}"
+    try:
+        first = build("first")
+        second = build("second")
+        assert "removed the image" in helper("remove_replaced", podman, first, image, "test")
+        assert not exists(first) and exists(second)
+        # A container (stopped, never started) keeps the image it was made from.
+        subprocess.run([podman, "create", "--name", container, image, "/file"], check=True, capture_output=True)
+        third = build("third")
+        assert "kept the image" in helper("remove_replaced", podman, second, image, "test")
+        assert exists(second) and exists(third)
+        # An earlier build's tag of a base goes; the tag kept stays.
+        build("old base", f"{repository}:old")
+        helper("remove_other_tags", podman, repository, image, "test")
+        assert not exists(f"{repository}:old") and exists(image)
+    finally:
+        subprocess.run([podman, "rm", "-f", container], check=False, capture_output=True)
+        listed = subprocess.run([podman, "images", "-q", repository], text=True, capture_output=True).stdout.split()
+        subprocess.run([podman, "rmi", "-f", *listed, second], check=False, capture_output=True)
