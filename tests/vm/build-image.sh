@@ -42,8 +42,21 @@ packages=(
     bubblewrap libseccomp2 python3 python3-venv git make
     podman uidmap slirp4netns crun fuse-overlayfs
 )
+# A build killed before its end (mmdebstrap killed with it) leaves its root's /proc, /sys and /dev
+# mounted under the directory: each is unmounted before the directory is removed, and the removal
+# never crosses into another filesystem (a bound host /dev would lose its nodes).
+remove_build() {
+    local dir="$1" mount
+    findmnt -rn -o TARGET | awk -v dir="$dir/" 'index($0, dir) == 1' | sort -r | while read -r mount; do
+        umount -l "$mount" || true
+    done
+    rm -rf --one-file-system "$dir"
+}
+for stale in "$out"/build.*; do
+    [ -d "$stale" ] && remove_build "$stale"
+done
 work=$(mktemp -d "$out/build.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap 'remove_build "$work"' EXIT
 started=$(date +%s)
 log "mmdebstrap bookworm (${#packages[@]} packages)"
 mmdebstrap --variant=minbase --quiet \
