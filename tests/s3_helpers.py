@@ -192,7 +192,8 @@ def weed_server() -> Iterator[Weed]:
     (root / "owner.pid").write_text(str(os.getpid()))
     master, volume, filer, s3 = _ports(4)
     argv = [
-        *(str(weed), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"),
+        # Its log to stderr (weed.log) only: by default it also writes files into /tmp, never removed.
+        *(str(weed), "-logtostderr", "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"),
         *(f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}"),
         *("-s3", f"-s3.port={s3}", "-s3.port.iceberg=0", "-s3.port.lance=0"),
         *("-volume.max=100", "-master.volumeSizeLimitMB=64"),  # each bucket grows volumes of its own
