@@ -300,9 +300,12 @@ async def test_the_task_of_a_server_shut_down_mid_run_is_failed_saying_so(
 
 
 def _is_server(pid: int) -> bool:
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat", "rb") as stat:
-        parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
-        return b"mcp_sandbox\x00serve" in cmdline.read() and parent == os.getpid()
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat", "rb") as stat:
+            parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+            return b"mcp_sandbox\x00serve" in cmdline.read() and parent == os.getpid()
+    except OSError:  # exited since it was listed
+        return False
 
 
 async def test_over_stdio_a_task_completes_and_its_status_is_notified(
