@@ -103,7 +103,7 @@ def make_sandbox(
         values.update(flags)
         settings = load_settings(env={}, flags=values)
         engine = engine_for(settings, _backend(backend_name, settings, probed_backends[backend_name]))
-        kinds = {"warm": sandbox_kind == "warm", "fork": sandbox_kind == "fork", "born": sandbox_kind == "born"}
+        kinds = {kind: sandbox_kind == kind for kind in ("warm", "fork", "born", "resumed")}
         return SandboxRunner(settings, engine, **kinds)
 
     return make

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import textwrap
 import uuid
 from collections.abc import Callable
@@ -23,7 +24,9 @@ import anyio
 from mcp_sandbox.config import Settings
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.engine.fork_state import ForkState
+from mcp_sandbox.engine.parking import ParkedStates
 from mcp_sandbox.engine.startup import engine_for
+from mcp_sandbox.state import StateLayout
 from mcp_test_helpers import host_processes
 
 __all__ = [
@@ -117,7 +120,8 @@ class SandboxRunner:
     single-use sandbox. ``fork``: each Python run is the first of a session forked from a live
     one (its variables carried), in an engine of its own, which ends it. ``born``: each Python
     run is the first of a conversation's session born of a session-ready sandbox, in an engine of
-    its own (bwrap only: the container backends keep none).
+    its own (bwrap only: the container backends keep none). ``resumed``: each Python run is the
+    first of a conversation's session resumed from its parked state, in an engine of its own.
     """
 
     settings: Settings
@@ -125,6 +129,7 @@ class SandboxRunner:
     warm: bool = False
     fork: bool = False
     born: bool = False
+    resumed: bool = False
 
     async def run(
         self, code: str, *, time_limit: float = RUN_SECONDS, workspace: Path | None = None
@@ -140,6 +145,8 @@ class SandboxRunner:
             return await self._forked(request)
         if self.born and language == "python" and request.session is None:
             return await self._born(request)
+        if self.resumed and language == "python" and request.session is None:
+            return await self._resumed(request)
         with anyio.fail_after(request.timeout + HOST_BOUND):
             if not self.warm or request.workspace is not None:  # a conversation's is never a warm sandbox's
                 return await self.engine.execute(request)
@@ -180,12 +187,7 @@ class SandboxRunner:
     async def _born(self, request: ExecutionRequest) -> ExecutionResult:
         """Run ``request`` as the first run of a conversation's session, born of the one session-ready sandbox."""
         settings = self.settings.replace(session_ready=1, pool_size=0, pool_min=0, pool_preload="")
-        workspace = request.workspace
-        if workspace is None:
-            workspace = settings.paths.state_dir / f"conversation-{uuid.uuid4().hex}"
-            workspace.mkdir(mode=0o700, parents=True)
-            if os.geteuid() == 0:
-                os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
+        workspace = request.workspace or _conversation_directory(settings)
         with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
             async with engine_for(settings, self.engine.backend).running() as engine:
                 engine.ready.wake()
@@ -197,6 +199,31 @@ class SandboxRunner:
                     dataclasses.replace(request, session=f"born-{uuid.uuid4().hex}", workspace=workspace)
                 )
                 assert ready.claimed, "the run's session was not born of the session-ready sandbox"
+                return result
+
+    async def _resumed(self, request: ExecutionRequest) -> ExecutionResult:
+        """Run ``request`` as the first run of a conversation's session resumed from its parked state
+        (a variable set by a first run, the session then parked as at idle or a graceful stop)."""
+        settings = self.settings.replace(session_ready=1, pool_size=0, pool_min=0, pool_preload="")
+        workspace = request.workspace or _conversation_directory(settings)
+        key = f"resumed-{uuid.uuid4().hex}"
+        layout = StateLayout.of(settings.paths, settings.sandbox, settings.workspaces)
+        parked = ParkedStates(layout, secrets.token_bytes(32))
+        with anyio.fail_after(request.timeout + 3 * HOST_BOUND):
+            async with engine_for(settings, self.engine.backend).running(parked) as engine:
+                first = ExecutionRequest(code="carried = 1", timeout=HOST_BOUND, session=key, workspace=workspace)
+                started = await engine.execute(first)
+                assert started.status == "success", started
+                await engine.park_sessions()
+                assert parked.exists(key), "the session was not parked"
+                if engine.backend.warm_pool:  # bwrap: the resume is born of a session-ready sandbox
+                    engine.ready.wake()
+                    while engine.ready.idle == 0:  # noqa: ASYNC110 - the pool has no event to wait on
+                        await anyio.sleep(_POLL)
+                result = await engine.execute(dataclasses.replace(request, session=key, workspace=workspace))
+                if result.status != "error" or result.session is not None:
+                    assert result.session == "resumed", result
+                    assert result.born or not engine.backend.warm_pool, "the resume was not born of a ready sandbox"
                 return result
 
     async def report(
@@ -212,6 +239,15 @@ class SandboxRunner:
     ) -> ExecutionResult:
         """Run attack code that fills ``report``, whatever the status; see :func:`report_of`."""
         return await self.run(textwrap.dedent(code) + _POSTLUDE, time_limit=time_limit, workspace=workspace)
+
+
+def _conversation_directory(settings: Settings) -> Path:
+    """A new conversation's workspace under the state directory, owned by the sandbox's uid as root."""
+    workspace = settings.paths.state_dir / f"conversation-{uuid.uuid4().hex}"
+    workspace.mkdir(mode=0o700, parents=True)
+    if os.geteuid() == 0:
+        os.chown(workspace, settings.sandbox.sandbox_uid, settings.sandbox.sandbox_gid)
+    return workspace
 
 
 RunnerFactory = Callable[..., SandboxRunner]  # make_sandbox(**settings flags)

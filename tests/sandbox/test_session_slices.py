@@ -7,7 +7,12 @@ The tests are the suite's own, collected here again with ``sandbox_kind``:
   session container of its own;
 - "born" (``harness.SandboxRunner.born``): the session-ready sandbox's runner, started ahead,
   serves the attack as its session's first run. On bwrap only: the container backends keep no
-  session-ready sandboxes.
+  session-ready sandboxes;
+- "resumed" (``harness.SandboxRunner.resumed``): a conversation's session set a variable and was
+  parked (as at idle); the attack is the first run of the session that resumes it, born of a
+  session-ready sandbox with its state mapped and loaded first. On bwrap only: on podman and
+  docker a resume starts its session container as a fork's first run does (the "fork" kind),
+  and the mapping is the runtime's own, the same on every backend.
 
 Each must see exactly what a sandbox started for the run sees.
 """
@@ -56,10 +61,13 @@ __all__ = [
 ]
 
 
-@pytest.fixture(params=["fork", "born"])
+@pytest.fixture(params=["fork", "born", "resumed"])
 def sandbox_kind(request: pytest.FixtureRequest, backend_name: str) -> str:
-    """Every attack here runs as the first run of a forked session, or of a born one (bwrap's)."""
+    """Every attack here runs as the first run of a forked session, of a born one (bwrap's), or of
+    one resumed from its parked state (bwrap's)."""
     kind: str = request.param
     if kind == "born" and backend_name != "bwrap":
         pytest.skip("only bwrap keeps session-ready sandboxes")
+    if kind == "resumed" and backend_name != "bwrap":
+        pytest.skip("podman and docker resume in a session container started as a fork's (the fork kind)")
     return kind
