@@ -39,6 +39,17 @@ METRICS = "image-metrics-0123456789abcdef"
 SECURITY = ["seccomp=./seccomp-server.json", "systempaths=unconfined", "no-new-privileges=true"]
 
 
+def _installed(tool: str, how: str) -> str:
+    """``tool``'s path; missing, the test fails under ``make test`` and CI, else it is skipped."""
+    found = shutil.which(tool)
+    if found is None:
+        why = f"{tool} is not installed ({how})"
+        if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    return found
+
+
 def test_the_committed_seccomp_profile_is_the_generated_one() -> None:
     committed = json.loads((DEPLOY / "seccomp-server.json").read_text())
     assert committed == server_oci_profile()
@@ -48,12 +59,7 @@ def test_the_committed_seccomp_profile_is_the_generated_one() -> None:
 
 
 def test_the_systemd_unit_verifies() -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        why = "systemd-analyze is not installed (apt package systemd; make test installs it)"
-        if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+    analyze = _installed("systemd-analyze", "apt package systemd; make test installs it")
     unit = (DEPLOY / "mcp-sandbox.service").read_text()
     assert "Delegate=yes" in unit and "NoNewPrivileges=yes" in unit and "ProtectSystem=strict" in unit
     # The binary must exist for verify: point ExecStart at this checkout's.
@@ -257,18 +263,8 @@ def _entry() -> str:
     return f"{writes} && MCP_SANDBOX_SERVERS_CONFIG=/tmp/servers.json {serve}"
 
 
-def _podman() -> str:
-    podman = shutil.which("podman")
-    if podman is None:
-        why = "podman is not installed (make test installs it)"
-        if os.environ.get("MCP_SANDBOX_TEST_REQUIRE") or os.environ.get("CI"):
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
-    return podman
-
-
 def test_a_rebuild_removes_the_image_it_replaced_unless_something_uses_it(tmp_path: Path) -> None:
-    podman = _podman()
+    podman = _installed("podman", "make test installs it")
     repository = f"localhost/mcp-sandbox-replaced-{uuid.uuid4().hex[:8]}"
     image = f"{repository}:latest"
     helpers = REPO / "scripts" / "replaced-images.sh"

@@ -10,7 +10,6 @@ decision, the move into the leaf and the advice are.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,8 @@ from mcp_sandbox.sandbox.cgroups import CgroupSupport, detect_cgroups
 from mcp_sandbox.sandbox.cgroups.delegation import LEAF, into_leaf, is_delegated_to_us, marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, bus_address, start_delegated_scope
+
+from .children import in_child
 
 _DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
 
@@ -61,29 +62,19 @@ def scope(uid: int) -> Iterator[Path]:
 
 def _as_uid_in(directory: Path | None, uid: int, work: Callable[[], object]) -> dict[str, object]:
     """Fork a child that joins ``directory``, becomes ``uid``, runs ``work``; its result and cgroup."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(reader)
-            if directory is not None:
-                (directory / "cgroup.procs").write_text(str(os.getpid()))
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            result = work()
-            own = Path("/proc/self/cgroup").read_text()
-            os.write(writer, json.dumps({"result": result, "cgroup": own}).encode())
-        except BaseException as exc:
-            os.write(writer, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as out:
-        data = out.read()
-    os.waitpid(pid, 0)
-    answer: dict[str, object] = json.loads(data)
-    return answer
+
+    def as_uid() -> dict[str, object]:
+        if directory is not None:
+            (directory / "cgroup.procs").write_text(str(os.getpid()))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        result = work()
+        return {"result": result, "cgroup": Path("/proc/self/cgroup").read_text()}
+
+    answer = in_child(as_uid)
+    done: dict[str, object] = answer["result"] if "result" in answer else {"error": answer["error"]}
+    return done
 
 
 def _sleeper_in(directory: Path, uid: int) -> int:

@@ -10,7 +10,6 @@ in: a system service run as a user of its own asks it which unit it is in (``Get
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -30,6 +29,8 @@ from mcp_sandbox.sandbox.cgroups import support
 from mcp_sandbox.sandbox.cgroups.delegation import marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
+
+from .children import in_child
 
 _BOUND = 10.0
 
@@ -160,31 +161,11 @@ def bus() -> Iterator[tuple[str, Path, _Manager]]:
         shutil.rmtree(directory)
 
 
-def _in_child(work: Any) -> dict[str, Any]:
-    """Run ``work`` in a forked child (the server process that moves); its result or error."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.close(reader)
-            result = {"result": work(), "pid": os.getpid()}
-        except BaseException as exc:
-            result = {"error": f"{type(exc).__name__}: {exc}", "pid": os.getpid()}
-        os.write(writer, json.dumps(result).encode())
-        os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as out:
-        data = out.read()
-    os.waitpid(pid, 0)
-    answer: dict[str, Any] = json.loads(data)
-    return answer
-
-
 def test_the_server_asks_for_a_delegated_scope_of_its_own_pid_and_waits_until_it_is_in_it(
     bus: tuple[str, Path, _Manager],
 ) -> None:
     address, parent, manager = bus
-    answer = _in_child(lambda: start_delegated_scope(address))
+    answer = in_child(lambda: start_delegated_scope(address))
 
     assert answer.get("error") is None
     (path, name, mode, properties, auxiliary) = manager.requests[0]
@@ -233,7 +214,7 @@ def _own_unit_as_the_service_user(cgroup: Path, system_bus: str) -> dict[str, An
         return {"marked": marked_delegated(cgroup), "unit": None if unit is None else list(_fields(unit))}
 
     try:
-        return _in_child(work)
+        return in_child(work)
     finally:
         shutil.rmtree(runtime)
 
