@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -14,6 +13,8 @@ import pytest
 
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.sandbox.backends.container.rootless import rootless_problems
+
+from ..children import in_child
 
 
 @pytest.fixture
@@ -28,22 +29,15 @@ def etc() -> Iterator[Path]:
 
 def _problems_as(uid: int, etc: Path) -> dict[str, list[str]]:
     """``rootless_problems(etc)`` as seen by ``uid`` (a forked child drops to it)."""
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
-            found = rootless_problems(etc)
-            os.write(writer, json.dumps({"ids": found.ids, "limits": found.limits}).encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as out:
-        data = out.read()
-    os.waitpid(pid, 0)
-    answer: dict[str, list[str]] = json.loads(data)
+
+    def as_uid() -> dict[str, object]:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        found = rootless_problems(etc)
+        return {"ids": found.ids, "limits": found.limits}
+
+    answer: dict[str, list[str]] = in_child(as_uid)["result"]
     return answer
 
 

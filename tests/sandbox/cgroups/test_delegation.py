@@ -26,7 +26,7 @@ from mcp_sandbox.sandbox.cgroups.delegation import LEAF, into_leaf, is_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, bus_address, start_delegated_scope
 
-from .children import in_child
+from ..children import in_child
 
 _DELEGATED_FILES = ("cgroup.procs", "cgroup.subtree_control", "cgroup.threads")
 

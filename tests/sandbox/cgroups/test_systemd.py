@@ -30,7 +30,7 @@ from mcp_sandbox.sandbox.cgroups.delegation import marked_delegated
 from mcp_sandbox.sandbox.cgroups.hierarchy import mounts, rmdir_tree
 from mcp_sandbox.sandbox.cgroups.systemd import SystemdUnavailable, Unit, start_delegated_scope, unit_of
 
-from .children import in_child
+from ..children import in_child
 
 _BOUND = 10.0
 

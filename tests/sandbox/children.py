@@ -1,4 +1,4 @@
-"""Work done in a forked child of the test, as a server process that moves between cgroups does."""
+"""Work done in a forked child of the test: a server process that moves between cgroups, or drops to a uid."""
 
 from __future__ import annotations
 
