@@ -21,6 +21,7 @@ from mcp_sandbox.sandbox.backends import get_backend
 from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
 from mcp_sandbox.server.metrics import Metrics
+from mcp_test_helpers import poll
 
 from .conftest import EngineFactory
 
@@ -109,6 +110,28 @@ async def test_the_channel_survives_the_container_boundary_with_fd_passing(
     assert result.status == "success"
     assert result.stdout == "x" * 100_000 + "\n"
     assert result.stderr == "err\n"
+
+
+async def test_a_docker_runs_channel_directory_is_this_servers_in_runs_and_removed_after(
+    make_container_engine: EngineFactory, container_kind: str
+) -> None:
+    # Under runs/, named after this server's pid, a server killed mid-run leaves it for the next
+    # server to sweep (StateLayout.stale_runs), never for good in the system's temporary directory.
+    if container_kind != "docker":
+        pytest.skip("podman is given the channel as a descriptor: it has no directory")
+    engine = make_container_engine()
+    seen: list[Path] = []
+
+    def channel_seen() -> bool:
+        seen.extend(engine.layout.runs.glob(f"{os.getpid()}-*/channel"))
+        return bool(seen)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(_execute, engine, "import time\ntime.sleep(1)")
+        with anyio.fail_after(HOST_BOUND):
+            await poll(channel_seen)
+
+    assert not seen[0].parent.exists()
 
 
 async def test_containers_of_dead_servers_are_swept_at_start_and_live_ones_kept(

@@ -253,7 +253,12 @@ class ContainerBackend:
                 undo.callback(host_end.close)
                 undo.callback(sandbox_end.close)
             else:  # the channel's directory (bound into the container) and the cidfile beside it
-                scratch = Path(tempfile.mkdtemp(prefix="mcp-sandbox-channel-"))
+                # In runs/, named after this server: the next server sweeps it if this one is killed.
+                try:
+                    self._layout.prepare_runs()
+                    scratch = self._layout.new_scratch()
+                except OSError as exc:
+                    raise SandboxStartError(f"cannot create the container's channel directory: {exc}") from exc
                 undo.callback(shutil.rmtree, scratch, ignore_errors=True)
                 channel_dir = scratch / "channel"
                 channel_dir.mkdir(mode=0o700)
