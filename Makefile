@@ -292,7 +292,7 @@ doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	status=0; static=$$(mktemp); \
+	status=0; static=$$(mktemp); trap 'rm -f "$$static"' EXIT; \
 	{ nice $(BIN)/mypy && nice $(BIN)/lint-imports && nice $(TSC_CHECK) && nice $(DENO_CHECK); } >"$$static" 2>&1 & checks=$$!; \
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) || status=$$?; \
 	wait $$checks || status=$$?; \
