@@ -9,6 +9,8 @@ the scheduling attack) and, in test_fork_containers.py, on containers.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from mcp import Client
 
@@ -32,7 +34,9 @@ async def test_a_fork_carries_the_sources_variables_and_each_side_keeps_its_own(
     assert kept["stdout"] == "[1, 2, 3]\n"
 
 
-async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(client: Client) -> None:
+async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
     source = new_conversation()
     await run_ok(client, "x = 1", source)
     existing = new_conversation()
@@ -40,7 +44,8 @@ async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(clien
 
     no_conversation = structured(await run_python(client, {"code": "1", "forkFrom": source}))
     exists = await run_in(client, "1", existing, forkFrom=source)
-    missing = await run_in(client, "1", new_conversation(), forkFrom=new_conversation())
+    with caplog.at_level(logging.WARNING):
+        missing = await run_in(client, "1", new_conversation(), forkFrom=new_conversation())
     itself = await run_in(client, "1", source, forkFrom=source)
     saved_at_once = await run_in(client, "1", new_conversation(), forkFrom=source, checkpoint="now")
 
@@ -50,6 +55,8 @@ async def test_forks_that_cannot_be_made_are_refused_naming_what_was_wrong(clien
     assert exists["error"].startswith("conversationId:")
     assert missing["status"] == "validation_error"
     assert missing["error"].startswith("forkFrom:")
+    assert missing["files"] == []
+    assert not caplog.records, [record.getMessage() for record in caplog.records]  # the new one was never made
     assert itself["status"] == "validation_error"
     assert itself["error"].startswith("forkFrom:")
     assert saved_at_once["status"] == "validation_error"

@@ -287,9 +287,14 @@ class RunTool:
             if lost is not None:
                 data["stateLost"], data["stateLostReason"] = True, lost
         files_bytes = 0
-        if call.key is not None:
+        listed = call.key
+        if listed is not None and result.status == "validation_error":
+            # Refused before anything ran: a new conversation was never made, so it lists no files.
+            if not await anyio.to_thread.run_sync(service.workspaces.directory(listed).is_dir):
+                data["files"], listed = [], None
+        if listed is not None:
             try:
-                entries = await service.storage.refresh_files(call.key)
+                entries = await service.storage.refresh_files(listed)
             except LeaseLostError as exc:  # taken over meanwhile: what this run wrote here is not the conversation's
                 entries = []
                 data["warning"] = f"Files not saved: {exc}."
@@ -297,16 +302,14 @@ class RunTool:
                 if (warning := over_quota(service.workspace_settings, entries)) is not None:
                     data["warning"] = warning
                 try:
-                    unsaved = await service.storage.write_back(
-                        call.key
-                    )  # the run's files in the store before the answer
+                    unsaved = await service.storage.write_back(listed)  # the run's files in the store before the answer
                 except WorkspaceError as exc:
                     data["warning"] = " ".join(filter(None, [data.get("warning"), f"Files not saved: {exc}."]))
                 else:
                     if unsaved:
                         data["warning"] = " ".join(filter(None, [data.get("warning"), unsaved_warning(unsaved)]))
             files_bytes = sum(entry.size for entry in entries)
-            data["files"] = [listed_file(service, call.key, entry) for entry in entries]
+            data["files"] = [listed_file(service, listed, entry) for entry in entries]
         service.events.emit(self._finished(call, result, files_bytes))
         content: list[types.ContentBlock] = [types.TextContent(type="text", text=render(result, call.mode, data))]
         if lost is not None:
