@@ -9,7 +9,7 @@ import pytest
 
 from mcp_sandbox.config import Settings, load_settings
 from mcp_sandbox.errors import ConfigError
-from mcp_sandbox.server.auth.tokens import TokenTable, load_tokens
+from mcp_sandbox.server.auth.tokens import TenantToken, TokenTable, load_tokens
 from mcp_sandbox.server.transport.http import check_exposure, is_loopback, transport_security
 
 ALICE = "alice-token-0123456789abcdef"
@@ -60,6 +60,26 @@ async def test_the_verifier_gives_the_tenant_as_client_id_and_refuses_unknown_to
     granted = await table.verify_token(ALICE)
     assert granted is not None and granted.client_id == "default"
     assert await table.verify_token(ALICE + "x") is None
+
+
+@pytest.mark.anyio
+async def test_a_replaced_table_refuses_removed_tokens_and_grants_moved_ones_to_their_new_tenant(
+    tmp_path: Path,
+) -> None:
+    bob = "bob-token-0123456789abcdef"
+
+    def tokens(tenant: str, token: str) -> tuple[TenantToken, ...]:
+        return load_tokens(_settings(tmp_path, f'[auth]\ntokens = [{{ tenant = "{tenant}", token = "{token}" }}]'))
+
+    table = TokenTable(tokens("alice", ALICE))
+    before = await table.verify_token(ALICE)  # granted once before the reload: nothing of it may outlive it
+    assert before is not None and before.client_id == "alice"
+    table.replace(tokens("carol", bob))
+    assert await table.verify_token(ALICE) is None
+    table.replace(tokens("dave", ALICE))
+    moved = await table.verify_token(ALICE)
+    assert moved is not None and moved.client_id == "dave" and moved.token == ALICE
+    assert await table.verify_token(bob) is None
 
 
 @pytest.mark.parametrize(

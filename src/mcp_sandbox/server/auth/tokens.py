@@ -23,10 +23,16 @@ __all__ = ["DEFAULT_TENANT", "TenantToken", "TokenTable", "load_tokens", "tenant
 
 
 class TokenTable:
-    """The SDK's ``TokenVerifier``: a token is valid when its digest is one of the configured ones."""
+    """The SDK's ``TokenVerifier``: a token is valid when its digest is one of the configured ones.
+
+    The ``AccessToken`` a valid token is granted is made once per entry of the table and handed
+    to each of its requests (it says only the token and its tenant); :meth:`replace` drops them
+    with the entries, so a removed or moved token takes effect on the next request.
+    """
 
     def __init__(self, tokens: Sequence[TenantToken]) -> None:
         self._tokens = tuple(tokens)
+        self._granted: dict[TenantToken, AccessToken] = {}
 
     def __bool__(self) -> bool:
         return bool(self._tokens)
@@ -34,6 +40,7 @@ class TokenTable:
     def replace(self, tokens: Sequence[TenantToken]) -> None:
         """Take ``tokens`` from now on (SIGHUP): requests with a removed token get 401, sessions stay."""
         self._tokens = tuple(tokens)
+        self._granted = {}
 
     @property
     def tenants(self) -> frozenset[str]:
@@ -41,18 +48,25 @@ class TokenTable:
 
     def tenant(self, token: str) -> str | None:
         """The tenant whose token this is, or None. Every entry is compared, in constant time."""
+        entry = self._entry(token)
+        return None if entry is None else entry.tenant
+
+    def _entry(self, token: str) -> TenantToken | None:
         digest = hashlib.sha256(token.encode("utf-8", errors="surrogatepass")).digest()
-        found: str | None = None
+        found: TenantToken | None = None
         for entry in self._tokens:
             if hmac.compare_digest(digest, entry.digest):
-                found = entry.tenant
+                found = entry
         return found
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        tenant = self.tenant(token)
-        if tenant is None:
+        entry = self._entry(token)
+        if entry is None:
             return None
-        return AccessToken(token=token, client_id=tenant, scopes=[])
+        granted = self._granted.get(entry)
+        if granted is None:  # the entry's digest is this token's: the same token each time
+            granted = self._granted[entry] = AccessToken(token=token, client_id=entry.tenant, scopes=[])
+        return granted
 
 
 def tenant_of(request: Any) -> str:
