@@ -49,20 +49,40 @@ logger = logging.getLogger(__name__)
 
 
 async def _named_call_errors(ctx: Any, call_next: Any) -> Any:
-    """Refuse malformed ``tools/call`` params naming the field (the SDK says "Invalid request parameters")."""
-    if ctx.method == "tools/call":
-        import mcp_types as types
-        from mcp.shared.exceptions import MCPError
-        from pydantic import ValidationError
+    """Refuse malformed ``tools/call`` params naming the field (the SDK says "Invalid request parameters").
 
-        try:
-            types.CallToolRequestParams.model_validate({} if ctx.params is None else ctx.params, by_name=False)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"params.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
-            )
-            raise MCPError(types.INVALID_PARAMS, f"tools/call: {problems}") from None
-    return await call_next(ctx)
+    The SDK validates the params before the handler runs; only when something under this layer
+    fails validation are they validated here, to name the field (or to let the failure go on
+    when the params are valid and the handler's own validation failed). A call to be made a
+    task is checked first: the tasks layer under this one takes it before the SDK's check.
+    """
+    if ctx.method != "tools/call":
+        return await call_next(ctx)
+    from pydantic import ValidationError
+
+    if isinstance(ctx.params, dict) and "task" in ctx.params:
+        _refuse_malformed_call(ctx.params)
+        return await call_next(ctx)
+    try:
+        return await call_next(ctx)
+    except ValidationError:
+        _refuse_malformed_call(ctx.params)
+        raise
+
+
+def _refuse_malformed_call(params: Any) -> None:
+    """Raise ``INVALID_PARAMS`` naming each field of ``params`` that a ``tools/call`` cannot take."""
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+    from pydantic import ValidationError
+
+    try:
+        types.CallToolRequestParams.model_validate({} if params is None else params, by_name=False)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"params.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()
+        )
+        raise MCPError(types.INVALID_PARAMS, f"tools/call: {problems}") from None
 
 
 class _TasksServer(Server[Any]):
