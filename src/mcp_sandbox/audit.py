@@ -42,6 +42,9 @@ __all__ = ["AuditLog", "Tally"]
 DEFAULT_MAX_BYTES = 10 << 20
 DEFAULT_BACKUPS = 5
 
+# One encoder for every line: `json.dumps` with options builds a new one for each call.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+
 
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
     """A rotating file of ready-made lines; every new file (after each rotation too) is 0600, whatever the umask."""
@@ -124,7 +127,7 @@ class AuditLog:
         line = {"time": when, "event": event, **fields}
         if (trace := tracing.trace_id()) is not None:  # written inside a traced call: its trace, to look it up by
             line["trace_id"] = trace
-        self.write(json.dumps(line, ensure_ascii=False, separators=(",", ":"), default=str))
+        self.write(_ENCODE(line))
 
     def write(self, line: str) -> None:
         """Append ``line`` (one JSON object, no newline) as it is. Never raises for a failing disk."""
@@ -134,7 +137,9 @@ class AuditLog:
             record = self._record
             record.msg = line
             handler.reopen_if_moved()  # rotated or removed by another process: a line goes to the file at path
-            handler.handle(record)  # its rotation, the flush and errors (reported, never raised)
+            # Its rotation, the flush and errors (reported, never raised); `handle` would add only the
+            # handler's filters (it has none) and its lock (held here).
+            handler.emit(record)
             if not self._closer.alive:  # written after close(): the file is not left open
                 handler.close()
         finally:
