@@ -62,6 +62,26 @@ def test_warm_runs_resolve_below_a_millisecond_and_there_are_no_created_series()
     assert "_created" not in text
 
 
+def test_each_run_is_counted_in_the_series_of_its_own_labels_however_often_they_recur() -> None:
+    metrics = Metrics(dict, dict)
+    runs = [
+        ("alice", "success", "warm"),
+        ("bob", "success", "warm"),
+        ("alice", "error", "warm"),
+        ("alice", "success", "fresh"),
+    ]
+    for _ in range(3):  # each series found again after its first run
+        for tenant, status, path in runs:
+            metrics.observe(Run(tenant, None, "python", "bwrap", status, 0.003, exit_code=0, path=path))
+    text = metrics.render().decode()
+    counted = 'mcp_sandbox_runs_total{backend="bwrap",language="python",status="%s",tenant="%s"} %s'
+    assert counted % ("success", "alice", "6.0") in text  # warm and fresh: one series of the counter
+    assert counted % ("success", "bob", "3.0") in text
+    assert counted % ("error", "alice", "3.0") in text
+    timed = 'mcp_sandbox_run_duration_seconds_count{backend="bwrap",language="python",path="%s"} %s'
+    assert timed % ("warm", "9.0") in text and timed % ("fresh", "3.0") in text
+
+
 def test_files_not_saved_are_counted_by_stage() -> None:
     metrics = Metrics(dict, dict)
     metrics.observe(FilesUnsaved("a" * 64, "write_back", 2))

@@ -137,16 +137,28 @@ class Metrics:
             registry=r,
         )
         r.register(_Gauges(gauges, stored))
+        # Every run's series, by their labels: `labels()` checks and converts them, under a lock, for each call.
+        self._series: dict[tuple[str, ...], tuple[Any, Any]] = {}
+
+    def _run_series(self, event: RunFinished) -> tuple[Any, Any]:
+        """The run counter's and the duration histogram's series for ``event``'s labels."""
+        key = (event.language, event.backend, event.status, event.tenant, event.path)
+        series = self._series.get(key)
+        if series is None:
+            runs = self.runs.labels(event.language, event.backend, event.status, event.tenant)
+            series = self._series[key] = (runs, self.run_seconds.labels(event.language, event.backend, event.path))
+        return series
 
     def observe(self, event: Event) -> None:
         """Count ``event`` (an :class:`~mcp_sandbox.events.EventHub` observer)."""
         match event:
             case RunFinished():
-                self.runs.labels(event.language, event.backend, event.status, event.tenant).inc()
+                runs, seconds = self._run_series(event)
+                runs.inc()
                 if (cause := failure_cause(event)) is not None:
                     self.failures.labels(cause, event.language, event.backend, event.tenant).inc()
                 if event.status != "busy":
-                    self.run_seconds.labels(event.language, event.backend, event.path).observe(event.duration)
+                    seconds.observe(event.duration)
                     if event.conversation is None and event.language == "python":
                         self.warm.labels("hit" if event.warm else "miss").inc()
                 for limit in event.limits:
