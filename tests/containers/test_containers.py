@@ -18,7 +18,7 @@ from mcp_sandbox.egress import TenantEgress
 from mcp_sandbox.engine import Engine, ExecutionRequest, ExecutionResult
 from mcp_sandbox.events import RunFinished
 from mcp_sandbox.sandbox.backends import get_backend
-from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, container_name
+from mcp_sandbox.sandbox.backends.container import LABEL, OWNER_LABEL, ContainerBackend, container_name
 from mcp_sandbox.sandbox.cgroups.hierarchy import PREFIX, mounts
 from mcp_sandbox.server.metrics import Metrics
 from mcp_test_helpers import poll
@@ -59,16 +59,30 @@ def _dead_pid() -> int:
     return child.pid
 
 
-async def test_a_run_works_and_leaves_no_container(make_container_engine: EngineFactory, container_kind: str) -> None:
+async def test_a_run_works_and_leaves_no_container(
+    make_container_engine: EngineFactory, container_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = make_container_engine()
+    backend = engine.backend
+    assert isinstance(backend, ContainerBackend)
+    by_name: list[list[str]] = []
+    remove = backend.engine.remove
+
+    async def removal_by_name(names: list[str]) -> None:
+        by_name.append(names)
+        await remove(names)
+
+    monkeypatch.setattr(backend.engine, "remove", removal_by_name)
 
     result = await _execute(engine, "import numpy, os\nprint(numpy.arange(3).sum(), os.getuid() != 0)")
 
     assert (result.status, result.stdout) == ("success", "3 True\n")
     assert _ours(container_kind) == []
+    if backend.nests_cgroups:  # ended through our cgroup: the engine's `run --rm` removed it, no `rm` process
+        assert by_name == []
 
 
-async def test_a_timed_out_run_kills_its_container_by_name(
+async def test_a_timed_out_run_leaves_no_container_running(
     make_container_engine: EngineFactory, container_kind: str
 ) -> None:
     engine = make_container_engine()

@@ -133,6 +133,7 @@ def container_argv(policy: SandboxPolicy, run: ContainerRun) -> list[str]:
     argv = [
         run.cli, *manager, "run",
         "--name", run.name,
+        "--rm",  # the engine removes it once it has ended (see ``running.py``)
         *(["--cidfile", run.cidfile] if run.cidfile else []),
         "--label", f"{LABEL}=1",
         "--label", f"{OWNER_LABEL}={run.owner}",

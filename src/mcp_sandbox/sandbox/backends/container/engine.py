@@ -1,9 +1,9 @@
 """A container engine seen through its CLI: which CLI, what the engine says of itself, removal.
 
-Containers are always ended by name (``rm --force``): killing the ``run`` client would leave
-the container running. Containers a crashed server left behind are swept by label, but only
-those whose owner (the server pid in the name and label) is gone: several servers may share a
-host.
+Containers are ended by name (``rm --force``) where the engine's own ``--rm`` did not remove
+them (see ``running.py``): killing the ``run`` client would leave the container running.
+Containers a crashed server left behind are swept by label, but only those whose owner (the
+server pid in the name and label) is gone: several servers may share a host.
 """
 
 from __future__ import annotations

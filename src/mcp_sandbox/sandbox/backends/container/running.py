@@ -1,20 +1,24 @@
 """A running container sandbox: how it is ended and judged (started by ``sandbox.py``).
 
-A container outlives its ``run`` client, so it is ended by name (``rm --force``, see
-``engine.py``) once the client is gone, its processes killed at once through the per-run cgroup
-it nests in. Its end is judged by that cgroup's peaks, the container's own cgroup being gone by
-then; where the cgroup shows the runner alone, its end is told early (``ending.py``).
+A container outlives its ``run`` client. Where it nests in a per-run cgroup of ours, its
+processes are killed there and the ``run --rm`` client exits once the engine has removed it: no
+``rm`` process per run. Otherwise, or when the client does not end so, it is ended by name
+(``rm --force``, see ``engine.py``) once the client is gone. Its end is judged by that cgroup's
+peaks, the container's own cgroup being gone by then; where the cgroup shows the runner alone,
+its end is told early (``ending.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 from pathlib import Path
 
 import anyio
 
+from mcp_sandbox.sandbox import kernfs
 from mcp_sandbox.sandbox.backends.base import SandboxOutcome
 from mcp_sandbox.sandbox.backends.container.aliases import remove_aliases
 from mcp_sandbox.sandbox.backends.container.ending import MONITOR, ContainerRunner, container_runner
@@ -27,6 +31,25 @@ __all__ = ["CIDFILE", "ContainerSandbox"]
 
 CIDFILE = "cid"  # docker's client writes the container's id there once it is created
 _CREATED_POLL = 0.01
+# How the CLI exits when it failed itself (podman and docker alike): the container may not be removed.
+_CLI_FAILURES = frozenset({125, 126, 127})
+
+
+async def _ended(directory: Path) -> None:
+    """Wait until the processes in cgroup ``directory`` have ended (none when it does not exist)."""
+    try:
+        pids = [int(pid) for pid in kernfs.read(directory / "cgroup.procs").split()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except OSError:  # gone already
+            continue
+        try:
+            await anyio.wait_readable(handle)  # a pidfd is readable once its process has ended
+        finally:
+            os.close(handle)
 
 
 def _written(path: Path) -> bool:
@@ -62,6 +85,8 @@ class ContainerSandbox(ProcessSandbox):
         self._aliases = aliases
 
     async def _kill(self) -> None:
+        if self._cgroup is not None and await self._ended_by_engine(self._cgroup):
+            return
         # The client first, and gone: one still creating the container when a removal found
         # nothing yet would leave it created, never started. Then by name: the container outlives
         # its client (and the client may be gone already). Its processes are killed through our
@@ -73,6 +98,25 @@ class ContainerSandbox(ProcessSandbox):
         with anyio.move_on_after(self.teardown_seconds):
             await self._process.wait()
         await self._engine.remove([self.name])
+
+    async def _ended_by_engine(self, cgroup: RunCgroup) -> bool:
+        """End the container through our cgroup and let its client see the engine remove it (``--rm``).
+
+        Its processes killed (a runner still starting finds its channel closed and ends), the
+        container ends; an attached ``run --rm`` client waits until the engine has removed it
+        (podman's client removes it itself, docker's waits for the daemon's removal) and exits
+        with the container's status: no ``rm`` process per run. False (end it by name) when the
+        client did not end so within the bound, or ended as the CLI does when it failed itself.
+        podman's monitor, which runs the engine's clean-up command once the container has ended,
+        is waited for too: removing our cgroup would kill it midway.
+        """
+        self.channel.close()
+        cgroup.kill_nested(spare=MONITOR)
+        with anyio.move_on_after(self.teardown_seconds):
+            returncode = await self._process.wait()
+            await _ended(Path(cgroup.procs_files[0]).parent / MONITOR)
+            return returncode not in _CLI_FAILURES and returncode >= 0
+        return False
 
     def watch_runner(self) -> None:
         if self._cgroup is not None:

@@ -2,7 +2,7 @@
 
 A sandbox is one container, started with ``<cli> run`` attached: the client's stdout/stderr
 are the container's, its exit code the container's. Killing the client would leave the
-container running, so a sandbox is always ended by name (``rm --force``, see ``engine.py``);
+container running, so a sandbox is ended through its cgroup or by name (see ``running.py``);
 containers a crashed server left behind are swept by label when a backend of the engine
 (``engine.py``) first starts one.
 What a start gives back, the running container, is ``running.py``'s.
