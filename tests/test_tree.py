@@ -68,7 +68,7 @@ def _mirrors_a_module(test_file: Path) -> bool:
 
 
 # Sub-folders of a concern folder whose files are unit tests all the same.
-MIRRORED_INSIDE = ("sandbox/cgroups",)
+MIRRORED_INSIDE = ("sandbox/cgroups", "sandbox/backends", "sandbox/backends/bwrap", "sandbox/backends/container")
 
 
 def _unit_test_files() -> list[Path]:

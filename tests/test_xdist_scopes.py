@@ -39,7 +39,7 @@ def test_a_module_that_may_share_module_scoped_fixtures_stays_whole() -> None:
 
 def test_a_real_sandbox_test_weighs_more_than_a_pure_one() -> None:
     assert weight("tests/sandbox/test_privileges.py::test_x[bwrap-cold]") > weight(
-        "tests/sandbox/backends/test_bwrap_argv.py::test_y"
+        "tests/sandbox/backends/bwrap/test_argv.py::test_y"
     )
     assert weight("tests/deploy/test_image.py::test_z") > weight("tests/config/test_sources.py::test_w")
 

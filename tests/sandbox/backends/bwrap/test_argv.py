@@ -18,7 +18,7 @@ from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv
 from mcp_sandbox.sandbox.backends.bwrap.argv import args_file, etc_entries
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
-from .argv_processes import argv_in_other_processes
+from ..argv_processes import argv_in_other_processes
 
 BWRAP = "/usr/bin/bwrap"
 SECCOMP_FD = 9
@@ -110,7 +110,7 @@ def test_the_same_policy_always_gives_the_same_argv() -> None:
     assert bwrap_argv(refilled, bwrap=BWRAP, seccomp_fd=SECCOMP_FD) == expected
     assert argv_in_other_processes(
         "from mcp_sandbox.sandbox.backends.bwrap import bwrap_argv\n"
-        "from sandbox.backends.test_bwrap_argv import BWRAP, SECCOMP_FD, make_policy\n"
+        "from sandbox.backends.bwrap.test_argv import BWRAP, SECCOMP_FD, make_policy\n"
         "print(json.dumps(bwrap_argv(make_policy(), bwrap=BWRAP, seccomp_fd=SECCOMP_FD)))"
     ) == [expected, expected]
 

@@ -14,7 +14,7 @@ import pytest
 from mcp_sandbox.config import load_settings
 from mcp_sandbox.sandbox.backends.container.rootless import rootless_problems
 
-from ..children import in_child
+from ...children import in_child
 
 
 @pytest.fixture

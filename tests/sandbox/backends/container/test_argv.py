@@ -16,7 +16,7 @@ from mcp_sandbox.sandbox.backends.container import ContainerRun, container_argv,
 from mcp_sandbox.sandbox.backends.container.sandbox import with_connector
 from mcp_sandbox.sandbox.policy import Limits, Mount, SandboxPolicy
 
-from .argv_processes import argv_in_other_processes
+from ..argv_processes import argv_in_other_processes
 
 Snapshot = Callable[[str, object], None]
 
@@ -77,7 +77,7 @@ def test_the_same_policy_always_gives_the_same_argv(flavour: str) -> None:
     assert container_argv(refilled, make_run(flavour)) == expected
     assert argv_in_other_processes(
         "from mcp_sandbox.sandbox.backends.container import container_argv\n"
-        "from sandbox.backends.test_container_argv import make_policy, make_run\n"
+        "from sandbox.backends.container.test_argv import make_policy, make_run\n"
         f"print(json.dumps(container_argv(make_policy(), make_run({flavour!r}))))"
     ) == [expected, expected]
 
