@@ -4,7 +4,11 @@ The service in this process, as ``park.py`` runs it (real bwrap, the SDK's in-me
 ``session_park_after`` short): a conversation imports pandas and builds the DataFrame, is parked,
 then a ``run_python`` call resumes it. That call is timed end to end and in parts:
 
-- **seal**: ``ParkedStates.open``, the host's check of the state's seal (every byte) in a worker thread;
+- **seal**: the host's check of the state's seal (every byte) in a worker thread: ``ParkedStates.open``
+  before the EXEC (a tree before the overlap), or its verdict (``ParkedStates._verdict``) while the
+  sandbox maps the state (after it: then **open** is the state opened, unchecked, before the EXEC,
+  and **verdict** from the EXEC to the VERDICT sent, the part of the seal the sandbox waited on
+  only if it took longer than "to the code" less the load);
 - **claim**: a session-ready sandbox claimed and given the conversation's directory (and whether it
   had preloaded pandas);
 - **to the EXEC**: from the call to the host's EXEC carrying the state (the tool's own path, the
@@ -80,6 +84,15 @@ class Timings:
 
         setattr(owner, name, timed)
 
+    def wrap_verdict(self) -> None:
+        original = interpreter.Interpreter._send_verdict
+
+        async def send(self_: interpreter.Interpreter, *args: Any) -> None:
+            await original(self_, *args)
+            self.add("verdict", (time.time() - self.sent) * 1000)
+
+        setattr(interpreter.Interpreter, "_send_verdict", send)  # noqa: B010 - patched in this process only
+
     def wrap_run(self) -> None:
         original = interpreter.Interpreter.run
 
@@ -91,10 +104,24 @@ class Timings:
         setattr(interpreter.Interpreter, "run", run)  # noqa: B010 - patched in this process only
 
 
-async def resumes(state_dir: Path, samples: int, pause: float, case: str) -> Timings:
+async def _inline_verdict(self: parking.ParkedStates, key: str, tenant: str, state: Any) -> bool:
+    """``ParkedStates._verdict`` with the check on the event loop, not in a worker thread (``--inline``)."""
+    if self._sealer.check(state.fd, key, tenant) == state.size:
+        return True
+    self.discard(key)
+    return False
+
+
+async def resumes(state_dir: Path, samples: int, pause: float, case: str, inline: bool = False) -> Timings:
     setup, use = CASES[case]
     timings = Timings()
+    if inline:
+        setattr(parking.ParkedStates, "_verdict", _inline_verdict)  # noqa: B010 - patched in this process only
     timings.wrap(parking.ParkedStates, "open", "seal")
+    if hasattr(parking.ParkedStates, "resume"):  # the seal checked while the sandbox maps the state
+        timings.wrap(parking.ParkedStates, "resume", "open")
+        timings.wrap(parking.ParkedStates, "_verdict", "seal")
+        timings.wrap_verdict()
     timings.wrap(ready_by_uid.ReadyByUid, "claim", "claim")
     timings.wrap_run()
     flags = {
@@ -137,14 +164,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=7)
     parser.add_argument("--pause", type=float, default=1.5)
     parser.add_argument("--small", action="store_true", help="small variables instead of pandas")
+    parser.add_argument("--inline", action="store_true", help="the overlapped check on the event loop, not a thread")
     args = parser.parse_args()
     print(f"load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="mcp-sandbox-bench-park-parts-") as root:
         os.chmod(root, 0o711)  # the sandbox uid reaches its workspaces under it
         case = "small variables" if args.small else "pandas + a 50 MB DataFrame"
-        timings = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause, case)
+        timings = anyio.run(resumes, Path(root) / "resume", args.samples, args.pause, case, args.inline)
     print(f"resume of {case}, ms (median, min, max)")
-    for part in ("total", "to the EXEC", "seal", "claim", "to the code", "code", "after", "mapped"):
+    for part in ("total", "to the EXEC", "open", "seal", "claim", "verdict", "to the code", "code", "after", "mapped"):
         values = timings.parts.get(part, [0.0])
         print(f"  {part:<12} {statistics.median(values):8.1f} {min(values):8.1f} {max(values):8.1f}")
     print(f"  claimed a preloading sandbox: {sum(timings.preloaded)} of {len(timings.preloaded)}")

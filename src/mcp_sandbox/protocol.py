@@ -1,7 +1,7 @@
 """The host/sandbox frame protocol as the host speaks it: the one module the host imports it from.
 
 The frames (:class:`Ready`, :class:`Exec`, :class:`Done`, :class:`Call`, :class:`Reply`,
-:class:`Error`, :class:`Display`, :class:`Exited`) and their codec are defined once, by the
+:class:`Error`, :class:`Display`, :class:`Exited`, :class:`Verdict`) and their codec are defined once, by the
 Python runtime (``runners/python/mcp_sandbox_runtime/frames.py`` and ``wire.py``), which runs
 inside the sandbox without this package; the host takes them from here, with what else the
 runtime and the host must agree on (where the stubs are, the helper manual). The readers here
@@ -33,6 +33,7 @@ from mcp_sandbox.runners.python.mcp_sandbox_runtime.frames import (
     Kind,
     Ready,
     Reply,
+    Verdict,
     encode,
     pack,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "Kind",
     "Ready",
     "Reply",
+    "Verdict",
     "decode",
     "decode_body",
     "encode",

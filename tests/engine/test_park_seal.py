@@ -1,8 +1,9 @@
 """The seal of a parked state (``engine/park_seal.py``): every byte, the trailer's own fields, the
 conversation and the tenant are vouched for; a state sealed the earlier way still checks.
 
-In process on files in ``tmp_path``: the seal is pure bytes. That a refused state never reaches a
-sandbox is attacked through the tools in ``tests/e2e/conversations/test_park.py``.
+In process on files in ``tmp_path``: the seal is pure bytes. That a refused state is never loaded
+is attacked through the tools in ``tests/e2e/conversations/test_park.py`` and ``test_park_verdict.py``
+(a resumed session's sandbox maps its state while the seal is checked, and loads it only if it held).
 """
 
 from __future__ import annotations
@@ -95,3 +96,18 @@ def test_a_state_sealed_with_the_earlier_hmac_still_checks_and_its_tampering_fai
     path.write_bytes(earlier[:10] + b"X" + earlier[11:])
 
     assert (good, _check(path, fds)) == (len(SNAPSHOT), None)
+
+
+def test_the_size_a_seal_claims_is_read_before_the_check_and_only_where_it_fits_the_file(
+    opened: tuple[Path, list[int]],
+) -> None:
+    # A resume sends the state at this size while the check runs (the runtime loads nothing until it held).
+    path, fds = opened
+    data = _sealed(path)
+    sizes = []
+    for altered in (data, data[:-16] + bytes(16), data[:-1], b"x" + data, data[:-TRAILER] + b"y" * TRAILER):
+        path.write_bytes(altered)
+        fds.append(os.open(path, os.O_RDONLY))
+        sizes.append(Sealer(KEY).sealed_size(fds[-1]))
+
+    assert sizes == [len(SNAPSHOT), len(SNAPSHOT), None, None, None]

@@ -1,6 +1,7 @@
 """Parked sessions with replicas (issue 48): a park is copied to the object store, and a replica
 taking a conversation over after its owner's kill -9 resumes the last parked state from there;
-one altered in the store is refused, never loaded.
+one altered in the store is refused, never loaded (a variable whose unpickling would write a file
+is never built).
 
 Real server processes on loopback sharing a PostgreSQL database and a SeaweedFS store.
 """
@@ -18,6 +19,14 @@ from replica_helpers import call, replicas
 from s3_helpers import objects, put_object, s3_env, store_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio, pytest.mark.slow]
+
+# Unpickled, it writes a file into the conversation's workspace.
+_TRIPWIRE = """
+class Tripwire:
+    def __reduce__(self):
+        return (eval, ("open('/workspace/unpickled.txt', 'a').write('built')",))
+tripwire = Tripwire()
+"""
 
 
 async def test_a_replica_taking_over_after_the_owners_kill_resumes_its_last_parked_state_and_refuses_an_altered_one(
@@ -43,12 +52,12 @@ async def test_a_replica_taking_over_after_the_owners_kill_resumes_its_last_park
         with anyio.fail_after(60):
             await poll(lambda: len(stored()) == 1)
         first = stored()[0]
-        await call(owner, "run_python", {"code": "secret = 'original'", "conversationId": altered})
+        await call(owner, "run_python", {"code": "secret = 'original'" + _TRIPWIRE, "conversationId": altered})
         with anyio.fail_after(60):
             await poll(lambda: len(stored()) == 2)
         [second] = [name for name in stored() if name != first]
         body = bytearray(objects(s3_endpoint, prefix)[second])
-        body[len(body) // 2] ^= 0x01
+        body[-1] ^= 0x01  # the seal's tag: the snapshot, tripwire and all, is intact
         put_object(s3_endpoint, prefix, second, bytes(body))
 
         owner.kill()
@@ -61,11 +70,18 @@ async def test_a_replica_taking_over_after_the_owners_kill_resumes_its_last_park
         after = result.structured_content or {}
         refused = await call(other, "run_python", {"code": "print(secret)", "conversationId": altered})
         denied = refused.structured_content or {}
+        looked = await call(
+            other,
+            "run_python",
+            {"code": "import os\nprint(os.path.exists('unpickled.txt'))", "conversationId": altered},
+        )
+        built = (looked.structured_content or {}).get("stdout")
 
         assert (after.get("status"), after.get("stdout")) == ("success", "42 kept\n"), after
         assert after["session"] == "resumed"
         assert "stateLost" not in after  # nothing was lost: no run came after the park
         assert (denied.get("status"), "failed its integrity check" in denied.get("error", "")) == ("error", True)
+        assert built == "False\n"  # nothing of the altered state was built
         assert second not in stored()  # refused: deleted from the store too (and nothing started to park again)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from mcp_sandbox.errors import QuotaExceededError
@@ -41,6 +41,9 @@ class ForkState:
         # The runtime may map its large buffers instead of reading them: only a parked state that the
         # server keeps, counted in its conversation's quota, for as long as the session lives (.parking).
         self.mapped = False
+        # A parked state whose seal is still to be checked: whether it held, checked while the runtime
+        # reads the state; the runtime loads nothing of it until told (Interpreter.run, .parking).
+        self.verdict: Callable[[], Awaitable[bool]] | None = None
 
     @property
     def fd(self) -> int:

@@ -16,7 +16,7 @@ import contextlib
 import functools
 import itertools
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 
@@ -27,7 +27,7 @@ from mcp_sandbox.engine.output import CappedOutput, pump_stream, run_pipes
 from mcp_sandbox.engine.result import ExecutionRequest
 from mcp_sandbox.engine.run_frames import RunCaps, RunRecord, serve_run
 from mcp_sandbox.errors import ChannelError, SandboxStartError
-from mcp_sandbox.protocol import HEADER, Exec, Exited, Kind, Ready
+from mcp_sandbox.protocol import HEADER, Exec, Exited, Kind, Ready, Verdict
 from mcp_sandbox.sandbox.backends import Backend, LimitEvents, Sandbox, SandboxOutcome
 from mcp_sandbox.sandbox.policy import SandboxPolicy
 
@@ -141,8 +141,7 @@ class Interpreter:
         cpu_seconds: int | None = None,
         guard: bytes | None = None,
         file_size: int | None = None,
-        state: int | None = None,
-        mapped: bool = False,
+        state: ForkState | None = None,
     ) -> Exec:
         return Exec(
             run=next(self._ids),
@@ -156,8 +155,9 @@ class Interpreter:
             guard=None if guard is None else _base64(guard),
             max_call_bytes=self.caps.max_call_bytes,
             file_size=file_size,
-            state=state,
-            mapped=mapped,
+            state=None if state is None else state.size,
+            mapped=state is not None and state.mapped,
+            verdict=state is not None and state.verdict is not None,
         )
 
     async def run(
@@ -179,10 +179,13 @@ class Interpreter:
         ``file_size``: the run's RLIMIT_FSIZE, when lower than the sandbox's (see ``Exec``).
         ``state``: a fork's first run, its source's variables to load before the code (their file
         handed over read-only, see :mod:`.fork_state`; mapped by the runtime if ``state.mapped``).
+        With ``state.verdict`` (a resumed session's, its seal not yet checked) the EXEC goes out at
+        once and the check runs meanwhile; the runtime loads nothing until the VERDICT it is sent
+        after. A state that fails: ``record.refused``, and the sandbox is killed (nothing of the
+        state was loaded, no code ran; the caller discards the session).
         Bounded by the caller (its deadline); never raises for what the sandbox did.
         """
-        size, mapped = (None, False) if state is None else (state.size, state.mapped)
-        frame = self._exec(request, last=last, file_size=file_size, state=size, mapped=mapped)
+        frame = self._exec(request, last=last, file_size=file_size, state=state)
         return await self._serve_exec(record, frame, request, last=last, early=early, state=state)
 
     async def snapshot(self, budget: int, sink: Callable[[bytes], None]) -> bool:
@@ -222,7 +225,11 @@ class Interpreter:
         async with run_pipes(record.stdout, record.stderr) as pipes:
             sent = await self._send_exec(record, frame, (*pipes.ends, *carried))
             pipes.close()
-            if sent:
+            if sent and state is not None and state.verdict is not None:
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._send_verdict, record, frame.run, state.verdict)
+                    await serve_run(record, frame.run, tools, self.channel, self.caps)
+            elif sent:
                 await serve_run(record, frame.run, tools, self.channel, self.caps, dump=request is None)
             if record.protocol_error is not None:
                 # The runner broke the protocol (an oversized or malformed frame): it cannot be
@@ -239,6 +246,15 @@ class Interpreter:
                     for own in self._own_ended:
                         await own.wait()
         return None
+
+    async def _send_verdict(self, record: RunRecord, run: int, verdict: Callable[[], Awaitable[bool]]) -> None:
+        """Check the run's state (``verdict``) and tell the runtime; a refused one's sandbox is killed."""
+        held = await verdict()
+        with contextlib.suppress(ChannelError):  # gone: the run's end says why
+            await self.channel.send(Verdict(run, held))
+        if not held:
+            record.refused = True
+            await self.kill()  # it mapped the state but loaded nothing of it: it serves nothing more
 
     async def _runner_end(self) -> SandboxOutcome | None:
         """The runner's outcome once the sandbox can tell it has ended (polled); None if the sandbox ended first."""

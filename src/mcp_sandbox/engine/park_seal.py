@@ -65,6 +65,21 @@ class Sealer:
         nonce = os.urandom(_NONCE)
         return Seal(self._one_time(nonce, conversation, tenant), nonce)
 
+    def sealed_size(self, fd: int) -> int | None:
+        """The size the trailer of the file ``fd`` claims for its snapshot, unchecked (:meth:`check` checks
+        it); None if the file has no trailer of either seal, or one that disagrees with the file's size."""
+        total = os.fstat(fd).st_size
+        if total < TRAILER:
+            return None
+        trailer = os.pread(fd, TRAILER, total - TRAILER)
+        if trailer.startswith(_MARK):
+            claimed = int.from_bytes(trailer[len(_MARK) + _NONCE : -16], "big")
+        elif trailer.startswith(_HMAC_MARK):
+            claimed = int.from_bytes(trailer[len(_HMAC_MARK) : len(_HMAC_MARK) + 8], "big")
+        else:
+            return None
+        return claimed if claimed == total - TRAILER else None
+
     def check(self, fd: int, conversation: str, tenant: str) -> int | None:
         """The snapshot's size if the trailer of the file ``fd`` vouches for it, else None."""
         total = os.fstat(fd).st_size

@@ -16,7 +16,10 @@ host never unpickles it: only the tenant's own sandboxes do.
 Integrity: the file ends with a seal (:mod:`.park_seal`: a one-time Poly1305 tag, its key
 derived from the server secret's ``parked-state`` key, the conversation's key and its tenant): a
 file changed on disk or in the object store, or moved to another conversation (another
-tenant's), fails it, is refused with a clear error and deleted, and never reaches a sandbox.
+tenant's), fails it, is refused with a clear error and deleted, and is never loaded. A resume
+checks a state over 256 KiB while the session's runtime maps it (:meth:`ParkedStates.resume`):
+the runtime loads nothing of it before the host's verdict, and a refused state's sandbox is
+killed, never reused; a smaller one, and a fork's state, are checked before they are sent.
 ``parked/`` is the server's alone (0700): no sandbox sees it (a resumed one gets a read-only
 descriptor of its own state, closed before any of it is loaded, see :mod:`.fork_state`). The
 file counts in the conversation's quota (``WorkspaceStore.usage``) and is deleted with the
@@ -34,6 +37,7 @@ Why not a process checkpoint (CRIU): see docs/design.md, "Parked sessions".
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import uuid
@@ -45,6 +49,7 @@ import anyio
 import anyio.to_thread
 
 from mcp_sandbox.config import WorkspaceSettings
+from mcp_sandbox.engine.channel import OFF_LOOP_BYTES
 from mcp_sandbox.engine.disk import measure
 from mcp_sandbox.engine.fork_state import ForkState, spool_cap
 from mcp_sandbox.engine.interpreter import Interpreter
@@ -222,12 +227,41 @@ class ParkedStates:
             WorkspaceError: it failed its integrity check (:data:`TAMPERED`; the file is deleted),
                 or it cannot be read.
         """
-        state = await anyio.to_thread.run_sync(self._open, key, tenant)
+        state = await anyio.to_thread.run_sync(self._open, key, tenant, True)
         if state is not None:
             state.mapped = mapped
         return state
 
-    def _open(self, key: str, tenant: str) -> ForkState | None:
+    async def resume(self, key: str, tenant: str) -> ForkState | None:
+        """``key``'s parked state for its resumed session to map. One of 256 KiB or less is checked
+        now, as :meth:`open` checks it (microseconds: less than a frame's round trip); a larger one's
+        ``verdict`` checks it (every byte, in a worker thread) while the session's runtime maps it,
+        which loads nothing of it before the host's verdict (:meth:`.Interpreter.run`); a state that
+        fails is deleted either way. None when there is none; the caller closes it.
+
+        Raises:
+            WorkspaceError: a small state failed its check, or its trailer is no seal at all
+                (:data:`TAMPERED`; deleted), or it cannot be read.
+        """
+        state = await anyio.to_thread.run_sync(self._open, key, tenant, False)
+        if state is not None:
+            state.mapped = True
+            if state.size > OFF_LOOP_BYTES:
+                state.verdict = functools.partial(self._verdict, key, tenant, state)
+        return state
+
+    async def _verdict(self, key: str, tenant: str, state: ForkState) -> bool:
+        """Whether ``state`` (:meth:`resume`'s, still open) is ``key``'s, sealed by this server; if not, deleted.
+        In a worker thread: ``cryptography``'s Poly1305 holds the GIL for each update, but not the reads
+        between them, so other runs' frames are served meanwhile (on the loop, 50 MB would hold them
+        for all of its 13 ms of CPU)."""
+        if await anyio.to_thread.run_sync(self._sealer.check, state.fd, key, tenant) == state.size:
+            return True
+        await anyio.to_thread.run_sync(self.discard, key)
+        return False
+
+    def _open(self, key: str, tenant: str, check: bool) -> ForkState | None:
+        """``key``'s parked state, opened; checked if ``check`` or if it is small (else its check is the caller's)."""
         path = self._layout.parked_state(key)
         try:
             if self._copies is not None and not self._fetch(key, path):
@@ -238,7 +272,9 @@ class ParkedStates:
         except OSError as exc:
             raise WorkspaceError(f"the conversation's parked interpreter state cannot be read: {exc.strerror}") from exc
         try:
-            size = self._sealer.check(fd, key, tenant)
+            size = self._sealer.sealed_size(fd)
+            if size is not None and (check or size <= OFF_LOOP_BYTES):
+                size = self._sealer.check(fd, key, tenant)
         except BaseException:
             os.close(fd)
             raise

@@ -55,6 +55,7 @@ class RunRecord:
     channel_ended: bool = False  # the runner closed the channel (it is exiting or dead)
     protocol_error: str | None = None
     forked: Forked | None = None  # a fork's first run: what its DONE says it carried
+    refused: bool = False  # the state it was to load failed its seal: the sandbox was killed, nothing loaded
 
     @classmethod
     def capped(cls, cap: int, listener: OutputListener | None = None) -> RunRecord:

@@ -15,6 +15,7 @@ from mcp_sandbox.config import EngineSettings
 from mcp_sandbox.egress import grant_environment, sandbox_environment
 from mcp_sandbox.engine.disk import DiskBound, Overrun, disk_bound
 from mcp_sandbox.engine.opener import Opener
+from mcp_sandbox.engine.parking import TAMPERED
 from mcp_sandbox.engine.placement import Shared, tool_mounts
 from mcp_sandbox.engine.result import ExecutionRequest, ExecutionResult, SessionState
 from mcp_sandbox.engine.run_frames import RunRecord
@@ -28,6 +29,7 @@ from mcp_sandbox.engine.verdict import (
     stopped_for_disk,
     timed_out,
 )
+from mcp_sandbox.errors import WorkspaceError
 
 __all__ = ["SessionPlacement"]
 
@@ -51,7 +53,12 @@ class SessionPlacement:
         return request.egress is None or self._opener.session_relay
 
     async def run(self, request: ExecutionRequest, started: float) -> ExecutionResult:
-        """Run ``request`` in its session, starting the session's interpreter if it has none."""
+        """Run ``request`` in its session, starting the session's interpreter if it has none.
+
+        Raises:
+            WorkspaceError: the conversation's parked state failed its integrity check (deleted; its
+                sandbox killed before it loaded any of it, nothing ran), or cannot be read.
+        """
         assert request.session is not None
         settings = self._settings
         record = RunRecord.capped(settings.limits.max_output, request.on_output)
@@ -94,6 +101,8 @@ class SessionPlacement:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
                         await lease.discard()
+        if record.refused:  # its sandbox was killed before it loaded any of it; the state is deleted
+            raise WorkspaceError(TAMPERED)
         if lease is None:  # the deadline passed while waiting for the session's previous run
             result = captured(record, None, started)
             return timed_out(

@@ -131,15 +131,15 @@ class SessionManager:
         differs from the one it was started with. The caller bounds the wait (its deadline).
         With ``born``, a new interpreter is a session-ready sandbox's of the tenant's uid where one is
         idle (a preloading one if ``preloaded``, see :meth:`.ReadyPool.claim`). A new interpreter of
-        a conversation with a parked state gets it (``Lease.parked``; a preloading sandbox), unless
-        ``reset``, which deletes it.
+        a conversation with a parked state gets it (``Lease.parked``; a preloading sandbox; its seal
+        checked during the run, see :meth:`.ParkedStates.resume`), unless ``reset``, which deletes it.
 
         Raises:
             RuntimeError: the manager is not running (see :meth:`running`).
             BusyError: the session is new and every live session (of the tenant, or in all) is busy.
             SandboxStartError: the interpreter could not be started.
-            WorkspaceError: the conversation's parked state failed its integrity check (deleted;
-                nothing was started), or cannot be read.
+            WorkspaceError: the conversation's parked state has no seal (deleted; nothing was
+                started), or cannot be read.
         """
         session = await self._acquire(key, tenant)
         ready: ReadySandbox | None = None
@@ -156,7 +156,7 @@ class SessionManager:
                     if reset:
                         await anyio.to_thread.run_sync(self._parked.discard, key)
                     else:
-                        parked = await self._parked.open(key, tenant, mapped=True)
+                        parked = await self._parked.resume(key, tenant)
                 if born and workspace is not None:
                     preloaded = preloaded or parked is not None
                     ready = await self._ready.claim(workspace, tenant, self._gate.lock(key), preloaded=preloaded)

@@ -28,6 +28,7 @@ export enum Kind {
   ERROR = 6, // both
   DISPLAY = 7, // S->H
   EXITED = 8, // S->H, from a Python zygote only
+  VERDICT = 9, // H->S, to a Python runtime only (a resumed session's state checked)
 }
 
 export type Body = Record<string, unknown>;
@@ -54,7 +55,7 @@ export function encode(kind: Kind, body: Body): Uint8Array {
 }
 
 function isKind(value: number): value is Kind {
-  return value >= Kind.READY && value <= Kind.EXITED;
+  return value >= Kind.READY && value <= Kind.VERDICT;
 }
 
 /** Frames out of a byte stream fed in pieces of any size. */

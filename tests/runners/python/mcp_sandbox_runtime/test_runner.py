@@ -534,3 +534,71 @@ def test_a_ready_runner_imports_its_modules_first_then_serves_a_session(modules:
     assert missing.exit_code == 1 and "ModuleNotFoundError" in missing.stderr  # the run sees it itself
     assert (second.stdout, second.exit_code) == ("42\n", 3)
     assert (returncode, own_out, own_err) == (3, "", "")
+
+
+# --- a resumed session's state, loaded on the host's verdict ----------------------------------
+
+
+def _tripwire_state(tmp_path: Path) -> tuple[int, int, Path]:
+    """A read-only descriptor of a state whose one variable writes a file when it is unpickled, its
+    size, and that file (not there yet)."""
+    from mcp_sandbox.runners.python.mcp_sandbox_runtime import fork
+
+    marker = tmp_path / "built"
+
+    class Tripwire:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (eval, (f"open({str(marker)!r}, 'w').write('built') and 'tripped'",))
+
+    path = tmp_path / "state"
+    path.write_bytes(b"".join(bytes(piece) for piece in fork.dump({"tripwire": Tripwire()}, 1 << 20)))
+    return os.open(path, os.O_RDONLY), path.stat().st_size, marker
+
+
+def test_a_state_awaiting_its_verdict_is_loaded_once_the_host_says_it_held(runner: Runner, tmp_path: Path) -> None:
+    state, size, marker = _tripwire_state(tmp_path)
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    body = {"run": 1, "code": "print(tripwire)", "last": False, "state": size, "verdict": True}
+    runner.send(Kind.EXEC, body, [out_w, err_w, state])
+    for fd in (out_w, err_w, state):
+        os.close(fd)
+    runner.send(Kind.VERDICT, {"run": 1, "ok": True})
+    output = _read_to_end([out_r, err_r])
+    kind, done = runner.frame()
+    os.close(out_r)
+    os.close(err_r)
+
+    assert (kind, done["exitCode"], done["fork"]["variables"]) == (Kind.DONE, 0, 1), done
+    assert output[out_r] == b"tripped\n" and marker.read_text() == "built"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        pytest.param(frames.encode(Kind.VERDICT, {"run": 1, "ok": False}), id="refused"),
+        pytest.param(frames.encode(Kind.VERDICT, {"run": 2, "ok": True}), id="another-runs-verdict"),
+        pytest.param(frames.encode(Kind.EXEC, {"run": 2, "code": "print(1)"}), id="an-exec-instead"),
+        pytest.param(b"", id="hang-up"),
+    ],
+)
+def test_a_state_not_vouched_for_ends_the_runner_before_anything_of_it_is_built_or_any_code_runs(
+    runner: Runner, tmp_path: Path, answer: bytes
+) -> None:
+    # The answer is sent at once, behind the EXEC: a runner that loaded before reading it would build the tripwire.
+    state, size, marker = _tripwire_state(tmp_path)
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    code = f"open({str(tmp_path / 'ran')!r}, 'w')"
+    runner.send(
+        Kind.EXEC, {"run": 1, "code": code, "last": False, "state": size, "verdict": True}, [out_w, err_w, state]
+    )
+    for fd in (out_w, err_w, state):
+        os.close(fd)
+    runner.host.sendall(answer)
+    returncode, _, _ = runner.hang_up()
+    _read_to_end([out_r, err_r])
+    os.close(out_r)
+    os.close(err_r)
+
+    assert returncode == 77  # EXIT_REFUSED
+    assert not marker.exists() and not (tmp_path / "ran").exists()
+    assert Kind.DONE not in [kind for kind, _ in runner.rest()]

@@ -8,6 +8,12 @@ For each run: its stdout/stderr are the two pipes attached to the EXEC frame (du
 background process still holds them); its environment is the process's plus the frame's
 ``env`` (restored afterwards); its code runs in the :class:`~.namespace.MainNamespace`. DONE
 reports the run's exit code: ``sys.exit(n)`` gives ``n``, an uncaught exception 1.
+
+A fork's (or a resumed session's) first run loads its state before the code. A resumed session's
+EXEC says ``verdict``: the host checks the state's seal while this side reads (or maps) it, and
+nothing of it is loaded, nor any code run, until the host's VERDICT for the run says it held; any
+other answer (refused, the channel's end, another frame) ends the process at once
+(:data:`EXIT_REFUSED`), nothing loaded; the host discards the sandbox.
 """
 
 from __future__ import annotations
@@ -19,13 +25,22 @@ import sys
 from typing import Any, TextIO
 
 from . import display, host, relay
-from .frames import Done, Error, Exec, Forked, Frame
+from .frames import Done, Error, Exec, Forked, Frame, Verdict
 from .host import close_fds
 from .namespace import COMPILE_FLAGS, MainNamespace
 
-__all__ = ["EXIT_PROTOCOL", "Server", "accept_exec", "prepare_process", "prepare_single", "serve_until_last"]
+__all__ = [
+    "EXIT_PROTOCOL",
+    "EXIT_REFUSED",
+    "Server",
+    "accept_exec",
+    "prepare_process",
+    "prepare_single",
+    "serve_until_last",
+]
 
 EXIT_PROTOCOL = 76
+EXIT_REFUSED = 77  # the host refused the state this run was to load (its seal failed), or never said
 
 
 def _flush(*streams: Any) -> None:
@@ -155,7 +170,7 @@ class Server:
                 return Done(frame.run, self._snapshot(frame.snapshot), None)
             if state is not None and frame.state is not None:
                 fd, state = state, None
-                forked = self._load(fd, frame.state, mapped=frame.mapped)
+                forked = self._load(fd, frame, frame.state)
             exit_code, exception = self.namespace.run(frame.code, list(frame.servers))
         finally:
             if state is not None:
@@ -171,6 +186,21 @@ class Server:
                 _flush(sys.stdout, sys.stderr)
         return Done(frame.run, exit_code, exception, forked)
 
+    def _await_verdict(self, run: int) -> None:
+        """Return once the host's VERDICT says run ``run``'s state held; else end the process now."""
+        command = self.connection.next_command()
+        if command is not None:
+            close_fds(command[1])
+            verdict = command[0]
+            if isinstance(verdict, Verdict) and verdict.run == run and verdict.ok:
+                return
+            if not isinstance(verdict, Verdict) or verdict.run != run:
+                try:
+                    self.connection.send(Error(f"expected the VERDICT of run {run}, got {verdict.KIND.name}"))
+                except OSError:
+                    pass
+        os._exit(EXIT_REFUSED)  # nothing of the state was loaded, nor any code run
+
     def _snapshot(self, budget: int) -> int:
         """Write this session's variables to the run's stdout as a fork's state (see ``fork.py``)."""
         from . import fork, library
@@ -183,18 +213,24 @@ class Server:
                 view = view[os.write(1, view) :]
         return 0
 
-    def _load(self, state: int, size: int, *, mapped: bool = False) -> Forked:
+    def _load(self, state: int, frame: Exec, size: int) -> Forked:
         """Load a fork's state, the first ``size`` bytes of the file ``state`` (closed here, before
         anything of it is unpickled), into the namespace before its first run's code; its large
-        buffers mapped with ``mapped`` (see ``snapshot.py``)."""
+        buffers mapped with ``frame.mapped`` (see ``snapshot.py``); with ``frame.verdict``, once the
+        host's VERDICT says its seal held (else the process ends here, see the module's docstring)."""
         from . import fork, snapshot
 
+        read: snapshot.Unpacked | OSError | ValueError | MemoryError
         try:
-            read = snapshot.read(state, size, mapped=mapped)
+            read = snapshot.read(state, size, mapped=frame.mapped)
         except (OSError, ValueError, MemoryError) as exc:
-            return Forked(0, 0, (f"all variables ({type(exc).__name__}: {exc})"[:120],))
+            read = exc
         finally:
             close_fds([state])
+        if frame.verdict:
+            self._await_verdict(frame.run)
+        if isinstance(read, BaseException):
+            return Forked(0, 0, (f"all variables ({type(read).__name__}: {read})"[:120],))
         report = fork.load(read, self.namespace.namespace)
         return Forked(report["variables"], report["modules"], tuple(report["skipped"]))
 

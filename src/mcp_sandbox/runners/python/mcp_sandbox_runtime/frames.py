@@ -1,7 +1,7 @@
 """Typed frames between host and sandbox, shared by both sides (stdlib only).
 
 Each kind's body is one typed class here (:class:`Ready`, :class:`Exec`, :class:`Done`,
-:class:`Error`, :class:`Display`, :class:`Exited`; code mode's :class:`Call` and :class:`Reply`
+:class:`Error`, :class:`Display`, :class:`Exited`, :class:`Verdict`; code mode's :class:`Call` and :class:`Reply`
 in ``call_frames.py``, exported here too): ``encode()``
 gives the wire body, ``decode(body)`` checks every field's type (``fields.py``) and raises
 FrameError. Both sides send and receive these objects; :func:`pack` and :func:`decode` join them
@@ -9,7 +9,10 @@ to the codec (``wire.py``, which lays out a frame and its socket). The runtime s
 of EXEC frames, one at a time; ``run`` numbers them, and the DONE and DISPLAY frames of a run
 carry its number. A zygote (``zygote.py``) forks a child per EXEC frame; that frame carries a
 third descriptor, the run's own channel socket, on which the child speaks (CALL, DISPLAY, DONE)
-while the zygote reports the child's end with EXITED on the first channel.
+while the zygote reports the child's end with EXITED on the first channel. An EXEC whose
+``verdict`` is set (a resumed session's first run) is followed by a VERDICT for its run: the host
+checks the state's seal while the runtime reads it, and the runtime loads nothing of the state
+(nor runs the code) before a VERDICT that says ``ok``; any other answer ends the runtime.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = [
     "Kind",
     "Ready",
     "Reply",
+    "Verdict",
     "decode",
     "decode_body",
     "encode",
@@ -131,7 +135,9 @@ class Exec:
     before the code (with ``mapped``, their large buffers are mapped copy-on-write instead: a
     parked state the server keeps while the session lives, see ``snapshot.py``); ``snapshot`` (a
     byte budget) asks instead for this session's variables, written to the run's stdout as such
-    a state (``fork.py``).
+    a state (``fork.py``). ``verdict``: the state's seal is still being checked by the host; the
+    runtime may read (or map) the state but loads nothing of it, nor runs the code, until a
+    :class:`Verdict` for this run says ``ok``.
     A field absent on the wire is its default.
     """
 
@@ -150,6 +156,7 @@ class Exec:
     state: int | None = None
     snapshot: int | None = None
     mapped: bool = False
+    verdict: bool = False
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -175,6 +182,8 @@ class Exec:
             body["snapshot"] = self.snapshot
         if self.mapped:
             body["mapped"] = True
+        if self.verdict:
+            body["verdict"] = True
         return body
 
     @classmethod
@@ -197,6 +206,8 @@ class Exec:
             raise FrameError("EXEC last must be a boolean")
         if not isinstance(body.get("mapped", False), bool):
             raise FrameError("EXEC mapped must be a boolean")
+        if not isinstance(body.get("verdict", False), bool):
+            raise FrameError("EXEC verdict must be a boolean")
         return cls(
             run=int_of(body, "run", 0),
             code=body["code"],
@@ -212,6 +223,7 @@ class Exec:
             state=int_of(body, "state") if "state" in body else None,
             snapshot=int_of(body, "snapshot") if "snapshot" in body else None,
             mapped=body.get("mapped", False),
+            verdict=body.get("verdict", False),
         )
 
 
@@ -315,9 +327,31 @@ class Exited:
         return cls(int_of(body, "run"), code_of(body, "exitCode"), optional_str_of(body, "problem"))
 
 
-Frame = Ready | Exec | Done | Call | Reply | Error | Display | Exited
+@record(frozen=True, slots=True)
+class Verdict:
+    """VERDICT (host to sandbox): whether the seal of run ``run``'s state held (``ok``), checked by the
+    host while the runtime read the state (an EXEC with ``verdict``). Only ``ok`` lets it be loaded."""
 
-_CLASSES: dict[Kind, Any] = {frame.KIND: frame for frame in (Ready, Exec, Done, Call, Reply, Error, Display, Exited)}
+    KIND: ClassVar[Kind] = Kind.VERDICT
+    run: int
+    ok: bool
+
+    def encode(self) -> dict[str, Any]:
+        return {"run": self.run, "ok": self.ok}
+
+    @classmethod
+    def decode(cls, body: dict[str, Any]) -> Verdict:
+        ok = body.get("ok")
+        if not isinstance(ok, bool):
+            raise FrameError("VERDICT ok must be a boolean")
+        return cls(int_of(body, "run"), ok)
+
+
+Frame = Ready | Exec | Done | Call | Reply | Error | Display | Exited | Verdict
+
+_CLASSES: dict[Kind, Any] = {
+    frame.KIND: frame for frame in (Ready, Exec, Done, Call, Reply, Error, Display, Exited, Verdict)
+}
 
 
 def decode(kind: Kind, body: dict[str, Any]) -> Frame:

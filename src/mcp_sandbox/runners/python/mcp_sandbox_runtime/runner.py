@@ -67,11 +67,15 @@ def _preload(modules: list[str]) -> MainNamespace:
 
     What every run's first steps import or fill (the library's names, the compiler's pages) is
     done now, off the session's first run, as a warm zygote's child does it; asyncio is not (a
-    session imports it on its first top-level ``await``). The heap the imports freed goes back to
-    the kernel. A module that fails to import is left to the run, which sees the same error itself.
+    session imports it on its first top-level ``await``). A preloading one also imports the loader
+    of a fork's or a resumed session's state (``fork.py``), as only preloading ones are claimed for
+    those. The heap the imports freed goes back to the kernel. A module that fails to import is
+    left to the run, which sees the same error itself.
     """
     loaded, _ = preload.preload(modules)
     preload.exercise(loaded)
+    if loaded:
+        from . import fork  # noqa: F401 - imported for its state's first load
     namespace = prepare_single()
     gc.collect()
     with contextlib.suppress(AttributeError):  # glibc's; another libc keeps the heap as it is

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
+
+from .records import record
 
 __all__ = ["HUGE", "Unpacked", "pack", "read", "unpack"]
 
@@ -40,7 +41,7 @@ HUGE = 2 << 20
 _MAX_IOV = 512  # vectors per preadv (IOV_MAX is 1024 on Linux)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Unpacked:
     """A state read into memory, nothing of it unpickled: the index's pickle, the variables' pickles
     one after the other, and the out-of-band buffers in order (writable)."""

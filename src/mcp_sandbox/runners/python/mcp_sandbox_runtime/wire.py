@@ -36,7 +36,8 @@ __all__ = [
 MAGIC = b"MSBX"
 # 2: EXEC carries the run's stdout/stderr pipes, "run", "env" and image caps; DISPLAY frames.
 # 3: zygotes: an EXEC frame to a zygote also carries the run's own channel socket and
-#    "cpuSeconds"; EXITED frames. (EXEC's optional "maxCallBytes" came later: absent, no limit.)
+#    "cpuSeconds"; EXITED frames. (EXEC's optional "maxCallBytes" came later: absent, no limit;
+#    so did VERDICT, sent only to a runtime whose EXEC asked for one with "verdict".)
 PROTOCOL_VERSION = 3
 HEADER = struct.Struct(">4sBBI")
 DEFAULT_MAX_FRAME = 256 << 20
@@ -58,6 +59,9 @@ class Kind(enum.IntEnum):
     # S->H  a zygote's run ended and the sandbox was restored: {"run": int, "exitCode": int,
     #       "problem": str | null}; with a problem the zygote could not restore it and exits
     EXITED = 8
+    # H->S  the seal of a resumed session's state, checked while the runtime read it: {"run": int,
+    #       "ok": bool}; only after an EXEC with "verdict", and only ok lets the runtime load the state
+    VERDICT = 9
 
 
 class FrameError(Exception):
