@@ -43,15 +43,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
+from container_latency import prepared_engine  # this folder is on sys.path: the script's own
 
-from mcp_sandbox.config import load_settings
 from mcp_sandbox.engine import Engine, ExecutionRequest
-from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.sandbox.cgroups import RunCgroup
 from mcp_sandbox.workspace import remove_tree
 
 REPO = Path(__file__).resolve().parents[1]
-RUNTIME = REPO / ".runtime" / "python"
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 DOCKER_PID = Path("/run/mcp-sandbox-tests/dockerd.pid")
 TICK = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -137,17 +135,9 @@ async def _settled(meter: Meter, engine: Engine | None = None) -> dict[str, floa
 
 
 async def _bench(name: str, cli: str, runs: int, window: int, state: Path, meter: Meter) -> None:
-    values: dict[str, object] = {"state_dir": str(state / name), "container_runtime": cli}
-    if (RUNTIME / "bin" / "python3").exists():
-        values["python_runtime"] = str(RUNTIME)
-    settings = load_settings(env={}, flags=values)
-    backend = backend_for(settings, name)
-    probe = backend.probe()
-    if not probe.available:
-        print(f"{name:<8} unavailable: {probe.reason}")
+    engine = prepared_engine(name, {"container_runtime": cli}, state)
+    if engine is None:
         return
-    engine = engine_for(settings, backend)
-    engine.prepare()
     request = ExecutionRequest(code="print('hello')", timeout=30)
 
     async def run(*, warm: bool | None) -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 import anyio
 
 from mcp_sandbox.config import load_settings
-from mcp_sandbox.engine import ExecutionRequest
+from mcp_sandbox.engine import Engine, ExecutionRequest
 from mcp_sandbox.engine.startup import backend_for, engine_for
 from mcp_sandbox.workspace import remove_tree
 
@@ -97,7 +97,9 @@ async def _timed(runs: int, action: Callable[[], Awaitable[None]]) -> list[float
     return samples
 
 
-async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: Path, language: str) -> None:
+def prepared_engine(name: str, flags: dict[str, object], state: Path) -> Engine | None:
+    """An engine on backend ``name`` with settings ``flags`` (the checkout's runtime, state under
+    ``state``), prepared; None, saying why, when the backend does not answer."""
     values: dict[str, object] = {"state_dir": str(state / name), **flags}
     if (RUNTIME / "bin" / "python3").exists():
         values["python_runtime"] = str(RUNTIME)
@@ -106,9 +108,17 @@ async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: 
     probe = backend.probe()
     if not probe.available:
         print(f"{name:<8} unavailable: {probe.reason}")
-        return
+        return None
     engine = engine_for(settings, backend)
     engine.prepare()
+    return engine
+
+
+async def _bench_backend(name: str, flags: dict[str, object], runs: int, state: Path, language: str) -> None:
+    engine = prepared_engine(name, flags, state)
+    if engine is None:
+        return
+    backend, settings = engine.backend, engine.settings
     code = CODE[language]
     zygotes = backend.warm_pool and language == "python"
 
