@@ -15,7 +15,7 @@ import textwrap
 
 from mcp.server._otel import OpenTelemetryMiddleware
 
-from mcp_sandbox.server.app import _Opening, _server
+from mcp_sandbox.server.mcp_server import Opening, mcp_server
 from mcp_sandbox.tracing.requests import RequestSpans
 from tracing.pipelines import PIPELINES, under
 
@@ -155,5 +155,5 @@ def test_the_servers_request_span_is_the_sdks_without_an_exceptions_message_and_
 
 
 def test_the_server_makes_its_request_spans_in_place_of_the_sdks() -> None:
-    layers = [type(layer) for layer in _server(_Opening()).middleware]
+    layers = [type(layer) for layer in mcp_server(Opening()).middleware]
     assert layers[0] is RequestSpans and OpenTelemetryMiddleware not in layers  # outermost: it sees every failure

@@ -18,7 +18,7 @@ import pytest
 from mcp.server.stdio import stdio_server
 
 from mcp_sandbox import __version__
-from mcp_sandbox.server.app import _Opening, _server
+from mcp_sandbox.server.mcp_server import Opening, mcp_server
 from mcp_sandbox.server.transport.stdio_early import (
     CAPABILITIES,
     HANDSHAKE_PROTOCOL_VERSIONS,
@@ -35,7 +35,7 @@ async def sdk_answers(*lines: bytes) -> list[bytes]:
     """What our server, through the SDK's stdio transport, writes for ``lines``."""
     received = io.StringIO("".join(line.decode("utf-8", errors="replace") + "\n" for line in lines))
     written = io.StringIO()
-    server = _server(_Opening())
+    server = mcp_server(Opening())
     with anyio.fail_after(10):
         async with stdio_server(anyio.wrap_file(received), anyio.wrap_file(written)) as (read, write):
             await server.run(read, write, server.create_initialization_options())
@@ -130,7 +130,7 @@ LEFT_TO_THE_SDK = {
 
 
 async def test_the_constants_are_the_sdks() -> None:
-    options = _server(_Opening()).create_initialization_options()
+    options = mcp_server(Opening()).create_initialization_options()
     (answer,) = await sdk_answers(line(initialize()))
 
     assert HANDSHAKE_PROTOCOL_VERSIONS == mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS

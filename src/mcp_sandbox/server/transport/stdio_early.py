@@ -44,7 +44,7 @@ INSTRUCTIONS = (
 HANDSHAKE_PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_PROTOCOL_VERSIONS[-1]
 # What the SDK's Server advertises for our handlers (tools and resources, no change notifications),
-# and the tasks app.py adds (server/tasks).
+# and the tasks mcp_server.py adds (server/tasks).
 CAPABILITIES: dict[str, Any] = {
     "resources": {"listChanged": False, "subscribe": False},
     "tasks": {"cancel": {}, "list": {}, "requests": {"tools": {"call": {}}}},

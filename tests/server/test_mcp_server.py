@@ -12,7 +12,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import validate_mcp_param_headers
 from pydantic import ValidationError
 
-from mcp_sandbox.server.app import _named_call_errors, _ParamHeaderSchemas
+from mcp_sandbox.server.mcp_server import _named_call_errors, _ParamHeaderSchemas
 
 PLAIN = {"type": "object", "properties": {"code": {"type": "string"}}}
 DECLARING = {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}
