@@ -169,6 +169,9 @@ async def test_a_timeout_kills_the_sessions_whole_sandbox_and_the_next_run_start
         await execute(engine, "kept = 1", session="s")
         timed_out = await execute(engine, spawn_marked(marker) + "\ntime.sleep(600)\n", session="s", time_limit=2)
         assert await wait_until_gone(marker) == []
+        # The session's owner removes its cgroups once its sandbox has exited, after the answer.
+        with anyio.move_on_after(HOST_BOUND):
+            await poll(lambda: not our_cgroups(engine))
         assert our_cgroups(engine) == []
         after = await execute(engine, "print('kept' in globals())", session="s")
 
