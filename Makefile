@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 # on one worker, where its module-scoped servers are started once; tests/xdist_scopes.py cuts the
 # long sandbox modules and deals the costliest units out first. PYTEST_WORKERS=0: no workers.
 # `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 ARGS ?=
 # Python writes its bytecode caches, pytest its rewritten test modules: with
