@@ -183,6 +183,9 @@ async def test_compose_up_exits_non_zero_showing_why_when_the_server_cannot_star
         with anyio.CancelScope(shield=True), anyio.fail_after(300):
             down = [*command, "-f", str(COMPOSE), "down", "-t", "1", "-v"]
             await anyio.run_process(down, env=_without_secrets(env), check=False)
+            # A container restarting (its policy) while `down` stops it can outlive `down`.
+            label = f"label=io.podman.compose.project={project}"
+            await anyio.run_process([str(podman), "rm", "--force", "--filter", label], check=False)
             await anyio.run_process([str(podman), "network", "rm", f"{project}_default"], check=False)
 
     assert up.returncode == 1, up.stdout.decode()[-3000:]
