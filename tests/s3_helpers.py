@@ -211,6 +211,13 @@ def weed_server() -> Iterator[Weed]:
             server.resume()  # a paused one dies too, but its children must not stay stopped
         server.kill()
         shutil.rmtree(root, ignore_errors=True)
+        # Its Unix sockets, which it puts in /tmp whatever it is told and leaves there when killed.
+        for port in (master, volume, filer, s3):
+            for socket_file in (
+                *Path("/tmp").glob(f"seaweedfs-*-{port}.sock"),
+                *Path("/tmp").glob(f"seaweedfs-*-{port + 10000}.sock"),
+            ):
+                socket_file.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
