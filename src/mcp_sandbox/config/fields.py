@@ -259,6 +259,9 @@ def language_images(name: str, values: Iterable[str]) -> None:
 
 def requirements(name: str, values: Iterable[str]) -> None:
     """pip requirement strings (``scipy==1.14.1``), not options."""
+    values = tuple(values)
+    if not values:
+        return  # the usual case: packaging compiles its parser's regexes at import
     from packaging.requirements import InvalidRequirement, Requirement
 
     for text in values:
