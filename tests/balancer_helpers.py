@@ -50,6 +50,8 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 HAPROXY_CONFIG = REPO / "deploy" / "haproxy.cfg"
+# In an ``option httplog`` line: the status, the bytes read, two cookie fields, the termination state.
+_HTTPLOG_END = re.compile(r" (?P<status>-?\d+) \d+ \S+ \S+ (?P<flags>\S{4}) \d+/")
 ADMIN_SOCKET = "haproxy-admin.sock"  # the runtime API's socket, in the replica set's root
 HAPROXY_HINT = "HAProxy is not installed: run `make haproxy` (Debian's haproxy package)"
 _PR_SET_PDEATHSIG = 1
@@ -196,6 +198,19 @@ class ReplicaSet:
     metrics_token: str
     root: Path
     fresh: Replica | None = None  # replica_set(fresh=True): the server beside them that takes no lease
+
+    def balancer_failures(self, limit: int = 20) -> list[str]:
+        """HAProxy's log lines (``option httplog``) of the requests it did not end normally: a 5xx,
+        or a termination state other than ``----`` (``SD``: the server hung up, ``CD``: the client
+        did, ...); the last ``limit`` of them."""
+        path = self.root / "haproxy.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        failed = []
+        for line in lines:
+            ended = _HTTPLOG_END.search(line)
+            if ended is not None and (ended["flags"] != "----" or ended["status"].startswith(("5", "-"))):
+                failed.append(line)
+        return failed[-limit:]
 
     def admin(self, command: str) -> str:
         """What HAProxy's runtime API (the config's ``stats socket``) answers to ``command``."""

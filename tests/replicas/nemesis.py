@@ -83,6 +83,8 @@ class Nemesis:
         await check_links(model)
         await check(model, self.fresh_url, self.cluster.token, "fresh")
         report = model.report()
+        if model.lost or model.unrestorable:  # what the balancer saw of the calls that failed
+            report += "\nthe balancer's unfinished requests:\n" + "\n".join(self.cluster.balancer_failures())
         print(report)
         return report
 
