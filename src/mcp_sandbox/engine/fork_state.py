@@ -44,6 +44,8 @@ class ForkState:
         # A parked state whose seal is still to be checked: whether it held, checked while the runtime
         # reads the state; the runtime loads nothing of it until told (Interpreter.run, .parking).
         self.verdict: Callable[[], Awaitable[bool]] | None = None
+        # Why that check could not be made (the file could not be read): the run fails saying so.
+        self.unreadable: str | None = None
 
     @property
     def fd(self) -> int:

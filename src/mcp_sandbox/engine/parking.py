@@ -254,8 +254,14 @@ class ParkedStates:
         """Whether ``state`` (:meth:`resume`'s, still open) is ``key``'s, sealed by this server; if not, deleted.
         In a worker thread: ``cryptography``'s Poly1305 holds the GIL for each update, but not the reads
         between them, so other runs' frames are served meanwhile (on the loop, 50 MB would hold them
-        for all of its 13 ms of CPU)."""
-        if await anyio.to_thread.run_sync(self._sealer.check, state.fd, key, tenant) == state.size:
+        for all of its 13 ms of CPU). A file that cannot be read is refused but kept, with the reason
+        in ``state.unreadable``: an I/O error says nothing of what the file holds."""
+        try:
+            checked = await anyio.to_thread.run_sync(self._sealer.check, state.fd, key, tenant)
+        except OSError as exc:
+            state.unreadable = _unreadable(exc)
+            return False
+        if checked == state.size:
             return True
         await anyio.to_thread.run_sync(self.discard, key)
         return False
@@ -270,11 +276,14 @@ class ParkedStates:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise WorkspaceError(f"the conversation's parked interpreter state cannot be read: {exc.strerror}") from exc
+            raise WorkspaceError(_unreadable(exc)) from exc
         try:
             size = self._sealer.sealed_size(fd)
             if size is not None and (check or size <= OFF_LOOP_BYTES):
                 size = self._sealer.check(fd, key, tenant)
+        except OSError as exc:
+            os.close(fd)
+            raise WorkspaceError(_unreadable(exc)) from exc
         except BaseException:
             os.close(fd)
             raise
@@ -338,6 +347,10 @@ class ParkedStates:
             for entry in entries:
                 if entry.name.endswith(".held"):
                     _unlink(Path(entry.path))
+
+
+def _unreadable(error: OSError) -> str:
+    return f"the conversation's parked interpreter state cannot be read: {error.strerror or error}"
 
 
 def _unlink(path: Path) -> None:

@@ -101,8 +101,9 @@ class SessionPlacement:
                     if not record.done or record.protocol_error is not None:
                         # Cut short (timeout, cancelled), dead or confused: it cannot serve another run.
                         await lease.discard()
-        if record.refused:  # its sandbox was killed before it loaded any of it; the state is deleted
-            raise WorkspaceError(TAMPERED)
+        if record.refused:  # its sandbox was killed before it loaded any of it
+            unreadable = lease.parked.unreadable if lease is not None and lease.parked is not None else None
+            raise WorkspaceError(unreadable or TAMPERED)  # kept if unreadable, else deleted
         if lease is None:  # the deadline passed while waiting for the session's previous run
             result = captured(record, None, started)
             return timed_out(

@@ -11,8 +11,10 @@ byte for byte, so a runtime that loaded before the host's verdict would build it
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -97,3 +99,36 @@ async def test_a_state_whose_seal_fails_is_mapped_but_never_built_and_its_sandbo
     assert holding == []  # the sandbox that mapped it was killed with the refusal, not kept as the session's
     assert deleted
     assert (listed["session"], listed["stdout"]) == ("new", "False False\n")
+
+
+@pytest.mark.parametrize("padding", [1 << 20, 1 << 10], ids=["checked-while-mapped", "checked-first"])
+async def test_a_state_that_cannot_be_read_during_its_check_is_refused_by_name_kept_and_resumed_later(
+    parking: Client, state_dir: Path, monkeypatch: pytest.MonkeyPatch, padding: int
+) -> None:
+    # The disk fails while the host checks the seal (overlapped with the sandbox's mapping for a state
+    # over 256 KiB, before the EXEC for a smaller one): EIO from the host's reads of that file alone,
+    # as a failing disk would give them.
+    conversation = f"unreadable-{uuid.uuid4().hex}"
+    assert (await run_in(parking, f"kept = 41\npadding = bytes({padding})", conversation))["status"] == "success"
+    state, workspace = _paths(state_dir, conversation)
+    with anyio.fail_after(_PARK_WAIT):
+        await poll(lambda: state.exists() and not _holding(workspace))
+    read = os.preadv
+
+    def failing(fd: int, buffers: Sequence[memoryview], offset: int) -> int:
+        if os.path.realpath(f"/proc/self/fd/{fd}") == str(state.resolve()):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return read(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", failing)
+    refused = await run_in(parking, "open('ran.txt', 'w').write('ran')", conversation)
+    holding, ran, kept = _holding(workspace), (workspace / "ran.txt").exists(), state.exists()
+    monkeypatch.undo()
+    resumed = await run_in(parking, "print(kept + 1, len(padding))", conversation)
+
+    assert refused["status"] == "error", refused
+    assert "parked interpreter state cannot be read: Input/output error" in refused["error"], refused
+    assert "integrity" not in refused["error"]  # an I/O error says nothing of what the file holds
+    assert not ran and holding == []
+    assert kept  # not deleted: the next call resumes it
+    assert (resumed["session"], resumed["stdout"]) == ("resumed", f"42 {padding}\n"), resumed
