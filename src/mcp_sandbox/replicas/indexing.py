@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import os
 import signal
+import threading
 from collections.abc import Iterable
 
 from mcp_sandbox.errors import LeaseLostError, WorkspaceError
@@ -44,7 +45,9 @@ def stop_point(names: Iterable[str]) -> None:
     """Stop this process here (SIGSTOP) if the tests asked to for one of ``names`` (see :data:`STOP_BEFORE_INDEX`)."""
     wanted = os.environ.get(STOP_BEFORE_INDEX)
     if wanted and wanted in names:
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to this thread: a SIGSTOP sent to the process is taken by its main thread, and this one
+        # runs on until that thread stops it, long enough to write the index on a busy machine.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
 def replace(objects: ObjectStore, under: str, before: Index, after: Index, epoch: int, fence: Check) -> None:
