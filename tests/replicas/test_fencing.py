@@ -6,6 +6,10 @@ and stores a file of its own, and the stalled one is continued (SIGCONT) and sen
 body. Before the writes were fenced by the lease's epoch, it stored the file beside the new
 owner's, recorded its own listing over theirs and wrote it back: the conversation passed its quota
 in the store (issue 37).
+
+An owner that stops itself just before the index write of an upload's write-back, after its last
+fence check, wakes up to a refused write once another replica took over; one that stops just after
+that write reached the store leaves its file to the new owner, stored but not acknowledged.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -22,7 +27,7 @@ import httpx2
 import psycopg
 import pytest
 
-from mcp_sandbox.replicas.indexing import STOP_BEFORE_INDEX
+from mcp_sandbox.replicas.indexing import STOP_AFTER_INDEX, STOP_BEFORE_INDEX
 from mcp_test_helpers import new_conversation, upload
 from postgres_helpers import Cluster
 from replica_helpers import TOKEN, Replica, call, lease_rows, replicas
@@ -131,18 +136,34 @@ def stopped_by_itself(replica: Replica) -> bool:
     return bool(states) and all(state == "T" for state in states)
 
 
-async def test_an_owner_stalled_before_its_index_write_leaves_the_new_owners_index_and_files(
-    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
-) -> None:
-    url, prefix = postgres.create_database(), store_url()
+@dataclass(frozen=True)
+class Takeover:
+    """What :func:`taken_over` did: the replicas, the database, the conversation and the answers."""
+
+    owner: Replica
+    other: Replica
+    database_url: str
+    conversation: str
+    stalled: httpx2.Response  # the owner's answer to stalled.txt, once continued
+    taken: httpx2.Response  # the other replica's answer to second.txt, stored while the owner was stopped
+
+
+@contextlib.asynccontextmanager
+async def taken_over(
+    postgres: Cluster, s3_endpoint: str, prefix: str, runtime: Path | None, stop: str
+) -> AsyncIterator[Takeover]:
+    """Two replicas; the owner stores first.txt, then stops itself (SIGSTOP) at ``stop`` (a stop point
+    of :mod:`.indexing`) in the write-back of stalled.txt's upload; once its lease expired, the other
+    replica takes the conversation over and stores second.txt; then the owner is continued and
+    answers. Yields while both still run."""
+    url = postgres.create_database()
     env = {
         **s3_env(s3_endpoint),
         "MCP_SANDBOX_OBJECT_STORE_URL": prefix,
         "MCP_SANDBOX_REPLICA_LEASE": f"{LEASE:g}",
-        # The replica that writes back stalled.txt stops itself after its last fence check, before its index write.
-        STOP_BEFORE_INDEX: "stalled.txt",
+        stop: "stalled.txt",
     }
-    async with replicas(2, url, sandbox_runtime, **env) as (owner, other):
+    async with replicas(2, url, runtime, **env) as (owner, other):
         conversation = new_conversation()
         assert (await upload(owner.url, TOKEN, conversation, "first.txt", b"1" * 1000)).status_code == 201
         replies: list[httpx2.Response] = []
@@ -159,15 +180,51 @@ async def test_an_owner_stalled_before_its_index_write_leaves_the_new_owners_ind
                     taken = await upload(other.url, TOKEN, conversation, "second.txt", b"2" * 3000)
                 finally:
                     os.kill(owner.process.pid, signal.SIGCONT)
-        stalled = replies[0]
+        yield Takeover(owner, other, url, conversation, replies[0], taken)
+
+
+def names(stored: dict[str, bytes]) -> set[str]:
+    """The file names of ``stored`` (:func:`s3_helpers.files`), their workspace's prefix left out."""
+    return {name.rsplit("/", 1)[-1] for name in stored}
+
+
+async def test_an_owner_stalled_before_its_index_write_leaves_the_new_owners_index_and_files(
+    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    prefix = store_url()
+    # The owner stops after its last fence check, before its index write.
+    async with taken_over(postgres, s3_endpoint, prefix, sandbox_runtime, STOP_BEFORE_INDEX) as run:
+        stalled, taken = run.stalled, run.taken
         acknowledged = {"first.txt", "second.txt"} | ({"stalled.txt"} if stalled.status_code == 201 else set())
         stored = await anyio.to_thread.run_sync(files, s3_endpoint, prefix)  # every pack the index names is there
-        listed = await call(other, "run_python", {"conversationId": conversation, "code": LIST})
+        listed = await call(run.other, "run_python", {"conversationId": run.conversation, "code": LIST})
+        # Which replica held the conversation when it was listed, and what the store held.
+        seen = (run.owner.url, run.other.url, lease_rows(run.database_url), time.time(), sorted(stored))
 
         assert taken.status_code == 201, taken.text
         assert stalled.status_code == 503, stalled.text  # never acknowledged: sent again, it reaches the new owner
-        assert acknowledged <= {name.rsplit("/", 1)[-1] for name in stored}, sorted(stored)
+        assert acknowledged <= names(stored), sorted(stored)
         assert listed.structured_content is not None, listed
-        # Which replica held the conversation when it was listed, and what the store held.
-        seen = (owner.url, other.url, lease_rows(url), time.time(), sorted(stored))  # a database of its own
         assert listed.structured_content["stdout"] == "['first.txt', 'second.txt']\n", (listed, seen)
+
+
+async def test_an_owner_stalled_after_its_index_write_leaves_its_file_to_the_new_owner(
+    postgres: Cluster, s3_endpoint: str, sandbox_runtime: Path | None
+) -> None:
+    """The owner's index write reached the store while it held the lease, and it stopped before it
+    could check the lease again: the new owner takes the conversation over with that index, its
+    file with it, and counts it in the quota. Continued, the owner finds its lease gone and does
+    not acknowledge the upload (503): the file is stored all the same, as after an answer lost."""
+    prefix = store_url()
+    async with taken_over(postgres, s3_endpoint, prefix, sandbox_runtime, STOP_AFTER_INDEX) as run:
+        stored = await anyio.to_thread.run_sync(files, s3_endpoint, prefix)
+        listed = await call(run.other, "run_python", {"conversationId": run.conversation, "code": LIST})
+        seen = (run.owner.url, run.other.url, lease_rows(run.database_url), time.time(), sorted(stored))
+
+        assert run.taken.status_code == 201, run.taken.text
+        assert run.stalled.status_code == 503, run.stalled.text  # the lease was lost before it could be acknowledged
+        assert names(stored) == {"first.txt", "stalled.txt", "second.txt"}, sorted(stored)
+        assert sorted(stored.values()) == sorted([b"1" * 1000, b"2" * 3000, b"s" * 2000])
+        assert listed.structured_content is not None, listed
+        assert listed.structured_content["stdout"] == "['first.txt', 'second.txt', 'stalled.txt']\n", (listed, seen)
+        assert recorded_usage(run.database_url) == [(1000 + 3000 + 2000, 3)]

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from mcp_sandbox.errors import WorkspaceError
 from mcp_sandbox.replicas import indexing
-from mcp_sandbox.replicas.indexing import stop_point
 from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import (
     INDEX,
@@ -124,8 +123,7 @@ def write_back_directory(
     if after != index or damaged:
         # The packs it names are stored: from here on they are the workspace's files.
         if after.files or epoch:  # a replica's empty index stays: it keeps the epoch (see .indexing)
-            stop_point(touched)
-            indexing.replace(objects, under, index, after, epoch, fence)
+            indexing.replace(objects, under, index, after, epoch, fence, touched)
         else:
             superseded.append(under + INDEX)
     try:

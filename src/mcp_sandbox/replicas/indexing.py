@@ -30,29 +30,35 @@ from mcp_sandbox.replicas.objects import ObjectStore, StoredObject
 from mcp_sandbox.replicas.packs import INDEX, Index
 from mcp_sandbox.workspace.fencing import LOST, Check
 
-__all__ = ["IndexMoved", "aged", "replace", "seal", "stop_point"]
+__all__ = ["STOP_AFTER_INDEX", "STOP_BEFORE_INDEX", "IndexMoved", "aged", "replace", "seal"]
 
 # Tests only: ``<file name>`` makes a replica stop itself (SIGSTOP) just before the index write of a
-# write-back that stores that file, so a test can resume it after another replica took over.
+# write-back that stores that file (:data:`STOP_AFTER_INDEX`: once that write is in the store,
+# before the fence is checked again), so a test can resume it after another replica took over.
 STOP_BEFORE_INDEX = "MCP_SANDBOX_TEST_STOP_BEFORE_INDEX"
+STOP_AFTER_INDEX = "MCP_SANDBOX_TEST_STOP_AFTER_INDEX"
 
 
 class IndexMoved(WorkspaceError):
     """The index changed in the store while a restore read it: the restore reads it again."""
 
 
-def stop_point(names: Iterable[str]) -> None:
-    """Stop this process here (SIGSTOP) if the tests asked to for one of ``names`` (see :data:`STOP_BEFORE_INDEX`)."""
-    wanted = os.environ.get(STOP_BEFORE_INDEX)
+def stop_point(names: Iterable[str], where: str = STOP_BEFORE_INDEX) -> None:
+    """Stop this process here (SIGSTOP) if the tests asked to, at ``where``, for one of ``names``
+    (see :data:`STOP_BEFORE_INDEX`)."""
+    wanted = os.environ.get(where)
     if wanted and wanted in names:
         # Sent to this thread: a SIGSTOP sent to the process is taken by its main thread, and this one
         # runs on until that thread stops it, long enough to write the index on a busy machine.
         signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
 
-def replace(objects: ObjectStore, under: str, before: Index, after: Index, epoch: int, fence: Check) -> None:
+def replace(
+    objects: ObjectStore, under: str, before: Index, after: Index, epoch: int, fence: Check, names: Iterable[str] = ()
+) -> None:
     """Write ``after`` as the index under ``under`` in place of ``before`` (as read, with its ETag),
-    marked with lease ``epoch`` (0: one server), then check ``fence`` again.
+    marked with lease ``epoch`` (0: one server), then check ``fence`` again; ``names``: the files
+    the write-back stores or deletes (for :func:`stop_point`).
 
     Raises:
         LeaseLostError: a later epoch wrote the index, another write came first, or the fence
@@ -62,8 +68,10 @@ def replace(objects: ObjectStore, under: str, before: Index, after: Index, epoch
     if epoch and before.epoch > epoch:
         raise LeaseLostError(LOST)
     after.epoch = max(epoch, before.epoch)
+    stop_point(names)
     if not objects.put_if(under + INDEX, after.encode(), before.etag):
         raise LeaseLostError(LOST)
+    stop_point(names, STOP_AFTER_INDEX)
     fence()
 
 
