@@ -223,6 +223,7 @@ async def test_an_owner_stalled_after_its_index_write_leaves_its_file_to_the_new
 
         assert run.taken.status_code == 201, run.taken.text
         assert run.stalled.status_code == 503, run.stalled.text  # the lease was lost before it could be acknowledged
+        assert "may or may not be kept; send the request again" in run.stalled.text  # it was, here
         assert names(stored) == {"first.txt", "stalled.txt", "second.txt"}, sorted(stored)
         assert sorted(stored.values()) == sorted([b"1" * 1000, b"2" * 3000, b"s" * 2000])
         assert listed.structured_content is not None, listed

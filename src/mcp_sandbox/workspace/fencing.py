@@ -25,7 +25,7 @@ Check = Callable[[], object]  # raises LeaseLostError once the lease a write was
 
 LOST = (
     "this replica no longer runs the conversation (another one took it over while this request was under way): "
-    "nothing was stored; send the request again"
+    "what it wrote may or may not be kept; send the request again"
 )
 
 
