@@ -255,33 +255,51 @@ def _client(endpoint: str) -> Any:
 
 
 def objects(endpoint: str, url: str) -> dict[str, bytes]:
-    """Every object under ``url`` (an ``s3://`` URL) and its content, read directly from the store."""
+    """Every object under ``url`` (an ``s3://`` URL) and its content, read directly from the store;
+    one a server deletes between the listing and its read is left out (it is no longer there)."""
     client = _client(endpoint)
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
     prefix = prefix.strip("/") + "/"
     found: dict[str, bytes] = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for item in page.get("Contents", []):
-            found[item["Key"][len(prefix) :]] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            try:
+                body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            except client.exceptions.NoSuchKey:
+                continue
+            found[item["Key"][len(prefix) :]] = body
     return found
 
 
 _PACKS = "/.mcp-sandbox-packs/"
+_REREADS = 5  # readings of the store while a server changes it, before a missing pack is a loss
 _PARKED = "parked/"
 
 
 def files(endpoint: str, url: str) -> dict[str, bytes]:
     """The files the store holds under ``url``, each named as its own object would be
     (``workspaces/<key>/<name>``), whether it is one or is in a pack its workspace's index names
-    (parked sessions' states, ``parked/<key>.state``, are no workspace's files: see :func:`parked`)."""
-    found = objects(endpoint, url)
-    stored = {name: body for name, body in found.items() if _PACKS not in name and not name.startswith(_PARKED)}
-    for name, body in found.items():
-        if name.endswith(_PACKS + "index.json"):
-            workspace = name.removesuffix(_PACKS + "index.json") + "/"
-            for file, (pack, offset, length) in json.loads(body)["files"].items():
-                stored[workspace + file] = found[workspace + pack][offset : offset + length]
-    return stored
+    (parked sessions' states, ``parked/<key>.state``, are no workspace's files: see :func:`parked`).
+
+    The objects are read one by one, so a server writing or deleting meanwhile can show an index
+    naming a pack deleted after the listing: the store is read again, a few times; an index that
+    still names a missing pack is a loss, and fails.
+    """
+    for _ in range(_REREADS):
+        found = objects(endpoint, url)
+        stored = {name: body for name, body in found.items() if _PACKS not in name and not name.startswith(_PARKED)}
+        missing = []
+        for name, body in found.items():
+            if name.endswith(_PACKS + "index.json"):
+                workspace = name.removesuffix(_PACKS + "index.json") + "/"
+                for file, (pack, offset, length) in json.loads(body)["files"].items():
+                    if workspace + pack not in found:
+                        missing.append(f"{workspace}{file} (in {pack})")
+                        continue
+                    stored[workspace + file] = found[workspace + pack][offset : offset + length]
+        if not missing:
+            return stored
+    raise AssertionError(f"the store's index names packs it does not hold: {missing}")
 
 
 def parked(endpoint: str, url: str) -> dict[str, bytes]:
