@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -33,8 +34,9 @@ ENV = {
 }
 
 
-def fetch(path: Path, trusted: bytes) -> str:
-    """``GET /auth`` through the proxy at ``path``, a new connection: the body, the status and rule, or "untrusted"."""
+def fetch(path: Path, trusted: bytes, pause: float = 0.0) -> str:
+    """``GET /auth`` through the proxy at ``path``, a new connection, sent ``pause`` seconds after the
+    handshake: the body, the status and rule, or "untrusted"."""
     with socket.socket(socket.AF_UNIX) as raw:
         raw.settimeout(20)
         raw.connect(str(path))
@@ -49,6 +51,7 @@ def fetch(path: Path, trusted: bytes) -> str:
         except ssl.SSLCertVerificationError:
             return "untrusted"
         with tls:
+            time.sleep(pause)
             tls.sendall(f"GET /auth HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\n\r\n".encode())
             response = http.client.HTTPResponse(tls)
             response.begin()
@@ -58,7 +61,7 @@ def fetch(path: Path, trusted: bytes) -> str:
 
 def runs_of(
     test_net: HostNet, tmp_path: Path, upstream_ca: bool = True
-) -> tuple[Authority, Callable[[str, bytes | None], Awaitable[str]]]:
+) -> tuple[Authority, Callable[..., Awaitable[str]]]:
     """A CA (trusting the test host's CA for upstreams, or not) and ``await run(tenant, trusted)``: one run of
     ``tenant`` fetching through its own proxy, trusting ``trusted`` (None: the CA's certificates)."""
     given = flags(test_net, tmp_path)
@@ -67,12 +70,12 @@ def runs_of(
     egress = tenant_egress(settings)
     (runs := tmp_path / "runs").mkdir()
 
-    async def run(tenant: str, trusted: bytes | None = None) -> str:
+    async def run(tenant: str, trusted: bytes | None = None, pause: float = 0.0) -> str:
         grant = egress.grant(tenant, True, None)
         assert grant is not None
         resolver = hosts_resolver(test_net.hosts)
         async with serve_egress(runs, grant, None, resolver=resolver, authority=authority) as (_proxy, directory):
-            return await anyio.to_thread.run_sync(fetch, directory / SOCKET_NAME, trusted or authority.trusted())
+            return await anyio.to_thread.run_sync(fetch, directory / SOCKET_NAME, trusted or authority.trusted(), pause)
 
     return authority, run
 
@@ -93,5 +96,7 @@ async def test_an_untrusted_host_is_answered_502_and_a_client_not_trusting_the_c
 ) -> None:
     authority, run = runs_of(test_net, tmp_path, upstream_ca=False)
     assert await run("default", None) == "502 upstream_certificate"
+    # A client slow to send its request still gets the answer, not a connection closed under it.
+    assert await run("default", None, 0.5) == "502 upstream_certificate"
     assert authority.sessions.get(("default", HOST, 443)) is None
     assert await run("default", Authority().trusted()) == "untrusted"  # another start's CA

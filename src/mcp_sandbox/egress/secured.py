@@ -15,7 +15,7 @@ import contextlib
 import ipaddress
 import ssl
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from anyio.abc import ByteStream, SocketStream
@@ -24,7 +24,6 @@ from anyio.streams.tls import TLSStream
 
 from mcp_sandbox.egress.addresses import IPAddress
 from mcp_sandbox.egress.audit import Connection
-from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.heads import Refused, answer
 from mcp_sandbox.egress.intercept import Reopen, Stopped, serve_intercepted
 from mcp_sandbox.egress.pool import PoolKey
@@ -33,9 +32,13 @@ from mcp_sandbox.egress.secrets import BoundSecret
 from mcp_sandbox.egress.terminate import SessionKey, handshakes, open_upstream, sandbox_tls
 from mcp_sandbox.egress.tls import Replay
 
+if TYPE_CHECKING:
+    from mcp_sandbox.egress.authority import Authority
+
 __all__ = ["Proxy", "serve_secured"]
 
 _HELLO_TIMEOUT = 15.0
+_MAX_REQUEST_HEAD = 64 << 10
 
 
 class Proxy(Protocol):
@@ -107,6 +110,7 @@ async def serve_secured(
         if origin is None:
             c.rule = "upstream_certificate"
             untrusted = Refused(Refusal(c.rule, "the host's certificate is not trusted"), 502)
+            await _request_head(sandbox)
             await answer(sandbox, untrusted, c.host, c.port)
             return
         if origin is not opened[0]:
@@ -135,6 +139,22 @@ async def _handshakes(
     if isinstance(upstream, TLSStream):
         return await sandbox_tls(inner, leaf, _HELLO_TIMEOUT), upstream
     return await handshakes(inner, leaf, upstream, host, context, session, _HELLO_TIMEOUT)
+
+
+async def _request_head(sandbox: ByteStream) -> None:
+    """Read the head of the request an answer refuses (bounded in size and time) before answering.
+
+    Answered and closed at once, a client still sending its request would meet a closed
+    connection (a broken pipe, an EOF in TLS) instead of the answer that says why.
+    """
+    reader = BufferedByteReceiveStream(sandbox)
+    with (
+        anyio.move_on_after(_HELLO_TIMEOUT),
+        contextlib.suppress(
+            anyio.EndOfStream, anyio.IncompleteRead, anyio.DelimiterNotFound, anyio.BrokenResourceError, OSError
+        ),
+    ):
+        await reader.receive_until(b"\r\n\r\n", _MAX_REQUEST_HEAD)
 
 
 async def _serve(
