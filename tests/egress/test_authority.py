@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ssl
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +74,17 @@ def test_an_echo_split_across_chunks_is_scrubbed() -> None:
     pieces = [stream[i : i + 5] for i in range(0, len(stream), 5)]
     out = b"".join(scrubber.feed(piece) for piece in pieces) + scrubber.flush()
     assert out == f"start {bound.placeholder} middle {bound.placeholder}".encode()
+
+
+def test_a_server_loads_the_authoritys_x509_only_when_asked_for_it() -> None:
+    # A server whose tenants have no secret never makes a CA: a start without cryptography.x509
+    # is about 60 ms of CPU shorter. Asking the package for Authority still gives it.
+    script = (
+        "import sys, mcp_sandbox.cli, mcp_sandbox.server.app, mcp_sandbox.engine, mcp_sandbox.egress.listener;"
+        "before = 'cryptography.x509' in sys.modules;"
+        "from mcp_sandbox.egress import Authority;"
+        "print(before, Authority.__module__, 'cryptography.x509' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "mcp_sandbox.egress.authority", "True"]

@@ -12,10 +12,10 @@ reach is decided by :mod:`.rules`; every connection is a line (:mod:`.audit`) of
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.audit import AuditRecord
-from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.listener import (
     BUNDLE_FILE,
     CA_FILE,
@@ -27,6 +27,9 @@ from mcp_sandbox.egress.listener import (
 from mcp_sandbox.egress.proxy import EgressProxy
 from mcp_sandbox.egress.resolve import Resolver, hosts_resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, EgressRules, Refusal, TenantEgress, check_pattern
+
+if TYPE_CHECKING:
+    from mcp_sandbox.egress.authority import Authority
 
 __all__ = [
     "PACKAGES_INSIDE",
@@ -60,6 +63,16 @@ RELAY_ADDRESS = ("127.0.0.1", 3128)
 # Where `pip install` puts packages: in the conversation's workspace, on top of the runtime
 # (the Python runner puts it on sys.path; see mcp_sandbox_runtime.relay).
 PACKAGES_INSIDE = "/workspace/.packages/python"
+
+
+def __getattr__(name: str) -> Any:
+    """``Authority`` on first use: its module imports ``cryptography.x509`` (about 60 ms of a
+    server's start), which only a server whose tenants have secrets needs."""
+    if name == "Authority":
+        from mcp_sandbox.egress.authority import Authority
+
+        return Authority
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def relay_environment() -> Mapping[str, str]:

@@ -18,17 +18,20 @@ import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 from anyio.abc import SocketListener
 
 from mcp_sandbox.audit import AuditLog
-from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.proxy import EgressProxy
 from mcp_sandbox.egress.resolve import Resolver, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant
 from mcp_sandbox.events import Observer, unheard
+
+if TYPE_CHECKING:
+    from mcp_sandbox.egress.authority import Authority
 
 __all__ = ["BUNDLE_FILE", "CA_FILE", "SOCKET_NAME", "remove_socket_directory", "serve_egress", "socket_directory"]
 

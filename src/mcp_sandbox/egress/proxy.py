@@ -16,6 +16,7 @@ import contextlib
 import ipaddress
 import logging
 import uuid
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
@@ -27,7 +28,6 @@ from mcp_sandbox.audit import AuditLog
 from mcp_sandbox.egress.addresses import IPAddress, is_own
 from mcp_sandbox.egress.audit import LINES_PER_RUN, AuditRecord, summary_line
 from mcp_sandbox.egress.audit import Connection as _Connection
-from mcp_sandbox.egress.authority import Authority
 from mcp_sandbox.egress.heads import Refused, answer, forwarded_head, printable
 from mcp_sandbox.egress.resolve import Resolver, is_address, system_resolver
 from mcp_sandbox.egress.rules import EgressGrant, Refusal
@@ -35,6 +35,9 @@ from mcp_sandbox.egress.secrets import foreign_placeholder, secrets_for
 from mcp_sandbox.egress.secured import serve_secured
 from mcp_sandbox.egress.tls import RECORD_HEADER, client_hello_length, server_name
 from mcp_sandbox.events import EgressConnection, Observer, unheard
+
+if TYPE_CHECKING:
+    from mcp_sandbox.egress.authority import Authority
 
 __all__ = ["EgressProxy"]
 

@@ -16,6 +16,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -23,7 +24,6 @@ import anyio.to_thread
 from mcp_sandbox.config import DEFAULT_TENANT, CodeModeSettings, EngineSettings, LimitSettings
 from mcp_sandbox.egress import (
     AuditLog,
-    Authority,
     Resolver,
     TenantEgress,
     remove_socket_directory,
@@ -44,6 +44,9 @@ from mcp_sandbox.sandbox.policy import Mount, SandboxPolicy
 from mcp_sandbox.sandbox.seccomp import zygote_guard_bpf
 from mcp_sandbox.state import StateLayout
 from mcp_sandbox.tenant_uids import TenantUids
+
+if TYPE_CHECKING:
+    from mcp_sandbox.egress.authority import Authority
 
 __all__ = ["MakePolicy", "Opener", "run_caps", "zygote_guard"]
 
@@ -105,7 +108,11 @@ class Opener:
         self._egress_resolver = egress_resolver
         self._audit: AuditLog | None = None
         # The CA of the hosts a secret goes to: made once per server start, its key only in memory.
-        self._authority = Authority(settings.egress.egress_upstream_ca) if settings.egress.secrets else None
+        self._authority: Authority | None = None
+        if settings.egress.secrets:
+            from mcp_sandbox.egress.authority import Authority  # cryptography.x509: only with secrets
+
+            self._authority = Authority(settings.egress.egress_upstream_ca)
         # Sessions' sandboxes can hold a relay only where some tenant may be granted network.
         self.session_relay = egress.anywhere()
 
