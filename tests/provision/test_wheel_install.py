@@ -156,6 +156,19 @@ def test_setup_explains_the_system_interpreter_and_stamps_the_runtime(installed:
     assert (installed.data_dir / "python" / "bin" / "python3").resolve().is_relative_to("/usr")
     # and the sandbox's gate, from the wheel's gate.c, with the host's compiler (`make sysdeps` installs gcc)
     assert f"sandbox gate: built {installed.data_dir / 'gate'}/" in installed.setup_output, installed.setup_output
+    # and the runner every sandbox binds, compiled for the sandbox's interpreter (it cannot write __pycache__)
+    where = "import pathlib, mcp_sandbox.runners as r; print(pathlib.Path(r.__file__).parent / 'python')"
+    found = subprocess.run([str(installed.venv / "bin" / "python"), "-c", where], capture_output=True, text=True)
+    runner = Path(found.stdout.strip())
+    assert found.returncode == 0 and (runner / "boot.py").exists(), found.stderr
+    uncompiled = (
+        "import importlib.util, pathlib, sys;"
+        "print([str(f) for f in pathlib.Path(sys.argv[1]).rglob('*.py')"
+        " if not pathlib.Path(importlib.util.cache_from_source(str(f))).exists()])"
+    )
+    runtime_python = installed.data_dir / "python" / "bin" / "python3"
+    done = subprocess.run([str(runtime_python), "-c", uncompiled, str(runner)], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
 
 def test_the_installed_package_runs_pandas_in_a_sandbox(installed: Installed) -> None:
