@@ -101,10 +101,16 @@ class Replica:
         """Start it again once stopped: the same URL, state directory and settings (a rollout's restart)."""
         self.process = await self.launch()
 
-    def kill(self) -> None:
-        """``kill -9`` of the server and everything in its process group (its sandboxes)."""
+    async def kill(self) -> None:
+        """``kill -9`` of the server and everything in its process group (its sandboxes); back once
+        the server is dead. Not before: a busy machine takes a while to tear a large process down,
+        and a call sent to it meanwhile on a kept-alive connection reaches it and is lost with it
+        (its answer rightly says the code may or may not have run), where the test means a call
+        made after the crash."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        with anyio.fail_after(15):
+            await self.process.wait()
 
     async def stop(self, bound: float = 30.0) -> int | None:
         """SIGTERM; its exit status once it is gone (bounded)."""

@@ -44,7 +44,7 @@ async def test_a_killed_owner_is_replaced_within_the_lease_time_and_the_result_s
         await run(owner, conversation, "x = 1")
         await run(other, conversation, "x += 1")  # forwarded: the owner keeps running it
 
-        owner.kill()
+        await owner.kill()
         after = await run(other, conversation, "print('x' in globals())", bound=lease + 60)
 
         assert after["status"] == "success", after

@@ -60,7 +60,7 @@ async def test_a_replica_taking_over_after_the_owners_kill_resumes_its_last_park
         body[-1] ^= 0x01  # the seal's tag: the snapshot, tripwire and all, is intact
         put_object(s3_endpoint, prefix, second, bytes(body))
 
-        owner.kill()
+        await owner.kill()
         result = await call(
             other,
             "run_python",

@@ -73,7 +73,7 @@ async def test_after_a_takeover_whose_first_call_is_an_upload_the_next_run_says_
     async with replicas(2, url, sandbox_runtime, **env) as (owner, other):
         conversation = "conv-upload-first-" + os.urandom(6).hex()
         await run(owner, conversation, "x = 1")
-        owner.kill()
+        await owner.kill()
         arguments = {"conversationId": conversation, "filename": "a.txt", "content": "YQ=="}
         uploaded = await call(other, "upload_file", arguments, 8 * LEASE)  # waits out the lease, takes it over
         after = await run(other, conversation, "print('x' in globals(), open('/workspace/a.txt').read())")

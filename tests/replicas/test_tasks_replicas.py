@@ -88,8 +88,8 @@ async def test_the_other_replica_answers_a_task_from_its_owner_and_the_database(
 
             to_kill = await start(owner.url, long_run(killed_marker))
             await poll(lambda: bool(host_processes(killed_marker)))
-            owner.kill()
             killed_at = time.monotonic()
+            await owner.kill()
             lost = await until(other.url, to_kill, lambda task: task["status"] != "working")
             failed_after = time.monotonic() - killed_at
 

@@ -138,8 +138,8 @@ async def test_a_run_view_is_read_and_stopped_through_either_replica_and_only_by
             await poll(lambda: not host_processes(through_b))
             ended_b = await until_state(a.url, held_by_b, lambda seen: seen["status"] == "ended")
 
-            b.kill()
             killed = time.monotonic()
+            await b.kill()
             gone = await rpc(a.url, TOKEN, "resources/read", {"uri": f"{held_by_b}/state"})
             gone_stop = await rpc(a.url, TOKEN, "tools/call", stop(held_by_b.rsplit("/", 1)[1]))
             answered_in = time.monotonic() - killed
