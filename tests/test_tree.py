@@ -56,6 +56,7 @@ CONCERN_FILES = frozenset(
         "server/test_tool_results.py",  # the tools' results over the SDK's in-memory client
         "tracing/test_forwarding.py",  # a trace continued across a forwarded call
         "provision/test_playground_bundle.py",  # the committed bundle against web/
+        "provision/test_sandbox_access.py",  # make setup's scripts/check-sandbox-access.sh
         "provision/test_wheel_install.py",  # the built wheel in a fresh venv
     }
 )
