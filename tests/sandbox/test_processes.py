@@ -185,9 +185,12 @@ def _our_cgroups(sandbox: SandboxRunner) -> list[str]:
 
 
 async def test_no_cgroup_is_left_behind_after_runs_that_end_in_every_way(sandbox: SandboxRunner) -> None:
+    # This worker's earlier tests may still be tearing a sandbox down (one such cgroup outlived six
+    # of these tests once, then went): what is judged is what these runs leave.
+    before = set(_our_cgroups(sandbox))
     marker = f"mcp-sandbox-cg-{uuid.uuid4().hex}"
     await sandbox.run(_spawn_orphan(marker))
     await sandbox.run("while True: pass", time_limit=1)
     await sandbox.run("import os; os.kill(os.getpid(), 9)")
 
-    assert _our_cgroups(sandbox) == []
+    assert sorted(set(_our_cgroups(sandbox)) - before) == []
