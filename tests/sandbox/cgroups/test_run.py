@@ -81,3 +81,30 @@ def test_limit_hits_after_the_first_read_are_counted_and_removal_closes_what_was
     assert _open_descriptors_under(pids_directory) == []
     assert group.events() == (0, 0)  # gone: nothing read, nothing kept open
     assert _open_descriptors_under(pids_directory) == []
+
+
+def test_remove_waiting_ends_what_a_runtime_left_nested_and_removes_the_cgroup() -> None:
+    # What a container probe can leave: the engine's own cgroup nested in ours, with a process of
+    # it still there after the probe's client has exited. One try at removal finds ours busy (the
+    # probe used to stop there, leaving ours on the host); waiting kills it and removes both.
+    support = detect_root_cgroups()
+    if not support.bases:
+        pytest.skip(f"no usable cgroups here: {support.reason}")
+    group = RunCgroup.create(support, Limits())
+    group.nested = True
+    directories = [str(directory) for directory in {*group.directories.values()}]
+    children = [f"{directory}/libpod-0123" for directory in directories]
+    for child in children:
+        os.mkdir(child)
+    lingering = _sleeper_in(children)
+    try:
+        assert group.remove() is False
+        group.remove_waiting(bound=10)
+        assert [directory for directory in directories if os.path.exists(directory)] == []
+        assert lingering.wait(timeout=5) == -9
+    finally:
+        lingering.kill()
+        lingering.wait()
+        deadline = time.monotonic() + 5
+        while not group.remove() and time.monotonic() < deadline:
+            time.sleep(0.01)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -269,6 +270,19 @@ class RunCgroup:
                 self.kill()
                 await anyio.sleep(_REMOVE_POLL)
             return
+        self._left(bound)
+
+    def remove_waiting(self, bound: float = _REMOVE_SECONDS) -> None:
+        """:meth:`aremove` for a caller without an event loop (a probe run in a thread): blocks."""
+        deadline = time.monotonic() + bound
+        while not self.remove():
+            if time.monotonic() >= deadline:
+                self._left(bound)
+                return
+            self.kill()
+            time.sleep(_REMOVE_POLL)
+
+    def _left(self, bound: float) -> None:
         logger.warning("cgroup %s still busy after %.1f s; left for the next sweep", self.directories, bound)
 
 

@@ -70,7 +70,9 @@ def _try_container(backend: Probed) -> str | None:
     finally:
         backend.engine.remove_now(run.name)
         if cgroup is not None:
-            cgroup.remove()
+            # The engine tears the container's own cgroups (nested in ours) down after its client
+            # has exited: one try would often find ours busy and leave it on the host for good.
+            cgroup.remove_waiting()
     if done.returncode != 0:
         message = (done.stderr.strip() or "no message").splitlines()[-1]
         return f"a container of {run.image} failed (exit {done.returncode}): {message}"
