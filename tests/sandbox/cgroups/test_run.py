@@ -46,9 +46,7 @@ def test_kill_nested_kills_the_containers_processes_and_spares_the_monitor() -> 
         for sleeper in sleepers:
             sleeper.kill()
             sleeper.wait()
-        deadline = time.monotonic() + 5
-        while not group.remove() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        group.remove_waiting()
 
 
 def _open_descriptors_under(directory: str) -> list[str]:
@@ -74,9 +72,7 @@ def test_limit_hits_after_the_first_read_are_counted_and_removal_closes_what_was
 
         assert group.events()[1] >= 1
     finally:
-        deadline = time.monotonic() + 5
-        while not group.remove() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        group.remove_waiting()
     assert not os.path.exists(pids_directory)
     assert _open_descriptors_under(pids_directory) == []
     assert group.events() == (0, 0)  # gone: nothing read, nothing kept open
@@ -105,6 +101,4 @@ def test_remove_waiting_ends_what_a_runtime_left_nested_and_removes_the_cgroup()
     finally:
         lingering.kill()
         lingering.wait()
-        deadline = time.monotonic() + 5
-        while not group.remove() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        group.remove_waiting()

@@ -273,7 +273,7 @@ class RunCgroup:
         self._left(bound)
 
     def remove_waiting(self, bound: float = _REMOVE_SECONDS) -> None:
-        """:meth:`aremove` for a caller without an event loop (a probe run in a thread): blocks."""
+        """:meth:`aremove` for synchronous code (the container probe): blocks for at most ``bound``."""
         deadline = time.monotonic() + bound
         while not self.remove():
             if time.monotonic() >= deadline:
