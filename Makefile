@@ -78,7 +78,7 @@ SHELL         := /bin/bash
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export PIP_NO_INPUT := 1
 
-.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy bench-peers downstream conformance-tools containers image run test \
+.PHONY: help setup sysdeps sandbox-user venv runtime sandbox-access web browser promtool postgres haproxy bench-peers downstream conformance-tools container-packages containers image run test test-setup \
         check lint format typecheck typecheck-ts pytest bench soak long-tasks doctor vm-test clean
 
 help: ## List the targets
@@ -100,7 +100,7 @@ runtime: $(RUNTIME_STAMP) $(RUNTIME_JS_STAMP) $(RUNNER_BUNDLES_STAMP) $(GATE_STA
 sandbox-user: ## As root: create the unprivileged system user the sandboxes run as
 	@bash scripts/create-sandbox-user.sh
 
-sandbox-access: ## Make src/ readable by the sandbox's uid; warn if the repo path is closed to it
+sandbox-access: | runtime ## Make src/ and .runtime/ readable by the sandbox's uid (the runner pre-compiled); warn if the repo path is closed to it
 	@bash scripts/check-sandbox-access.sh .
 
 # Created only when missing (or when the interpreter it points at is gone).
@@ -245,12 +245,13 @@ CONTAINER_IMAGE ?= localhost/mcp-sandbox-python:latest
 CONTAINER_STAMP := $(RUNTIME)/container-image.stamp
 
 containers: $(CONTAINER_STAMP) ## Install podman and build the container backends' image (scripts/build-container-image.sh)
-	@bash scripts/install-system-deps.sh podman-compose docker-compose
 	@$(CONTAINER_CLI) image exists $(CONTAINER_IMAGE) 2>/dev/null || { \
 	    CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE); }
 
-$(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh src/mcp_sandbox/sandbox/etc/hosts
-	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd
+container-packages: ## Install Debian's podman, docker and compose tools for the container backends
+	@bash scripts/install-system-deps.sh podman crun conmon docker.io tini systemd podman-compose docker-compose
+
+$(CONTAINER_STAMP): scripts/container_rootfs.py scripts/build-container-image.sh src/mcp_sandbox/sandbox/etc/hosts | container-packages
 	CONTAINER_CLI=$(CONTAINER_CLI) bash scripts/build-container-image.sh $(CONTAINER_IMAGE)
 	@mkdir -p $(@D) && touch $@
 
@@ -289,7 +290,16 @@ doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 # mypy (cold from a fresh clone: minutes), lint-imports and the TypeScript checks run niced beside
 # the parallel tests, which mostly wait on sandboxes and servers; their output follows the tests'.
 # The serial tests start once they are done: those want the machine to themselves.
-test: setup browser promtool postgres haproxy downstream conformance-tools containers ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
+# What `make test` and `make pytest` set up: the Debian packages first, one apt-get at a time, then
+# the rest (pip, npm and the image: mostly downloads, unpacking and waiting on disk) three at a
+# time, each target's output printed whole when it is done.
+TEST_PACKAGES := sysdeps sandbox-user browser promtool postgres haproxy container-packages
+TEST_BUILDS   := venv runtime sandbox-access web downstream conformance-tools containers
+test-setup: ## Set up what `make test` needs (as `make setup`, plus the test services, downstream servers, conformance tools and containers)
+	@$(MAKE) --no-print-directory $(TEST_PACKAGES)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_BUILDS)
+
+test: test-setup ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	status=0; static=$$(mktemp); trap 'rm -f "$$static"' EXIT; \
@@ -330,7 +340,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(TSC_CHECK)
 	$(DENO_CHECK)
 
-pytest: setup browser promtool postgres haproxy downstream conformance-tools containers ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
+pytest: test-setup ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
 	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; park: resume and park of parked sessions; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; tracing on vs off; MCP Tasks; the alternatives side by side)
