@@ -287,9 +287,6 @@ run: ## Set up, then start the stdio MCP server (.venv/bin/mcp-sandbox serve)
 doctor: setup ## Check this machine can sandbox (mcp-sandbox doctor)
 	$(BIN)/mcp-sandbox doctor
 
-# mypy (cold from a fresh clone: minutes), lint-imports and the TypeScript checks run niced beside
-# the parallel tests, which mostly wait on sandboxes and servers; their output follows the tests'.
-# The serial tests start once they are done: those want the machine to themselves.
 # What `make test` and `make pytest` set up: the Debian packages first, one apt-get at a time, then
 # the rest (pip, npm and the image: mostly downloads, unpacking and waiting on disk) three at a
 # time, each target's output printed whole when it is done.
@@ -299,6 +296,9 @@ test-setup: ## Set up what `make test` needs (as `make setup`, plus the test ser
 	@$(MAKE) --no-print-directory $(TEST_PACKAGES)
 	@$(MAKE) --no-print-directory -j3 --output-sync=target $(TEST_BUILDS)
 
+# mypy (cold from a fresh clone: minutes), lint-imports and the TypeScript checks run niced beside
+# the parallel tests, which mostly wait on sandboxes and servers; their output follows the tests'.
+# The serial tests start once they are done: those want the machine to themselves.
 test: test-setup ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
