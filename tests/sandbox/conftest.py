@@ -27,15 +27,16 @@ _DEFAULT_FLAGS: dict[str, object] = {"memory": "256m", "pids": 64}
 
 
 @pytest.fixture(scope="session")
-def probed_backends(docker_engine: str | None) -> dict[str, Backend]:
-    """One backend of each name, probed, whose container engine every test's backend shares."""
-    return {name: backend_for(load_settings(env={}, flags=backend_flags(name)), name) for name in BACKEND_NAMES}
+def probed_backends() -> dict[str, Backend]:
+    """One backend of each name in use, probed, whose container engine every test's backend shares
+    (filled by ``backend_name`` on a backend's first test)."""
+    return {}
 
 
 @pytest.fixture(scope="session")
-def backend_probes(probed_backends: dict[str, Backend]) -> dict[str, BackendProbe]:
-    """Probe each backend once per session (a probe starts a real sandbox)."""
-    return {name: backend.probe() for name, backend in probed_backends.items()}
+def backend_probes() -> dict[str, BackendProbe]:
+    """Each backend's probe, made once per session on its first test (a probe starts a real sandbox)."""
+    return {}
 
 
 def _backend(name: str, settings: Settings, probed: Backend) -> Backend:
@@ -48,8 +49,17 @@ def _backend(name: str, settings: Settings, probed: Backend) -> Backend:
 
 
 @pytest.fixture(params=BACKEND_NAMES)
-def backend_name(request: pytest.FixtureRequest, backend_probes: dict[str, BackendProbe]) -> str:
+def backend_name(
+    request: pytest.FixtureRequest, probed_backends: dict[str, Backend], backend_probes: dict[str, BackendProbe]
+) -> str:
     name: str = request.param
+    if name not in backend_probes:
+        # Only a docker test starts the tests' own docker engine: a session running the bwrap half
+        # alone (`make test`'s background lane, tests/conftest.py) never does.
+        if name == "docker":
+            request.getfixturevalue("docker_engine")
+        probed_backends[name] = backend_for(load_settings(env={}, flags=backend_flags(name)), name)
+        backend_probes[name] = probed_backends[name].probe()
     probe = backend_probes[name]
     if not probe.available:
         required = os.environ.get("MCP_SANDBOX_TEST_REQUIRE", "").split(",")
