@@ -7,6 +7,9 @@ runtime's exit and its teardown. A file listing pids stands for the sandbox's ``
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -36,14 +39,19 @@ time.sleep(60)
 def chain() -> Iterator[subprocess.Popen[str]]:
     middle = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {_CHAIN!r}])"
     with subprocess.Popen(
-        [sys.executable, "-c", middle], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", middle],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own: the chain ends whole (the middle would sleep on)
     ) as outer:
         try:
             assert outer.stdout is not None
             outer.stdout.readline()  # the runner has been forked
             yield outer
         finally:
-            outer.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(outer.pid, signal.SIGKILL)
 
 
 def _procs(tmp_path: Path, runner: Runner, *extra: int) -> str:
