@@ -21,6 +21,8 @@ PYTEST_ARGS ?=
 # `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
+# The background lane (`make test`) has three: it runs beside the serial tests, on what they leave.
+PYTEST_BACKGROUND = $(if $(filter 0,$(PYTEST_WORKERS)),,-n 3 --dist loadscope)
 ARGS ?=
 # Python writes its bytecode caches, pytest its rewritten test modules: with
 # PYTHONDONTWRITEBYTECODE set (some machines set it), every pytest process and every server a
@@ -276,6 +278,7 @@ $(SERVER_IMAGE_STAMP): $(SERVER_IMAGE_DEPS) | $(VENV_STAMP) $(RUNTIME_STAMP) $(R
 
 # As root, the tests must run the container suites on podman and docker (not skip them).
 TEST_REQUIRE = promtool,postgres,s3,haproxy$$([ "$$(id -u)" = 0 ] && echo ,podman,docker,xfs || true)
+PYTEST_REQUIRING = MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest
 
 # --- use -----------------------------------------------------------------------------------
 
@@ -298,16 +301,29 @@ test-setup: ## Set up what `make test` needs (as `make setup`, plus the test ser
 
 # mypy (cold from a fresh clone: minutes), lint-imports and the TypeScript checks run niced beside
 # the parallel tests, which mostly wait on sandboxes and servers; their output follows the tests'.
-# The serial tests start once they are done: those want the machine to themselves.
-test: test-setup ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone)
+# The serial tests start once they are done: those want the machine to themselves, but mostly wait,
+# so the `background` tests (tests/conftest.py: no server, service or container) run beside them at
+# the lowest CPU weight (scripts/lowest-weight.sh; where it cannot, after them), output after theirs.
+# The `quiet` ones, which race the kernel in milliseconds, run first, with nothing beside.
+test: test-setup ## Set up, then run ruff, ruff format --check, mypy, lint-imports, the TypeScript checks and pytest (on PYTEST_WORKERS workers, then the `serial` tests alone, the `background` ones beside)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	status=0; static=$$(mktemp); trap 'rm -f "$$static"' EXIT; \
+	status=0; static=$$(mktemp); lane=$$(mktemp); trap 'rm -f "$$static" "$$lane"' EXIT; background=; \
 	{ nice $(BIN)/mypy && nice $(BIN)/lint-imports && nice $(TSC_CHECK) && nice $(DENO_CHECK); } >"$$static" 2>&1 & checks=$$!; \
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) -m "not serial" $(PYTEST_ARGS) || status=$$?; \
+	$(PYTEST_REQUIRING) $(PYTEST_PARALLEL) -m "not serial and not background" $(PYTEST_ARGS) || status=$$?; \
 	wait $$checks || status=$$?; \
-	echo "--- mypy, lint-imports and the TypeScript checks (run beside the tests above):"; cat "$$static"; rm -f "$$static"; \
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest -m serial $(PYTEST_ARGS) || status=$$?; \
+	echo "--- mypy, lint-imports and the TypeScript checks (run beside the tests above):"; cat "$$static"; \
+	$(PYTEST_REQUIRING) -m quiet $(PYTEST_ARGS) || status=$$?; \
+	if bash scripts/lowest-weight.sh --check; then \
+	    MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) bash scripts/lowest-weight.sh $(BIN)/pytest $(PYTEST_BACKGROUND) -m background $(PYTEST_ARGS) >"$$lane" 2>&1 & background=$$!; \
+	fi; \
+	$(PYTEST_REQUIRING) -m "serial and not quiet" $(PYTEST_ARGS) || status=$$?; \
+	if [ -n "$$background" ]; then \
+	    wait $$background || status=$$?; \
+	    echo "--- the background tests (run beside the serial tests above, at the lowest CPU weight):"; cat "$$lane"; \
+	else \
+	    $(PYTEST_REQUIRING) $(PYTEST_BACKGROUND) -m background $(PYTEST_ARGS) || status=$$?; \
+	fi; \
 	exit $$status
 
 # The edit loop's lane: nothing beyond .venv (no bwrap, no .runtime, no downstream servers). The
@@ -341,7 +357,7 @@ typecheck-ts: $(RUNTIME_JS_STAMP) ## tsc --noEmit (bun-types) and deno check ove
 	$(DENO_CHECK)
 
 pytest: test-setup ## pytest only (PYTEST_ARGS='-m "not e2e"' etc.)
-	MCP_SANDBOX_TEST_REQUIRE=$(TEST_REQUIRE) $(BIN)/pytest $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(PYTEST_REQUIRING) $(PYTEST_PARALLEL) $(PYTEST_ARGS)
 
 bench: setup downstream containers postgres bench-peers ## Run the benchmarks in bench/ (tokens; run: warm vs cold, throughput, memory; first_run; deployed: a token tenant over HTTP beside stdio; sessions: memory per idle session; fork; park: resume and park of parked sessions; js_latency; runner_cpu; progress; containers; startup; disk overshoot; shared-tree overlay; forwarding between replicas; tracing on vs off; MCP Tasks; the alternatives side by side)
 	$(BIN)/python bench/tokens.py

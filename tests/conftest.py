@@ -165,14 +165,44 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> CostFirst
     return CostFirstScheduling(config, log) if config.getvalue("dist") == "loadscope" else None
 
 
+# `make test` runs the tests marked `background` beside the serial ones, at the lowest CPU weight
+# (scripts/lowest-weight.sh): the serial tests mostly wait, and these need no more than what is left.
+# They are those whose every process is under that weight: the tests that need no real sandbox,
+# service or e2e server (the `make check` lane), and the bwrap half of the sandbox and engine
+# suites, whose sandboxes' cgroups are made below the test's own. Never a container's (podman's and
+# docker's cgroups are their engines') nor a test timed in seconds.
+_BACKGROUND_SANDBOX_FOLDERS = ("tests/sandbox/", "tests/engine/")
+_CONTAINER_FIXTURES = frozenset({"container_probes", "make_container_engine", "docker_engine"})
+
+
+def _background(item: pytest.Item, relative: str) -> bool:
+    if relative.startswith("tests/e2e/") or any(
+        item.get_closest_marker(name) for name in ("serial", "services", "e2e", "slow")
+    ):
+        return False
+    if item.get_closest_marker("sandbox") is None:
+        return True
+    callspec = getattr(item, "callspec", None)
+    backend = callspec.params.get("backend_name", "bwrap") if callspec is not None else "bwrap"
+    return (
+        relative.startswith(_BACKGROUND_SANDBOX_FOLDERS)
+        and backend == "bwrap"
+        and not _CONTAINER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    )
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``sandbox`` every test that uses a fixture starting a real sandbox, ``services`` every
-    test that starts a service, ``serial`` every test of a module timed in seconds (see above)."""
+    test that starts a service, ``serial`` every test of a module timed in seconds (see above),
+    ``background`` every test `make test` may run beside the serial ones (see above)."""
     for item in items:
-        if item.path.resolve().relative_to(_ROOT).as_posix() in _SERIAL_MODULES:
+        relative = item.path.resolve().relative_to(_ROOT).as_posix()
+        if relative in _SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
         if _REAL_SANDBOX_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.sandbox)
         if _uses_a_service(item):
             item.add_marker(pytest.mark.services)
+        if _background(item, relative):
+            item.add_marker(pytest.mark.background)

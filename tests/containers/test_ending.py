@@ -14,10 +14,11 @@ from mcp_sandbox.sandbox.backends import SandboxOutcome
 
 from .conftest import EngineFactory
 
-# Serial: the early answer is taken only when the engine polls between the runner's end and the
-# container's; on a loaded machine the loop can wake after both, and the run is then (rightly)
-# answered at the container's end, which these tests exist to tell apart. Seen once at load 5-8.
-pytestmark = [pytest.mark.sandbox, pytest.mark.anyio, pytest.mark.serial]
+# Serial and quiet: the early answer is taken only when the engine polls between the runner's end
+# and the container's; on a loaded machine the loop can wake after both, and the run is then
+# (rightly) answered at the container's end, which these tests exist to tell apart. Seen once at
+# load 5-8, and once beside two other workers' sandboxes.
+pytestmark = [pytest.mark.sandbox, pytest.mark.anyio, pytest.mark.serial, pytest.mark.quiet]
 
 _START_SECONDS = 120.0
 

@@ -149,10 +149,12 @@ async def test_a_timed_out_prestarted_run_is_killed_and_reported(running_engine:
     assert (result.status, result.warm) == ("timeout", True)
 
 
-# Serial: the early answer is seen by polling in the window between the runner's exit and the
-# sandbox's (tens of ms here); on a loaded machine the engine's loop can sleep through all of it,
-# and the run is then answered, correctly, only once the sandbox has ended.
+# Serial and quiet: the early answer is seen by polling in the window between the runner's exit and
+# the sandbox's (tens of ms here); on a loaded machine the engine's loop can sleep through all of
+# it, and the run is then answered, correctly, only once the sandbox has ended. Seen beside the
+# background lane's sandboxes, at their lowest CPU weight.
 @pytest.mark.serial
+@pytest.mark.quiet
 async def test_a_run_is_answered_once_its_runner_has_ended_with_the_kernels_exit_status(
     running_engine: RunningEngine,
 ) -> None:
