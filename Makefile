@@ -18,7 +18,8 @@ PYTEST_ARGS ?=
 # servers and timeouts), so more workers than cores pay. --dist loadscope keeps a module's tests
 # on one worker, where its module-scoped servers are started once; tests/xdist_scopes.py cuts the
 # long sandbox modules and deals the costliest units out first. PYTEST_WORKERS=0: no workers.
-# `make test` runs the tests marked `serial` (timed in seconds) alone, once the workers are done.
+# `make test` runs the tests marked `serial` (timed in seconds) once the workers are done, with
+# only the `background` ones beside them (at the lowest CPU weight; see the `test` target).
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope)
 # The background lane (`make test`) has three: it runs beside the serial tests, on what they leave.
