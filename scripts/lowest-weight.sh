@@ -5,11 +5,13 @@
 #   scripts/lowest-weight.sh --check     exit 0 where this host allows it, else 1 saying why
 #   scripts/lowest-weight.sh CMD [ARG..] run CMD so, and exit with its status
 #
-# As root on cgroup v1 (cpu.shares), CMD runs niced in a cpu cgroup of its own whose weight is
-# the lowest (2, against 1024 for everything else). nice alone would not do: each sandbox has
-# cgroups of its own, which compete with their weight, not their process's. Those are made below
+# As root on cgroup v1 (cpu.shares), CMD runs in a cpu cgroup of its own whose weight is the
+# lowest (2, against 1024 for everything else). Each sandbox has cgroups of its own, made below
 # the cgroup of the server or test that starts them (src/mcp_sandbox/sandbox/cgroups/run.py), so
-# CMD's sandboxes share CMD's weight. podman's and docker's containers do not (their cgroups are
+# CMD's sandboxes share CMD's weight. CMD is not niced: within the cgroup, a niced test would
+# weigh 15 against its own sandboxes' 1024, and fall behind what it watches (a disk watch let a
+# writer reach 13 MiB of a 4 MiB quota so). nice alone would not do either: the sandboxes'
+# cgroups compete with their weight, not their processes' nice. podman's and docker's containers do not (their cgroups are
 # their engines'), which is why the background lane holds no container test. Elsewhere (cgroup v2,
 # or not root) --check fails and `make test` runs the lane after the serial tests instead.
 set -euo pipefail
@@ -36,7 +38,7 @@ group="$controller/mcp-tests-lowest-weight-$$"
 mkdir "$group"
 echo 2 >"$group/cpu.shares"
 status=0
-(echo "$BASHPID" >"$group/cgroup.procs" && exec nice -n 19 "$@") || status=$?
+(echo "$BASHPID" >"$group/cgroup.procs" && exec "$@") || status=$?
 # What CMD left running is a leak of its own: named, then killed, so the cgroup can go.
 left=$(cat "$group/cgroup.procs")
 if [ -n "$left" ]; then
