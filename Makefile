@@ -32,6 +32,10 @@ unexport PYTHONDONTWRITEBYTECODE
 
 VENV          := .venv
 BIN           := $(VENV)/bin
+# The venvs are filled by uv (scripts/uv-pip.sh), installed into .venv by pip at this version.
+UV_VERSION    := 0.13.9
+UV            := $(BIN)/uv
+UV_PIP         = bash scripts/uv-pip.sh $(UV)
 RUNTIME       := .runtime
 RUNTIME_PY    := $(RUNTIME)/python
 RUNTIME_REQS  := runtime/python-requirements.txt
@@ -114,14 +118,17 @@ $(BIN)/python: | sysdeps
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 
+$(UV): | $(BIN)/python
+	$(BIN)/python -m pip install --quiet 'uv==$(UV_VERSION)'
+
 # Reinstalled whenever pyproject.toml changes.
-$(VENV_STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,s3,otel]'
+$(VENV_STAMP): pyproject.toml | $(UV)
+	$(UV_PIP) $(BIN)/python install -e '.[dev,postgres,s3,otel]'
 	@touch $@
 
 # Rebuilt from scratch whenever the pins (or the script building it) change.
-$(RUNTIME_STAMP): $(RUNTIME_REQS) scripts/build-python-runtime.sh | sysdeps
-	SYSTEM_PYTHON=$(SYSTEM_PYTHON) bash scripts/build-python-runtime.sh $(RUNTIME_PY) $(RUNTIME_REQS)
+$(RUNTIME_STAMP): $(RUNTIME_REQS) scripts/build-python-runtime.sh | sysdeps $(UV)
+	SYSTEM_PYTHON=$(SYSTEM_PYTHON) UV=$(UV) bash scripts/build-python-runtime.sh $(RUNTIME_PY) $(RUNTIME_REQS)
 	@touch $@
 
 # Reinstalled from the lockfile whenever it changes. The binaries ship inside the npm packages
@@ -201,27 +208,27 @@ $(DOWNSTREAM_NPM_STAMP): downstream/package.json downstream/package-lock.json | 
 	@touch $@
 
 # A venv of its own: these servers pin their own `mcp`. --no-deps: the file pins every
-# package, so a missing pin fails `pip check` instead of pulling in an unpinned version.
-$(DOWNSTREAM_PY_STAMP): $(DOWNSTREAM_REQS) | sysdeps
+# package, so a missing pin fails `uv pip check` instead of pulling in an unpinned version.
+$(DOWNSTREAM_PY_STAMP): $(DOWNSTREAM_REQS) | sysdeps $(UV)
 	rm -rf $(DOWNSTREAM_PY)
-	$(PYTHON) -m venv $(DOWNSTREAM_PY)
-	$(DOWNSTREAM_PY)/bin/python -m pip install --quiet --no-deps -r $(DOWNSTREAM_REQS)
-	$(DOWNSTREAM_PY)/bin/python -m pip check
+	$(PYTHON) -m venv --without-pip $(DOWNSTREAM_PY)
+	$(UV_PIP) $(DOWNSTREAM_PY)/bin/python install --no-deps -r $(DOWNSTREAM_REQS)
+	$(UV_PIP) $(DOWNSTREAM_PY)/bin/python check
 	@touch $@
 
 # The same way: its own venv, every package pinned.
-$(SDK1_STAMP): $(SDK1_REQS) | sysdeps
+$(SDK1_STAMP): $(SDK1_REQS) | sysdeps $(UV)
 	rm -rf $(SDK1_PY)
-	$(PYTHON) -m venv $(SDK1_PY)
-	$(SDK1_PY)/bin/python -m pip install --quiet --no-deps -r $(SDK1_REQS)
-	$(SDK1_PY)/bin/python -m pip check
+	$(PYTHON) -m venv --without-pip $(SDK1_PY)
+	$(UV_PIP) $(SDK1_PY)/bin/python install --no-deps -r $(SDK1_REQS)
+	$(UV_PIP) $(SDK1_PY)/bin/python check
 	@touch $@
 
-$(FASTMCP_STAMP): $(FASTMCP_REQS) | sysdeps
+$(FASTMCP_STAMP): $(FASTMCP_REQS) | sysdeps $(UV)
 	rm -rf $(FASTMCP_PY)
-	$(PYTHON) -m venv $(FASTMCP_PY)
-	$(FASTMCP_PY)/bin/python -m pip install --quiet --no-deps -r $(FASTMCP_REQS)
-	$(FASTMCP_PY)/bin/python -m pip check
+	$(PYTHON) -m venv --without-pip $(FASTMCP_PY)
+	$(UV_PIP) $(FASTMCP_PY)/bin/python install --no-deps -r $(FASTMCP_REQS)
+	$(UV_PIP) $(FASTMCP_PY)/bin/python check
 	@touch $@
 
 conformance-tools: $(CONFORMANCE_NPM_STAMP) ## Install the pinned MCP conformance suite and Inspector CLI for the e2e tests (npm)

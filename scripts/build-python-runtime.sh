@@ -8,19 +8,25 @@
 #
 #   scripts/build-python-runtime.sh [RUNTIME_DIR] [REQUIREMENTS]
 #
-# Defaults: .runtime/python and runtime/python-requirements.txt. Rebuilds from scratch.
-# SYSTEM_PYTHON (default /usr/bin/python3) and SANDBOX_UID (default 65534) can be overridden.
+# Defaults: .runtime/python and runtime/python-requirements.txt. Rebuilds from scratch, with uv
+# (scripts/uv-pip.sh; `make venv` installs it). SYSTEM_PYTHON (default /usr/bin/python3),
+# SANDBOX_UID (default 65534) and UV (default .venv/bin/uv) can be overridden.
 set -euo pipefail
 
 runtime_dir=${1:-.runtime/python}
 requirements=${2:-runtime/python-requirements.txt}
 system_python=${SYSTEM_PYTHON:-/usr/bin/python3}
 sandbox_uid=${SANDBOX_UID:-65534}
+uv=${UV:-.venv/bin/uv}
 
 log() { echo "build-python-runtime: $*" >&2; }
 
 if [ ! -x "$system_python" ]; then
     log "ERROR: $system_python not found (run scripts/install-system-deps.sh)"
+    exit 1
+fi
+if [ ! -x "$uv" ]; then
+    log "ERROR: $uv not found (run make venv, or set UV)"
     exit 1
 fi
 if [ ! -f "$requirements" ]; then
@@ -35,8 +41,8 @@ mkdir -p "$(dirname "$runtime_dir")"
 
 py="$runtime_dir/bin/python"
 log "installing $requirements"
-PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 "$py" -m pip install --quiet -r "$requirements"
-"$py" -m pip check
+bash "$(dirname "$0")/uv-pip.sh" "$uv" "$py" install -r "$requirements"
+bash "$(dirname "$0")/uv-pip.sh" "$uv" "$py" check
 
 log "pre-compiling bytecode"
 "$py" -m compileall -q -j 0 "$runtime_dir/lib" >/dev/null
