@@ -1,5 +1,5 @@
 """``python -m mcp_sandbox``: the same as the ``mcp-sandbox`` command."""
 
-from mcp_sandbox.cli import main
+from mcp_sandbox.cli import console_main
 
-raise SystemExit(main())
+raise SystemExit(console_main())
