@@ -17,7 +17,12 @@ from .conftest import EngineFactory
 # Serial and quiet: the early answer is taken only when the engine polls between the runner's end
 # and the container's; on a loaded machine the loop can wake after both, and the run is then
 # (rightly) answered at the container's end, which these tests exist to tell apart. Seen once at
-# load 5-8, and once beside two other workers' sandboxes.
+# load 5-8, and once beside two other workers' sandboxes. Each runner touches 150 MiB (as
+# tests/engine/test_prestart.py's does) so that the window, the kernel's teardown of its address
+# space after it entered its exit, outlasts the engine's poll (every 5 ms at most). Beside two
+# busy cores, 4 of 10 runs of this module had a run answered late with 64 MiB and none touched
+# (once too in a `make test`, with nothing beside); none of 10 with 150 MiB (nor of 20 beside one).
+_BLOCK = "const block = new Uint8Array(150 << 20); block.fill(1);"
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio, pytest.mark.serial, pytest.mark.quiet]
 
 _START_SECONDS = 120.0
@@ -45,9 +50,8 @@ async def test_a_run_is_answered_once_its_runner_has_ended_with_its_exit_status(
     make_container_engine: EngineFactory,
 ) -> None:
     engine = make_container_engine(prestart_size=1)
-    code = """
-        const block = new Uint8Array(64 << 20);
-        block.fill(1);
+    code = f"""
+        {_BLOCK}
         console.log(block[7]);
         process.exitCode = 3;
     """
@@ -63,8 +67,9 @@ async def test_an_early_answer_has_all_the_output_even_what_exit_handlers_write(
     make_container_engine: EngineFactory,
 ) -> None:
     engine = make_container_engine(prestart_size=1)
-    code = """
-        process.on("exit", () => { for (let i = 0; i < 2000; i++) console.log("late " + i); });
+    code = f"""
+        {_BLOCK}
+        process.on("exit", () => {{ for (let i = 0; i < 2000; i++) console.log("late " + i); }});
         console.log("x".repeat(100000));
         process.exitCode = 5;
     """
