@@ -9,11 +9,12 @@
 # lowest (2, against 1024 for everything else). Each sandbox has cgroups of its own, made below
 # the cgroup of the server or test that starts them (src/mcp_sandbox/sandbox/cgroups/run.py), so
 # CMD's sandboxes share CMD's weight. CMD is not niced: within the cgroup, a niced test would
-# weigh 15 against its own sandboxes' 1024, and fall behind what it watches (a disk watch let a
-# writer reach 13 MiB of a 4 MiB quota so). nice alone would not do either: the sandboxes'
-# cgroups compete with their weight, not their processes' nice. podman's and docker's containers do not (their cgroups are
-# their engines'), which is why the background lane holds no container test. Elsewhere (cgroup v2,
-# or not root) --check fails and `make test` runs the lane after the serial tests instead.
+# weigh far less than its own sandboxes and fall behind what it watches (a disk watch let a
+# writer far past its quota so, in CI). nice alone would not do either: the sandboxes' cgroups
+# compete with their weight, not their processes' nice. podman's and docker's containers do not
+# share CMD's weight (their cgroups are their engines'), which is why the background lane holds
+# no container test. Elsewhere (cgroup v2, or not root) --check fails and `make test` runs the
+# lane after the serial tests instead.
 set -euo pipefail
 
 controller=/sys/fs/cgroup/cpu

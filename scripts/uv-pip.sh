@@ -1,14 +1,13 @@
 #!/bin/bash
-# Install into a venv with uv: what the Makefile's venvs (.venv, .downstream/*) are built with.
+# Install into a venv with uv: how the Makefile fills its venvs (.venv, .runtime/python, .downstream/*).
 #
 #   scripts/uv-pip.sh UV VENV_PYTHON install|check [ARG...]
 #
-# uv installs the same packages as pip, from the same index, about ten times as fast (.venv: 3 s
-# against 30 s with a warm cache, where pip spends its time evaluating index links and writing
-# 33,000 files one by one; CONTRIBUTING.md has the figures). uv reads no pip.conf, so the index pip
-# is configured with (PIP_INDEX_URL or pip's global.index-url: a mirror, say) is handed on;
-# without one, both use PyPI. Bytecode is compiled at install, as pip does, so that the first
-# processes to import a package do not each compile it.
+# uv installs the same packages as pip, from the same index, many times as fast (pip spends its
+# time evaluating index links and writing its files one by one; CONTRIBUTING.md has the figures).
+# uv reads no pip.conf, so the index pip is configured with (PIP_INDEX_URL or pip's
+# global.index-url: a mirror, say) is handed on; without one, both use PyPI. Bytecode is compiled
+# at install, as pip does, so that the first processes to import a package do not each compile it.
 set -euo pipefail
 
 [ $# -ge 3 ] || { echo "usage: $0 UV VENV_PYTHON install|check [ARG...]" >&2; exit 2; }

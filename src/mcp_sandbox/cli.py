@@ -257,9 +257,9 @@ def _cmd_import_runner_data(settings: Settings) -> int:
 def console_main() -> int:
     """The ``mcp-sandbox`` command and ``python -m mcp_sandbox``: :func:`main`, its imports uncollected.
 
-    A server's start-up imports about 86,000 objects that live as long as the process (the MCP
-    SDK's pydantic models the most) and makes under a thousand objects of garbage, yet the cyclic
-    collector ran about 200 times while they were made: a seventh of the import's CPU. So it runs
+    A server's start-up imports tens of thousands of objects that live as long as the process (the
+    MCP SDK's pydantic models the most) and makes next to no garbage, yet the cyclic collector ran
+    hundreds of times while they were made (figures: bench/README.md, ``startup.py``). So it runs
     only once they are in, and never again among them (:func:`_imported`).
     """
     gc.disable()

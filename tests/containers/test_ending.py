@@ -19,9 +19,8 @@ from .conftest import EngineFactory
 # (rightly) answered at the container's end, which these tests exist to tell apart. Seen once at
 # load 5-8, and once beside two other workers' sandboxes. Each runner touches 150 MiB (as
 # tests/engine/test_prestart.py's does) so that the window, the kernel's teardown of its address
-# space after it entered its exit, outlasts the engine's poll (every 5 ms at most). Beside two
-# busy cores, 4 of 10 runs of this module had a run answered late with 64 MiB and none touched
-# (once too in a `make test`, with nothing beside); none of 10 with 150 MiB (nor of 20 beside one).
+# space after it entered its exit, outlasts the engine's poll (every 5 ms at most): with less,
+# beside busy cores, runs were answered late (the commit that raised it has the figures).
 _BLOCK = "const block = new Uint8Array(150 << 20); block.fill(1);"
 pytestmark = [pytest.mark.sandbox, pytest.mark.anyio, pytest.mark.serial, pytest.mark.quiet]
 
